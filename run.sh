@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# fitevict's one entry point for people and CI. Idempotent: each step is skipped when already done.
+#   ./run.sh serve [fitevict serve flags]   set up, then serve (demo zoo when you have no models)
+#   ./run.sh test  [pytest args]            set up, then run the whole test suite (unit + e2e)
+#   ./run.sh setup                          set up only: system packages, venv, llama.cpp build
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PY=${PYTHON:-python3}
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+ensure_system() {
+  local need=()
+  "$PY" -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+  command -v cmake >/dev/null || need+=(cmake)
+  { command -v c++ || command -v g++; } >/dev/null || need+=(g++)
+  command -v make >/dev/null || need+=(make)
+  command -v git >/dev/null || need+=(git)
+  if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      say "installing system packages: ${need[*]}"
+      DEBIAN_FRONTEND=noninteractive apt-get update -q
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
+    else
+      echo "fitevict needs these system packages: ${need[*]} (install them, e.g. sudo apt-get install -y ${need[*]})" >&2
+      exit 1
+    fi
+  fi
+}
+
+ensure_venv() {
+  local want stamp="$VENV/.fitevict-installed"
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return
+  fi
+  say "creating the virtual environment in $VENV"
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e '.[test]'
+  echo "$want" > "$stamp"
+}
+
+ensure_engine() {
+  # Returns within seconds when the pinned build is already in the cache.
+  "$VENV/bin/fitevict" engine install llama.cpp
+}
+
+cmd=${1:-serve}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  setup)
+    ensure_system; ensure_venv; ensure_engine ;;
+  serve)
+    ensure_system; ensure_venv; ensure_engine
+    exec "$VENV/bin/fitevict" serve --demo-if-empty "$@" ;;
+  test)
+    ensure_system; ensure_venv; ensure_engine
+    say "running the test suite (unit + e2e with real llama-server)"
+    exec "$VENV/bin/python" -m pytest "$@" ;;
+  *)
+    echo "usage: ./run.sh serve|test|setup [args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,3 @@
+from fitevict.cli import main
+
+main()

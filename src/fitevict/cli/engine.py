@@ -1,0 +1,93 @@
+"""``fitevict engine install|list``: provision the pinned llama.cpp and show which binary is used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fitevict.engines import install as inst
+
+engine_app = typer.Typer(help="Provision and inspect inference engines.", no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+
+def _configured_llama_server(config: Path | None) -> str | None:
+    """engine.llama_server from the config file, if one is given or found."""
+    from fitevict.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        err.print(f"[red]config error:[/] {e}")
+        raise typer.Exit(2) from e
+    return str(cfg.engine.llama_server) if cfg.engine.llama_server else None
+
+
+@engine_app.command("install")
+def install_cmd(
+    engine: str = typer.Argument("llama.cpp", help="Engine to build. Only llama.cpp is provisioned by fitevict."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when a complete install exists."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel build jobs (default: all cores)."),
+) -> None:
+    """Build llama-server, llama-fit-params and llama-quantize from llama-cpp-python's vendored llama.cpp."""
+    if engine != inst.ENGINE:
+        err.print(f"[red]unknown engine {engine!r}[/]: fitevict provisions only {inst.ENGINE!r}")
+        raise typer.Exit(2)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err, transient=False) as bar:
+        task = bar.add_task(f"{inst.SDIST_PACKAGE}=={inst.SDIST_VERSION}", total=1.0)
+
+        def progress(msg: str, frac: float | None) -> None:
+            bar.update(task, description=msg[:70], **({"completed": frac} if frac is not None else {}))
+
+        try:
+            result = inst.install(force=force, jobs=jobs or None, progress=progress)
+        except inst.EngineInstallError as e:
+            bar.stop()
+            err.print(f"[red]engine install failed:[/] {e}")
+            raise typer.Exit(1) from e
+        bar.update(task, completed=1.0, description="done")
+    what = "already installed" if result.already else f"built in {result.seconds:.0f} s"
+    console.print(f"llama.cpp {inst.LLAMA_CPP_COMMIT} ({inst.SDIST_PACKAGE}=={inst.SDIST_VERSION}) {what}")
+    for b in inst.BINARIES:
+        console.print(f"  {result.bin_dir / b}")
+
+
+@engine_app.command("list")
+def list_cmd(
+    config: Path | None = typer.Option(None, "--config", help="fitevict TOML config (engine.llama_server)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Show which engine binaries will be used, and why (config, $FITEVICT_LLAMA_SERVER, PATH, cache)."""
+    configured = _configured_llama_server(config)
+    rows = [inst.resolve_binary(b, configured=configured) for b in inst.BINARIES]
+    if as_json:
+        typer.echo(json.dumps([
+            {"name": r.name, "path": str(r.path) if r.path else None, "why": r.why,
+             "candidates": [{"source": c.source, "path": str(c.path) if c.path else None, "status": c.status}
+                            for c in r.candidates]}
+            for r in rows], indent=2))
+        return
+    table = Table(title="engine binaries (lookup: config → $FITEVICT_LLAMA_SERVER → PATH → cache)")
+    for col in ("binary", "path", "why", "version"):
+        table.add_column(col)
+    for r in rows:
+        version = ""
+        if r.path and r.name == "llama-server":
+            out = subprocess.run([str(r.path), "--version"], capture_output=True, text=True, timeout=30)
+            version = " ".join((out.stdout + out.stderr).split()[-6:])
+        table.add_row(r.name, str(r.path) if r.path else "[red]none[/]", r.why, version)
+    console.print(table)
+    if any(r.path is None for r in rows):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(engine_app, name="engine")

@@ -1,0 +1,305 @@
+"""Provision the pinned llama.cpp engine, and find the binary fitevict will use.
+
+``install()`` gets the PyPI sdist of llama-cpp-python (which vendors llama.cpp), builds
+llama-server, llama-fit-params and llama-quantize with cmake, and installs them into a versioned
+cache directory. The install is atomic: binaries land in a temporary directory, are checked with
+``--version``, and only then renamed into place, so a failed build leaves nothing half-installed.
+
+``resolve_binary()`` says which binary will be used and why. Lookup order:
+1. the config file (``engine.llama_server``), 2. ``$FITEVICT_LLAMA_SERVER``, 3. ``PATH``, 4. the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fitevict.paths import cache_dir
+
+ENGINE = "llama.cpp"
+SDIST_PACKAGE = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+LLAMA_CPP_COMMIT = "0c1e570"
+BINARIES: tuple[str, ...] = ("llama-server", "llama-fit-params", "llama-quantize")
+CMAKE_FLAGS: tuple[str, ...] = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+)
+STAMP = "INSTALLED.json"
+ENV_VAR = "FITEVICT_LLAMA_SERVER"
+
+# The Debian package that provides each build tool, named in the error when it is missing.
+_TOOL_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "cmake": (("cmake",), "cmake"),
+    "C++ compiler": (("c++", "g++", "clang++"), "g++"),
+    "C compiler": (("cc", "gcc", "clang"), "gcc"),
+    "make": (("make", "ninja"), "make"),
+}
+
+
+class EngineInstallError(RuntimeError):
+    """The engine could not be provisioned; the message says what is missing and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    source: str  # "config" | "env" | "PATH" | "cache"
+    path: Path | None
+    status: str  # "used", "not set", "missing", "not executable", "not installed", "shadowed"
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    name: str
+    path: Path | None
+    why: str
+    candidates: tuple[Candidate, ...] = field(default=())
+
+
+def engine_root(base: Path | None = None) -> Path:
+    return (base or cache_dir()) / "engines" / f"{ENGINE}-{SDIST_VERSION}"
+
+
+def installed_bin_dir(base: Path | None = None) -> Path:
+    return engine_root(base) / "bin"
+
+
+def read_stamp(base: Path | None = None) -> dict | None:
+    """The install record, or None when no complete install exists."""
+    bin_dir = installed_bin_dir(base)
+    try:
+        stamp = json.loads((bin_dir / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    if stamp.get("version") != SDIST_VERSION:
+        return None
+    if not all(_is_executable(bin_dir / b) for b in BINARIES):
+        return None
+    return stamp
+
+
+def _is_executable(p: Path) -> bool:
+    return p.is_file() and os.access(p, os.X_OK)
+
+
+def resolve_binary(
+    name: str = "llama-server",
+    *,
+    configured: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    base: Path | None = None,
+) -> Resolution:
+    """Which ``name`` binary fitevict will use, and why.
+
+    ``configured`` is the config file's ``engine.llama_server``. For the companion binaries
+    (llama-fit-params, llama-quantize) each step looks beside that step's llama-server.
+    """
+    env = os.environ if env is None else env
+    cands: list[Candidate] = []
+    chosen: tuple[Path, str] | None = None
+
+    def consider(source: str, server: Path | None, unset: str) -> None:
+        nonlocal chosen
+        if server is None:
+            cands.append(Candidate(source, None, unset))
+            return
+        target = server if name == "llama-server" else server.parent / name
+        if chosen is not None:
+            cands.append(Candidate(source, target, "shadowed"))
+        elif not target.exists():
+            cands.append(Candidate(source, target, "missing"))
+        elif not _is_executable(target):
+            cands.append(Candidate(source, target, "not executable"))
+        else:
+            cands.append(Candidate(source, target, "used"))
+            chosen = (target, source)
+
+    consider("config", Path(configured).expanduser() if configured else None, "not set (engine.llama_server)")
+    env_value = env.get(ENV_VAR)
+    consider("env", Path(env_value).expanduser() if env_value else None, f"not set (${ENV_VAR})")
+    on_path = shutil.which("llama-server", path=env.get("PATH"))
+    consider("PATH", Path(on_path) if on_path else None, "no llama-server on PATH")
+    stamp = read_stamp(base)
+    consider("cache", installed_bin_dir(base) / "llama-server" if stamp else None,
+             f"not installed in {installed_bin_dir(base)} (run: fitevict engine install llama.cpp)")
+
+    if chosen is None:
+        tried = "; ".join(f"{c.source}: {c.status}" + (f" ({c.path})" if c.path else "") for c in cands)
+        return Resolution(name, None, f"no usable {name} found ({tried})", tuple(cands))
+    path, source = chosen
+    reason = {
+        "config": "set in the config file (engine.llama_server)",
+        "env": f"set by ${ENV_VAR}",
+        "PATH": "found on PATH",
+        "cache": f"built by fitevict from {SDIST_PACKAGE}=={SDIST_VERSION} (llama.cpp {LLAMA_CPP_COMMIT})",
+    }[source]
+    return Resolution(name, path, reason, tuple(cands))
+
+
+def missing_build_tools() -> list[tuple[str, str]]:
+    """[(tool, debian package)] for each build tool that is not on PATH."""
+    missing = []
+    for tool, (names, package) in _TOOL_PACKAGES.items():
+        if not any(shutil.which(n) for n in names):
+            missing.append((tool, package))
+    return missing
+
+
+@dataclass(frozen=True, slots=True)
+class InstallResult:
+    bin_dir: Path
+    already: bool
+    seconds: float
+    stamp: dict
+
+
+Progress = Callable[[str, float | None], None]  # (message, fraction done or None)
+
+_PERCENT = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def install(*, force: bool = False, base: Path | None = None, jobs: int | None = None,
+            progress: Progress | None = None) -> InstallResult:
+    """Build and install the pinned engine into the cache. Returns at once when already installed."""
+    t0 = time.monotonic()
+    say = progress or (lambda msg, frac: None)
+    root = engine_root(base)
+    bin_dir = installed_bin_dir(base)
+    stamp = read_stamp(base)
+    if stamp and not force:
+        return InstallResult(bin_dir, True, time.monotonic() - t0, stamp)
+
+    missing = missing_build_tools()
+    if missing:
+        pkgs = " ".join(sorted({p for _, p in missing}))
+        raise EngineInstallError(
+            f"cannot build llama.cpp: missing {', '.join(t for t, _ in missing)}. "
+            f"Install them with: apt-get install -y {pkgs}"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    log_path = root / "build.log"
+    with log_path.open("a") as log:
+        log.write(f"\n=== install started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
+        sdist = _fetch_sdist(root, say, log)
+        src = _extract(sdist, root, say)
+        build = root / "build"
+        say("configuring with cmake", 0.0)
+        _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log, log_path)
+        n = jobs or os.cpu_count() or 2
+        say(f"building {', '.join(BINARIES)} with {n} jobs (about 5 minutes on 2 cores)", 0.0)
+        _run(["cmake", "--build", str(build), "--target", *BINARIES, "-j", str(n)], log, log_path,
+             on_line=lambda line: _report_percent(line, say))
+        say("installing", 1.0)
+        stamp = _install_atomically(build / "bin", bin_dir, time.monotonic() - t0, log, log_path)
+    return InstallResult(bin_dir, False, time.monotonic() - t0, stamp)
+
+
+def _report_percent(line: str, say: Progress) -> None:
+    m = _PERCENT.match(line)
+    if m:
+        say(line.strip()[:120], int(m.group(1)) / 100)
+
+
+def _run(argv: list[str], log, log_path: Path, on_line: Callable[[str], None] | None = None) -> None:
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stdout:
+        log.write(line)
+        tail.append(line)
+        del tail[:-15]
+        if on_line:
+            on_line(line)
+    rc = proc.wait()
+    log.flush()
+    if rc != 0:
+        raise EngineInstallError(
+            f"`{' '.join(argv[:3])} …` failed with exit code {rc}; nothing was installed. "
+            f"Full log: {log_path}\n" + "".join(tail)
+        )
+
+
+def _fetch_sdist(root: Path, say: Progress, log) -> Path:
+    dest = root / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+    if dest.is_file():
+        return dest
+    say(f"downloading the {SDIST_PACKAGE}=={SDIST_VERSION} sdist", None)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        _run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+              f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", tmp], log, root / "build.log")
+        got = list(Path(tmp).glob("*.tar.gz"))
+        if len(got) != 1:
+            raise EngineInstallError(f"pip download gave {len(got)} archives in {tmp}, expected one sdist")
+        os.replace(got[0], dest)
+    return dest
+
+
+def _extract(sdist: Path, root: Path, say: Progress) -> Path:
+    src = root / "src"
+    llama = src / "vendor" / "llama.cpp"
+    if (llama / "CMakeLists.txt").is_file():
+        return llama
+    say("unpacking the vendored llama.cpp", None)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        top = [p for p in Path(tmp).iterdir() if p.is_dir()]
+        if len(top) != 1 or not (top[0] / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+            raise EngineInstallError(f"{sdist} does not contain vendor/llama.cpp; delete it and retry")
+        if src.exists():
+            shutil.rmtree(src)
+        os.replace(top[0], src)
+    return llama
+
+
+def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_path: Path) -> dict:
+    for b in BINARIES:
+        if not _is_executable(built / b):
+            raise EngineInstallError(f"the build did not produce {built / b}; nothing was installed. Log: {log_path}")
+    staging = Path(tempfile.mkdtemp(prefix="bin.", dir=bin_dir.parent))
+    try:
+        for b in BINARIES:
+            shutil.copy2(built / b, staging / b)
+        out = subprocess.run([str(staging / "llama-server"), "--version"], capture_output=True, text=True, timeout=60)
+        version_text = (out.stdout + out.stderr).strip()
+        if out.returncode != 0:
+            raise EngineInstallError(f"the built llama-server --version exited {out.returncode}: {version_text[-500:]}")
+        stamp = {
+            "engine": ENGINE,
+            "package": SDIST_PACKAGE,
+            "version": SDIST_VERSION,
+            "llama_cpp_commit": LLAMA_CPP_COMMIT,
+            "cmake_flags": list(CMAKE_FLAGS),
+            "binaries": list(BINARIES),
+            "version_output": version_text[-400:],
+            "build_seconds": round(seconds, 1),
+            "installed_at": time.time(),
+        }
+        (staging / STAMP).write_text(json.dumps(stamp, indent=2))
+        if bin_dir.exists():
+            old = bin_dir.with_name(f"bin.old.{os.getpid()}")
+            os.replace(bin_dir, old)
+            shutil.rmtree(old)
+        os.replace(staging, bin_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.write(f"installed into {bin_dir}\n")
+    return stamp

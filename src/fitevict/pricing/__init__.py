@@ -1,0 +1,1 @@
+"""Pure pricing: GGUF files -> structure -> Footprint. No processes, no clocks, no logging."""

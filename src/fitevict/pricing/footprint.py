@@ -1,0 +1,147 @@
+"""The Footprint contract: what a model costs, per device, term by term, each with its source.
+
+Terms are named as llama.cpp's own memory breakdown names them (model / context / compute /
+output buffers), so a prediction can be checked line by line against the engine's log.
+
+Pure data. Frozen. No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Source = Literal["measured", "dry-run", "formula", "declared", "file-size", "unavailable"]
+SOURCES: tuple[str, ...] = ("measured", "dry-run", "formula", "declared", "file-size", "unavailable")
+
+HOST = "CPU"  # llama.cpp's name for host memory; also the planner's name for the host-RAM budget
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One priced quantity. ``bytes`` is None only when ``source == "unavailable"``; ``reason`` says why."""
+
+    bytes: int | None
+    source: Source
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"Term source {self.source!r} is not one of {SOURCES}")
+        if self.bytes is None and self.source != "unavailable":
+            raise ValueError("a Term without bytes must have source 'unavailable' and a reason")
+        if self.source == "unavailable" and not self.reason:
+            raise ValueError("an unavailable Term must say why (reason)")
+        if self.bytes is not None and self.bytes < 0:
+            raise ValueError(f"Term bytes must be >= 0, got {self.bytes}")
+
+    @staticmethod
+    def unavailable(reason: str) -> "Term":
+        return Term(None, "unavailable", reason)
+
+    @property
+    def value(self) -> int:
+        """Bytes, with an unavailable term counted as 0 only where a caller explicitly sums."""
+        return self.bytes or 0
+
+    def to_json(self) -> dict:
+        d: dict = {"bytes": self.bytes, "source": self.source}
+        if self.reason:
+            d["reason"] = self.reason
+        return d
+
+
+ZERO_FORMULA = Term(0, "formula")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFootprint:
+    """Bytes one device holds for one model: llama.cpp's model / context / compute / output buffers."""
+
+    name: str  # "CPU", "CUDA0", ...
+    model: Term = ZERO_FORMULA
+    context: Term = ZERO_FORMULA
+    compute: Term = ZERO_FORMULA
+    output: Term = ZERO_FORMULA
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model.value + self.context.value + self.compute.value + self.output.value
+
+    @property
+    def complete(self) -> bool:
+        return all(t.bytes is not None for t in (self.model, self.context, self.compute, self.output))
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "model_bytes": self.model.bytes,
+            "context_bytes": self.context.bytes,
+            "compute_bytes": self.compute.bytes,
+            "output_bytes": self.output.bytes,
+            "total_bytes": self.total_bytes,
+            "sources": {
+                "model": self.model.source,
+                "context": self.context.source,
+                "compute": self.compute.source,
+                "output": self.output.source,
+            },
+            **(
+                {"unavailable": {k: t.reason for k, t in self._terms() if t.source == "unavailable"}}
+                if not self.complete
+                else {}
+            ),
+        }
+
+    def _terms(self) -> tuple[tuple[str, Term], ...]:
+        return (("model", self.model), ("context", self.context), ("compute", self.compute), ("output", self.output))
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """A model's whole cost under one configuration.
+
+    ``devices`` lists every device with a buffer ("CPU" is host memory). ``host_mapped_bytes`` is the
+    file-backed (page-cache, reclaimable) part of host memory, ``host_committed_bytes`` the anonymous
+    + shmem part. Their sum is what the host budget must hold: mapped weights count against RAM,
+    because weights that page out make inference thrash.
+    """
+
+    devices: tuple[DeviceFootprint, ...]
+    host_mapped_bytes: int = 0
+    host_committed_bytes: int = 0
+    host_source: Source = "formula"
+    notes: tuple[str, ...] = field(default=())
+
+    def device(self, name: str) -> DeviceFootprint | None:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        return None
+
+    def bytes_on(self, name: str) -> int:
+        """Bytes the model needs on a budget device. For the host ("CPU") this is mapped + committed."""
+        if name == HOST:
+            return self.host_mapped_bytes + self.host_committed_bytes
+        d = self.device(name)
+        return d.total_bytes if d else 0
+
+    @property
+    def gpu_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices if d.name != HOST and not d.name.startswith("CPU"))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(d.total_bytes for d in self.devices)
+
+    def to_json(self) -> dict:
+        return {
+            "devices": [d.to_json() for d in self.devices],
+            "host": {
+                "mapped_bytes": self.host_mapped_bytes,
+                "committed_bytes": self.host_committed_bytes,
+                "source": self.host_source,
+            },
+            "total_bytes": self.total_bytes,
+            **({"notes": list(self.notes)} if self.notes else {}),
+        }

@@ -1,0 +1,45 @@
+"""LoadConfig: one llama-server load configuration, named as llama-server names its flags.
+
+Shared by pricing (what does this cost?), the planner (which configuration fits?) and the engine
+adapter (which argv starts it?). Frozen, hashable, so it can key caches and signatures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+FlashAttn = Literal["on", "off", "auto"]
+CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    n_ctx: int = 4096  # -c; 0 = the model's training context
+    n_parallel: int | None = None  # -np; None = flag absent (this build then uses 4 slots, unified KV)
+    kv_unified: bool | None = None  # -kvu; None = the engine's default for the given -np
+    n_gpu_layers: int = 0  # -ngl; -1 = all layers
+    n_cpu_moe: int = 0  # --n-cpu-moe: keep the experts of the first N layers on the CPU
+    cache_type_k: str = "f16"  # -ctk
+    cache_type_v: str = "f16"  # -ctv
+    flash_attn: FlashAttn = "auto"  # -fa
+    n_batch: int = 2048  # -b
+    n_ubatch: int = 512  # -ub
+    mmap: bool = True  # False = "-lm none" in the pinned build
+    swa_full: bool = False  # --swa-full
+    devices: tuple[str, ...] = ()  # -dev; () = CPU only ("-dev none")
+
+    def with_(self, **changes: object) -> "LoadConfig":
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["devices"] = list(self.devices)
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "LoadConfig":
+        d = dict(d)
+        if "devices" in d:
+            d["devices"] = tuple(d["devices"])
+        return LoadConfig(**d)
