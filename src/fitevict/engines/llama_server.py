@@ -78,6 +78,9 @@ class LlamaServerEngine:
             notes.append("host prompt cache disabled (-cram 0) so host memory stays as priced")
         if self._has("--no-webui"):
             argv.append("--no-webui")
+        if self._has("--log-verbosity"):
+            # buffer sizes, KV cells and print_info lines are logged at level 4 only in the pinned build
+            argv += ["-lv", "4"]
         argv += list(extra_args)
         return LaunchSpec(tuple(argv), env, port, "/health", tuple(notes))
 

@@ -1,0 +1,156 @@
+"""Numbered schema migrations.
+
+``MIGRATIONS`` is an ordered list of ``Migration(number, name, apply)``; ``apply(conn)`` runs
+inside the one transaction that :func:`migrate` opens at store open. Each migration carries its
+own table definitions, frozen as they were when it was written: never edit a released migration,
+append a new one. ``schema_migrations`` records what has been applied, so reopening applies nothing.
+A database that has a number this code does not know was written by a newer fitevict: refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from fitevict.store.records import EVENTS
+
+
+class StoreVersionError(RuntimeError):
+    """The database's schema is not one this fitevict can use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    number: int
+    name: str
+    apply: Callable[[Connection], None]
+
+
+def _id_column() -> sa.Column:
+    # BIGINT on Postgres; INTEGER on SQLite so the column is the rowid alias and autoincrements.
+    return sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True)
+
+
+def _m0001_initial(conn: Connection) -> None:
+    md = sa.MetaData()
+    big = sa.BigInteger
+    sa.Table(
+        "measurements",
+        md,
+        _id_column(),
+        sa.Column("signature", sa.Text, nullable=False),
+        sa.Column("model", sa.Text, nullable=False),
+        sa.Column("engine", sa.Text, nullable=False),
+        sa.Column("measured_at", sa.Float, nullable=False),
+        sa.Column("footprint_json", sa.Text, nullable=False),
+        sa.Column("host_committed_bytes", big, nullable=True),
+        sa.Column("host_mapped_bytes", big, nullable=True),
+        sa.Column("total_bytes", big, nullable=False),
+        sa.Column("source", sa.Text, nullable=False),
+        sa.Index("ix_measurements_signature_time", "signature", "measured_at"),
+    )
+    sa.Table(
+        "compute_cache",
+        md,
+        sa.Column("key", sa.Text, primary_key=True),
+        sa.Column("value_json", sa.Text, nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+    )
+    vocabulary = ", ".join(f"'{e}'" for e in EVENTS)  # constants of this module, not user input
+    sa.Table(
+        "events",
+        md,
+        _id_column(),
+        sa.Column("time", sa.Float, nullable=False),
+        sa.Column("event", sa.Text, nullable=False),
+        sa.Column("model", sa.Text, nullable=True),
+        sa.Column("engine", sa.Text, nullable=True),
+        sa.Column("seconds", sa.Float, nullable=True),
+        sa.Column("vram_bytes", big, nullable=True),
+        sa.Column("host_bytes", big, nullable=True),
+        sa.Column("offloaded_bytes", big, nullable=True),
+        sa.Column("strategy", sa.Text, nullable=True),
+        sa.Column("reason", sa.Text, nullable=True),
+        sa.Column("freed_bytes", big, nullable=True),
+        sa.Column("request_id", sa.Text, nullable=True),
+        sa.Column("predicted_bytes", big, nullable=True),
+        sa.Column("measured_bytes", big, nullable=True),
+        sa.Column("details_json", sa.Text, nullable=False),
+        sa.CheckConstraint(f"event IN ({vocabulary})", name="ck_events_event"),
+        sa.Index("ix_events_time", "time"),
+        sa.Index("ix_events_model_time", "model", "time"),
+        sa.Index("ix_events_event_time", "event", "time"),
+    )
+    sa.Table(
+        "seats",
+        md,
+        sa.Column("seat_id", sa.Text, primary_key=True),
+        sa.Column("model", sa.Text, nullable=False),
+        sa.Column("engine", sa.Text, nullable=False),
+        sa.Column("pid", sa.Integer, nullable=True),
+        sa.Column("pgid", sa.Integer, nullable=True),
+        sa.Column("port", sa.Integer, nullable=True),
+        sa.Column("started_at", sa.Float, nullable=False),
+        sa.Column("state", sa.Text, nullable=False),
+        sa.Column("log_path", sa.Text, nullable=True),
+        sa.Column("config_json", sa.Text, nullable=False),
+        sa.Column("fitevict_pid", sa.Integer, nullable=False),
+    )
+    md.create_all(conn)
+
+
+MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", _m0001_initial),)
+
+_md = sa.MetaData()
+schema_migrations = sa.Table(
+    "schema_migrations",
+    _md,
+    sa.Column("number", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("applied_at", sa.Float, nullable=False),
+)
+
+
+def _check_sequence(migrations: Sequence[Migration]) -> None:
+    numbers = [m.number for m in migrations]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise ValueError(f"migrations must be numbered 1, 2, 3, ... in order; got {numbers}")
+
+
+def migrate(conn: Connection, migrations: Sequence[Migration] = MIGRATIONS, *, where: str = "") -> list[int]:
+    """Apply the migrations ``conn``'s database lacks, all in one transaction. Returns the numbers applied.
+
+    Raises :class:`StoreVersionError` when the database records a migration this code does not know
+    (written by a newer fitevict) or one whose name differs (a different lineage).
+    """
+    _check_sequence(migrations)
+    known = {m.number: m for m in migrations}
+    applied_now: list[int] = []
+    with conn.begin():
+        _md.create_all(conn, tables=[schema_migrations], checkfirst=True)
+        rows = conn.execute(sa.select(schema_migrations.c.number, schema_migrations.c.name)).all()
+        applied = {int(n): name for n, name in rows}
+        newest_known = max(known, default=0)
+        unknown = sorted(n for n in applied if n not in known)
+        if unknown:
+            raise StoreVersionError(
+                f"the store{where} has schema migration(s) {unknown} but this fitevict knows only 1..{newest_known}: "
+                "it was written by a newer fitevict. Upgrade fitevict, or point store_url at another database."
+            )
+        for n, name in applied.items():
+            if known[n].name != name:
+                raise StoreVersionError(
+                    f"the store{where} records migration {n} as {name!r} but this fitevict's migration {n} is "
+                    f"{known[n].name!r}: the database comes from another build. Point store_url at another database."
+                )
+        for m in migrations:
+            if m.number in applied:
+                continue
+            m.apply(conn)
+            conn.execute(sa.insert(schema_migrations).values(number=m.number, name=m.name, applied_at=time.time()))
+            applied_now.append(m.number)
+    return applied_now

@@ -1,0 +1,69 @@
+"""The current shape of each table, for queries (lightweight ``sa.table`` constructs; no DDL).
+
+The DDL lives in :mod:`fitevict.store.migrations`; a test checks that these columns match the
+migrated database exactly.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+_big = sa.BigInteger
+
+measurements = sa.table(
+    "measurements",
+    sa.column("id", _big),
+    sa.column("signature", sa.Text),
+    sa.column("model", sa.Text),
+    sa.column("engine", sa.Text),
+    sa.column("measured_at", sa.Float),
+    sa.column("footprint_json", sa.Text),
+    sa.column("host_committed_bytes", _big),
+    sa.column("host_mapped_bytes", _big),
+    sa.column("total_bytes", _big),
+    sa.column("source", sa.Text),
+)
+
+compute_cache = sa.table(
+    "compute_cache",
+    sa.column("key", sa.Text),
+    sa.column("value_json", sa.Text),
+    sa.column("created_at", sa.Float),
+)
+
+events = sa.table(
+    "events",
+    sa.column("id", _big),
+    sa.column("time", sa.Float),
+    sa.column("event", sa.Text),
+    sa.column("model", sa.Text),
+    sa.column("engine", sa.Text),
+    sa.column("seconds", sa.Float),
+    sa.column("vram_bytes", _big),
+    sa.column("host_bytes", _big),
+    sa.column("offloaded_bytes", _big),
+    sa.column("strategy", sa.Text),
+    sa.column("reason", sa.Text),
+    sa.column("freed_bytes", _big),
+    sa.column("request_id", sa.Text),
+    sa.column("predicted_bytes", _big),
+    sa.column("measured_bytes", _big),
+    sa.column("details_json", sa.Text),
+)
+
+seats = sa.table(
+    "seats",
+    sa.column("seat_id", sa.Text),
+    sa.column("model", sa.Text),
+    sa.column("engine", sa.Text),
+    sa.column("pid", sa.Integer),
+    sa.column("pgid", sa.Integer),
+    sa.column("port", sa.Integer),
+    sa.column("started_at", sa.Float),
+    sa.column("state", sa.Text),
+    sa.column("log_path", sa.Text),
+    sa.column("config_json", sa.Text),
+    sa.column("fitevict_pid", sa.Integer),
+)
+
+TABLES: tuple[sa.TableClause, ...] = (measurements, compute_cache, events, seats)

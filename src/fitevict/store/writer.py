@@ -1,0 +1,113 @@
+"""The one writer: a dedicated thread that owns one connection and runs queued write functions.
+
+Every write in the process goes through it, one at a time, each in its own transaction, so
+writers never contend for SQLite's lock among themselves (datasette's pattern). Callers get a
+:class:`concurrent.futures.Future`; block on it, or ``asyncio.wrap_future`` it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Connection, Engine
+
+T = TypeVar("T")
+
+_STOP = object()
+
+
+class StoreClosedError(RuntimeError):
+    """A write was submitted after the store was closed."""
+
+
+class NestedWriteError(RuntimeError):
+    """A write function tried to submit another write: it would wait on itself forever."""
+
+
+class Writer:
+    """Runs ``fn(conn)`` for each submitted write, in submission order, on one thread."""
+
+    def __init__(self, engine: Engine, *, name: str = "fitevict-store-writer") -> None:
+        self._engine = engine
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ready: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self._ready.result()  # raises if the writer could not connect
+
+    @property
+    def thread_ident(self) -> int | None:
+        return self._thread.ident
+
+    def submit(self, fn: Callable[[Connection], T]) -> Future[T]:
+        """Queue ``fn`` to run in a transaction on the writer's connection; its result (or error) lands in the future."""
+        if threading.current_thread() is self._thread:
+            raise NestedWriteError(
+                "a store write function submitted another write; do all of it in the one function (it already "
+                "holds the transaction)"
+            )
+        fut: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError("the store is closed; open it again to write")
+            self._queue.put((fn, fut))
+        return fut
+
+    def close(self) -> None:
+        """Finish every write already queued, then stop the thread. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            conn = self._engine.connect().execution_options(fitevict_begin="IMMEDIATE")
+        except BaseException as e:  # reported to the opener through _ready
+            self._ready.set_exception(e)
+            self._shut("the store writer could not connect")
+            return
+        self._ready.set_result(None)
+        try:
+            with conn:
+                self._loop(conn)
+        finally:
+            self._shut("the store writer stopped")
+
+    def _loop(self, conn: Connection) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue  # the caller cancelled before it started
+            try:
+                with conn.begin():
+                    result = fn(conn)
+            except BaseException as e:
+                fut.set_exception(e)
+                if not isinstance(e, Exception):
+                    raise
+            else:
+                fut.set_result(result)
+
+    def _shut(self, why: str) -> None:
+        """Refuse new writes and fail any still queued, so no caller waits forever on a dead writer."""
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP and item[1].set_running_or_notify_cancel():
+                item[1].set_exception(StoreClosedError(f"{why} before this write ran"))

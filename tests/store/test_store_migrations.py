@@ -1,0 +1,106 @@
+"""Opening a store: SQLite settings, numbered migrations applied once, newer databases refused."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from fitevict.store import MIGRATIONS, Migration, Store, StoreError, StoreVersionError, make_engine
+from fitevict.store import schema
+from fitevict.store.migrations import migrate
+
+
+def _db_path(url: str) -> Path:
+    return Path(sa.engine.make_url(url).database)
+
+
+def _migration_rows(url: str) -> list[tuple[int, str, float]]:
+    with sqlite3.connect(_db_path(url)) as c:
+        return c.execute("SELECT number, name, applied_at FROM schema_migrations ORDER BY number").fetchall()
+
+
+def test_open_creates_parent_dirs_and_applies_every_migration(db_url: str) -> None:
+    assert not _db_path(db_url).parent.exists()
+    Store.open(db_url).close()
+    rows = _migration_rows(db_url)
+    assert [(n, name) for n, name, _ in rows] == [(m.number, m.name) for m in MIGRATIONS]
+
+
+def test_reopen_applies_nothing(db_url: str) -> None:
+    Store.open(db_url).close()
+    first = _migration_rows(db_url)
+    s = Store.open(db_url)
+    try:
+        # applied_at unchanged: the rows were not rewritten
+        assert _migration_rows(db_url) == first
+        with s.engine.connect() as conn:
+            assert migrate(conn) == []
+    finally:
+        s.close()
+
+
+def test_query_tables_match_the_migrated_schema(store: Store) -> None:
+    insp = sa.inspect(store.engine)
+    for table in schema.TABLES:
+        migrated = {c["name"] for c in insp.get_columns(table.name)}
+        assert migrated == {c.name for c in table.columns}, table.name
+
+
+def test_wal_and_connection_pragmas_are_on(store: Store, db_url: str) -> None:
+    # journal_mode is persistent in the file: a plain sqlite3 connection sees it too
+    with sqlite3.connect(_db_path(db_url)) as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    got = store.read(
+        lambda conn: tuple(
+            conn.exec_driver_sql(f"PRAGMA {p}").scalar() for p in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+        )
+    )
+    # synchronous NORMAL is 1; busy_timeout is the default 5.0 s in ms
+    assert got == ("wal", 1, 1, 5000)
+
+
+def test_newer_database_is_refused_with_the_numbers(db_url: str) -> None:
+    Store.open(db_url).close()
+    newest = MIGRATIONS[-1].number
+    with sqlite3.connect(_db_path(db_url)) as c:
+        c.execute("INSERT INTO schema_migrations (number, name, applied_at) VALUES (?, 'from-a-newer-build', 0)", (newest + 1,))
+    with pytest.raises(StoreVersionError, match=rf"\[{newest + 1}\].*knows only 1\.\.{newest}.*Upgrade fitevict"):
+        Store.open(db_url)
+
+
+def test_renamed_migration_is_refused(db_url: str) -> None:
+    Store.open(db_url).close()
+    with sqlite3.connect(_db_path(db_url)) as c:
+        c.execute("UPDATE schema_migrations SET name = 'other-lineage' WHERE number = 1")
+    with pytest.raises(StoreVersionError, match="other-lineage"):
+        Store.open(db_url)
+
+
+def test_a_failing_migration_leaves_nothing_behind(db_url: str) -> None:
+    def half_done(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("CREATE TABLE half_done (x INTEGER)")
+        raise RuntimeError("migration 2 broke")
+
+    broken = (*MIGRATIONS, Migration(MIGRATIONS[-1].number + 1, "half-done", half_done))
+    with pytest.raises(RuntimeError, match="migration 2 broke"):
+        Store.open(db_url, migrations=broken)
+    # one transaction for all pending migrations, DDL included: nothing persisted
+    with sqlite3.connect(_db_path(db_url)) as c:
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "half_done" not in tables and "events" not in tables and "schema_migrations" not in tables
+    Store.open(db_url).close()
+    assert [r[0] for r in _migration_rows(db_url)] == [m.number for m in MIGRATIONS]
+
+
+def test_migrations_must_be_numbered_in_order(db_url: str) -> None:
+    gap = (*MIGRATIONS, Migration(MIGRATIONS[-1].number + 2, "gap", lambda conn: None))
+    with pytest.raises(ValueError, match="numbered 1, 2, 3"):
+        Store.open(db_url, migrations=gap)
+
+
+def test_in_memory_sqlite_is_refused_with_remedy() -> None:
+    with pytest.raises(StoreError, match="needs a file"):
+        make_engine("sqlite://")

@@ -1,0 +1,261 @@
+"""The demo zoo: deterministic, idempotent, and structurally valid GGUF files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import gguf
+import pytest
+import typer
+from gguf import GGMLQuantizationType as QT
+from typer.testing import CliRunner
+
+from fitevict.cli import zoo as zoo_cli
+from fitevict.zoo import MANIFEST_NAME, ZOO_NAMES, ZooError, ZooModel, write_zoo
+
+# The names other code and tests rely on.
+REQUIRED = ("llama-gqa", "llama-tied", "llama-moe", "gemma2-swa", "llama-q8_0", "llama-q4_0", "llama-medium")
+SMALL = tuple(n for n in ZOO_NAMES if n != "llama-medium")
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Gguf:
+    """A read-back GGUF: metadata by key (arch prefix resolved) and tensors by name."""
+
+    def __init__(self, path: Path) -> None:
+        self.reader = gguf.GGUFReader(path)
+        self.arch: str = self.reader.fields["general.architecture"].contents()
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def get(self, key: str, default: object = None) -> object:
+        field = self.reader.fields.get(key) or self.reader.fields.get(f"{self.arch}.{key}")
+        return default if field is None else field.contents()
+
+    def per_layer(self, key: str) -> list[int]:
+        v = self.get(key)
+        n = self.get("block_count")
+        return list(v) if isinstance(v, list) else [v] * n
+
+    def shape(self, name: str) -> list[int]:
+        """ggml ne order: ne0 first."""
+        return [int(d) for d in self.tensors[name].shape]
+
+
+@pytest.fixture(scope="module")
+def read(zoo: dict[str, ZooModel]):
+    cache: dict[str, Gguf] = {}
+
+    def get(name: str) -> Gguf:
+        if name not in cache:
+            cache[name] = Gguf(zoo[name].path)
+        return cache[name]
+
+    return get
+
+
+def test_zoo_has_the_public_names(zoo: dict[str, ZooModel]) -> None:
+    assert set(REQUIRED) <= set(ZOO_NAMES)
+    assert list(zoo) == list(ZOO_NAMES)
+    for name, m in zoo.items():
+        assert m.path.name == f"{name}.gguf"
+        assert m.file_bytes == m.path.stat().st_size > 0
+
+
+def test_writing_twice_gives_identical_bytes(zoo: dict[str, ZooModel], tmp_path: Path) -> None:
+    again = {m.name: m for m in write_zoo(tmp_path)}
+    for name, m in zoo.items():
+        assert again[name].path != m.path
+        assert _sha(again[name].path) == _sha(m.path), name
+
+
+def test_rerun_skips_current_files_and_repairs_changed_ones(tmp_path: Path) -> None:
+    lines: list[str] = []
+    first = write_zoo(tmp_path, only=["llama-gqa", "mamba"], progress=lines.append)
+    assert lines == ["writing llama-gqa", "writing mamba"]
+    stamps = {m.name: m.path.stat().st_mtime_ns for m in first}
+    good = _sha(first[0].path)
+
+    lines.clear()
+    write_zoo(tmp_path, only=["mamba", "llama-gqa"], progress=lines.append)
+    assert lines == ["up to date llama-gqa", "up to date mamba"]
+    assert {m.name: m.path.stat().st_mtime_ns for m in first} == stamps
+
+    # a damaged file (same size, one byte flipped) is detected by its sha256 and rewritten
+    data = bytearray(first[0].path.read_bytes())
+    data[-1] ^= 0xFF
+    first[0].path.write_bytes(bytes(data))
+    lines.clear()
+    write_zoo(tmp_path, only=["llama-gqa", "mamba"], progress=lines.append)
+    assert lines == ["writing llama-gqa", "up to date mamba"]
+    assert _sha(first[0].path) == good
+    # no temporary files remain, only the models and the manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["llama-gqa.gguf", "mamba.gguf", MANIFEST_NAME])
+
+
+def test_unknown_name_lists_the_allowed_ones(tmp_path: Path) -> None:
+    with pytest.raises(ZooError) as e:
+        write_zoo(tmp_path, only=["llama-gqa", "gpt-9"])
+    assert "gpt-9" in str(e.value)
+    for name in ZOO_NAMES:
+        assert name in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_dir_is_a_named_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ZooError, match="a-file"):
+        write_zoo(blocker / "zoo", only=["llama-gqa"])
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_every_model_reads_back_consistently(read, name: str) -> None:
+    """Metadata agrees with the tensor shapes exactly as llama.cpp's loader checks them."""
+    g = read(name)
+    n_embd, n_layer = g.get("embedding_length"), g.get("block_count")
+    tokens = g.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens)
+    assert g.shape("token_embd.weight") == [n_embd, n_vocab]
+    assert g.shape("output_norm.weight") == [n_embd]
+    assert n_vocab & (n_vocab - 1) != 0, "n_vocab should not be a power of two"
+    # tokenizer: SPM with byte tokens, control tokens, scores and types for every token, a chat template
+    assert g.get("tokenizer.ggml.model") == "llama"
+    assert all(f"<0x{b:02X}>" in tokens for b in range(256))
+    assert len(g.get("tokenizer.ggml.scores")) == len(g.get("tokenizer.ggml.token_type")) == n_vocab
+    assert tokens[g.get("tokenizer.ggml.bos_token_id")] == "<s>"
+    assert tokens[g.get("tokenizer.ggml.eos_token_id")] == "</s>"
+    assert "add_generation_prompt" in g.get("tokenizer.chat_template")
+    assert g.get("context_length") >= 4096
+    n_head = g.get("attention.head_count")
+    kv = g.per_layer("attention.head_count_kv")
+    ff = g.per_layer("feed_forward_length")
+    for il in range(n_layer):
+        if kv[il] == 0:  # a recurrent (mamba) layer
+            d_inner = g.get("ssm.inner_size")
+            assert d_inner == 2 * n_embd  # the only expansion factor llama.cpp supports
+            assert g.shape(f"blk.{il}.ssm_in.weight") == [n_embd, 2 * d_inner]
+            assert g.shape(f"blk.{il}.ssm_conv1d.weight") == [g.get("ssm.conv_kernel"), d_inner]
+            assert f"blk.{il}.attn_k.weight" not in g.tensors
+            continue
+        head_dim = n_embd // n_head
+        assert g.get("rope.dimension_count") == head_dim
+        assert g.shape(f"blk.{il}.attn_q.weight") == [n_embd, head_dim * n_head]
+        assert g.shape(f"blk.{il}.attn_k.weight") == [n_embd, head_dim * kv[il]]
+        assert g.shape(f"blk.{il}.attn_v.weight") == [n_embd, head_dim * kv[il]]
+        assert n_head % kv[il] == 0
+        if g.get("expert_count"):
+            n_exp = g.get("expert_count")
+            assert g.shape(f"blk.{il}.ffn_up_exps.weight") == [n_embd, ff[il], n_exp]
+        else:
+            assert g.shape(f"blk.{il}.ffn_up.weight") == [n_embd, ff[il]]
+            assert g.shape(f"blk.{il}.ffn_down.weight") == [ff[il], n_embd]
+            assert ff[il] % 512 != 0
+
+
+def test_gqa_and_tied(read) -> None:
+    gqa, tied = read("llama-gqa"), read("llama-tied")
+    assert gqa.arch == tied.arch == "llama"
+    assert gqa.get("attention.head_count") > gqa.get("attention.head_count_kv") > 0
+    assert "output.weight" in gqa.tensors
+    assert "output.weight" not in tied.tensors
+    # the tied model differs only by the missing output tensor
+    assert set(gqa.tensors) - set(tied.tensors) == {"output.weight"}
+
+
+def test_moe_has_experts(read) -> None:
+    g = read("llama-moe")
+    n_exp, used = g.get("expert_count"), g.get("expert_used_count")
+    assert 0 < used < n_exp
+    n_embd = g.get("embedding_length")
+    for il in range(g.get("block_count")):
+        assert g.shape(f"blk.{il}.ffn_gate_inp.weight") == [n_embd, n_exp]
+        for kind in ("gate", "up", "down"):
+            assert g.shape(f"blk.{il}.ffn_{kind}_exps.weight")[2] == n_exp
+        assert f"blk.{il}.ffn_up.weight" not in g.tensors
+
+
+def test_swa_metadata(read) -> None:
+    g = read("gemma2-swa")
+    assert g.arch == "gemma2"
+    window = g.get("attention.sliding_window")
+    assert 0 < window <= 128 < g.get("context_length")
+    assert "output.weight" not in g.tensors  # gemma2 always ties the output to token_embd
+
+
+def test_per_layer_head_count_kv(read) -> None:
+    g = read("deci-kvarray")
+    kv = g.get("attention.head_count_kv")
+    assert isinstance(kv, list) and len(kv) == g.get("block_count") and len(set(kv)) > 1
+
+
+def test_recurrent_and_hybrid(read) -> None:
+    mamba, jamba = read("mamba"), read("jamba-hybrid")
+    assert mamba.get("attention.head_count_kv") == 0
+    assert "blk.0.ssm_a" in mamba.tensors and "blk.0.ffn_up.weight" not in mamba.tensors
+    kv = jamba.get("attention.head_count_kv")
+    # both kinds of layer: recurrent (0 kv heads) and attention
+    assert 0 in kv and any(k > 0 for k in kv)
+    for il, k in enumerate(kv):
+        assert (f"blk.{il}.ssm_in.weight" in jamba.tensors) == (k == 0)
+        assert (f"blk.{il}.attn_q.weight" in jamba.tensors) == (k > 0)
+        assert f"blk.{il}.ffn_up.weight" in jamba.tensors
+
+
+@pytest.mark.parametrize(
+    ("name", "weight_type"),
+    [("llama-gqa", QT.F16), ("llama-tied", QT.F32), ("llama-q8_0", QT.Q8_0), ("llama-q4_0", QT.Q4_0)],
+)
+def test_weight_types(read, zoo: dict[str, ZooModel], name: str, weight_type: QT) -> None:
+    g = read(name)
+    assert zoo[name].quant == weight_type.name
+    for t in g.reader.tensors:
+        expected = QT.F32 if len(t.shape) == 1 else weight_type
+        assert t.tensor_type == expected, t.name
+        # bytes from the block table: ne0 / block_size * type_size per row
+        block, type_size = gguf.GGML_QUANT_SIZES[expected]
+        rows = int(t.n_elements) // int(t.shape[0])
+        assert int(t.n_bytes) == rows * int(t.shape[0]) // block * type_size
+
+
+def test_medium_is_about_200_mb(zoo: dict[str, ZooModel]) -> None:
+    m = zoo["llama-medium"]
+    assert 150e6 <= m.file_bytes <= 260e6
+    assert m.quant == "F16"
+    assert max(zoo[n].file_bytes for n in SMALL) < 4e6
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """root"""
+
+    zoo_cli.register(app)
+    return app
+
+
+def test_cli_writes_and_lists(tmp_path: Path) -> None:
+    r = CliRunner().invoke(_cli(), ["demo-models", str(tmp_path), "--only", "llama-tied", "--only", "llama-q4_0"])
+    assert r.exit_code == 0, r.output
+    assert "file-size" in r.output
+    assert "llama-tied" in r.output and "llama-q4_0" in r.output and "Q4_0" in r.output
+    assert sorted(p.name for p in tmp_path.glob("*.gguf")) == ["llama-q4_0.gguf", "llama-tied.gguf"]
+
+
+def test_cli_rejects_unknown_name(tmp_path: Path) -> None:
+    r = CliRunner().invoke(_cli(), ["demo-models", str(tmp_path), "--only", "nope"])
+    assert r.exit_code == 2
+    assert "nope" in r.output and "llama-medium" in r.output
+
+
+def test_cli_unwritable_dir_is_an_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    r = CliRunner().invoke(_cli(), ["demo-models", str(blocker / "zoo"), "--only", "llama-gqa"])
+    assert r.exit_code == 2
+    assert "cannot create the zoo directory" in r.output and "a-file" in r.output
