@@ -15,6 +15,7 @@ from fitevict import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "fitevict.cli.engine",
     "fitevict.cli.zoo",
+    "fitevict.cli.serve",
 )
 
 app = typer.Typer(

@@ -1,0 +1,489 @@
+"""Discover models on disk and give each a key: GGUF files (with their mmproj projectors), HF dirs.
+
+Keys (matched case-insensitively, spelled as found):
+- a GGUF directly in a models dir: its file stem (``Qwen3-8B-Q4_K_M``);
+- the only GGUF model in ``owner/repo/``: ``repo``, or ``owner~repo`` when two repos share a name;
+- several GGUF models in one folder (quantizations): each file's stem, qualified the same way on collision;
+- split GGUFs ``name-00001-of-0000N.gguf`` are one model keyed ``name``; an incomplete split is skipped with a note;
+- files with ``mmproj`` in the name are projectors: attached to the models beside them, never listed;
+- a folder with ``config.json`` and ``*.safetensors`` is a Hugging Face model (engine ``transformers``),
+  listed but not servable by llama-server;
+- a Hugging Face hub cache (``models--owner--repo/snapshots/<rev>/``) is named ``repo`` / ``owner~repo``.
+
+``[models.<key>]`` config entries add models (``path``) or adjust discovered ones (by key); a discovered
+model that a config entry points at keeps its discovered key as an alias.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+from fitevict.config import Config, ConfigError, ModelConfig
+
+_SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
+_HF_CACHE_RE = re.compile(r"^models--(?P<name>.+)$")
+#: Projector precisions, most preferred first, when a folder holds several mmproj files.
+_MMPROJ_PREFERENCE: tuple[str, ...] = ("f16", "bf16", "q8_0", "f32")
+
+
+class UnknownModel(LookupError):
+    """No model has this key or alias."""
+
+    def __init__(self, name: str, close_matches: Sequence[str] = ()) -> None:
+        self.name = name
+        self.close_matches = tuple(close_matches)
+        hint = f"; did you mean {', '.join(self.close_matches)}?" if self.close_matches else ""
+        super().__init__(f"no model named {name!r}{hint} (GET /v1/models or `fitevict ps` lists the models)")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class GgufFileError(ValueError):
+    """A requested ``gguf_file`` that is not one of the model's own files."""
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    key: str
+    path: Path  # the GGUF file (a split's first shard) or the HF model directory
+    engine: str  # "llama-server", "transformers", ...
+    aliases: tuple[str, ...]
+    pinned: bool
+    file_bytes: int  # all of the model's weight files (every shard), projector not included
+    settings: ModelConfig  # the [models.<key>] entry, or an empty one
+    mmproj: Path | None  # the projector passed as --mmproj
+    gguf_files: tuple[str, ...]  # model GGUFs a request may pick (gguf_file), relative to model_dir
+    model_dir: Path  # the folder gguf_file names are resolved in
+    kind: str = "gguf"  # "gguf" | "hf"
+    files: tuple[Path, ...] = ()  # every weight file: split shards, or the HF dir's *.safetensors
+
+    @property
+    def llama_servable(self) -> bool:
+        """True when llama-server can load it (a GGUF model)."""
+        return self.kind == "gguf"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.key, *self.aliases)
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+@dataclass(slots=True)
+class _Found:
+    kind: str
+    path: Path
+    model_dir: Path
+    files: tuple[Path, ...]
+    stem: str
+    chain: tuple[str, ...]  # key candidates, most preferred first
+    mmproj: Path | None = None
+    gguf_files: tuple[str, ...] = ()
+    level: int = 0
+    implicit_aliases: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return self.chain[self.level]
+
+
+def _is_mmproj(name: str) -> bool:
+    return "mmproj" in name.lower()
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+@dataclass(frozen=True, slots=True)
+class _GgufModel:
+    stem: str
+    files: tuple[Path, ...]  # one file, or the shards in order
+
+
+def _gguf_models(folder: Path, names: Iterable[str], notes: list[str]) -> tuple[list[_GgufModel], list[Path]]:
+    """Group a folder's GGUF file names into models (splits merged) and projectors."""
+    models: list[_GgufModel] = []
+    projectors: list[Path] = []
+    splits: dict[tuple[str, int], dict[int, Path]] = {}
+    for name in sorted(names):
+        if _hidden(name) or not name.lower().endswith(".gguf") or not (folder / name).is_file():
+            continue
+        if _is_mmproj(name):
+            projectors.append(folder / name)
+        elif m := _SPLIT_RE.match(name):
+            splits.setdefault((m["base"], int(m["n"])), {})[int(m["i"])] = folder / name
+        else:
+            models.append(_GgufModel(name[: -len(".gguf")], (folder / name,)))
+    for (base, n), shards in splits.items():
+        missing = [i for i in range(1, n + 1) if i not in shards]
+        if missing:
+            notes.append(
+                f"{folder / base}: split GGUF of {n} files lacks part(s) "
+                f"{', '.join(f'{i:05d}' for i in missing)}; skipped until complete"
+            )
+            continue
+        models.append(_GgufModel(base, tuple(shards[i] for i in range(1, n + 1))))
+    models.sort(key=lambda m: m.stem)
+    return models, projectors
+
+
+def _pick_projector(projectors: Sequence[Path]) -> Path | None:
+    def rank(p: Path) -> tuple[int, str]:
+        low = p.name.lower()
+        for i, tag in enumerate(_MMPROJ_PREFERENCE):
+            if re.search(rf"(^|[^a-z0-9]){re.escape(tag)}([^a-z0-9]|$)", low):
+                return (i, p.name)
+        return (len(_MMPROJ_PREFERENCE), p.name)
+
+    return min(projectors, key=rank) if projectors else None
+
+
+def _mmproj_core(p: Path) -> str:
+    stem = p.name[: -len(".gguf")]
+    return re.sub(r"[-_.]?mmproj[-_.]?", "", stem, flags=re.IGNORECASE).lower()
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return len(os.path.commonprefix([a, b]))
+
+
+def _attach_in_flat_dir(models: list[_GgufModel], projectors: list[Path]) -> dict[str, Path]:
+    """In a flat models dir, a projector goes to the model(s) whose stem shares its longest name prefix."""
+    out: dict[str, Path] = {}
+    for proj in projectors:
+        core = _mmproj_core(proj)
+        scores = {m.stem: _common_prefix(core, m.stem.lower()) for m in models}
+        best = max(scores.values(), default=0)
+        if best < 4:
+            continue
+        for stem, score in scores.items():
+            if score == best:
+                prev = out.get(stem)
+                out[stem] = proj if prev is None else _pick_projector([prev, proj]) or proj
+    return out
+
+
+def _repo_names(root: Path, folder: Path) -> list[str]:
+    """Name parts of a folder below a models dir, most specific last; HF hub caches unwrapped."""
+    parts = list(folder.relative_to(root).parts)
+    if len(parts) >= 3 and parts[-2] == "snapshots" and (m := _HF_CACHE_RE.match(parts[-3])):
+        return parts[:-3] + m["name"].split("--")
+    if not parts:
+        return [root.name]
+    return parts
+
+
+def _chain(names: list[str], stem: str | None) -> tuple[str, ...]:
+    """Key candidates from least to most qualified: repo, owner~repo, ... (then ~stem when several)."""
+    tail = [stem] if stem is not None else []
+    out: list[str] = []
+    for n in range(1, len(names) + 1):
+        out.append("~".join(names[len(names) - n :] + tail))
+    if stem is not None:
+        out.insert(0, stem)
+    return tuple(dict.fromkeys(out))
+
+
+def _is_hf_dir(folder: Path, names: Sequence[str]) -> bool:
+    return "config.json" in names and any(n.endswith(".safetensors") for n in names)
+
+
+def _hf_found(folder: Path, names: Sequence[str], chain: tuple[str, ...]) -> _Found:
+    files = tuple(folder / n for n in sorted(names) if n.endswith(".safetensors") and not _hidden(n))
+    return _Found("hf", folder, folder, files, folder.name, chain)
+
+
+def _scan_dir(root: Path, notes: list[str]) -> list[_Found]:
+    found: list[_Found] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        folder = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not _hidden(d))
+        flat = folder == root
+        names = _repo_names(root, folder)
+        if _is_hf_dir(folder, filenames):
+            found.append(_hf_found(folder, filenames, _chain(names, None)))
+            dirnames[:] = []  # its subfolders belong to it
+        models, projectors = _gguf_models(folder, filenames, notes)
+        if not models:
+            if projectors:
+                notes.append(f"{folder}: projector(s) {', '.join(p.name for p in projectors)} without a model beside them")
+            continue
+        if flat:
+            attached = _attach_in_flat_dir(models, projectors)
+            for m in models:
+                found.append(
+                    _Found("gguf", m.files[0], folder, m.files, m.stem, (m.stem,), attached.get(m.stem),
+                           (m.files[0].name,))
+                )
+            continue
+        proj = _pick_projector(projectors)
+        listed = tuple(m.files[0].name for m in models)
+        for m in models:
+            chain = _chain(names, None) if len(models) == 1 else _chain(names, m.stem)
+            found.append(_Found("gguf", m.files[0], folder, m.files, m.stem, chain, proj, listed))
+    return found
+
+
+def _settle_keys(found: list[_Found], notes: list[str]) -> list[_Found]:
+    """Qualify colliding keys step by step (repo -> owner~repo -> ...); then the first found wins."""
+    while True:
+        groups: dict[str, list[_Found]] = {}
+        for f in found:
+            groups.setdefault(f.key.lower(), []).append(f)
+        bumped = False
+        for group in groups.values():
+            if len(group) > 1:
+                for f in group:
+                    if f.level + 1 < len(f.chain):
+                        f.level += 1
+                        bumped = True
+        if not bumped:
+            break
+    kept: dict[str, _Found] = {}
+    for f in found:
+        if (first := kept.get(f.key.lower())) is not None:
+            notes.append(f"{f.path}: key {f.key!r} is already taken by {first.path}; set [models.<key>] path to list it")
+            continue
+        kept[f.key.lower()] = f
+    return list(kept.values())
+
+
+# ----------------------------------------------------------------------------- config entries
+
+
+def _model_from_path(m: ModelConfig, roots: Sequence[Path], notes: list[str]) -> _Found:
+    assert m.path is not None
+    where = f"models.{m.key}.path = '{m.path}'"
+    p = m.path
+    if p.is_dir():
+        names = os.listdir(p)
+        if _is_hf_dir(p, names):
+            return _hf_found(p, names, (m.key,))
+        models, projectors = _gguf_models(p, names, notes)
+        if len(models) != 1:
+            what = "no GGUF model" if not models else f"{len(models)} GGUF models ({', '.join(x.files[0].name for x in models)})"
+            raise ConfigError(f"{where}: the folder holds {what}; point path at one .gguf file or a folder with one model")
+        g = models[0]
+        return _Found("gguf", g.files[0], p, g.files, g.stem, (m.key,), _pick_projector(projectors), (g.files[0].name,))
+    if not p.is_file():
+        raise ConfigError(f"{where}: no such file or folder; fix the path or remove the entry")
+    if not p.name.lower().endswith(".gguf"):
+        raise ConfigError(f"{where}: not a .gguf file; give a GGUF file or a model folder")
+    if _is_mmproj(p.name):
+        raise ConfigError(f"{where}: this is a projector (mmproj); set it as models.{m.key}.mmproj and path to the model")
+    folder = p.parent
+    models, projectors = _gguf_models(folder, os.listdir(folder), notes)
+    split = _SPLIT_RE.match(p.name)
+    own = next((g for g in models if g.files[0] == p), None)
+    if split and own is None:
+        raise ConfigError(f"{where}: give the first part of the split (…-00001-of-{split['n']}.gguf), with every part present")
+    files = own.files if own else (p,)
+    in_root = any(folder.resolve() == r.resolve() for r in roots)
+    if in_root:
+        proj = _attach_in_flat_dir(models, projectors).get(own.stem if own else p.stem)
+        listed: tuple[str, ...] = (p.name,)
+    else:
+        proj = _pick_projector(projectors)
+        listed = tuple(g.files[0].name for g in models)
+    return _Found("gguf", p, folder, files, p.stem, (m.key,), proj, listed)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def _entry(f: _Found, settings: ModelConfig) -> CatalogEntry:
+    where = f"models.{settings.key}"
+    engine = settings.engine or ("llama-server" if f.kind == "gguf" else "transformers")
+    if f.kind == "hf" and engine == "llama-server":
+        raise ConfigError(
+            f"{where}.engine = 'llama-server': {f.path} is a Hugging Face safetensors model, which llama-server "
+            "cannot load; use engine 'transformers' or 'vllm', or convert it to GGUF"
+        )
+    mmproj = f.mmproj
+    if settings.mmproj is not None:
+        if not settings.mmproj.is_file():
+            raise ConfigError(f"{where}.mmproj = '{settings.mmproj}': no such file")
+        mmproj = settings.mmproj
+    aliases = tuple(dict.fromkeys([*settings.aliases, *f.implicit_aliases]))
+    return CatalogEntry(
+        key=f.key,
+        path=f.path,
+        engine=engine,
+        aliases=aliases,
+        pinned=settings.pin,
+        file_bytes=sum(p.stat().st_size for p in f.files),
+        settings=settings,
+        mmproj=mmproj if f.kind == "gguf" else None,
+        gguf_files=f.gguf_files,
+        model_dir=f.model_dir,
+        kind=f.kind,
+        files=f.files,
+    )
+
+
+# ----------------------------------------------------------------------------- the catalog
+
+
+class Catalog:
+    """The models fitevict can serve, by key and alias (case-insensitive)."""
+
+    __slots__ = ("_entries", "_index", "notes")
+
+    def __init__(self, entries: Sequence[CatalogEntry], notes: Sequence[str] = ()) -> None:
+        index: dict[str, CatalogEntry] = {}
+        entries = sorted(entries, key=lambda e: e.key.lower())
+        for e in entries:
+            for name in e.names:
+                other = index.get(name.lower())
+                if other is not None and other is not e:
+                    what = "the key" if other.key.lower() == name.lower() else "an alias"
+                    raise ConfigError(
+                        f"models.{e.key}: name {name!r} is already {what} of model {other.key!r} ({other.path}); "
+                        f"rename one of them (models.<key>.aliases or the file)"
+                    )
+                index[name.lower()] = e
+        self._entries = tuple(entries)
+        self._index = index
+        self.notes: tuple[str, ...] = tuple(notes)
+
+    @classmethod
+    def scan(cls, models_dirs: Sequence[Path], models: Mapping[str, ModelConfig] | None = None) -> "Catalog":
+        """Walk ``models_dirs`` (in order; the first wins a tie) and apply ``[models.<key>]`` entries."""
+        notes: list[str] = []
+        found: list[_Found] = []
+        for root in models_dirs:
+            if not root.is_dir():
+                raise ConfigError(f"models_dirs: {str(root)!r} is not a folder; create it or remove it from models_dirs")
+            found.extend(_scan_dir(root, notes))
+        found = _settle_keys(found, notes)
+        by_key = {f.key.lower(): f for f in found}
+        settings: dict[int, ModelConfig] = {}
+        for m in (models or {}).values():
+            if m.path is not None:
+                f = _model_from_path(m, models_dirs, notes)
+                for other in [o for o in by_key.values() if id(o) not in settings and _same_file(o.path, f.path)]:
+                    del by_key[other.key.lower()]
+                    if other.key.lower() != m.key.lower():
+                        f.implicit_aliases.append(other.key)
+                if (shadowed := by_key.pop(m.key.lower(), None)) is not None:
+                    notes.append(f"{shadowed.path}: key {shadowed.key!r} is taken by models.{m.key}; not listed")
+                by_key[m.key.lower()] = f
+            else:
+                f = by_key.get(m.key.lower())
+                if f is None:
+                    close = difflib.get_close_matches(m.key.lower(), list(by_key), n=3, cutoff=0.5)
+                    hint = f"; did you mean {', '.join(by_key[c].key for c in close)}?" if close else ""
+                    dirs = ", ".join(str(d) for d in models_dirs) or "(no models_dirs set)"
+                    raise ConfigError(
+                        f"models.{m.key}: no path given and no model with that key in models_dirs {dirs}{hint} "
+                        f"Set models.{m.key}.path or use a discovered key"
+                    )
+            f.chain, f.level = (m.key,), 0
+            settings[id(f)] = m
+        entries = [_entry(f, settings.get(id(f)) or ModelConfig(key=f.key)) for f in by_key.values()]
+        return cls(entries, notes)
+
+    @classmethod
+    def from_config(cls, config: Config) -> "Catalog":
+        return cls.scan(config.models_dirs, config.models)
+
+    def entries(self) -> tuple[CatalogEntry, ...]:
+        return self._entries
+
+    def get(self, name: str) -> CatalogEntry | None:
+        return self._index.get(name.lower())
+
+    def resolve(self, name: str) -> CatalogEntry:
+        """The model with this key or alias (case-insensitive); ``UnknownModel`` with close matches if none."""
+        entry = self._index.get(name.lower())
+        if entry is None:
+            spelled = {n.lower(): n for e in self._entries for n in e.names}
+            close = difflib.get_close_matches(name.lower(), list(spelled), n=3, cutoff=0.5)
+            raise UnknownModel(name, [spelled[c] for c in close])
+        return entry
+
+    def names(self) -> tuple[str, ...]:
+        """Every key and alias, as spelled."""
+        return tuple(n for e in self._entries for n in e.names)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self):
+        return iter(self._entries)
+
+
+def scan_catalog(config: Config) -> Catalog:
+    """The catalog for a configuration (``Catalog.from_config``)."""
+    return Catalog.from_config(config)
+
+
+# ----------------------------------------------------------------------------- gguf_file
+
+
+def _containment_root(model_dir: Path) -> Path:
+    """Where a model's files may live: its folder, or a whole HF cache repo (snapshots link into blobs/)."""
+    if model_dir.parent.name == "snapshots" and _HF_CACHE_RE.match(model_dir.parent.parent.name):
+        return model_dir.parent.parent
+    return model_dir
+
+
+def resolve_gguf_file(entry: CatalogEntry, filename: str) -> Path:
+    """The path of ``filename`` (a request's ``gguf_file``) inside ``entry``'s own folder.
+
+    Refuses absolute paths, ``..``, names outside ``entry.gguf_files`` and symlinks that lead out of the
+    model's folder, with a ``GgufFileError`` that lists the files one may pick.
+    """
+    choices = ", ".join(entry.gguf_files) or "(none)"
+    said = f"gguf_file {filename!r} for model {entry.key!r}"
+    if entry.kind != "gguf":
+        raise GgufFileError(f"{said}: this model is {entry.engine} safetensors, not GGUF; drop gguf_file")
+    if not isinstance(filename, str) or not filename.strip() or "\x00" in filename:
+        raise GgufFileError(f"{said}: give one of the model's files: {choices}")
+    if filename.startswith(("/", "\\")) or PureWindowsPath(filename).drive or PurePosixPath(filename).is_absolute():
+        raise GgufFileError(f"{said}: absolute paths are refused; give a file name from {entry.model_dir.name}/: {choices}")
+    if "\\" in filename:
+        raise GgufFileError(f"{said}: use '/' between folder names; choices: {choices}")
+    parts = PurePosixPath(filename).parts
+    if ".." in parts:
+        raise GgufFileError(f"{said}: '..' is refused; the file must be inside the model's folder; choices: {choices}")
+    if not filename.lower().endswith(".gguf"):
+        raise GgufFileError(f"{said}: not a .gguf file; choices: {choices}")
+    if _is_mmproj(PurePosixPath(filename).name):
+        raise GgufFileError(f"{said}: that is a projector (mmproj), not a model; choices: {choices}")
+    candidate = entry.model_dir.joinpath(*parts)
+    try:
+        real = candidate.resolve(strict=True)
+    except (FileNotFoundError, RuntimeError):
+        raise GgufFileError(f"{said}: no such file in {entry.model_dir}; choices: {choices}") from None
+    root = _containment_root(entry.model_dir).resolve()
+    if not real.is_relative_to(root):
+        raise GgufFileError(f"{said}: it is a link to {real}, outside the model's folder {root}; refused")
+    if PurePosixPath(*parts).as_posix() not in entry.gguf_files:
+        split = _SPLIT_RE.match(PurePosixPath(filename).name)
+        fix = " (name the first part, -00001-of-…)" if split and split["i"] != "00001" else ""
+        raise GgufFileError(f"{said}: not one of this model's files{fix}; choices: {choices}")
+    return candidate
+
+
+__all__ = [
+    "Catalog",
+    "CatalogEntry",
+    "GgufFileError",
+    "UnknownModel",
+    "resolve_gguf_file",
+    "scan_catalog",
+]
+

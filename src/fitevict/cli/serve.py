@@ -1,0 +1,102 @@
+"""``fitevict serve``: the OpenAI-compatible front door."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+
+
+def build_config(config: Path | None, overrides: dict):
+    from fitevict.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides={k: v for k, v in overrides.items() if v is not None})
+    except ConfigError as e:
+        err.print(f"[red]config error:[/] {e}")
+        raise typer.Exit(2) from e
+
+
+def engine_binary(cfg) -> Path:
+    from fitevict.engines.install import resolve_binary
+
+    found = resolve_binary("llama-server", configured=cfg.engine.llama_server)
+    if found.path is None:
+        err.print(f"[red]no llama-server:[/] {found.why}")
+        raise typer.Exit(2)
+    return found.path
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    config: Path | None = typer.Option(None, "--config", help="TOML config file (default: $FITEVICT_CONFIG or ~/.config/fitevict/config.toml)."),
+    host: str | None = typer.Option(None, "--host", help="Bind address (default 127.0.0.1)."),
+    port: int | None = typer.Option(None, "--port", help="Port (default 8080; 0 = any free port)."),
+    models_dir: list[Path] = typer.Option([], "--models-dir", help="A folder of models; repeatable. A flat folder of GGUF files gives keys from the file stems."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Where the store and seat logs live."),
+    ram_limit: str | None = typer.Option(None, "--ram-limit", help="Most host RAM fitevict's models may hold, e.g. 600MiB."),
+    gpu_limit: str | None = typer.Option(None, "--gpu-limit", help="Most memory per GPU fitevict's models may hold."),
+    idle_unload_seconds: float | None = typer.Option(None, "--idle-unload-seconds", help="Unload a used model after this long idle (0 = never)."),
+    api_key: list[str] = typer.Option([], "--api-key", help="A user key (inference); repeatable."),
+    admin_key: list[str] = typer.Option([], "--admin-key", help="An admin key (load, unload, plan); repeatable."),
+    demo_if_empty: bool = typer.Option(False, "--demo-if-empty", help="With no models configured, serve the generated demo zoo."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Serve the OpenAI-compatible API: load on demand, evict only what must go, record why."""
+    overrides: dict = {
+        "server.host": host, "server.port": port, "data_dir": str(data_dir) if data_dir else None,
+        "budget.ram_limit": ram_limit, "budget.gpu_limit": gpu_limit,
+        "policy.idle_unload_seconds": idle_unload_seconds,
+        "models_dirs": [str(p) for p in models_dir] or None,
+        "server.api_keys": list(api_key) or None, "server.admin_keys": list(admin_key) or None,
+    }
+    cfg = build_config(config, overrides)
+    if demo_if_empty and not cfg.models_dirs and not cfg.models:
+        from fitevict.zoo import write_zoo
+
+        demo = Path(cfg.data_dir) / "demo-models"
+        err.print(f"no models configured: serving the demo zoo in {demo} (add --models-dir or a config to use yours)")
+        write_zoo(demo, progress=lambda m: err.print(f"  {m}"))
+        overrides["models_dirs"] = [str(demo)]
+        cfg = build_config(config, overrides)
+    binary = engine_binary(cfg)
+    if not _loopback(cfg.server.host) and not cfg.server.auth_enabled:
+        err.print(f"[yellow]warning:[/] binding {cfg.server.host} without API keys: anyone who can reach this port "
+                  f"can load models and run inference. Set --api-key/--admin-key or server.api_keys.")
+
+    import uvicorn
+
+    from fitevict.catalog import Catalog
+    from fitevict.config import ConfigError
+    from fitevict.server.app import create_app
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    try:
+        catalog = Catalog.from_config(cfg)
+    except ConfigError as e:
+        err.print(f"[red]config error:[/] {e}")
+        raise typer.Exit(2) from e
+    for note in catalog.notes:
+        err.print(f"note: {note}")
+    err.print(f"fitevict: {len(catalog)} models, engine {binary}, store {cfg.store_url}")
+    app = create_app(cfg, engine_binary=binary, catalog=catalog)
+    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=log_level, access_log=False,
+                timeout_graceful_shutdown=30)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

@@ -1,0 +1,1 @@
+"""The front door: an OpenAI-compatible ASGI app plus the admin API, /metrics and /health."""

@@ -1,0 +1,955 @@
+"""The supervisor executes Plans: it starts and stops engine processes, measures them, guards
+measurements, verifies that memory came back, and records every outcome in the store.
+
+One state machine per seat: starting -> ready -> stopping -> stopped | failed.
+
+Concurrency model (asyncio, one event loop):
+- one placement at a time (``_placement``), so load time and memory are attributable to one model;
+- a request for a resident, ready model never takes the placement lock (``acquire`` fast path);
+- the read of state that gates an eviction (in-flight counts) happens under the placement lock in
+  the same synchronous stretch that marks the victims ``stopping``, so a request cannot slip onto a
+  seat that is about to be stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fitevict import guard as guard_mod
+from fitevict import planner as pl
+from fitevict.catalog import Catalog, CatalogEntry
+from fitevict.config import Config
+from fitevict.engines import engine_class
+from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
+from fitevict.engines.dryrun import dry_run_compute
+from fitevict.host import procmem
+from fitevict.host.budget import Budget, measure_budget
+from fitevict.host.nvml import read_gpus
+from fitevict.pricing import price as pricing
+from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.store import Store
+from fitevict.store.records import Event, Measurement, Seat as SeatRecord, measurement_signature
+from fitevict.units import MiB, format_size
+
+STATES = ("starting", "ready", "stopping", "stopped", "failed")
+
+
+class SupervisorError(RuntimeError):
+    """Base for errors the front door maps onto HTTP statuses."""
+
+    status = 500
+
+
+class LoadFailed(SupervisorError):
+    status = 502
+
+
+class Refused(SupervisorError):
+    status = 507  # Insufficient Storage: the model does not fit the budget
+
+    def __init__(self, plan: Any, message: str) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+
+class Busy(SupervisorError):
+    """The queue for a model is full, or a wait ran past its bound. The client should retry."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+# --- process helpers ---------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    """Ask the kernel to SIGKILL the engine if fitevict dies, so no engine outlives it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _log_tail(path: Path, n: int = 25) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"(log unavailable: {e})"
+    return "\n".join(lines[-n:])
+
+
+# --- seats -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SeatState:
+    """A live seat. Mutable, owned by the supervisor's event loop."""
+
+    id: str
+    key: str
+    entry: CatalogEntry
+    engine: str
+    config: LoadConfig
+    model_path: Path
+    port: int
+    log_path: Path
+    started_at: float
+    predicted: Footprint
+    signature: str
+    strategy: str
+    state: str = "starting"
+    proc: asyncio.subprocess.Process | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    ready_at: float | None = None
+    load_seconds: float | None = None
+    last_used: float | None = None  # None: never used (idle unload leaves it alone)
+    in_flight: int = 0
+    measured: Footprint | None = None
+    measured_note: str = ""
+    host_mem: procmem.ProcessMemory | None = None
+    gpu_bytes: dict[str, int] = field(default_factory=dict)
+    pinned: bool = False
+    expected_exit: bool = False
+    watcher: asyncio.Task | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def bytes_on(self, device: str) -> int:
+        """What the planner counts for this seat on ``device``: measured where we have it."""
+        if device == HOST:
+            if self.host_mem is not None and self.host_mem.source != "unavailable":
+                return self.host_mem.committed_bytes + self.host_mem.mapped_bytes
+            return self.predicted.bytes_on(HOST)
+        if device in self.gpu_bytes:
+            return self.gpu_bytes[device]
+        if self.measured is not None and self.measured.device(device) is not None:
+            return self.measured.bytes_on(device)
+        return self.predicted.bytes_on(device)
+
+    def source_on(self, device: str) -> str:
+        if device == HOST:
+            return "measured" if self.host_mem is not None and self.host_mem.source != "unavailable" else "formula"
+        if device in self.gpu_bytes or (self.measured is not None and self.measured.device(device)):
+            return "measured"
+        return "formula"
+
+
+@dataclass(frozen=True, slots=True)
+class StopResult:
+    key: str
+    freed_bytes: int | None
+    exit_seconds: float
+    release_seconds: float | None
+    verified: bool
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    """A per-request load contract (the ``fitevict`` object of a request body), already validated."""
+
+    ctx: int | None = None
+    kv_cache_type: str | None = None
+    flash_attn: bool | None = None
+    alloc_mode: str | None = None
+    gguf_file: str | None = None
+    n_gpu_layers: int | None = None
+    n_cpu_moe: int | None = None
+    parallel: int | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        catalog: Catalog,
+        store: Store,
+        engine_binary: Path,
+        budget_fn: Callable[[], Budget] | None = None,
+        nvml: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.store = store
+        self.engine_binary = Path(engine_binary)
+        self._engine = engine_class("llama-server")(self.engine_binary)
+        self.clock = clock
+        self._nvml = nvml  # None: the real pynvml (when a driver exists); tests pass a fake at this edge
+        self._budget_fn = budget_fn or self._measure_budget
+        self.seats: dict[str, SeatState] = {}
+        self._placement = asyncio.Lock()
+        self._loading: dict[str, asyncio.Future] = {}
+        self._waiting: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self._event_seq = itertools.count()
+        self._events: list[Event] = []
+        self._idle_task: asyncio.Task | None = None
+        self._measured_cache: dict[str, Footprint] = {}
+        self._compute: dict[tuple[str, LoadConfig], dict[str, int]] = {}
+        self._dry_run_notes: dict[tuple[str, LoadConfig], str] = {}
+        self.log_dir = Path(config.data_dir) / "seats"
+        self.closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> list[Event]:
+        """Clean up orphans a previous run left, then start the idle-unload watch."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        orphans = await self._cleanup_orphans()
+        self._idle_task = asyncio.create_task(self._idle_loop(), name="fitevict-idle-unload")
+        return orphans
+
+    async def shutdown(self) -> None:
+        """Stop every seat (used on SIGTERM / lifespan shutdown)."""
+        self.closed = True
+        if self._idle_task:
+            self._idle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._idle_task
+        async with self._placement:
+            for seat in list(self.seats.values()):
+                await self._stop_seat(seat, event="unload", reason="fitevict shutting down")
+
+    def _measure_budget(self) -> Budget:
+        """The machine now, with what fitevict's own seats hold counted as theirs, not someone else's."""
+        b = self.config.budget
+        held: dict[str, int] = {}
+        for s in self.seats.values():
+            if s.host_mem is not None and s.host_mem.committed_bytes is not None:
+                held[HOST] = held.get(HOST, 0) + s.host_mem.committed_bytes
+            for dev, n in s.gpu_bytes.items():
+                held[dev] = held.get(dev, 0) + n
+        return measure_budget(ram_limit=b.ram_limit, gpu_limit=b.gpu_limit, ram_reserve=b.ram_reserve,
+                              gpu_reserve=b.gpu_reserve, nvml=self._nvml, held=held)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    async def record(self, ev: Event) -> Event:
+        ev_id = await asyncio.to_thread(self.store.record_event, ev)
+        from dataclasses import replace
+
+        ev = replace(ev, id=ev_id)
+        self._events.append(ev)
+        del self._events[:-1000]
+        async with self._changed:
+            self._changed.notify_all()
+        return ev
+
+    async def wait_for_event(self, predicate: Callable[[Event], bool], timeout: float) -> Event:
+        """Await the first event (already recorded by this supervisor, or future) matching ``predicate``."""
+        async def _wait() -> Event:
+            async with self._changed:
+                while True:
+                    for ev in self._events:
+                        if predicate(ev):
+                            return ev
+                    await self._changed.wait()
+        return await asyncio.wait_for(_wait(), timeout)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    def config_for(self, entry: CatalogEntry, contract: Contract | None) -> tuple[LoadConfig, str, Path]:
+        """The LoadConfig a model starts with: model settings, then the request's contract."""
+        c = contract or Contract()
+        s = entry.settings
+        kv = c.kv_cache_type
+        cfg = LoadConfig(
+            n_ctx=c.ctx if c.ctx is not None else (s.ctx if s.ctx is not None else 4096),
+            n_parallel=c.parallel or s.parallel or 1,
+            cache_type_k=kv or s.cache_type_k or "f16",
+            cache_type_v=kv or s.cache_type_v or "f16",
+            flash_attn=("on" if c.flash_attn else "off") if c.flash_attn is not None else (s.flash_attn or "auto"),
+            n_gpu_layers=c.n_gpu_layers if c.n_gpu_layers is not None else (s.n_gpu_layers or 0),
+            n_cpu_moe=c.n_cpu_moe if c.n_cpu_moe is not None else (s.n_cpu_moe or 0),
+        )
+        mode = c.alloc_mode or s.alloc_mode or self.config.policy.default_alloc_mode
+        path = Path(entry.path)
+        if c.gguf_file:
+            from fitevict.catalog import resolve_gguf_file
+
+            path = resolve_gguf_file(entry, c.gguf_file)
+        return cfg, mode, path
+
+    def signature(self, path: Path, cfg: LoadConfig) -> str:
+        st = path.stat()
+        quant = _dominant_type(self._structure(path))
+        return measurement_signature(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
+                                     quantization=quant, config=cfg.to_json())
+
+    def _structure(self, path: Path):
+        return load_structure(path)
+
+    def footprint(self, path: Path, cfg: LoadConfig) -> Footprint:
+        """Measured footprint for this signature if one was accepted, else the priced one."""
+        sig = self.signature(path, cfg)
+        if sig in self._measured_cache:
+            return self._measured_cache[sig]
+        m = self.store.last_measurement(sig)
+        if m is not None:
+            fp = footprint_from_json(m.footprint)
+            self._measured_cache[sig] = fp
+            return fp
+        compute = self._compute_cache(path, cfg)
+        return pricing.price(self._structure(path), cfg, compute=compute).footprint
+
+    def _compute_cache(self, path: Path, cfg: LoadConfig) -> dict[str, int] | None:
+        return self._compute.get((str(path), cfg))
+
+    async def _dry_run(self, entry: CatalogEntry, contract: Contract | None) -> None:
+        """Price the compute buffer of the configuration a load starts from with the engine's own dry run.
+
+        Runs once per file and configuration (cached on disk by ``dry_run_compute``); a dry run that
+        gives no figure leaves the labelled formula in place and says why in the load event.
+        """
+        cfg, _mode, path = self.config_for(entry, contract)
+        if (str(path), cfg) in self._compute:
+            return
+        got = await asyncio.to_thread(dry_run_compute, self.engine_binary.parent, path, cfg)
+        if isinstance(got, DryRunUnavailable):
+            self._dry_run_notes[(str(path), cfg)] = got.reason
+        else:
+            self._compute[(str(path), cfg)] = got
+
+    # -- planning -------------------------------------------------------------------------------
+
+    def _residents(self) -> list[pl.Resident]:
+        out = []
+        for s in self.seats.values():
+            if s.state not in ("starting", "ready"):
+                continue
+            devices = {HOST: s.bytes_on(HOST), **{d: s.bytes_on(d) for d in s.config.devices}}
+            out.append(pl.Resident(
+                key=s.key, config=s.config, bytes=devices,
+                last_used=s.last_used if s.last_used is not None else s.ready_at or s.started_at,
+                bytes_source=s.source_on(HOST), pinned=s.pinned, protected=False, in_flight=s.in_flight,
+                loading=s.state == "starting",
+            ))
+        return out
+
+    def plan(self, key: str, contract: Contract | None = None, *, now: float | None = None) -> pl.Plan:
+        """A dry run: the Plan a load would follow now. Changes nothing."""
+        entry = self.catalog.resolve(key)
+        cfg, mode, path = self.config_for(entry, contract)
+        s = self._structure(path)
+        request = pl.PlanRequest(
+            key=entry.key, config=cfg, alloc_mode=mode, n_layer=s.n_layer + 1,
+            n_moe_layers=s.n_layer if s.is_moe else 0, n_ctx_train=s.n_ctx_train, pinned=entry.pinned,
+        )
+        policy = pl.Policy(exclusive_fraction=self.config.policy.exclusive_fraction)
+        return pl.plan(request, self._residents(), self._budget_fn(),
+                       lambda _k, c: self.footprint(path, c), policy, now if now is not None else self.clock())
+
+    # -- the front door's entry points ------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, key: str, contract: Contract | None = None, *,
+                      request_id: str | None = None) -> AsyncIterator[SeatState]:
+        """Make ``key`` resident (loading it if needed) and hold it in flight for the block."""
+        entry = self.catalog.resolve(key)
+        seat = self._ready_seat(entry, contract)
+        if seat is None:
+            seat = await self._queue_for_load(entry, contract, request_id)
+        seat.in_flight += 1
+        seat.last_used = self.clock()
+        try:
+            yield seat
+        finally:
+            seat.in_flight -= 1
+            seat.last_used = self.clock()
+            await self._notify()
+
+    def _ready_seat(self, entry: CatalogEntry, contract: Contract | None) -> SeatState | None:
+        seat = self.seats.get(entry.key)
+        if seat is None or seat.state != "ready":
+            return None
+        if contract is not None and contract != Contract():
+            cfg, _mode, path = self.config_for(entry, contract)
+            if not _compatible(seat, cfg, path, contract):
+                return None
+        return seat
+
+    async def _queue_for_load(self, entry: CatalogEntry, contract: Contract | None,
+                              request_id: str | None) -> SeatState:
+        pol = self.config.policy
+        waiting = self._waiting.get(entry.key, 0)
+        if waiting >= pol.max_queue:
+            raise Busy(f"{entry.key}: {waiting} requests already wait for this model (max_queue={pol.max_queue}); "
+                       f"retry later or raise policy.max_queue", retry_after=5)
+        self._waiting[entry.key] = waiting + 1
+        try:
+            return await asyncio.wait_for(self.load(entry.key, contract, request_id=request_id),
+                                          timeout=pol.queue_timeout_seconds)
+        except asyncio.TimeoutError:
+            raise Busy(f"{entry.key}: not ready within policy.queue_timeout_seconds="
+                       f"{pol.queue_timeout_seconds:g}; retry later", retry_after=10) from None
+        finally:
+            self._waiting[entry.key] -= 1
+
+    async def load(self, key: str, contract: Contract | None = None, *, request_id: str | None = None) -> SeatState:
+        """Load ``key`` (one load at a time; concurrent callers share it)."""
+        entry = self.catalog.resolve(key)
+        existing = self._ready_seat(entry, contract)
+        if existing is not None:
+            return existing
+        fut = self._loading.get(entry.key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._loading[entry.key] = fut
+            task = asyncio.create_task(self._load_locked(entry, contract, request_id, fut))
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        return await asyncio.shield(fut)
+
+    async def unload(self, key: str, *, reason: str = "unloaded on request") -> StopResult | None:
+        entry = self.catalog.resolve(key)
+        async with self._placement:
+            seat = self.seats.get(entry.key)
+            if seat is None:
+                return None
+            if seat.in_flight:
+                await self._drain([seat.key])
+            return await self._stop_seat(seat, event="unload", reason=reason)
+
+    # -- placement ------------------------------------------------------------------------------
+
+    async def _load_locked(self, entry: CatalogEntry, contract: Contract | None, request_id: str | None,
+                           fut: asyncio.Future) -> None:
+        try:
+            async with self._placement:
+                seat = await self._place(entry, contract, request_id)
+            fut.set_result(seat)
+        except BaseException as e:  # the waiters get the failure; nothing is swallowed
+            if not fut.done():
+                fut.set_exception(e)
+            if isinstance(e, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
+                raise
+        finally:
+            self._loading.pop(entry.key, None)
+
+    async def _place(self, entry: CatalogEntry, contract: Contract | None, request_id: str | None) -> SeatState:
+        drain_deadline = self.clock() + self.config.policy.drain_timeout_seconds
+        await self._dry_run(entry, contract)
+        while True:
+            existing = self._ready_seat(entry, contract)
+            if existing is not None:
+                return existing
+            plan = self.plan(entry.key, contract)
+            if plan.action == "hit":
+                seat = self.seats.get(entry.key)
+                if seat is not None and seat.state == "ready":
+                    return seat
+            if plan.action == "wait":
+                remaining = drain_deadline - self.clock()
+                if remaining <= 0:
+                    raise Busy(f"{entry.key} needs {', '.join(plan.wait_for)} evicted, but they still have requests "
+                               f"in flight after policy.drain_timeout_seconds="
+                               f"{self.config.policy.drain_timeout_seconds:g}; retry later", retry_after=5)
+                await self._drain(list(plan.wait_for), timeout=remaining)
+                continue
+            if plan.action == "refuse":
+                await self.record(Event(time=self.clock(), event="refuse", model=entry.key, engine=entry.engine,
+                                        reason=plan.reason, request_id=request_id,
+                                        predicted_bytes=_plan_needed(plan),
+                                        details={"plan": plan_to_json(plan)}))
+                raise Refused(plan, plan.reason)
+            # Evict: mark the victims in the same synchronous stretch that read their in-flight counts.
+            victims = [self.seats[v.key] for v in plan.evict if v.key in self.seats]
+            busy = [v.key for v in victims if v.in_flight]
+            if busy:
+                continue  # a request slipped in since the plan; re-plan (it will say wait)
+            for v in victims:
+                v.state = "stopping"
+            old = self.seats.get(entry.key)
+            for v in victims:
+                await self._stop_seat(v, event="evict", reason=_evict_reason(plan, v.key, entry.key),
+                                      request_id=request_id)
+            if old is not None and old.state in ("ready", "starting") and old not in victims:
+                # a reload under a different contract replaces the resident seat
+                if old.in_flight:
+                    await self._drain([old.key], timeout=max(0.0, drain_deadline - self.clock()))
+                await self._stop_seat(old, event="unload", reason="reload with a different load contract",
+                                      request_id=request_id)
+            _cfg, _mode, path = self.config_for(entry, contract)
+            return await self._start_seat(entry, plan, path, request_id)
+
+    async def _drain(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        timeout = self.config.policy.drain_timeout_seconds if timeout is None else timeout
+
+        def drained() -> bool:
+            return all(self.seats.get(k) is None or self.seats[k].in_flight == 0 for k in keys)
+
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(drained), timeout)
+            except asyncio.TimeoutError:
+                raise Busy(f"requests to {', '.join(keys)} did not drain within {timeout:.0f} s; retry later",
+                           retry_after=5) from None
+
+    # -- start ----------------------------------------------------------------------------------
+
+    async def _start_seat(self, entry: CatalogEntry, plan: pl.Plan, path: Path, request_id: str | None) -> SeatState:
+        cfg = plan.config
+        port = free_port()
+        seat_id = uuid.uuid4().hex[:12]
+        log_path = self.log_dir / f"{entry.key.replace('/', '_')}-{seat_id}.log"
+        predicted = self.footprint(path, cfg)
+        seat = SeatState(
+            id=seat_id, key=entry.key, entry=entry, engine=entry.engine, config=cfg, model_path=path, port=port,
+            log_path=log_path, started_at=self.clock(), predicted=predicted, signature=self.signature(path, cfg),
+            strategy=plan.action, pinned=entry.pinned,
+        )
+        spec = self._engine.launch_spec(path, cfg, port, extra_args=tuple(entry.settings.extra_args),
+                                        embeddings=bool(entry.settings.embeddings))
+        self.seats[entry.key] = seat
+        t0 = time.monotonic()
+        with log_path.open("wb") as log:
+            seat.proc = await asyncio.create_subprocess_exec(
+                *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                env=dict(spec.env), start_new_session=True, preexec_fn=_child_setup,
+            )
+        seat.pid = seat.pgid = seat.proc.pid
+        await asyncio.to_thread(self.store.seat_upsert, self._seat_record(seat))
+        try:
+            await self._wait_ready(seat)
+        except LoadFailed as e:
+            seat.expected_exit = True
+            await self._kill_group(seat)
+            seat.state = "failed"
+            self.seats.pop(entry.key, None)
+            await asyncio.to_thread(self.store.seat_remove, seat.id)
+            await self.record(Event(time=self.clock(), event="fail", model=entry.key, engine=entry.engine,
+                                    seconds=time.monotonic() - t0, strategy=plan.action, reason=str(e),
+                                    request_id=request_id, predicted_bytes=predicted.total_bytes,
+                                    details={"log": str(log_path), "argv": list(spec.argv)}))
+            await self._notify()
+            raise
+        seat.load_seconds = time.monotonic() - t0
+        seat.ready_at = self.clock()
+        seat.state = "ready"
+        seat.watcher = asyncio.create_task(self._watch(seat), name=f"watch-{seat.key}")
+        await asyncio.to_thread(self.store.seat_upsert, self._seat_record(seat))
+        await self._measure_and_record(seat, plan, request_id, spec.notes)
+        await self._notify()
+        return seat
+
+    async def _wait_ready(self, seat: SeatState) -> None:
+        eng = self.config.engine
+        hard_deadline = time.monotonic() + eng.health_timeout_seconds
+        last_mem: int | None = None
+        last_progress = time.monotonic()
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                assert seat.proc is not None
+                if seat.proc.returncode is not None:
+                    raise LoadFailed(f"{seat.key}: llama-server exited with code {seat.proc.returncode} while "
+                                     f"loading {seat.model_path.name}; log {seat.log_path}:\n{_log_tail(seat.log_path)}")
+                try:
+                    r = await client.get(seat.base_url + "/health")
+                    if r.status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass  # not listening yet: the stall and deadline checks below bound this
+                now = time.monotonic()
+                mem = procmem.read_tree(seat.pid)
+                total = mem.committed_bytes + mem.mapped_bytes if mem.source != "unavailable" else None
+                if total is not None and total != last_mem:
+                    last_mem, last_progress = total, now
+                if now - last_progress > eng.stall_seconds:
+                    raise LoadFailed(f"{seat.key}: load stalled: no change in process memory for "
+                                     f"{eng.stall_seconds:g} s (engine.stall_seconds) and /health not ready; "
+                                     f"log {seat.log_path}:\n{_log_tail(seat.log_path)}")
+                if now > hard_deadline:
+                    raise LoadFailed(f"{seat.key}: not healthy within engine.health_timeout_seconds="
+                                     f"{eng.health_timeout_seconds:g}; log {seat.log_path}:\n{_log_tail(seat.log_path)}")
+                try:
+                    await asyncio.wait_for(asyncio.shield(seat.proc.wait()), 0.1)
+                except asyncio.TimeoutError:
+                    pass  # still running: poll /health again
+
+    async def _measure_and_record(self, seat: SeatState, plan: pl.Plan, request_id: str | None,
+                                  notes: Sequence[str]) -> None:
+        log_text = seat.log_path.read_text(errors="replace")
+        try:
+            seat.measured = self._engine.measured_footprint(log_text)
+        except ValueError as e:
+            seat.measured, seat.measured_note = None, f"unavailable, because the load log could not be parsed: {e}"
+        seat.host_mem = procmem.read_tree(seat.pid)
+        if seat.config.devices:
+            gpus = read_gpus(self._nvml)
+            for dev, n in gpus.used_by(set(seat.host_mem.pids) or {seat.pid}).items():
+                if n is not None and dev in seat.config.devices:
+                    seat.gpu_bytes[dev] = n
+        measured_total = seat.measured.total_bytes if seat.measured else None
+        file_bytes = seat.model_path.stat().st_size
+        previous = self.store.last_measurement(seat.signature)
+        verdict = guard_mod.check_measurement(measured_total, file_bytes=file_bytes,
+                                              previous=previous.total_bytes if previous else None)
+        details: dict[str, Any] = {
+            "port": seat.port, "pid": seat.pid, "log": str(seat.log_path), "config": seat.config.to_json(),
+            "predicted": seat.predicted.to_json(),
+            "measured": seat.measured.to_json() if seat.measured else seat.measured_note,
+            "host_pss": _mem_json(seat.host_mem),
+            "guard": {"accepted": verdict.accepted, "check": verdict.check, "reason": verdict.reason},
+            "notes": list(notes),
+        }
+        if seat.measured is not None and measured_total is not None:
+            err = (seat.predicted.total_bytes - measured_total) / measured_total if measured_total else None
+            details["prediction_error"] = err
+        if verdict.accepted and seat.measured is not None:
+            m = Measurement(signature=seat.signature, model=seat.key, engine=seat.engine, measured_at=self.clock(),
+                            footprint=seat.measured.to_json(),
+                            host_committed_bytes=seat.host_mem.committed_bytes if seat.host_mem else None,
+                            host_mapped_bytes=seat.host_mem.mapped_bytes if seat.host_mem else None,
+                            total_bytes=measured_total)
+            await asyncio.to_thread(self.store.put_measurement, m)
+            self._measured_cache[seat.signature] = seat.measured
+        gpu = sum(seat.bytes_on(d) for d in seat.config.devices) if seat.config.devices else 0
+        await self.record(Event(
+            time=self.clock(), event="load", model=seat.key, engine=seat.engine, seconds=seat.load_seconds,
+            vram_bytes=gpu, host_bytes=seat.bytes_on(HOST),
+            offloaded_bytes=_offloaded(seat), strategy=_strategy(plan), request_id=request_id,
+            reason=plan.reason or None, predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total,
+            details=details,
+        ))
+
+    # -- stop -----------------------------------------------------------------------------------
+
+    async def _kill_group(self, seat: SeatState) -> float:
+        """SIGTERM the group, wait the grace period, then SIGKILL it. Returns seconds to exit."""
+        t0 = time.monotonic()
+        if seat.pgid is None:
+            return 0.0
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(seat.pgid, signal.SIGTERM)
+        grace = self.config.engine.stop_grace_seconds
+        if seat.proc is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(seat.proc.wait()), grace)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(seat.pgid, signal.SIGKILL)
+                await seat.proc.wait()
+        else:
+            await _wait_pid_gone(seat.pgid, grace)
+            if _group_alive(seat.pgid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(seat.pgid, signal.SIGKILL)
+                await _wait_pid_gone(seat.pgid, 10.0)
+        # other members of the group (none expected for llama-server) get the same end
+        if _group_alive(seat.pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(seat.pgid, signal.SIGKILL)
+        return time.monotonic() - t0
+
+    async def _stop_seat(self, seat: SeatState, *, event: str, reason: str,
+                         request_id: str | None = None) -> StopResult:
+        seat.state = "stopping"
+        seat.expected_exit = True
+        held = seat.host_mem.committed_bytes if seat.host_mem and seat.host_mem.source != "unavailable" else None
+        before = procmem.read_meminfo()
+        exit_s = await self._kill_group(seat)
+        seat.state = "stopped"
+        self.seats.pop(seat.key, None) if self.seats.get(seat.key) is seat else None
+        await asyncio.to_thread(self.store.seat_remove, seat.id)
+        release = await self._verify_release(before.available_bytes, held)
+        await self.record(Event(
+            time=self.clock(), event=event, model=seat.key, engine=seat.engine, seconds=exit_s,
+            host_bytes=seat.bytes_on(HOST), reason=reason, freed_bytes=release.freed_bytes, request_id=request_id,
+            details={"release_verified": release.verified, "exit_seconds": exit_s,
+                     "release_seconds": release.release_seconds, "held_committed_bytes": held,
+                     "release_note": release.note, "pid": seat.pid},
+        ))
+        await self._notify()
+        return StopResult(seat.key, release.freed_bytes, exit_s, release.release_seconds, release.verified,
+                          release.note)
+
+    async def _verify_release(self, available_before: int, held: int | None) -> StopResult:
+        """Poll MemAvailable until the committed memory the seat held is back, or time out."""
+        t0 = time.monotonic()
+        timeout = self.config.engine.release_timeout_seconds
+        if held is None:
+            now = procmem.read_meminfo().available_bytes
+            return StopResult("", now - available_before, 0.0, None, False,
+                              "unverified: the seat's committed memory was never measured")
+        # Other processes move MemAvailable too: accept 90% of what was held, less 4 MiB of noise.
+        want = max(0, int(held * 0.9) - 4 * MiB)
+        while True:
+            freed = procmem.read_meminfo().available_bytes - available_before
+            elapsed = time.monotonic() - t0
+            if freed >= want:
+                return StopResult("", freed, 0.0, elapsed, True,
+                                  f"MemAvailable rose by {format_size(freed)} (held {format_size(held)} committed)")
+            if elapsed > timeout:
+                return StopResult("", freed, 0.0, None, False,
+                                  f"MemAvailable rose by only {format_size(freed)} of {format_size(held)} held "
+                                  f"within engine.release_timeout_seconds={timeout:g}")
+            await asyncio.sleep(0.05)  # polling a kernel counter: there is no event to await
+
+    # -- crash detection and idle unload --------------------------------------------------------
+
+    async def _watch(self, seat: SeatState) -> None:
+        assert seat.proc is not None
+        rc = await seat.proc.wait()
+        if seat.expected_exit or seat.state in ("stopping", "stopped"):
+            return
+        seat.state = "failed"
+        if self.seats.get(seat.key) is seat:
+            self.seats.pop(seat.key)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(seat.pgid, signal.SIGKILL)
+        await asyncio.to_thread(self.store.seat_remove, seat.id)
+        await self.record(Event(time=self.clock(), event="crash", model=seat.key, engine=seat.engine,
+                                reason=f"llama-server exited unexpectedly with code {rc}; the next request reloads it",
+                                details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path),
+                                         "log_tail": _log_tail(seat.log_path, 10)}))
+
+    async def _idle_loop(self) -> None:
+        ttl = self.config.policy.idle_unload_seconds
+        if not ttl:
+            return
+        while not self.closed:
+            now = self.clock()
+            due = [s for s in self.seats.values()
+                   if s.state == "ready" and s.last_used is not None and s.in_flight == 0 and now - s.last_used >= ttl]
+            for s in due:
+                async with self._placement:
+                    if s.state == "ready" and s.in_flight == 0 and s.last_used is not None \
+                            and self.clock() - s.last_used >= ttl:
+                        await self._stop_seat(s, event="idle-unload",
+                                              reason=f"idle for {self.clock() - s.last_used:.1f} s "
+                                                     f"(policy.idle_unload_seconds={ttl:g})")
+            next_due = [s.last_used + ttl for s in self.seats.values() if s.last_used is not None]
+            delay = min([max(0.05, d - self.clock()) for d in next_due] + [ttl, 30.0])
+            async with self._changed:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), delay)
+
+    # -- orphans --------------------------------------------------------------------------------
+
+    async def _cleanup_orphans(self) -> list[Event]:
+        events = []
+        for rec in await asyncio.to_thread(self.store.seats):
+            alive = rec.pid is not None and _alive(rec.pid) and any("llama-server" in a for a in _cmdline(rec.pid)[:1]) \
+                and str(rec.port) in _cmdline(rec.pid)
+            if alive and rec.pid is not None:
+                ghost = SeatState(
+                    id=rec.seat_id, key=rec.model, entry=None, engine=rec.engine,  # type: ignore[arg-type]
+                    config=LoadConfig.from_json(rec.config) if rec.config else LoadConfig(), model_path=Path("."),
+                    port=rec.port or 0, log_path=Path(rec.log_path or "."), started_at=rec.started_at,
+                    predicted=Footprint(()), signature="", strategy="orphan", pid=rec.pid, pgid=rec.pgid or rec.pid,
+                )
+                exit_s = await self._kill_group(ghost)
+                action = f"stopped orphan llama-server pid {rec.pid} (port {rec.port}) left by fitevict pid " \
+                         f"{rec.fitevict_pid} in {exit_s:.2f} s"
+            else:
+                action = f"forgot seat record of {rec.model} (pid {rec.pid}): process no longer running"
+            await asyncio.to_thread(self.store.seat_remove, rec.seat_id)
+            events.append(await self.record(Event(time=self.clock(), event="orphan", model=rec.model,
+                                                  engine=rec.engine, reason=action,
+                                                  details={"pid": rec.pid, "was_alive": alive,
+                                                           "fitevict_pid": rec.fitevict_pid})))
+        return events
+
+    def _seat_record(self, seat: SeatState) -> SeatRecord:
+        return SeatRecord(seat_id=seat.id, model=seat.key, engine=seat.engine, state=seat.state,
+                          started_at=seat.started_at, fitevict_pid=os.getpid(), pid=seat.pid, pgid=seat.pgid,
+                          port=seat.port, log_path=str(seat.log_path), config=seat.config.to_json())
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def resident_views(self) -> list[dict]:
+        ttl = self.config.policy.idle_unload_seconds
+        out = []
+        for s in self.seats.values():
+            devices = [HOST, *s.config.devices]
+            per_dev = {d: {"predicted_bytes": s.predicted.bytes_on(d), "predicted_source": _pred_source(s.predicted, d),
+                           "measured_bytes": s.bytes_on(d) if s.source_on(d) == "measured" else None,
+                           "measured_source": s.source_on(d) if s.source_on(d) == "measured" else
+                           "unavailable, because it was not measured yet"} for d in devices}
+            gpu = sum(s.bytes_on(d) for d in s.config.devices)
+            host = s.bytes_on(HOST)
+            total = gpu + host
+            placement = (f"{100 * host / total:.0f}%/{100 * gpu / total:.0f}% CPU/GPU" if gpu and total
+                         else "100% CPU")
+            out.append({
+                "key": s.key, "engine": s.engine, "state": s.state, "placement": placement,
+                "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
+                "in_flight": s.in_flight, "last_used": s.last_used, "loaded_at": s.ready_at,
+                "load_seconds": s.load_seconds, "pid": s.pid, "port": s.port,
+                "unload_at": (s.last_used + ttl) if (ttl and s.last_used is not None) else None,
+                "host_pss": _mem_json(s.host_mem),
+            })
+        return out
+
+
+# --- small pure helpers --------------------------------------------------------------------------
+
+
+def _compatible(seat: SeatState, cfg: LoadConfig, path: Path, contract: Contract) -> bool:
+    if path.resolve() != seat.model_path.resolve():
+        return False
+    c = seat.config
+    if contract.ctx is not None and contract.ctx != c.n_ctx:
+        return False
+    if contract.kv_cache_type is not None and (contract.kv_cache_type, contract.kv_cache_type) != (c.cache_type_k, c.cache_type_v):
+        return False
+    if contract.flash_attn is not None and ("on" if contract.flash_attn else "off") != c.flash_attn:
+        return False
+    if contract.n_gpu_layers is not None and contract.n_gpu_layers != c.n_gpu_layers:
+        return False
+    if contract.n_cpu_moe is not None and contract.n_cpu_moe != c.n_cpu_moe:
+        return False
+    if contract.parallel is not None and contract.parallel != c.n_parallel:
+        return False
+    return True
+
+
+def _dominant_type(structure) -> str:
+    """The ggml type holding the most weight bytes: the file's quantization, for signatures."""
+    by_type: dict[str, int] = {}
+    for t in structure.tensors:
+        by_type[t.ggml_type.name] = by_type.get(t.ggml_type.name, 0) + t.nbytes
+    return max(by_type, key=by_type.__getitem__) if by_type else "unknown"
+
+
+def _pred_source(fp: Footprint, device: str) -> str:
+    if device == HOST:
+        return fp.host_source
+    d = fp.device(device)
+    if d is None:
+        return "formula"
+    sources = {d.model.source, d.context.source, d.compute.source, d.output.source}
+    return sources.pop() if len(sources) == 1 else "+".join(sorted(sources))
+
+
+def _offloaded(seat: SeatState) -> int:
+    return sum(seat.bytes_on(d) for d in seat.config.devices)
+
+
+def _strategy(plan: pl.Plan) -> str:
+    c = plan.config
+    base = {"load": "full", "partial": "partial", "ram": "ram-only"}.get(plan.action, plan.action)
+    return f"{base} (ngl={c.n_gpu_layers}, n_cpu_moe={c.n_cpu_moe}, ctx={c.n_ctx})"
+
+
+def _plan_needed(plan: pl.Plan) -> int | None:
+    return sum(plan.needed_bytes.values()) if plan.needed_bytes else None
+
+
+def _evict_reason(plan: pl.Plan, victim: str, for_key: str) -> str:
+    for v in plan.evict:
+        if v.key == victim:
+            return f"evicted for {for_key}: {v.reason}"
+    return f"evicted for {for_key}"
+
+
+def plan_to_json(plan: pl.Plan) -> dict:
+    return plan.to_json()
+
+
+def footprint_from_json(d: dict) -> Footprint:
+    """Rebuild a Footprint from ``Footprint.to_json()`` (used for stored measurements)."""
+    devs = []
+    for dv in d.get("devices", []):
+        src = dv.get("sources", {})
+
+        def term(name: str) -> Term:
+            b = dv.get(f"{name}_bytes")
+            s = src.get(name, "measured")
+            return Term(b, s) if b is not None else Term.unavailable(dv.get("unavailable", {}).get(name, "not recorded"))
+
+        devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output")))
+    host = d.get("host", {})
+    return Footprint(tuple(devs), host.get("mapped_bytes", 0), host.get("committed_bytes", 0),
+                     host.get("source", "measured"))
+
+
+async def _wait_pid_gone(pid: int, timeout: float) -> None:
+    """Wait for a process we did not spawn (an orphan) to exit, via a pidfd when the kernel has one."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, AttributeError, OSError):
+        return
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        await asyncio.wait_for(done, timeout)
+    except asyncio.TimeoutError:
+        pass  # still alive: the caller escalates to SIGKILL
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def _mem_json(m: procmem.ProcessMemory | None) -> dict | None:
+    if m is None:
+        return None
+    return {"committed_bytes": m.committed_bytes, "mapped_bytes": m.mapped_bytes, "rss_bytes": m.rss_bytes,
+            "source": m.source, "reason": m.reason, "pids": list(m.pids)}

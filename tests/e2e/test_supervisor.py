@@ -1,0 +1,266 @@
+"""The supervisor against real llama-server processes, a real SQLite store and real /proc memory.
+
+The RAM budget fits two copies of the ~200 MB medium model but not three, so a third load must evict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fitevict.catalog import Catalog
+from fitevict.config import load_config
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.price import price
+from fitevict.store import Store
+from fitevict.supervisor import LoadFailed, Refused, Supervisor
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def models_dir(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three distinct copies of the medium model (so page cache is not shared) and two small models."""
+    d = tmp_path_factory.mktemp("models")
+    for name in ("med-a", "med-b", "med-c"):
+        shutil.copyfile(zoo["llama-medium"].path, d / f"{name}.gguf")
+    for name in ("llama-gqa", "llama-q8_0"):
+        shutil.copyfile(zoo[name].path, d / f"{name}.gguf")
+    return d
+
+
+def medium_host_bytes(models_dir: Path) -> int:
+    s = load_structure(models_dir / "med-a.gguf")
+    return price(s, LoadConfig(n_ctx=4096, n_parallel=1)).footprint.bytes_on(HOST)
+
+
+def run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    return asyncio.run(coro_fn())
+
+
+def make(tmp_path: Path, models_dir: Path, llama_server: Path, *, ram_limit: int, **over: Any):
+    overrides = {"data_dir": str(tmp_path / "data"), "models_dirs": [str(models_dir)], "budget.ram_limit": ram_limit,
+                 "budget.ram_reserve": 0, "engine.release_timeout_seconds": 20, **over}
+    models = over.pop("models", None)
+    cfg = load_config(None, env={}, overrides=overrides)
+    if models:
+        cfg = models(cfg)
+    store = Store.open(cfg.store_url)
+    return cfg, Catalog.from_config(cfg), store
+
+
+def supervisor(cfg, catalog, store, llama_server: Path) -> Supervisor:
+    return Supervisor(config=cfg, catalog=catalog, store=store, engine_binary=llama_server)
+
+
+def test_lru_eviction_releases_memory_and_history_explains(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
+    limit = int(2.5 * medium_host_bytes(models_dir))
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=limit)
+
+    async def scenario() -> None:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            for key in ("med-a", "med-b"):
+                async with sup.acquire(key):
+                    pass
+            a_pid = sup.seats["med-a"].pid
+            async with sup.acquire("med-c") as seat:
+                assert seat.state == "ready"
+            assert set(sup.seats) == {"med-b", "med-c"}  # least recently used went, and only it
+            assert a_pid is not None and not Path(f"/proc/{a_pid}").exists()
+        finally:
+            await sup.shutdown()
+
+    run(scenario)
+    evicts = store.events(event="evict")
+    assert [e.model for e in evicts] == ["med-a"]
+    ev = evicts[0]
+    assert "med-c" in ev.reason  # says for whom
+    assert ev.details["release_verified"] is True, ev.details
+    assert ev.freed_bytes is not None and ev.freed_bytes > 0
+    held = ev.details["held_committed_bytes"]
+    assert ev.freed_bytes >= 0.5 * held  # MemAvailable shows the memory back
+    loads = store.events(event="load", order="asc")
+    assert [e.model for e in loads] == ["med-a", "med-b", "med-c"]
+    for e in loads:
+        assert e.measured_bytes is not None and e.predicted_bytes is not None
+        assert abs(e.predicted_bytes - e.measured_bytes) / e.measured_bytes < 0.05
+        assert e.details["guard"]["accepted"] is True
+        assert e.seconds is not None and e.seconds > 0
+
+
+def test_pinned_model_survives_pressure(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
+    limit = int(2.5 * medium_host_bytes(models_dir))
+    cfg_path = tmp_path / "fitevict.toml"
+    cfg_path.write_text('[models.med-a]\npin = true\n')
+    cfg = load_config(cfg_path, env={}, overrides={
+        "data_dir": str(tmp_path / "data"), "models_dirs": [str(models_dir)], "budget.ram_limit": limit,
+        "budget.ram_reserve": 0})
+    store = Store.open(cfg.store_url)
+    cat = Catalog.from_config(cfg)
+
+    async def scenario() -> None:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            await sup.load("med-a")  # oldest, but pinned
+            await sup.load("med-b")
+            await sup.load("med-c")
+            assert set(sup.seats) == {"med-a", "med-c"}
+        finally:
+            await sup.shutdown()
+
+    run(scenario)
+    assert [e.model for e in store.events(event="evict")] == ["med-b"]
+
+
+def test_model_larger_than_budget_is_refused_with_numbers(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
+    limit = int(0.6 * medium_host_bytes(models_dir))
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=limit)
+
+    async def scenario() -> None:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            await sup.load("llama-gqa")
+            with pytest.raises(Refused) as e:
+                await sup.load("med-a")
+            assert "med-a" in str(e.value) and "MiB" in str(e.value)
+            assert e.value.plan.action == "refuse"
+            assert e.value.plan.needed_bytes[HOST] > e.value.plan.available_bytes[HOST]
+            assert set(sup.seats) == {"llama-gqa"}  # nothing was evicted for it
+        finally:
+            await sup.shutdown()
+
+    run(scenario)
+    assert store.events(event="evict") == []
+    refuse = store.events(event="refuse")
+    assert len(refuse) == 1 and refuse[0].model == "med-a" and refuse[0].predicted_bytes
+
+
+def test_killed_seat_is_recorded_as_crash_and_reloaded(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
+
+    async def scenario() -> None:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            seat = await sup.load("llama-gqa")
+            os.kill(seat.pid, signal.SIGKILL)
+            crash = await sup.wait_for_event(lambda e: e.event == "crash", timeout=30)
+            assert crash.model == "llama-gqa" and "-9" in crash.reason
+            assert "llama-gqa" not in sup.seats
+            async with sup.acquire("llama-gqa") as again:
+                assert again.state == "ready" and again.pid != seat.pid
+        finally:
+            await sup.shutdown()
+
+    run(scenario)
+    assert [e.event for e in store.events(model="llama-gqa", order="asc")][:3] == ["load", "crash", "load"]
+
+
+def test_failed_load_records_fail_and_keeps_the_measurement(tmp_path: Path, models_dir: Path, zoo: dict,
+                                                            llama_server: Path) -> None:
+    import gguf
+
+    own = tmp_path / "own"
+    own.mkdir()
+    good = zoo["llama-gqa"].path
+    shutil.copyfile(good, own / "flaky.gguf")
+    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": [str(own)]})
+    store = Store.open(cfg.store_url)
+    cat = Catalog.from_config(cfg)
+
+    async def scenario() -> None:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            seat = await sup.load("flaky")
+            good_sig = seat.signature
+            await sup.unload("flaky")
+            before = store.last_measurement(good_sig)
+            assert before is not None
+            # Replace the file with one whose header is valid but which lacks a tensor llama.cpp needs.
+            r = gguf.GGUFReader(good)
+            w = gguf.GGUFWriter(own / "flaky.tmp", arch="llama")
+            for field in r.fields.values():
+                if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                    continue
+                w.add_key_value(field.name, field.contents(), field.types[0],
+                                field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+            for t in r.tensors:
+                if t.name != "blk.0.attn_q.weight":
+                    w.add_tensor(t.name, t.data, raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+            os.replace(own / "flaky.tmp", own / "flaky.gguf")
+            with pytest.raises(LoadFailed) as e:
+                await sup.load("flaky")
+            assert "flaky" in str(e.value)
+            assert "flaky" not in sup.seats
+            assert store.last_measurement(good_sig) == before  # the good measurement is intact
+        finally:
+            await sup.shutdown()
+
+    run(scenario)
+    fails = store.events(event="fail")
+    assert len(fails) == 1 and fails[0].model == "flaky" and fails[0].measured_bytes is None
+    assert "exited" in fails[0].reason
+
+
+def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3,
+                           **{"policy.idle_unload_seconds": 1.0})
+
+    async def scenario() -> None:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            await sup.load("llama-q8_0")  # loaded, never used: left alone
+            async with sup.acquire("llama-gqa"):
+                pass
+            ev = await sup.wait_for_event(lambda e: e.event == "idle-unload", timeout=30)
+            assert ev.model == "llama-gqa" and "idle" in ev.reason
+            assert "llama-q8_0" in sup.seats and "llama-gqa" not in sup.seats
+            assert sup.seats["llama-q8_0"].last_used is None
+        finally:
+            await sup.shutdown()
+
+    run(scenario)
+    assert [e.model for e in store.events(event="idle-unload")] == ["llama-gqa"]
+
+
+def test_restart_with_seats_alive_leaves_no_orphans(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
+
+    async def scenario() -> None:
+        first = supervisor(cfg, cat, store, llama_server)
+        await first.start()
+        seat = await first.load("llama-gqa")
+        pid = seat.pid
+        # The first supervisor is gone without stopping its seat (as after a SIGKILL of fitevict).
+        first.closed = True
+        second = supervisor(cfg, cat, store, llama_server)
+        orphans = await second.start()
+        try:
+            assert [o.event for o in orphans] == ["orphan"]
+            assert orphans[0].details["was_alive"] is True and orphans[0].details["pid"] == pid
+            assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+            assert store.seats() == []
+        finally:
+            await second.shutdown()
+            await first.shutdown()
+
+    run(scenario)
