@@ -319,7 +319,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
             tokens = usage.get("total_tokens")
             if endpoint == "embeddings" and isinstance(doc.get("data"), list):
                 data = doc["data"]
-                dim = len(data[0].get("embedding", [])) if data else 0
+                dim = _embedding_dim(data[0].get("embedding")) if data else 0
                 extra["embeddings"] = {"count": len(data), "shape": [len(data), dim]}
         if config.server.debug_log_prompts:
             extra["prompt"] = body.get("messages") or body.get("prompt") or body.get("input")
@@ -474,6 +474,15 @@ async def _send_retrying(client: httpx.AsyncClient, req: httpx.Request) -> httpx
         return await client.send(req, stream=True)
     except (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError):
         return await client.send(req, stream=True)
+
+
+def _embedding_dim(emb: Any) -> int:
+    """Length of one embedding, given as a list of floats or base64 of float32 (encoding_format=base64)."""
+    if isinstance(emb, str):
+        import base64
+
+        return len(base64.b64decode(emb)) // 4
+    return len(emb) if isinstance(emb, list) else 0
 
 
 def _gb(b: int | None) -> float | None:

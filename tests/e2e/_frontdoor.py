@@ -1,0 +1,87 @@
+"""Run a real ``fitevict serve`` for a test: its own process group, a log file, /health awaited, always stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from _server import free_port, log_tail
+
+
+@dataclass(frozen=True, slots=True)
+class FrontDoor:
+    port: int
+    base_url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    data_dir: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"fitevict serve exited with {proc.returncode}:\n{log_tail(log_path, 60)}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        try:
+            proc.wait(0.1)
+        except subprocess.TimeoutExpired:
+            pass  # still starting
+    raise AssertionError(f"fitevict serve not healthy within {timeout} s:\n{log_tail(log_path, 60)}")
+
+
+@contextmanager
+def front_door(tmp: Path, *args: str, env: dict | None = None) -> Iterator[FrontDoor]:
+    port = free_port()
+    data = tmp / "data"
+    log_path = tmp / f"serve-{port}.log"
+    argv = [sys.executable, "-m", "fitevict.cli", "serve", "--port", str(port), "--data-dir", str(data), *args]
+    full_env = {**os.environ, "FITEVICT_CONFIG": "", **(env or {})}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=full_env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url, log_path)
+        yield FrontDoor(port, url, proc, log_path, data)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def engine_pids_of(parent_pid: int) -> list[int]:
+    """llama-server processes whose parent is ``parent_pid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent_pid and cmd.endswith(b"llama-server"):
+            out.append(int(d.name))
+    return out

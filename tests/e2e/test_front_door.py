@@ -1,0 +1,296 @@
+"""The front door end to end: the official openai client against a real `fitevict serve` driving real
+llama-server seats, under RAM budgets that force swaps."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from _frontdoor import engine_pids_of, front_door
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.price import price
+
+pytestmark = pytest.mark.e2e
+
+USER, ADMIN = "user-key-1", "admin-key-1"
+
+
+@pytest.fixture(scope="module")
+def models(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("fd-models")
+    for name in ("med-a", "med-b", "med-c"):
+        shutil.copyfile(zoo["llama-medium"].path, d / f"{name}.gguf")
+    for name in ("llama-gqa", "llama-q8_0"):
+        shutil.copyfile(zoo[name].path, d / f"{name}.gguf")
+    shutil.copyfile(zoo["llama-gqa"].path, d / "embedder.gguf")
+    return d
+
+
+def medium_bytes(models: Path) -> int:
+    s = load_structure(models / "med-a.gguf")
+    return price(s, LoadConfig(n_ctx=4096, n_parallel=1)).footprint.bytes_on(HOST)
+
+
+@pytest.fixture(scope="module")
+def door(models: Path, tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("door")
+    cfg = tmp / "fitevict.toml"
+    cfg.write_text(f"""
+[server]
+api_keys = ["{USER}"]
+admin_keys = ["{ADMIN}"]
+max_body_bytes = "64KiB"
+
+[budget]
+ram_reserve = 0
+
+[models.embedder]
+embeddings = true
+extra_args = ["--pooling", "mean"]
+ctx = 512
+
+[models.llama-gqa]
+aliases = ["tiny"]
+request_defaults = {{ max_tokens = 3 }}
+""")
+    with front_door(tmp, "--config", str(cfg), "--models-dir", str(models),
+                    "--ram-limit", str(int(2.5 * medium_bytes(models)))) as fd:
+        yield fd
+
+
+def client(fd, key: str = USER) -> openai.OpenAI:
+    return openai.OpenAI(base_url=fd.base_url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def admin(fd) -> httpx.Client:
+    return httpx.Client(base_url=fd.base_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=120)
+
+
+def history(fd, **params) -> list[dict]:
+    with admin(fd) as c:
+        r = c.get("/v1/models/history", params={"limit": 1000, **params})
+        r.raise_for_status()
+        return r.json()["data"]
+
+
+def test_chat_plain_and_streamed(door) -> None:
+    c = client(door)
+    r = c.chat.completions.create(model="llama-q8_0", messages=[{"role": "user", "content": "hello"}], max_tokens=4)
+    assert r.choices[0].message is not None and r.usage.completion_tokens >= 1
+    chunks = list(c.chat.completions.create(model="llama-q8_0", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=4, stream=True))
+    assert len(chunks) >= 2
+    assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
+
+
+def test_completions_and_alias_routing(door) -> None:
+    r = client(door).completions.create(model="tiny", prompt="once upon", max_tokens=5)
+    assert r.choices[0].text is not None and r.usage.completion_tokens == 5
+
+
+def test_request_defaults_only_fill_absent_fields(door) -> None:
+    c = client(door)
+    msgs = [{"role": "user", "content": "tell me"}]
+    defaulted = c.chat.completions.create(model="llama-gqa", messages=msgs)
+    explicit = c.chat.completions.create(model="llama-gqa", messages=msgs, max_tokens=6)
+    # random weights practically never emit EOS within a few tokens
+    assert defaulted.usage.completion_tokens == 3
+    assert explicit.usage.completion_tokens == 6
+
+
+def test_embeddings_on_a_model_configured_for_them(door, models: Path) -> None:
+    r = client(door).embeddings.create(model="embedder", input=["alpha", "beta gamma"])
+    n_embd = load_structure(models / "embedder.gguf").n_embd
+    assert [len(d.embedding) for d in r.data] == [n_embd, n_embd]
+    line = next(json.loads(l.split(" ", 3)[-1]) for l in door.log().splitlines()
+                if '"endpoint": "embeddings"' in l and '"status": 200' in l)
+    assert line["embeddings"] == {"count": 2, "shape": [2, n_embd]}
+    assert "alpha" not in door.log()  # content is not logged without debug opt-in
+
+
+def test_models_list_and_residents(door) -> None:
+    client(door).chat.completions.create(model="llama-q8_0", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+    listed = {m.id: m for m in client(door).models.list().data}
+    assert {"med-a", "llama-gqa", "embedder"} <= set(listed)
+    q8 = listed["llama-q8_0"].model_extra["fitevict"]
+    assert q8["resident"] is True and q8["file"]["source"] == "file-size"
+    with admin(door) as c:
+        res = {r["key"]: r for r in c.get("/v1/models/residents").json()["data"]}
+    r = res["llama-q8_0"]
+    assert r["state"] == "ready" and r["placement"] == "100% CPU" and r["in_flight"] == 0
+    cpu = r["devices"]["CPU"]
+    assert cpu["measured_bytes"] > 0 and cpu["predicted_bytes"] > 0 and cpu["predicted_source"]
+    assert r["last_used"] is not None and r["unload_at"] > r["last_used"]
+
+
+def test_plan_is_a_dry_run(door) -> None:
+    before = len(history(door))
+    with admin(door) as c:
+        r = c.post("/v1/models/med-c/plan", json={"ctx": 2048})
+    assert r.status_code == 200, r.text
+    plan = r.json()["plan"]
+    assert plan["action"] in ("load", "ram") and plan["config"]["n_ctx"] == 2048
+    assert plan["needed_bytes"]["CPU"] > 0 and plan["budget_bytes"]["CPU"] > 0
+    assert len(history(door)) == before
+
+
+def test_admin_load_and_unload_verify_release(door) -> None:
+    with admin(door) as c:
+        r = c.post("/v1/models/llama-gqa/load")
+        assert r.status_code == 200, r.text
+        assert r.json()["resident"]["state"] == "ready"
+        u = c.post("/v1/models/llama-gqa/unload")
+        assert u.status_code == 200, u.text
+    body = u.json()
+    assert body["unloaded"] is True and body["release_verified"] is True and body["freed_bytes"] > 0
+    ev = history(door, model="llama-gqa", event="unload")[0]
+    assert ev["freed_gb"] is not None and ev["details"]["release_verified"] is True
+
+
+def test_stream_disconnect_releases_the_seat(door) -> None:
+    with httpx.Client(base_url=door.base_url, headers={"Authorization": f"Bearer {USER}"}, timeout=60) as c:
+        with c.stream("POST", "/v1/completions",
+                      json={"model": "llama-q8_0", "prompt": "go", "max_tokens": 100000, "stream": True}) as s:
+            assert s.status_code == 200
+            next(s.iter_raw())  # one chunk, then hang up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with admin(door) as a:
+            res = {r["key"]: r for r in a.get("/v1/models/residents").json()["data"]}
+        if res["llama-q8_0"]["in_flight"] == 0:
+            break
+        time.sleep(0.1)  # polling another process's state over HTTP: there is no event to await
+    assert res["llama-q8_0"]["in_flight"] == 0
+
+
+BAD = [
+    # (name, path, raw body, headers, status, error type)
+    ("malformed json", "/v1/chat/completions", b"{not json", {}, 400, "invalid_request_error"),
+    ("missing model", "/v1/chat/completions", json.dumps({"messages": []}).encode(), {}, 400, "invalid_request_error"),
+    ("unknown model", "/v1/chat/completions", json.dumps({"model": "llama-gq", "messages": []}).encode(), {}, 404,
+     "not_found_error"),
+    ("bad contract value", "/v1/chat/completions",
+     json.dumps({"model": "llama-gqa", "messages": [], "fitevict": {"alloc_mode": "all-in"}}).encode(), {}, 400,
+     "invalid_request_error"),
+    ("unknown contract key", "/v1/chat/completions",
+     json.dumps({"model": "llama-gqa", "messages": [], "fitevict": {"ctxx": 5}}).encode(), {}, 400,
+     "invalid_request_error"),
+    ("quantized V without flash attention", "/v1/chat/completions",
+     json.dumps({"model": "llama-gqa", "messages": [],
+                 "fitevict": {"kv_cache_type": "q8_0", "flash_attn": False}}).encode(), {}, 400,
+     "invalid_request_error"),
+    ("path traversal", "/v1/chat/completions",
+     json.dumps({"model": "llama-gqa", "messages": [], "fitevict": {"gguf_file": "../med-a.gguf"}}).encode(), {}, 400,
+     "invalid_request_error"),
+    ("absolute gguf_file", "/v1/completions",
+     json.dumps({"model": "llama-gqa", "prompt": "x", "fitevict": {"gguf_file": "/etc/passwd"}}).encode(), {}, 400,
+     "invalid_request_error"),
+    ("oversized body", "/v1/chat/completions",
+     json.dumps({"model": "llama-gqa", "messages": [{"role": "user", "content": "x" * 70000}]}).encode(), {}, 413,
+     "invalid_request_error"),
+    ("wrong api key", "/v1/chat/completions", json.dumps({"model": "llama-gqa", "messages": []}).encode(),
+     {"Authorization": "Bearer nope"}, 401, "authentication_error"),
+    ("user key on admin route", "/v1/models/llama-gqa/load", b"", {"Authorization": f"Bearer {USER}"}, 403,
+     "permission_error"),
+    ("embeddings on a chat model", "/v1/embeddings", json.dumps({"model": "llama-q8_0", "input": "x"}).encode(), {},
+     400, "invalid_request_error"),
+]
+
+
+@pytest.mark.parametrize("name,path,raw,headers,status,etype", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_4xx_in_openai_envelope_and_changes_nothing(door, name, path, raw, headers, status, etype):
+    with admin(door) as a:
+        before_res = sorted(r["key"] for r in a.get("/v1/models/residents").json()["data"])
+    before_hist = len(history(door))
+    hdrs = {"Authorization": f"Bearer {USER}", "Content-Type": "application/json", **headers}
+    r = httpx.post(door.base_url + path, content=raw, headers=hdrs, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == etype and err["message"]
+    if name == "unknown model":
+        assert "llama-gqa" in err["message"] and "llama-gqa" in err["close_matches"]
+    if name == "bad contract value":
+        assert "max-gpu" in err["message"]  # lists the allowed values
+    with admin(door) as a:
+        after_res = sorted(r["key"] for r in a.get("/v1/models/residents").json()["data"])
+    assert after_res == before_res and len(history(door)) == before_hist
+
+
+def test_eight_clients_over_three_models_none_lost(door) -> None:
+    keys = ["med-a", "med-b", "med-c"]
+    results: list[tuple[str, int | str]] = []
+    lock = threading.Lock()
+    start = time.time()
+
+    def worker(i: int) -> None:
+        c = client(door)
+        for j in range(3):
+            key = keys[(i + j) % 3]
+            try:
+                r = c.chat.completions.create(model=key, messages=[{"role": "user", "content": f"{i}-{j}"}],
+                                              max_tokens=2)
+                out: int | str = 200 if r.choices else "empty"
+            except openai.APIStatusError as e:
+                out = e.status_code
+            with lock:
+                results.append((key, out))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(results) == 24 and all(out == 200 for _k, out in results), results
+    events = [e for e in history(door) if e["time"] >= start - 1]
+    loads = [e for e in events if e["event"] == "load" and e["model"] in keys]
+    evicts = [e for e in events if e["event"] == "evict" and e["model"] in keys]
+    assert loads, "every model had to be loaded"
+    for e in evicts:
+        assert e["reason"].startswith("evicted for ") and e["details"]["release_verified"] is True
+    for e in loads:
+        assert e["strategy"] and e["seconds"] > 0 and e["measured_gb"] is not None
+    with admin(door) as a:
+        resident = {r["key"] for r in a.get("/v1/models/residents").json()["data"]} & set(keys)
+    # every model that is not resident now was evicted once for each time it was loaded
+    for k in keys:
+        n_load = sum(e["model"] == k for e in loads)
+        n_evict = sum(e["model"] == k for e in evicts)
+        assert n_load == n_evict + (k in resident), (k, n_load, n_evict, resident)
+    assert len(resident) <= 2  # the budget holds two mediums
+
+
+def test_swap_under_a_budget_that_fits_one(models: Path, tmp_path: Path) -> None:
+    with front_door(tmp_path, "--models-dir", str(models), "--ram-limit", str(int(1.5 * medium_bytes(models)))) as fd:
+        c = client(fd, key="unused")
+        for key in ("med-a", "med-b", "med-a"):
+            r = c.chat.completions.create(model=key, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+            assert r.choices
+        events = [(e["event"], e["model"]) for e in reversed(history(fd))]
+    assert events == [("load", "med-a"), ("evict", "med-a"), ("load", "med-b"), ("evict", "med-b"),
+                      ("load", "med-a")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_no_engine_outlives_fitevict(models: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    with front_door(tmp_path, "--models-dir", str(models)) as fd:
+        c = client(fd, key="unused")
+        c.chat.completions.create(model="llama-gqa", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+        engines = engine_pids_of(fd.proc.pid)
+        assert len(engines) == 1
+        os.kill(fd.proc.pid, sig)
+        fd.proc.wait(60)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in engines):
+            time.sleep(0.05)  # the kernel reaps the engine; no event reaches this process
+        assert not any(Path(f"/proc/{p}").exists() for p in engines)
