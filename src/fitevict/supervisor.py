@@ -316,26 +316,7 @@ class Supervisor:
     # -- configuration ---------------------------------------------------------------------------
 
     def config_for(self, entry: CatalogEntry, contract: Contract | None) -> tuple[LoadConfig, str, Path]:
-        """The LoadConfig a model starts with: model settings, then the request's contract."""
-        c = contract or Contract()
-        s = entry.settings
-        kv = c.kv_cache_type
-        cfg = LoadConfig(
-            n_ctx=c.ctx if c.ctx is not None else (s.ctx if s.ctx is not None else 4096),
-            n_parallel=c.parallel or s.parallel or 1,
-            cache_type_k=kv or s.cache_type_k or "f16",
-            cache_type_v=kv or s.cache_type_v or "f16",
-            flash_attn=("on" if c.flash_attn else "off") if c.flash_attn is not None else (s.flash_attn or "auto"),
-            n_gpu_layers=c.n_gpu_layers if c.n_gpu_layers is not None else (s.n_gpu_layers or 0),
-            n_cpu_moe=c.n_cpu_moe if c.n_cpu_moe is not None else (s.n_cpu_moe or 0),
-        )
-        mode = c.alloc_mode or s.alloc_mode or self.config.policy.default_alloc_mode
-        path = Path(entry.path)
-        if c.gguf_file:
-            from fitevict.catalog import resolve_gguf_file
-
-            path = resolve_gguf_file(entry, c.gguf_file)
-        return cfg, mode, path
+        return load_config_for(entry, contract, self.config.policy.default_alloc_mode)
 
     def signature(self, path: Path, cfg: LoadConfig) -> str:
         st = path.stat()
@@ -397,11 +378,7 @@ class Supervisor:
         """A dry run: the Plan a load would follow now. Changes nothing."""
         entry = self.catalog.resolve(key)
         cfg, mode, path = self.config_for(entry, contract)
-        s = self._structure(path)
-        request = pl.PlanRequest(
-            key=entry.key, config=cfg, alloc_mode=mode, n_layer=s.n_layer + 1,
-            n_moe_layers=s.n_layer if s.is_moe else 0, n_ctx_train=s.n_ctx_train, pinned=entry.pinned,
-        )
+        request = plan_request(entry, cfg, mode, self._structure(path))
         policy = pl.Policy(exclusive_fraction=self.config.policy.exclusive_fraction)
         return pl.plan(request, self._residents(), self._budget_fn(),
                        lambda _k, c: self.footprint(path, c), policy, now if now is not None else self.clock())
@@ -849,6 +826,40 @@ class Supervisor:
 
 
 # --- small pure helpers --------------------------------------------------------------------------
+
+
+def load_config_for(entry: CatalogEntry, contract: Contract | None,
+                    default_alloc_mode: str) -> tuple[LoadConfig, str, Path]:
+    """The LoadConfig a model starts with (model settings, then the request's contract), its
+    allocation mode, and the GGUF file to load."""
+    c = contract or Contract()
+    s = entry.settings
+    kv = c.kv_cache_type
+    cfg = LoadConfig(
+        n_ctx=c.ctx if c.ctx is not None else (s.ctx if s.ctx is not None else 4096),
+        n_parallel=c.parallel or s.parallel or 1,
+        cache_type_k=kv or s.cache_type_k or "f16",
+        cache_type_v=kv or s.cache_type_v or "f16",
+        flash_attn=("on" if c.flash_attn else "off") if c.flash_attn is not None else (s.flash_attn or "auto"),
+        n_gpu_layers=c.n_gpu_layers if c.n_gpu_layers is not None else (s.n_gpu_layers or 0),
+        n_cpu_moe=c.n_cpu_moe if c.n_cpu_moe is not None else (s.n_cpu_moe or 0),
+    )
+    mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
+    path = Path(entry.path)
+    if c.gguf_file:
+        from fitevict.catalog import resolve_gguf_file
+
+        path = resolve_gguf_file(entry, c.gguf_file)
+    return cfg, mode, path
+
+
+def plan_request(entry: CatalogEntry, cfg: LoadConfig, mode: str, structure) -> pl.PlanRequest:
+    """The planner's request for ``entry``: n_layer counts the output pseudo-layer too."""
+    return pl.PlanRequest(
+        key=entry.key, config=cfg, alloc_mode=mode, n_layer=structure.n_layer + 1,  # type: ignore[arg-type]
+        n_moe_layers=structure.n_layer if structure.is_moe else 0, n_ctx_train=structure.n_ctx_train,
+        pinned=entry.pinned,
+    )
 
 
 def _compatible(seat: SeatState, cfg: LoadConfig, path: Path, contract: Contract) -> bool:

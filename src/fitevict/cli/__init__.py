@@ -15,7 +15,9 @@ from fitevict import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "fitevict.cli.engine",
     "fitevict.cli.zoo",
+    "fitevict.cli.price",
     "fitevict.cli.serve",
+    "fitevict.cli.admin",
 )
 
 app = typer.Typer(

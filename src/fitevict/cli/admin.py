@@ -1,0 +1,254 @@
+"""``fitevict plan`` (offline dry run) and ``ps`` / ``history`` / ``load`` / ``unload`` (against a running server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fitevict.units import format_size
+
+console = Console()
+err = Console(stderr=True)
+
+URL_HELP = "The fitevict server (default $FITEVICT_URL or http://127.0.0.1:8080)."
+
+
+def _url(url: str | None) -> str:
+    return (url or os.environ.get("FITEVICT_URL") or "http://127.0.0.1:8080").rstrip("/")
+
+
+def _client(url: str | None, key: str | None) -> httpx.Client:
+    key = key or os.environ.get("FITEVICT_ADMIN_KEY") or os.environ.get("FITEVICT_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.Client(base_url=_url(url), headers=headers, timeout=httpx.Timeout(600, connect=5))
+
+
+def _call(url: str | None, key: str | None, method: str, path: str, **kw: Any) -> Any:
+    try:
+        with _client(url, key) as c:
+            r = c.request(method, path, **kw)
+    except httpx.TransportError as e:
+        err.print(f"[red]cannot reach fitevict at {_url(url)}:[/] {e}. Is `fitevict serve` running? (--url)")
+        raise typer.Exit(1) from e
+    if r.status_code >= 400:
+        try:
+            msg = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = r.text
+        err.print(f"[red]{r.status_code}:[/] {msg}")
+        raise typer.Exit(1)
+    return r.json()
+
+
+def _parse_sizes(items: list[str], flag: str) -> dict[str, int]:
+    from fitevict.units import SizeError, parse_size
+
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        if not sep:
+            err.print(f"[red]{flag} {item!r}:[/] expected NAME=SIZE, e.g. CUDA0=24GiB")
+            raise typer.Exit(2)
+        try:
+            out[name] = parse_size(size, name=f"{flag} {name}")
+        except SizeError as e:
+            err.print(f"[red]{e}[/]")
+            raise typer.Exit(2) from e
+    return out
+
+
+def plan_cmd(
+    model: str = typer.Argument(..., help="Model key or alias."),
+    config: Path | None = typer.Option(None, "--config", help="fitevict TOML config."),
+    models_dir: list[Path] = typer.Option([], "--models-dir", help="A folder of models; repeatable."),
+    ctx: int | None = typer.Option(None, "--ctx", "-c", help="Context size (0 = training context)."),
+    kv_cache_type: str | None = typer.Option(None, "--kv-cache-type", help="f16, q8_0 or q4_0."),
+    flash_attn: bool | None = typer.Option(None, "--flash-attn/--no-flash-attn"),
+    alloc_mode: str | None = typer.Option(None, "--alloc-mode", help="gpu-only, max-gpu, max-ram, ram-only, explicit."),
+    n_gpu_layers: int | None = typer.Option(None, "--n-gpu-layers", "-ngl", help="For --alloc-mode explicit."),
+    n_cpu_moe: int | None = typer.Option(None, "--n-cpu-moe", help="For --alloc-mode explicit."),
+    ram_limit: str | None = typer.Option(None, "--ram-limit", help="Ceiling on host RAM for fitevict's models."),
+    gpu_limit: str | None = typer.Option(None, "--gpu-limit", help="Ceiling per GPU."),
+    ram: str | None = typer.Option(None, "--ram", help="Plan for a machine with this much host RAM free (declared), instead of this one."),
+    gpu: list[str] = typer.Option([], "--gpu", help="Plan for a GPU NAME=SIZE free (declared), e.g. CUDA0=24GiB; repeatable."),
+    residents: Path | None = typer.Option(None, "--residents", help='JSON list of residents: [{"key", "bytes": {"CPU": n, "CUDA0": n}, "last_used", "pinned", "protected", "in_flight"}].'),
+    server: str | None = typer.Option(None, "--server", help="Ask a running fitevict for its plan instead (its residents, its budget)."),
+    key: str | None = typer.Option(None, "--key", help="Admin key for --server."),
+    as_json: bool = typer.Option(False, "--json", help="Print the Plan as JSON."),
+) -> None:
+    """Dry run: what loading MODEL would do now (load, partial, ram, hit, wait or refuse) and why. Changes nothing."""
+    contract_fields = {"ctx": ctx, "kv_cache_type": kv_cache_type, "flash_attn": flash_attn, "alloc_mode": alloc_mode,
+                       "n_gpu_layers": n_gpu_layers, "n_cpu_moe": n_cpu_moe}
+    contract_json = {k: v for k, v in contract_fields.items() if v is not None}
+    if server:
+        out = _call(server, key, "POST", f"/v1/models/{model}/plan", json=contract_json)
+        _show_plan(out["plan"], out.get("budget"), as_json)
+        return
+
+    from fitevict import planner as pl
+    from fitevict.catalog import Catalog, UnknownModel
+    from fitevict.cli.serve import build_config
+    from fitevict.host.budget import Budget, BudgetError, measure_budget
+    from fitevict.pricing.gguf import PricingError, load_structure
+    from fitevict.pricing.loadconfig import LoadConfig
+    from fitevict.pricing.price import price
+    from fitevict.server.app import parse_contract
+    from fitevict.server.errors import ApiError
+    from fitevict.supervisor import load_config_for, plan_request
+
+    cfg = build_config(config, {"models_dirs": [str(p) for p in models_dir] or None,
+                                "budget.ram_limit": ram_limit, "budget.gpu_limit": gpu_limit})
+    try:
+        catalog = Catalog.from_config(cfg)
+        entry = catalog.resolve(model)
+        contract = parse_contract(contract_json or None)
+        load_cfg, mode, path = load_config_for(entry, contract, cfg.policy.default_alloc_mode)
+        structure = load_structure(path)
+    except UnknownModel as e:
+        err.print(f"[red]{e}[/]")
+        raise typer.Exit(2) from e
+    except ApiError as e:
+        err.print(f"[red]{e.message}[/]")
+        raise typer.Exit(2) from e
+    except PricingError as e:
+        err.print(f"[red]{e}[/]")
+        raise typer.Exit(2) from e
+    try:
+        if ram is not None or gpu:
+            from fitevict.units import parse_size
+
+            spec: dict[str, Any] = {}
+            if ram is not None:
+                spec["CPU"] = {"total": parse_size(ram, name="--ram"), "reserve": 0,
+                               **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
+            for name, size in _parse_sizes(gpu, "--gpu").items():
+                spec[name] = {"total": size, "reserve": 0,
+                              **({"limit": cfg.budget.gpu_limit} if cfg.budget.gpu_limit else {})}
+            if "CPU" not in spec:
+                from fitevict.host.procmem import read_meminfo
+
+                m = read_meminfo()
+                spec["CPU"] = {"total": m.total_bytes, "free": m.available_bytes, "reserve": cfg.budget.ram_reserve,
+                               **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
+            budget = Budget.declared(spec)
+        else:
+            b = cfg.budget
+            budget = measure_budget(ram_limit=b.ram_limit, gpu_limit=b.gpu_limit, ram_reserve=b.ram_reserve,
+                                    gpu_reserve=b.gpu_reserve)
+    except BudgetError as e:
+        err.print(f"[red]{e}[/]")
+        raise typer.Exit(2) from e
+    res: list[pl.Resident] = []
+    if residents is not None:
+        try:
+            for r in json.loads(residents.read_text()):
+                res.append(pl.Resident(key=r["key"], config=LoadConfig.from_json(r.get("config", {})),
+                                       bytes={k: int(v) for k, v in r["bytes"].items()},
+                                       last_used=float(r.get("last_used", 0.0)), bytes_source="declared",
+                                       pinned=bool(r.get("pinned")), protected=bool(r.get("protected")),
+                                       in_flight=int(r.get("in_flight", 0))))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            err.print(f"[red]--residents {residents}:[/] {e!r}; expected a JSON list of "
+                      '{"key": str, "bytes": {"CPU": int, ...}, "last_used": float, "pinned": bool, "in_flight": int}')
+            raise typer.Exit(2) from e
+    the_plan = pl.plan(plan_request(entry, load_cfg, mode, structure), res, budget,
+                       lambda _k, c: price(structure, c).footprint,
+                       pl.Policy(exclusive_fraction=cfg.policy.exclusive_fraction), time.time())
+    _show_plan(the_plan.to_json(), budget.to_json(), as_json)
+
+
+def _show_plan(plan: dict, budget: dict | None, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps({"plan": plan, "budget": budget}, indent=2, default=str))
+        return
+    colour = {"refuse": "red", "wait": "yellow"}.get(plan["action"], "green")
+    console.print(f"[bold {colour}]{plan['action']}[/] {plan['key']}: {plan['reason']}")
+    if plan.get("remedy"):
+        console.print(f"remedy: {plan['remedy']}")
+    t = Table(title="bytes per device (predicted: formula / dry-run; residents: measured or declared)")
+    for col in ("device", "needed", "budget", "free before", "free after", "available after allowed evictions"):
+        t.add_column(col)
+    for dev in plan["budget_bytes"]:
+        t.add_row(dev, *(format_size(plan[k].get(dev)) if plan[k].get(dev) is not None else "-" for k in
+                         ("needed_bytes", "budget_bytes", "free_bytes_before", "free_bytes_after", "available_bytes")))
+    console.print(t)
+    for e in plan["evict"]:
+        console.print(f"evict {e['key']}: {e['reason']}")
+    if plan.get("wait_for"):
+        console.print(f"waits for in-flight requests on: {', '.join(plan['wait_for'])}")
+
+
+def ps(url: str | None = typer.Option(None, "--url", help=URL_HELP), key: str | None = typer.Option(None, "--key"),
+       as_json: bool = typer.Option(False, "--json")) -> None:
+    """What a running fitevict has loaded (like `ollama ps`)."""
+    data = _call(url, key, "GET", "/v1/models/residents")["data"]
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    t = Table(title=f"residents of {_url(url)}")
+    for col in ("model", "state", "placement", "host (measured)", "host (predicted)", "ctx", "in flight", "idle unload in"):
+        t.add_column(col)
+    now = time.time()
+    for r in data:
+        cpu = r["devices"].get("CPU", {})
+        unload = f"{max(0, r['unload_at'] - now):.0f} s" if r.get("unload_at") else "never used" if r["last_used"] is None else "off"
+        t.add_row(r["key"], r["state"], r["placement"], format_size(cpu.get("measured_bytes")),
+                  f"{format_size(cpu.get('predicted_bytes'))} ({cpu.get('predicted_source')})", str(r["ctx"]),
+                  str(r["in_flight"]), unload)
+    console.print(t)
+
+
+def history_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP),
+                key: str | None = typer.Option(None, "--key"),
+                model: str | None = typer.Option(None, "--model"), event: str | None = typer.Option(None, "--event"),
+                since: float | None = typer.Option(None, "--since", help="Unix seconds."),
+                limit: int = typer.Option(50, "--limit"), as_json: bool = typer.Option(False, "--json")) -> None:
+    """What fitevict did and why: loads, evictions, unloads, failures, refusals, crashes, orphans."""
+    params = {k: v for k, v in {"model": model, "event": event, "since": since, "limit": limit}.items() if v is not None}
+    data = _call(url, key, "GET", "/v1/models/history", params=params)["data"]
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    t = Table(title="history (bytes: measured unless marked predicted)")
+    for col in ("time", "event", "model", "seconds", "host GB", "vram GB", "freed GB", "strategy / reason"):
+        t.add_column(col)
+    for e in data:
+        t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e["event"], e["model"] or "",
+                  f"{e['seconds']:.2f}" if e["seconds"] is not None else "", _gb(e["host_gb"]), _gb(e["vram_gb"]),
+                  _gb(e["freed_gb"]), e["strategy"] or e["reason"] or "")
+    console.print(t)
+
+
+def _gb(v: float | None) -> str:
+    return "unavailable" if v is None else f"{v:.3f}"
+
+
+def load_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_HELP),
+             key: str | None = typer.Option(None, "--key"), ctx: int | None = typer.Option(None, "--ctx"),
+             alloc_mode: str | None = typer.Option(None, "--alloc-mode")) -> None:
+    """Load MODEL on a running fitevict (evicting what the plan says)."""
+    body = {k: v for k, v in {"ctx": ctx, "alloc_mode": alloc_mode}.items() if v is not None}
+    out = _call(url, key, "POST", f"/v1/models/{model}/load", json=body)
+    typer.echo(json.dumps(out, indent=2))
+
+
+def unload_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_HELP),
+               key: str | None = typer.Option(None, "--key")) -> None:
+    """Unload MODEL on a running fitevict and report whether its memory came back."""
+    typer.echo(json.dumps(_call(url, key, "POST", f"/v1/models/{model}/unload"), indent=2))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_cmd)
+    app.command("ps")(ps)
+    app.command("history")(history_cmd)
+    app.command("load")(load_cmd)
+    app.command("unload")(unload_cmd)
