@@ -178,9 +178,13 @@ class SeatState:
     def bytes_on(self, device: str) -> int:
         """What the planner counts for this seat on ``device``: measured where we have it."""
         if device == HOST:
-            if self.host_mem is not None and self.host_mem.source != "unavailable":
-                return self.host_mem.committed_bytes + self.host_mem.mapped_bytes
-            return self.predicted.bytes_on(HOST)
+            # The engine's own buffers (from its log) are what the seat grows to as its context fills;
+            # PSS is what it touches now plus the process itself. Count the larger: both are measured.
+            pss = self.host_mem.host_bytes if self.host_mem is not None else None
+            logged = self.measured.bytes_on(HOST) if self.measured is not None else None
+            if pss is None and logged is None:
+                return self.predicted.bytes_on(HOST)
+            return max(pss or 0, logged or 0)
         if device in self.gpu_bytes:
             return self.gpu_bytes[device]
         if self.measured is not None and self.measured.device(device) is not None:
@@ -189,7 +193,8 @@ class SeatState:
 
     def source_on(self, device: str) -> str:
         if device == HOST:
-            return "measured" if self.host_mem is not None and self.host_mem.source != "unavailable" else "formula"
+            measured = (self.host_mem is not None and self.host_mem.host_bytes is not None) or self.measured is not None
+            return "measured" if measured else _pred_source(self.predicted, HOST)
         if device in self.gpu_bytes or (self.measured is not None and self.measured.device(device)):
             return "measured"
         return "formula"
@@ -688,45 +693,52 @@ class Supervisor:
                          request_id: str | None = None) -> StopResult:
         seat.state = "stopping"
         seat.expected_exit = True
-        held = seat.host_mem.committed_bytes if seat.host_mem and seat.host_mem.source != "unavailable" else None
-        before = procmem.read_meminfo()
+        held: dict[str, int | None] = {
+            HOST: seat.host_mem.committed_bytes if seat.host_mem is not None else None,
+            **{d: seat.gpu_bytes.get(d) for d in seat.config.devices},
+        }
+        before = self._free_now(seat.config.devices)
         exit_s = await self._kill_group(seat)
         seat.state = "stopped"
-        self.seats.pop(seat.key, None) if self.seats.get(seat.key) is seat else None
+        if self.seats.get(seat.key) is seat:
+            self.seats.pop(seat.key)
         await asyncio.to_thread(self.store.seat_remove, seat.id)
-        release = await self._verify_release(before.available_bytes, held)
+        release = await self._verify_release(before, held, seat.config.devices)
         await self.record(Event(
             time=self.clock(), event=event, model=seat.key, engine=seat.engine, seconds=exit_s,
-            host_bytes=seat.bytes_on(HOST), reason=reason, freed_bytes=release.freed_bytes, request_id=request_id,
+            host_bytes=seat.bytes_on(HOST), vram_bytes=_offloaded(seat) or None, reason=reason,
+            freed_bytes=release.freed_bytes, request_id=request_id,
             details={"release_verified": release.verified, "exit_seconds": exit_s,
-                     "release_seconds": release.release_seconds, "held_committed_bytes": held,
+                     "release_seconds": release.release_seconds, "held_committed_bytes": held[HOST],
+                     "held_bytes": held, "freed_by_device": release.freed_by_device,
                      "release_note": release.note, "pid": seat.pid},
         ))
         await self._notify()
         return StopResult(seat.key, release.freed_bytes, exit_s, release.release_seconds, release.verified,
                           release.note)
 
-    async def _verify_release(self, available_before: int, held: int | None) -> StopResult:
-        """Poll MemAvailable until the committed memory the seat held is back, or time out."""
+    def _free_now(self, devices: Sequence[str]) -> dict[str, int]:
+        """Free bytes as the kernel and the driver count them: MemAvailable, and NVML free per GPU."""
+        free = {HOST: procmem.read_meminfo().available_bytes}
+        if devices:
+            gpus = read_gpus(self._nvml)
+            for d in devices:
+                g = gpus.device(d)
+                if g is not None:
+                    free[d] = g.free_bytes
+        return free
+
+    async def _verify_release(self, before: dict[str, int], held: dict[str, int | None],
+                              devices: Sequence[str]) -> Release:
+        """Poll until the memory the seat held is back on every device, or the timeout passes."""
         t0 = time.monotonic()
         timeout = self.config.engine.release_timeout_seconds
-        if held is None:
-            now = procmem.read_meminfo().available_bytes
-            return StopResult("", now - available_before, 0.0, None, False,
-                              "unverified: the seat's committed memory was never measured")
-        # Other processes move MemAvailable too: accept 90% of what was held, less 4 MiB of noise.
-        want = max(0, int(held * 0.9) - 4 * MiB)
         while True:
-            freed = procmem.read_meminfo().available_bytes - available_before
             elapsed = time.monotonic() - t0
-            if freed >= want:
-                return StopResult("", freed, 0.0, elapsed, True,
-                                  f"MemAvailable rose by {format_size(freed)} (held {format_size(held)} committed)")
-            if elapsed > timeout:
-                return StopResult("", freed, 0.0, None, False,
-                                  f"MemAvailable rose by only {format_size(freed)} of {format_size(held)} held "
-                                  f"within engine.release_timeout_seconds={timeout:g}")
-            await asyncio.sleep(0.05)  # polling a kernel counter: there is no event to await
+            r = release_check(held, before, self._free_now(devices), elapsed=elapsed, timed_out=elapsed > timeout)
+            if r.verified or r.final:
+                return r
+            await asyncio.sleep(0.05)  # polling kernel and driver counters: there is no event to await
 
     # -- crash detection and idle unload --------------------------------------------------------
 
@@ -826,6 +838,45 @@ class Supervisor:
 
 
 # --- small pure helpers --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    verified: bool
+    final: bool  # no point polling again (verified, unverifiable, or timed out)
+    freed_bytes: int | None  # host: MemAvailable delta (measured)
+    freed_by_device: dict[str, int]
+    release_seconds: float | None
+    note: str
+
+
+RELEASE_FRACTION = 0.9
+RELEASE_SLACK = 4 * MiB
+
+
+def release_check(held: dict[str, int | None], before: dict[str, int], now: dict[str, int], *,
+                  elapsed: float, timed_out: bool) -> Release:
+    """Has the memory a stopped seat held come back? Pure: compares free bytes before and now.
+
+    Other processes move these counters too, so a device counts as released when its free bytes rose
+    by at least 90% of what the seat held, less 4 MiB. A figure the seat never had measured cannot
+    be verified: the release is then reported unverified with that reason, never as verified.
+    """
+    freed = {d: now[d] - before[d] for d in before if d in now}
+    host_freed = freed.get(HOST)
+    unknown = [d for d, h in held.items() if h is None or d not in freed]
+    if unknown:
+        return Release(False, True, host_freed, freed, None,
+                       f"unverified: held memory on {', '.join(unknown)} was never measured")
+    short = {d: (freed[d], h) for d, h in held.items()
+             if h is not None and freed[d] < max(0, int(h * RELEASE_FRACTION) - RELEASE_SLACK)}
+    words = "; ".join(f"{d} free rose by {format_size(freed[d])} (held {format_size(h)})" for d, h in held.items()
+                      if h is not None)
+    if not short:
+        return Release(True, True, host_freed, freed, elapsed, words)
+    if timed_out:
+        return Release(False, True, host_freed, freed, None, f"not released within the timeout: {words}")
+    return Release(False, False, host_freed, freed, None, words)
 
 
 def load_config_for(entry: CatalogEntry, contract: Contract | None,
