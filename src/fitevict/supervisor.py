@@ -252,7 +252,8 @@ class Supervisor:
         self._event_seq = itertools.count()
         self._events: list[Event] = []
         self._idle_task: asyncio.Task | None = None
-        self._measured_cache: dict[str, Footprint] = {}
+        self._footprints: dict[tuple, Footprint] = {}
+        self._quant: dict[tuple[str, int, int], str] = {}
         self._compute: dict[tuple[str, LoadConfig], dict[str, int]] = {}
         self._dry_run_notes: dict[tuple[str, LoadConfig], str] = {}
         self.log_dir = Path(config.data_dir) / "seats"
@@ -325,7 +326,9 @@ class Supervisor:
 
     def signature(self, path: Path, cfg: LoadConfig) -> str:
         st = path.stat()
-        quant = _dominant_type(self._structure(path))
+        quant = self._quant.get((str(path), st.st_size, st.st_mtime_ns))
+        if quant is None:
+            quant = self._quant[(str(path), st.st_size, st.st_mtime_ns)] = _dominant_type(self._structure(path))
         return measurement_signature(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
                                      quantization=quant, config=cfg.to_json())
 
@@ -333,17 +336,26 @@ class Supervisor:
         return load_structure(path)
 
     def footprint(self, path: Path, cfg: LoadConfig) -> Footprint:
-        """Measured footprint for this signature if one was accepted, else the priced one."""
+        """Measured footprint for this signature if one was accepted, else the priced one.
+
+        Both are cached in memory by (file identity, configuration): the planner prices many
+        candidate configurations per plan, and a stored measurement changes only when a load records one.
+        """
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns, cfg)
+        hit = self._footprints.get(key)
+        if hit is not None:
+            return hit
         sig = self.signature(path, cfg)
-        if sig in self._measured_cache:
-            return self._measured_cache[sig]
         m = self.store.last_measurement(sig)
         if m is not None:
             fp = footprint_from_json(m.footprint)
-            self._measured_cache[sig] = fp
-            return fp
-        compute = self._compute_cache(path, cfg)
-        return pricing.price(self._structure(path), cfg, compute=compute).footprint
+        else:
+            fp = pricing.price(self._structure(path), cfg, compute=self._compute_cache(path, cfg)).footprint
+        if len(self._footprints) > 4096:
+            self._footprints.clear()
+        self._footprints[key] = fp
+        return fp
 
     def _compute_cache(self, path: Path, cfg: LoadConfig) -> dict[str, int] | None:
         return self._compute.get((str(path), cfg))
@@ -362,6 +374,7 @@ class Supervisor:
             self._dry_run_notes[(str(path), cfg)] = got.reason
         else:
             self._compute[(str(path), cfg)] = got
+            self._footprints.clear()
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -650,7 +663,7 @@ class Supervisor:
                             host_mapped_bytes=seat.host_mem.mapped_bytes if seat.host_mem else None,
                             total_bytes=measured_total)
             await asyncio.to_thread(self.store.put_measurement, m)
-            self._measured_cache[seat.signature] = seat.measured
+            self._footprints.clear()  # a new measurement overrides the priced figure for its signature
         gpu = sum(seat.bytes_on(d) for d in seat.config.devices) if seat.config.devices else 0
         await self.record(Event(
             time=self.clock(), event="load", model=seat.key, engine=seat.engine, seconds=seat.load_seconds,

@@ -1,0 +1,43 @@
+"""Measurement I/O: what the machine has (NVML, /proc) and what fitevict may use of it (budgets)."""
+
+from fitevict.host.budget import (
+    DEFAULT_GPU_RESERVE,
+    DEFAULT_RAM_RESERVE,
+    Budget,
+    BudgetError,
+    DeviceBudget,
+    Figure,
+    measure_budget,
+)
+from fitevict.host.nvml import GpuDevice, GpuProcess, GpuReading, NvmlLike, read_gpus
+from fitevict.host.procmem import (
+    HostMemory,
+    HostMemoryError,
+    ProcessMemory,
+    descendants,
+    read_meminfo,
+    read_process,
+    read_tree,
+)
+
+__all__ = [
+    "DEFAULT_GPU_RESERVE",
+    "DEFAULT_RAM_RESERVE",
+    "Budget",
+    "BudgetError",
+    "DeviceBudget",
+    "Figure",
+    "GpuDevice",
+    "GpuProcess",
+    "GpuReading",
+    "HostMemory",
+    "HostMemoryError",
+    "NvmlLike",
+    "ProcessMemory",
+    "descendants",
+    "measure_budget",
+    "read_gpus",
+    "read_meminfo",
+    "read_process",
+    "read_tree",
+]

@@ -1,0 +1,163 @@
+"""Host memory as the kernel reports it: /proc/meminfo for the machine, smaps_rollup for a process tree.
+
+A process tree (a seat: the engine and its children) is read from ``/proc/PID/smaps_rollup``:
+``committed = Pss_Anon + Pss_Shmem`` (memory that only goes away when the process does),
+``mapped = Pss_File`` (file-backed pages, e.g. mmap'd weights: page cache that stays reclaimable),
+and ``Rss`` for comparison (RSS counts shared pages fully in every process; PSS splits them).
+
+When smaps_rollup cannot be read (permissions, an old kernel without the Pss_* split), the reading
+falls back to ``/proc/PID/status`` (RssAnon + RssShmem, RssFile), labelled ``rss-fallback`` with the
+reason. A process that cannot be read at all is ``unavailable`` with the reason -- never 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+from fitevict.units import KiB
+
+PROC = Path("/proc")
+
+MemSource = Literal["smaps_rollup", "rss-fallback", "unavailable"]
+_RANK: dict[str, int] = {"smaps_rollup": 0, "rss-fallback": 1, "unavailable": 2}
+
+
+class HostMemoryError(RuntimeError):
+    """The machine's memory totals could not be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostMemory:
+    """The machine's memory: MemTotal and MemAvailable (which counts reclaimable page cache as available)."""
+
+    total_bytes: int
+    available_bytes: int
+    source: str = "meminfo"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessMemory:
+    """Host memory of one process or a process tree. Byte fields are None only when ``source == "unavailable"``."""
+
+    pids: tuple[int, ...]  # the processes that were read (root first)
+    committed_bytes: int | None  # Pss_Anon + Pss_Shmem (fallback: RssAnon + RssShmem)
+    mapped_bytes: int | None  # Pss_File (fallback: RssFile)
+    rss_bytes: int | None  # Rss, for comparison
+    source: MemSource
+    reason: str = ""  # why a fallback or unavailable source was used; which pids vanished mid-read
+
+    @property
+    def host_bytes(self) -> int | None:
+        """What the host budget counts for this tree: committed + mapped."""
+        if self.committed_bytes is None or self.mapped_bytes is None:
+            return None
+        return self.committed_bytes + self.mapped_bytes
+
+
+def _kib_fields(text: str, wanted: tuple[str, ...]) -> dict[str, int]:
+    """Parse "Key:   123 kB" lines, returning bytes for the wanted keys that are present."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        if sep and key in wanted:
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (KiB if len(parts) > 1 and parts[1] == "kB" else 1)
+    return out
+
+
+def read_meminfo(path: Path = PROC / "meminfo") -> HostMemory:
+    """MemTotal and MemAvailable. Raises HostMemoryError naming the file and what was missing."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise HostMemoryError(f"cannot read {path}: {e}; set ram_limit to declare the host budget") from e
+    f = _kib_fields(text, ("MemTotal", "MemAvailable"))
+    missing = [k for k in ("MemTotal", "MemAvailable") if k not in f]
+    if missing:
+        raise HostMemoryError(f"{path} has no {', '.join(missing)} (kernel < 3.14?); set ram_limit to declare the host budget")
+    return HostMemory(f["MemTotal"], f["MemAvailable"], "meminfo")
+
+
+_SMAPS_KEYS = ("Rss", "Pss_Anon", "Pss_File", "Pss_Shmem")
+_STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+
+
+def read_process(pid: int, *, proc: Path = PROC) -> ProcessMemory:
+    """One process from ``proc/PID/smaps_rollup``, falling back to ``proc/PID/status``."""
+    rollup = proc / str(pid) / "smaps_rollup"
+    why = ""
+    try:
+        f = _kib_fields(rollup.read_text(), _SMAPS_KEYS)
+        missing = [k for k in _SMAPS_KEYS if k not in f]
+        if not missing:
+            return ProcessMemory(
+                (pid,), f["Pss_Anon"] + f["Pss_Shmem"], f["Pss_File"], f["Rss"], "smaps_rollup"
+            )
+        why = f"{rollup} lacks {', '.join(missing)} (kernel older than 5.x?)"
+    except OSError as e:
+        why = f"cannot read {rollup}: {e.strerror or e}"
+    status = proc / str(pid) / "status"
+    try:
+        f = _kib_fields(status.read_text(), _STATUS_KEYS)
+    except OSError as e:
+        return ProcessMemory((pid,), None, None, None, "unavailable", f"{why}; cannot read {status}: {e.strerror or e}")
+    missing = [k for k in _STATUS_KEYS if k not in f]
+    if missing:
+        # kernel threads and zombies have no Rss* lines
+        return ProcessMemory((pid,), None, None, None, "unavailable", f"{why}; {status} lacks {', '.join(missing)}")
+    return ProcessMemory(
+        (pid,),
+        f["RssAnon"] + f["RssShmem"],
+        f["RssFile"],
+        f["VmRSS"],
+        "rss-fallback",
+        f"{why}; RSS from {status} counts shared pages fully",
+    )
+
+
+def descendants(pid: int) -> tuple[int, ...]:
+    """Every live descendant of ``pid`` (children, grandchildren, ...); () when pid is gone."""
+    try:
+        return tuple(c.pid for c in psutil.Process(pid).children(recursive=True))
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return ()
+
+
+def read_tree(pid: int, *, proc: Path = PROC) -> ProcessMemory:
+    """``pid`` and all its descendants, summed. The source is the weakest any member had.
+
+    A descendant that exits between listing and reading has freed its memory and is skipped (named in
+    ``reason``); when the root itself cannot be read the whole tree is unavailable.
+    """
+    root = read_process(pid, proc=proc)
+    if root.source == "unavailable":
+        return root
+    parts = [root]
+    gone: list[int] = []
+    for child in descendants(pid):
+        m = read_process(child, proc=proc)
+        if m.source == "unavailable":
+            if psutil.pid_exists(child):
+                return ProcessMemory(
+                    (pid, child), None, None, None, "unavailable", f"descendant {child} unreadable: {m.reason}"
+                )
+            gone.append(child)
+            continue
+        parts.append(m)
+    source = max((p.source for p in parts), key=_RANK.__getitem__)
+    reasons = sorted({p.reason for p in parts if p.reason})
+    if gone:
+        reasons.append(f"exited while reading: {', '.join(map(str, gone))}")
+    return ProcessMemory(
+        tuple(p.pids[0] for p in parts),
+        sum(p.committed_bytes or 0 for p in parts),  # all members have bytes: unavailable ones returned above
+        sum(p.mapped_bytes or 0 for p in parts),
+        sum(p.rss_bytes or 0 for p in parts),
+        source,  # type: ignore[arg-type]
+        "; ".join(reasons),
+    )
