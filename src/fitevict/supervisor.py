@@ -163,6 +163,7 @@ class SeatState:
     load_seconds: float | None = None
     last_used: float | None = None  # None: never used (idle unload leaves it alone)
     in_flight: int = 0
+    reserved: int = 0  # queued requests this seat was loaded for, not yet in flight
     measured: Footprint | None = None
     measured_note: str = ""
     host_mem: procmem.ProcessMemory | None = None
@@ -198,6 +199,13 @@ class SeatState:
         if device in self.gpu_bytes or (self.measured is not None and self.measured.device(device)):
             return "measured"
         return "formula"
+
+
+@dataclass(slots=True)
+class _Claim:
+    """One queued request's claim on the seat being loaded for it."""
+
+    seat: SeatState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +256,7 @@ class Supervisor:
         self._placement = asyncio.Lock()
         self._loading: dict[str, asyncio.Future] = {}
         self._waiting: dict[str, int] = {}
+        self._claims: dict[str, list[_Claim]] = {}
         self._changed = asyncio.Condition()
         self._event_seq = itertools.count()
         self._events: list[Event] = []
@@ -387,7 +396,7 @@ class Supervisor:
             out.append(pl.Resident(
                 key=s.key, config=s.config, bytes=devices,
                 last_used=s.last_used if s.last_used is not None else s.ready_at or s.started_at,
-                bytes_source=s.source_on(HOST), pinned=s.pinned, protected=False, in_flight=s.in_flight,
+                bytes_source=s.source_on(HOST), pinned=s.pinned, protected=False, in_flight=s.in_flight + s.reserved,
                 loading=s.state == "starting",
             ))
         return out
@@ -409,9 +418,10 @@ class Supervisor:
         """Make ``key`` resident (loading it if needed) and hold it in flight for the block."""
         entry = self.catalog.resolve(key)
         seat = self._ready_seat(entry, contract)
-        if seat is None:
+        if seat is not None:
+            seat.in_flight += 1  # no await between the check and this: the seat cannot be evicted in between
+        else:
             seat = await self._queue_for_load(entry, contract, request_id)
-        seat.in_flight += 1
         seat.last_used = self.clock()
         try:
             yield seat
@@ -432,20 +442,38 @@ class Supervisor:
 
     async def _queue_for_load(self, entry: CatalogEntry, contract: Contract | None,
                               request_id: str | None) -> SeatState:
+        """Wait (bounded) for ``entry`` to be loaded; return its seat with this request already in flight.
+
+        The loader reserves the new seat for every queued request before it lets go of the placement
+        lock, so another model's placement cannot evict it before its waiters get to use it.
+        """
         pol = self.config.policy
         waiting = self._waiting.get(entry.key, 0)
         if waiting >= pol.max_queue:
             raise Busy(f"{entry.key}: {waiting} requests already wait for this model (max_queue={pol.max_queue}); "
                        f"retry later or raise policy.max_queue", retry_after=5)
         self._waiting[entry.key] = waiting + 1
+        claim = _Claim()
+        self._claims.setdefault(entry.key, []).append(claim)
         try:
-            return await asyncio.wait_for(self.load(entry.key, contract, request_id=request_id),
-                                          timeout=pol.queue_timeout_seconds)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(pol.queue_timeout_seconds):
+                while True:
+                    seat = await self.load(entry.key, contract, request_id=request_id)
+                    reserved, claim.seat = claim.seat, None
+                    if reserved is not None:
+                        reserved.reserved -= 1
+                    if seat.state == "ready" and self._ready_seat(entry, contract) is seat:
+                        seat.in_flight += 1
+                        return seat
+                    # evicted before it could be used, or loaded under another request's contract: go again
+        except TimeoutError:
             raise Busy(f"{entry.key}: not ready within policy.queue_timeout_seconds="
                        f"{pol.queue_timeout_seconds:g}; retry later", retry_after=10) from None
         finally:
             self._waiting[entry.key] -= 1
+            self._claims[entry.key].remove(claim)
+            if claim.seat is not None:
+                claim.seat.reserved -= 1
 
     async def load(self, key: str, contract: Contract | None = None, *, request_id: str | None = None) -> SeatState:
         """Load ``key`` (one load at a time; concurrent callers share it)."""
@@ -478,6 +506,10 @@ class Supervisor:
         try:
             async with self._placement:
                 seat = await self._place(entry, contract, request_id)
+                for claim in self._claims.get(entry.key, ()):
+                    if claim.seat is None:
+                        claim.seat = seat
+                        seat.reserved += 1
             fut.set_result(seat)
         except BaseException as e:  # the waiters get the failure; nothing is swallowed
             if not fut.done():
@@ -515,7 +547,7 @@ class Supervisor:
                 raise Refused(plan, plan.reason)
             # Evict: mark the victims in the same synchronous stretch that read their in-flight counts.
             victims = [self.seats[v.key] for v in plan.evict if v.key in self.seats]
-            busy = [v.key for v in victims if v.in_flight]
+            busy = [v.key for v in victims if v.in_flight or v.reserved]
             if busy:
                 continue  # a request slipped in since the plan; re-plan (it will say wait)
             for v in victims:
@@ -526,7 +558,7 @@ class Supervisor:
                                       request_id=request_id)
             if old is not None and old.state in ("ready", "starting") and old not in victims:
                 # a reload under a different contract replaces the resident seat
-                if old.in_flight:
+                if old.in_flight or old.reserved:
                     await self._drain([old.key], timeout=max(0.0, drain_deadline - self.clock()))
                 await self._stop_seat(old, event="unload", reason="reload with a different load contract",
                                       request_id=request_id)
@@ -537,7 +569,8 @@ class Supervisor:
         timeout = self.config.policy.drain_timeout_seconds if timeout is None else timeout
 
         def drained() -> bool:
-            return all(self.seats.get(k) is None or self.seats[k].in_flight == 0 for k in keys)
+            return all(self.seats.get(k) is None or self.seats[k].in_flight + self.seats[k].reserved == 0
+                       for k in keys)
 
         async with self._changed:
             try:
@@ -778,7 +811,8 @@ class Supervisor:
         while not self.closed:
             now = self.clock()
             due = [s for s in self.seats.values()
-                   if s.state == "ready" and s.last_used is not None and s.in_flight == 0 and now - s.last_used >= ttl]
+                   if s.state == "ready" and s.last_used is not None and s.in_flight == 0 and s.reserved == 0
+                   and now - s.last_used >= ttl]
             for s in due:
                 async with self._placement:
                     if s.state == "ready" and s.in_flight == 0 and s.last_used is not None \

@@ -264,3 +264,34 @@ def test_restart_with_seats_alive_leaves_no_orphans(tmp_path: Path, models_dir: 
             await first.shutdown()
 
     run(scenario)
+
+
+def test_queued_requests_get_the_seat_loaded_for_them(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
+    """Budget fits one medium; requests for two models arrive together. Each request must be served by a
+    live seat of its model: a seat loaded for queued requests is not evicted before they use it."""
+    import httpx
+
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=int(1.5 * medium_host_bytes(models_dir)))
+
+    async def scenario() -> list[tuple[str, int]]:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        served: list[tuple[str, int]] = []
+
+        async def one(key: str) -> None:
+            async with sup.acquire(key) as seat, httpx.AsyncClient() as c:
+                assert seat.key == key and seat.state == "ready"
+                r = await c.get(seat.base_url + "/health")
+                served.append((key, r.status_code))
+
+        try:
+            await asyncio.gather(*(one(k) for k in ["med-a", "med-b"] * 3))
+        finally:
+            await sup.shutdown()
+        return served
+
+    served = run(scenario)
+    assert sorted(served) == sorted([("med-a", 200), ("med-b", 200)] * 3)
+    loads = store.events(event="load")
+    evicts = store.events(event="evict")
+    assert len(loads) == len(evicts) + 1  # every load but the last was evicted: never two at once

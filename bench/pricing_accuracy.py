@@ -1,0 +1,234 @@
+"""Pricing accuracy against the real engine: writes docs/accuracy.md.
+
+For every demo-zoo model and a set of configurations it starts the real llama-server (``-dev none``),
+reads the buffers llama.cpp reports, and puts beside each one fitevict's prediction, the file size, the
+Ollama-style pre-spawn formula (file + 2 * n_layer * n_head_kv * head_dim * ctx * 2 B) and the process'
+RSS growth during the load, each with its error. It also compares predicted committed host memory with
+Pss_Anon + Pss_Shmem from /proc/PID/smaps_rollup once the server listens.
+
+    .venv/bin/python bench/pricing_accuracy.py [--zoo DIR] [--models a,b] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from fitevict.engines.dryrun import capture_load_log, dry_run_compute
+from fitevict.engines.install import resolve_binary
+from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.logparse import parse_load_log
+from fitevict.pricing.price import price
+from fitevict.units import MiB
+from fitevict.zoo import ZOO_NAMES, write_zoo
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "accuracy.md"
+
+CONFIGS: dict[str, LoadConfig] = {
+    "-c 1000": LoadConfig(n_ctx=1000),
+    "-c 2048 -np 1": LoadConfig(n_ctx=2048, n_parallel=1),
+    "-c 4096 -np 3": LoadConfig(n_ctx=4096, n_parallel=3),
+    "-c 2048 -np 1 -ctk/-ctv q8_0 -fa on": LoadConfig(n_ctx=2048, n_parallel=1, cache_type_k="q8_0",
+                                                      cache_type_v="q8_0", flash_attn="on"),
+    "-c 1000 -np 2 -ub 128 -b 512": LoadConfig(n_ctx=1000, n_parallel=2, n_ubatch=128, n_batch=512),
+    "-c 1000 -lm none": LoadConfig(n_ctx=1000, mmap=False),
+    "-c 0": LoadConfig(n_ctx=0),
+    "-c 1000 -np 1 -fa off": LoadConfig(n_ctx=1000, n_parallel=1, flash_attn="off"),
+    "-c 1000 --swa-full": LoadConfig(n_ctx=1000, swa_full=True),
+}
+TERMS = ("model", "context", "compute", "output")
+
+
+def ollama_formula(s: GgufStructure, n_ctx: int) -> int:
+    """file + 2 (K and V) * n_layer * n_head_kv * head_dim * ctx * 2 B (f16), summed per layer."""
+    ctx = n_ctx or s.n_ctx_train
+    return s.file_bytes + sum(2 * h * s.key_length * ctx * 2 for h in s.n_head_kv)
+
+
+def as_printed(n: int | None) -> int:
+    """Bytes as llama.cpp's log shows them: MiB with 2 decimals (each buffer line rounded on its own)."""
+    return 0 if not n else round(float(f"{n / MiB:.2f}") * MiB)
+
+
+def mib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / MiB:.2f}"
+
+
+def err(pred: int | None, actual: int | None) -> float | None:
+    if pred is None or actual is None or actual == 0:
+        return None
+    return 100.0 * (pred - actual) / actual
+
+
+def pct(e: float | None) -> str:
+    return "n/a" if e is None else f"{e:+.1f}%"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--zoo", type=Path, default=None, help="write/read the zoo here (default: a temp dir)")
+    ap.add_argument("--models", default=",".join(ZOO_NAMES))
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    found = resolve_binary("llama-server")
+    if found.path is None:
+        raise SystemExit(f"no llama-server: {found.why}")
+    bin_dir = found.path.parent
+    zoo_dir = args.zoo or Path(tempfile.mkdtemp(prefix="fitevict-accuracy-"))
+    models = {m.name: m for m in write_zoo(zoo_dir, only=args.models.split(","))}
+
+    rows: list[str] = []
+    host_rows: list[str] = []
+    errors: dict[str, list[float]] = {t: [] for t in TERMS}
+    matches: dict[str, int] = {t: 0 for t in TERMS}
+    total_err: dict[str, list[float]] = {"fitevict": [], "file size": [], "Ollama formula": [], "RSS growth": []}
+    committed_err: list[float] = []
+    residual: list[float] = []
+    refused: list[str] = []
+    t0 = time.monotonic()
+    for name, m in models.items():
+        s = load_structure(m.path)
+        for label, cfg in CONFIGS.items():
+            if cfg.swa_full and not s.n_swa:
+                continue
+            try:
+                comp = dry_run_compute(bin_dir, m.path, cfg, use_cache=False)
+                p = price(s, cfg, compute=comp if isinstance(comp, dict) else None)
+            except PricingError as e:
+                cap = capture_load_log(bin_dir, m.path, cfg)
+                refused.append(f"| {name} | `{label}` | {str(e).split(': ', 1)[-1]} | "
+                               f"{'refused too' if not cap.ok else 'LOADED (pricing wrong)'} |")
+                continue
+            cap = capture_load_log(bin_dir, m.path, cfg, wait_listening=True)
+            if not cap.ok:
+                refused.append(f"| {name} | `{label}` | priced, but the server failed: {cap.reason} | - |")
+                continue
+            log = parse_load_log(cap.text)
+            meas = log.to_footprint().device("CPU")
+            pred = p.footprint.device("CPU")
+            assert meas is not None and pred is not None
+            cells = []
+            kv = p.kv
+            printed = {
+                "model": sum(as_printed(b.bytes) for b in p.buffers),
+                "context": sum(as_printed(kv.bytes_of(k)) for k in ("full", "swa", "recurrent")) if kv else None,
+                "compute": as_printed(pred.compute.bytes),
+                "output": as_printed(pred.output.bytes),
+            }
+            for t in TERMS:
+                a, b = getattr(meas, t).bytes, printed[t]
+                e = err(b, a)
+                if e is not None:
+                    errors[t].append(abs(e))
+                    matches[t] += int(mib(a) == mib(b))
+                cells.append(f"{mib(a)} / {mib(b)} ({pct(e)})")
+            actual_total = meas.total_bytes
+            rss_growth = None
+            if cap.smaps and cap.smaps_before:
+                rss_growth = cap.smaps.get("Rss", 0) - cap.smaps_before.get("Rss", 0)
+            ol = ollama_formula(s, cfg.n_ctx)
+            for k, v in (("fitevict", pred.total_bytes), ("file size", s.file_bytes), ("Ollama formula", ol),
+                         ("RSS growth", rss_growth)):
+                e = err(v, actual_total)
+                if e is not None:
+                    total_err[k].append(abs(e))
+            rows.append(
+                f"| {name} | `{label}` | {' | '.join(cells)} | {mib(actual_total)} / {mib(pred.total_bytes)} "
+                f"({pct(err(pred.total_bytes, actual_total))}) | {mib(s.file_bytes)} ({pct(err(s.file_bytes, actual_total))}) "
+                f"| {mib(ol)} ({pct(err(ol, actual_total))}) | {mib(rss_growth)} ({pct(err(rss_growth, actual_total))}) |"
+            )
+            if cap.smaps and cap.smaps_before:
+                committed = cap.smaps.get("Pss_Anon", 0) + cap.smaps.get("Pss_Shmem", 0)
+                before = cap.smaps_before.get("Pss_Anon", 0) + cap.smaps_before.get("Pss_Shmem", 0)
+                pc = p.footprint.host_committed_bytes
+                pc_touched = pc - (pred.compute.bytes or 0)
+                e = err(pc_touched, committed - before)
+                if e is not None:
+                    committed_err.append(abs(e))
+                residual.append((committed - before - pc_touched) / MiB)
+                host_rows.append(
+                    f"| {name} | `{label}` | {mib(pc)} | {mib(pc_touched)} | {mib(committed - before)} | {pct(e)} | "
+                    f"{mib(p.footprint.host_mapped_bytes)} | {mib(cap.smaps.get('Pss_File'))} |"
+                )
+    wall = time.monotonic() - t0
+
+    def stat(xs: list[float]) -> str:
+        return "n/a" if not xs else f"{statistics.median(xs):.2f}% / {max(xs):.2f}%"
+
+    out = [
+        "# Pricing accuracy",
+        "",
+        "Generated by `bench/pricing_accuracy.py` against the pinned engine (llama.cpp 0c1e570 from "
+        f"llama-cpp-python 0.3.36), CPU only (`-dev none`), {len(rows)} loads of the demo zoo in {wall:.0f} s "
+        f"on {platform.machine()} / {platform.python_implementation()} {platform.python_version()}.",
+        "",
+        "llama.cpp prints each buffer in MiB with 2 decimals (±0.005 MiB); the demo zoo's buffers are small,",
+        "so per-term figures are compared as printed. Totals compare fitevict's exact bytes with the sum of",
+        "the printed buffers.",
+        "Model, context and output buffers are exact rules (placement, KV/SWA/recurrent, output); the",
+        "compute buffer is the engine's own `--fit` dry run (`dry_run_compute`).",
+        "",
+        "## Summary: fitevict per term, to the log's printed precision",
+        "",
+        "Each predicted buffer is rounded the way the log prints it (per buffer line) before comparing.",
+        "",
+        "| term | loads whose printed MiB match exactly | median / max error |",
+        "|---|---|---|",
+        *(f"| {t} | {matches[t]} / {len(errors[t])} | {stat(errors[t])} |" for t in TERMS),
+        "",
+        "## Summary: |error| of each estimate of the total (median / max)",
+        "",
+        "| estimate | median / max |",
+        "|---|---|",
+        *(f"| {k} | {stat(v)} |" for k, v in total_err.items()),
+        "",
+        "The file size misses the KV cache, compute and output buffers; the Ollama-style formula adds a KV",
+        "term but no compute buffer (and uses the requested, unpadded context, one stream); the RSS growth",
+        "counts only touched pages (mmap'd weights are read lazily, the compute buffer is not touched",
+        "before the first request) and includes whatever else the process allocated meanwhile.",
+        "",
+        "## Per load: llama.cpp's figure / fitevict's prediction as printed (error), MiB",
+        "",
+        "| model | config | model | context | compute | output | total | file size | Ollama formula | RSS growth |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "## Committed host memory after load",
+        "",
+        "Measured: growth of Pss_Anon + Pss_Shmem (smaps_rollup) between the server announcing the load and",
+        "listening. The compute buffer is allocated but not touched until the first request, so the",
+        "comparison uses the prediction without it (\"touched\"). Mapped weights show up as Pss_File",
+        "(page cache), not as committed memory.",
+        f"Median / max |error|: {stat(committed_err)}. The measured growth exceeds the prediction by a",
+        f"near-constant process overhead (median {statistics.median(residual) if residual else 0:.2f} MiB, range "
+        f"{min(residual, default=0):.2f} to {max(residual, default=0):.2f} MiB: threads, HTTP server, chat",
+        "template, the dry run's scratch), which dominates the tiny zoo models and fades on llama-medium.",
+        "",
+        "| model | config | predicted committed | predicted touched | measured growth | error | predicted mapped | Pss_File |",
+        "|---|---|---|---|---|---|---|---|",
+        *host_rows,
+        "",
+        "## Configurations llama.cpp refuses",
+        "",
+        "| model | config | fitevict's reason | llama-server |",
+        "|---|---|---|---|",
+        *refused,
+        "",
+    ]
+    text = "\n".join(out)
+    if args.no_write:
+        print(text)
+    else:
+        DOC.parent.mkdir(parents=True, exist_ok=True)
+        DOC.write_text(text)
+        print(f"wrote {DOC} ({len(rows)} loads, {wall:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

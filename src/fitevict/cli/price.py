@@ -1,0 +1,147 @@
+"""``fitevict price MODEL.gguf [llama-server flags]``: what a model costs, per device and term, with sources.
+
+``fitevict price -- llama-server -m X.gguf -c 4096 ...`` prices an exact command line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fitevict.pricing.cmdline import parse_server_argv
+from fitevict.pricing.footprint import DeviceFootprint
+from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.price import Pricing, price
+from fitevict.units import format_size
+
+
+def _dry_run(model: Path, cfg: LoadConfig, enabled: bool | None) -> tuple[dict[str, int] | None, str]:
+    """Compute bytes from the engine's dry run when a binary is found (and not disabled), else why not."""
+    if enabled is False:
+        return None, "dry run disabled (--no-dry-run)"
+    from fitevict.engines.dryrun import Unavailable, dry_run_compute
+    from fitevict.engines.install import resolve_binary
+
+    found = resolve_binary("llama-server")
+    if found.path is None:
+        return None, f"no engine for a dry run: {found.why}"
+    res = dry_run_compute(found.path.parent, model, cfg)
+    if isinstance(res, Unavailable):
+        return None, res.reason
+    return res, ""
+
+
+def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
+    fp = p.footprint
+    return {
+        "model": s.path,
+        "file_bytes": s.file_bytes,
+        "arch": s.arch,
+        "n_layer": s.n_layer,
+        "config": p.config_json(cfg),
+        "devices": [d.to_json() for d in fp.devices],
+        "buffers": [{"name": b.name, "device": b.device, "bytes": b.bytes, "mapped": b.mapped} for b in p.buffers],
+        "kv": p.kv.to_json() if p.kv else None,
+        "host": {"mapped_bytes": fp.host_mapped_bytes, "committed_bytes": fp.host_committed_bytes},
+        "total_bytes": fp.total_bytes,
+        "warnings": list(p.warnings),
+    }
+
+
+def _row(d: DeviceFootprint) -> list[str]:
+    def cell(t) -> str:  # type: ignore[no-untyped-def]
+        return f"{format_size(t.bytes)} [dim]({t.source})[/dim]"
+
+    return [d.name, cell(d.model), cell(d.context), cell(d.compute), cell(d.output), format_size(d.total_bytes)]
+
+
+def price_cmd(
+    ctx: typer.Context,
+    model: str = typer.Argument(..., metavar="MODEL.gguf", help="GGUF file, or `-- llama-server -m X.gguf ...`."),
+    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", help="Context size (0 = the model's training context)."),
+    parallel: int | None = typer.Option(None, "-np", "--parallel", help="Slots (absent: 4 slots, unified KV)."),
+    n_gpu_layers: int = typer.Option(0, "-ngl", "--n-gpu-layers", "--gpu-layers", help="Layers on the GPU (-1 all)."),
+    n_cpu_moe: int = typer.Option(0, "-ncmoe", "--n-cpu-moe", help="Keep experts of the first N layers on the CPU."),
+    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", help="K cache type."),
+    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", help="V cache type."),
+    flash_attn: str = typer.Option("auto", "-fa", "--flash-attn", help="on | off | auto."),
+    ubatch: int = typer.Option(512, "-ub", "--ubatch-size", help="Physical batch size."),
+    batch: int = typer.Option(2048, "-b", "--batch-size", help="Logical batch size."),
+    load_mode: str = typer.Option("auto", "-lm", "--load-mode", help="auto | mmap | none (none = no mmap)."),
+    kv_unified: bool | None = typer.Option(None, "-kvu/-no-kvu", "--kv-unified/--no-kv-unified",
+                                           help="One KV buffer shared by all slots."),
+    swa_full: bool = typer.Option(False, "--swa-full", help="Full-size SWA cache."),
+    device: str = typer.Option("none", "-dev", "--device", help="Devices, e.g. CUDA0,CUDA1 (none = CPU only)."),
+    dry_run: bool | None = typer.Option(None, "--dry-run/--no-dry-run",
+                                        help="Take the compute buffer from the engine's dry run (default: when found)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Price a model's memory per device: model, context, compute and output buffers, each with its source."""
+    err = Console(stderr=True)
+    try:
+        if Path(model).name in ("llama-server", "llama-server.exe"):
+            cmd = parse_server_argv([model, *ctx.args])
+            path, cfg, notes = Path(cmd.model), cmd.config, list(cmd.warnings)
+        else:
+            if ctx.args:
+                raise PricingError(f"unexpected arguments {' '.join(ctx.args)}; "
+                                   "to price a command line write: fitevict price -- llama-server -m X.gguf ...")
+            cmd = parse_server_argv(["-m", model, "-c", str(ctx_size), "-ngl", str(n_gpu_layers),
+                                     "--n-cpu-moe", str(n_cpu_moe), "-ctk", cache_type_k, "-ctv", cache_type_v,
+                                     "-fa", flash_attn, "-ub", str(ubatch), "-b", str(batch), "-lm", load_mode,
+                                     "-dev", device,
+                                     *(["-np", str(parallel)] if parallel is not None else []),
+                                     *(["-kvu" if kv_unified else "-no-kvu"] if kv_unified is not None else []),
+                                     *(["--swa-full"] if swa_full else [])])
+            path, cfg, notes = Path(cmd.model), cmd.config, list(cmd.warnings)
+        s = load_structure(path)
+        compute, why = _dry_run(path, cfg, dry_run) if not s.unsupported else (None, s.unsupported)
+        p = price(s, cfg, compute=compute)
+    except PricingError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(2) from e
+    warnings = [*notes, *p.warnings, *([f"compute from a formula: {why}"] if compute is None and why else [])]
+    if as_json:
+        out = to_json(s, cfg, p)
+        out["warnings"] = warnings
+        typer.echo(json.dumps(out, indent=2))
+        return
+    con = Console()
+    c = p.config_json(cfg)
+    con.print(f"[bold]{s.path}[/bold]  {s.arch}, {s.n_layer} layers, file {format_size(s.file_bytes)}", highlight=False)
+    con.print(f"n_ctx {c['n_ctx']} (per slot {c['n_ctx_seq']}), slots {c['parallel']}, "
+              f"kv_unified {c['kv_unified']}, -ngl {c['n_gpu_layers']}, K {c['cache_type_k']} / V {c['cache_type_v']}, "
+              f"flash_attn {c['flash_attn']}, ubatch {c['ubatch']}, mmap {c['mmap']}", highlight=False)
+    t = Table(title="footprint per device (source)")
+    for col in ("device", "model", "context", "compute", "output", "total"):
+        t.add_column(col, justify="left" if col == "device" else "right")
+    for d in p.footprint.devices:
+        t.add_row(*_row(d))
+    con.print(t)
+    bt = Table(title="model buffers (as llama.cpp names them)")
+    for col in ("buffer", "device", "bytes", "size", "kind"):
+        bt.add_column(col)
+    for b in p.buffers:
+        bt.add_row(b.name, b.device, str(b.bytes), format_size(b.bytes), "mapped (page cache)" if b.mapped else "committed")
+    con.print(bt)
+    if p.kv:
+        k = p.kv
+        con.print(f"KV: {k.cells} cells x {k.layers_full} layers, SWA {k.cells_swa} cells x {k.layers_swa} layers, "
+                  f"recurrent layers {k.layers_recurrent}", highlight=False)
+    fp = p.footprint
+    con.print(f"host: mapped {format_size(fp.host_mapped_bytes)} + committed {format_size(fp.host_committed_bytes)}",
+              highlight=False)
+    for w in warnings:
+        con.print(f"[yellow]note:[/yellow] {w}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "price",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(price_cmd)

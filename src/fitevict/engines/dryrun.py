@@ -1,0 +1,296 @@
+"""The engine's own dry run: compute-buffer bytes per device, cached on disk; and real load logs.
+
+The compute buffer has no closed form. llama-server's ``--fit`` step (on by default in the pinned build)
+first loads the model and context with ``no_alloc``: nothing is read or allocated, but the worst-case
+graph is reserved and ``sched_reserve: <buft> compute buffer size = X MiB`` is logged at debug level
+(``-lv 5``). ``dry_run_compute`` reads those lines and stops the server when the fit step reports its
+time, before the real load reads a weight.
+(``llama-fit-params`` runs the same dry run, but without the server's slot-sized ``n_outputs_max`` and
+without ``-kvu``, so it over-states the server's compute buffer.)
+
+Results are cached as JSON under ``cache_dir()/dryrun`` keyed by the file identity (path, size, mtime_ns),
+the binary identity and the llama-server arguments.
+
+``capture_load_log`` starts a real llama-server, returns its load log once every buffer is logged, and
+stops it (process group, SIGTERM then SIGKILL): the measured counterpart of a price.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fitevict.paths import cache_dir
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.logparse import device_of
+from fitevict.units import MiB
+
+SERVER = "llama-server"
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """A dry run that produced no figure, and why."""
+
+    reason: str
+
+
+def _flag_args(cfg: LoadConfig, *, n_ctx: int, n_parallel: int | None, server: bool) -> list[str]:
+    a: list[str] = ["-c", str(n_ctx)]
+    if n_parallel is not None:
+        a += ["-np", str(n_parallel)]
+    if server and cfg.kv_unified is not None and cfg.n_parallel is not None:
+        a += ["-kvu"] if cfg.kv_unified else ["-no-kvu"]
+    a += ["-ctk", cfg.cache_type_k, "-ctv", cfg.cache_type_v, "-fa", cfg.flash_attn,
+          "-b", str(cfg.n_batch), "-ub", str(cfg.n_ubatch)]
+    a += ["-dev", ",".join(cfg.devices) if cfg.devices else "none"]
+    if cfg.devices:
+        a += ["-ngl", str(cfg.n_gpu_layers)]
+    if cfg.n_cpu_moe:
+        a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
+    if cfg.swa_full:
+        a += ["--swa-full"]
+    return a
+
+
+def server_args(model: str | Path, cfg: LoadConfig) -> list[str]:
+    """llama-server arguments for ``cfg`` in the pinned build's spelling (no binary, no port)."""
+    a = ["-m", str(model), *_flag_args(cfg, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, server=True)]
+    if not cfg.mmap:
+        a += ["-lm", "none"]
+    return a
+
+
+def _key(binary: Path, model: Path, args: list[str]) -> str:
+    st = model.stat()
+    bst = binary.stat()
+    blob = json.dumps([CACHE_VERSION, str(model.resolve()), st.st_size, st.st_mtime_ns,
+                       str(binary.resolve()), bst.st_size, bst.st_mtime_ns, args[2:]])
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig,
+                    *, timeout_s: float = 120.0, use_cache: bool = True) -> dict[str, int] | Unavailable:
+    """Compute-buffer bytes per device ("CPU", "CUDA0", ...) from the engine's own dry run, or why not.
+
+    llama-server's ``--fit`` step (on by default) first builds the model and context with ``no_alloc``:
+    nothing is read or allocated, but the graph is reserved and its compute buffer sizes are logged at
+    debug level. The server is stopped as soon as the real load starts, before any weight is read. This
+    uses the server's own context parameters (its ``n_outputs_max`` is the slot count, which
+    ``llama-fit-params`` cannot reproduce).
+    """
+    binary = Path(binary_dir) / SERVER
+    model = Path(model_path)
+    if not binary.is_file() or not os.access(binary, os.X_OK):
+        return Unavailable(f"no executable {SERVER} in {binary_dir}; run: fitevict engine install llama.cpp")
+    try:
+        args = server_args(model, cfg)
+        key = _key(binary, model, args)
+    except (OSError, ValueError) as err:
+        return Unavailable(f"{model}: cannot prepare the dry run: {err}")
+    cdir = cache_dir() / "dryrun"
+    cfile = cdir / f"{key}.json"
+    if use_cache:
+        try:
+            cached = json.loads(cfile.read_text())
+            return {str(k): int(v) for k, v in cached["compute"].items()}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # an unreadable cache entry is recomputed below and overwritten
+    argv = [str(binary), *args, "--fit", "on", "-lv", "5", "--host", "127.0.0.1", "--port", str(_free_port()),
+            "-t", "1"]
+    text, reason = _run_until(argv, FIT_DONE, timeout_s)
+    found = parse_dry_compute(text)
+    if not found:
+        tail = " | ".join(l.strip() for l in text.splitlines()[-3:] if l.strip())
+        return Unavailable(f"the {SERVER} dry run logged no compute buffer for {model}"
+                           f"{': ' + reason if reason else ''}; last lines: {tail}")
+    found.setdefault(HOST, 0)
+    try:
+        cdir.mkdir(parents=True, exist_ok=True)
+        tmp = cfile.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"argv": args, "compute": found}))
+        os.replace(tmp, cfile)
+    except OSError:
+        pass  # caching is an optimisation; the figure itself is still returned
+    return found
+
+
+FIT_DONE = re.compile(r"fitting params to free memory took|failed to fit params")
+_DRY_COMPUTE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([0-9.]+) MiB")
+_DRY_START = re.compile(r"llama_context: constructing llama_context")
+
+
+def parse_dry_compute(text: str) -> dict[str, int]:
+    """Compute bytes per budget device from the last dry-run reservation in a ``-lv 5`` server log."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if _DRY_START.search(line):
+            out = {}
+        elif m := _DRY_COMPUTE.search(line):
+            out[device_of(m.group(1))] = out.get(device_of(m.group(1)), 0) + round(float(m.group(2)) * MiB)
+        elif FIT_DONE.search(line):
+            break
+    return out
+
+
+def _run_until(argv: list[str], stop: re.Pattern[str], timeout_s: float) -> tuple[str, str]:
+    """Run ``argv`` in its own process group, collect output until a line matches ``stop``, then stop it."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    reason = ""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                reason = f"no '{stop.pattern}' within {timeout_s:.0f} s"
+                break
+            if not sel.select(timeout=left):
+                continue
+            data = os.read(proc.stdout.fileno(), 65536)
+            if not data:
+                reason = f"{Path(argv[0]).name} exited with {proc.wait()}"
+                break
+            buf += data
+            *done, buf = buf.split(b"\n")
+            hit = False
+            for raw in done:
+                line = raw.decode("utf-8", "replace")
+                lines.append(line)
+                if stop.search(line):
+                    hit = True
+                    break
+            if hit:
+                break
+    finally:
+        sel.close()
+        _stop(proc)
+        proc.stdout.close()
+    return "\n".join(lines), reason
+
+
+# --- the measured counterpart: a real llama-server load log ------------------------------------------
+
+LOG_DONE = re.compile(r"sched_reserve: graph: nodes|llama_server: listening on|srv\s+load_model: initializing")
+LOAD_START = re.compile(r"srv\s+load_model: loading model")
+LOG_FAIL = re.compile(r"failed to load model|error: |exiting due to|terminate called")
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedLoad:
+    text: str
+    pid: int
+    ok: bool
+    reason: str = ""
+    smaps: dict[str, int] | None = None  # /proc/PID/smaps_rollup fields (bytes) once the model was loaded
+    smaps_before: dict[str, int] | None = None  # the same, when the server announced it starts loading
+
+
+def _smaps(pid: int) -> dict[str, int] | None:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[-1] == "kB":
+            out[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    return out
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        proc.wait(timeout=grace_s)
+
+
+def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *,
+                     port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False) -> CapturedLoad:
+    """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
+    listens, with ``wait_listening``), sample smaps_rollup, then stop the process group."""
+    binary = Path(binary_dir) / SERVER
+    argv = [str(binary), *server_args(model_path, cfg), "-lv", "4", "--host", "127.0.0.1",
+            "--port", str(port or _free_port()), "--no-warmup", "-t", "1"]
+    done = re.compile(r"llama_server: listening on") if wait_listening else LOG_DONE
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    assert proc.stdout is not None
+    chunks: list[str] = []
+    ok, reason, smaps = False, "", None
+    smaps_before: dict[str, int] | None = None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                reason = f"llama-server did not finish loading within {timeout_s:.0f} s"
+                break
+            if not sel.select(timeout=left):
+                continue
+            data = os.read(proc.stdout.fileno(), 65536)
+            if not data:
+                reason = f"llama-server exited with {proc.wait()} before the buffers were logged"
+                break
+            buf += data
+            *lines, buf_tail = buf.split(b"\n")
+            buf = buf_tail
+            for raw in lines:
+                line = raw.decode("utf-8", "replace")
+                chunks.append(line)
+                if LOG_FAIL.search(line) and " D " not in line[:20]:
+                    reason = line.strip()
+                if smaps_before is None and LOAD_START.search(line):
+                    smaps_before = _smaps(proc.pid)
+                if done.search(line):
+                    ok = not reason
+                    break
+            if ok or reason:
+                break
+        if ok:
+            smaps = _smaps(proc.pid)
+    finally:
+        sel.close()
+        _stop(proc)
+        rest = proc.stdout.read() if proc.stdout else b""
+        if rest:
+            chunks.extend((buf + rest).decode("utf-8", "replace").splitlines())
+        proc.stdout.close()
+    return CapturedLoad("\n".join(chunks), proc.pid, ok, reason, smaps, smaps_before)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,193 @@
+"""Where llama.cpp puts each weight, and the model buffers that follow (llama.cpp 0c1e570, llama-model.cpp).
+
+Rules:
+- Layers ``il >= n_layer + 1 - ngl`` go to the GPU; the output layer is pseudo-layer ``n_layer``, so it is
+  offloaded first: ``-ngl 1`` offloads only the output. ``-ngl`` above ``n_layer + 1`` is clamped.
+- The input layer (``token_embd``) always stays on the CPU. A model without ``output.weight`` (tied
+  embedding) gets ``token_embd`` duplicated as the output matrix, in the output layer's buffer; when that
+  is token_embd's own buffer the loader reuses the tensor (no second copy).
+- ``--n-cpu-moe N`` overrides the experts (``blk.i.ffn_*_exps``) of layers ``i < N`` to the CPU.
+- A CPU weight takes the first buffer type that supports its op, in the order: the first GPU's host
+  buffer (``CUDA_Host``, only when a GPU is in use), the CPU repack buffer (``CPU_REPACK``: x86 with AVX2
+  repacks Q4_0 / Q4_K / IQ4_NL / MXFP4 matrices whose ne[1] % 8 == 0, AVX-512 adds Q2_K), then ``CPU``.
+  With mmap a host-buffer weight falls back to ``CPU``.
+- With mmap the ``CPU`` weights are not copied: their buffer is the file-offset span from the first to
+  the last such tensor (``CPU_Mapped``), page cache rather than committed memory; a repacked weight in
+  the middle of the span is counted twice (mapped pages plus its ``CPU_REPACK`` copy).
+- GPU buffers pad each tensor to the device alignment; CUDA pads quantized rows to 512 elements.
+
+Pure.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from gguf import GGMLQuantizationType as QT
+
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, is_quantized, pad, row_size
+from fitevict.pricing.gguf import GgufStructure, TensorInfo
+from fitevict.pricing.loadconfig import LoadConfig
+
+X86_AVX2: frozenset[str] = frozenset({"avx2"})
+X86_AVX512: frozenset[str] = frozenset({"avx2", "avx512f"})
+# ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type on x86: type -> CPU feature that enables it
+REPACK_TYPES: dict[QT, str] = {QT.Q4_0: "avx2", QT.Q4_K: "avx2", QT.IQ4_NL: "avx2", QT.MXFP4: "avx2",
+                               QT.Q2_K: "avx512f"}
+REPACK_ROW_MULTIPLE = 8
+GPU_ALIGNMENT: dict[str, int] = {"CUDA": 128, "ROCm": 128, "Vulkan": 128, "Metal": 32, "SYCL": 128}
+CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized rows padded to this many elements
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """One llama.cpp model buffer, named as the log names it."""
+
+    name: str  # "CPU_Mapped", "CPU_REPACK", "CPU", "CUDA0", "CUDA_Host"
+    device: str  # the budget device it counts against: "CPU" for host memory
+    bytes: int
+    mapped: bool = False  # file-backed (page cache), not committed
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    n_gpu_layers: int  # clamped
+    layer_device: tuple[str, ...]
+    output_device: str
+    tensor_buffer: tuple[tuple[str, str], ...]  # (tensor name, buffer name), tied output as "output.weight"
+    buffers: tuple[Buffer, ...]
+    warnings: tuple[str, ...] = ()
+
+    def buffer(self, name: str) -> Buffer | None:
+        return next((b for b in self.buffers if b.name == name), None)
+
+
+def _gpu_family(dev: str) -> str:
+    return dev.rstrip("0123456789")
+
+
+def _gpu_alloc(t: TensorInfo, dev: str) -> int:
+    size = t.nbytes
+    fam = _gpu_family(dev)
+    if fam in ("CUDA", "ROCm") and is_quantized(t.ggml_type) and t.shape and t.shape[0] % CUDA_MATRIX_ROW_PADDING:
+        size += row_size(t.ggml_type, CUDA_MATRIX_ROW_PADDING - t.shape[0] % CUDA_MATRIX_ROW_PADDING)
+    return pad(size, GPU_ALIGNMENT.get(fam, 128))
+
+
+def _matmul_dims(t: TensorInfo) -> int:
+    """2 for a MUL_MAT weight, 3 for a MUL_MAT_ID expert weight, 0 otherwise (norms, biases, GET_ROWS)."""
+    if not t.name.endswith(".weight") or t.name == "token_embd.weight":
+        return 0
+    if len(t.shape) == 2:
+        return 2
+    if len(t.shape) == 3 and t.expert:
+        return 3
+    return 0
+
+
+def repackable(t: TensorInfo, cpu_features: frozenset[str]) -> bool:
+    need = REPACK_TYPES.get(t.ggml_type)
+    return (need is not None and need in cpu_features and _matmul_dims(t) > 0
+            and len(t.shape) > 1 and t.shape[1] % REPACK_ROW_MULTIPLE == 0)
+
+
+def host_buffer_name(devices: tuple[str, ...]) -> str:
+    return f"{_gpu_family(devices[0])}_Host"
+
+
+def layer_devices(n_layer: int, ngl: int, devices: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """Device per repeating layer and for the output pseudo-layer (equal split across several GPUs)."""
+    if not devices or ngl <= 0:
+        return (HOST,) * n_layer, HOST
+    i_gpu_start = max(n_layer + 1 - ngl, 0)
+    act = min(ngl, n_layer + 1)
+    splits = [(i + 1) / len(devices) for i in range(len(devices))]
+
+    def dev(il: int) -> str:
+        if il < i_gpu_start or il - i_gpu_start >= act:
+            return HOST
+        k = bisect.bisect_right(splits, (il - i_gpu_start) / act)
+        return devices[min(k, len(devices) - 1)]
+
+    return tuple(dev(il) for il in range(n_layer)), dev(n_layer)
+
+
+def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_AVX512) -> Placement:
+    """Assign every weight to a buffer and size the buffers."""
+    warnings: list[str] = []
+    n_all = s.n_layer + 1
+    ngl = cfg.n_gpu_layers
+    if ngl < 0:
+        ngl = n_all
+    elif ngl > n_all:
+        warnings.append(f"-ngl {cfg.n_gpu_layers} is more than the {n_all} offloadable layers "
+                        f"({s.n_layer} + output); clamped to {n_all}")
+        ngl = n_all
+    devices = tuple(cfg.devices)
+    if not devices:
+        ngl_eff = 0
+    else:
+        ngl_eff = ngl
+    layer_dev, out_dev = layer_devices(s.n_layer, ngl_eff, devices)
+
+    host_buft = host_buffer_name(devices) if devices else None
+
+    def cpu_buffer(t: TensorInfo) -> str:
+        if host_buft is not None:
+            return "CPU_Mapped" if cfg.mmap else host_buft
+        if repackable(t, cpu_features):
+            return "CPU_REPACK"
+        return "CPU_Mapped" if cfg.mmap else "CPU"
+
+    assigned: list[tuple[TensorInfo, str, str]] = []  # (tensor, buffer, device)
+    for t in s.tensors:
+        role = t.role
+        if role == "layer":
+            dev = layer_dev[t.layer] if t.layer is not None and t.layer < s.n_layer else HOST
+            if t.expert and t.layer is not None and t.layer < cfg.n_cpu_moe:
+                dev = HOST
+        elif role == "output":
+            dev = out_dev
+        else:
+            dev = HOST
+        assigned.append((t, cpu_buffer(t) if dev == HOST else dev, dev))
+    if s.tied_output:
+        te = s.tensor("token_embd.weight")
+        if te is not None:
+            dup = TensorInfo("output.weight", te.ggml_type, te.shape, te.nbytes, te.offset, None, False)
+            dup_buf = cpu_buffer(dup) if out_dev == HOST else out_dev
+            te_buf = next(buf for t, buf, _ in assigned if t is te)
+            if dup_buf != te_buf:  # in the same buffer the loader reuses token_embd itself
+                assigned.append((dup, dup_buf, out_dev))
+
+    sizes: dict[str, int] = {}
+    mapped_first: int | None = None
+    mapped_last = 0
+    seen_mapped: set[int] = set()
+    for t, buf, dev in assigned:
+        if buf == "CPU_Mapped":
+            if t.offset in seen_mapped:
+                continue
+            seen_mapped.add(t.offset)
+            mapped_first = t.offset if mapped_first is None else min(mapped_first, t.offset)
+            mapped_last = max(mapped_last, t.end)
+        elif dev != HOST:
+            sizes[buf] = sizes.get(buf, 0) + _gpu_alloc(t, dev)
+        else:
+            sizes[buf] = sizes.get(buf, 0) + pad(t.nbytes, CPU_TENSOR_ALIGNMENT)
+    buffers: list[Buffer] = []
+    if mapped_first is not None:
+        buffers.append(Buffer("CPU_Mapped", HOST, mapped_last - mapped_first, mapped=True))
+    for name in sorted(sizes):
+        dev = name if name in devices else HOST
+        buffers.append(Buffer(name, dev, sizes[name]))
+    return Placement(
+        n_gpu_layers=ngl,
+        layer_device=layer_dev,
+        output_device=out_dev,
+        tensor_buffer=tuple((t.name, buf) for t, buf, _ in assigned),
+        buffers=tuple(buffers),
+        warnings=tuple(warnings),
+    )

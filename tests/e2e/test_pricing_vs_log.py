@@ -1,0 +1,132 @@
+"""Prices against the real engine: every zoo model under several configurations, term by term.
+
+Each case starts the real llama-server with ``-dev none -lv 4``, reads its load log until every buffer is
+logged (the server is stopped right after its compute buffer is reserved), and compares with ``price``:
+model, context and output buffers to the log's printed precision (MiB with 2 decimals), cell counts and
+context sizes exactly, the compute buffer (taken from the engine's ``--fit`` dry run) within 1%.
+Configurations llama.cpp refuses must be refused by pricing too, naming the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fitevict.engines.dryrun import Unavailable, capture_load_log, dry_run_compute
+from fitevict.pricing.gguf import PricingError, load_structure
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.logparse import parse_load_log
+from fitevict.pricing.price import price
+from fitevict.units import MiB
+from fitevict.zoo import ZOO_NAMES
+
+pytestmark = pytest.mark.e2e
+
+CONFIGS: dict[str, LoadConfig] = {
+    "c1000-no-np": LoadConfig(n_ctx=1000),  # not a multiple of 256; no -np: 4 unified slots
+    "np1": LoadConfig(n_ctx=2048, n_parallel=1),
+    "np3": LoadConfig(n_ctx=4096, n_parallel=3),  # 1536 per slot
+    "q8_0-fa": LoadConfig(n_ctx=2048, n_parallel=1, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"),
+    "ub128": LoadConfig(n_ctx=1000, n_parallel=2, n_ubatch=128, n_batch=512),
+    "no-mmap": LoadConfig(n_ctx=1000, mmap=False),  # -lm none
+    "c0": LoadConfig(n_ctx=0),
+    "c0-np2": LoadConfig(n_ctx=0, n_parallel=2),
+    "fa-off": LoadConfig(n_ctx=1000, n_parallel=1, flash_attn="off"),
+    "swa-full": LoadConfig(n_ctx=1000, swa_full=True),
+}
+SWA_ONLY = {"swa-full"}
+CASES = [(m, c) for m in ZOO_NAMES for c in CONFIGS if c not in SWA_ONLY or "swa" in m]
+
+
+def _mib2(n: int | None) -> str:
+    assert n is not None
+    return f"{n / MiB:.2f}"
+
+
+@pytest.mark.parametrize("model, config", CASES)
+def test_price_matches_the_load_log(zoo: dict, engine_bin_dir: Path, model: str, config: str) -> None:
+    path = zoo[model].path
+    cfg = CONFIGS[config]
+    s = load_structure(path)
+    try:
+        compute = dry_run_compute(engine_bin_dir, path, cfg, use_cache=False)
+        p = price(s, cfg, compute=compute if isinstance(compute, dict) else None)
+    except PricingError as refused:
+        cap = capture_load_log(engine_bin_dir, path, cfg)
+        assert not cap.ok, f"pricing refused ({refused}) but llama-server loaded {model} under {config}"
+        assert "does not divide" in str(refused) and "does not divide" in cap.text
+        return
+    assert not isinstance(compute, Unavailable), compute.reason
+    cap = capture_load_log(engine_bin_dir, path, cfg)
+    assert cap.ok, f"{model} {config}: {cap.reason}\n" + "\n".join(cap.text.splitlines()[-15:])
+    log = parse_load_log(cap.text)
+
+    # resolved configuration and cell counts
+    assert (log.n_ctx, log.n_ctx_seq, log.n_seq_max) == (p.n_ctx, p.n_ctx_seq, p.n_parallel)
+    assert log.kv_unified == p.kv_unified
+    kv = p.kv
+    assert kv is not None
+    if kv.layers_full:
+        assert log.kv_cells == kv.cells
+        assert log.kv_streams == (1 if p.kv_unified else p.n_parallel)
+    if kv.layers_swa:
+        assert log.kv_cells_swa == kv.cells_swa
+    if kv.layers_recurrent:
+        assert log.rs_cells == max(1, p.n_parallel)
+
+    # model buffers, one by one, as llama.cpp names them
+    assert {name: _mib2(n) for name, n in log.model_buffers} == {b.name: _mib2(b.bytes) for b in p.buffers}
+
+    # context: one KV line per cache (base, then SWA), one RS line
+    expected_kv = [kv.bytes_of(k) for k in ("full", "swa") if kv.bytes_of(k)]
+    assert [_mib2(n) for _, n in log.kv_lines] == [_mib2(n) for n in expected_kv]
+    if kv.layers_recurrent:
+        assert [_mib2(n) for _, n in log.rs_buffers] == [_mib2(kv.bytes_of("recurrent"))]
+
+    cpu = p.footprint.device("CPU")
+    measured = log.to_footprint().device("CPU")
+    assert cpu is not None and measured is not None
+    assert _mib2(measured.output.bytes) == _mib2(cpu.output.bytes)
+    assert cpu.compute.source == "dry-run"
+    assert measured.compute.bytes is not None and cpu.compute.bytes is not None
+    assert abs(cpu.compute.bytes - measured.compute.bytes) <= max(0.01 * measured.compute.bytes, MiB // 200)
+
+
+def test_cli_uses_the_dry_run_when_the_engine_is_found(zoo: dict, llama_server: Path) -> None:
+    r = CliRunner().invoke(__import__("fitevict.cli", fromlist=["app"]).app,
+                           ["price", "--json", str(zoo["llama-q4_0"].path), "-c", "1000"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    (cpu,) = out["devices"]
+    assert cpu["sources"]["compute"] == "dry-run" and cpu["compute_bytes"] > 0
+
+
+def test_dry_run_is_cached_by_file_and_configuration(zoo: dict, engine_bin_dir: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FITEVICT_CACHE_DIR", str(tmp_path))
+    path = zoo["llama-gqa"].path
+    first = dry_run_compute(engine_bin_dir, path, LoadConfig(n_ctx=1000))
+    assert isinstance(first, dict) and first["CPU"] > 0
+    cached = list((tmp_path / "dryrun").glob("*.json"))
+    assert len(cached) == 1
+    assert dry_run_compute(engine_bin_dir, path, LoadConfig(n_ctx=1000)) == first
+    other = dry_run_compute(engine_bin_dir, path, LoadConfig(n_ctx=4096))
+    assert isinstance(other, dict) and other != first
+    assert len(list((tmp_path / "dryrun").glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("model", [m for m in ZOO_NAMES if m != "llama-medium"])
+def test_formula_fallback_envelope(zoo: dict, engine_bin_dir: Path, model: str) -> None:
+    """Without a dry run the compute term is a labelled formula that over-states (by less than 2x here)."""
+    path = zoo[model].path
+    s = load_structure(path)
+    for name in ("c1000-no-np", "np3", "ub128", "fa-off"):
+        cfg = CONFIGS[name]
+        dry = dry_run_compute(engine_bin_dir, path, cfg)
+        assert isinstance(dry, dict)
+        cpu = price(s, cfg).footprint.device("CPU")
+        assert cpu is not None and cpu.compute.source == "formula" and cpu.compute.bytes is not None
+        assert dry["CPU"] <= cpu.compute.bytes <= 2 * dry["CPU"], (name, cpu.compute.bytes, dry)

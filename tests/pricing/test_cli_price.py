@@ -1,0 +1,71 @@
+"""``fitevict price``: table, --json contract, command-line form, errors with exit code 2 (no traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from fitevict.cli import app
+
+runner = CliRunner()
+
+
+def _json(args: list[str]) -> dict:
+    r = runner.invoke(app, ["price", "--no-dry-run", "--json", *args])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_json_contract(small_zoo: dict[str, Path]) -> None:
+    out = _json([str(small_zoo["gemma2-swa"]), "-c", "1000", "-np", "2", "-ub", "128", "-b", "512"])
+    assert out["arch"] == "gemma2" and out["n_layer"] == 4 and out["file_bytes"] == small_zoo["gemma2-swa"].stat().st_size
+    assert set(out["config"]) >= {"n_ctx", "n_ctx_seq", "parallel", "kv_unified", "n_gpu_layers", "n_cpu_moe",
+                                  "cache_type_k", "cache_type_v", "flash_attn", "ubatch", "mmap"}
+    assert (out["config"]["n_ctx"], out["config"]["n_ctx_seq"], out["config"]["parallel"]) == (1024, 512, 2)
+    assert out["kv"] == {"cells": 512, "cells_swa": 256, "layers_full": 2, "layers_swa": 2, "layers_recurrent": 0}
+    (dev,) = out["devices"]
+    assert dev["name"] == "CPU"
+    assert dev["total_bytes"] == dev["model_bytes"] + dev["context_bytes"] + dev["compute_bytes"] + dev["output_bytes"]
+    assert set(dev["sources"]) == {"model", "context", "compute", "output"}
+    assert out["host"]["mapped_bytes"] + out["host"]["committed_bytes"] == dev["total_bytes"]
+
+
+def test_command_line_form_matches_flags(small_zoo: dict[str, Path]) -> None:
+    m = str(small_zoo["llama-moe"])
+    a = _json([m, "-c", "4096", "-np", "3", "-dev", "CUDA0", "-ngl", "-1", "--n-cpu-moe", "1"])
+    b = _json(["--", "llama-server", "-m", m, "-c", "4096", "-np", "3", "-dev", "CUDA0", "-ngl", "-1",
+               "--n-cpu-moe", "1", "--port", "8080"])
+    assert a["devices"] == b["devices"] and a["config"] == b["config"]
+    assert [d["name"] for d in a["devices"]] == ["CPU", "CUDA0"]
+
+
+def test_human_table_names_sources(small_zoo: dict[str, Path]) -> None:
+    r = runner.invoke(app, ["price", str(small_zoo["llama-q4_0"]), "-c", "1000", "--no-dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "CPU_REPACK" in r.stdout and "(formula)" in r.stdout and "dry run disabled" in r.stdout
+
+
+def test_ngl_clamp_is_a_note_not_an_error(small_zoo: dict[str, Path]) -> None:
+    out = _json([str(small_zoo["llama-gqa"]), "-dev", "CUDA0", "-ngl", "50"])
+    assert out["config"]["n_gpu_layers"] == 4
+    assert any("clamped" in w for w in out["warnings"])
+
+
+def test_errors_exit_2_and_name_the_file(small_zoo: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("not a model")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(small_zoo["llama-gqa"].read_bytes()[:300_000])
+    cases = [
+        ([str(bad)], "bad.gguf"),
+        ([str(cut)], "truncated"),
+        ([str(small_zoo["llama-q8_0"]), "-ctv", "q8_0", "-fa", "off"], "flash attention"),
+        ([str(tmp_path / "missing.gguf")], "missing.gguf"),
+    ]
+    for args, needle in cases:
+        r = runner.invoke(app, ["price", *args, "--no-dry-run"])
+        assert r.exit_code == 2, (args, r.output)
+        assert needle in r.output.replace("\n", " ")
+        assert "Traceback" not in r.output
