@@ -42,6 +42,7 @@ from fitevict.host.nvml import read_gpus
 from fitevict.pricing import price as pricing
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store import Store
 from fitevict.store.records import Event, Measurement, Seat as SeatRecord, measurement_signature
@@ -331,7 +332,12 @@ class Supervisor:
     # -- configuration ---------------------------------------------------------------------------
 
     def config_for(self, entry: CatalogEntry, contract: Contract | None) -> tuple[LoadConfig, str, Path]:
-        return load_config_for(entry, contract, self.config.policy.default_alloc_mode)
+        cfg, mode, path = load_config_for(entry, contract, self.config.policy.default_alloc_mode)
+        if cfg.n_ctx == 0:
+            # Seats start with --fit off, under which "-c 0" means something other than under the
+            # engine's default --fit on; start them with the explicit context the price was made for.
+            cfg = cfg.with_(n_ctx=resolve_context(self._structure(path), cfg).n_ctx)
+        return cfg, mode, path
 
     def signature(self, path: Path, cfg: LoadConfig) -> str:
         st = path.stat()
@@ -614,7 +620,7 @@ class Supervisor:
             await self.record(Event(time=self.clock(), event="fail", model=entry.key, engine=entry.engine,
                                     seconds=time.monotonic() - t0, strategy=plan.action, reason=str(e),
                                     request_id=request_id, predicted_bytes=predicted.total_bytes,
-                                    details={"log": str(log_path), "argv": list(spec.argv)}))
+                                    details={"log": str(log_path), "argv": list(spec.argv), "pid": seat.pid}))
             await self._notify()
             raise
         seat.load_seconds = time.monotonic() - t0
@@ -789,8 +795,12 @@ class Supervisor:
     # -- crash detection and idle unload --------------------------------------------------------
 
     async def _watch(self, seat: SeatState) -> None:
-        assert seat.proc is not None
-        rc = await seat.proc.wait()
+        if seat.proc is not None:
+            rc: int | str = await seat.proc.wait()
+        else:  # an adopted seat is not our child: watch it through a pidfd
+            assert seat.pid is not None
+            await _wait_pid_gone(seat.pid, None)
+            rc = "unknown (not a child of this fitevict)"
         if seat.expected_exit or seat.state in ("stopping", "stopped"):
             return
         seat.state = "failed"
@@ -829,11 +839,24 @@ class Supervisor:
     # -- orphans --------------------------------------------------------------------------------
 
     async def _cleanup_orphans(self) -> list[Event]:
+        """Deal with engine processes a previous fitevict recorded: stop them, or adopt healthy ones.
+
+        ``engine.orphans = "stop"`` (default) stops every live one; ``"adopt"`` keeps a healthy seat of
+        a model still in the catalog as a resident, and stops the rest. Each is recorded as an ``orphan``.
+        """
         events = []
         for rec in await asyncio.to_thread(self.store.seats):
-            alive = rec.pid is not None and _alive(rec.pid) and any("llama-server" in a for a in _cmdline(rec.pid)[:1]) \
-                and str(rec.port) in _cmdline(rec.pid)
-            if alive and rec.pid is not None:
+            argv = _cmdline(rec.pid) if rec.pid is not None else []
+            alive = rec.pid is not None and _alive(rec.pid) and bool(argv) and "llama-server" in Path(argv[0]).name \
+                and str(rec.port) in argv
+            await asyncio.to_thread(self.store.seat_remove, rec.seat_id)
+            adopted = None
+            if alive and self.config.engine.orphans == "adopt":
+                adopted = await self._adopt(rec, argv)
+            if adopted is not None:
+                action = f"adopted healthy orphan llama-server pid {rec.pid} (port {rec.port}) of {rec.model}, " \
+                         f"left by fitevict pid {rec.fitevict_pid}"
+            elif alive and rec.pid is not None:
                 ghost = SeatState(
                     id=rec.seat_id, key=rec.model, entry=None, engine=rec.engine,  # type: ignore[arg-type]
                     config=LoadConfig.from_json(rec.config) if rec.config else LoadConfig(), model_path=Path("."),
@@ -842,15 +865,47 @@ class Supervisor:
                 )
                 exit_s = await self._kill_group(ghost)
                 action = f"stopped orphan llama-server pid {rec.pid} (port {rec.port}) left by fitevict pid " \
-                         f"{rec.fitevict_pid} in {exit_s:.2f} s"
+                         f"{rec.fitevict_pid} in {exit_s:.2f} s (engine.orphans={self.config.engine.orphans})"
             else:
                 action = f"forgot seat record of {rec.model} (pid {rec.pid}): process no longer running"
-            await asyncio.to_thread(self.store.seat_remove, rec.seat_id)
             events.append(await self.record(Event(time=self.clock(), event="orphan", model=rec.model,
                                                   engine=rec.engine, reason=action,
                                                   details={"pid": rec.pid, "was_alive": alive,
+                                                           "adopted": adopted is not None,
                                                            "fitevict_pid": rec.fitevict_pid})))
         return events
+
+    async def _adopt(self, rec: SeatRecord, argv: list[str]) -> SeatState | None:
+        """Take over a live, healthy seat of a catalogued model; None when it does not qualify."""
+        entry = self.catalog.get(rec.model)
+        if entry is None or rec.pid is None or rec.port is None or "-m" not in argv:
+            return None
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as c:
+                if (await c.get(f"http://127.0.0.1:{rec.port}/health")).status_code != 200:
+                    return None
+        except httpx.TransportError:
+            return None
+        path = Path(argv[argv.index("-m") + 1])
+        cfg = LoadConfig.from_json(rec.config) if rec.config else LoadConfig()
+        if not path.is_file():
+            return None
+        seat = SeatState(
+            id=rec.seat_id, key=entry.key, entry=entry, engine=rec.engine, config=cfg, model_path=path,
+            port=rec.port, log_path=Path(rec.log_path or self.log_dir / f"{entry.key}-{rec.seat_id}.log"),
+            started_at=rec.started_at, predicted=self.footprint(path, cfg), signature=self.signature(path, cfg),
+            strategy="adopted", state="ready", pid=rec.pid, pgid=rec.pgid or rec.pid, ready_at=self.clock(),
+            pinned=entry.pinned,
+        )
+        try:
+            seat.measured = self._engine.measured_footprint(seat.log_path.read_text(errors="replace"))
+        except (OSError, ValueError) as e:
+            seat.measured_note = f"unavailable, because the adopted seat's log could not be read: {e}"
+        seat.host_mem = procmem.read_tree(rec.pid)
+        self.seats[entry.key] = seat
+        seat.watcher = asyncio.create_task(self._watch(seat), name=f"watch-{seat.key}")
+        await asyncio.to_thread(self.store.seat_upsert, self._seat_record(seat))
+        return seat
 
     def _seat_record(self, seat: SeatState) -> SeatRecord:
         return SeatRecord(seat_id=seat.id, model=seat.key, engine=seat.engine, state=seat.state,
@@ -1039,11 +1094,16 @@ def footprint_from_json(d: dict) -> Footprint:
                      host.get("source", "measured"))
 
 
-async def _wait_pid_gone(pid: int, timeout: float) -> None:
+async def _wait_pid_gone(pid: int, timeout: float | None) -> None:
     """Wait for a process we did not spawn (an orphan) to exit, via a pidfd when the kernel has one."""
     try:
         fd = os.pidfd_open(pid)
-    except (ProcessLookupError, AttributeError, OSError):
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfd on this kernel: poll the pid instead
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while _alive(pid) and (deadline is None or time.monotonic() < deadline):
+            await asyncio.sleep(0.1)
         return
     loop = asyncio.get_running_loop()
     done = loop.create_future()

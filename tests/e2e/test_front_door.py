@@ -294,3 +294,67 @@ def test_no_engine_outlives_fitevict(models: Path, tmp_path: Path, sig: signal.S
         while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in engines):
             time.sleep(0.05)  # the kernel reaps the engine; no event reaches this process
         assert not any(Path(f"/proc/{p}").exists() for p in engines)
+
+
+def test_a_different_contract_reloads_the_model(door) -> None:
+    c = client(door)
+    msgs = [{"role": "user", "content": "x"}]
+    c.chat.completions.create(model="llama-q8_0", messages=msgs, max_tokens=1)
+    c.chat.completions.create(model="llama-q8_0", messages=msgs, max_tokens=1, extra_body={"fitevict": {"ctx": 1024}})
+    with admin(door) as a:
+        res = {r["key"]: r for r in a.get("/v1/models/residents").json()["data"]}
+    assert res["llama-q8_0"]["ctx"] == 1024
+    ev = history(door, model="llama-q8_0", limit=2)
+    assert [e["event"] for e in ev] == ["load", "evict"] or [e["event"] for e in ev] == ["load", "unload"]
+    assert "replace" in ev[1]["reason"] or "reload" in ev[1]["reason"]
+    # the same contract again is a hit: no new load
+    c.chat.completions.create(model="llama-q8_0", messages=msgs, max_tokens=1, extra_body={"fitevict": {"ctx": 1024}})
+    assert history(door, model="llama-q8_0", limit=1)[0]["id"] == ev[0]["id"]
+
+
+def test_queue_bound_answers_503_with_retry_after(models: Path, tmp_path: Path) -> None:
+    import asyncio
+
+    cfg = tmp_path / "q.toml"
+    cfg.write_text("[policy]\nmax_queue = 1\n")
+    with front_door(tmp_path, "--config", str(cfg), "--models-dir", str(models)) as fd:
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=fd.base_url, timeout=120) as c:
+                body = {"model": "med-a", "prompt": "x", "max_tokens": 1}
+                return list(await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(3))))
+
+        rs = asyncio.run(burst())
+    codes = sorted(r.status_code for r in rs)
+    assert codes == [200, 503, 503], [r.text for r in rs]
+    busy = next(r for r in rs if r.status_code == 503)
+    assert int(busy.headers["retry-after"]) > 0 and "max_queue" in busy.json()["error"]["message"]
+
+
+def test_resident_models_are_not_blocked_behind_a_load(models: Path, tmp_path: Path) -> None:
+    import asyncio
+
+    with front_door(tmp_path, "--models-dir", str(models)) as fd:
+        async def race() -> tuple[float, float]:
+            async with httpx.AsyncClient(base_url=fd.base_url, timeout=120) as c:
+                (await c.post("/v1/completions", json={"model": "llama-gqa", "prompt": "x", "max_tokens": 1})
+                 ).raise_for_status()
+                t0 = time.monotonic()
+
+                async def timed(coro) -> float:
+                    r = await coro
+                    r.raise_for_status()
+                    return time.monotonic() - t0
+
+                load = asyncio.create_task(timed(c.post("/v1/models/med-b/load")))
+                while True:  # until med-b's seat exists and is still starting (it holds the placement lock)
+                    res = (await c.get("/v1/models/residents")).json()["data"]
+                    if any(r["key"] == "med-b" for r in res):
+                        break
+                    assert not load.done(), "the load finished before its seat was seen starting"
+                assert next(r for r in res if r["key"] == "med-b")["state"] == "starting"
+                small = await timed(c.post("/v1/completions", json={"model": "llama-gqa", "prompt": "y",
+                                                                    "max_tokens": 1}))
+                return small, await load
+
+        small, load = asyncio.run(race())
+    assert small < load  # served while med-b was still loading

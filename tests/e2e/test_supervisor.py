@@ -295,3 +295,30 @@ def test_queued_requests_get_the_seat_loaded_for_them(tmp_path: Path, models_dir
     loads = store.events(event="load")
     evicts = store.events(event="evict")
     assert len(loads) == len(evicts) + 1  # every load but the last was evicted: never two at once
+
+
+def test_restart_adopts_a_healthy_orphan_when_configured(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3, **{"engine.orphans": "adopt"})
+
+    async def scenario() -> None:
+        first = supervisor(cfg, cat, store, llama_server)
+        await first.start()
+        pid = (await first.load("llama-gqa")).pid
+        first.closed = True
+        second = supervisor(cfg, cat, store, llama_server)
+        orphans = await second.start()
+        try:
+            assert orphans[0].details["adopted"] is True and "adopted" in orphans[0].reason
+            async with second.acquire("llama-gqa") as seat:  # served by the same process, no reload
+                assert seat.pid == pid and seat.state == "ready"
+            assert [s.pid for s in store.seats()] == [pid]
+            os.kill(pid, signal.SIGKILL)  # an adopted seat is not our child; its death is still seen
+            crash = await second.wait_for_event(lambda e: e.event == "crash", timeout=30)
+            assert crash.model == "llama-gqa" and "llama-gqa" not in second.seats
+        finally:
+            await second.shutdown()
+            first.seats.clear()
+            await first.shutdown()
+
+    run(scenario)
+    assert len(store.events(event="load")) == 1  # adopted, never loaded twice

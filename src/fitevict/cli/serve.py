@@ -74,6 +74,17 @@ def serve(
         overrides["models_dirs"] = [str(demo)]
         cfg = build_config(config, overrides)
     binary = engine_binary(cfg)
+    from fitevict.host.budget import BudgetError, measure_budget
+
+    try:  # a limit above the machine's total, or a reserve that leaves nothing, is a config error now
+        b = cfg.budget
+        budget = measure_budget(ram_limit=b.ram_limit, gpu_limit=b.gpu_limit, ram_reserve=b.ram_reserve,
+                                gpu_reserve=b.gpu_reserve)
+    except BudgetError as e:
+        err.print(f"[red]config error:[/] {e}")
+        raise typer.Exit(2) from e
+    for note in budget.notes:
+        err.print(f"note: {note}")
     if not _loopback(cfg.server.host) and not cfg.server.auth_enabled:
         err.print(f"[yellow]warning:[/] binding {cfg.server.host} without API keys: anyone who can reach this port "
                   f"can load models and run inference. Set --api-key/--admin-key or server.api_keys.")
