@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
 import os
 import signal
@@ -34,6 +33,7 @@ from fitevict import planner as pl
 from fitevict.catalog import Catalog, CatalogEntry
 from fitevict.config import Config
 from fitevict.engines import engine_class
+from fitevict.engines.process import die_with_parent
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run_compute
 from fitevict.host import procmem
@@ -80,14 +80,6 @@ class Busy(SupervisorError):
 
 
 # --- process helpers ---------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _child_setup() -> None:  # runs in the child between fork and exec
-    """Ask the kernel to SIGKILL the engine if fitevict dies, so no engine outlives it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def free_port() -> int:
@@ -605,7 +597,7 @@ class Supervisor:
         with log_path.open("wb") as log:
             seat.proc = await asyncio.create_subprocess_exec(
                 *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env=dict(spec.env), start_new_session=True, preexec_fn=_child_setup,
+                env=dict(spec.env), start_new_session=True, preexec_fn=die_with_parent,
             )
         seat.pid = seat.pgid = seat.proc.pid
         await asyncio.to_thread(self.store.seat_upsert, self._seat_record(seat))

@@ -22,12 +22,13 @@ import json
 import os
 import re
 import selectors
-import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitevict.engines.process import die_with_parent, stop_group
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
@@ -145,44 +146,56 @@ def parse_dry_compute(text: str) -> dict[str, int]:
     return out
 
 
-def _run_until(argv: list[str], stop: re.Pattern[str], timeout_s: float) -> tuple[str, str]:
-    """Run ``argv`` in its own process group, collect output until a line matches ``stop``, then stop it."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+def _follow(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str | None], *,
+            before_stop: Callable[[int], None] | None = None) -> tuple[list[str], str | None, int]:
+    """Run ``argv`` in its own process group and read its output line by line until ``on_line`` returns a
+    verdict ("" = done, anything else = the failure), the process exits, or ``timeout_s`` passes; then call
+    ``before_stop(pid)`` and stop the group. Returns the lines, the verdict (a reason when no line gave one)
+    and the pid."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=die_with_parent)
     assert proc.stdout is not None
     lines: list[str] = []
-    reason = ""
+    verdict: str | None = None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout_s
     buf = b""
     try:
-        while True:
+        while verdict is None:
             left = deadline - time.monotonic()
             if left <= 0:
-                reason = f"no '{stop.pattern}' within {timeout_s:.0f} s"
+                verdict = f"{Path(argv[0]).name}: no verdict within {timeout_s:.0f} s"
                 break
             if not sel.select(timeout=left):
                 continue
             data = os.read(proc.stdout.fileno(), 65536)
             if not data:
-                reason = f"{Path(argv[0]).name} exited with {proc.wait()}"
+                verdict = f"{Path(argv[0]).name} exited with {proc.wait()}"
                 break
-            buf += data
-            *done, buf = buf.split(b"\n")
-            hit = False
+            *done, buf = (buf + data).split(b"\n")
             for raw in done:
                 line = raw.decode("utf-8", "replace")
                 lines.append(line)
-                if stop.search(line):
-                    hit = True
+                verdict = on_line(line, proc.pid)
+                if verdict is not None:
                     break
-            if hit:
-                break
+        if verdict == "" and before_stop is not None:
+            before_stop(proc.pid)
     finally:
         sel.close()
-        _stop(proc)
+        stop_group(proc)
+        rest = proc.stdout.read() or b""
+        if buf or rest:
+            lines.extend((buf + rest).decode("utf-8", "replace").splitlines())
         proc.stdout.close()
-    return "\n".join(lines), reason
+    return lines, verdict, proc.pid
+
+
+def _run_until(argv: list[str], stop: re.Pattern[str], timeout_s: float) -> tuple[str, str]:
+    """Run ``argv`` until a line matches ``stop``; returns the output and, if it never did, why."""
+    lines, verdict, _pid = _follow(argv, timeout_s, lambda line, _pid: "" if stop.search(line) else None)
+    return "\n".join(lines), verdict or ""
 
 
 # --- the measured counterpart: a real llama-server load log ------------------------------------------
@@ -215,23 +228,6 @@ def _smaps(pid: int) -> dict[str, int] | None:
     return out
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        proc.wait(timeout=grace_s)
-
-
 def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *,
                      port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False) -> CapturedLoad:
     """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
@@ -240,52 +236,26 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
     argv = [str(binary), *server_args(model_path, cfg), "-lv", "4", "--host", "127.0.0.1",
             "--port", str(port or _free_port()), "--no-warmup", "-t", "1"]
     done = re.compile(r"llama_server: listening on") if wait_listening else LOG_DONE
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    assert proc.stdout is not None
-    chunks: list[str] = []
-    ok, reason, smaps = False, "", None
-    smaps_before: dict[str, int] | None = None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout_s
-    buf = b""
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                reason = f"llama-server did not finish loading within {timeout_s:.0f} s"
-                break
-            if not sel.select(timeout=left):
-                continue
-            data = os.read(proc.stdout.fileno(), 65536)
-            if not data:
-                reason = f"llama-server exited with {proc.wait()} before the buffers were logged"
-                break
-            buf += data
-            *lines, buf_tail = buf.split(b"\n")
-            buf = buf_tail
-            for raw in lines:
-                line = raw.decode("utf-8", "replace")
-                chunks.append(line)
-                if LOG_FAIL.search(line) and " D " not in line[:20]:
-                    reason = line.strip()
-                if smaps_before is None and LOAD_START.search(line):
-                    smaps_before = _smaps(proc.pid)
-                if done.search(line):
-                    ok = not reason
-                    break
-            if ok or reason:
-                break
-        if ok:
-            smaps = _smaps(proc.pid)
-    finally:
-        sel.close()
-        _stop(proc)
-        rest = proc.stdout.read() if proc.stdout else b""
-        if rest:
-            chunks.extend((buf + rest).decode("utf-8", "replace").splitlines())
-        proc.stdout.close()
-    return CapturedLoad("\n".join(chunks), proc.pid, ok, reason, smaps, smaps_before)
+    seen: dict[str, dict[str, int] | None] = {"before": None, "after": None}
+
+    def on_line(line: str, pid: int) -> str | None:
+        if LOG_FAIL.search(line) and " D " not in line[:20]:
+            return line.strip()
+        if seen["before"] is None and LOAD_START.search(line):
+            seen["before"] = _smaps(pid)
+        return "" if done.search(line) else None
+
+    def sample(pid: int) -> None:
+        seen["after"] = _smaps(pid)
+
+    lines, verdict, pid = _follow(argv, timeout_s, on_line, before_stop=sample)
+    ok = verdict == ""
+    if not ok and verdict and "exited with" in verdict:
+        verdict = f"llama-server {verdict.split(' ', 1)[1]} before the buffers were logged"
+    elif not ok and verdict and "no verdict" in verdict:
+        verdict = f"llama-server did not finish loading within {timeout_s:.0f} s"
+    return CapturedLoad("\n".join(lines), pid, ok, "" if ok else (verdict or ""),
+                        seen["after"] if ok else None, seen["before"])
 
 
 def _free_port() -> int:

@@ -27,8 +27,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fitevict import __version__
 from fitevict.catalog import Catalog, GgufFileError, UnknownModel
 from fitevict.config import Config
-from fitevict.pricing.footprint import HOST
-from fitevict.pricing.loadconfig import CACHE_TYPES
 from fitevict.store import Store
 from fitevict.store.records import EVENTS
 from fitevict.supervisor import Busy, Contract, LoadFailed, Refused, Supervisor, SupervisorError
