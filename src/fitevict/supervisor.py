@@ -157,6 +157,7 @@ class SeatState:
     last_used: float | None = None  # None: never used (idle unload leaves it alone)
     in_flight: int = 0
     reserved: int = 0  # queued requests this seat was loaded for, not yet in flight
+    overhead: int = 0  # the engine process's own host memory beyond its buffers (measured estimate)
     measured: Footprint | None = None
     measured_note: str = ""
     host_mem: procmem.ProcessMemory | None = None
@@ -174,8 +175,9 @@ class SeatState:
         if device == HOST:
             # The engine's own buffers (from its log) are what the seat grows to as its context fills;
             # PSS is what it touches now plus the process itself. Count the larger: both are measured.
+            # The process itself (binary, heap) is the measured engine overhead on top of the buffers.
             pss = self.host_mem.host_bytes if self.host_mem is not None else None
-            logged = self.measured.bytes_on(HOST) if self.measured is not None else None
+            logged = self.measured.bytes_on(HOST) + self.overhead if self.measured is not None else None
             if pss is None and logged is None:
                 return self.predicted.bytes_on(HOST)
             return max(pss or 0, logged or 0)
@@ -255,6 +257,9 @@ class Supervisor:
         self._events: list[Event] = []
         self._idle_task: asyncio.Task | None = None
         self._footprints: dict[tuple, Footprint] = {}
+        self.engine_overhead = 0  # host bytes a seat's process holds beyond its buffers (measured, see _learn)
+        st = self.engine_binary.stat() if self.engine_binary.exists() else None
+        self._overhead_key = f"engine-overhead:{self.engine_binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
         self._quant: dict[tuple[str, int, int], str] = {}
         self._compute: dict[tuple[str, LoadConfig], dict[str, int]] = {}
         self._dry_run_notes: dict[tuple[str, LoadConfig], str] = {}
@@ -266,6 +271,9 @@ class Supervisor:
     async def start(self) -> list[Event]:
         """Clean up orphans a previous run left, then start the idle-unload watch."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
+        if known and known.get(HOST):
+            self.engine_overhead = int(known[HOST])
         orphans = await self._cleanup_orphans()
         self._idle_task = asyncio.create_task(self._idle_loop(), name="fitevict-idle-unload")
         return orphans
@@ -359,6 +367,7 @@ class Supervisor:
             fp = footprint_from_json(m.footprint)
         else:
             fp = pricing.price(self._structure(path), cfg, compute=self._compute_cache(path, cfg)).footprint
+        fp = with_engine_overhead(fp, self.engine_overhead)
         if len(self._footprints) > 4096:
             self._footprints.clear()
         self._footprints[key] = fp
@@ -671,6 +680,8 @@ class Supervisor:
             for dev, n in gpus.used_by(set(seat.host_mem.pids) or {seat.pid}).items():
                 if n is not None and dev in seat.config.devices:
                     seat.gpu_bytes[dev] = n
+        await self._learn_overhead(seat)
+        seat.overhead = self.engine_overhead
         measured_total = seat.measured.total_bytes if seat.measured else None
         file_bytes = seat.model_path.stat().st_size
         previous = self.store.last_measurement(seat.signature)
@@ -703,6 +714,20 @@ class Supervisor:
             reason=plan.reason or None, predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total,
             details=details,
         ))
+
+    async def _learn_overhead(self, seat: SeatState) -> None:
+        """Estimate the engine process's own host memory: PSS minus the buffers its log reports.
+
+        PSS never exceeds overhead + buffers (untouched buffer pages are not resident), so each load
+        gives a lower bound; the largest seen is kept (per engine binary) and added to every host price.
+        """
+        if seat.measured is None or seat.host_mem is None or seat.host_mem.host_bytes is None:
+            return
+        candidate = seat.host_mem.host_bytes - seat.measured.bytes_on(HOST)
+        if candidate > self.engine_overhead:
+            self.engine_overhead = candidate
+            self._footprints.clear()
+            await asyncio.to_thread(self.store.compute_put, self._overhead_key, {HOST: candidate})
 
     # -- stop -----------------------------------------------------------------------------------
 
@@ -1067,6 +1092,20 @@ def _evict_reason(plan: pl.Plan, victim: str, for_key: str) -> str:
 
 def plan_to_json(plan: pl.Plan) -> dict:
     return plan.to_json()
+
+
+def with_engine_overhead(fp: Footprint, overhead: int) -> Footprint:
+    """The footprint with the engine process's measured overhead added to host committed memory.
+
+    Device rows stay the engine's own buffers, term by term; only the host total grows.
+    """
+    if overhead <= 0:
+        return fp
+    from dataclasses import replace
+
+    note = f"host includes {format_size(overhead)} of llama-server process overhead (measured: PSS minus logged buffers)"
+    return replace(fp, host_committed_bytes=fp.host_committed_bytes + overhead, notes=(*fp.notes, note),
+                   host_source=f"{fp.host_source}+measured")  # type: ignore[arg-type]
 
 
 def footprint_from_json(d: dict) -> Footprint:

@@ -75,3 +75,16 @@ def _fake_binary(tmp_path):
     p.write_text("#!/bin/sh\necho 'usage: llama-server --fit --cache-ram --no-webui --log-verbosity'\n")
     p.chmod(0o755)
     return p
+
+
+def test_engine_overhead_is_added_to_host_only() -> None:
+    from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
+    from fitevict.supervisor import with_engine_overhead
+
+    fp = Footprint((DeviceFootprint(HOST, Term(100, "formula"), Term(20, "formula")),), host_mapped_bytes=100,
+                   host_committed_bytes=20)
+    got = with_engine_overhead(fp, 7 * MiB)
+    assert got.bytes_on(HOST) == 120 + 7 * MiB and got.host_committed_bytes == 20 + 7 * MiB
+    assert got.device(HOST) == fp.device(HOST)  # the engine's buffers, term by term, are untouched
+    assert got.host_source == "formula+measured" and "overhead" in got.notes[-1]
+    assert with_engine_overhead(fp, 0) is fp

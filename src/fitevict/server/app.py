@@ -148,6 +148,12 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return ApiError(e.status_code, str(e.detail), type=kind).response()
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, e: Exception) -> JSONResponse:
+        logging.getLogger("fitevict.server").exception("unhandled error")
+        return ApiError(500, f"internal error in fitevict: {type(e).__name__}: {e}; see the server log",
+                        type="server_error").response()
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_req: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
