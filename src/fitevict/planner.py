@@ -206,6 +206,11 @@ class Plan:
             "key": self.key,
             "alloc_mode": self.alloc_mode,
             "config": None if self.config is None else self.config.to_json(),
+            "placement": None if self.config is None else {
+                "n_gpu_layers": self.config.n_gpu_layers if self.config.devices else 0,
+                "n_cpu_moe": self.config.n_cpu_moe, "ctx": self.config.n_ctx, "devices": list(self.config.devices),
+                "cache_type_k": self.config.cache_type_k, "cache_type_v": self.config.cache_type_v,
+                "flash_attn": self.config.flash_attn, "parallel": self.config.n_parallel},
             "reason": self.reason,
             "remedy": self.remedy,
             "evict": [{"key": e.key, "bytes": dict(e.bytes), "reason": e.reason} for e in self.evict],

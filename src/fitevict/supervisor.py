@@ -257,6 +257,7 @@ class Supervisor:
         self._events: list[Event] = []
         self._idle_task: asyncio.Task | None = None
         self._footprints: dict[tuple, Footprint] = {}
+        self._last_budget: Budget | None = None
         self.engine_overhead = 0  # host bytes a seat's process holds beyond its buffers (measured, see _learn)
         st = self.engine_binary.stat() if self.engine_binary.exists() else None
         self._overhead_key = f"engine-overhead:{self.engine_binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
@@ -414,8 +415,14 @@ class Supervisor:
         cfg, mode, path = self.config_for(entry, contract)
         request = plan_request(entry, cfg, mode, self._structure(path))
         policy = pl.Policy(exclusive_fraction=self.config.policy.exclusive_fraction)
-        return pl.plan(request, self._residents(), self._budget_fn(),
+        budget = self._budget_fn()
+        self._last_budget = budget
+        return pl.plan(request, self._residents(), budget,
                        lambda _k, c: self.footprint(path, c), policy, now if now is not None else self.clock())
+
+    def last_budget_json(self) -> dict | None:
+        """The budget snapshot the last plan was made against, with every figure's source."""
+        return self._last_budget.to_json() if self._last_budget is not None else None
 
     # -- the front door's entry points ------------------------------------------------------------
 

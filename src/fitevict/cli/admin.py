@@ -167,7 +167,7 @@ def plan_cmd(
 
 def _show_plan(plan: dict, budget: dict | None, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps({"plan": plan, "budget": budget}, indent=2, default=str))
+        typer.echo(json.dumps({**plan, "budget": budget}, indent=2, default=str))
         return
     colour = {"refuse": "red", "wait": "yellow"}.get(plan["action"], "green")
     console.print(f"[bold {colour}]{plan['action']}[/] {plan['key']}: {plan['reason']}")
@@ -220,10 +220,12 @@ def history_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP),
     t = Table(title="history (bytes: measured unless marked predicted)")
     for col in ("time", "event", "model", "seconds", "host GB", "vram GB", "freed GB", "strategy / reason"):
         t.add_column(col)
+    stops = ("evict", "unload", "idle-unload")
     for e in data:
+        freed = _gb(e["freed_gb"]) if e["event"] in stops else ""
         t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e["event"], e["model"] or "",
                   f"{e['seconds']:.2f}" if e["seconds"] is not None else "", _gb(e["host_gb"]), _gb(e["vram_gb"]),
-                  _gb(e["freed_gb"]), e["strategy"] or e["reason"] or "")
+                  freed, e["strategy"] or e["reason"] or "")
     console.print(t)
 
 

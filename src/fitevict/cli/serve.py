@@ -96,6 +96,7 @@ def serve(
     from fitevict.server.app import create_app
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request is fitevict's own
     try:
         catalog = Catalog.from_config(cfg)
     except ConfigError as e:

@@ -390,7 +390,8 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         entry = resolve(model_id)
         contract = await contract_from_body(request)
         check_gguf_file(entry, contract)
-        return {"model": entry.key, "plan": sup.plan(entry.key, contract).to_json()}
+        the_plan = sup.plan(entry.key, contract)
+        return {"model": entry.key, "plan": the_plan.to_json(), "budget": sup.last_budget_json()}
 
     @app.post("/v1/models/{model_id}/load", tags=["admin"], summary="Load a model (with an optional contract)")
     async def load(model_id: str, request: Request) -> dict:

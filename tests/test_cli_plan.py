@@ -1,0 +1,83 @@
+"""`fitevict plan MODEL --json`: the planner through the CLI, on declared machines and residents."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fitevict.cli import app
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.price import price
+from fitevict.units import MiB
+from fitevict.zoo import write_zoo
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("plan-zoo")
+    write_zoo(d, only=["llama-medium", "llama-moe"])
+    return d
+
+
+def host_bytes(path: Path, ctx: int) -> int:
+    return price(load_structure(path), LoadConfig(n_ctx=ctx, n_parallel=1)).footprint.bytes_on(HOST)
+
+
+def plan(*args: str) -> dict:
+    r = CliRunner().invoke(app, ["plan", *args, "--json"], env={"FITEVICT_CONFIG": ""})
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_refusal_carries_the_largest_ctx_that_fits(zoo_dir: Path) -> None:
+    med = zoo_dir / "llama-medium.gguf"
+    ram = host_bytes(med, 4096) - 1 * MiB  # 1 MiB short of ctx 4096
+    out = plan("llama-medium", "--models-dir", str(zoo_dir), "--ram", str(ram), "--ctx", "4096")
+    assert out["action"] == "refuse" and out["evict"] == []
+    assert out["needed_bytes"][HOST] == host_bytes(med, 4096) > out["available_bytes"][HOST]
+    largest = out["largest_ctx"]
+    assert largest is not None and largest % 256 == 0
+    assert host_bytes(med, largest) <= ram < host_bytes(med, largest + 256)  # re-priced: it really fits, +256 not
+    assert str(largest) in out["reason"] + out["remedy"]
+    assert out["budget"]["devices"][0]["total"]["source"] == "declared"
+
+
+def test_lru_evicts_only_what_it_must(zoo_dir: Path, tmp_path: Path) -> None:
+    med = zoo_dir / "llama-medium.gguf"
+    need = host_bytes(med, 4096)
+    residents = [
+        {"key": "old", "bytes": {HOST: 200 * MiB}, "last_used": 1.0},
+        {"key": "newer", "bytes": {HOST: 200 * MiB}, "last_used": 2.0},
+        {"key": "pinned-oldest", "bytes": {HOST: 200 * MiB}, "last_used": 0.5, "pinned": True},
+    ]
+    f = tmp_path / "res.json"
+    f.write_text(json.dumps(residents))
+    # room for the medium model plus two residents, not three: exactly one must go. The medium model stays
+    # under half the budget (need / (need + 450 MiB) < 0.5), so it is not exclusive.
+    ram = need + 450 * MiB
+    assert need / ram < 0.5
+    out = plan("llama-medium", "--models-dir", str(zoo_dir), "--ram", str(ram), "--residents", str(f))
+    assert out["action"] in ("load", "ram") and [e["key"] for e in out["evict"]] == ["old"]
+    assert out["free_bytes_after"][HOST] >= 0
+    assert out["placement"]["ctx"] == 4096 and out["placement"]["n_gpu_layers"] == 0
+
+
+def test_moe_spills_experts_before_layers(zoo_dir: Path) -> None:
+    moe = load_structure(zoo_dir / "llama-moe.gguf")
+    full = price(moe, LoadConfig(n_ctx=4096, n_parallel=1, n_gpu_layers=moe.n_layer + 1, devices=("CUDA0",)))
+    gpu_all = full.footprint.bytes_on("CUDA0")
+    # a GPU a little too small for everything: the plan keeps every layer and moves experts to the CPU
+    out = plan("llama-moe", "--models-dir", str(zoo_dir), "--ram", "4GiB", "--gpu", f"CUDA0={gpu_all - 1}")
+    assert out["action"] == "partial", out["reason"]
+    assert out["placement"]["n_gpu_layers"] == moe.n_layer + 1 and out["placement"]["n_cpu_moe"] >= 1
+    assert out["needed_bytes"]["CUDA0"] <= gpu_all - 1
+
+
+def test_unknown_model_lists_close_matches(zoo_dir: Path) -> None:
+    r = CliRunner().invoke(app, ["plan", "llama-medum", "--models-dir", str(zoo_dir)], env={"FITEVICT_CONFIG": ""})
+    assert r.exit_code == 2 and "llama-medium" in r.output
