@@ -158,6 +158,7 @@ class SeatState:
     in_flight: int = 0
     reserved: int = 0  # queued requests this seat was loaded for, not yet in flight
     overhead: int = 0  # the engine process's own host memory beyond its buffers (measured estimate)
+    draining: bool = False  # a placement waits for its requests to finish: new ones queue instead
     measured: Footprint | None = None
     measured_note: str = ""
     host_mem: procmem.ProcessMemory | None = None
@@ -446,7 +447,7 @@ class Supervisor:
 
     def _ready_seat(self, entry: CatalogEntry, contract: Contract | None) -> SeatState | None:
         seat = self.seats.get(entry.key)
-        if seat is None or seat.state != "ready":
+        if seat is None or seat.state != "ready" or seat.draining:
             return None
         if contract is not None and contract != Contract():
             cfg, _mode, path = self.config_for(entry, contract)
@@ -586,12 +587,19 @@ class Supervisor:
             return all(self.seats.get(k) is None or self.seats[k].in_flight + self.seats[k].reserved == 0
                        for k in keys)
 
-        async with self._changed:
-            try:
+        # New requests for a draining seat queue behind this placement instead of keeping it busy forever.
+        draining = [self.seats[k] for k in keys if k in self.seats]
+        for seat in draining:
+            seat.draining = True
+        try:
+            async with self._changed:
                 await asyncio.wait_for(self._changed.wait_for(drained), timeout)
-            except asyncio.TimeoutError:
-                raise Busy(f"requests to {', '.join(keys)} did not drain within {timeout:.0f} s; retry later",
-                           retry_after=5) from None
+        except asyncio.TimeoutError:
+            raise Busy(f"requests to {', '.join(keys)} did not drain within {timeout:.0f} s; retry later",
+                       retry_after=5) from None
+        finally:
+            for seat in draining:
+                seat.draining = False
 
     # -- start ----------------------------------------------------------------------------------
 

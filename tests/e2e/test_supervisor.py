@@ -322,3 +322,43 @@ def test_restart_adopts_a_healthy_orphan_when_configured(tmp_path: Path, models_
 
     run(scenario)
     assert len(store.events(event="load")) == 1  # adopted, never loaded twice
+
+
+def test_contended_swaps_under_a_budget_for_one_lose_nothing(tmp_path: Path, models_dir: Path,
+                                                             llama_server: Path) -> None:
+    """Six clients, three models, room for one: every request is served by its own model's live seat, no
+    two mediums are ever resident together, and new requests for a model being drained queue behind the
+    swap instead of starving it."""
+    import httpx
+
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=int(1.5 * medium_host_bytes(models_dir)),
+                           **{"policy.drain_timeout_seconds": 120})
+
+    async def scenario() -> list[str]:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        served: list[str] = []
+        most_resident = 0
+
+        async def client(i: int) -> None:
+            nonlocal most_resident
+            async with httpx.AsyncClient(timeout=60) as c:
+                for j in range(2):
+                    key = ["med-a", "med-b", "med-c"][(i + j) % 3]
+                    async with sup.acquire(key) as seat:
+                        most_resident = max(most_resident, sum(s.state == "ready" for s in sup.seats.values()))
+                        r = await c.post(seat.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                        assert r.status_code == 200
+                        served.append(key)
+
+        try:
+            await asyncio.gather(*(client(i) for i in range(6)))
+        finally:
+            await sup.shutdown()
+        assert most_resident == 1
+        return served
+
+    served = run(scenario)
+    assert sorted(served) == sorted(["med-a", "med-b", "med-c"] * 4)
+    for e in store.events(event="evict"):
+        assert e.details["release_verified"] is True
