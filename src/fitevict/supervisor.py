@@ -788,6 +788,7 @@ class Supervisor:
             self.seats.pop(seat.key)
         await asyncio.to_thread(self.store.seat_remove, seat.id)
         release = await self._verify_release(before, held, seat.config.devices)
+        mem_available_delta = release.freed_by_device.get("MemAvailable")
         await self.record(Event(
             time=self.clock(), event=event, model=seat.key, engine=seat.engine, seconds=exit_s,
             host_bytes=seat.bytes_on(HOST), vram_bytes=_offloaded(seat) or None, reason=reason,
@@ -795,15 +796,25 @@ class Supervisor:
             details={"release_verified": release.verified, "exit_seconds": exit_s,
                      "release_seconds": release.release_seconds, "held_committed_bytes": held[HOST],
                      "held_bytes": held, "freed_by_device": release.freed_by_device,
-                     "release_note": release.note, "pid": seat.pid},
+                     "release_note": release.note, "pid": seat.pid,
+                     "mem_available_delta_bytes": mem_available_delta,
+                     "freed_source": "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"},
         ))
         await self._notify()
         return StopResult(seat.key, release.freed_bytes, exit_s, release.release_seconds, release.verified,
                           release.note)
 
     def _free_now(self, devices: Sequence[str]) -> dict[str, int]:
-        """Free bytes as the kernel and the driver count them: MemAvailable, and NVML free per GPU."""
-        free = {HOST: procmem.read_meminfo().available_bytes}
+        """Bytes not held by any process, as the kernel and the driver count them.
+
+        Host: MemTotal - (AnonPages + Shmem), the committed memory every process holds. MemAvailable is
+        recorded beside it but does not gate the check: on some kernels (virtio-balloon free page
+        reporting, for one) freed pages reach MemFree seconds later or not at all, while AnonPages drops
+        the moment the process's memory is unmapped. GPU: NVML free.
+        """
+        mem = procmem.read_meminfo()
+        host = mem.total_bytes - mem.committed_bytes if mem.committed_bytes is not None else mem.available_bytes
+        free = {HOST: host, "MemAvailable": mem.available_bytes}
         if devices:
             gpus = read_gpus(self._nvml)
             for d in devices:
@@ -990,21 +1001,24 @@ RELEASE_SLACK = 4 * MiB
 
 def release_check(held: dict[str, int | None], before: dict[str, int], now: dict[str, int], *,
                   elapsed: float, timed_out: bool) -> Release:
-    """Has the memory a stopped seat held come back? Pure: compares free bytes before and now.
+    """Has the memory a stopped seat held come back? Pure: compares "not held by any process" before and now.
 
-    Other processes move these counters too, so a device counts as released when its free bytes rose
-    by at least 90% of what the seat held, less 4 MiB. A figure the seat never had measured cannot
-    be verified: the release is then reported unverified with that reason, never as verified.
+    ``before``/``now`` map a device to bytes no process holds (host: MemTotal - AnonPages - Shmem;
+    GPU: NVML free); extra keys (MemAvailable) are reported, not checked. Other processes move these
+    counters too, so a device counts as released when they rose by at least 90% of what the seat held,
+    less 4 MiB. A figure the seat never had measured cannot be verified: the release is then reported
+    unverified with that reason, never as verified.
     """
     freed = {d: now[d] - before[d] for d in before if d in now}
-    host_freed = freed.get(HOST)
+    # A fall in free memory means others took more than the seat gave back: the seat's share is unknown.
+    host_freed = freed.get(HOST) if freed.get(HOST, -1) >= 0 else None
     unknown = [d for d, h in held.items() if h is None or d not in freed]
     if unknown:
         return Release(False, True, host_freed, freed, None,
                        f"unverified: held memory on {', '.join(unknown)} was never measured")
     short = {d: (freed[d], h) for d, h in held.items()
              if h is not None and freed[d] < max(0, int(h * RELEASE_FRACTION) - RELEASE_SLACK)}
-    words = "; ".join(f"{d} free rose by {format_size(freed[d])} (held {format_size(h)})" for d, h in held.items()
+    words = "; ".join(f"{d}: {format_size(freed[d])} came back of {format_size(h)} held" for d, h in held.items()
                       if h is not None)
     if not short:
         return Release(True, True, host_freed, freed, elapsed, words)

@@ -35,6 +35,7 @@ def test_release_check(held, before, now, timed_out, verified, final) -> None:
     r = release_check(held, before, now, elapsed=0.5, timed_out=timed_out)
     assert (r.verified, r.final) == (verified, final), r.note
     assert r.freed_bytes == now[HOST] - before[HOST]  # host freed is the measured MemAvailable delta
+    assert r.freed_by_device == {d: now[d] - before[d] for d in before}
     if not verified and final and None in held.values():
         assert "never measured" in r.note
     assert (r.release_seconds is not None) == verified
@@ -88,3 +89,10 @@ def test_engine_overhead_is_added_to_host_only() -> None:
     assert got.device(HOST) == fp.device(HOST)  # the engine's buffers, term by term, are untouched
     assert got.host_source == "formula+measured" and "overhead" in got.notes[-1]
     assert with_engine_overhead(fp, 0) is fp
+
+
+def test_a_fall_in_free_memory_is_not_reported_as_freed() -> None:
+    # others took 3 MiB more than the seat gave back: the seat's share is unknown, not negative and not 0
+    r = release_check({HOST: 50 * MiB}, {HOST: 1000 * MiB}, {HOST: 997 * MiB}, elapsed=1.0, timed_out=True)
+    assert r.freed_bytes is None and not r.verified and r.final
+    assert r.freed_by_device[HOST] == -3 * MiB

@@ -37,6 +37,7 @@ class HostMemory:
     total_bytes: int
     available_bytes: int
     source: str = "meminfo"
+    committed_bytes: int | None = None  # AnonPages + Shmem: anonymous memory every process holds right now
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +77,12 @@ def read_meminfo(path: Path = PROC / "meminfo") -> HostMemory:
         text = path.read_text()
     except OSError as e:
         raise HostMemoryError(f"cannot read {path}: {e}; set ram_limit to declare the host budget") from e
-    f = _kib_fields(text, ("MemTotal", "MemAvailable"))
+    f = _kib_fields(text, ("MemTotal", "MemAvailable", "AnonPages", "Shmem"))
     missing = [k for k in ("MemTotal", "MemAvailable") if k not in f]
     if missing:
         raise HostMemoryError(f"{path} has no {', '.join(missing)} (kernel < 3.14?); set ram_limit to declare the host budget")
-    return HostMemory(f["MemTotal"], f["MemAvailable"], "meminfo")
+    committed = f["AnonPages"] + f["Shmem"] if "AnonPages" in f and "Shmem" in f else None
+    return HostMemory(f["MemTotal"], f["MemAvailable"], "meminfo", committed)
 
 
 _SMAPS_KEYS = ("Rss", "Pss_Anon", "Pss_File", "Pss_Shmem")

@@ -417,7 +417,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         if res is None:
             return {"model": entry.key, "unloaded": False, "reason": "not resident"}
         return {"model": entry.key, "unloaded": True, "freed_bytes": res.freed_bytes,
-                "freed_source": "measured (MemAvailable delta)", "release_verified": res.verified,
+                "freed_source": "measured: /proc/meminfo AnonPages+Shmem fall", "release_verified": res.verified,
                 "exit_seconds": res.exit_seconds, "release_seconds": res.release_seconds, "note": res.note}
 
     @app.get("/v1/models/{model_id}", tags=["openai"], summary="One model, OpenAI's format")
@@ -503,6 +503,6 @@ def history_row(ev) -> dict:
         "bytes": {"vram": ev.vram_bytes, "offloaded": ev.offloaded_bytes, "host": ev.host_bytes,
                   "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "measured": ev.measured_bytes},
         "sources": {"predicted": "formula/dry-run pricing", "measured": "engine log + /proc PSS",
-                    "freed": "measured (MemAvailable delta)"},
+                    "freed": "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"},
         "details": ev.details,
     }
