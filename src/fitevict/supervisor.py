@@ -18,7 +18,6 @@ import contextlib
 import itertools
 import os
 import signal
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -33,7 +32,10 @@ from fitevict import planner as pl
 from fitevict.catalog import Catalog, CatalogEntry
 from fitevict.config import Config
 from fitevict.engines import engine_class
-from fitevict.engines.process import die_with_parent
+from fitevict.engines.process import alive as _alive
+from fitevict.engines.process import cmdline as _cmdline
+from fitevict.engines.process import die_with_parent, free_port
+from fitevict.engines.process import group_alive as _group_alive
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run_compute
 from fitevict.host import procmem
@@ -80,45 +82,6 @@ class Busy(SupervisorError):
 
 
 # --- process helpers ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie is not alive for our purposes
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
 
 
 def _log_tail(path: Path, n: int = 25) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fitevict.engines.process import die_with_parent, stop_group
+from fitevict.engines.process import die_with_parent, free_port, stop_group
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
@@ -109,7 +109,7 @@ def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadCon
             pass
         except (OSError, ValueError, KeyError, TypeError):
             pass  # an unreadable cache entry is recomputed below and overwritten
-    argv = [str(binary), *args, "--fit", "on", "-lv", "5", "--host", "127.0.0.1", "--port", str(_free_port()),
+    argv = [str(binary), *args, "--fit", "on", "-lv", "5", "--host", "127.0.0.1", "--port", str(free_port()),
             "-t", "1"]
     text, reason = _run_until(argv, FIT_DONE, timeout_s)
     found = parse_dry_compute(text)
@@ -234,7 +234,7 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
     listens, with ``wait_listening``), sample smaps_rollup, then stop the process group."""
     binary = Path(binary_dir) / SERVER
     argv = [str(binary), *server_args(model_path, cfg), "-lv", "4", "--host", "127.0.0.1",
-            "--port", str(port or _free_port()), "--no-warmup", "-t", "1"]
+            "--port", str(port or free_port()), "--no-warmup", "-t", "1"]
     done = re.compile(r"llama_server: listening on") if wait_listening else LOG_DONE
     seen: dict[str, dict[str, int] | None] = {"before": None, "after": None}
 
@@ -258,9 +258,3 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
                         seen["after"] if ok else None, seen["before"])
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

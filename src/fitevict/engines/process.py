@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 
 _PR_SET_PDEATHSIG = 1
@@ -32,3 +33,46 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         except ProcessLookupError:
             return
         proc.wait(timeout=grace_s)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the engine binds it right after; a race loses only that start)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie does not count)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cmdline(pid: int) -> list[str]:
+    """The argv of ``pid`` from /proc, or [] when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
