@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ from fitevict.store import Store
 from fitevict.store.records import Event, Measurement, Seat as SeatRecord, measurement_signature
 from fitevict.units import MiB, format_size
 
-STATES = ("starting", "ready", "stopping", "stopped", "failed")
+STATES = ("starting", "ready", "stopping", "stopped", "failed")  # a seat's life, in order
 
 
 class SupervisorError(RuntimeError):
@@ -217,7 +216,6 @@ class Supervisor:
         self._waiting: dict[str, int] = {}
         self._claims: dict[str, list[_Claim]] = {}
         self._changed = asyncio.Condition()
-        self._event_seq = itertools.count()
         self._events: list[Event] = []
         self._idle_task: asyncio.Task | None = None
         self._footprints: dict[tuple, Footprint] = {}
@@ -269,10 +267,7 @@ class Supervisor:
     # -- events ---------------------------------------------------------------------------------
 
     async def record(self, ev: Event) -> Event:
-        ev_id = await asyncio.to_thread(self.store.record_event, ev)
-        from dataclasses import replace
-
-        ev = replace(ev, id=ev_id)
+        ev = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
         self._events.append(ev)
         del self._events[:-1000]
         async with self._changed:
@@ -672,6 +667,9 @@ class Supervisor:
             "host_pss": _mem_json(seat.host_mem),
             "guard": {"accepted": verdict.accepted, "check": verdict.check, "reason": verdict.reason},
             "notes": list(notes),
+            "compute_source": ("dry-run" if (str(seat.model_path), seat.config) in self._compute else
+                               f"formula, because the dry run gave no figure: "
+                               f"{self._dry_run_notes.get((str(seat.model_path), seat.config), 'not run for this configuration')}"),
         }
         if seat.measured is not None and measured_total is not None:
             err = (seat.predicted.total_bytes - measured_total) / measured_total if measured_total else None
@@ -1093,8 +1091,6 @@ def with_engine_overhead(fp: Footprint, overhead: int) -> Footprint:
     """
     if overhead <= 0:
         return fp
-    from dataclasses import replace
-
     note = f"host includes {format_size(overhead)} of llama-server process overhead (measured: PSS minus logged buffers)"
     return replace(fp, host_committed_bytes=fp.host_committed_bytes + overhead, notes=(*fp.notes, note),
                    host_source=f"{fp.host_source}+measured")  # type: ignore[arg-type]

@@ -168,14 +168,14 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
             return
         header = request.headers.get("authorization", "")
         key = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-        if key in s.admin_keys:
+        if _key_in(key, s.admin_keys):
             return
-        if key in s.api_keys:
-            if admin and s.admin_keys:
-                raise ApiError(403, "this endpoint needs an admin key (server.admin_keys); the key given is a user key",
-                               type="permission_error", code="admin_key_required")
-            if not admin or not s.admin_keys:
+        if _key_in(key, s.api_keys):
+            if not admin:
                 return
+            hint = "" if s.admin_keys else "; no admin key is configured: set server.admin_keys"
+            raise ApiError(403, f"this endpoint needs an admin key (server.admin_keys); the key given is a user "
+                                f"key{hint}", type="permission_error", code="admin_key_required")
         raise ApiError(401, "invalid or missing API key; send Authorization: Bearer <key> (server.api_keys)",
                        type="authentication_error", code="invalid_api_key")
 
@@ -479,6 +479,13 @@ async def _send_retrying(client: httpx.AsyncClient, req: httpx.Request) -> httpx
         return await client.send(req, stream=True)
     except (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError):
         return await client.send(req, stream=True)
+
+
+def _key_in(key: str, keys: tuple[str, ...]) -> bool:
+    """Constant-time membership, so a key cannot be guessed from response timing."""
+    import hmac
+
+    return any(hmac.compare_digest(key.encode(), k.encode()) for k in keys) if key else False
 
 
 def _embedding_dim(emb: Any) -> int:
