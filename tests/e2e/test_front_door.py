@@ -294,6 +294,15 @@ def test_no_engine_outlives_fitevict(models: Path, tmp_path: Path, sig: signal.S
         while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in engines):
             time.sleep(0.05)  # the kernel reaps the engine; no event reaches this process
         assert not any(Path(f"/proc/{p}").exists() for p in engines)
+    # The next fitevict on the same data finds what the last one left recorded, and says so.
+    with front_door(tmp_path, "--models-dir", str(models)) as fd:
+        orphans = history(fd, event="orphan")
+        unloads = history(fd, event="unload")
+    if sig == signal.SIGTERM:
+        assert orphans == [] and unloads and "shutting down" in unloads[0]["reason"]
+    else:
+        assert len(orphans) == 1 and orphans[0]["details"]["was_alive"] is False
+        assert orphans[0]["details"]["pid"] == engines[0] and "no longer running" in orphans[0]["reason"]
 
 
 def test_a_different_contract_reloads_the_model(door) -> None:
