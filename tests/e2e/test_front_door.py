@@ -375,3 +375,29 @@ def test_resident_models_are_not_blocked_behind_a_load(models: Path, tmp_path: P
 
         small, load = asyncio.run(race())
     assert small < load  # served while med-b was still loading
+
+
+def test_client_disconnect_cancels_a_plain_request(door) -> None:
+    """A non-streamed completion that would run for many seconds: the client hangs up, fitevict cancels the
+    upstream request and the seat is free again long before the generation would have ended."""
+    body = {"model": "llama-gqa", "prompt": "go", "max_tokens": 30000, "fitevict": {"ctx": 32768},
+            "ignore_eos": True}
+    hdrs = {"Authorization": f"Bearer {USER}"}
+    with admin(door) as a:
+        a.post("/v1/models/llama-gqa/load", json={"ctx": 32768}).raise_for_status()
+    t0 = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(door.base_url + "/v1/completions", json=body, headers=hdrs, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with admin(door) as a:
+            res = {r["key"]: r for r in a.get("/v1/models/residents").json()["data"]}
+        if res["llama-gqa"]["in_flight"] == 0:
+            break
+        time.sleep(0.05)  # polling another process's state over HTTP: there is no event to await
+    freed_after = time.monotonic() - t0
+    assert res["llama-gqa"]["in_flight"] == 0 and freed_after < 10
+    with httpx.Client(timeout=30) as c:  # the engine's slot is idle again too
+        slots = c.get(f"http://127.0.0.1:{res['llama-gqa']['port']}/slots")
+    if slots.status_code == 200:
+        assert not any(s.get("is_processing") for s in slots.json())
