@@ -48,6 +48,12 @@ ensure_engine() {
   "$VENV/bin/fitevict" engine install llama.cpp
 }
 
+with_test_postgres() {
+  # Runs "$@" beside a throwaway PostgreSQL (installed through apt once when root), so the store tests cover both
+  # backends; the server stops when "$@" ends. Without root or PostgreSQL those tests skip and say why.
+  PYTHON="$PY" exec bash "$ROOT/scripts/test-postgres.sh" "$@"
+}
+
 cmd=${1:-serve}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -59,7 +65,7 @@ case "$cmd" in
   test)
     ensure_system; ensure_venv; ensure_engine
     say "running the test suite (unit + e2e with real llama-server)"
-    exec "$VENV/bin/python" -m pytest "$@" ;;
+    with_test_postgres "$VENV/bin/python" -m pytest "$@" ;;
   *)
     echo "usage: ./run.sh serve|test|setup [args]" >&2; exit 2 ;;
 esac

@@ -155,3 +155,26 @@ def test_async_history(store: Store) -> None:
 
     got = asyncio.run(go())
     assert [e.time for e in got] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_unavailable_figures_sort_last_in_either_direction(store: Store) -> None:
+    # SQLite alone puts NULL first ascending, PostgreSQL alone first descending; the store puts it last in both
+    store.record_event(Event(time=1.0, event="unload", model="m", seconds=None, freed_bytes=None))
+    store.record_event(Event(time=2.0, event="unload", model="m", seconds=2.0, freed_bytes=20))
+    store.record_event(Event(time=3.0, event="unload", model=None, seconds=1.0, freed_bytes=10))
+    assert [e.seconds for e in store.events(sort_by="seconds", order="asc")] == [1.0, 2.0, None]
+    assert [e.seconds for e in store.events(sort_by="seconds", order="desc")] == [2.0, 1.0, None]
+    assert [e.freed_bytes for e in store.events(sort_by="freed_bytes", order="desc")] == [20, 10, None]
+    assert [e.model for e in store.events(sort_by="model", order="asc")] == ["m", "m", None]
+    assert [e.model for e in store.events(sort_by="model", order="desc")] == ["m", "m", None]
+
+
+MIXED_NAMES = ["b", "B", "a", "A", "_x", "é", "Z", "a-2", "a10", "a9"]
+
+
+def test_model_sort_is_by_code_point_on_every_backend(store: Store) -> None:
+    for i, name in enumerate(MIXED_NAMES):
+        store.record_event(Event(time=float(i), event="load", model=name))
+    # Python's str order is code point order: "A" < "B" < "Z" < "_x" < "a" ... < "é"
+    assert [e.model for e in store.events(sort_by="model", order="asc")] == sorted(MIXED_NAMES)
+    assert [e.model for e in store.events(sort_by="model", order="desc")] == sorted(MIXED_NAMES, reverse=True)

@@ -1,4 +1,4 @@
-"""Opening a store: SQLite settings, numbered migrations applied once, newer databases refused."""
+"""Opening a store: numbered migrations applied once, newer databases refused, SQLite settings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
 
 from fitevict.store import MIGRATIONS, Migration, Store, StoreError, StoreVersionError, make_engine
 from fitevict.store import schema
@@ -17,16 +18,40 @@ def _db_path(url: str) -> Path:
     return Path(sa.engine.make_url(url).database)
 
 
-def _migration_rows(url: str) -> list[tuple[int, str, float]]:
-    with sqlite3.connect(_db_path(url)) as c:
-        return c.execute("SELECT number, name, applied_at FROM schema_migrations ORDER BY number").fetchall()
+def _sql(url: str, statement: str, **params: object) -> list[tuple]:
+    """Run one statement on its own connection, outside any store, and commit it."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            result = conn.execute(sa.text(statement), params)
+            return [tuple(r) for r in result] if result.returns_rows else []
+    finally:
+        engine.dispose()
 
 
-def test_open_creates_parent_dirs_and_applies_every_migration(db_url: str) -> None:
-    assert not _db_path(db_url).parent.exists()
+def _migration_rows(url: str) -> list[tuple]:
+    return _sql(url, "SELECT number, name, applied_at FROM schema_migrations ORDER BY number")
+
+
+def _tables(url: str) -> set[str]:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_open_applies_every_migration(db_url: str) -> None:
     Store.open(db_url).close()
     rows = _migration_rows(db_url)
     assert [(n, name) for n, name, _ in rows] == [(m.number, m.name) for m in MIGRATIONS]
+    assert _tables(db_url) == {"schema_migrations", *(t.name for t in schema.TABLES)}
+
+
+def test_open_creates_parent_dirs(sqlite_url: str) -> None:
+    assert not _db_path(sqlite_url).parent.exists()
+    Store.open(sqlite_url).close()
+    assert _db_path(sqlite_url).is_file()
 
 
 def test_reopen_applies_nothing(db_url: str) -> None:
@@ -49,15 +74,17 @@ def test_query_tables_match_the_migrated_schema(store: Store) -> None:
         assert migrated == {c.name for c in table.columns}, table.name
 
 
-def test_wal_and_connection_pragmas_are_on(store: Store, db_url: str) -> None:
-    # journal_mode is persistent in the file: a plain sqlite3 connection sees it too
-    with sqlite3.connect(_db_path(db_url)) as c:
-        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    got = store.read(
-        lambda conn: tuple(
-            conn.exec_driver_sql(f"PRAGMA {p}").scalar() for p in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+def test_wal_and_connection_pragmas_are_on(sqlite_url: str) -> None:
+    with Store.open(sqlite_url) as store:
+        # journal_mode is persistent in the file: a plain sqlite3 connection sees it too
+        with sqlite3.connect(_db_path(sqlite_url)) as c:
+            assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        got = store.read(
+            lambda conn: tuple(
+                conn.exec_driver_sql(f"PRAGMA {p}").scalar()
+                for p in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+            )
         )
-    )
     # synchronous NORMAL is 1; busy_timeout is the default 5.0 s in ms
     assert got == ("wal", 1, 1, 5000)
 
@@ -65,16 +92,18 @@ def test_wal_and_connection_pragmas_are_on(store: Store, db_url: str) -> None:
 def test_newer_database_is_refused_with_the_numbers(db_url: str) -> None:
     Store.open(db_url).close()
     newest = MIGRATIONS[-1].number
-    with sqlite3.connect(_db_path(db_url)) as c:
-        c.execute("INSERT INTO schema_migrations (number, name, applied_at) VALUES (?, 'from-a-newer-build', 0)", (newest + 1,))
+    _sql(
+        db_url,
+        "INSERT INTO schema_migrations (number, name, applied_at) VALUES (:n, 'from-a-newer-build', 0)",
+        n=newest + 1,
+    )
     with pytest.raises(StoreVersionError, match=rf"\[{newest + 1}\].*knows only 1\.\.{newest}.*Upgrade fitevict"):
         Store.open(db_url)
 
 
 def test_renamed_migration_is_refused(db_url: str) -> None:
     Store.open(db_url).close()
-    with sqlite3.connect(_db_path(db_url)) as c:
-        c.execute("UPDATE schema_migrations SET name = 'other-lineage' WHERE number = 1")
+    _sql(db_url, "UPDATE schema_migrations SET name = 'other-lineage' WHERE number = 1")
     with pytest.raises(StoreVersionError, match="other-lineage"):
         Store.open(db_url)
 
@@ -88,9 +117,7 @@ def test_a_failing_migration_leaves_nothing_behind(db_url: str) -> None:
     with pytest.raises(RuntimeError, match="migration 2 broke"):
         Store.open(db_url, migrations=broken)
     # one transaction for all pending migrations, DDL included: nothing persisted
-    with sqlite3.connect(_db_path(db_url)) as c:
-        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert "half_done" not in tables and "events" not in tables and "schema_migrations" not in tables
+    assert _tables(db_url) == set()
     Store.open(db_url).close()
     assert [r[0] for r in _migration_rows(db_url)] == [m.number for m in MIGRATIONS]
 

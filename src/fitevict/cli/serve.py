@@ -92,7 +92,7 @@ def serve(
     import uvicorn
 
     from fitevict.catalog import Catalog
-    from fitevict.config import ConfigError
+    from fitevict.config import ConfigError, redact_url
     from fitevict.server.app import create_app
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
@@ -104,7 +104,7 @@ def serve(
         raise typer.Exit(2) from e
     for note in catalog.notes:
         err.print(f"note: {note}")
-    err.print(f"fitevict: {len(catalog)} models, engine {binary}, store {cfg.store_url}")
+    err.print(f"fitevict: {len(catalog)} models, engine {binary}, store {redact_url(cfg.store_url)}")
     app = create_app(cfg, engine_binary=binary, catalog=catalog)
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=30)

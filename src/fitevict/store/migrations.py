@@ -5,10 +5,16 @@ inside the one transaction that :func:`migrate` opens at store open. Each migrat
 own table definitions, frozen as they were when it was written: never edit a released migration,
 append a new one. ``schema_migrations`` records what has been applied, so reopening applies nothing.
 A database that has a number this code does not know was written by a newer fitevict: refused.
+
+Two fitevict processes may open one database at once. On SQLite the migration transaction starts
+with ``BEGIN IMMEDIATE`` (the write lock), so the second waits. On PostgreSQL it first takes the
+transaction-scoped advisory lock :data:`MIGRATION_LOCK_KEY`: without it both would see no
+``schema_migrations`` table and both would create it, and the second would fail on a duplicate key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +23,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fitevict.store.records import EVENTS
+
+
+MIGRATION_LOCK_KEY: int = int.from_bytes(hashlib.sha256(b"fitevict.store.migrate").digest()[:8], "big", signed=True)
+"""The PostgreSQL advisory lock (``pg_advisory_xact_lock``) every fitevict takes before migrating a database."""
 
 
 class StoreVersionError(RuntimeError):
@@ -131,6 +141,9 @@ def migrate(conn: Connection, migrations: Sequence[Migration] = MIGRATIONS, *, w
     known = {m.number: m for m in migrations}
     applied_now: list[int] = []
     with conn.begin():
+        if conn.dialect.name == "postgresql":
+            # Held until this transaction ends; a second migrating process waits here, then finds everything applied.
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
         _md.create_all(conn, tables=[schema_migrations], checkfirst=True)
         rows = conn.execute(sa.select(schema_migrations.c.number, schema_migrations.c.name)).all()
         applied = {int(n): name for n, name in rows}

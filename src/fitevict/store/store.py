@@ -13,6 +13,11 @@ Concurrency design (one writer, as datasette does):
 * ``submit``/``write``/``awrite`` and ``read``/``aread`` take ``fn(conn)`` for anything the named
   methods do not cover. Queries are SQLAlchemy Core with bound parameters; sort columns and
   directions come from whitelists, never from user text.
+
+Both backends behave alike: upserts are one atomic ``INSERT ... ON CONFLICT DO UPDATE`` (another
+process may write the same database), history sorts put unavailable figures (NULL) last in either
+direction and compare text byte by byte (``COLLATE "C"`` on PostgreSQL, SQLite's BINARY), and
+migrations are serialised between processes (see :mod:`fitevict.store.migrations`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from fitevict.paths import data_dir
@@ -52,7 +59,11 @@ EVENT_SORT_COLUMNS: dict[str, sa.ColumnClause] = {
     "host_bytes": t.events.c.host_bytes,
     "freed_bytes": t.events.c.freed_bytes,
 }
-"""The only columns history may be sorted by (ties broken by id in the same direction)."""
+"""The only columns history may be sorted by (ties broken by id in the same direction). NULL (an
+unavailable figure, no model) sorts last in either direction."""
+
+_NOT_NULL_SORT_COLUMNS = frozenset({"time", "id", "event"})
+"""Sort columns that are never NULL: no NULLS LAST, so a descending sort can still walk an index backwards."""
 
 MEASUREMENT_SOURCES: tuple[str, ...] = tuple(s for s in SOURCES if s != "unavailable")
 
@@ -69,10 +80,18 @@ def default_url() -> str:
 def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
     """A SQLAlchemy engine for ``url``. SQLite: parent directories created, WAL, synchronous=NORMAL,
     busy_timeout, foreign_keys on, and real transactions (fitevict issues BEGIN itself, so DDL is
-    transactional and the writer takes the write lock up front with BEGIN IMMEDIATE)."""
+    transactional and the writer takes the write lock up front with BEGIN IMMEDIATE). PostgreSQL:
+    see :func:`_postgres_engine` (its driver opens transactions itself; DDL is transactional there too).
+    Any other backend raises :class:`StoreError`."""
     u = make_url(url)
-    if u.get_backend_name() != "sqlite":
-        return sa.create_engine(u, pool_pre_ping=True)
+    backend = u.get_backend_name()
+    if backend == "postgresql":
+        return _postgres_engine(u)
+    if backend != "sqlite":
+        raise StoreError(
+            f"store URL {u.render_as_string(hide_password=True)!r} names the backend {backend!r}; the store runs on "
+            "SQLite (sqlite:////path/to/fitevict.db) or PostgreSQL (postgresql+psycopg://user:pass@host/db)"
+        )
     db = u.database or ""
     if db in ("", ":memory:") or "mode=memory" in db:
         raise StoreError(
@@ -106,6 +125,30 @@ def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+POSTGRES_DRIVER = "psycopg"
+"""The driver a bare ``postgresql://`` URL gets (psycopg 3: ``pip install 'fitevict[postgres]'``)."""
+
+
+def _postgres_engine(u: sa.URL) -> Engine:
+    """PostgreSQL: psycopg 3 unless the URL names another driver; connections checked before use, so a
+    restarted server costs a reconnect rather than an error; fitevict's name in ``pg_stat_activity``."""
+    if u.drivername == "postgresql":
+        u = u.set(drivername=f"postgresql+{POSTGRES_DRIVER}")
+    connect_args: dict[str, Any] = {}
+    if "application_name" not in u.query:
+        connect_args["application_name"] = "fitevict"
+    if "connect_timeout" not in u.query:
+        connect_args["connect_timeout"] = 10
+    try:
+        return sa.create_engine(u, pool_pre_ping=True, connect_args=connect_args)
+    except ImportError as e:
+        raise StoreError(
+            f"store URL {u.render_as_string(hide_password=True)!r} needs the PostgreSQL driver {u.get_driver_name()!r}, "
+            f"which is not installed ({e}). Install fitevict with its postgres extra: pip install 'fitevict[postgres]' "
+            "(psycopg 3), and use postgresql:// or postgresql+psycopg://"
+        ) from e
 
 
 def _dumps(value: Any, what: str) -> str:
@@ -206,12 +249,24 @@ def _q_events(
         q = q.where(t.events.c.model == model)
     if event is not None:
         q = q.where(t.events.c.event == event)
-    q = q.order_by(direction(col), direction(t.events.c.id)).limit(limit)
+    q = q.limit(limit)
 
     def fn(conn: Connection) -> list[Event]:
-        return [_row_event(r) for r in conn.execute(q)]
+        key = direction(_bytewise(col, conn.dialect.name))
+        if sort_by not in _NOT_NULL_SORT_COLUMNS:
+            key = key.nulls_last()  # SQLite puts NULL first ascending, PostgreSQL first descending
+        ordered = q.order_by(key, direction(t.events.c.id))
+        return [_row_event(r) for r in conn.execute(ordered)]
 
     return fn
+
+
+def _bytewise(col: sa.ColumnClause, dialect: str) -> sa.ColumnElement[Any]:
+    """Text compared byte by byte (code point order), as SQLite's default BINARY collation does; a
+    PostgreSQL database's default collation follows its locale (``'B' < 'a'`` in C, not in en_US)."""
+    if dialect == "postgresql" and isinstance(col.type, sa.Text):
+        return col.collate("C")
+    return col
 
 
 def _op_put_measurement(m: Measurement) -> Callable[[Connection], int]:
@@ -275,15 +330,18 @@ def _q_compute_get(key: str) -> Callable[[Connection], dict[str, int] | None]:
     return fn
 
 
+_UPSERT_INSERTS = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}
+
+
 def _upsert(table: sa.TableClause, key_col: str, values: dict[str, Any]) -> Callable[[Connection], None]:
-    """Portable upsert: UPDATE, then INSERT if no row matched. Safe because only the writer writes."""
-    key = values[key_col]
-    rest = {k: v for k, v in values.items() if k != key_col}
+    """One atomic ``INSERT ... ON CONFLICT (key) DO UPDATE``. An UPDATE-then-INSERT is not enough on
+    PostgreSQL: another process's uncommitted insert of the same key is invisible to the UPDATE, and
+    the INSERT then fails on the key once that process commits."""
+    rest = [k for k in values if k != key_col]
 
     def fn(conn: Connection) -> None:
-        done = conn.execute(sa.update(table).where(table.c[key_col] == key).values(**rest))
-        if done.rowcount == 0:
-            conn.execute(sa.insert(table).values(**values))
+        stmt = _UPSERT_INSERTS[conn.dialect.name](table).values(**values)
+        conn.execute(stmt.on_conflict_do_update(index_elements=[key_col], set_={k: stmt.excluded[k] for k in rest}))
 
     return fn
 

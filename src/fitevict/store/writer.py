@@ -3,6 +3,11 @@
 Every write in the process goes through it, one at a time, each in its own transaction, so
 writers never contend for SQLite's lock among themselves (datasette's pattern). Callers get a
 :class:`concurrent.futures.Future`; block on it, or ``asyncio.wrap_future`` it.
+
+On a server database (PostgreSQL) the one long-lived connection can be dropped by the server
+(restart, failover, idle timeout). Each transaction there opens with ``SELECT 1``; when that finds
+the connection gone, the write runs once more on a new connection. The write function had not
+run yet, so nothing is done twice.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 T = TypeVar("T")
@@ -28,11 +34,16 @@ class NestedWriteError(RuntimeError):
     """A write function tried to submit another write: it would wait on itself forever."""
 
 
+class _Reconnect(Exception):
+    """The connection was found dead before the write function ran."""
+
+
 class Writer:
     """Runs ``fn(conn)`` for each submitted write, in submission order, on one thread."""
 
     def __init__(self, engine: Engine, *, name: str = "fitevict-store-writer") -> None:
         self._engine = engine
+        self._ping = engine.dialect.name != "sqlite"  # a file cannot drop the connection; a server can
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -91,14 +102,34 @@ class Writer:
             if not fut.set_running_or_notify_cancel():
                 continue  # the caller cancelled before it started
             try:
-                with conn.begin():
-                    result = fn(conn)
+                result = self._transaction(conn, fn)
             except BaseException as e:
                 fut.set_exception(e)
                 if not isinstance(e, Exception):
                     raise
             else:
                 fut.set_result(result)
+
+    def _transaction(self, conn: Connection, fn: Callable[[Connection], T]) -> T:
+        """``fn(conn)`` in one transaction; on a server, first make sure the connection is alive (see the module doc)."""
+        try:
+            with conn.begin():
+                self._check_alive(conn)
+                return fn(conn)
+        except _Reconnect:
+            # the failed ping invalidated the connection and fn has not run: this begin() connects afresh
+            with conn.begin():
+                return fn(conn)
+
+    def _check_alive(self, conn: Connection) -> None:
+        if not self._ping:
+            return
+        try:
+            conn.exec_driver_sql("SELECT 1")
+        except sa.exc.DBAPIError as e:
+            if e.connection_invalidated:
+                raise _Reconnect from e
+            raise
 
     def _shut(self, why: str) -> None:
         """Refuse new writes and fail any still queued, so no caller waits forever on a dead writer."""
