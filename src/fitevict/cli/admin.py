@@ -100,7 +100,7 @@ def plan_cmd(
     from fitevict.pricing.gguf import PricingError, load_structure
     from fitevict.pricing.loadconfig import LoadConfig
     from fitevict.pricing.price import price
-    from fitevict.server.app import parse_contract
+    from fitevict.server.door import parse_contract
     from fitevict.server.errors import ApiError
     from fitevict.supervisor import load_config_for, plan_request
 

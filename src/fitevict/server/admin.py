@@ -1,0 +1,119 @@
+"""The admin routes: residents, history, plan (dry run), load, unload, /health and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from fitevict import __version__
+from fitevict.server.door import Door, parse_contract
+from fitevict.server.errors import ApiError
+from fitevict.store.records import EVENTS
+from fitevict.supervisor import Contract, SupervisorError
+from fitevict.units import GiB
+
+
+def router(door: Door) -> APIRouter:
+    app = APIRouter()
+    catalog, sup, metrics, store = door.catalog, door.sup, door.metrics, door.store
+    check_auth, read_json, resolve = door.check_auth, door.read_json, door.resolve
+    check_gguf_file, supervisor_error = door.check_gguf_file, door.supervisor_error
+
+    @app.get("/v1/models/residents", tags=["admin"], summary="What is loaded (like `ollama ps`)")
+    async def residents(request: Request) -> dict:
+        check_auth(request, admin=False)
+        return {"object": "list", "data": sup.resident_views()}
+
+    @app.get("/v1/models/history", tags=["admin"], summary="What fitevict did, and why")
+    async def history(request: Request, since: float | None = Query(None, description="unix seconds"),
+                      model: str | None = None, event: str | None = Query(None, description="|".join(EVENTS)),
+                      limit: int = Query(100, ge=1, le=10000)) -> dict:
+        check_auth(request, admin=False)
+        if event is not None and event not in EVENTS:
+            raise ApiError(400, f"event: {event!r} is not allowed; allowed: {', '.join(EVENTS)}", param="event")
+        rows = await asyncio.to_thread(store.events, since=since, model=model, event=event, limit=limit)
+        return {"object": "list", "data": [history_row(ev) for ev in rows]}
+
+    async def contract_from_body(request: Request) -> Contract | None:
+        raw = await read_json(request) if int(request.headers.get("content-length") or 0) else None
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise ApiError(400, "body must be a JSON object (a load contract, or {\"fitevict\": {...}})")
+        return parse_contract(raw.get("fitevict", raw))
+
+    @app.post("/v1/models/{model_id}/plan", tags=["admin"], summary="Dry run: the Plan a load would follow now")
+    async def plan(model_id: str, request: Request) -> dict:
+        check_auth(request, admin=True)
+        entry = resolve(model_id)
+        contract = await contract_from_body(request)
+        check_gguf_file(entry, contract)
+        the_plan = sup.plan(entry.key, contract)
+        return {"model": entry.key, "plan": the_plan.to_json(), "budget": sup.last_budget_json()}
+
+    @app.post("/v1/models/{model_id}/load", tags=["admin"], summary="Load a model (with an optional contract)")
+    async def load(model_id: str, request: Request) -> dict:
+        check_auth(request, admin=True)
+        entry = resolve(model_id)
+        contract = await contract_from_body(request)
+        check_gguf_file(entry, contract)
+        try:
+            await sup.load(entry.key, contract, request_id=request.headers.get("x-request-id"))
+        except SupervisorError as e:
+            raise supervisor_error(e) from None
+        view = next((v for v in sup.resident_views() if v["key"] == entry.key), None)
+        return {"model": entry.key, "resident": view}
+
+    @app.post("/v1/models/{model_id}/unload", tags=["admin"], summary="Unload a model and verify its memory came back")
+    async def unload(model_id: str, request: Request) -> dict:
+        check_auth(request, admin=True)
+        entry = resolve(model_id)
+        try:
+            res = await sup.unload(entry.key)
+        except SupervisorError as e:
+            raise supervisor_error(e) from None
+        if res is None:
+            return {"model": entry.key, "unloaded": False, "reason": "not resident"}
+        return {"model": entry.key, "unloaded": True, "freed_bytes": res.freed_bytes,
+                "freed_source": "measured: /proc/meminfo AnonPages+Shmem fall", "release_verified": res.verified,
+                "exit_seconds": res.exit_seconds, "release_seconds": res.release_seconds, "note": res.note}
+
+    @app.get("/health", tags=["admin"])
+    async def health() -> dict:
+        return {"status": "ok", "version": __version__, "residents": len(sup.seats),
+                "models": len(catalog.entries())}
+
+    @app.get("/metrics", tags=["admin"], include_in_schema=True)
+    async def prom() -> Response:
+        metrics.resident.clear()
+        for v in sup.resident_views():
+            for dev, d in v["devices"].items():
+                if d["measured_bytes"] is not None:
+                    metrics.resident.labels(v["key"], dev, "measured").set(d["measured_bytes"])
+                metrics.resident.labels(v["key"], dev, "predicted").set(d["predicted_bytes"])
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+    return app
+
+
+def _gb(b: int | None) -> float | None:
+    return None if b is None else round(b / GiB, 3)
+
+
+def history_row(ev) -> dict:
+    return {
+        "id": ev.id, "time": ev.time, "event": ev.event, "model": ev.model, "engine": ev.engine,
+        "seconds": ev.seconds, "vram_gb": _gb(ev.vram_bytes), "offloaded_gb": _gb(ev.offloaded_bytes),
+        "host_gb": _gb(ev.host_bytes), "strategy": ev.strategy, "reason": ev.reason, "freed_gb": _gb(ev.freed_bytes),
+        "request_id": ev.request_id, "predicted_gb": _gb(ev.predicted_bytes), "measured_gb": _gb(ev.measured_bytes),
+        "bytes": {"vram": ev.vram_bytes, "offloaded": ev.offloaded_bytes, "host": ev.host_bytes,
+                  "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "measured": ev.measured_bytes},
+        "sources": {"predicted": "formula/dry-run pricing", "measured": "engine log + /proc PSS",
+                    "freed": "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"},
+        "details": ev.details,
+    }
