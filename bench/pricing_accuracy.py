@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ CONFIGS: dict[str, LoadConfig] = {
     "-c 1000": LoadConfig(n_ctx=1000),
     "-c 2048 -np 1": LoadConfig(n_ctx=2048, n_parallel=1),
     "-c 4096 -np 3": LoadConfig(n_ctx=4096, n_parallel=3),
+    "-c 2000 -np 3": LoadConfig(n_ctx=2000, n_parallel=3),
     "-c 2048 -np 1 -ctk/-ctv q8_0 -fa on": LoadConfig(n_ctx=2048, n_parallel=1, cache_type_k="q8_0",
                                                       cache_type_v="q8_0", flash_attn="on"),
     "-c 1000 -np 2 -ub 128 -b 512": LoadConfig(n_ctx=1000, n_parallel=2, n_ubatch=128, n_batch=512),
@@ -43,6 +45,8 @@ CONFIGS: dict[str, LoadConfig] = {
     "-c 1000 --swa-full": LoadConfig(n_ctx=1000, swa_full=True),
 }
 TERMS = ("model", "context", "compute", "output")
+# copies made by the engine's own llama-quantize: name -> (zoo source, llama-quantize type)
+QUANTIZED = {"qwen2-k256.Q4_K_M": ("qwen2-k256", "Q4_K_M")}
 
 
 def ollama_formula(s: GgufStructure, n_ctx: int) -> int:
@@ -73,7 +77,7 @@ def pct(e: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--zoo", type=Path, default=None, help="write/read the zoo here (default: a temp dir)")
-    ap.add_argument("--models", default=",".join(ZOO_NAMES))
+    ap.add_argument("--models", default=",".join([*ZOO_NAMES, *QUANTIZED]))
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     found = resolve_binary("llama-server")
@@ -81,7 +85,15 @@ def main() -> None:
         raise SystemExit(f"no llama-server: {found.why}")
     bin_dir = found.path.parent
     zoo_dir = args.zoo or Path(tempfile.mkdtemp(prefix="fitevict-accuracy-"))
-    models = {m.name: m for m in write_zoo(zoo_dir, only=args.models.split(","))}
+    wanted = args.models.split(",")
+    models = {m.name: m.path for m in write_zoo(zoo_dir, only=[n for n in wanted if n in ZOO_NAMES])}
+    for name, (source, qtype) in QUANTIZED.items():
+        if name in wanted:
+            src = write_zoo(zoo_dir, only=[source])[0].path
+            target = zoo_dir / f"{name}.gguf"
+            subprocess.run([str(bin_dir / "llama-quantize"), str(src), str(target), qtype, "1"], check=True,
+                           capture_output=True)
+            models[name] = target
 
     rows: list[str] = []
     host_rows: list[str] = []
@@ -92,20 +104,23 @@ def main() -> None:
     residual: list[float] = []
     refused: list[str] = []
     t0 = time.monotonic()
-    for name, m in models.items():
-        s = load_structure(m.path)
+    cells_ok = cells_n = 0
+    by_arch: dict[str, list[int]] = {}  # arch -> [loads, loads with model/context/output as printed, refused]
+    for name, path in models.items():
+        s = load_structure(path)
         for label, cfg in CONFIGS.items():
             if cfg.swa_full and not s.n_swa:
                 continue
             try:
-                comp = dry_run_compute(bin_dir, m.path, cfg, use_cache=False)
+                comp = dry_run_compute(bin_dir, path, cfg, use_cache=False)
                 p = price(s, cfg, compute=comp if isinstance(comp, dict) else None)
             except PricingError as e:
-                cap = capture_load_log(bin_dir, m.path, cfg)
+                cap = capture_load_log(bin_dir, path, cfg)
+                by_arch.setdefault(s.arch, [0, 0, 0])[2] += 1
                 refused.append(f"| {name} | `{label}` | {str(e).split(': ', 1)[-1]} | "
                                f"{'refused too' if not cap.ok else 'LOADED (pricing wrong)'} |")
                 continue
-            cap = capture_load_log(bin_dir, m.path, cfg, wait_listening=True)
+            cap = capture_load_log(bin_dir, path, cfg, wait_listening=True)
             if not cap.ok:
                 refused.append(f"| {name} | `{label}` | priced, but the server failed: {cap.reason} | - |")
                 continue
@@ -121,13 +136,25 @@ def main() -> None:
                 "compute": as_printed(pred.compute.bytes),
                 "output": as_printed(pred.output.bytes),
             }
+            exact = True
             for t in TERMS:
                 a, b = getattr(meas, t).bytes, printed[t]
+                if t != "compute" and mib(a) != mib(b):
+                    exact = False
                 e = err(b, a)
                 if e is not None:
                     errors[t].append(abs(e))
                     matches[t] += int(mib(a) == mib(b))
                 cells.append(f"{mib(a)} / {mib(b)} ({pct(e)})")
+            want = (kv.cells if kv and kv.layers_full else None, kv.cells_swa if kv and kv.layers_swa else None,
+                    max(1, p.n_parallel) if kv and kv.layers_recurrent else None)
+            got = (log.kv_cells if want[0] is not None else None, log.kv_cells_swa if want[1] is not None else None,
+                   log.rs_cells if want[2] is not None else None)
+            cells_n += 1
+            cells_ok += int(want == got and (log.n_ctx, log.n_ctx_seq) == (p.n_ctx, p.n_ctx_seq))
+            tally = by_arch.setdefault(s.arch, [0, 0, 0])
+            tally[0] += 1
+            tally[1] += int(exact)
             actual_total = meas.total_bytes
             rss_growth = None
             if cap.smaps and cap.smaps_before:
@@ -181,6 +208,16 @@ def main() -> None:
         "| term | loads whose printed MiB match exactly | median / max error |",
         "|---|---|---|",
         *(f"| {t} | {matches[t]} / {len(errors[t])} | {stat(errors[t])} |" for t in TERMS),
+        "",
+        f"Context sizes and cell counts (n_ctx, n_ctx_seq, KV / SWA cells, recurrent cells) equal the log's in "
+        f"{cells_ok} / {cells_n} loads.",
+        "",
+        "## Per architecture",
+        "",
+        "| arch | models | loads | model, context and output as printed | refused by llama.cpp (and by fitevict) |",
+        "|---|---|---|---|---|",
+        *(f"| {a} | {', '.join(n for n, pth in models.items() if load_structure(pth).arch == a)} | {v[0]} | "
+          f"{v[1]} / {v[0]} | {v[2]} |" for a, v in by_arch.items()),
         "",
         "## Summary: |error| of each estimate of the total (median / max)",
         "",

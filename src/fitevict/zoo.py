@@ -85,6 +85,60 @@ class _Recipe:
     ssm: tuple[int, ...] = ()  # mamba only: (d_conv, d_inner, d_state, dt_rank)
     seed: int = 0
     extra: tuple[tuple[str, float], ...] = ()  # further GGUFWriter.add_<key>(value) calls
+    head_dim: int = 0  # explicit key_length = value_length; 0: n_embd / n_head, no key written
+    n_ff_exp: int = 0  # expert FFN length (expert_feed_forward_length); 0: not written
+    n_ff_shexp: int = 0  # shared-expert FFN length; 0: not written
+    n_expert_shared: int = 0  # deepseek2: shared experts of n_ff_exp each
+    n_dense_lead: int = 0  # deepseek2: leading layers with a dense FFN
+    mla: tuple[int, ...] = ()  # deepseek2 MLA: (kv_lora_rank, q_lora_rank, qk_rope, qk_nope, v_head_dim)
+    n_nextn: int = 0  # trailing MTP (next-token prediction) blocks counted in block_count
+
+
+# Fields added after the first zoo: left out of a recipe's fingerprint while at their default, so the
+# manifests written before them stay current.
+_LATER_FIELDS: dict[str, object] = {
+    "head_dim": 0, "n_ff_exp": 0, "n_ff_shexp": 0, "n_expert_shared": 0, "n_dense_lead": 0, "mla": (),
+    "n_nextn": 0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """How one architecture spells a transformer block in GGUF (the tensors llama.cpp's loader requires)."""
+
+    layer_norm: bool = False  # LayerNorm with bias (attn_norm / ffn_norm / output_norm .bias)
+    fused_qkv: bool = False  # one attn_qkv matrix instead of attn_q / attn_k / attn_v
+    qkv_bias: bool = False
+    out_bias: bool = False
+    qk_norm: bool = False  # attn_q_norm / attn_k_norm over one head
+    post_norms: bool = False  # gemma: post_attention_norm and post_ffw_norm
+    ffn: str = "gated"  # "gated" (gate/up/down), "plain" (up/down), "fused_up" (up is 2*n_ff, no gate)
+    ffn_bias: bool = False
+    pos_embd: bool = False  # learned absolute positions (position_embd, n_ctx_train rows)
+    shared_expert: str = ""  # "qwen2moe" (gated shared expert) | "deepseek2" (n_expert_shared * n_ff_exp)
+    mla: bool = False
+    ffn_norm: bool = True  # falcon: one attn_norm feeds attention and FFN in parallel
+    embd_norm: bool = False  # bloom: token_embd_norm (+ bias) right after the embedding
+
+
+# Architectures written by ``_block_tensors`` (the first zoo's archs keep their original writer).
+_LAYOUTS: dict[str, _Layout] = {
+    "qwen2": _Layout(qkv_bias=True),
+    "qwen3": _Layout(qk_norm=True),
+    "gemma3": _Layout(qk_norm=True, post_norms=True),
+    "qwen2moe": _Layout(qkv_bias=True, shared_expert="qwen2moe"),
+    "phi3": _Layout(fused_qkv=True, ffn="fused_up"),
+    "deepseek2": _Layout(mla=True, shared_expert="deepseek2"),
+    "gpt2": _Layout(layer_norm=True, fused_qkv=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True,
+                    pos_embd=True),
+    "starcoder2": _Layout(layer_norm=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True),
+    "qwen3moe": _Layout(qk_norm=True),
+    "falcon": _Layout(layer_norm=True, fused_qkv=True, ffn="plain", ffn_norm=False),
+    "bloom": _Layout(layer_norm=True, fused_qkv=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True,
+                     embd_norm=True),
+    "granite": _Layout(),
+    "cohere2": _Layout(ffn_norm=False),  # LayerNorm without bias, parallel attention / FFN
+}
 
 
 _RECIPES: tuple[_Recipe, ...] = (
@@ -160,6 +214,127 @@ _RECIPES: tuple[_Recipe, ...] = (
         weight_type=QT.F32,
         n_vocab=1003, n_embd=96, n_layer=2, tied=True, ssm=(4, 192, 16, 6),
     ),
+    _Recipe(
+        name="qwen2-bias",
+        arch="qwen2",
+        description="qwen2: q/k/v biases, GQA 6/2, untied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=2, n_ff=250, seed=1,
+    ),
+    _Recipe(
+        name="qwen3-headdim",
+        arch="qwen3",
+        description="qwen3: q/k norms, head_dim 32 != n_embd/n_head 16 (explicit key/value_length), GQA 5/1, tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=80, n_layer=3, n_head=5, n_head_kv=1, n_ff=232, tied=True, head_dim=32, seed=1,
+    ),
+    _Recipe(
+        name="gemma3-swa",
+        arch="gemma3",
+        description="gemma3: 5 of every 6 layers sliding window 48 (7 layers), head_dim 32, q/k norms, tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=7, n_head=4, n_head_kv=2, n_ff=200, tied=True, sliding_window=48,
+        head_dim=32, seed=1,
+    ),
+    _Recipe(
+        name="gemma3-q4_0",
+        arch="gemma3",
+        description="gemma3, Q4_0 weights, n_vocab 1008 so the tied output is repacked (its own CPU_REPACK copy), "
+                    "head_dim 64, window 100, MQA 5/1",
+        weight_type=QT.Q4_0,
+        n_vocab=1008, n_embd=160, n_layer=7, n_head=5, n_head_kv=1, n_ff=416, tied=True, sliding_window=100,
+        head_dim=64, seed=1,
+    ),
+    _Recipe(
+        name="cohere2-swa",
+        arch="cohere2",
+        description="cohere2: 3 of every 4 layers sliding window 40 (5 layers), parallel attention/FFN with one "
+                    "bias-free LayerNorm, logit scale, GQA 6/2, tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=5, n_head=6, n_head_kv=2, n_ff=250, tied=True, sliding_window=40, seed=1,
+        extra=(("logit_scale", 0.125), ("layer_norm_eps", 1e-5)),
+    ),
+    _Recipe(
+        name="qwen2moe-shexp",
+        arch="qwen2moe",
+        description="qwen2moe: 6 experts / 2 used (expert FFN 72) plus a gated shared expert (FFN 136), GQA 6/2, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=2, n_head=6, n_head_kv=2, n_ff=250, n_expert=6, n_expert_used=2,
+        n_ff_exp=72, n_ff_shexp=136, seed=1,
+    ),
+    _Recipe(
+        name="phi-fusedqkv",  # a general.name containing "phi3" makes llama.cpp require <|endoftext|>
+        arch="phi3",
+        description="phi3: fused attn_qkv and fused gate/up FFN, GQA 6/3, untied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=3, n_ff=250, seed=1,
+    ),
+    _Recipe(
+        name="deepseek2-mla",
+        arch="deepseek2",
+        description="deepseek2 MLA (kv_lora_rank 64, rope 32, q_lora_rank 48), 1 dense + 2 MoE layers "
+                    "(4 experts / 2 used, 1 shared, expert FFN 64) + 1 MTP block, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=4, n_head=4, n_head_kv=1, n_ff=200, n_expert=4, n_expert_used=2,
+        n_ff_exp=64, n_expert_shared=1, n_dense_lead=1, mla=(64, 48, 32, 24, 40), n_nextn=1, seed=1,
+        extra=(("expert_weights_scale", 1.0),),
+    ),
+    _Recipe(
+        name="gpt2-ln",
+        arch="gpt2",
+        description="gpt2: LayerNorm with bias, learned absolute positions, fused qkv with bias, no GQA (4 heads), "
+                    "tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=3, n_head=4, n_head_kv=4, n_ff=260, tied=True, seed=1,
+    ),
+    _Recipe(
+        name="qwen3moe",
+        arch="qwen3moe",
+        description="qwen3moe: 8 experts / 2 used with expert FFN 56 (no shared expert), q/k norms, GQA 6/2, tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=2, n_head=6, n_head_kv=2, n_ff=250, n_expert=8, n_expert_used=2,
+        n_ff_exp=56, tied=True, seed=1,
+    ),
+    _Recipe(
+        name="falcon-mqa",
+        arch="falcon",
+        description="falcon: multi-query attention (1 kv head of 6), fused qkv, parallel attention/FFN with one "
+                    "LayerNorm, untied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=1, n_ff=384, seed=1,
+    ),
+    _Recipe(
+        name="bloom-alibi",
+        arch="bloom",
+        description="bloom: ALiBi (no rope), token_embd_norm, LayerNorm with bias, fused qkv with bias, 4 heads, "
+                    "tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=3, n_head=4, n_head_kv=4, n_ff=384, tied=True, seed=1,
+    ),
+    _Recipe(
+        name="granite-scaled",
+        arch="granite",
+        description="granite: llama blocks with logit / residual / embedding / attention scales, GQA 6/2, tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=2, n_ff=250, tied=True, seed=1,
+        extra=(("logit_scale", 6.0), ("residual_scale", 0.22), ("embedding_scale", 12.0),
+               ("attention_scale", 0.0625)),
+    ),
+    _Recipe(
+        name="qwen2-k256",
+        arch="qwen2",
+        description="qwen2 with k-quant-friendly rows (n_embd 256, head_dim 64), FFN 320, GQA 4/1, untied, f16; "
+                    "the source for a llama-quantize Q4_K_M copy",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=256, n_layer=2, n_head=4, n_head_kv=1, n_ff=320, seed=1,
+    ),
+    _Recipe(
+        name="starcoder2-gqa",
+        arch="starcoder2",
+        description="starcoder2: LayerNorm with bias, q/k/v/out and FFN biases, plain GELU FFN, GQA 6/2, untied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=2, n_ff=250, seed=1,
+    ),
 )
 
 ZOO_NAMES: tuple[str, ...] = tuple(r.name for r in _RECIPES)
@@ -218,6 +393,8 @@ def _tensor_shapes(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
 
     Numpy shapes are ggml's ``ne`` reversed: a ggml ``{n_embd, n_vocab}`` tensor is ``(n_vocab, n_embd)``.
     """
+    if r.arch in _LAYOUTS:
+        return _block_tensors(r)
     e, v = r.n_embd, r.n_vocab
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), "weight")]
     out.append(("output_norm.weight", (e,), "norm"))
@@ -271,6 +448,101 @@ def _tensor_shapes(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
+def _block_tensors(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
+    """Tensors of an architecture in ``_LAYOUTS``, in llama.cpp's own names and ``ne`` (numpy order here)."""
+    lo = _LAYOUTS[r.arch]
+    e, v = r.n_embd, r.n_vocab
+    out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), "weight")]
+    if lo.pos_embd:
+        out.append(("position_embd.weight", (r.n_ctx_train, e), "weight"))
+    if lo.embd_norm:
+        out += [("token_embd_norm.weight", (e,), "norm"), ("token_embd_norm.bias", (e,), "zeros")]
+    out.append(("output_norm.weight", (e,), "norm"))
+    if lo.layer_norm:
+        out.append(("output_norm.bias", (e,), "zeros"))
+    if not r.tied:
+        out.append(("output.weight", (v, e), "weight"))
+    kv = _as_list(r.n_head_kv, r.n_layer)
+    ff = _as_list(r.n_ff, r.n_layer)
+    hd = r.head_dim or e // r.n_head
+    for i in range(r.n_layer):
+        p = f"blk.{i}."
+
+        def norm(name: str) -> None:
+            out.append((p + name + ".weight", (e,), "norm"))
+            if lo.layer_norm:
+                out.append((p + name + ".bias", (e,), "zeros"))
+
+        norm("attn_norm")
+        q, k = hd * r.n_head, hd * kv[i]
+        if lo.mla:
+            kv_lora, q_lora, rope, nope, v_head = r.mla
+            out += [
+                (p + "attn_q_a_norm.weight", (q_lora,), "norm"),
+                (p + "attn_kv_a_norm.weight", (kv_lora,), "norm"),
+                (p + "attn_q_a.weight", (q_lora, e), "weight"),
+                (p + "attn_q_b.weight", (r.n_head * (nope + rope), q_lora), "weight"),
+                (p + "attn_kv_a_mqa.weight", (kv_lora + rope, e), "weight"),
+                (p + "attn_k_b.weight", (r.n_head, kv_lora, nope), "weight"),
+                (p + "attn_v_b.weight", (r.n_head, v_head, kv_lora), "weight"),
+                (p + "attn_output.weight", (e, r.n_head * v_head), "weight"),
+            ]
+        else:
+            if lo.fused_qkv:
+                out.append((p + "attn_qkv.weight", (q + 2 * k, e), "weight"))
+                if lo.qkv_bias:
+                    out.append((p + "attn_qkv.bias", (q + 2 * k,), "zeros"))
+            else:
+                for name, n in (("attn_q", q), ("attn_k", k), ("attn_v", k)):
+                    out.append((p + name + ".weight", (n, e), "weight"))
+                    if lo.qkv_bias:
+                        out.append((p + name + ".bias", (n,), "vec"))
+            out.append((p + "attn_output.weight", (e, q), "weight"))
+            if lo.out_bias:
+                out.append((p + "attn_output.bias", (e,), "zeros"))
+        if lo.qk_norm:
+            out += [(p + "attn_q_norm.weight", (hd,), "norm"), (p + "attn_k_norm.weight", (hd,), "norm")]
+        if lo.post_norms:
+            out.append((p + "post_attention_norm.weight", (e,), "norm"))
+        if lo.ffn_norm:
+            norm("ffn_norm")
+        if r.n_expert and i >= r.n_dense_lead:
+            n, fe = r.n_expert, r.n_ff_exp
+            out += [
+                (p + "ffn_gate_inp.weight", (n, e), "weight"),
+                (p + "ffn_gate_exps.weight", (n, fe, e), "weight"),
+                (p + "ffn_down_exps.weight", (n, e, fe), "weight"),
+                (p + "ffn_up_exps.weight", (n, fe, e), "weight"),
+            ]
+            if lo.shared_expert:
+                sh = r.n_ff_shexp if lo.shared_expert == "qwen2moe" else r.n_ff_exp * r.n_expert_shared
+                if lo.shared_expert == "qwen2moe":
+                    out.append((p + "ffn_gate_inp_shexp.weight", (e,), "vec"))
+                out += [
+                    (p + "ffn_gate_shexp.weight", (sh, e), "weight"),
+                    (p + "ffn_down_shexp.weight", (e, sh), "weight"),
+                    (p + "ffn_up_shexp.weight", (sh, e), "weight"),
+                ]
+        elif lo.ffn == "fused_up":
+            out += [(p + "ffn_down.weight", (e, ff[i]), "weight"), (p + "ffn_up.weight", (2 * ff[i], e), "weight")]
+        else:
+            if lo.ffn == "gated":
+                out.append((p + "ffn_gate.weight", (ff[i], e), "weight"))
+            out += [(p + "ffn_down.weight", (e, ff[i]), "weight"), (p + "ffn_up.weight", (ff[i], e), "weight")]
+            if lo.ffn_bias:
+                out += [(p + "ffn_down.bias", (e,), "zeros"), (p + "ffn_up.bias", (ff[i],), "zeros")]
+        if lo.post_norms:
+            out.append((p + "post_ffw_norm.weight", (e,), "norm"))
+        if i >= r.n_layer - r.n_nextn:
+            out += [
+                (p + "nextn.eh_proj.weight", (e, 2 * e), "weight"),
+                (p + "nextn.enorm.weight", (e,), "norm"),
+                (p + "nextn.hnorm.weight", (e,), "norm"),
+                (p + "nextn.shared_head_norm.weight", (e,), "norm"),
+            ]
+    return out
+
+
 def _attention(r: _Recipe, p: str, n_head_kv: int) -> list[tuple[str, tuple[int, ...], str]]:
     e = r.n_embd
     head_dim = e // r.n_head
@@ -291,6 +563,8 @@ def _tensor_data(r: _Recipe, name: str, shape: tuple[int, ...], kind: str) -> tu
         return np.ones(shape, dtype=np.float32), QT.F32
     if kind == "zeros":
         return np.zeros(shape, dtype=np.float32), QT.F32
+    if kind == "vec":  # a small random f32 vector (biases that should not vanish, a shared-expert gate)
+        return _rng(r, name).standard_normal(shape, dtype=np.float32) * np.float32(0.02), QT.F32
     if kind == "ssm_a":
         # A = -exp(A_log) with A_log = log(1..d_state), as the mamba converter stores it
         a = -np.broadcast_to(np.arange(1, shape[1] + 1, dtype=np.float32), shape)
@@ -329,11 +603,34 @@ def _add_metadata(w: gguf.GGUFWriter, r: _Recipe) -> None:
         w.add_feed_forward_length(list(r.n_ff) if isinstance(r.n_ff, tuple) else r.n_ff)
         w.add_head_count(r.n_head)
         w.add_head_count_kv(list(r.n_head_kv) if isinstance(r.n_head_kv, tuple) else r.n_head_kv)
-        w.add_rope_dimension_count(r.n_embd // r.n_head)
+        w.add_rope_dimension_count(r.mla[2] if r.mla else (r.head_dim or r.n_embd // r.n_head))
         w.add_rope_freq_base(10000.0)
+    if r.head_dim:
+        w.add_key_length(r.head_dim)
+        w.add_value_length(r.head_dim)
+    if r.mla:  # the cache holds the compressed latent plus the rope part, one "head"
+        kv_lora, q_lora, rope, nope, v_head = r.mla
+        w.add_key_length(kv_lora + rope)
+        w.add_value_length(kv_lora)
+        w.add_key_length_mla(nope + rope)
+        w.add_value_length_mla(v_head)
+        w.add_kv_lora_rank(kv_lora)
+        w.add_q_lora_rank(q_lora)
+    if r.arch in _LAYOUTS and _LAYOUTS[r.arch].layer_norm:
+        w.add_layer_norm_eps(1e-5)
     if r.n_expert:
         w.add_expert_count(r.n_expert)
         w.add_expert_used_count(r.n_expert_used)
+    if r.n_ff_exp:
+        w.add_expert_feed_forward_length(r.n_ff_exp)
+    if r.n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(r.n_ff_shexp)
+    if r.n_expert_shared:
+        w.add_expert_shared_count(r.n_expert_shared)
+    if r.n_dense_lead:
+        w.add_leading_dense_block_count(r.n_dense_lead)
+    if r.n_nextn:
+        w.add_nextn_predict_layers(r.n_nextn)
     if r.sliding_window:
         w.add_sliding_window(r.sliding_window)
     for key, value in r.extra:
@@ -370,7 +667,8 @@ def _write_gguf(r: _Recipe, path: Path) -> None:
 
 def _fingerprint(r: _Recipe) -> str:
     """Identity of a recipe's output: recipe fields, generator version, gguf and numpy versions."""
-    fields = {k: (v.name if isinstance(v, QT) else v) for k, v in asdict(r).items()}
+    fields = {k: (v.name if isinstance(v, QT) else v) for k, v in asdict(r).items()
+              if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}
     blob = json.dumps(
         {"recipe": fields, "generator": GENERATOR_VERSION, "gguf": _dist_version("gguf"), "numpy": np.__version__},
         sort_keys=True,

@@ -10,6 +10,7 @@ Configurations llama.cpp refuses must be refused by pricing too, naming the same
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ CONFIGS: dict[str, LoadConfig] = {
     "c1000-no-np": LoadConfig(n_ctx=1000),  # not a multiple of 256; no -np: 4 unified slots
     "np1": LoadConfig(n_ctx=2048, n_parallel=1),
     "np3": LoadConfig(n_ctx=4096, n_parallel=3),  # 1536 per slot
+    "np3-uneven": LoadConfig(n_ctx=2000, n_parallel=3),  # 2048 / 3 = 682 -> 768 per slot, n_ctx 2304
     "q8_0-fa": LoadConfig(n_ctx=2048, n_parallel=1, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"),
     "ub128": LoadConfig(n_ctx=1000, n_parallel=2, n_ubatch=128, n_batch=512),
     "no-mmap": LoadConfig(n_ctx=1000, mmap=False),  # -lm none
@@ -38,7 +40,25 @@ CONFIGS: dict[str, LoadConfig] = {
     "swa-full": LoadConfig(n_ctx=1000, swa_full=True),
 }
 SWA_ONLY = {"swa-full"}
-CASES = [(m, c) for m in ZOO_NAMES for c in CONFIGS if c not in SWA_ONLY or "swa" in m]
+# A k-quant copy made by the engine's own llama-quantize (deterministic): Q4_K (repacked on AVX2), Q6_K, and the
+# Q5_0 / Q8_0 fallbacks for rows of 320 that are not a multiple of 256.
+QUANTIZED = {"qwen2-k256.Q4_K_M": ("qwen2-k256", "Q4_K_M")}
+MODELS = [*ZOO_NAMES, *QUANTIZED]
+CASES = [(m, c) for m in MODELS for c in CONFIGS if c not in SWA_ONLY or "swa" in m]
+
+
+@pytest.fixture(scope="module")
+def models(zoo: dict, engine_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Zoo paths plus the llama-quantize copies in QUANTIZED."""
+    out = {name: m.path for name, m in zoo.items()}
+    dest = tmp_path_factory.mktemp("quantized")
+    for name, (source, qtype) in QUANTIZED.items():
+        target = dest / f"{name}.gguf"
+        r = subprocess.run([str(engine_bin_dir / "llama-quantize"), str(zoo[source].path), str(target), qtype, "1"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        out[name] = target
+    return out
 
 
 def _mib2(n: int | None) -> str:
@@ -47,8 +67,8 @@ def _mib2(n: int | None) -> str:
 
 
 @pytest.mark.parametrize("model, config", CASES)
-def test_price_matches_the_load_log(zoo: dict, engine_bin_dir: Path, model: str, config: str) -> None:
-    path = zoo[model].path
+def test_price_matches_the_load_log(models: dict[str, Path], engine_bin_dir: Path, model: str, config: str) -> None:
+    path = models[model]
     cfg = CONFIGS[config]
     s = load_structure(path)
     try:
@@ -102,6 +122,38 @@ def test_cli_uses_the_dry_run_when_the_engine_is_found(zoo: dict, llama_server: 
     out = json.loads(r.stdout)
     (cpu,) = out["devices"]
     assert cpu["sources"]["compute"] == "dry-run" and cpu["compute_bytes"] > 0
+
+
+@pytest.mark.parametrize("model", ["gemma3-swa", "deepseek2-mla", "qwen2moe-shexp", "jamba-hybrid",
+                                   "qwen2-k256.Q4_K_M"])
+def test_cli_json_matches_the_load_log(models: dict[str, Path], engine_bin_dir: Path, llama_server: Path,
+                                       model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``fitevict price --json`` prints is what llama-server logs: buffers, KV lines and cells, compute."""
+    monkeypatch.setenv("FITEVICT_CACHE_DIR", str(tmp_path))  # a fresh dry run, not a cached one
+    monkeypatch.setenv("FITEVICT_LLAMA_SERVER", str(llama_server))  # the engine, now outside that cache dir
+    path = models[model]
+    r = CliRunner().invoke(__import__("fitevict.cli", fromlist=["app"]).app,
+                           ["price", "--json", str(path), "-c", "2000", "-np", "3"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    log = parse_load_log(capture_load_log(engine_bin_dir, path, LoadConfig(n_ctx=2000, n_parallel=3)).text)
+    assert (out["config"]["n_ctx"], out["config"]["n_ctx_seq"]) == (log.n_ctx, log.n_ctx_seq) == (2304, 768)
+    assert {b["name"]: _mib2(b["bytes"]) for b in out["buffers"]} == {n: _mib2(b) for n, b in log.model_buffers}
+    kv = out["kv"]
+    assert [_mib2(kv[k]) for k in ("bytes_full", "bytes_swa") if kv[k]] == [_mib2(n) for _, n in log.kv_lines]
+    if kv["layers_full"]:
+        assert kv["cells"] == log.kv_cells
+    if kv["layers_swa"]:
+        assert kv["cells_swa"] == log.kv_cells_swa
+    if kv["layers_recurrent"]:
+        assert kv["cells_recurrent"] == log.rs_cells == 3
+        assert [_mib2(n) for _, n in log.rs_buffers] == [_mib2(kv["bytes_recurrent"])]
+    (cpu,) = out["devices"]
+    measured = log.to_footprint().device("CPU")
+    assert measured is not None and measured.compute.bytes is not None
+    assert cpu["sources"]["compute"] == "dry-run"
+    assert abs(cpu["compute_bytes"] - measured.compute.bytes) <= max(0.01 * measured.compute.bytes, MiB // 200)
+    assert _mib2(cpu["output_bytes"]) == _mib2(measured.output.bytes)
 
 
 def test_dry_run_is_cached_by_file_and_configuration(zoo: dict, engine_bin_dir: Path, tmp_path: Path,

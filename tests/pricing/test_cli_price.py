@@ -24,7 +24,11 @@ def test_json_contract(small_zoo: dict[str, Path]) -> None:
     assert set(out["config"]) >= {"n_ctx", "n_ctx_seq", "parallel", "kv_unified", "n_gpu_layers", "n_cpu_moe",
                                   "cache_type_k", "cache_type_v", "flash_attn", "ubatch", "mmap"}
     assert (out["config"]["n_ctx"], out["config"]["n_ctx_seq"], out["config"]["parallel"]) == (1024, 512, 2)
-    assert out["kv"] == {"cells": 512, "cells_swa": 256, "layers_full": 2, "layers_swa": 2, "layers_recurrent": 0}
+    # gemma2-swa: 2 kv heads of 24, f16: K + V = 2 * 24 * 2 * 2 B = 192 B per cell and layer, 2 streams (-np 2);
+    # base 512 cells, SWA PAD256(min(512, 64 + 128)) = 256 cells, 2 layers each
+    assert out["kv"] == {"cells": 512, "cells_swa": 256, "layers_full": 2, "layers_swa": 2, "layers_recurrent": 0,
+                         "cells_recurrent": 0, "bytes_full": 2 * 192 * 512 * 2, "bytes_swa": 2 * 192 * 256 * 2,
+                         "bytes_recurrent": 0}
     (dev,) = out["devices"]
     assert dev["name"] == "CPU"
     assert dev["total_bytes"] == dev["model_bytes"] + dev["context_bytes"] + dev["compute_bytes"] + dev["output_bytes"]

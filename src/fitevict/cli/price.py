@@ -100,12 +100,15 @@ def price_cmd(
                                      *(["--swa-full"] if swa_full else [])])
             path, cfg, notes = Path(cmd.model), cmd.config, list(cmd.warnings)
         s = load_structure(path)
-        compute, why = _dry_run(path, cfg, dry_run) if not s.unsupported else (None, s.unsupported)
+        # the engine's dry run sizes the compute buffer even for an architecture fitevict has no KV rules for
+        compute, why = _dry_run(path, cfg, dry_run)
         p = price(s, cfg, compute=compute)
     except PricingError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(2) from e
-    warnings = [*notes, *p.warnings, *([f"compute from a formula: {why}"] if compute is None and why else [])]
+    sources = {d.compute.source for d in p.footprint.devices}
+    label = "compute from a formula" if "formula" in sources else "compute unavailable"
+    warnings = [*notes, *p.warnings, *([f"{label}: {why}"] if compute is None and why else [])]
     if as_json:
         out = to_json(s, cfg, p)
         out["warnings"] = warnings

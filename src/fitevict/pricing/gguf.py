@@ -26,33 +26,94 @@ class PricingError(ValueError):
     """A model file or configuration that cannot be priced; the message names the file and the problem."""
 
 
-# Architectures whose memory llama.cpp builds as a plain (or sliding-window) attention KV cache.
+# Architectures whose memory llama.cpp builds as a plain (or sliding-window) attention KV cache
+# (llama_model::create_memory's default branch, neither recurrent nor hybrid, no per-arch cache class).
 ATTENTION_ARCHS: frozenset[str] = frozenset({
     "llama", "deci", "llama4", "mistral3", "qwen", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi2", "phi3",
     "phimoe", "gemma", "gemma2", "gemma3", "starcoder", "starcoder2", "granite", "granitemoe", "olmo", "olmo2",
     "olmoe", "internlm2", "stablelm", "gpt2", "gptneox", "falcon", "command-r", "cohere2", "exaone", "exaone4",
     "smollm3", "gpt-oss", "baichuan", "orion", "minicpm", "bloom", "mpt", "refact", "codeshell", "arcee",
     "ernie4_5", "ernie4_5-moe", "hunyuan-dense", "hunyuan-moe", "seed_oss", "apertus", "glm4", "glm4moe",
+    "deepseek", "deepseek2", "minicpm3",
 })
 # Architectures whose memory is a recurrent state only (one cell per sequence, independent of ctx).
 RECURRENT_ARCHS: frozenset[str] = frozenset({"mamba", "mamba2"})
 # Hybrid: layers with head_count_kv 0 hold a recurrent state, the others a KV cache (llama_memory_hybrid).
 HYBRID_ARCHS: frozenset[str] = frozenset({"jamba"})
 
-# SWA layer pattern hard-coded per architecture in llama.cpp (src/models/<arch>.cpp: load_swa_pattern):
-# (period, dense_first, default n_swa, needs the sliding_window key to be SWA at all).
-# period p, dense_first False: layer il is SWA iff il % p < p - 1; dense_first True: iff il % p != 0.
-SWA_PATTERNS: dict[str, tuple[int, bool, int, bool]] = {
-    "gemma2": (2, False, 4096, False),
-    "gemma3": (6, False, 0, True),
-    "gemma3n": (5, False, 0, True),
-    "cohere2": (4, False, 0, False),
-    "gpt-oss": (2, False, 0, False),
-    "llama4": (4, False, 0, True),
-    "olmo2": (4, False, 0, True),
-    "exaone4": (4, False, 0, True),
-    "phi3": (1, False, 0, True),
+# Architectures whose loader marks the MTP blocks (block index >= n_layer - nextn_predict_layers) TENSOR_SKIP
+# unless MTP speculative decoding is on: their weights are in the file but in no buffer.
+MTP_SKIP_ARCHS: frozenset[str] = frozenset({
+    "deepseek2", "deepseek32", "deepseek4", "glm4moe", "glm-dsa", "glm5-next", "qwen3next", "qwen35", "qwen35moe",
+    "mimo2", "step35", "hy_v3", "cohere2moe", "bailingmoe3", "nemotron_h",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class SwaRule:
+    """How an architecture's ``load_arch_hparams`` (src/models/<arch>.cpp) turns on sliding-window attention.
+
+    ``period``/``dense_first`` are ``load_swa_pattern``'s defaults (a ``sliding_window_pattern`` key, number or
+    per-layer array, overrides them): dense_first False makes layer il SWA iff ``il % p < p - 1``, True iff
+    ``il % p != 0``. ``window`` is the n_swa llama.cpp sets itself (0: only the ``sliding_window`` key);
+    ``forced`` means that value wins over the key. ``when``: "always"; "key>0" (the key is present and
+    positive); "key!=0" (unless the key is present and 0); "n_layer=N" (only for that depth).
+    """
+
+    period: int
+    dense_first: bool = False
+    window: int = 0
+    forced: bool = False
+    when: str = "always"
+
+
+# One row per architecture, as hard-coded in llama.cpp 0c1e570.
+SWA_RULES: dict[str, SwaRule] = {
+    "gemma2": SwaRule(2, window=4096),
+    "gemma3": SwaRule(6, when="key>0"),
+    "gemma3n": SwaRule(5),
+    "cohere2": SwaRule(4),
+    "cohere2moe": SwaRule(4, dense_first=True),
+    "gpt-oss": SwaRule(2),
+    "llama4": SwaRule(4, window=8192, forced=True, when="key!=0"),  # chunked attention, always 8192
+    "olmo2": SwaRule(4, when="key>0"),
+    "exaone4": SwaRule(4, window=4096, when="n_layer=64"),
+    "exaone-moe": SwaRule(4, window=128),
+    "afmoe": SwaRule(4, when="key>0"),
+    "mellum": SwaRule(4, when="key>0"),
+    "plamo3": SwaRule(8, when="key>0"),
+    "smallthinker": SwaRule(4, dense_first=True, window=4096, forced=True, when="key>0"),
+    "muse-glimmer": SwaRule(4),
+    # phi3 reads sliding_window but llama.cpp disables Phi SWA (swa_type NONE): no row.
 }
+
+
+def swa_layout(arch: str, n_layer: int, window_key: int | None,
+               pattern_key: int | list[int] | None) -> tuple[int, tuple[bool, ...]]:
+    """(n_swa, per-layer is-SWA) as llama.cpp derives them for ``arch``; (0, all False) without SWA."""
+    none = (0, (False,) * n_layer)
+    rule = SWA_RULES.get(arch)
+    if rule is None:
+        return none
+    on = {
+        "always": True,
+        "key>0": window_key is not None and window_key > 0,
+        "key!=0": window_key is None or window_key != 0,
+    }.get(rule.when, rule.when == f"n_layer={n_layer}")
+    if not on:
+        return none
+    n_swa = rule.window if rule.forced else (window_key if window_key is not None else rule.window)
+    if isinstance(pattern_key, list):
+        layers = tuple(bool(x) for x in (pattern_key + [0] * n_layer)[:n_layer])
+    else:
+        p = rule.period if pattern_key is None else int(pattern_key)
+        layers = tuple(
+            (p == 0 or il % p != 0) if rule.dense_first else (p == 0 or il % p < p - 1) for il in range(n_layer)
+        )
+    if not n_swa or not any(layers):
+        return none
+    return n_swa, layers
+
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
 EXPERT_RE = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")  # llama.cpp's LLM_FFN_EXPS_REGEX
@@ -111,7 +172,23 @@ class GgufStructure:
     data_offset: int
     tied_output: bool  # no output.weight: llama.cpp duplicates token_embd as the output matrix
     unsupported: str = ""  # non-empty: why the context cannot be priced for this architecture
+    key_length_swa: int = 0  # head sizes of SWA layers (attention.key/value_length_swa; default the full ones)
+    value_length_swa: int = 0
+    mla: bool = False  # multi-head latent attention: K cache only, key_length wide, one kv head
+    n_layer_nextn: int = 0  # trailing next-token-prediction (MTP) blocks: no KV cache, weights not loaded
+
+    @property
+    def n_layer_trunk(self) -> int:
+        """hparams.n_layer(): the blocks the main graph runs (block_count minus the MTP blocks)."""
+        return self.n_layer - self.n_layer_nextn
     metadata: tuple[tuple[str, str], ...] = field(default=())
+
+    def head_k(self, il: int) -> int:
+        """n_embd_head_k(il): the SWA layers' own key size where the file gives one."""
+        return (self.key_length_swa or self.key_length) if self.swa_layers[il] else self.key_length
+
+    def head_v(self, il: int) -> int:
+        return (self.value_length_swa or self.value_length) if self.swa_layers[il] else self.value_length
 
     @property
     def is_recurrent(self) -> bool:
@@ -203,8 +280,13 @@ def parse_structure(path: str | Path) -> GgufStructure:
     n_head_kv_raw = key("attention.head_count_kv")
     n_head_kv = _per_layer(n_head_kv_raw, n_layer, 0) if n_head_kv_raw is not None else n_head
     first_head = next((h for h in n_head if h), 0)
-    key_length = int(key("attention.key_length") or (n_embd // first_head if first_head else 0))  # type: ignore[arg-type]
-    value_length = int(key("attention.value_length") or key_length)  # type: ignore[arg-type]
+    head = n_embd // first_head if first_head else 0  # llama.cpp's default for both head sizes
+    key_length = int(key("attention.key_length") or head)  # type: ignore[arg-type]
+    value_length = int(key("attention.value_length") or head)  # type: ignore[arg-type]
+    key_length_swa = int(key("attention.key_length_swa") or key_length)  # type: ignore[arg-type]
+    value_length_swa = int(key("attention.value_length_swa") or value_length)  # type: ignore[arg-type]
+    # MLA (hparams.is_mla): the cache holds one latent row per token (K only; V is a view of it)
+    mla = bool(key("attention.key_length_mla")) and bool(key("attention.value_length_mla"))
 
     tensors: list[TensorInfo] = []
     for t in reader.tensors:
@@ -228,31 +310,21 @@ def parse_structure(path: str | Path) -> GgufStructure:
         te = next((t for t in tensors if t.name == "token_embd.weight"), None)
         n_vocab = te.shape[1] if te and len(te.shape) > 1 else 0
 
+    n_nextn = min(int(key("nextn_predict_layers") or 0), n_layer)  # type: ignore[call-overload]
     swa_raw = key("attention.sliding_window")
-    n_swa = int(swa_raw or 0)  # type: ignore[arg-type]
-    swa_layers = (False,) * n_layer
-    pat = SWA_PATTERNS.get(arch)
-    if pat is not None:
-        period, dense_first, default_swa, needs_key = pat
-        if not (needs_key and swa_raw is None):
-            n_swa = n_swa or default_swa
-            explicit = key("attention.sliding_window_pattern")
-            if isinstance(explicit, list):
-                swa_layers = tuple(bool(x) for x in (explicit + [False] * n_layer)[:n_layer])
-            else:
-                period = int(explicit) if explicit is not None else period  # type: ignore[arg-type]
-                swa_layers = tuple(
-                    (period == 0 or (il % period != 0)) if dense_first else (period == 0 or il % period < period - 1)
-                    for il in range(n_layer)
-                )
-    if not any(swa_layers):
-        n_swa = 0
+    pattern_raw = key("attention.sliding_window_pattern")
+    window = int(swa_raw) if swa_raw is not None else None  # type: ignore[call-overload]
+    pattern = pattern_raw if isinstance(pattern_raw, list) or pattern_raw is None else int(pattern_raw)  # type: ignore[call-overload]
+    n_swa, swa_layers = swa_layout(arch, n_layer - n_nextn, window, pattern)
+    swa_layers = swa_layers + (False,) * n_nextn
 
     unsupported = ""
     known = ATTENTION_ARCHS | RECURRENT_ARCHS | HYBRID_ARCHS
     if arch not in known:
         unsupported = (
-            f"architecture {arch!r} has no KV/state rules in fitevict's pricing (known: {', '.join(sorted(known))})"
+            f"architecture {arch!r} has no KV/state rules in fitevict's pricing ({len(known)} known, e.g. "
+            f"{', '.join(sorted(known)[:6])}, ...); its weights are priced from the file, its context is not. "
+            "Run it once with llama-server -lv 4 and read the KV buffer lines"
         )
 
     meta = tuple(
@@ -262,7 +334,8 @@ def parse_structure(path: str | Path) -> GgufStructure:
         path=str(p), file_bytes=size, arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
         n_ctx_train=int(key("context_length") or 0),  # type: ignore[arg-type]
         n_head=n_head, n_head_kv=n_head_kv, key_length=key_length, value_length=value_length,
-        n_swa=n_swa, swa_layers=swa_layers,
+        n_swa=n_swa, swa_layers=swa_layers, key_length_swa=key_length_swa, value_length_swa=value_length_swa,
+        mla=mla, n_layer_nextn=n_nextn,
         expert_count=int(key("expert_count") or 0), expert_used_count=int(key("expert_used_count") or 0),  # type: ignore[arg-type]
         ssm_d_conv=int(key("ssm.conv_kernel") or 0), ssm_d_inner=int(key("ssm.inner_size") or 0),  # type: ignore[arg-type]
         ssm_d_state=int(key("ssm.state_size") or 0), ssm_n_group=int(key("ssm.group_count") or 0),  # type: ignore[arg-type]

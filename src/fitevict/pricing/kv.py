@@ -8,8 +8,11 @@ Rules (llama.cpp 0c1e570: src/llama-context.cpp, src/llama-kv-cache*.cpp, tools/
   ``n_ctx_train * np`` without a unified cache; it may also lower it when memory is short). ``n_ctx`` is padded up to 256; without a unified cache
   ``n_ctx_seq = PAD(n_ctx / np, 256)`` and ``n_ctx = n_ctx_seq * np``; with one, ``n_ctx_seq = n_ctx``.
 - ``n_batch = min(n_ctx as requested (before padding), -b)``; ``n_ubatch = min(n_batch, -ub)``.
-- Each KV layer holds K ``[key_length * head_count_kv[il], cells, streams]`` of ``-ctk`` and V likewise of
-  ``-ctv``; without flash attention V is stored transposed and every layer is padded to the widest V row.
+- Each KV layer holds K ``[n_embd_head_k(il) * head_count_kv[il], cells, streams]`` of ``-ctk`` and V likewise
+  of ``-ctv`` (SWA layers use ``key_length_swa`` / ``value_length_swa`` when the file has them); without flash
+  attention V is stored transposed and every layer is padded to the widest V row. An MLA model
+  (``key_length_mla`` and ``value_length_mla`` set) caches K only: one latent row of ``key_length``
+  (kv_lora_rank + rope dims) per token; V is a view of it.
 - Flash attention ``auto`` counts as enabled when the cache is created (V not transposed); a quantized V
   cache with ``-fa off`` is refused by llama.cpp.
 - SWA layers hold ``PAD256(min(n_ctx_seq, n_swa * (unified ? np : 1) + n_ubatch))`` cells (``--swa-full``:
@@ -91,6 +94,9 @@ class KvInfo:
         return {
             "cells": self.cells, "cells_swa": self.cells_swa, "layers_full": self.layers_full,
             "layers_swa": self.layers_swa, "layers_recurrent": self.layers_recurrent,
+            "cells_recurrent": next((layer.cells for layer in self.layers if layer.kind == "recurrent"), 0),
+            "bytes_full": self.bytes_of("full"), "bytes_swa": self.bytes_of("swa"),
+            "bytes_recurrent": self.bytes_of("recurrent"),
         }
 
 
@@ -135,8 +141,10 @@ def resolve_context(s: GgufStructure, cfg: LoadConfig) -> ResolvedContext:
             "use -fa on (or auto), or -ctv f16"
         )
     if fa:
-        for flag, t, head, what in (("-ctk", cfg.cache_type_k, s.key_length, "n_embd_head_k"),
-                                    ("-ctv", cfg.cache_type_v, s.value_length, "n_embd_head_v")):
+        heads_k = sorted({s.head_k(il) for il in range(s.n_layer)} or {s.key_length})
+        heads_v = sorted({s.head_v(il) for il in range(s.n_layer)} or {s.value_length})
+        for flag, t, head, what in (*(("-ctk", cfg.cache_type_k, h, "n_embd_head_k") for h in heads_k),
+                                    *(("-ctv", cfg.cache_type_v, h, "n_embd_head_v") for h in heads_v)):
             bs = block_size(type_by_name(t))
             if bs > 1 and head % bs:
                 raise PricingError(
@@ -164,9 +172,9 @@ def kv_layers(s: GgufStructure, rc: ResolvedContext, cfg: LoadConfig) -> KvInfo:
     if s.n_swa:
         cells_swa = rc.n_ctx_seq if cfg.swa_full else pad(
             min(rc.n_ctx_seq, s.n_swa * (rc.n_parallel if rc.kv_unified else 1) + rc.n_ubatch), CTX_PAD)
-    v_max = max((s.value_length * h for h in s.n_head_kv), default=0)
+    v_max = max((s.head_v(il) * s.n_head_kv[il] for il in range(s.n_layer)), default=0)  # n_embd_v_gqa_max: all blocks
     rows = max(1, rc.n_parallel)
-    for il in range(s.n_layer):
+    for il in range(s.n_layer_trunk):  # MTP blocks are filtered out of the main context's cache
         h = s.n_head_kv[il]
         if h == 0:
             if s.is_hybrid:  # a recurrent layer of a hybrid model: one state cell per slot
@@ -175,11 +183,11 @@ def kv_layers(s: GgufStructure, rc: ResolvedContext, cfg: LoadConfig) -> KvInfo:
             continue
         swa = s.swa_layers[il]
         n_cells = cells_swa if swa else cells
-        k_w = s.key_length * h
-        v_w = v_max if not rc.flash_attn else s.value_length * h
+        k_w = s.head_k(il) * h
+        v_w = v_max if not rc.flash_attn else s.head_v(il) * h
         try:
             k = pad(row_size(cfg.cache_type_k, k_w) * n_cells * rc.n_stream, CPU_TENSOR_ALIGNMENT)
-            v = pad(row_size(cfg.cache_type_v, v_w) * n_cells * rc.n_stream, CPU_TENSOR_ALIGNMENT)
+            v = 0 if s.mla else pad(row_size(cfg.cache_type_v, v_w) * n_cells * rc.n_stream, CPU_TENSOR_ALIGNMENT)
         except GgmlTypeError as err:
             raise PricingError(f"{s.path}: layer {il}: {err}; pick another cache type") from err
         layers.append(KvLayer(il, "swa" if swa else "full", n_cells, k, v))

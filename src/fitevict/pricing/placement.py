@@ -3,9 +3,11 @@
 Rules:
 - Layers ``il >= n_layer + 1 - ngl`` go to the GPU; the output layer is pseudo-layer ``n_layer``, so it is
   offloaded first: ``-ngl 1`` offloads only the output. ``-ngl`` above ``n_layer + 1`` is clamped.
-- The input layer (``token_embd``) always stays on the CPU. A model without ``output.weight`` (tied
-  embedding) gets ``token_embd`` duplicated as the output matrix, in the output layer's buffer; when that
-  is token_embd's own buffer the loader reuses the tensor (no second copy).
+- The input layer (``token_embd``, ``position_embd``) always stays on the CPU; ``token_embd_norm`` goes with
+  layer 0 and ``rope_freqs`` with every layer's device (one copy per buffer type). MTP blocks of the
+  architectures in ``MTP_SKIP_ARCHS`` are not loaded. A model without ``output.weight`` (tied embedding)
+  gets ``token_embd`` duplicated as the output matrix, in the output layer's buffer; when that is
+  token_embd's own buffer the loader reuses the tensor (no second copy).
 - ``--n-cpu-moe N`` overrides the experts (``blk.i.ffn_*_exps``) of layers ``i < N`` to the CPU.
 - A CPU weight takes the first buffer type that supports its op, in the order: the first GPU's host
   buffer (``CUDA_Host``, only when a GPU is in use), the CPU repack buffer (``CPU_REPACK``: x86 with AVX2
@@ -28,7 +30,7 @@ from gguf import GGMLQuantizationType as QT
 
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, is_quantized, pad, row_size
-from fitevict.pricing.gguf import GgufStructure, TensorInfo
+from fitevict.pricing.gguf import MTP_SKIP_ARCHS, GgufStructure, TensorInfo
 from fitevict.pricing.loadconfig import LoadConfig
 
 X86_AVX2: frozenset[str] = frozenset({"avx2"})
@@ -39,6 +41,12 @@ REPACK_TYPES: dict[QT, str] = {QT.Q4_0: "avx2", QT.Q4_K: "avx2", QT.IQ4_NL: "avx
 REPACK_ROW_MULTIPLE = 8
 GPU_ALIGNMENT: dict[str, int] = {"CUDA": 128, "ROCm": 128, "Vulkan": 128, "Metal": 32, "SYCL": 128}
 CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized rows padded to this many elements
+# Unnumbered tensors that llama.cpp places with the repeating layers (LLM_TENSOR_LAYER_REPEATING in
+# llama-arch.cpp): "first" is created with layer 0 (bloom's token_embd_norm); "every" is created by each layer
+# as a TENSOR_DUPLICATED copy, which the loader keeps once per buffer type (llama's rope_freqs, phi3's factors).
+REPEATING_UNNUMBERED: dict[str, str] = {
+    "token_embd_norm": "first", "rope_freqs": "every", "rope_factors_long": "every", "rope_factors_short": "every",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +151,18 @@ def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_
 
     assigned: list[tuple[TensorInfo, str, str]] = []  # (tensor, buffer, device)
     for t in s.tensors:
+        if s.n_layer_nextn and s.arch in MTP_SKIP_ARCHS and t.layer is not None and t.layer >= s.n_layer_trunk:
+            continue  # MTP blocks: llama-server loads them only for MTP speculative decoding (TENSOR_SKIP)
         role = t.role
+        with_layers = REPEATING_UNNUMBERED.get(t.name.split(".", 1)[0]) if t.layer is None else None
+        if with_layers and s.n_layer:
+            first = layer_dev[0]
+            assigned.append((t, cpu_buffer(t) if first == HOST else first, first))
+            if with_layers == "every":
+                for dev in dict.fromkeys(layer_dev):
+                    if dev != first:
+                        assigned.append((t, cpu_buffer(t) if dev == HOST else dev, dev))
+            continue
         if role == "layer":
             dev = layer_dev[t.layer] if t.layer is not None and t.layer < s.n_layer else HOST
             if t.expert and t.layer is not None and t.layer < cfg.n_cpu_moe:

@@ -52,16 +52,23 @@ def compute_formula(s: GgufStructure, rc: ResolvedContext, kv: KvInfo | None) ->
 
     The graph allocator reuses memory, so the peak is a handful of activations: a few n_embd / n_ff rows
     per token, the logits of the outputs, an f16 KQ mask per KV cache (base and SWA) and, without flash
-    attention, the f32 KQ scores (cells x ubatch x heads); recurrent layers add the scan's rows. Used only when no dry run is available; on the
-    demo zoo it lands between +0% and +70% of the engine's dry run (median +10%).
+    attention, the f32 KQ scores (cells x ubatch x heads); recurrent layers add the scan's rows. The FFN rows are
+    the widest of the dense FFN, the routed experts (n_ff_exp x experts used) and the shared expert; the attention
+    rows are q over all heads (explicit head sizes and MLA's latent heads can exceed n_embd). Used only when no
+    dry run is available; on the demo zoo it lands between the engine's dry run and twice it.
     """
     ub = rc.n_ubatch
     n_head = max(s.n_head, default=0)
-    ff = max((t.shape[1] for t in s.tensors if t.name.endswith("ffn_up.weight") and len(t.shape) > 1),
+    # FFN rows per token: the dense FFN, the routed experts' (n_ff_exp each) or the shared expert's
+    used = max(s.expert_used_count, 1)
+    ff = max((t.shape[1] * (used if t.expert else 1) for t in s.tensors
+              if len(t.shape) > 1 and t.name.endswith(("ffn_up.weight", "ffn_up_exps.weight", "ffn_up_shexp.weight"))),
              default=4 * s.n_embd)
+    # attention rows per token: q over all heads (explicit head sizes, MLA's latent heads may exceed n_embd)
+    width = max(s.n_embd, n_head * max(s.key_length, s.key_length_swa))
     cells = kv.cells if kv else 0
     cells_swa = kv.cells_swa if kv else 0
-    acts = 4 * ub * (4 * s.n_embd + 3 * ff)
+    acts = 4 * ub * (4 * width + 3 * ff)
     logits = 4 * s.n_vocab * (min(ub, rc.n_parallel) + 2)
     masks = 2 * ub * (cells + cells_swa)
     scores = 0 if rc.flash_attn else 4 * max(cells, cells_swa) * ub * n_head
