@@ -39,3 +39,31 @@ def test_bad_toml_names_the_file_and_key(tmp_path: Path) -> None:
     cfg.write_text('[policy]\nmax_queue = "many"\n')
     r = serve(tmp_path, "--config", str(cfg))
     assert r.returncode == 2 and "policy.max_queue" in r.stderr and "many" in r.stderr, r.stderr
+
+
+def test_binding_beyond_loopback_without_keys_warns(tmp_path: Path) -> None:
+    import socket
+    import signal
+
+    engine = tmp_path / "llama-server"
+    engine.write_text("#!/bin/sh\necho usage\n")
+    engine.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "FITEVICT_CONFIG": "", "FITEVICT_LLAMA_SERVER": str(engine)}
+    proc = subprocess.Popen([sys.executable, "-m", "fitevict.cli", "serve", "--host", "0.0.0.0", "--port", str(port),
+                             "--data-dir", str(tmp_path / "d")], stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    seen = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # read until the server says it is up
+            seen.append(line)
+            if "Uvicorn running" in line or "Application startup complete" in line:
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    text = "".join(seen)
+    assert "warning" in text and "0.0.0.0" in text and "api-key" in text.replace("_", "-")
