@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fitevict.engines.dryrun import capture_load_log, dry_run_compute
+from fitevict.engines.dryrun import DryRun, capture_load_log, dry_run, dry_run_compute
 from fitevict.engines.install import resolve_binary
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
@@ -47,6 +47,111 @@ CONFIGS: dict[str, LoadConfig] = {
 TERMS = ("model", "context", "compute", "output")
 # copies made by the engine's own llama-quantize: name -> (zoo source, llama-quantize type)
 QUANTIZED = {"qwen2-k256.Q4_K_M": ("qwen2-k256", "Q4_K_M")}
+
+
+# seats beyond the matrix: embeddings (output buffer), -ot to the CPU (no-op on -dev none), an unknown arch
+EMBEDDINGS = ("-c 4096 -np 16 --embeddings --pooling mean", LoadConfig(n_ctx=4096, n_parallel=16, embeddings=True),
+              ("--pooling", "mean"))
+EMBEDDING_MODELS = ("qwen2-k256", "gemma3-swa", "jamba-hybrid", "llama-medium")
+OVERRIDES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "llama-moe": ("-ot _exps=CPU", (("_exps", "CPU"),)),
+    "llama-q4_0": (r"-ot blk\.[0-2]\.ffn=CPU,token_embd=CPU", ((r"blk\.[0-2]\.ffn", "CPU"), ("token_embd", "CPU"))),
+    "llama-tied": ("-ot token_embd=CPU", (("token_embd", "CPU"),)),
+}
+UNKNOWN_ARCH = ("llama-gqa", "xverse")  # llama.cpp has xverse (llama-shaped); fitevict's tables do not
+
+
+def rewrite_arch(src: Path, dst: Path, arch: str) -> Path:
+    """A copy of ``src`` whose architecture (and key prefix) is ``arch``: same tensors, same bytes."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    old = str(r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(dst, arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        key = arch + name[len(old):] if name.startswith(old + ".") else name
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(key, f.contents(), f.types[0])
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=[int(x) for x in reversed(t.shape.tolist())], raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def beyond_the_matrix(bin_dir: Path, models: dict[str, Path], zoo_dir: Path) -> list[str]:
+    """Embeddings seats, tensor overrides and an architecture fitevict has no rules for, each against the log."""
+    out = ["## Embeddings seats", "",
+           "`--embeddings` adds `n_embd` f32 per output to the output buffer (`llama_context::output_reserve`); at",
+           "load there is one output per slot. llama-server lowers `-b` to `-ub` for embeddings, and an embeddings",
+           "batch outputs every token, so the first full batch grows the buffer to `n_batch` outputs: the footprint",
+           "holds that peak (no log line reports the growth; it follows from the source).", "",
+           f"Config: `{EMBEDDINGS[0]}`.", "",
+           "| model | n_batch (log / priced) | output at load, MiB (log / priced) | plain seat's output | "
+           "output at peak (priced) | compute (log / dry run) |",
+           "|---|---|---|---|---|---|"]
+    label, cfg, extra = EMBEDDINGS
+    for name in EMBEDDING_MODELS:
+        if name not in models:
+            continue
+        s = load_structure(models[name])
+        comp = dry_run_compute(bin_dir, models[name], cfg, use_cache=False, extra_args=extra)
+        p = price(s, cfg, compute=comp if isinstance(comp, dict) else None)
+        log = parse_load_log(capture_load_log(bin_dir, models[name], cfg, extra_args=extra).text)
+        meas = log.to_footprint().device("CPU")
+        pred = p.footprint.device("CPU")
+        assert meas is not None and pred is not None
+        out.append(f"| {name} | {log.n_batch} / {p.n_batch} | {mib(meas.output.bytes)} / {mib(p.output_at_load)} | "
+                   f"{mib(4 * s.n_vocab * p.n_parallel)} | {mib(pred.output.bytes)} | "
+                   f"{mib(meas.compute.bytes)} / {mib(pred.compute.bytes)} |")
+    out += ["", "## Tensor overrides to the CPU (`-dev none`)", "",
+            "Without a GPU every weight already comes from the CPU buffer list (repack included), so `-ot ...=CPU`",
+            "must leave the buffers as they are; the dry run is given the same flags.", "",
+            "| model | overrides | model buffers: log with -ot | log without | priced |", "|---|---|---|---|---|"]
+    for name, (label, ots) in OVERRIDES.items():
+        if name not in models:
+            continue
+        cfg = LoadConfig(n_ctx=1000, tensor_overrides=ots)
+        p = price(load_structure(models[name]), cfg)
+        with_ot = parse_load_log(capture_load_log(bin_dir, models[name], cfg).text).model_buffers
+        plain = parse_load_log(capture_load_log(bin_dir, models[name], cfg.with_(tensor_overrides=())).text)
+
+        def show(bufs: tuple[tuple[str, int], ...]) -> str:
+            return ", ".join(f"{n} {mib(b)}" for n, b in sorted(bufs))
+
+        out.append(f"| {name} | `{label}` | {show(with_ot)} | {show(plain.model_buffers)} | "
+                   f"{show(tuple((b.name, b.bytes) for b in p.buffers))} |")
+    src, arch = UNKNOWN_ARCH
+    out += ["", f"## An architecture llama.cpp knows and fitevict does not ({arch})", "",
+            f"`{src}` rewritten as `{arch}` (same tensors). fitevict has no KV rules for it, so its context comes",
+            "from the caches the engine's `--fit` dry run sized (`llama_kv_cache: size = ...`, source `dry-run`);",
+            f"the last column prices the same geometry as `{src}` by the rules.", "",
+            "| config | cells (log / dry run) | context MiB (log / dry run) | compute (log / dry run) | rules |",
+            "|---|---|---|---|---|"]
+    if src in models:
+        path = rewrite_arch(models[src], zoo_dir / f"{arch}.gguf", arch)
+        s = load_structure(path)
+        for label, cfg in list(CONFIGS.items())[:4]:
+            dr = dry_run(bin_dir, path, cfg, use_cache=False)
+            if not isinstance(dr, DryRun):
+                out.append(f"| `{label}` | dry run unavailable: {dr.reason} | | | |")
+                continue
+            p = price(s, cfg, compute=dr.compute, context=dr.context)
+            log = parse_load_log(capture_load_log(bin_dir, path, cfg).text)
+            meas = log.to_footprint().device("CPU")
+            pred = p.footprint.device("CPU")
+            rules = price(load_structure(models[src]), cfg).footprint.device("CPU")
+            assert meas is not None and pred is not None and rules is not None and p.kv is not None
+            out.append(f"| `{label}` | {log.kv_cells} / {p.kv.cells} | {mib(meas.context.bytes)} / "
+                       f"{mib(pred.context.bytes)} ({pred.context.source}) | {mib(meas.compute.bytes)} / "
+                       f"{mib(pred.compute.bytes)} | {mib(rules.context.bytes)} |")
+    return [*out, ""]
 
 
 def ollama_formula(s: GgufStructure, n_ctx: int) -> int:
@@ -183,6 +288,7 @@ def main() -> None:
                     f"| {name} | `{label}` | {mib(pc)} | {mib(pc_touched)} | {mib(committed - before)} | {pct(e)} | "
                     f"{mib(p.footprint.host_mapped_bytes)} | {mib(cap.smaps.get('Pss_File'))} |"
                 )
+    extra = beyond_the_matrix(bin_dir, models, zoo_dir)
     wall = time.monotonic() - t0
 
     def stat(xs: list[float]) -> str:
@@ -251,6 +357,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|",
         *host_rows,
         "",
+        *extra,
         "## Configurations llama.cpp refuses",
         "",
         "| model | config | fitevict's reason | llama-server |",

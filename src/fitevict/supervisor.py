@@ -1003,6 +1003,7 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
         flash_attn=("on" if c.flash_attn else "off") if c.flash_attn is not None else (s.flash_attn or "auto"),
         n_gpu_layers=c.n_gpu_layers if c.n_gpu_layers is not None else (s.n_gpu_layers or 0),
         n_cpu_moe=c.n_cpu_moe if c.n_cpu_moe is not None else (s.n_cpu_moe or 0),
+        embeddings=bool(s.embeddings),  # an embeddings seat's output buffer is priced as it will grow
     )
     mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
     path = Path(entry.path)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fitevict.engines.dryrun import Unavailable, capture_load_log, dry_run_compute
+from fitevict.engines.dryrun import DryRun, Unavailable, capture_load_log, dry_run, dry_run_compute
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import parse_load_log
@@ -182,3 +182,142 @@ def test_formula_fallback_envelope(zoo: dict, engine_bin_dir: Path, model: str) 
         cpu = price(s, cfg).footprint.device("CPU")
         assert cpu is not None and cpu.compute.source == "formula" and cpu.compute.bytes is not None
         assert dry["CPU"] <= cpu.compute.bytes <= 2 * dry["CPU"], (name, cpu.compute.bytes, dry)
+
+
+# --- embeddings seats: the output buffer also holds n_embd floats per output --------------------------------
+
+EMBEDDINGS = LoadConfig(n_ctx=4096, n_parallel=16, embeddings=True)  # 16 slots: the output line tells them apart
+POOLING = ("--pooling", "mean")
+
+
+@pytest.mark.parametrize("model", ["qwen2-k256", "gemma3-swa", "jamba-hybrid"])
+def test_embeddings_seat_matches_the_load_log(models: dict[str, Path], engine_bin_dir: Path, model: str) -> None:
+    path = models[model]
+    s = load_structure(path)
+    dry = dry_run_compute(engine_bin_dir, path, EMBEDDINGS, use_cache=False, extra_args=POOLING)
+    assert isinstance(dry, dict), dry
+    p = price(s, EMBEDDINGS, compute=dry)
+    cap = capture_load_log(engine_bin_dir, path, EMBEDDINGS, extra_args=POOLING)
+    assert cap.ok, cap.reason
+    log = parse_load_log(cap.text)
+    # llama-server lowers -b 2048 to -ub 512 for embeddings
+    assert log.n_batch == p.n_batch == 512
+    # at load: f32 (n_vocab + n_embd) for one output per slot; plain seats hold n_vocab only
+    assert p.output_at_load == 4 * (s.n_vocab + s.n_embd) * 16
+    assert [_mib2(n) for _, n in log.output_buffers] == [_mib2(p.output_at_load)]
+    assert _mib2(p.output_at_load) != _mib2(4 * s.n_vocab * 16)  # the check can tell the two apart
+    # the footprint holds the peak: an embeddings batch outputs every token, up to n_batch = 512 of them
+    cpu = p.footprint.device("CPU")
+    assert cpu is not None and cpu.output.bytes == 4 * (s.n_vocab + s.n_embd) * 512
+    assert {name: _mib2(n) for name, n in log.model_buffers} == {b.name: _mib2(b.bytes) for b in p.buffers}
+    kv = p.kv
+    assert kv is not None
+    assert [_mib2(n) for _, n in log.kv_lines] == [_mib2(kv.bytes_of(k)) for k in ("full", "swa") if kv.bytes_of(k)]
+    measured = log.to_footprint().device("CPU")
+    assert measured is not None and measured.compute.bytes is not None and cpu.compute.bytes is not None
+    assert abs(cpu.compute.bytes - measured.compute.bytes) <= max(0.01 * measured.compute.bytes, MiB // 200)
+
+
+# --- tensor overrides on a CPU-only machine ------------------------------------------------------------------
+
+@pytest.mark.parametrize("model, overrides", [
+    ("llama-moe", (("_exps", "CPU"),)),
+    ("llama-q4_0", ((r"blk\.[0-2]\.ffn", "CPU"), ("token_embd", "CPU"))),  # Q4_0: still repacked
+    ("llama-tied", (("token_embd", "CPU"),)),
+])
+def test_overrides_to_cpu_match_the_load_log(models: dict[str, Path], engine_bin_dir: Path, model: str,
+                                             overrides: tuple) -> None:
+    """On -dev none every weight already comes from the CPU list: the engine's buffers are those of the plain
+    load, and pricing (and the dry run, which gets the same -ot flags) says the same."""
+    path = models[model]
+    cfg = LoadConfig(n_ctx=1000, tensor_overrides=overrides)
+    dry = dry_run_compute(engine_bin_dir, path, cfg, use_cache=False)
+    assert isinstance(dry, dict), dry
+    p = price(load_structure(path), cfg, compute=dry)
+    cap = capture_load_log(engine_bin_dir, path, cfg)
+    assert cap.ok, cap.reason
+    log = parse_load_log(cap.text)
+    plain = parse_load_log(capture_load_log(engine_bin_dir, path, cfg.with_(tensor_overrides=())).text)
+    assert log.model_buffers == plain.model_buffers
+    assert {name: _mib2(n) for name, n in log.model_buffers} == {b.name: _mib2(b.bytes) for b in p.buffers}
+    measured = log.to_footprint().device("CPU")
+    cpu = p.footprint.device("CPU")
+    assert measured is not None and cpu is not None and measured.compute.bytes is not None
+    assert abs(cpu.compute.value - measured.compute.bytes) <= max(0.01 * measured.compute.bytes, MiB // 200)
+
+
+def test_override_to_a_missing_buffer_type_is_refused_by_both(zoo: dict, engine_bin_dir: Path) -> None:
+    path = zoo["llama-moe"].path
+    cfg = LoadConfig(n_ctx=1000, tensor_overrides=(("_exps", "NOSUCHDEV0"),))
+    with pytest.raises(PricingError, match="unknown buffer type 'NOSUCHDEV0'; available buffer types: CPU"):
+        price(load_structure(path), cfg)
+    cap = capture_load_log(engine_bin_dir, path, cfg)
+    assert not cap.ok and "unknown buffer type" in cap.text
+
+
+# --- an architecture llama.cpp knows and fitevict does not: the dry run's caches price its context --------------
+
+def _rewrite_arch(src: Path, dst: Path, arch: str) -> Path:
+    """A copy of ``src`` whose architecture (and key prefix) is ``arch``: same tensors, same bytes."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    old = str(r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(dst, arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        key = arch + name[len(old):] if name.startswith(old + ".") else name
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(key, f.contents(), f.types[0])
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=[int(x) for x in reversed(t.shape.tolist())], raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.fixture(scope="module")
+def xverse(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llama-gqa as an xverse model: xverse is in llama.cpp (a llama-shaped attention model), not in fitevict."""
+    return _rewrite_arch(zoo["llama-gqa"].path, tmp_path_factory.mktemp("xverse") / "xverse.gguf", "xverse")
+
+
+@pytest.mark.parametrize("config", ["c1000-no-np", "np3", "np3-uneven", "ub128"])
+def test_unknown_arch_context_comes_from_the_dry_run(xverse: Path, zoo: dict, engine_bin_dir: Path,
+                                                     config: str) -> None:
+    cfg = CONFIGS[config]
+    s = load_structure(xverse)
+    assert s.unsupported  # fitevict has no KV rules for xverse
+    assert not price(s, cfg).footprint.device("CPU").complete  # type: ignore[union-attr]
+    dry = dry_run(engine_bin_dir, xverse, cfg, use_cache=False)
+    assert isinstance(dry, DryRun) and dry.context is not None
+    p = price(s, cfg, compute=dry.compute, context=dry.context)
+    cpu = p.footprint.device("CPU")
+    assert cpu is not None and cpu.complete and cpu.context.source == "dry-run" and p.context_source == "dry-run"
+    log = parse_load_log(capture_load_log(engine_bin_dir, xverse, cfg).text)
+    kv = p.kv
+    assert kv is not None and (kv.cells, kv.layers_full) == (log.kv_cells, log.kv_layers)
+    assert [_mib2(n) for _, n in log.kv_lines] == [_mib2(kv.bytes_of("full"))] == [_mib2(cpu.context.bytes)]
+    assert {name: _mib2(n) for name, n in log.model_buffers} == {b.name: _mib2(b.bytes) for b in p.buffers}
+    assert _mib2(cpu.output.bytes) == _mib2(log.to_footprint().device("CPU").output.bytes)  # type: ignore[union-attr]
+    # the same geometry priced by the rules (llama-gqa) agrees to the log's printed precision
+    rules = price(load_structure(zoo["llama-gqa"].path), cfg).footprint.device("CPU")
+    assert rules is not None and _mib2(rules.context.bytes) == _mib2(cpu.context.bytes)
+
+
+def test_cli_prices_an_unknown_arch_fully(xverse: Path, llama_server: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FITEVICT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FITEVICT_LLAMA_SERVER", str(llama_server))
+    r = CliRunner().invoke(__import__("fitevict.cli", fromlist=["app"]).app,
+                           ["price", "--json", str(xverse), "-c", "4096", "-np", "3"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    (cpu,) = out["devices"]
+    assert cpu["sources"] == {"model": "formula", "context": "dry-run", "compute": "dry-run", "output": "formula"}
+    assert "unavailable" not in cpu and out["kv"]["source"] == "dry-run" and out["kv"]["cells"] == 1536

@@ -28,7 +28,7 @@ def test_json_contract(small_zoo: dict[str, Path]) -> None:
     # base 512 cells, SWA PAD256(min(512, 64 + 128)) = 256 cells, 2 layers each
     assert out["kv"] == {"cells": 512, "cells_swa": 256, "layers_full": 2, "layers_swa": 2, "layers_recurrent": 0,
                          "cells_recurrent": 0, "bytes_full": 2 * 192 * 512 * 2, "bytes_swa": 2 * 192 * 256 * 2,
-                         "bytes_recurrent": 0}
+                         "bytes_recurrent": 0, "source": "formula"}
     (dev,) = out["devices"]
     assert dev["name"] == "CPU"
     assert dev["total_bytes"] == dev["model_bytes"] + dev["context_bytes"] + dev["compute_bytes"] + dev["output_bytes"]
@@ -73,3 +73,23 @@ def test_errors_exit_2_and_name_the_file(small_zoo: dict[str, Path], tmp_path: P
         assert r.exit_code == 2, (args, r.output)
         assert needle in r.output.replace("\n", " ")
         assert "Traceback" not in r.output
+
+
+def test_overrides_and_embeddings_flags_match_the_command_line_form(small_zoo: dict[str, Path]) -> None:
+    m = str(small_zoo["llama-moe"])
+    a = _json([m, "-c", "1000", "-dev", "CUDA0", "-ngl", "-1", "-ot", r"blk\.0\.=CPU", "-ot", "exps=CPU",
+               "--embeddings", "--pooling", "mean"])
+    b = _json(["--", "llama-server", "-m", m, "-c", "1000", "-dev", "CUDA0", "-ngl", "-1",
+               "--override-tensor", r"blk\.0\.=CPU,exps=CPU", "--embeddings", "--pooling", "mean"])
+    assert a["devices"] == b["devices"] and a["config"] == b["config"] and a["buffers"] == b["buffers"]
+    assert a["config"]["tensor_overrides"] == [r"blk\.0\.=CPU", "exps=CPU"] and a["config"]["embeddings"] is True
+    # llama-moe: (n_vocab 1003 + n_embd 96) f32 per output; 4 slots at load, n_batch min(1000, 512) = 512 at peak
+    assert a["output_at_load_bytes"] == 4 * 1099 * 4
+    (cpu, _gpu) = a["devices"]
+    assert cpu["output_bytes"] == 4 * 1099 * 512
+
+
+def test_unknown_buffer_type_exits_2(small_zoo: dict[str, Path]) -> None:
+    r = runner.invoke(app, ["price", "--no-dry-run", str(small_zoo["llama-moe"]), "-ot", "exps=CUDA0"])
+    assert r.exit_code == 2
+    assert "unknown buffer type 'CUDA0'; available buffer types: CPU" in r.output

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fitevict.engines.dryrun import DryRun
 from fitevict.pricing.cmdline import parse_server_argv
 from fitevict.pricing.footprint import DeviceFootprint
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
@@ -20,17 +21,19 @@ from fitevict.pricing.price import Pricing, price
 from fitevict.units import format_size
 
 
-def _dry_run(model: Path, cfg: LoadConfig, enabled: bool | None) -> tuple[dict[str, int] | None, str]:
-    """Compute bytes from the engine's dry run when a binary is found (and not disabled), else why not."""
+def _dry_run(model: Path, cfg: LoadConfig, enabled: bool | None,
+             extra_args: tuple[str, ...] = ()) -> tuple[DryRun | None, str]:
+    """The engine's dry run (compute bytes, and the caches it sized) when a binary is found and it is not
+    disabled, else why not."""
     if enabled is False:
         return None, "dry run disabled (--no-dry-run)"
-    from fitevict.engines.dryrun import Unavailable, dry_run_compute
+    from fitevict.engines.dryrun import Unavailable, dry_run
     from fitevict.engines.install import resolve_binary
 
     found = resolve_binary("llama-server")
     if found.path is None:
         return None, f"no engine for a dry run: {found.why}"
-    res = dry_run_compute(found.path.parent, model, cfg)
+    res = dry_run(found.path.parent, model, cfg, extra_args=extra_args)
     if isinstance(res, Unavailable):
         return None, res.reason
     return res, ""
@@ -46,7 +49,8 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "config": p.config_json(cfg),
         "devices": [d.to_json() for d in fp.devices],
         "buffers": [{"name": b.name, "device": b.device, "bytes": b.bytes, "mapped": b.mapped} for b in p.buffers],
-        "kv": p.kv.to_json() if p.kv else None,
+        "kv": {**p.kv.to_json(), "source": p.context_source} if p.kv else None,
+        "output_at_load_bytes": p.output_at_load,
         "host": {"mapped_bytes": fp.host_mapped_bytes, "committed_bytes": fp.host_committed_bytes},
         "total_bytes": fp.total_bytes,
         "warnings": list(p.warnings),
@@ -77,6 +81,10 @@ def price_cmd(
                                            help="One KV buffer shared by all slots."),
     swa_full: bool = typer.Option(False, "--swa-full", help="Full-size SWA cache."),
     device: str = typer.Option("none", "-dev", "--device", help="Devices, e.g. CUDA0,CUDA1 (none = CPU only)."),
+    override_tensor: list[str] = typer.Option(
+        [], "-ot", "--override-tensor", help="PATTERN=BUFFER_TYPE[,...]: put matching weights in CPU or a device."),
+    embeddings: bool = typer.Option(False, "--embeddings", "--embedding", help="An embeddings seat."),
+    pooling: str | None = typer.Option(None, "--pooling", help="none | mean | cls | last | rank (graph only)."),
     dry_run: bool | None = typer.Option(None, "--dry-run/--no-dry-run",
                                         help="Take the compute buffer from the engine's dry run (default: when found)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -97,12 +105,16 @@ def price_cmd(
                                      "-dev", device,
                                      *(["-np", str(parallel)] if parallel is not None else []),
                                      *(["-kvu" if kv_unified else "-no-kvu"] if kv_unified is not None else []),
-                                     *(["--swa-full"] if swa_full else [])])
+                                     *(["--swa-full"] if swa_full else []),
+                                     *[x for v in override_tensor for x in ("-ot", v)],
+                                     *(["--embeddings"] if embeddings else []),
+                                     *(["--pooling", pooling] if pooling is not None else [])])
             path, cfg, notes = Path(cmd.model), cmd.config, list(cmd.warnings)
         s = load_structure(path)
-        # the engine's dry run sizes the compute buffer even for an architecture fitevict has no KV rules for
-        compute, why = _dry_run(path, cfg, dry_run)
-        p = price(s, cfg, compute=compute)
+        # the engine's dry run sizes the compute buffer, and the caches of an architecture fitevict has no rules for
+        dry, why = _dry_run(path, cfg, dry_run, cmd.dry_run_args)
+        compute = dry.compute if dry else None
+        p = price(s, cfg, compute=compute, context=dry.context if dry else None)
     except PricingError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(2) from e
@@ -135,7 +147,11 @@ def price_cmd(
     if p.kv:
         k = p.kv
         con.print(f"KV: {k.cells} cells x {k.layers_full} layers, SWA {k.cells_swa} cells x {k.layers_swa} layers, "
-                  f"recurrent layers {k.layers_recurrent}", highlight=False)
+                  f"recurrent layers {k.layers_recurrent} ({p.context_source})", highlight=False)
+    if cfg.embeddings:
+        con.print(f"output: {format_size(p.output_at_load)} at load; an embeddings seat grows it to "
+                  f"{format_size(p.footprint.device('CPU').output.value)} with its first full batch",  # type: ignore[union-attr]
+                  highlight=False)
     fp = p.footprint
     con.print(f"host: mapped {format_size(fp.host_mapped_bytes)} + committed {format_size(fp.host_committed_bytes)}",
               highlight=False)

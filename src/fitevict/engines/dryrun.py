@@ -8,6 +8,10 @@ time, before the real load reads a weight.
 (``llama-fit-params`` runs the same dry run, but without the server's slot-sized ``n_outputs_max`` and
 without ``-kvu``, so it over-states the server's compute buffer.)
 
+The same dry run sizes the context caches (``llama_kv_cache: size = ...`` and the per-layer ``dev = ...``
+debug lines): ``dry_run`` returns them too, so an architecture fitevict has no KV rules for is still
+priced fully (context source "dry-run").
+
 Results are cached as JSON under ``cache_dir()/dryrun`` keyed by the file identity (path, size, mtime_ns),
 the binary identity and the llama-server arguments.
 
@@ -32,11 +36,11 @@ from fitevict.engines.process import die_with_parent, free_port, stop_group
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.pricing.logparse import device_of
+from fitevict.pricing.logparse import DryContext, device_of, parse_dry_context
 from fitevict.units import MiB
 
 SERVER = "llama-server"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +63,26 @@ def _flag_args(cfg: LoadConfig, *, n_ctx: int, n_parallel: int | None, server: b
         a += ["-ngl", str(cfg.n_gpu_layers)]
     if cfg.n_cpu_moe:
         a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
+    a += override_args(cfg)
     if cfg.swa_full:
         a += ["--swa-full"]
+    if cfg.embeddings:
+        a += ["--embeddings"]
     return a
 
 
-def server_args(model: str | Path, cfg: LoadConfig) -> list[str]:
-    """llama-server arguments for ``cfg`` in the pinned build's spelling (no binary, no port)."""
+def override_args(cfg: LoadConfig) -> list[str]:
+    """``-ot PATTERN=BUFT`` per override, in order (after ``--n-cpu-moe``, whose rules llama.cpp then checks first)."""
+    return [x for pattern, buft in cfg.tensor_overrides for x in ("-ot", f"{pattern}={buft}")]
+
+
+def server_args(model: str | Path, cfg: LoadConfig, extra_args: tuple[str, ...] = ()) -> list[str]:
+    """llama-server arguments for ``cfg`` in the pinned build's spelling (no binary, no port); ``extra_args``
+    are flags LoadConfig does not carry that change the graph (e.g. ``--pooling mean``)."""
     a = ["-m", str(model), *_flag_args(cfg, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, server=True)]
     if not cfg.mmap:
         a += ["-lm", "none"]
-    return a
+    return [*a, *extra_args]
 
 
 def _key(binary: Path, model: Path, args: list[str]) -> str:
@@ -80,8 +93,17 @@ def _key(binary: Path, model: Path, args: list[str]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """What one dry run sized: compute bytes per device, and the context caches (None if it logged none)."""
+
+    compute: dict[str, int]
+    context: DryContext | None
+
+
 def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig,
-                    *, timeout_s: float = 120.0, use_cache: bool = True) -> dict[str, int] | Unavailable:
+                    *, timeout_s: float = 120.0, use_cache: bool = True,
+                    extra_args: tuple[str, ...] = ()) -> dict[str, int] | Unavailable:
     """Compute-buffer bytes per device ("CPU", "CUDA0", ...) from the engine's own dry run, or why not.
 
     llama-server's ``--fit`` step (on by default) first builds the model and context with ``no_alloc``:
@@ -90,12 +112,20 @@ def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadCon
     uses the server's own context parameters (its ``n_outputs_max`` is the slot count, which
     ``llama-fit-params`` cannot reproduce).
     """
+    res = dry_run(binary_dir, model_path, cfg, timeout_s=timeout_s, use_cache=use_cache, extra_args=extra_args)
+    return res if isinstance(res, Unavailable) else res.compute
+
+
+def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, timeout_s: float = 120.0,
+            use_cache: bool = True, extra_args: tuple[str, ...] = ()) -> DryRun | Unavailable:
+    """The engine's dry run for ``cfg``: compute bytes per device and the KV / SWA / recurrent caches it sized
+    (``llama_kv_cache: size = ...`` with the per-layer devices of its ``-lv 5`` lines), or why not."""
     binary = Path(binary_dir) / SERVER
     model = Path(model_path)
     if not binary.is_file() or not os.access(binary, os.X_OK):
         return Unavailable(f"no executable {SERVER} in {binary_dir}; run: fitevict engine install llama.cpp")
     try:
-        args = server_args(model, cfg)
+        args = server_args(model, cfg, extra_args)
         key = _key(binary, model, args)
     except (OSError, ValueError) as err:
         return Unavailable(f"{model}: cannot prepare the dry run: {err}")
@@ -104,7 +134,9 @@ def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadCon
     if use_cache:
         try:
             cached = json.loads(cfile.read_text())
-            return {str(k): int(v) for k, v in cached["compute"].items()}
+            ctx = cached["context"]
+            return DryRun({str(k): int(v) for k, v in cached["compute"].items()},
+                          DryContext.from_json(ctx) if ctx else None)
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError):
@@ -118,14 +150,16 @@ def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadCon
         return Unavailable(f"the {SERVER} dry run logged no compute buffer for {model}"
                            f"{': ' + reason if reason else ''}; last lines: {tail}")
     found.setdefault(HOST, 0)
+    context = parse_dry_context(text)
     try:
         cdir.mkdir(parents=True, exist_ok=True)
         tmp = cfile.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"argv": args, "compute": found}))
+        tmp.write_text(json.dumps({"argv": args, "compute": found,
+                                   "context": context.to_json() if context else None}))
         os.replace(tmp, cfile)
     except OSError:
         pass  # caching is an optimisation; the figure itself is still returned
-    return found
+    return DryRun(found, context)
 
 
 FIT_DONE = re.compile(r"fitting params to free memory took|failed to fit params")
@@ -229,11 +263,12 @@ def _smaps(pid: int) -> dict[str, int] | None:
 
 
 def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *,
-                     port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False) -> CapturedLoad:
+                     port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False,
+                     extra_args: tuple[str, ...] = ()) -> CapturedLoad:
     """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
     listens, with ``wait_listening``), sample smaps_rollup, then stop the process group."""
     binary = Path(binary_dir) / SERVER
-    argv = [str(binary), *server_args(model_path, cfg), "-lv", "4", "--host", "127.0.0.1",
+    argv = [str(binary), *server_args(model_path, cfg, extra_args), "-lv", "4", "--host", "127.0.0.1",
             "--port", str(port or free_port()), "--no-warmup", "-t", "1"]
     done = re.compile(r"llama_server: listening on") if wait_listening else LOG_DONE
     seen: dict[str, dict[str, int] | None] = {"before": None, "after": None}

@@ -57,6 +57,8 @@ class LlamaServerEngine:
         notes: list[str] = []
         if c.n_cpu_moe:
             argv += ["--n-cpu-moe", str(c.n_cpu_moe)]
+        for pattern, buft in c.tensor_overrides:  # after --n-cpu-moe: llama.cpp checks its rules first
+            argv += ["-ot", f"{pattern}={buft}"]
         if self._has("--fit"):
             argv += ["--fit", "off"]
         if not c.mmap:
@@ -71,8 +73,11 @@ class LlamaServerEngine:
         else:
             argv += ["-dev", "none"]
             env["CUDA_VISIBLE_DEVICES"] = ""  # RAM-only: no CUDA device may be touched
-        if embeddings:
+        if embeddings or c.embeddings:  # priced only when the LoadConfig says so (its output buffer)
             argv.append("--embeddings")
+            if not c.embeddings:
+                notes.append("--embeddings from the model's settings, but the LoadConfig was priced without it; "
+                             "its output buffer is larger than priced")
         if self._has("--cache-ram") and not ({"-cram", "--cache-ram"} & set(extra_args)):
             argv += ["-cram", "0"]
             notes.append("host prompt cache disabled (-cram 0) so host memory stays as priced")

@@ -1,5 +1,9 @@
 """Read a llama-server command line into (model path, LoadConfig), in the pinned build's flag spelling.
 
+Tensor overrides keep their command-line order: ``-ot`` (comma lists split as common/arg.cpp does), ``-cmoe``,
+``--n-cpu-ffn``, and ``--n-cpu-moe`` (a count when it comes first, spelled out per layer after another rule).
+``--pooling`` changes only the graph: it is handed to the dry run (``dry_run_args``).
+
 Flags that do not change memory (``--port``, ``--host``, ``-t``, ...) are skipped; flags fitevict does not
 know are skipped with a warning. Pure.
 """
@@ -10,6 +14,7 @@ from dataclasses import dataclass
 
 from fitevict.pricing.gguf import PricingError
 from fitevict.pricing.loadconfig import CACHE_TYPES, LoadConfig
+from fitevict.pricing.placement import CPU_BUFT, FFN_DENSE_REGEX, FFN_EXPS_REGEX
 
 _VALUE_FLAGS_IGNORED = frozenset({
     "--port", "--host", "-t", "--threads", "-tb", "--threads-batch", "-a", "--alias", "--api-key", "-lv",
@@ -19,8 +24,12 @@ _VALUE_FLAGS_IGNORED = frozenset({
 })
 _BOOL_FLAGS_IGNORED = frozenset({
     "--jinja", "--no-warmup", "--metrics", "--no-webui", "--cont-batching", "-cb", "--no-cont-batching", "-v",
-    "--verbose", "--log-disable", "--embedding", "--embeddings",
+    "--verbose", "--log-disable",
 })
+# flags LoadConfig does not carry that change only the compute graph: passed on to the dry run as they are
+_GRAPH_VALUE_FLAGS = frozenset({"--pooling"})
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
+MAX_EXPANDED_LAYERS = 4096  # --n-cpu-moe / --n-cpu-ffn after an -ot are spelled out one rule per layer
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +37,27 @@ class ServerCommand:
     model: str
     config: LoadConfig
     warnings: tuple[str, ...] = ()
+    dry_run_args: tuple[str, ...] = ()  # graph-only flags (``--pooling mean``) the dry run must see too
+
+
+def parse_overrides(value: str) -> list[tuple[str, str]]:
+    """One ``-ot`` value: ``PATTERN=BUFT[,PATTERN=BUFT...]``, split as common/arg.cpp does (at ',' then the first
+    '='). Which buffer types exist is checked when the configuration is priced (it depends on ``-dev``)."""
+    out: list[tuple[str, str]] = []
+    for item in value.split(","):
+        pattern, eq, buft = item.partition("=")
+        if not eq:
+            raise PricingError(f"-ot {value!r}: {item!r} has no '='; write PATTERN=BUFFER_TYPE, e.g. exps=CPU")
+        out.append((pattern, buft))
+    return out
+
+
+def _per_layer_rules(flag: str, n: int, regex: str) -> list[tuple[str, str]]:
+    """common.h llm_add_n_cpu_ffn_overrides: one CPU rule ``blk\\.i<regex>`` per layer i < n."""
+    if n > MAX_EXPANDED_LAYERS:
+        raise PricingError(f"{flag} {n}: after an -ot rule it is spelled out per layer, and {n} layers exceed "
+                           f"{MAX_EXPANDED_LAYERS}; give the number of layers the model has, or put {flag} first")
+    return [(f"blk\\.{i}{regex}", CPU_BUFT) for i in range(n)]
 
 
 def _int(flag: str, v: str) -> int:
@@ -45,6 +75,9 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
     model = ""
     kw: dict[str, object] = {}
     warnings: list[str] = []
+    graph_args: list[str] = []
+    # tensor overrides in command-line order; ("ncmoe", N) marks where a --n-cpu-moe put its rules
+    rules: list[tuple[str, str] | tuple[str, int]] = []
     i = 0
 
     def value(flag: str) -> str:
@@ -71,9 +104,26 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
             v = value(a)
             kw["n_gpu_layers"] = -1 if v in ("all", "auto") else max(_int(a, v), -1)
         elif a in ("-ncmoe", "--n-cpu-moe"):
-            kw["n_cpu_moe"] = _int(a, value(a))
+            n = _int(a, value(a))
+            if n < 0:
+                raise PricingError(f"{a} {n}: use 0 or more layers")
+            rules.append(("ncmoe", n))
         elif a in ("-cmoe", "--cpu-moe"):
-            kw["n_cpu_moe"] = 1 << 30
+            rules.append((FFN_EXPS_REGEX, CPU_BUFT))
+        elif a in ("-ncffn", "--n-cpu-ffn"):
+            n = _int(a, value(a))
+            if n < 0:
+                raise PricingError(f"{a} {n}: use 0 or more layers")
+            rules.extend(_per_layer_rules(a, n, FFN_DENSE_REGEX))
+        elif a in ("-ot", "--override-tensor"):
+            rules.extend(parse_overrides(value(a)))
+        elif a in ("--embedding", "--embeddings"):
+            kw["embeddings"] = True
+        elif a in _GRAPH_VALUE_FLAGS:
+            v = value(a)
+            if a == "--pooling" and v not in POOLING_TYPES:
+                raise PricingError(f"{a} {v!r}: use one of {', '.join(POOLING_TYPES)}")
+            graph_args += [a, v]
         elif a in ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
             t = value(a).lower()
             if t not in CACHE_TYPES:
@@ -119,6 +169,20 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
         i += 1
     if not model:
         raise PricingError("the command line has no -m MODEL.gguf")
+    # a leading --n-cpu-moe stays a count (its rules come first anyway); one after other rules is spelled out
+    lead = 0
+    while lead < len(rules) and rules[lead][0] == "ncmoe":
+        lead += 1
+    if lead:
+        kw["n_cpu_moe"] = max(int(r[1]) for r in rules[:lead])
+    overrides: list[tuple[str, str]] = []
+    for r in rules[lead:]:
+        if r[0] == "ncmoe":
+            overrides.extend(_per_layer_rules("--n-cpu-moe", int(r[1]), FFN_EXPS_REGEX))
+        else:
+            overrides.append((str(r[0]), str(r[1])))
+    if overrides:
+        kw["tensor_overrides"] = tuple(overrides)
     if "devices" not in kw and kw.get("n_gpu_layers", 0) != 0:
         warnings.append("no -dev: priced for the CPU only; pass -dev CUDA0 (...) to price GPU placement")
-    return ServerCommand(model, LoadConfig(**kw), tuple(warnings))  # type: ignore[arg-type]
+    return ServerCommand(model, LoadConfig(**kw), tuple(warnings), tuple(graph_args))  # type: ignore[arg-type]

@@ -176,6 +176,12 @@ class GgufStructure:
     value_length_swa: int = 0
     mla: bool = False  # multi-head latent attention: K cache only, key_length wide, one kv head
     n_layer_nextn: int = 0  # trailing next-token-prediction (MTP) blocks: no KV cache, weights not loaded
+    n_embd_out_key: int = 0  # embedding_length_out (hparams.n_embd_out_impl); 0 = n_embd
+
+    @property
+    def n_embd_out(self) -> int:
+        """hparams.n_embd_out(): the width of one embedding output."""
+        return self.n_embd_out_key or self.n_embd
 
     @property
     def n_layer_trunk(self) -> int:
@@ -335,7 +341,7 @@ def parse_structure(path: str | Path) -> GgufStructure:
         n_ctx_train=int(key("context_length") or 0),  # type: ignore[arg-type]
         n_head=n_head, n_head_kv=n_head_kv, key_length=key_length, value_length=value_length,
         n_swa=n_swa, swa_layers=swa_layers, key_length_swa=key_length_swa, value_length_swa=value_length_swa,
-        mla=mla, n_layer_nextn=n_nextn,
+        mla=mla, n_layer_nextn=n_nextn, n_embd_out_key=int(key("embedding_length_out") or 0),  # type: ignore[call-overload]
         expert_count=int(key("expert_count") or 0), expert_used_count=int(key("expert_used_count") or 0),  # type: ignore[arg-type]
         ssm_d_conv=int(key("ssm.conv_kernel") or 0), ssm_d_inner=int(key("ssm.inner_size") or 0),  # type: ignore[arg-type]
         ssm_d_state=int(key("ssm.state_size") or 0), ssm_n_group=int(key("ssm.group_count") or 0),  # type: ignore[arg-type]

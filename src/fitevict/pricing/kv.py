@@ -18,7 +18,11 @@ Rules (llama.cpp 0c1e570: src/llama-context.cpp, src/llama-kv-cache*.cpp, tools/
 - SWA layers hold ``PAD256(min(n_ctx_seq, n_swa * (unified ? np : 1) + n_ubatch))`` cells (``--swa-full``:
   ``n_ctx_seq``).
 - Recurrent layers (all layers of mamba; the head_count_kv 0 layers of a hybrid such as jamba) hold f32 ``(n_embd_r + n_embd_s) * max(1, np)`` bytes / 4, independent of ctx.
-- The output buffer is ``n_vocab * 4 B * np`` (logits for one token per slot).
+- The output buffer (``llama_context::output_reserve``) holds f32 logits (``n_vocab``) and, with ``--embeddings``,
+  embeddings (``n_embd_out``) for ``max(n_outputs, np)`` outputs. At load it is reserved for ``np`` outputs (one
+  token per slot). An embeddings context outputs every token of a batch, so the first full batch grows it to
+  ``n_batch`` outputs, where llama-server has set ``n_batch = n_ubatch`` for embeddings (``-b`` above ``-ub``
+  is lowered) and llama_context has clamped it to the requested context.
 
 Pure.
 """
@@ -129,7 +133,8 @@ def resolve_context(s: GgufStructure, cfg: LoadConfig) -> ResolvedContext:
             n_ctx = n_ctx_seq * n_par
     if s.n_ctx_train and n_ctx_seq > s.n_ctx_train:
         warnings.append(f"n_ctx_seq {n_ctx_seq} > n_ctx_train {s.n_ctx_train}: possible training context overflow")
-    n_batch = min(n_ctx_raw, cfg.n_batch)  # llama_context clamps -b before padding n_ctx
+    b = min(cfg.n_batch, cfg.n_ubatch) if cfg.embeddings and cfg.n_ubatch else cfg.n_batch  # server.cpp
+    n_batch = min(n_ctx_raw, b)  # llama_context clamps -b before padding n_ctx
     n_ubatch = min(n_batch, cfg.n_ubatch or cfg.n_batch)
     for flag, t in (("-ctk", cfg.cache_type_k), ("-ctv", cfg.cache_type_v)):
         if t.lower() not in CACHE_TYPES:
@@ -201,6 +206,11 @@ def kv_layers(s: GgufStructure, rc: ResolvedContext, cfg: LoadConfig) -> KvInfo:
     )
 
 
-def output_bytes(s: GgufStructure, rc: ResolvedContext) -> int:
-    """llama_context::output_reserve(n_seq_max): logits for one output per slot, f32."""
-    return s.n_vocab * 4 * rc.n_parallel
+def output_bytes(s: GgufStructure, rc: ResolvedContext, embeddings: bool = False, *, at_load: bool = False) -> int:
+    """llama_context::output_reserve: f32 logits (plus embeddings with ``--embeddings``) per output.
+
+    ``at_load``: the buffer the load reserves (one output per slot), as the log prints it. Otherwise the most the
+    seat allocates: an embeddings seat outputs every token of a batch, up to ``n_batch``."""
+    per_output = 4 * (s.n_vocab + (s.n_embd_out if embeddings else 0))
+    outputs = rc.n_parallel if at_load or not embeddings else max(rc.n_parallel, rc.n_batch)
+    return per_output * outputs

@@ -28,6 +28,10 @@ class LoadConfig:
     mmap: bool = True  # False = "-lm none" in the pinned build
     swa_full: bool = False  # --swa-full
     devices: tuple[str, ...] = ()  # -dev; () = CPU only ("-dev none")
+    # -ot PATTERN=BUFT, in command-line order (after --n-cpu-moe's own overrides); first match wins
+    tensor_overrides: tuple[tuple[str, str], ...] = ()
+    embeddings: bool = False  # --embeddings: the output buffer also holds n_embd floats per output
+
 
     def with_(self, **changes: object) -> "LoadConfig":
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -35,6 +39,7 @@ class LoadConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["devices"] = list(self.devices)
+        d["tensor_overrides"] = [list(o) for o in self.tensor_overrides]
         return d
 
     @staticmethod
@@ -42,4 +47,6 @@ class LoadConfig:
         d = dict(d)
         if "devices" in d:
             d["devices"] = tuple(d["devices"])
+        if "tensor_overrides" in d:
+            d["tensor_overrides"] = tuple((str(p), str(b)) for p, b in d["tensor_overrides"])
         return LoadConfig(**d)

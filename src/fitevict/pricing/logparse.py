@@ -13,6 +13,8 @@ Lines read (llama.cpp 0c1e570):
   common_memory_breakdown_print: | ... |   (integer MiB; printed after the dry run and at exit)
 
 Debug lines from the ``--fit`` dry run (level D) are ignored: they describe empty placeholder buffers.
+``parse_dry_context`` reads the dry run's own cache lines instead (``-lv 5``): the sizes it computed and the
+``llama_kv_cache: layer N: dev = X`` / ``llama_memory_recurrent, layer N: dev = X`` placement of each layer.
 Missing lines leave their terms unavailable, with the reason. Pure.
 """
 
@@ -198,3 +200,95 @@ def parse_load_log(text: str) -> LoadLog:
         kv_unified=(vals["kv_unified"] == "true") if "kv_unified" in vals else None,
         breakdown=tuple(breakdown[-8:]) if breakdown else (), notes=tuple(notes),
     )
+
+
+# --- the context caches a --fit dry run reports ------------------------------------------------------
+
+_DRY_CTX_START = re.compile(r"llama_context: constructing llama_context")
+_DRY_DONE = re.compile(r"fitting params to free memory took|failed to fit params")
+_DRY_KV_LAYER = re.compile(r"llama_kv_cache: layer\s+(\d+): dev = (\S+)")
+_DRY_RS_LAYER = re.compile(r"llama_memory_recurrent, layer\s+(\d+): dev = (\S+)")
+_DRY_KV_SIZE = re.compile(r"llama_kv_cache: size =\s+([0-9.]+) MiB \(\s*(\d+) cells,\s+(\d+) layers,\s+(\d+)/(\d+) seqs\), "
+                          r"K \(\S+\):\s+([0-9.]+) MiB")
+_DRY_RS_SIZE = re.compile(r"llama_memory_recurrent: size =\s+([0-9.]+) MiB \(\s*(\d+) cells,\s+(\d+) layers.*?"
+                          r"R \(\S+\):\s+([0-9.]+) MiB")
+
+
+@dataclass(frozen=True, slots=True)
+class DryCache:
+    """One context cache as the dry run reports it: its total and its K (or R) part, from 2-decimal MiB."""
+
+    kind: str  # "full" | "swa" | "recurrent"
+    bytes: int
+    first_bytes: int  # K of a KV cache, R of a recurrent state
+    cells: int  # per stream
+    streams: int
+    layers: tuple[tuple[int, str], ...]  # (layer index, budget device)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "bytes": self.bytes, "first_bytes": self.first_bytes, "cells": self.cells,
+                "streams": self.streams, "layers": [list(x) for x in self.layers]}
+
+    @staticmethod
+    def from_json(d: dict) -> "DryCache":
+        return DryCache(str(d["kind"]), int(d["bytes"]), int(d["first_bytes"]), int(d["cells"]), int(d["streams"]),
+                        tuple((int(il), str(dev)) for il, dev in d["layers"]))
+
+
+@dataclass(frozen=True, slots=True)
+class DryContext:
+    """The KV / SWA / recurrent caches llama.cpp sized in its ``--fit`` dry run (``-lv 5``): the context term for
+    an architecture fitevict has no rules for. Sizes are as printed (MiB with 2 decimals)."""
+
+    caches: tuple[DryCache, ...]
+
+    def bytes_by_device(self) -> dict[str, int]:
+        """Each cache's bytes split over its layers' devices (evenly per layer: the log gives one total)."""
+        out: dict[str, int] = {}
+        for c in self.caches:
+            for (_il, dev), share in zip(c.layers, split_evenly(c.bytes, len(c.layers)), strict=True):
+                out[dev] = out.get(dev, 0) + share
+        return out
+
+    def to_json(self) -> list:
+        return [c.to_json() for c in self.caches]
+
+    @staticmethod
+    def from_json(d: list) -> "DryContext":
+        return DryContext(tuple(DryCache.from_json(c) for c in d))
+
+
+def split_evenly(total: int, n: int) -> list[int]:
+    """``total`` in ``n`` near-equal whole parts that sum to it."""
+    if n <= 0:
+        return []
+    base, rem = divmod(total, n)
+    return [base + (1 if i < rem else 0) for i in range(n)]
+
+
+def parse_dry_context(text: str) -> DryContext | None:
+    """The caches of the last context the dry run built before ``--fit`` reported; None without any."""
+    caches: list[DryCache] = []
+    layers: list[tuple[int, str]] = []
+    rs_layers: list[tuple[int, str]] = []
+    next_kind = "full"
+    for line in text.splitlines():
+        if _DRY_CTX_START.search(line):
+            caches, layers, rs_layers, next_kind = [], [], [], "full"
+        elif m := _SWA.search(line):
+            next_kind = "swa" if m.group(1) == "SWA" else "full"
+        elif m := _DRY_KV_LAYER.search(line):
+            layers.append((int(m.group(1)), device_of(m.group(2))))
+        elif m := _DRY_RS_LAYER.search(line):
+            rs_layers.append((int(m.group(1)), device_of(m.group(2))))
+        elif m := _DRY_KV_SIZE.search(line):
+            caches.append(DryCache(next_kind, _bytes(m.group(1)), _bytes(m.group(6)), int(m.group(2)),
+                                   int(m.group(5)), tuple(layers)))
+            layers, next_kind = [], "full"
+        elif m := _DRY_RS_SIZE.search(line):
+            caches.append(DryCache("recurrent", _bytes(m.group(1)), _bytes(m.group(4)), int(m.group(2)), 1,
+                                   tuple(rs_layers)))
+            rs_layers = []
+        elif _DRY_DONE.search(line):
+            break
+    return DryContext(tuple(caches)) if caches else None

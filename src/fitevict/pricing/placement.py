@@ -1,4 +1,4 @@
-"""Where llama.cpp puts each weight, and the model buffers that follow (llama.cpp 0c1e570, llama-model.cpp).
+r"""Where llama.cpp puts each weight, and the model buffers that follow (llama.cpp 0c1e570, llama-model.cpp).
 
 Rules:
 - Layers ``il >= n_layer + 1 - ngl`` go to the GPU; the output layer is pseudo-layer ``n_layer``, so it is
@@ -8,7 +8,14 @@ Rules:
   architectures in ``MTP_SKIP_ARCHS`` are not loaded. A model without ``output.weight`` (tied embedding)
   gets ``token_embd`` duplicated as the output matrix, in the output layer's buffer; when that is
   token_embd's own buffer the loader reuses the tensor (no second copy).
-- ``--n-cpu-moe N`` overrides the experts (``blk.i.ffn_*_exps``) of layers ``i < N`` to the CPU.
+- Tensor overrides (common/arg.cpp, llama-model-loader.cpp ``buft_for_tensor``): ``--n-cpu-moe N`` adds the
+  overrides ``blk\.i\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU`` for ``i < N``; ``-ot PATTERN=BUFT`` (a comma
+  list, repeatable) adds its own, in command-line order. Each weight takes the first override whose pattern
+  ``regex_search``-es its name; an override to ``CPU`` picks from the CPU list below (so it may land in
+  ``CPU_REPACK``, ``CUDA_Host`` or ``CPU_Mapped``), any other buffer type (a device: ``CUDA0``, ...) is used as is.
+  A tied output copy is created under the name ``token_embd.weight``, so the overrides that move token_embd move
+  it too. A buffer type the machine does not have is refused when the flag is parsed. Overrides move weights
+  only: the KV cache follows its layer's device.
 - A CPU weight takes the first buffer type that supports its op, in the order: the first GPU's host
   buffer (``CUDA_Host``, only when a GPU is in use), the CPU repack buffer (``CPU_REPACK``: x86 with AVX2
   repacks Q4_0 / Q4_K / IQ4_NL / MXFP4 matrices whose ne[1] % 8 == 0, AVX-512 adds Q2_K), then ``CPU``.
@@ -24,13 +31,14 @@ Pure.
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as QT
 
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, is_quantized, pad, row_size
-from fitevict.pricing.gguf import MTP_SKIP_ARCHS, GgufStructure, TensorInfo
+from fitevict.pricing.gguf import EXPERT_RE, MTP_SKIP_ARCHS, GgufStructure, PricingError, TensorInfo
 from fitevict.pricing.loadconfig import LoadConfig
 
 X86_AVX2: frozenset[str] = frozenset({"avx2"})
@@ -44,6 +52,11 @@ CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized rows padded to this many e
 # Unnumbered tensors that llama.cpp places with the repeating layers (LLM_TENSOR_LAYER_REPEATING in
 # llama-arch.cpp): "first" is created with layer 0 (bloom's token_embd_norm); "every" is created by each layer
 # as a TENSOR_DUPLICATED copy, which the loader keeps once per buffer type (llama's rope_freqs, phi3's factors).
+CPU_BUFT = "CPU"  # ggml_backend_cpu_buffer_type()'s name: the one host buffer type -ot may name
+# common.h: --n-cpu-moe / -cmoe use LLM_FFN_EXPS_REGEX, --n-cpu-ffn LLM_FFN_DENSE_REGEX (per block: blk\.i + regex)
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
+assert FFN_EXPS_REGEX == EXPERT_RE.pattern
 REPEATING_UNNUMBERED: dict[str, str] = {
     "token_embd_norm": "first", "rope_freqs": "every", "rope_factors_long": "every", "rope_factors_short": "every",
 }
@@ -122,9 +135,47 @@ def layer_devices(n_layer: int, ngl: int, devices: tuple[str, ...]) -> tuple[tup
     return tuple(dev(il) for il in range(n_layer)), dev(n_layer)
 
 
+def buffer_types(devices: tuple[str, ...]) -> tuple[str, ...]:
+    """The buffer types ``-ot`` accepts on a machine with ``devices``: each device's own, and the CPU's."""
+    return (CPU_BUFT, *devices)
+
+
+def compile_overrides(overrides: tuple[tuple[str, str], ...],
+                      devices: tuple[str, ...]) -> tuple[tuple[re.Pattern[str], str], ...]:
+    """The ``-ot`` rules as compiled patterns; a bad pattern or an unknown buffer type is a PricingError
+    (llama-server refuses both when it parses the flag)."""
+    known = buffer_types(devices)
+    out: list[tuple[re.Pattern[str], str]] = []
+    for pattern, buft in overrides:
+        if "," in pattern or "=" in pattern or not pattern:
+            raise PricingError(f"-ot {pattern}={buft}: llama-server splits -ot values at ',' and at the first '=', "
+                               "so a pattern must be non-empty and hold neither; rewrite the pattern without them")
+        if buft not in known:
+            raise PricingError(
+                f"-ot {pattern}={buft}: unknown buffer type {buft!r}; available buffer types: {', '.join(known)} "
+                "(llama-server refuses it too). Name a device given with -dev, or CPU")
+        try:
+            out.append((re.compile(pattern), buft))
+        except re.error as err:
+            raise PricingError(f"-ot {pattern}={buft}: {pattern!r} is not a regular expression ({err})") from None
+    return tuple(out)
+
+
+def override_for(name: str, layer: int | None, expert: bool, n_cpu_moe: int,
+                 rules: tuple[tuple[re.Pattern[str], str], ...]) -> str | None:
+    """The buffer type the first matching override gives tensor ``name`` (--n-cpu-moe's rules come first)."""
+    if expert and layer is not None and layer < n_cpu_moe:
+        return CPU_BUFT
+    for pattern, buft in rules:
+        if pattern.search(name):
+            return buft
+    return None
+
+
 def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_AVX512) -> Placement:
     """Assign every weight to a buffer and size the buffers."""
     warnings: list[str] = []
+    rules = compile_overrides(cfg.tensor_overrides, tuple(cfg.devices))
     n_all = s.n_layer + 1
     ngl = cfg.n_gpu_layers
     if ngl < 0:
@@ -149,6 +200,13 @@ def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_
             return "CPU_REPACK"
         return "CPU_Mapped" if cfg.mmap else "CPU"
 
+    def buffer_of(t: TensorInfo, dev: str, name: str | None = None) -> tuple[str, str]:
+        """(buffer, budget device) for ``t`` in a layer on ``dev``, after the overrides that match ``name``."""
+        buft = override_for(name or t.name, t.layer, t.expert, cfg.n_cpu_moe, rules)
+        if buft is not None:
+            dev = HOST if buft == CPU_BUFT else buft
+        return (cpu_buffer(t) if dev == HOST else dev), dev
+
     assigned: list[tuple[TensorInfo, str, str]] = []  # (tensor, buffer, device)
     for t in s.tensors:
         if s.n_layer_nextn and s.arch in MTP_SKIP_ARCHS and t.layer is not None and t.layer >= s.n_layer_trunk:
@@ -156,30 +214,31 @@ def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_
         role = t.role
         with_layers = REPEATING_UNNUMBERED.get(t.name.split(".", 1)[0]) if t.layer is None else None
         if with_layers and s.n_layer:
-            first = layer_dev[0]
-            assigned.append((t, cpu_buffer(t) if first == HOST else first, first))
-            if with_layers == "every":
-                for dev in dict.fromkeys(layer_dev):
-                    if dev != first:
-                        assigned.append((t, cpu_buffer(t) if dev == HOST else dev, dev))
+            copies = (layer_dev[0],) if with_layers == "first" else tuple(dict.fromkeys(layer_dev))
+            placed: set[str] = set()
+            for dev in copies:  # one copy per buffer: a duplicate in a buffer already holding it is reused
+                buf, bdev = buffer_of(t, dev)
+                if buf not in placed:
+                    placed.add(buf)
+                    assigned.append((t, buf, bdev))
             continue
         if role == "layer":
             dev = layer_dev[t.layer] if t.layer is not None and t.layer < s.n_layer else HOST
-            if t.expert and t.layer is not None and t.layer < cfg.n_cpu_moe:
-                dev = HOST
         elif role == "output":
             dev = out_dev
         else:
             dev = HOST
-        assigned.append((t, cpu_buffer(t) if dev == HOST else dev, dev))
+        buf, bdev = buffer_of(t, dev)
+        assigned.append((t, buf, bdev))
     if s.tied_output:
         te = s.tensor("token_embd.weight")
         if te is not None:
             dup = TensorInfo("output.weight", te.ggml_type, te.shape, te.nbytes, te.offset, None, False)
-            dup_buf = cpu_buffer(dup) if out_dev == HOST else out_dev
+            # the copy is created as token_embd.weight (TENSOR_DUPLICATED) in the output layer's buffer list
+            dup_buf, dup_dev = buffer_of(dup, out_dev, "token_embd.weight")
             te_buf = next(buf for t, buf, _ in assigned if t is te)
             if dup_buf != te_buf:  # in the same buffer the loader reuses token_embd itself
-                assigned.append((dup, dup_buf, out_dev))
+                assigned.append((dup, dup_buf, dup_dev))
 
     sizes: dict[str, int] = {}
     mapped_first: int | None = None

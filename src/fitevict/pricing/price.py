@@ -1,6 +1,8 @@
 """price(structure, cfg) -> Pricing: a model's Footprint under one llama-server configuration.
 
-Model and context terms are exact (placement.py, kv.py); the output buffer is exact; the compute buffer
+Model and context terms are exact (placement.py, kv.py); for an architecture without KV rules the context is
+the caches the engine's dry run sized (source "dry-run"). The output buffer is exact (an embeddings seat at its
+peak, ``Pricing.output_at_load`` is the buffer the load log prints); the compute buffer
 comes from the engine's dry run when the caller passes it (source "dry-run"), else from a labelled
 formula (source "formula") meant to over-state rather than under-state. Pure and fast: the planner
 calls it inside searches over ctx and -ngl.
@@ -13,8 +15,9 @@ from dataclasses import dataclass
 
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.gguf import GgufStructure, PricingError
-from fitevict.pricing.kv import KvInfo, ResolvedContext, kv_layers, output_bytes, resolve_context
+from fitevict.pricing.kv import KvInfo, KvLayer, ResolvedContext, kv_layers, output_bytes, resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.logparse import DryContext, split_evenly
 from fitevict.pricing.placement import X86_AVX512, Buffer, Placement, place
 
 
@@ -34,13 +37,16 @@ class Pricing:
     kv: KvInfo | None
     buffers: tuple[Buffer, ...]  # model buffers as llama.cpp names them (CPU_Mapped, CPU_REPACK, CUDA0, ...)
     warnings: tuple[str, ...] = ()
+    output_at_load: int = 0  # the output buffer the load reserves (the log's line); the footprint holds its peak
+    context_source: str = "formula"  # "dry-run" when the caches come from the engine's dry run
 
     def config_json(self, cfg: LoadConfig) -> dict:
         return {
             "n_ctx": self.n_ctx, "n_ctx_seq": self.n_ctx_seq, "parallel": self.n_parallel,
             "kv_unified": self.kv_unified, "n_gpu_layers": self.n_gpu_layers, "n_cpu_moe": cfg.n_cpu_moe,
             "cache_type_k": cfg.cache_type_k, "cache_type_v": cfg.cache_type_v, "flash_attn": self.flash_attn,
-            "ubatch": self.n_ubatch, "batch": self.n_batch, "mmap": cfg.mmap,
+            "ubatch": self.n_ubatch, "batch": self.n_batch, "mmap": cfg.mmap, "embeddings": cfg.embeddings,
+            "tensor_overrides": [f"{p}={b}" for p, b in cfg.tensor_overrides],
         }
 
 
@@ -76,15 +82,36 @@ def compute_formula(s: GgufStructure, rc: ResolvedContext, kv: KvInfo | None) ->
     return int((acts + logits + masks + scores + ssm) * FORMULA_MARGIN)
 
 
+def kv_from_dry_run(dry: DryContext) -> KvInfo:
+    """KvInfo from the caches the engine's dry run sized: each cache's printed K / V (R / S) bytes split evenly
+    over its layers."""
+    layers: list[KvLayer] = []
+    for c in dry.caches:
+        n = len(c.layers)
+        for (il, _dev), k, v in zip(c.layers, split_evenly(c.first_bytes, n), split_evenly(c.bytes - c.first_bytes, n),
+                                    strict=True):
+            layers.append(KvLayer(il, c.kind, c.cells, k, v))
+    first = {c.kind: c.cells for c in reversed(dry.caches)}
+    return KvInfo(
+        cells=first.get("full", 0), cells_swa=first.get("swa", 0),
+        layers_full=sum(1 for x in layers if x.kind == "full"), layers_swa=sum(1 for x in layers if x.kind == "swa"),
+        layers_recurrent=sum(1 for x in layers if x.kind == "recurrent"),
+        layers=tuple(sorted(layers, key=lambda x: (x.kind == "recurrent", x.kind == "swa", x.il))),
+    )
+
+
 def price(
     s: GgufStructure,
     cfg: LoadConfig,
     *,
     compute: Mapping[str, int] | None = None,
+    context: DryContext | None = None,
     cpu_features: frozenset[str] = X86_AVX512,
 ) -> Pricing:
     """Price ``s`` under ``cfg``. ``compute`` (device -> bytes, e.g. from ``dry_run_compute``) overrides the
-    compute term with source "dry-run". Raises PricingError for a configuration llama.cpp refuses."""
+    compute term with source "dry-run". ``context`` (the caches the same dry run sized) prices the context of an
+    architecture fitevict has no KV rules for, with source "dry-run"; for a known architecture the exact rules
+    win. Raises PricingError for a configuration llama.cpp refuses."""
     rc = resolve_context(s, cfg)
     pl: Placement = place(s, cfg, cpu_features)
     warnings = [*rc.warnings, *pl.warnings]
@@ -94,13 +121,18 @@ def price(
     ctx_by_dev: dict[str, int] = {}
     kv: KvInfo | None = None
     ctx_reason = ""
+    ctx_source = "formula"
     try:
         kv = kv_layers(s, rc, cfg)
     except PricingError as err:
         if not s.unsupported:
             raise
-        ctx_reason = str(err)
-    if kv is not None:
+        if context is not None and context.caches:
+            kv, ctx_source = kv_from_dry_run(context), "dry-run"
+            ctx_by_dev = context.bytes_by_device()
+        else:
+            ctx_reason = f"{err}; no dry run of the engine sized it"
+    if kv is not None and ctx_source == "formula":
         for layer in kv.layers:
             dev = pl.layer_device[layer.il]
             ctx_by_dev[dev] = ctx_by_dev.get(dev, 0) + layer.bytes
@@ -111,7 +143,7 @@ def price(
 
     devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev)]
     out_dev = HOST  # the output buffer lives in host memory (the output device's host buffer when offloaded)
-    out_b = output_bytes(s, rc)
+    out_b = output_bytes(s, rc, cfg.embeddings)
     dfs: list[DeviceFootprint] = []
     for d in devices:
         if compute is not None and d in compute:
@@ -120,7 +152,7 @@ def price(
             comp = Term.unavailable(f"no dry run and {s.unsupported}")
         else:
             comp = Term(compute_formula(s, rc, kv), "formula")
-        ctx_t = Term.unavailable(ctx_reason) if ctx_reason else Term(ctx_by_dev.get(d, 0), "formula")
+        ctx_t = Term.unavailable(ctx_reason) if ctx_reason else Term(ctx_by_dev.get(d, 0), ctx_source)  # type: ignore[arg-type]
         dfs.append(DeviceFootprint(
             name=d,
             model=Term(model_by_dev.get(d, 0), "formula"),
@@ -137,4 +169,5 @@ def price(
         footprint=fp, n_ctx=rc.n_ctx, n_ctx_seq=rc.n_ctx_seq, n_parallel=rc.n_parallel, kv_unified=rc.kv_unified,
         n_gpu_layers=pl.n_gpu_layers if cfg.devices else 0, flash_attn=rc.flash_attn, n_ubatch=rc.n_ubatch,
         n_batch=rc.n_batch, kv=kv, buffers=pl.buffers, warnings=tuple(warnings),
+        output_at_load=output_bytes(s, rc, cfg.embeddings, at_load=True), context_source=ctx_source,
     )

@@ -1,0 +1,27 @@
+"""The seat's argv for tensor overrides and embeddings parses back to the LoadConfig it was priced for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fitevict.engines.llama_server import LlamaServerEngine
+from fitevict.pricing.cmdline import parse_server_argv
+from fitevict.pricing.loadconfig import LoadConfig
+
+
+def test_seat_argv_carries_overrides_in_order_and_embeddings(llama_server: Path, tmp_path: Path) -> None:
+    cfg = LoadConfig(n_ctx=2048, n_parallel=2, n_cpu_moe=1, devices=("CUDA0",), n_gpu_layers=-1,
+                     tensor_overrides=(("exps", "CUDA0"), (r"blk\.1\.attn", "CPU")), embeddings=True)
+    spec = LlamaServerEngine(llama_server).launch_spec(tmp_path / "m.gguf", cfg, 8123)
+    argv = list(spec.argv)
+    # --n-cpu-moe's rules are checked first by llama.cpp, so it comes before every -ot
+    assert argv.index("--n-cpu-moe") < argv.index("-ot")
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-ot"] == ["exps=CUDA0", r"blk\.1\.attn=CPU"]
+    assert "--embeddings" in argv
+    assert parse_server_argv(argv).config == cfg
+
+
+def test_embeddings_from_model_settings_only_is_flagged(llama_server: Path, tmp_path: Path) -> None:
+    spec = LlamaServerEngine(llama_server).launch_spec(tmp_path / "m.gguf", LoadConfig(), 8123, embeddings=True)
+    assert "--embeddings" in spec.argv
+    assert any("priced without it" in n for n in spec.notes)
