@@ -36,7 +36,7 @@ from fitevict.engines.process import cmdline as _cmdline
 from fitevict.engines.process import die_with_parent, free_port
 from fitevict.engines.process import group_alive as _group_alive
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
-from fitevict.engines.dryrun import dry_run_compute
+from fitevict.engines.dryrun import dry_run
 from fitevict.host import procmem
 from fitevict.host.budget import Budget, measure_budget
 from fitevict.host.nvml import read_gpus
@@ -226,6 +226,7 @@ class Supervisor:
         self._quant: dict[tuple[str, int, int], str] = {}
         self._compute: dict[tuple[str, LoadConfig], dict[str, int]] = {}
         self._dry_run_notes: dict[tuple[str, LoadConfig], str] = {}
+        self._dry_context: dict[tuple[str, LoadConfig], Any] = {}  # caches the dry run sized (unknown archs)
         self.log_dir = Path(config.data_dir) / "seats"
         self.closed = False
 
@@ -326,7 +327,8 @@ class Supervisor:
         if m is not None:
             fp = footprint_from_json(m.footprint)
         else:
-            fp = pricing.price(self._structure(path), cfg, compute=self._compute_cache(path, cfg)).footprint
+            fp = pricing.price(self._structure(path), cfg, compute=self._compute_cache(path, cfg),
+                               context=self._dry_context.get((str(path), cfg))).footprint
         fp = with_engine_overhead(fp, self.engine_overhead)
         if len(self._footprints) > 4096:
             self._footprints.clear()
@@ -345,11 +347,14 @@ class Supervisor:
         cfg, _mode, path = self.config_for(entry, contract)
         if (str(path), cfg) in self._compute:
             return
-        got = await asyncio.to_thread(dry_run_compute, self.engine_binary.parent, path, cfg)
+        got = await asyncio.to_thread(dry_run, self.engine_binary.parent, path, cfg,
+                                      extra_args=tuple(entry.settings.extra_args))
         if isinstance(got, DryRunUnavailable):
             self._dry_run_notes[(str(path), cfg)] = got.reason
         else:
-            self._compute[(str(path), cfg)] = got
+            self._compute[(str(path), cfg)] = got.compute
+            if got.context is not None:
+                self._dry_context[(str(path), cfg)] = got.context
             self._footprints.clear()
 
     # -- planning -------------------------------------------------------------------------------

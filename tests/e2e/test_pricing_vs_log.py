@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from _gguf import rewrite_arch as _rewrite_arch
 from fitevict.engines.dryrun import DryRun, Unavailable, capture_load_log, dry_run, dry_run_compute
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
@@ -256,30 +257,6 @@ def test_override_to_a_missing_buffer_type_is_refused_by_both(zoo: dict, engine_
 
 
 # --- an architecture llama.cpp knows and fitevict does not: the dry run's caches price its context --------------
-
-def _rewrite_arch(src: Path, dst: Path, arch: str) -> Path:
-    """A copy of ``src`` whose architecture (and key prefix) is ``arch``: same tensors, same bytes."""
-    import gguf
-
-    r = gguf.GGUFReader(src)
-    old = str(r.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(dst, arch)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        key = arch + name[len(old):] if name.startswith(old + ".") else name
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
-        else:
-            w.add_key_value(key, f.contents(), f.types[0])
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_shape=[int(x) for x in reversed(t.shape.tolist())], raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
 
 @pytest.fixture(scope="module")
 def xverse(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -362,3 +362,30 @@ def test_contended_swaps_under_a_budget_for_one_lose_nothing(tmp_path: Path, mod
     assert sorted(served) == sorted(["med-a", "med-b", "med-c"] * 4)
     for e in store.events(event="evict"):
         assert e.details["release_verified"] is True
+
+
+def test_an_architecture_without_rules_is_priced_by_the_dry_run_and_loads(tmp_path: Path, zoo: dict,
+                                                                           llama_server: Path) -> None:
+    """xverse is in llama.cpp but has no KV rules in fitevict: the supervisor prices its context from the
+    engine's own dry run instead of refusing, and the price matches what the engine then allocates."""
+    from _gguf import rewrite_arch
+
+    own = tmp_path / "own"
+    own.mkdir()
+    rewrite_arch(zoo["llama-gqa"].path, own / "xv.gguf", "xverse")
+    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": [str(own)]})
+    store = Store.open(cfg.store_url)
+
+    async def scenario() -> None:
+        sup = supervisor(cfg, Catalog.from_config(cfg), store, llama_server)
+        await sup.start()
+        try:
+            seat = await sup.load("xv")
+            cpu = seat.predicted.device(HOST)
+            assert cpu.context.source == "dry-run" and cpu.compute.source == "dry-run"
+            measured = seat.measured.device(HOST)
+            assert abs(cpu.context.bytes - measured.context.bytes) <= 10 * 1024  # the log prints 2-decimal MiB
+        finally:
+            await sup.shutdown()
+
+    run(scenario)
