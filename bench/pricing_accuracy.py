@@ -26,7 +26,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
-from fitevict.zoo import ZOO_NAMES, write_zoo
+from fitevict.zoo import ZOO_NAMES, rewrite_arch, write_zoo
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "accuracy.md"
@@ -59,30 +59,6 @@ OVERRIDES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "llama-tied": ("-ot token_embd=CPU", (("token_embd", "CPU"),)),
 }
 UNKNOWN_ARCH = ("llama-gqa", "xverse")  # llama.cpp has xverse (llama-shaped); fitevict's tables do not
-
-
-def rewrite_arch(src: Path, dst: Path, arch: str) -> Path:
-    """A copy of ``src`` whose architecture (and key prefix) is ``arch``: same tensors, same bytes."""
-    import gguf
-
-    r = gguf.GGUFReader(src)
-    old = str(r.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(dst, arch)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        key = arch + name[len(old):] if name.startswith(old + ".") else name
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1])
-        else:
-            w.add_key_value(key, f.contents(), f.types[0])
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_shape=[int(x) for x in reversed(t.shape.tolist())], raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def beyond_the_matrix(bin_dir: Path, models: dict[str, Path], zoo_dir: Path) -> list[str]:

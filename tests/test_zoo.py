@@ -275,3 +275,17 @@ def test_cli_unwritable_dir_is_an_error(tmp_path: Path) -> None:
     r = CliRunner().invoke(_cli(), ["demo-models", str(blocker / "zoo"), "--only", "llama-gqa"])
     assert r.exit_code == 2
     assert "cannot create the zoo directory" in r.output and "a-file" in r.output
+
+
+def test_rewrite_arch_keeps_tensors_and_renames_keys(tmp_path) -> None:
+    import gguf
+
+    from fitevict.zoo import rewrite_arch, write_zoo
+
+    (m,) = write_zoo(tmp_path / "z", only=["llama-gqa"])
+    out = rewrite_arch(m.path, tmp_path / "x.gguf", "xverse")
+    a, b = gguf.GGUFReader(m.path), gguf.GGUFReader(out)
+    assert str(b.fields["general.architecture"].contents()) == "xverse"
+    assert b.fields["xverse.block_count"].contents() == a.fields["llama.block_count"].contents()
+    assert not any(k.startswith("llama.") for k in b.fields)
+    assert [(t.name, t.data.tobytes()) for t in a.tensors] == [(t.name, t.data.tobytes()) for t in b.tensors]

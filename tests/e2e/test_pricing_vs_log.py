@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from _gguf import rewrite_arch as _rewrite_arch
 from fitevict.engines.dryrun import DryRun, Unavailable, capture_load_log, dry_run, dry_run_compute
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
-from fitevict.zoo import ZOO_NAMES
+from fitevict.zoo import ZOO_NAMES, rewrite_arch
 
 pytestmark = pytest.mark.e2e
 
@@ -261,7 +260,7 @@ def test_override_to_a_missing_buffer_type_is_refused_by_both(zoo: dict, engine_
 @pytest.fixture(scope="module")
 def xverse(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """llama-gqa as an xverse model: xverse is in llama.cpp (a llama-shaped attention model), not in fitevict."""
-    return _rewrite_arch(zoo["llama-gqa"].path, tmp_path_factory.mktemp("xverse") / "xverse.gguf", "xverse")
+    return rewrite_arch(zoo["llama-gqa"].path, tmp_path_factory.mktemp("xverse") / "xverse.gguf", "xverse")
 
 
 @pytest.mark.parametrize("config", ["c1000-no-np", "np3", "np3-uneven", "ub128"])

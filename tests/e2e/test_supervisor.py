@@ -368,7 +368,7 @@ def test_an_architecture_without_rules_is_priced_by_the_dry_run_and_loads(tmp_pa
                                                                            llama_server: Path) -> None:
     """xverse is in llama.cpp but has no KV rules in fitevict: the supervisor prices its context from the
     engine's own dry run instead of refusing, and the price matches what the engine then allocates."""
-    from _gguf import rewrite_arch
+    from fitevict.zoo import rewrite_arch
 
     own = tmp_path / "own"
     own.mkdir()
