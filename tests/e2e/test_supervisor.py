@@ -47,13 +47,16 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     return asyncio.run(coro_fn())
 
 
-def make(tmp_path: Path, models_dir: Path, llama_server: Path, *, ram_limit: int, **over: Any):
+def make(tmp_path: Path, models_dir: Path, llama_server: Path, *, ram_limit: int, toml: str | None = None,
+         **over: Any):
+    """Config (a TOML file when ``toml`` is given, plus overrides), catalog and a fresh SQLite store."""
     overrides = {"data_dir": str(tmp_path / "data"), "models_dirs": [str(models_dir)], "budget.ram_limit": ram_limit,
                  "budget.ram_reserve": 0, "engine.release_timeout_seconds": 20, **over}
-    models = over.pop("models", None)
-    cfg = load_config(None, env={}, overrides=overrides)
-    if models:
-        cfg = models(cfg)
+    path = None
+    if toml is not None:
+        path = tmp_path / "fitevict.toml"
+        path.write_text(toml)
+    cfg = load_config(path, env={}, overrides=overrides)
     store = Store.open(cfg.store_url)
     return cfg, Catalog.from_config(cfg), store
 
@@ -101,13 +104,7 @@ def test_lru_eviction_releases_memory_and_history_explains(tmp_path: Path, model
 
 def test_pinned_model_survives_pressure(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
     limit = int(2.5 * medium_host_bytes(models_dir))
-    cfg_path = tmp_path / "fitevict.toml"
-    cfg_path.write_text('[models.med-a]\npin = true\n')
-    cfg = load_config(cfg_path, env={}, overrides={
-        "data_dir": str(tmp_path / "data"), "models_dirs": [str(models_dir)], "budget.ram_limit": limit,
-        "budget.ram_reserve": 0})
-    store = Store.open(cfg.store_url)
-    cat = Catalog.from_config(cfg)
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=limit, toml="[models.med-a]\npin = true\n")
 
     async def scenario() -> None:
         sup = supervisor(cfg, cat, store, llama_server)
