@@ -687,14 +687,24 @@ class Supervisor:
                             total_bytes=measured_total)
             await asyncio.to_thread(self.store.put_measurement, m)
             self._footprints.clear()  # a new measurement overrides the priced figure for its signature
-        gpu = sum(seat.bytes_on(d) for d in seat.config.devices) if seat.config.devices else 0
+        has_gpu = self._last_budget is not None and bool(self._last_budget.gpu_names)
+        gpu = _gpu_bytes(seat) if has_gpu else None  # no GPU on this machine: not applicable, not 0
         await self.record(Event(
             time=self.clock(), event="load", model=seat.key, engine=seat.engine, seconds=seat.load_seconds,
             vram_bytes=gpu, host_bytes=seat.bytes_on(HOST),
-            offloaded_bytes=_offloaded(seat), strategy=_strategy(plan), request_id=request_id,
+            offloaded_bytes=self._spilled(seat), strategy=_strategy(plan), request_id=request_id,
             reason=plan.reason or None, predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total,
             details=details,
         ))
+
+    def _spilled(self, seat: SeatState) -> int | None:
+        """Model weights a load put in host RAM although the machine has a GPU (partial or RAM-only
+        loads): the history's ``offloaded`` figure. None on a machine without a GPU: nothing was offloaded."""
+        if self._last_budget is None or not self._last_budget.gpu_names:
+            return None
+        fp = seat.measured or seat.predicted
+        cpu = fp.device(HOST)
+        return cpu.model.bytes if cpu is not None else 0
 
     async def _learn_overhead(self, seat: SeatState) -> None:
         """Estimate the engine process's own host memory: PSS minus the buffers its log reports.
@@ -757,7 +767,7 @@ class Supervisor:
         mem_available_delta = release.freed_by_device.get("MemAvailable")
         await self.record(Event(
             time=self.clock(), event=event, model=seat.key, engine=seat.engine, seconds=exit_s,
-            host_bytes=seat.bytes_on(HOST), vram_bytes=_offloaded(seat) or None, reason=reason,
+            host_bytes=seat.bytes_on(HOST), vram_bytes=_gpu_bytes(seat) or None, reason=reason,
             freed_bytes=release.freed_bytes, request_id=request_id,
             details={"release_verified": release.verified, "exit_seconds": exit_s,
                      "release_seconds": release.release_seconds, "held_committed_bytes": held[HOST],
@@ -1065,7 +1075,7 @@ def _pred_source(fp: Footprint, device: str) -> str:
     return sources.pop() if len(sources) == 1 else "+".join(sorted(sources))
 
 
-def _offloaded(seat: SeatState) -> int:
+def _gpu_bytes(seat: SeatState) -> int:
     return sum(seat.bytes_on(d) for d in seat.config.devices)
 
 
