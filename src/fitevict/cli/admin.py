@@ -225,7 +225,7 @@ def history_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP),
         freed = _gb(e["freed_gb"]) if e["event"] in stops else ""
         t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e["event"], e["model"] or "",
                   f"{e['seconds']:.2f}" if e["seconds"] is not None else "", _gb(e["host_gb"]),
-                  "n/a (no GPU)" if e["vram_gb"] is None and e["event"] == "load" else _gb(e["vram_gb"]),
+                  "n/a" if e["vram_gb"] is None else _gb(e["vram_gb"]),
                   freed, e["strategy"] or e["reason"] or "")
     console.print(t)
 
