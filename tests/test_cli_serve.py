@@ -67,3 +67,10 @@ def test_binding_beyond_loopback_without_keys_warns(tmp_path: Path) -> None:
         proc.wait(30)
     text = "".join(seen)
     assert "warning" in text and "0.0.0.0" in text and "api-key" in text.replace("_", "-")
+
+
+def test_an_unusable_store_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    r = serve(tmp_path, "--data-dir", str(blocker / "sub"))
+    assert r.returncode == 2 and "store error" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -105,7 +105,14 @@ def serve(
     for note in catalog.notes:
         err.print(f"note: {note}")
     err.print(f"fitevict: {len(catalog)} models, engine {binary}, store {redact_url(cfg.store_url)}")
-    app = create_app(cfg, engine_binary=binary, catalog=catalog)
+    from fitevict.store import Store, StoreError, StoreVersionError
+
+    try:
+        store = Store.open(cfg.store_url)
+    except (StoreError, StoreVersionError, OSError) as e:
+        err.print(f"[red]store error:[/] {redact_url(cfg.store_url)}: {e}")
+        raise typer.Exit(2) from e
+    app = create_app(cfg, engine_binary=binary, catalog=catalog, store=store, own_store=True)
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=30)
 

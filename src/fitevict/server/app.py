@@ -30,9 +30,10 @@ __all__ = ["create_app"]
 
 
 def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None = None,
-               store: Store | None = None) -> FastAPI:
+               store: Store | None = None, own_store: bool | None = None) -> FastAPI:
+    """The front door. ``own_store``: close the store at shutdown (default: when this call opened it)."""
     catalog = catalog or Catalog.from_config(config)
-    own_store = store is None
+    own_store = store is None if own_store is None else own_store
     store = store or Store.open(config.store_url)
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
     upstream = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
