@@ -384,6 +384,10 @@ class Supervisor:
         return pl.plan(request, self._residents(), budget,
                        lambda _k, c: self.footprint(path, c), policy, now if now is not None else self.clock())
 
+    def budget(self) -> Budget:
+        """The budget as the planner would see it now (a fresh reading)."""
+        return self._budget_fn()
+
     def last_budget_json(self) -> dict | None:
         """The budget snapshot the last plan was made against, with every figure's source."""
         return self._last_budget.to_json() if self._last_budget is not None else None

@@ -83,3 +83,20 @@ def test_metrics_and_models_list(make_client) -> None:
     models = c.get("/v1/models").json()["data"]
     assert [m["id"] for m in models] == ["llama-gqa"]
     assert models[0]["fitevict"]["resident"] is False and models[0]["fitevict"]["file"]["source"] == "file-size"
+
+
+def test_dashboard_shows_the_budget_with_sources(make_client) -> None:
+    c = make_client()
+    assert c.get("/", follow_redirects=False).headers["location"] == "/dashboard"
+    page = c.get("/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    html = page.text
+    assert "meminfo MemTotal" in html and "meminfo MemAvailable" in html  # every figure says where it came from
+    assert "<h2>Resident</h2>" in html and "none" in html
+    assert "<script" not in html  # works offline, nothing to fetch
+
+
+def test_dashboard_needs_a_key_when_keys_are_configured(make_client) -> None:
+    c = make_client(**{"server.api_keys": ["u1"]})
+    assert c.get("/dashboard").status_code == 401
+    assert c.get("/dashboard", headers={"Authorization": "Bearer u1"}).status_code == 200
