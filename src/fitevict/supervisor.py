@@ -842,19 +842,16 @@ class Supervisor:
         if not ttl:
             return
         while not self.closed:
-            now = self.clock()
-            due = [s for s in self.seats.values()
-                   if s.state == "ready" and s.last_used is not None and s.in_flight == 0 and s.reserved == 0
-                   and now - s.last_used >= ttl]
-            for s in due:
+            for s in [s for s in self.seats.values() if _idle_due(s, self.clock(), ttl)]:
                 async with self._placement:
-                    if s.state == "ready" and s.in_flight == 0 and s.last_used is not None \
-                            and self.clock() - s.last_used >= ttl:
+                    if _idle_due(s, self.clock(), ttl):  # re-read under the lock: a request may have arrived
                         await self._stop_seat(s, event="idle-unload",
                                               reason=f"idle for {self.clock() - s.last_used:.1f} s "
                                                      f"(policy.idle_unload_seconds={ttl:g})")
-            next_due = [s.last_used + ttl for s in self.seats.values() if s.last_used is not None]
-            delay = min([max(0.05, d - self.clock()) for d in next_due] + [ttl, 30.0])
+            # Sleep until the next seat could fall due; a request ending (or any other change) wakes us sooner.
+            waiting = [s.last_used + ttl for s in self.seats.values()
+                       if _idle_due(s, float("inf"), ttl) and s.last_used is not None]
+            delay = min([max(0.05, d - self.clock()) for d in waiting] + [ttl, 30.0])
             async with self._changed:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), delay)
@@ -1059,6 +1056,13 @@ def _compatible(seat: SeatState, cfg: LoadConfig, path: Path, contract: Contract
     if contract.parallel is not None and contract.parallel != c.n_parallel:
         return False
     return True
+
+
+def _idle_due(s: SeatState, now: float, ttl: float) -> bool:
+    """An idle unload is due: a ready, unpinned seat that was used, serves nothing, and sat ``ttl`` seconds.
+    A seat that was never used is left alone; a pinned one is never unloaded for idleness."""
+    return (s.state == "ready" and not s.pinned and s.last_used is not None and s.in_flight == 0
+            and s.reserved == 0 and now - s.last_used >= ttl)
 
 
 def _dominant_type(structure) -> str:

@@ -219,18 +219,21 @@ def test_failed_load_records_fail_and_keeps_the_measurement(tmp_path: Path, mode
 
 def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
     cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3,
-                           **{"policy.idle_unload_seconds": 1.0})
+                           toml="[models.med-a]\npin = true\n", **{"policy.idle_unload_seconds": 1.0})
 
     async def scenario() -> None:
         sup = supervisor(cfg, cat, store, llama_server)
         await sup.start()
         try:
             await sup.load("llama-q8_0")  # loaded, never used: left alone
+            async with sup.acquire("med-a"):  # used but pinned: left alone
+                pass
             async with sup.acquire("llama-gqa"):
                 pass
             ev = await sup.wait_for_event(lambda e: e.event == "idle-unload", timeout=30)
             assert ev.model == "llama-gqa" and "idle" in ev.reason
-            assert "llama-q8_0" in sup.seats and "llama-gqa" not in sup.seats
+            assert "llama-gqa" not in sup.seats
+            assert {"llama-q8_0", "med-a"} <= set(sup.seats)
             assert sup.seats["llama-q8_0"].last_used is None
         finally:
             await sup.shutdown()
