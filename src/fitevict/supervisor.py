@@ -50,6 +50,7 @@ from fitevict.store.records import Event, Measurement, Seat as SeatRecord, measu
 from fitevict.units import MiB, format_size
 
 STATES = ("starting", "ready", "stopping", "stopped", "failed")  # a seat's life, in order
+BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
 
 
 class SupervisorError(RuntimeError):
@@ -572,40 +573,30 @@ class Supervisor:
 
     async def _start_seat(self, entry: CatalogEntry, plan: pl.Plan, path: Path, request_id: str | None) -> SeatState:
         cfg = plan.config
-        port = free_port()
-        seat_id = uuid.uuid4().hex[:12]
-        log_path = self.log_dir / f"{entry.key.replace('/', '_')}-{seat_id}.log"
         predicted = self.footprint(path, cfg)
-        seat = SeatState(
-            id=seat_id, key=entry.key, entry=entry, engine=entry.engine, config=cfg, model_path=path, port=port,
-            log_path=log_path, started_at=self.clock(), predicted=predicted, signature=self.signature(path, cfg),
-            strategy=plan.action, pinned=entry.pinned,
-        )
-        spec = self._engine.launch_spec(path, cfg, port, extra_args=tuple(entry.settings.extra_args),
-                                        embeddings=bool(entry.settings.embeddings))
-        self.seats[entry.key] = seat
         t0 = time.monotonic()
-        with log_path.open("wb") as log:
-            seat.proc = await asyncio.create_subprocess_exec(
-                *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env=dict(spec.env), start_new_session=True, preexec_fn=die_with_parent,
-            )
-        seat.pid = seat.pgid = seat.proc.pid
-        await asyncio.to_thread(self.store.seat_upsert, self._seat_record(seat))
-        try:
-            await self._wait_ready(seat)
-        except LoadFailed as e:
-            seat.expected_exit = True
-            await self._kill_group(seat)
-            seat.state = "failed"
-            self.seats.pop(entry.key, None)
-            await asyncio.to_thread(self.store.seat_remove, seat.id)
-            await self.record(Event(time=self.clock(), event="fail", model=entry.key, engine=entry.engine,
-                                    seconds=time.monotonic() - t0, strategy=plan.action, reason=str(e),
-                                    request_id=request_id, predicted_bytes=predicted.total_bytes,
-                                    details={"log": str(log_path), "argv": list(spec.argv), "pid": seat.pid}))
-            await self._notify()
-            raise
+        for attempt in (1, 2):
+            # The port is free when chosen but another process may take it first; the engine then fails to
+            # bind at once, before it reads a weight, and one retry on a new port is enough.
+            seat, spec = await self._spawn(entry, plan, path, predicted)
+            try:
+                await self._wait_ready(seat)
+                break
+            except LoadFailed as e:
+                seat.expected_exit = True
+                await self._kill_group(seat)
+                seat.state = "failed"
+                self.seats.pop(entry.key, None)
+                await asyncio.to_thread(self.store.seat_remove, seat.id)
+                if attempt == 1 and BIND_FAILED in _log_tail(seat.log_path, 200):
+                    continue
+                await self.record(Event(time=self.clock(), event="fail", model=entry.key, engine=entry.engine,
+                                        seconds=time.monotonic() - t0, strategy=plan.action, reason=str(e),
+                                        request_id=request_id, predicted_bytes=predicted.total_bytes,
+                                        details={"log": str(seat.log_path), "argv": list(spec.argv),
+                                                 "pid": seat.pid}))
+                await self._notify()
+                raise
         seat.load_seconds = time.monotonic() - t0
         seat.ready_at = self.clock()
         seat.state = "ready"
@@ -614,6 +605,30 @@ class Supervisor:
         await self._measure_and_record(seat, plan, request_id, spec.notes)
         await self._notify()
         return seat
+
+    async def _spawn(self, entry: CatalogEntry, plan: pl.Plan, path: Path,
+                     predicted: Footprint) -> tuple[SeatState, Any]:
+        """Start the engine process for a new seat (own process group, own log file) and record its pid."""
+        cfg = plan.config
+        port = free_port()
+        seat_id = uuid.uuid4().hex[:12]
+        log_path = self.log_dir / f"{entry.key.replace('/', '_')}-{seat_id}.log"
+        seat = SeatState(
+            id=seat_id, key=entry.key, entry=entry, engine=entry.engine, config=cfg, model_path=path, port=port,
+            log_path=log_path, started_at=self.clock(), predicted=predicted, signature=self.signature(path, cfg),
+            strategy=plan.action, pinned=entry.pinned,
+        )
+        spec = self._engine.launch_spec(path, cfg, port, extra_args=tuple(entry.settings.extra_args),
+                                        embeddings=bool(entry.settings.embeddings))
+        self.seats[entry.key] = seat
+        with log_path.open("wb") as log:
+            seat.proc = await asyncio.create_subprocess_exec(
+                *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                env=dict(spec.env), start_new_session=True, preexec_fn=die_with_parent,
+            )
+        seat.pid = seat.pgid = seat.proc.pid
+        await asyncio.to_thread(self.store.seat_upsert, self._seat_record(seat))
+        return seat, spec
 
     async def _wait_ready(self, seat: SeatState) -> None:
         eng = self.config.engine

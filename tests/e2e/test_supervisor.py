@@ -389,3 +389,36 @@ def test_an_architecture_without_rules_is_priced_by_the_dry_run_and_loads(tmp_pa
             await sup.shutdown()
 
     run(scenario)
+
+
+def test_a_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, models_dir: Path, llama_server: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process takes the chosen port before the engine binds it: the engine fails at once, and the
+    seat is started again on a new port without a ``fail`` event."""
+    import socket
+
+    import fitevict.supervisor as supmod
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])
+    real_free_port = supmod.free_port
+    monkeypatch.setattr(supmod, "free_port", lambda: next(ports, None) or real_free_port())
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
+
+    async def scenario() -> None:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            seat = await sup.load("llama-gqa")
+            assert seat.state == "ready" and seat.port != taken
+        finally:
+            await sup.shutdown()
+
+    try:
+        run(scenario)
+    finally:
+        squatter.close()
+    assert store.events(event="fail") == [] and len(store.events(event="load")) == 1
