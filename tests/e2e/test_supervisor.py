@@ -422,3 +422,26 @@ def test_a_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, models_
     finally:
         squatter.close()
     assert store.events(event="fail") == [] and len(store.events(event="load")) == 1
+
+
+def test_concurrent_requests_for_a_loading_model_share_one_load(tmp_path: Path, models_dir: Path,
+                                                                llama_server: Path) -> None:
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
+
+    async def scenario() -> set[int | None]:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        pids: set[int | None] = set()
+
+        async def one() -> None:
+            async with sup.acquire("med-a") as seat:
+                pids.add(seat.pid)
+
+        try:
+            await asyncio.gather(*(one() for _ in range(5)))
+        finally:
+            await sup.shutdown()
+        return pids
+
+    assert len(run(scenario)) == 1
+    assert len(store.events(event="load")) == 1
