@@ -128,3 +128,50 @@ def test_installed_engine_is_found_and_reinstall_is_a_no_op(llama_server: Path) 
     assert server == llama_server
     v = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60)
     assert v.returncode == 0 and "version" in (v.stdout + v.stderr)
+
+
+def test_cache_prefers_an_installed_cuda_build(tmp_path: Path) -> None:
+    base = tmp_path / "cache"
+    cpu = _fake_cache_install(base)
+    r = inst.resolve_binary(env={"PATH": ""}, base=base)
+    assert r.path == cpu / "llama-server" and "CUDA" not in r.why
+    cuda = inst.installed_bin_dir(base, "cuda")
+    for b in inst.BINARIES:
+        _exe(cuda / b)
+    (cuda / inst.STAMP).write_text(f'{{"version": "{inst.SDIST_VERSION}", "variant": "cuda"}}')
+    r = inst.resolve_binary(env={"PATH": ""}, base=base)
+    assert r.path == cuda / "llama-server" and "CUDA build" in r.why
+    # a stamp written for another variant does not count as this one
+    assert inst.read_stamp(base, "cpu") is not None and inst.read_stamp(base, "cuda") is not None
+    (cuda / inst.STAMP).write_text(f'{{"version": "{inst.SDIST_VERSION}", "variant": "cpu"}}')
+    assert inst.read_stamp(base, "cuda") is None
+
+
+def test_cuda_build_flags_and_missing_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = inst.cmake_flags("cuda", cuda_arch="89;90", nvcc="/opt/cuda/bin/nvcc")
+    assert flags[: len(inst.CMAKE_FLAGS)] == inst.CMAKE_FLAGS
+    assert {"-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=89;90", "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc"} <= set(flags)
+    assert inst.cmake_flags("cpu") == inst.CMAKE_FLAGS
+    # only the C/C++ tools on PATH, and no CUDA toolkit where fitevict looks: the error names the package
+    tools = tmp_path / "tools"
+    for t in ("cmake", "c++", "cc", "make"):
+        _exe(tools / t)
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda-here"))
+    with pytest.raises(inst.EngineInstallError) as e:
+        inst.install(base=tmp_path / "c", variant="cuda")
+    assert "nvidia-cuda-toolkit" in str(e.value) and "nvcc" in str(e.value)
+    assert not inst.installed_bin_dir(tmp_path / "c", "cuda").exists()
+    with pytest.raises(inst.EngineInstallError):
+        inst.install(base=tmp_path / "c", variant="rocm")
+
+
+def test_cuda_build_needs_cublas_headers_beside_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = tmp_path / "cuda"
+    _exe(cuda / "bin" / "nvcc")
+    monkeypatch.setenv("CUDA_HOME", str(cuda))
+    monkeypatch.setenv("PATH", "")
+    assert any("cuBLAS" in tool for tool, _ in inst.missing_build_tools("cuda"))
+    (cuda / "include").mkdir()
+    (cuda / "include" / "cublas_v2.h").write_text("")
+    assert not any("CUDA" in tool or "cuBLAS" in tool for tool, _ in inst.missing_build_tools("cuda"))

@@ -35,6 +35,10 @@ def install_cmd(
     engine: str = typer.Argument("llama.cpp", help="Engine to build. Only llama.cpp is provisioned by fitevict."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when a complete install exists."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel build jobs (default: all cores)."),
+    cuda: bool = typer.Option(False, "--cuda", help="Build with CUDA (needs nvcc) into its own directory; "
+                              "the cache step of the lookup then prefers it."),
+    cuda_arch: str = typer.Option("native", "--cuda-arch", help="CMAKE_CUDA_ARCHITECTURES for --cuda, e.g. 89;90 "
+                                  "(native needs a visible GPU while building)."),
 ) -> None:
     """Build llama-server, llama-fit-params and llama-quantize from llama-cpp-python's vendored llama.cpp."""
     if engine != inst.ENGINE:
@@ -48,14 +52,16 @@ def install_cmd(
             bar.update(task, description=msg[:70], **({"completed": frac} if frac is not None else {}))
 
         try:
-            result = inst.install(force=force, jobs=jobs or None, progress=progress)
+            result = inst.install(force=force, jobs=jobs or None, progress=progress,
+                                  variant="cuda" if cuda else "cpu", cuda_arch=cuda_arch)
         except inst.EngineInstallError as e:
             bar.stop()
             err.print(f"[red]engine install failed:[/] {e}")
             raise typer.Exit(1) from e
         bar.update(task, completed=1.0, description="done")
     what = "already installed" if result.already else f"built in {result.seconds:.0f} s"
-    console.print(f"llama.cpp {inst.LLAMA_CPP_COMMIT} ({inst.SDIST_PACKAGE}=={inst.SDIST_VERSION}) {what}")
+    kind = "CUDA build" if cuda else "CPU build"
+    console.print(f"llama.cpp {inst.LLAMA_CPP_COMMIT} ({inst.SDIST_PACKAGE}=={inst.SDIST_VERSION}), {kind}, {what}")
     for b in inst.BINARIES:
         console.print(f"  {result.bin_dir / b}")
 

@@ -71,22 +71,42 @@ class Resolution:
     candidates: tuple[Candidate, ...] = field(default=())
 
 
+VARIANTS: tuple[str, ...] = ("cpu", "cuda")
+
+
 def engine_root(base: Path | None = None) -> Path:
     return (base or cache_dir()) / "engines" / f"{ENGINE}-{SDIST_VERSION}"
 
 
-def installed_bin_dir(base: Path | None = None) -> Path:
-    return engine_root(base) / "bin"
+def installed_bin_dir(base: Path | None = None, variant: str = "cpu") -> Path:
+    """Where a build lives: ``bin`` (CPU) or ``bin-cuda``; both share one source tree."""
+    return engine_root(base) / ("bin" if variant == "cpu" else f"bin-{variant}")
 
 
-def read_stamp(base: Path | None = None) -> dict | None:
+def cmake_flags(variant: str = "cpu", *, cuda_arch: str = "native", nvcc: str | None = None) -> tuple[str, ...]:
+    """The pinned build's cmake flags; a CUDA build adds GGML_CUDA and the GPU architectures to compile for."""
+    if variant == "cpu":
+        return CMAKE_FLAGS
+    extra = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+    if nvcc:
+        extra.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
+    return (*CMAKE_FLAGS, *extra)
+
+
+def find_nvcc() -> str | None:
+    """nvcc on PATH, else in ``$CUDA_HOME`` / ``$CUDA_PATH`` / /usr/local/cuda."""
+    home = Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda")
+    return shutil.which("nvcc") or (str(home / "bin" / "nvcc") if _is_executable(home / "bin" / "nvcc") else None)
+
+
+def read_stamp(base: Path | None = None, variant: str = "cpu") -> dict | None:
     """The install record, or None when no complete install exists."""
-    bin_dir = installed_bin_dir(base)
+    bin_dir = installed_bin_dir(base, variant)
     try:
         stamp = json.loads((bin_dir / STAMP).read_text())
     except (OSError, ValueError):
         return None
-    if stamp.get("version") != SDIST_VERSION:
+    if stamp.get("version") != SDIST_VERSION or stamp.get("variant", "cpu") != variant:
         return None
     if not all(_is_executable(bin_dir / b) for b in BINARIES):
         return None
@@ -134,8 +154,9 @@ def resolve_binary(
     consider("env", Path(env_value).expanduser() if env_value else None, f"not set (${ENV_VAR})")
     on_path = shutil.which("llama-server", path=env.get("PATH"))
     consider("PATH", Path(on_path) if on_path else None, "no llama-server on PATH")
-    stamp = read_stamp(base)
-    consider("cache", installed_bin_dir(base) / "llama-server" if stamp else None,
+    # The cache: a CUDA build when one was installed (someone built it to use it), else the CPU build.
+    cached = next((v for v in ("cuda", "cpu") if read_stamp(base, v)), None)
+    consider("cache", installed_bin_dir(base, cached) / "llama-server" if cached else None,
              f"not installed in {installed_bin_dir(base)} (run: fitevict engine install llama.cpp)")
 
     if chosen is None:
@@ -146,17 +167,28 @@ def resolve_binary(
         "config": "set in the config file (engine.llama_server)",
         "env": f"set by ${ENV_VAR}",
         "PATH": "found on PATH",
-        "cache": f"built by fitevict from {SDIST_PACKAGE}=={SDIST_VERSION} (llama.cpp {LLAMA_CPP_COMMIT})",
+        "cache": f"built by fitevict from {SDIST_PACKAGE}=={SDIST_VERSION} (llama.cpp {LLAMA_CPP_COMMIT})"
+                 + (", CUDA build" if path.parent.name == "bin-cuda" else ""),
     }[source]
     return Resolution(name, path, reason, tuple(cands))
 
 
-def missing_build_tools() -> list[tuple[str, str]]:
+def missing_build_tools(variant: str = "cpu") -> list[tuple[str, str]]:
     """[(tool, debian package)] for each build tool that is not on PATH."""
     missing = []
     for tool, (names, package) in _TOOL_PACKAGES.items():
         if not any(shutil.which(n) for n in names):
             missing.append((tool, package))
+    if variant == "cuda":
+        nvcc = find_nvcc()
+        if nvcc is None:
+            missing.append(("CUDA compiler (nvcc)", "nvidia-cuda-toolkit"))
+        else:  # llama.cpp's CUDA backend links cuBLAS: a toolkit with nvcc alone does not build it
+            home = Path(nvcc).resolve().parent.parent
+            heads = [home / "include", home / "targets" / "x86_64-linux" / "include", Path("/usr/include")]
+            if not any((h / "cublas_v2.h").is_file() for h in heads):
+                missing.append((f"cuBLAS headers (cublas_v2.h, beside {nvcc}; with NVIDIA's toolkit install "
+                                f"its libcublas-dev for this CUDA version instead)", "nvidia-cuda-toolkit"))
     return missing
 
 
@@ -174,17 +206,23 @@ _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 
 
 def install(*, force: bool = False, base: Path | None = None, jobs: int | None = None,
-            progress: Progress | None = None) -> InstallResult:
-    """Build and install the pinned engine into the cache. Returns at once when already installed."""
+            progress: Progress | None = None, variant: str = "cpu", cuda_arch: str = "native") -> InstallResult:
+    """Build and install the pinned engine into the cache. Returns at once when already installed.
+
+    ``variant="cuda"`` builds with GGML_CUDA for ``cuda_arch`` (cmake's CMAKE_CUDA_ARCHITECTURES: "native"
+    needs a visible GPU at build time; give e.g. "89;90" otherwise) into its own directory.
+    """
+    if variant not in VARIANTS:
+        raise EngineInstallError(f"unknown build variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     t0 = time.monotonic()
     say = progress or (lambda msg, frac: None)
     root = engine_root(base)
-    bin_dir = installed_bin_dir(base)
-    stamp = read_stamp(base)
+    bin_dir = installed_bin_dir(base, variant)
+    stamp = read_stamp(base, variant)
     if stamp and not force:
         return InstallResult(bin_dir, True, time.monotonic() - t0, stamp)
 
-    missing = missing_build_tools()
+    missing = missing_build_tools(variant)
     if missing:
         pkgs = " ".join(sorted({p for _, p in missing}))
         raise EngineInstallError(
@@ -197,15 +235,17 @@ def install(*, force: bool = False, base: Path | None = None, jobs: int | None =
         log.write(f"\n=== install started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
         sdist = _fetch_sdist(root, say, log)
         src = _extract(sdist, root, say)
-        build = root / "build"
+        build = root / ("build" if variant == "cpu" else f"build-{variant}")
+        flags = cmake_flags(variant, cuda_arch=cuda_arch, nvcc=find_nvcc() if variant == "cuda" else None)
         say("configuring with cmake", 0.0)
-        _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log, log_path)
+        _run(["cmake", "-S", str(src), "-B", str(build), *flags], log, log_path)
         n = jobs or os.cpu_count() or 2
         say(f"building {', '.join(BINARIES)} with {n} jobs (about 5 minutes on 2 cores)", 0.0)
         _run(["cmake", "--build", str(build), "--target", *BINARIES, "-j", str(n)], log, log_path,
              on_line=lambda line: _report_percent(line, say))
         say("installing", 1.0)
-        stamp = _install_atomically(build / "bin", bin_dir, time.monotonic() - t0, log, log_path)
+        stamp = _install_atomically(build / "bin", bin_dir, time.monotonic() - t0, log, log_path,
+                                    variant=variant, flags=flags)
     return InstallResult(bin_dir, False, time.monotonic() - t0, stamp)
 
 
@@ -269,7 +309,8 @@ def _extract(sdist: Path, root: Path, say: Progress) -> Path:
     return llama
 
 
-def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_path: Path) -> dict:
+def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_path: Path, *,
+                        variant: str = "cpu", flags: tuple[str, ...] = CMAKE_FLAGS) -> dict:
     for b in BINARIES:
         if not _is_executable(built / b):
             raise EngineInstallError(f"the build did not produce {built / b}; nothing was installed. Log: {log_path}")
@@ -286,7 +327,8 @@ def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_pat
             "package": SDIST_PACKAGE,
             "version": SDIST_VERSION,
             "llama_cpp_commit": LLAMA_CPP_COMMIT,
-            "cmake_flags": list(CMAKE_FLAGS),
+            "variant": variant,
+            "cmake_flags": list(flags),
             "binaries": list(BINARIES),
             "version_output": version_text[-400:],
             "build_seconds": round(seconds, 1),
@@ -294,7 +336,7 @@ def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_pat
         }
         (staging / STAMP).write_text(json.dumps(stamp, indent=2))
         if bin_dir.exists():
-            old = bin_dir.with_name(f"bin.old.{os.getpid()}")
+            old = bin_dir.with_name(f"{bin_dir.name}.old.{os.getpid()}")
             os.replace(bin_dir, old)
             shutil.rmtree(old)
         os.replace(staging, bin_dir)
