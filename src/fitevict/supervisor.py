@@ -19,7 +19,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -121,6 +121,7 @@ class SeatState:
     in_flight: int = 0
     reserved: int = 0  # queued requests this seat was loaded for, not yet in flight
     overhead: int = 0  # the engine process's own host memory beyond its buffers (measured estimate)
+    gpu_overhead: dict[str, int] = field(default_factory=dict)  # the same per GPU (CUDA context), measured
     draining: bool = False  # a placement waits for its requests to finish: new ones queue instead
     measured: Footprint | None = None
     measured_note: str = ""
@@ -148,7 +149,7 @@ class SeatState:
         if device in self.gpu_bytes:
             return self.gpu_bytes[device]
         if self.measured is not None and self.measured.device(device) is not None:
-            return self.measured.bytes_on(device)
+            return self.measured.bytes_on(device) + self.gpu_overhead.get(device, 0)
         return self.predicted.bytes_on(device)
 
     def source_on(self, device: str) -> str:
@@ -221,7 +222,8 @@ class Supervisor:
         self._idle_task: asyncio.Task | None = None
         self._footprints: dict[tuple, Footprint] = {}
         self._last_budget: Budget | None = None
-        self.engine_overhead = 0  # host bytes a seat's process holds beyond its buffers (measured, see _learn)
+        # bytes a seat's process holds beyond its buffers, per device (measured, see _learn_overhead)
+        self.engine_overhead: dict[str, int] = {}
         st = self.engine_binary.stat() if self.engine_binary.exists() else None
         self._overhead_key = f"engine-overhead:{self.engine_binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
         self._quant: dict[tuple[str, int, int], str] = {}
@@ -237,8 +239,8 @@ class Supervisor:
         """Clean up orphans a previous run left, then start the idle-unload watch."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
-        if known and known.get(HOST):
-            self.engine_overhead = int(known[HOST])
+        if known:
+            self.engine_overhead = {k: int(v) for k, v in known.items()}
         orphans = await self._cleanup_orphans()
         self._idle_task = asyncio.create_task(self._idle_loop(), name="fitevict-idle-unload")
         return orphans
@@ -678,7 +680,8 @@ class Supervisor:
                 if n is not None and dev in seat.config.devices:
                     seat.gpu_bytes[dev] = n
         await self._learn_overhead(seat)
-        seat.overhead = self.engine_overhead
+        seat.overhead = self.engine_overhead.get(HOST, 0)
+        seat.gpu_overhead = {d: n for d, n in self.engine_overhead.items() if d in seat.config.devices}
         measured_total = seat.measured.total_bytes if seat.measured else None
         file_bytes = seat.model_path.stat().st_size
         previous = self.store.last_measurement(seat.signature)
@@ -726,18 +729,25 @@ class Supervisor:
         return cpu.model.bytes if cpu is not None else 0
 
     async def _learn_overhead(self, seat: SeatState) -> None:
-        """Estimate the engine process's own host memory: PSS minus the buffers its log reports.
+        """Estimate the engine process's own memory per device: what was measured minus the buffers its log
+        reports. Host: PSS; a GPU: NVML's bytes for the process (its CUDA context is the difference).
 
-        PSS never exceeds overhead + buffers (untouched buffer pages are not resident), so each load
-        gives a lower bound; the largest seen is kept (per engine binary) and added to every host price.
+        A measurement never exceeds overhead + buffers (untouched pages are not resident), so each load gives
+        a lower bound; the largest seen is kept per engine binary and added to every price.
         """
-        if seat.measured is None or seat.host_mem is None or seat.host_mem.host_bytes is None:
+        if seat.measured is None:
             return
-        candidate = seat.host_mem.host_bytes - seat.measured.bytes_on(HOST)
-        if candidate > self.engine_overhead:
-            self.engine_overhead = candidate
+        seen: dict[str, int] = {}
+        if seat.host_mem is not None and seat.host_mem.host_bytes is not None:
+            seen[HOST] = seat.host_mem.host_bytes - seat.measured.bytes_on(HOST)
+        for dev, n in seat.gpu_bytes.items():
+            if seat.measured.device(dev) is not None:
+                seen[dev] = n - seat.measured.bytes_on(dev)
+        grown = {d: n for d, n in seen.items() if n > self.engine_overhead.get(d, 0)}
+        if grown:
+            self.engine_overhead.update(grown)
             self._footprints.clear()
-            await asyncio.to_thread(self.store.compute_put, self._overhead_key, {HOST: candidate})
+            await asyncio.to_thread(self.store.compute_put, self._overhead_key, dict(self.engine_overhead))
 
     # -- stop -----------------------------------------------------------------------------------
 
@@ -1123,16 +1133,26 @@ def plan_to_json(plan: pl.Plan) -> dict:
     return plan.to_json()
 
 
-def with_engine_overhead(fp: Footprint, overhead: int) -> Footprint:
-    """The footprint with the engine process's measured overhead added to host committed memory.
+def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int]) -> Footprint:
+    """The footprint with the engine process's measured overhead: on the host it joins committed memory,
+    on a GPU where the model has buffers it is the footprint's ``overhead`` for that device.
 
-    Device rows stay the engine's own buffers, term by term; only the host total grows.
+    Device rows stay the engine's own buffers, term by term.
     """
-    if overhead <= 0:
+    host = overhead.get(HOST, 0)
+    gpus = tuple((d, n) for d, n in overhead.items() if d != HOST and n > 0 and fp.device(d) is not None)
+    if host <= 0 and not gpus:
         return fp
-    note = f"host includes {format_size(overhead)} of llama-server process overhead (measured: PSS minus logged buffers)"
-    return replace(fp, host_committed_bytes=fp.host_committed_bytes + overhead, notes=(*fp.notes, note),
-                   host_source=f"{fp.host_source}+measured")  # type: ignore[arg-type]
+    notes = list(fp.notes)
+    if host > 0:
+        notes.append(f"host includes {format_size(host)} of llama-server process overhead "
+                     f"(measured: PSS minus logged buffers)")
+    for d, n in gpus:
+        notes.append(f"{d} includes {format_size(n)} of llama-server process overhead "
+                     f"(measured: NVML process bytes minus logged buffers)")
+    return replace(fp, host_committed_bytes=fp.host_committed_bytes + max(host, 0), notes=tuple(notes),
+                   host_source=f"{fp.host_source}+measured" if host > 0 else fp.host_source,  # type: ignore[arg-type]
+                   overhead=gpus)
 
 
 def footprint_from_json(d: dict) -> Footprint:
@@ -1149,7 +1169,7 @@ def footprint_from_json(d: dict) -> Footprint:
         devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output")))
     host = d.get("host", {})
     return Footprint(tuple(devs), host.get("mapped_bytes", 0), host.get("committed_bytes", 0),
-                     host.get("source", "measured"))
+                     host.get("source", "measured"), overhead=tuple(d.get("overhead", {}).items()))
 
 
 async def _wait_pid_gone(pid: int, timeout: float | None) -> None:

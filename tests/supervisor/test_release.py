@@ -78,21 +78,64 @@ def _fake_binary(tmp_path):
     return p
 
 
-def test_engine_overhead_is_added_to_host_only() -> None:
+def test_engine_overhead_joins_host_committed_and_each_gpu_with_buffers() -> None:
     from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
-    from fitevict.supervisor import with_engine_overhead
+    from fitevict.supervisor import footprint_from_json, with_engine_overhead
 
-    fp = Footprint((DeviceFootprint(HOST, Term(100, "formula"), Term(20, "formula")),), host_mapped_bytes=100,
-                   host_committed_bytes=20)
-    got = with_engine_overhead(fp, 7 * MiB)
+    fp = Footprint((DeviceFootprint(HOST, Term(100, "formula"), Term(20, "formula")),
+                    DeviceFootprint("CUDA0", Term(1000, "formula"), Term(50, "formula"))),
+                   host_mapped_bytes=100, host_committed_bytes=20)
+    got = with_engine_overhead(fp, {HOST: 7 * MiB, "CUDA0": 300 * MiB, "CUDA1": 300 * MiB})
     assert got.bytes_on(HOST) == 120 + 7 * MiB and got.host_committed_bytes == 20 + 7 * MiB
-    assert got.device(HOST) == fp.device(HOST)  # the engine's buffers, term by term, are untouched
-    assert got.host_source == "formula+measured" and "overhead" in got.notes[-1]
-    assert with_engine_overhead(fp, 0) is fp
+    assert got.bytes_on("CUDA0") == 1050 + 300 * MiB  # the CUDA context on top of the engine's buffers
+    assert got.bytes_on("CUDA1") == 0  # no buffers there: no process there either
+    assert got.device(HOST) == fp.device(HOST) and got.device("CUDA0") == fp.device("CUDA0")  # rows untouched
+    assert got.host_source == "formula+measured" and any("CUDA0" in n for n in got.notes)
+    assert footprint_from_json(got.to_json()).bytes_on("CUDA0") == got.bytes_on("CUDA0")
+    assert with_engine_overhead(fp, {}) is fp
 
 
-def test_a_fall_in_free_memory_is_not_reported_as_freed() -> None:
-    # others took 3 MiB more than the seat gave back: the seat's share is unknown, not negative and not 0
-    r = release_check({HOST: 50 * MiB}, {HOST: 1000 * MiB}, {HOST: 997 * MiB}, elapsed=1.0, timed_out=True)
-    assert r.freed_bytes is None and not r.verified and r.final
-    assert r.freed_by_device[HOST] == -3 * MiB
+def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
+    """PSS / NVML minus the logged buffers, per device; only a larger reading replaces a stored one."""
+    import asyncio
+    from pathlib import Path
+
+    from fitevict.catalog import Catalog
+    from fitevict.config import load_config
+    from fitevict.host.procmem import ProcessMemory
+    from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
+    from fitevict.pricing.loadconfig import LoadConfig
+    from fitevict.store import Store
+    from fitevict.supervisor import SeatState, Supervisor
+
+    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path)})
+    store = Store.open(cfg.store_url)
+    logged = Footprint((DeviceFootprint(HOST, Term(100 * MiB, "measured"), Term(20 * MiB, "measured")),
+                        DeviceFootprint("CUDA0", Term(900 * MiB, "measured"), Term(100 * MiB, "measured"))),
+                       host_mapped_bytes=100 * MiB, host_committed_bytes=20 * MiB, host_source="measured")
+
+    def seat(pss: int, nvml: int) -> SeatState:
+        s = SeatState(id="s", key="m", entry=None, engine="llama-server",  # type: ignore[arg-type]
+                      config=LoadConfig(devices=("CUDA0",), n_gpu_layers=-1), model_path=Path("."), port=1,
+                      log_path=Path("."), started_at=0.0, predicted=logged, signature="sig", strategy="load")
+        s.measured = logged
+        s.host_mem = ProcessMemory((1,), pss - 100 * MiB, 100 * MiB, pss, "smaps_rollup")
+        s.gpu_bytes = {"CUDA0": nvml}
+        return s
+
+    engine = _fake_binary(tmp_path)  # the learned overhead is kept per engine binary (path, size, mtime)
+
+    async def scenario() -> dict:
+        sup = Supervisor(config=cfg, catalog=Catalog([]), store=store, engine_binary=engine)
+        await sup._learn_overhead(seat(pss=128 * MiB, nvml=1300 * MiB))  # 8 MiB host, 300 MiB on CUDA0
+        await sup._learn_overhead(seat(pss=125 * MiB, nvml=1350 * MiB))  # smaller host, larger GPU reading
+        again = Supervisor(config=cfg, catalog=Catalog([]), store=store, engine_binary=engine)
+        await again.start()  # a restart finds what was learned
+        learned = dict(again.engine_overhead)
+        await again.shutdown()
+        return learned
+
+    try:
+        assert asyncio.run(scenario()) == {HOST: 8 * MiB, "CUDA0": 350 * MiB}
+    finally:
+        store.close()

@@ -112,6 +112,9 @@ class Footprint:
     host_committed_bytes: int = 0
     host_source: Source = "formula"
     notes: tuple[str, ...] = field(default=())
+    # Per GPU: the engine process's own memory there beyond its buffers (the CUDA context), measured; counted
+    # on a device only where the model has buffers. Host overhead is part of host_committed_bytes.
+    overhead: tuple[tuple[str, int], ...] = field(default=())
 
     def device(self, name: str) -> DeviceFootprint | None:
         for d in self.devices:
@@ -124,7 +127,7 @@ class Footprint:
         if name == HOST:
             return self.host_mapped_bytes + self.host_committed_bytes
         d = self.device(name)
-        return d.total_bytes if d else 0
+        return d.total_bytes + dict(self.overhead).get(name, 0) if d else 0
 
     @property
     def gpu_names(self) -> tuple[str, ...]:
@@ -143,5 +146,6 @@ class Footprint:
                 "source": self.host_source,
             },
             "total_bytes": self.total_bytes,
+            **({"overhead": dict(self.overhead)} if self.overhead else {}),
             **({"notes": list(self.notes)} if self.notes else {}),
         }
