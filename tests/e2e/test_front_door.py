@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -16,10 +15,8 @@ import openai
 import pytest
 
 from _frontdoor import engine_pids_of, front_door
-from fitevict.pricing.footprint import HOST
+from _models import medium_host_bytes, swap_models
 from fitevict.pricing.gguf import load_structure
-from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.pricing.price import price
 
 pytestmark = pytest.mark.e2e
 
@@ -28,18 +25,7 @@ USER, ADMIN = "user-key-1", "admin-key-1"
 
 @pytest.fixture(scope="module")
 def models(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("fd-models")
-    for name in ("med-a", "med-b", "med-c"):
-        shutil.copyfile(zoo["llama-medium"].path, d / f"{name}.gguf")
-    for name in ("llama-gqa", "llama-q8_0"):
-        shutil.copyfile(zoo[name].path, d / f"{name}.gguf")
-    shutil.copyfile(zoo["llama-gqa"].path, d / "embedder.gguf")
-    return d
-
-
-def medium_bytes(models: Path) -> int:
-    s = load_structure(models / "med-a.gguf")
-    return price(s, LoadConfig(n_ctx=4096, n_parallel=1)).footprint.bytes_on(HOST)
+    return swap_models(zoo, tmp_path_factory.mktemp("fd-models"))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +51,7 @@ aliases = ["tiny"]
 request_defaults = {{ max_tokens = 3 }}
 """)
     with front_door(tmp, "--config", str(cfg), "--models-dir", str(models),
-                    "--ram-limit", str(int(2.5 * medium_bytes(models)))) as fd:
+                    "--ram-limit", str(int(2.5 * medium_host_bytes(models)))) as fd:
         yield fd
 
 
@@ -75,6 +61,17 @@ def client(fd, key: str = USER) -> openai.OpenAI:
 
 def admin(fd) -> httpx.Client:
     return httpx.Client(base_url=fd.base_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=120)
+
+
+def idle_resident(fd, key: str, *, within: float) -> dict:
+    """The resident view of ``key`` once it has no request in flight, or the last view after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        with admin(fd) as a:
+            view = next(r for r in a.get("/v1/models/residents").json()["data"] if r["key"] == key)
+        if view["in_flight"] == 0 or time.monotonic() > deadline:
+            return view
+        time.sleep(0.05)  # polling another process's state over HTTP: there is no event to await
 
 
 def history(fd, **params) -> list[dict]:
@@ -180,14 +177,7 @@ def test_stream_disconnect_releases_the_seat(door) -> None:
                       json={"model": "llama-q8_0", "prompt": "go", "max_tokens": 100000, "stream": True}) as s:
             assert s.status_code == 200
             next(s.iter_raw())  # one chunk, then hang up
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with admin(door) as a:
-            res = {r["key"]: r for r in a.get("/v1/models/residents").json()["data"]}
-        if res["llama-q8_0"]["in_flight"] == 0:
-            break
-        time.sleep(0.1)  # polling another process's state over HTTP: there is no event to await
-    assert res["llama-q8_0"]["in_flight"] == 0
+    assert idle_resident(door, "llama-q8_0", within=30)["in_flight"] == 0
 
 
 BAD = [
@@ -287,7 +277,7 @@ def test_eight_clients_over_three_models_none_lost(door) -> None:
 
 
 def test_swap_under_a_budget_that_fits_one(models: Path, tmp_path: Path) -> None:
-    with front_door(tmp_path, "--models-dir", str(models), "--ram-limit", str(int(1.5 * medium_bytes(models)))) as fd:
+    with front_door(tmp_path, "--models-dir", str(models), "--ram-limit", str(int(1.5 * medium_host_bytes(models)))) as fd:
         c = client(fd, key="unused")
         for key in ("med-a", "med-b", "med-a"):
             r = c.chat.completions.create(model=key, messages=[{"role": "user", "content": "x"}], max_tokens=2)
@@ -396,19 +386,13 @@ def test_client_disconnect_cancels_a_plain_request(door) -> None:
     t0 = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(door.base_url + "/v1/completions", json=body, headers=hdrs, timeout=1.0)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with admin(door) as a:
-            res = {r["key"]: r for r in a.get("/v1/models/residents").json()["data"]}
-        if res["llama-gqa"]["in_flight"] == 0:
-            break
-        time.sleep(0.05)  # polling another process's state over HTTP: there is no event to await
+    gqa = idle_resident(door, "llama-gqa", within=10)
     freed_after = time.monotonic() - t0
-    assert res["llama-gqa"]["in_flight"] == 0 and freed_after < 10
+    assert gqa["in_flight"] == 0 and freed_after < 10
     # the engine's slot stops too, long before 30000 tokens (it notices the closed connection between tokens)
     with httpx.Client(timeout=30) as c:
         while True:
-            slots = c.get(f"http://127.0.0.1:{res['llama-gqa']['port']}/slots")
+            slots = c.get(f"http://127.0.0.1:{gqa['port']}/slots")
             assert slots.status_code == 200, slots.text
             if not any(s.get("is_processing") for s in slots.json()):
                 break

@@ -15,12 +15,10 @@ from typing import Any
 
 import pytest
 
+from _models import medium_host_bytes, swap_models
 from fitevict.catalog import Catalog
 from fitevict.config import load_config
 from fitevict.pricing.footprint import HOST
-from fitevict.pricing.gguf import load_structure
-from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.pricing.price import price
 from fitevict.store import Store
 from fitevict.supervisor import LoadFailed, Refused, Supervisor
 
@@ -29,18 +27,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def models_dir(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three distinct copies of the medium model (so page cache is not shared) and two small models."""
-    d = tmp_path_factory.mktemp("models")
-    for name in ("med-a", "med-b", "med-c"):
-        shutil.copyfile(zoo["llama-medium"].path, d / f"{name}.gguf")
-    for name in ("llama-gqa", "llama-q8_0"):
-        shutil.copyfile(zoo[name].path, d / f"{name}.gguf")
-    return d
-
-
-def medium_host_bytes(models_dir: Path) -> int:
-    s = load_structure(models_dir / "med-a.gguf")
-    return price(s, LoadConfig(n_ctx=4096, n_parallel=1)).footprint.bytes_on(HOST)
+    return swap_models(zoo, tmp_path_factory.mktemp("models"))
 
 
 def run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
