@@ -203,6 +203,7 @@ class Supervisor:
         budget_fn: Callable[[], Budget] | None = None,
         nvml: Any = None,
         clock: Callable[[], float] = time.time,
+        ports: Callable[[], int] = free_port,
     ) -> None:
         self.config = config
         self.catalog = catalog
@@ -210,6 +211,7 @@ class Supervisor:
         self.engine_binary = Path(engine_binary)
         self._engine = engine_class("llama-server")(self.engine_binary)
         self.clock = clock
+        self._ports = ports  # where a new seat's port comes from (the OS by default)
         self._nvml = nvml  # None: the real pynvml (when a driver exists); tests pass a fake at this edge
         self._budget_fn = budget_fn or self._measure_budget
         self.seats: dict[str, SeatState] = {}
@@ -612,7 +614,7 @@ class Supervisor:
                      predicted: Footprint) -> tuple[SeatState, Any]:
         """Start the engine process for a new seat (own process group, own log file) and record its pid."""
         cfg = plan.config
-        port = free_port()
+        port = self._ports()
         seat_id = uuid.uuid4().hex[:12]
         log_path = self.log_dir / f"{entry.key.replace('/', '_')}-{seat_id}.log"
         seat = SeatState(

@@ -378,25 +378,24 @@ def test_an_architecture_without_rules_is_priced_by_the_dry_run_and_loads(tmp_pa
     run(scenario)
 
 
-def test_a_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, models_dir: Path, llama_server: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, models_dir: Path,
+                                                         llama_server: Path) -> None:
     """Another process takes the chosen port before the engine binds it: the engine fails at once, and the
     seat is started again on a new port without a ``fail`` event."""
     import socket
 
-    import fitevict.supervisor as supmod
+    from fitevict.engines.process import free_port
 
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     taken = squatter.getsockname()[1]
-    ports = iter([taken])
-    real_free_port = supmod.free_port
-    monkeypatch.setattr(supmod, "free_port", lambda: next(ports, None) or real_free_port())
+    handed = iter([taken])  # the first port handed out is already someone else's
     cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
 
     async def scenario() -> None:
-        sup = supervisor(cfg, cat, store, llama_server)
+        sup = Supervisor(config=cfg, catalog=cat, store=store, engine_binary=llama_server,
+                         ports=lambda: next(handed, None) or free_port())
         await sup.start()
         try:
             seat = await sup.load("llama-gqa")
