@@ -26,6 +26,7 @@ from fitevict.units import MiB, GiB, SizeError, parse_size
 
 ALLOC_MODES: tuple[str, ...] = ("gpu-only", "max-gpu", "max-ram", "ram-only", "explicit")
 ORPHAN_POLICIES: tuple[str, ...] = ("stop", "adopt")
+EVICTION_POLICIES: tuple[str, ...] = ("cost", "lru")  # GreedyDual-Size, or least recently used
 ENGINES: tuple[str, ...] = ("llama-server", "transformers", "vllm")
 FLASH_ATTN: tuple[str, ...] = ("on", "off", "auto")
 STORE_SCHEMES: tuple[str, ...] = ("sqlite", "postgresql")
@@ -80,9 +81,14 @@ class PolicyConfig:
     idle_unload_seconds: float = 1800.0  # 0 = never unload for idleness
     max_queue: int = 64  # waiting requests per model
     queue_timeout_seconds: float = 300.0
-    drain_timeout_seconds: float = 60.0
     exclusive_fraction: float = 0.5  # in (0, 1]
     default_alloc_mode: str = "max-gpu"  # one of ALLOC_MODES
+    eviction: str = "cost"  # one of EVICTION_POLICIES: GreedyDual-Size ("cost") or least recently used ("lru")
+    max_turn_seconds: float = 30.0  # a seat's turn: serves what arrives for it this long while others wait
+    max_wait_seconds: float = 10.0  # ... or until another model's oldest request has waited this long
+    min_residency_seconds: float = 1.0  # never evicted this soon after its load
+    engine_queue_depth: int = 1  # requests handed to a seat beyond its slots (the rest wait in fitevict)
+    shutdown_grace_seconds: float = 10.0  # SIGTERM: in-flight requests get this long, then are cut
 
 
 def _empty_mapping() -> Mapping[str, Any]:
@@ -399,9 +405,14 @@ _KEYS: tuple[_Key, ...] = (
     _Key("policy.idle_unload_seconds", _seconds(positive=False), env="FITEVICT_IDLE_UNLOAD_SECONDS"),
     _Key("policy.max_queue", _int(1)),
     _Key("policy.queue_timeout_seconds", _seconds(positive=True)),
-    _Key("policy.drain_timeout_seconds", _seconds(positive=False)),
     _Key("policy.exclusive_fraction", _fraction),
     _Key("policy.default_alloc_mode", _choice(ALLOC_MODES)),
+    _Key("policy.eviction", _choice(EVICTION_POLICIES), env="FITEVICT_EVICTION"),
+    _Key("policy.max_turn_seconds", _seconds(positive=True)),
+    _Key("policy.max_wait_seconds", _seconds(positive=True)),
+    _Key("policy.min_residency_seconds", _seconds(positive=False)),
+    _Key("policy.engine_queue_depth", _int(0)),
+    _Key("policy.shutdown_grace_seconds", _seconds(positive=False)),
 )
 _BY_KEY: dict[str, _Key] = {k.key: k for k in _KEYS}
 _SECTIONS = ("server", "engine", "budget", "policy")

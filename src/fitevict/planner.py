@@ -20,7 +20,8 @@ suffix and those that fit the host a prefix; both are found by bisection, and th
 always re-checked against every device.
 
 Evictions: only residents that are not pinned, protected, serving requests (``in_flight``) or loading
-are evicted; least recently used first, ties by most bytes on the devices that are short, only as
+are evicted; in ``victim_order`` (GreedyDual-Size priority or least recently used first, ties by most
+bytes on the devices that are short), only as
 many as needed, then every victim whose removal was not needed is dropped again (so removing any
 one victim from the set makes the load not fit). A model whose footprint exceeds
 ``policy.exclusive_fraction`` of a device's budget is *exclusive* and evicts everything evictable.
@@ -88,6 +89,8 @@ class PlanRequest:
     n_ctx_train: int = 0
     pinned: bool = False
     protected: bool = False
+    source: str = ""  # the file or folder to load ("": any file of the model serves)
+    fixed: frozenset[str] | None = None  # LoadConfig fields a resident must match (None: all but placement)
 
     def __post_init__(self) -> None:
         if self.alloc_mode not in ALLOC_MODES:
@@ -120,6 +123,9 @@ class Resident:
     protected: bool = False
     in_flight: int = 0
     loading: bool = False
+    source: str = ""  # the file or folder it was loaded from
+    priority: float = 0.0  # GreedyDual-Size H (the ``cost`` eviction order): lowest goes first
+    reload_seconds: float | None = None  # measured load time (None: never loaded here)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bytes", _bytes_map(self.bytes, f"resident {self.key}"))
@@ -143,6 +149,7 @@ class Policy:
     exclusive_fraction: float = 0.5
     min_ctx: int = 512
     ctx_step: int = 256  # llama.cpp pads n_ctx to 256
+    eviction: Literal["cost", "lru"] = "lru"  # victim order: GreedyDual-Size priority, or least recently used
 
     def __post_init__(self) -> None:
         if not 0 < self.exclusive_fraction <= 1:
@@ -259,10 +266,20 @@ def action_of(c: LoadConfig, n_layer: int) -> Action:
     return "partial"
 
 
-def compatible(resident: LoadConfig, request: PlanRequest) -> bool:
-    """Whether a resident configuration serves the request: the same LoadConfig, except for the
-    placement fields the alloc mode leaves to the planner (any placement serves max-gpu/max-ram)."""
-    if _non_placement(resident) != _non_placement(request.config):
+def compatible(resident: LoadConfig, request: PlanRequest, source: str = "") -> bool:
+    """Whether a resident configuration serves the request. The one rule, for the front door's fast path,
+    the scheduler and the planner alike.
+
+    The file must be the same (when both are known). The non-placement fields must match: all of them, or
+    only those the request fixes (``request.fixed``: a request that names no context is served at any).
+    Placement follows the alloc mode: any placement serves max-gpu/max-ram, gpu-only needs every layer on
+    the GPU, ram-only none, explicit the very -ngl/--n-cpu-moe/devices asked for."""
+    if request.source and source and request.source != source:
+        return False
+    if request.fixed is None:
+        if _non_placement(resident) != _non_placement(request.config):
+            return False
+    elif any(getattr(resident, f) != getattr(request.config, f) for f in request.fixed if f not in _PLACEMENT_FIELDS):
         return False
     mode = request.alloc_mode
     if mode == "explicit":
@@ -431,11 +448,21 @@ def _covers(victims: Iterable[Resident], short: Mapping[str, int]) -> bool:
     return all(got[d] >= s for d, s in short.items())
 
 
-def _choose(short: Mapping[str, int], pool: list[Resident]) -> list[Resident]:
-    """LRU-first victims from ``pool`` covering every shortfall, then pruned to a minimal set."""
+def victim_order(r: Resident, short: Mapping[str, int], eviction: str) -> tuple:
+    """The order victims are taken in. ``cost``: GreedyDual-Size, lowest H first (cheap to reload per byte
+    and not used lately), then least recently used; ``lru``: least recently used first. Ties: most bytes
+    on the short devices, then the key."""
+    freed = -sum(r.bytes.get(d, 0) for d in short)
+    if eviction == "cost":
+        return (r.priority, r.last_used, freed, r.key)
+    return (r.last_used, freed, r.key)
+
+
+def _choose(short: Mapping[str, int], pool: list[Resident], eviction: str = "lru") -> list[Resident]:
+    """Victims from ``pool`` in ``victim_order`` covering every shortfall, then pruned to a minimal set."""
     if not short:
         return []
-    order = sorted(pool, key=lambda r: (r.last_used, -sum(r.bytes.get(d, 0) for d in short), r.key))
+    order = sorted(pool, key=lambda r: victim_order(r, short, eviction))
     left = dict(short)
     chosen: list[Resident] = []
     for r in order:
@@ -455,6 +482,16 @@ def _choose(short: Mapping[str, int], pool: list[Resident]) -> list[Resident]:
 
 # ---------------------------------------------------------------------------------------------
 # words
+
+
+def _victim_words(r: Resident, helps: list[str], eviction: str, now: float) -> str:
+    idle = f"idle {max(0.0, now - r.last_used):.0f} s"
+    frees = f"frees {_per_device(r.bytes, helps)}"
+    if eviction == "cost":
+        reload = (f"reload {r.reload_seconds:.2f} s measured" if r.reload_seconds is not None
+                  else "reload time not measured yet")
+        return f"lowest GreedyDual-Size priority H={r.priority:.3g} ({reload}, {idle}); {frees}"
+    return f"least recently used ({idle}); {frees}"
 
 
 def _gib(n: int) -> str:
@@ -525,7 +562,7 @@ def plan(
     same = next((r for r in res if r.key == request.key), None)
     forced: list[Resident] = []
     if same is not None:
-        fits_now = compatible(same.config, request)
+        fits_now = compatible(same.config, request, same.source)
         if same.loading or fits_now:
             # a hit (or a load of it under way): nothing moves; needed_bytes is what it holds
             before = fill(free_before, devices)
@@ -604,7 +641,7 @@ def plan(
         )
         short = {d: n - free_before.get(d, 0) - freed_forced.get(d, 0) for d, n in need.items() if n > 0}
         short = {d: s for d, s in short.items() if s > 0}
-        victims = list(pool) if exclusive else _choose(short, pool)
+        victims = list(pool) if exclusive else _choose(short, pool, policy.eviction)
         evict: list[Eviction] = []
         for r in forced:
             evict.append(Eviction(r.key, r.bytes, "replace: resident with a different configuration"))
@@ -614,9 +651,7 @@ def plan(
                 why = (f"exclusive: {request.key} needs {_gib(need[top])} of {_gib(budget_b[top])} on {top} "
                        f"(> {policy.exclusive_fraction:.0%})")
             else:
-                helps = [d for d in short if r.bytes.get(d, 0) > 0]
-                why = (f"least recently used (idle {max(0.0, now - r.last_used):.0f} s); frees "
-                       f"{_per_device(r.bytes, helps)}")
+                why = _victim_words(r, [d for d in short if r.bytes.get(d, 0) > 0], policy.eviction, now)
             evict.append(Eviction(r.key, r.bytes, why))
         gone = _sum([*forced, *victims], devs)
         after = {d: free_before.get(d, 0) + gone[d] - need.get(d, 0) for d in devs}
@@ -642,7 +677,7 @@ def plan(
         devs = devices + [d for d in need if d not in devices]
         short = {d: n - free_before.get(d, 0) - freed_forced.get(d, 0) for d, n in need.items() if n > 0}
         short = {d: s for d, s in short.items() if s > 0}
-        chosen = _choose(short, pool + busy)
+        chosen = _choose(short, pool + busy, policy.eviction)
         waits = tuple(r.key for r in chosen if r.busy)
         also = [r for r in chosen if not r.busy]
         reason = (f"{request.key} needs {_per_device(need, [d for d in short])} at "

@@ -318,8 +318,7 @@ def test_contended_swaps_under_a_budget_for_one_lose_nothing(tmp_path: Path, mod
     swap instead of starving it."""
     import httpx
 
-    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=int(1.5 * medium_host_bytes(models_dir)),
-                           **{"policy.drain_timeout_seconds": 120})
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=int(1.5 * medium_host_bytes(models_dir)))
 
     async def scenario() -> list[str]:
         sup = supervisor(cfg, cat, store, llama_server)

@@ -51,6 +51,7 @@ def test_gpu_free_is_read_through_nvml(tmp_path) -> None:
     from fitevict.catalog import Catalog
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor
+    from fitevict.supervisor.release import free_now
 
     nvml = FakeNvml([FakeGpu(total=24 * 1024**3, used=4 * 1024**3)])
     cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path)})
@@ -58,10 +59,10 @@ def test_gpu_free_is_read_through_nvml(tmp_path) -> None:
     try:
         sup = Supervisor(config=cfg, catalog=Catalog([]), store=store, engine_binary=_fake_binary(tmp_path),
                          nvml=nvml)
-        free = sup._free_now(("CUDA0",))
+        free = free_now(("CUDA0",), nvml)
         assert free["CUDA0"] == 20 * 1024**3 and free[HOST] > 0
         nvml.gpus[0].used = 1 * 1024**3  # the seat's 3 GiB came back
-        r = release_check({HOST: 0, "CUDA0": 3 * 1024**3}, free, sup._free_now(("CUDA0",)), elapsed=0.1,
+        r = release_check({HOST: 0, "CUDA0": 3 * 1024**3}, free, free_now(("CUDA0",), nvml), elapsed=0.1,
                           timed_out=False)
         assert r.verified and r.freed_by_device["CUDA0"] == 3 * 1024**3
         # the GPU budget counts the seat's bytes as fitevict's own, not someone else's
@@ -107,6 +108,7 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
     from fitevict.pricing.loadconfig import LoadConfig
     from fitevict.store import Store
     from fitevict.supervisor import SeatState, Supervisor
+    from fitevict.supervisor.measure import grown_overhead, overhead_seen
 
     cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path)})
     store = Store.open(cfg.store_url)
@@ -127,8 +129,11 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
 
     async def scenario() -> dict:
         sup = Supervisor(config=cfg, catalog=Catalog([]), store=store, engine_binary=engine)
-        await sup._learn_overhead(seat(pss=128 * MiB, nvml=1300 * MiB))  # 8 MiB host, 300 MiB on CUDA0
-        await sup._learn_overhead(seat(pss=125 * MiB, nvml=1350 * MiB))  # smaller host, larger GPU reading
+        for s in (seat(pss=128 * MiB, nvml=1300 * MiB),  # 8 MiB host, 300 MiB on CUDA0
+                  seat(pss=125 * MiB, nvml=1350 * MiB)):  # smaller host, larger GPU reading
+            grown = grown_overhead(sup.engine_overhead, overhead_seen(s))
+            if grown:
+                await sup.learn_overhead(grown)
         again = Supervisor(config=cfg, catalog=Catalog([]), store=store, engine_binary=engine)
         await again.start()  # a restart finds what was learned
         learned = dict(again.engine_overhead)

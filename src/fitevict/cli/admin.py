@@ -96,13 +96,11 @@ def plan_cmd(
     from fitevict import planner as pl
     from fitevict.catalog import Catalog, UnknownModel
     from fitevict.cli.serve import build_config
-    from fitevict.host.budget import Budget, BudgetError, measure_budget
+    from fitevict.host.budget import Budget, BudgetError, budget_from_config
     from fitevict.pricing.gguf import PricingError, load_structure
     from fitevict.pricing.loadconfig import LoadConfig
     from fitevict.pricing.price import price
-    from fitevict.server.door import parse_contract
-    from fitevict.server.errors import ApiError
-    from fitevict.supervisor import load_config_for, plan_request
+    from fitevict.contract import ContractError, load_config_for, parse_contract, plan_request
 
     cfg = build_config(config, {"models_dirs": [str(p) for p in models_dir] or None,
                                 "budget.ram_limit": ram_limit, "budget.gpu_limit": gpu_limit})
@@ -115,8 +113,8 @@ def plan_cmd(
     except UnknownModel as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
-    except ApiError as e:
-        err.print(f"[red]{e.message}[/]")
+    except ContractError as e:
+        err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
     except PricingError as e:
         err.print(f"[red]{e}[/]")
@@ -140,9 +138,7 @@ def plan_cmd(
                                **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
             budget = Budget.declared(spec)
         else:
-            b = cfg.budget
-            budget = measure_budget(ram_limit=b.ram_limit, gpu_limit=b.gpu_limit, ram_reserve=b.ram_reserve,
-                                    gpu_reserve=b.gpu_reserve)
+            budget = budget_from_config(cfg.budget)
     except BudgetError as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e

@@ -74,12 +74,10 @@ def serve(
         overrides["models_dirs"] = [str(demo)]
         cfg = build_config(config, overrides)
     binary = engine_binary(cfg)
-    from fitevict.host.budget import BudgetError, measure_budget
+    from fitevict.host.budget import BudgetError, budget_from_config
 
     try:  # a limit above the machine's total, or a reserve that leaves nothing, is a config error now
-        b = cfg.budget
-        budget = measure_budget(ram_limit=b.ram_limit, gpu_limit=b.gpu_limit, ram_reserve=b.ram_reserve,
-                                gpu_reserve=b.gpu_reserve)
+        budget = budget_from_config(cfg.budget)
     except BudgetError as e:
         err.print(f"[red]config error:[/] {e}")
         raise typer.Exit(2) from e

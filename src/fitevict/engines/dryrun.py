@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitevict.engines.llama_server import load_args as server_args
 from fitevict.engines.process import die_with_parent, free_port, stop_group
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
@@ -48,41 +49,6 @@ class Unavailable:
     """A dry run that produced no figure, and why."""
 
     reason: str
-
-
-def _flag_args(cfg: LoadConfig, *, n_ctx: int, n_parallel: int | None, server: bool) -> list[str]:
-    a: list[str] = ["-c", str(n_ctx)]
-    if n_parallel is not None:
-        a += ["-np", str(n_parallel)]
-    if server and cfg.kv_unified is not None and cfg.n_parallel is not None:
-        a += ["-kvu"] if cfg.kv_unified else ["-no-kvu"]
-    a += ["-ctk", cfg.cache_type_k, "-ctv", cfg.cache_type_v, "-fa", cfg.flash_attn,
-          "-b", str(cfg.n_batch), "-ub", str(cfg.n_ubatch)]
-    a += ["-dev", ",".join(cfg.devices) if cfg.devices else "none"]
-    if cfg.devices:
-        a += ["-ngl", str(cfg.n_gpu_layers)]
-    if cfg.n_cpu_moe:
-        a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
-    a += override_args(cfg)
-    if cfg.swa_full:
-        a += ["--swa-full"]
-    if cfg.embeddings:
-        a += ["--embeddings"]
-    return a
-
-
-def override_args(cfg: LoadConfig) -> list[str]:
-    """``-ot PATTERN=BUFT`` per override, in order (after ``--n-cpu-moe``, whose rules llama.cpp then checks first)."""
-    return [x for pattern, buft in cfg.tensor_overrides for x in ("-ot", f"{pattern}={buft}")]
-
-
-def server_args(model: str | Path, cfg: LoadConfig, extra_args: tuple[str, ...] = ()) -> list[str]:
-    """llama-server arguments for ``cfg`` in the pinned build's spelling (no binary, no port); ``extra_args``
-    are flags LoadConfig does not carry that change the graph (e.g. ``--pooling mean``)."""
-    a = ["-m", str(model), *_flag_args(cfg, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, server=True)]
-    if not cfg.mmap:
-        a += ["-lm", "none"]
-    return [*a, *extra_args]
 
 
 def _key(binary: Path, model: Path, args: list[str]) -> str:

@@ -34,6 +34,40 @@ def supported_flags(binary: Path) -> frozenset[str]:
     return _probe_flags(str(binary), binary.stat().st_mtime_ns)
 
 
+def override_args(cfg: LoadConfig) -> list[str]:
+    """``-ot PATTERN=BUFT`` per override, in order (after ``--n-cpu-moe``, whose rules llama.cpp then checks first)."""
+    return [x for pattern, buft in cfg.tensor_overrides for x in ("-ot", f"{pattern}={buft}")]
+
+
+def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()) -> list[str]:
+    """The llama-server arguments that decide what a load costs, in the pinned build's spelling (no binary, no
+    port). The ONE builder: a seat's argv and the engine's dry run both start from it, so a dry run prices the
+    very command line the seat runs. ``extra_args`` are flags LoadConfig does not carry (``--pooling mean``).
+
+    ``-np`` is given only when ``n_parallel`` is set (absent: the engine's 4 unified slots), ``-kvu``/``-no-kvu``
+    only when both it and ``-np`` are."""
+    a = ["-m", str(model), "-c", str(cfg.n_ctx)]
+    if cfg.n_parallel is not None:
+        a += ["-np", str(cfg.n_parallel)]
+        if cfg.kv_unified is not None:
+            a += ["-kvu"] if cfg.kv_unified else ["-no-kvu"]
+    a += ["-ctk", cfg.cache_type_k, "-ctv", cfg.cache_type_v, "-fa", cfg.flash_attn,
+          "-b", str(cfg.n_batch), "-ub", str(cfg.n_ubatch)]
+    a += ["-dev", ",".join(cfg.devices) if cfg.devices else "none"]
+    if cfg.devices:
+        a += ["-ngl", str(cfg.n_gpu_layers)]
+    if cfg.n_cpu_moe:
+        a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
+    a += override_args(cfg)
+    if cfg.swa_full:
+        a += ["--swa-full"]
+    if cfg.embeddings:
+        a += ["--embeddings"]
+    if not cfg.mmap:
+        a += ["-lm", "none"]
+    return [*a, *extra_args]
+
+
 class LlamaServerEngine:
     name = "llama-server"
 
@@ -47,37 +81,17 @@ class LlamaServerEngine:
     def launch_spec(self, model_path: Path, config: LoadConfig, port: int, *,
                     extra_args: Sequence[str] = (), embeddings: bool = False) -> LaunchSpec:
         c = config
-        argv: list[str] = [
-            str(self.binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port),
-            "-c", str(c.n_ctx), "-np", str(c.n_parallel if c.n_parallel is not None else 1),
-            "-ngl", str(c.n_gpu_layers if c.devices else 0),
-            "-ctk", c.cache_type_k, "-ctv", c.cache_type_v, "-fa", c.flash_attn,
-            "-b", str(c.n_batch), "-ub", str(c.n_ubatch),
-        ]
         notes: list[str] = []
-        if c.n_cpu_moe:
-            argv += ["--n-cpu-moe", str(c.n_cpu_moe)]
-        for pattern, buft in c.tensor_overrides:  # after --n-cpu-moe: llama.cpp checks its rules first
-            argv += ["-ot", f"{pattern}={buft}"]
+        if embeddings and not c.embeddings:
+            notes.append("--embeddings from the model's settings, but the LoadConfig was priced without it; "
+                         "its output buffer is larger than priced")
+            c = c.with_(embeddings=True)
+        argv: list[str] = [str(self.binary), *load_args(model_path, c), "--host", "127.0.0.1", "--port", str(port)]
         if self._has("--fit"):
-            argv += ["--fit", "off"]
-        if not c.mmap:
-            argv += ["-lm", "none"] if self._has("--load-mode") else ["--no-mmap"]
-        if c.swa_full:
-            argv.append("--swa-full")
-        if c.kv_unified is not None:
-            argv.append("-kvu" if c.kv_unified else "-no-kvu")
+            argv += ["--fit", "off"]  # fitevict is the fit authority: the placement is the planner's
         env = dict(os.environ)
-        if c.devices:
-            argv += ["-dev", ",".join(c.devices)]
-        else:
-            argv += ["-dev", "none"]
+        if not c.devices:
             env["CUDA_VISIBLE_DEVICES"] = ""  # RAM-only: no CUDA device may be touched
-        if embeddings or c.embeddings:  # priced only when the LoadConfig says so (its output buffer)
-            argv.append("--embeddings")
-            if not c.embeddings:
-                notes.append("--embeddings from the model's settings, but the LoadConfig was priced without it; "
-                             "its output buffer is larger than priced")
         if self._has("--cache-ram") and not ({"-cram", "--cache-ram"} & set(extra_args)):
             argv += ["-cram", "0"]
             notes.append("host prompt cache disabled (-cram 0) so host memory stays as priced")

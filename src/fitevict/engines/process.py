@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import os
 import signal
 import socket
 import subprocess
+import time
+from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
 
@@ -17,22 +21,70 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM the process group, wait ``grace_s``, then SIGKILL it (blocking)."""
+async def stop_process_group(pgid: int | None, grace_s: float, *, proc: asyncio.subprocess.Process | None = None,
+                             clock: Callable[[], float] = time.monotonic) -> float:
+    """The one way fitevict stops an engine: SIGTERM the process group, wait ``grace_s`` for the leader to
+    exit, SIGKILL the group, and make sure no member is left. Returns the seconds it took.
+
+    ``proc`` (our asyncio child) is awaited and reaped; without it (an orphan, or a child of another
+    API) the leader is watched through a pidfd.
+    """
+    t0 = clock()
+    if pgid is None:
+        return 0.0
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    exited = await (_wait_child(proc, grace_s) if proc is not None else wait_pid_gone(pgid, grace_s))
+    if not exited or group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        if proc is not None:
+            await proc.wait()
+        else:
+            await wait_pid_gone(pgid, 10.0)
+    return clock() - t0
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> float:
+    """``stop_process_group`` for a ``subprocess.Popen`` child, from synchronous code (not on an event loop)."""
     if proc.poll() is not None:
-        return
+        return 0.0
+    took = asyncio.run(stop_process_group(proc.pid, grace_s))
+    proc.wait()
+    return took
+
+
+async def _wait_child(proc: asyncio.subprocess.Process, timeout: float) -> bool:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        await asyncio.wait_for(asyncio.shield(proc.wait()), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+async def wait_pid_gone(pid: int, timeout: float | None) -> bool:
+    """Wait for a process to exit (a zombie counts as gone), through a pidfd when the kernel has one.
+    Returns False when it still runs at ``timeout``."""
+    try:
+        fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return
+        return True
+    except (AttributeError, OSError):  # no pidfd on this kernel: poll the pid instead
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while alive(pid) and (deadline is None or time.monotonic() < deadline):
+            await asyncio.sleep(0.05)
+        return not alive(pid)
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
     try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        proc.wait(timeout=grace_s)
+        await asyncio.wait_for(done, timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def free_port() -> int:

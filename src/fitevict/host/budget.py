@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from fitevict.host.nvml import NvmlLike, read_gpus
@@ -247,3 +248,10 @@ def measure_budget(
             )
         )
     return Budget(tuple(devices), tuple(notes))
+
+
+def budget_from_config(b: Any, nvml: NvmlLike | None = None, *, held: Mapping[str, int] | None = None) -> Budget:
+    """The machine now under the config's ``[budget]`` section (a ``BudgetConfig``): the one way every caller
+    (the supervisor, ``fitevict serve``'s start check, ``fitevict plan``) turns the config into a Budget."""
+    return measure_budget(ram_limit=b.ram_limit, gpu_limit=b.gpu_limit, ram_reserve=b.ram_reserve,
+                          gpu_reserve=b.gpu_reserve, nvml=nvml, held=held)

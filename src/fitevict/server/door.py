@@ -13,14 +13,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fitevict.catalog import Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import Config
-from fitevict.planner import ALLOC_MODES
 from fitevict.server.errors import ApiError
 from fitevict.store import Store
-from fitevict.supervisor import Busy, Contract, LoadFailed, Refused, Supervisor, SupervisorError
+from fitevict.contract import Contract, ContractError
+from fitevict.contract import parse_contract as _parse_contract
+from fitevict.supervisor import Busy, LoadFailed, Refused, Supervisor, SupervisorError
 
-CONTRACT_KEYS = ("ctx", "kv_cache_type", "flash_attn", "alloc_mode", "gguf_file", "n_gpu_layers", "n_cpu_moe",
-                 "parallel")
-KV_TYPES = ("f16", "q8_0", "q4_0")
 
 
 class Metrics:
@@ -30,62 +28,24 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("fitevict_requests_total", "Inference requests", ["model", "endpoint", "status"],
                                 registry=self.registry)
-        self.latency = Histogram("fitevict_request_seconds", "Request latency, queue and load wait included",
-                                 ["endpoint"], registry=self.registry)
+        self.latency = Histogram("fitevict_request_seconds", "Inference latency: from holding a seat to the "
+                                 "response's end (queue and load waits excluded)", ["endpoint"], registry=self.registry)
+        self.total = Histogram("fitevict_request_total_seconds", "Whole request: queue wait + load wait + inference",
+                               ["endpoint"], registry=self.registry)
+        self.queue_wait = Histogram("fitevict_queue_wait_seconds", "Time a request waited in the queue (not for a load)",
+                                    ["endpoint"], registry=self.registry)
+        self.load_wait = Histogram("fitevict_load_wait_seconds", "Time a request waited for its model to load",
+                                   ["endpoint"], registry=self.registry)
         self.resident = Gauge("fitevict_resident_bytes", "Bytes held by resident models, by device and source",
                               ["model", "device", "source"], registry=self.registry)
 
 
 def parse_contract(raw: Any) -> Contract | None:
-    """Validate the request's ``fitevict`` object; unknown keys and values are refused with the allowed ones."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise ApiError(400, f"fitevict: expected an object with keys {', '.join(CONTRACT_KEYS)}, "
-                            f"got {type(raw).__name__}",
-                       param="fitevict")
-    unknown = sorted(set(raw) - set(CONTRACT_KEYS))
-    if unknown:
-        raise ApiError(400, f"fitevict: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(CONTRACT_KEYS)}",
-                       param=f"fitevict.{unknown[0]}")
-
-    def integer(name: str, lo: int) -> int | None:
-        v = raw.get(name)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ApiError(400, f"fitevict.{name}: {v!r} is not an integer >= {lo}", param=f"fitevict.{name}")
-        return v
-
-    kv = raw.get("kv_cache_type")
-    if kv is not None and kv not in KV_TYPES:
-        raise ApiError(400, f"fitevict.kv_cache_type: {kv!r} is not allowed; allowed: {', '.join(KV_TYPES)}",
-                       param="fitevict.kv_cache_type")
-    fa = raw.get("flash_attn")
-    if fa is not None and not isinstance(fa, bool):
-        raise ApiError(400, f"fitevict.flash_attn: {fa!r} is not allowed; allowed: true, false",
-                       param="fitevict.flash_attn")
-    mode = raw.get("alloc_mode")
-    if mode is not None and mode not in ALLOC_MODES:
-        raise ApiError(400, f"fitevict.alloc_mode: {mode!r} is not allowed; allowed: {', '.join(ALLOC_MODES)}",
-                       param="fitevict.alloc_mode")
-    gf = raw.get("gguf_file")
-    if gf is not None and not isinstance(gf, str):
-        raise ApiError(400, f"fitevict.gguf_file: expected a file name, got {gf!r}", param="fitevict.gguf_file")
-    if kv is not None and kv != "f16" and fa is False:
-        raise ApiError(400, f"fitevict: a quantized V cache ({kv}) needs flash attention; set flash_attn true "
-                            f"or use kv_cache_type f16", param="fitevict.kv_cache_type")
-    c = Contract(ctx=integer("ctx", 0), kv_cache_type=kv, flash_attn=fa, alloc_mode=mode, gguf_file=gf,
-                 n_gpu_layers=integer("n_gpu_layers", -1), n_cpu_moe=integer("n_cpu_moe", 0),
-                 parallel=integer("parallel", 1))
-    if kv is not None and kv != "f16" and fa is None:
-        c = Contract(**{**_contract_dict(c), "flash_attn": True})  # quantized V requires it; say so in the plan
-    return c
-
-
-def _contract_dict(c: Contract) -> dict:
-    return {k: getattr(c, k) for k in CONTRACT_KEYS}
-
+    """The request's ``fitevict`` object, validated (``fitevict.contract``), as an OpenAI-style 400 when bad."""
+    try:
+        return _parse_contract(raw)
+    except ContractError as e:
+        raise ApiError(400, str(e), param=e.param) from None
 
 
 @dataclass

@@ -35,15 +35,25 @@ def router(door: Door) -> APIRouter:
         t0 = time.perf_counter()
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
         endpoint = INFERENCE[path]
-        status, model_key, tokens, queue_wait, load_wait = 500, None, None, 0.0, 0.0
+        status, model_key, tokens = 500, None, None
+        waits: dict[str, float] = {}
+        t_seat: float | None = None  # when the seat was ours: inference latency counts from here
 
         def log_line(extra: dict | None = None) -> None:
+            end = time.perf_counter()
+            infer = end - t_seat if t_seat is not None else None
             line = {"request_id": rid, "model": model_key, "endpoint": endpoint, "status": status, "tokens": tokens,
-                    "queue_wait_s": round(queue_wait, 4), "load_wait_s": round(load_wait, 4),
-                    "latency_s": round(time.perf_counter() - t0, 4), **(extra or {})}
+                    "queue_wait_s": round(waits.get("queue_s", 0.0), 4), "load_wait_s": round(waits.get("load_s", 0.0), 4),
+                    "latency_s": round(infer, 4) if infer is not None else None, "total_s": round(end - t0, 4),
+                    **(extra or {})}
             log.info(json.dumps(line))
             metrics.requests.labels(model_key or "-", endpoint, str(status)).inc()
-            metrics.latency.labels(endpoint).observe(time.perf_counter() - t0)
+            metrics.total.labels(endpoint).observe(end - t0)
+            if infer is not None:
+                metrics.latency.labels(endpoint).observe(infer)
+            if waits:
+                metrics.queue_wait.labels(endpoint).observe(waits.get("queue_s", 0.0))
+                metrics.load_wait.labels(endpoint).observe(waits.get("load_s", 0.0))
 
         try:
             check_auth(request, admin=False)
@@ -67,11 +77,8 @@ def router(door: Door) -> APIRouter:
 
         stack = contextlib.AsyncExitStack()
         try:
-            tq = time.perf_counter()
-            was_resident = sup.seats.get(entry.key) is not None and sup.seats[entry.key].state == "ready"
-            seat = await stack.enter_async_context(sup.acquire(entry.key, contract, request_id=rid))
-            waited = time.perf_counter() - tq
-            queue_wait, load_wait = (waited, 0.0) if was_resident else (0.0, waited)
+            seat = await stack.enter_async_context(sup.acquire(entry.key, contract, request_id=rid, timing=waits))
+            t_seat = time.perf_counter()
             # A bare Request (no client defaults to merge) and our own JSON encoding: the hot path.
             req = httpx.Request("POST", seat.base_url + path, content=json.dumps(body).encode(),
                                 headers={"content-type": "application/json", "x-request-id": rid})

@@ -1,0 +1,191 @@
+"""The per-request load contract, PURE: parse it, turn it into a LoadConfig, and into the planner's request.
+
+One module for the HTTP front door and the CLI alike: a request's optional ``fitevict`` object
+(``{"ctx": 8192, "kv_cache_type": "q8_0", ...}``) is validated here, and the model's settings plus the
+contract become the ``LoadConfig`` a seat starts with and the ``PlanRequest`` the planner and the
+scheduler reason about. The fields a contract names are the ones a resident seat must match
+(``PlanRequest.fixed``); a request that names none is served by whatever seat of the model is resident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from fitevict import planner as pl
+from fitevict.catalog import CatalogEntry
+from fitevict.pricing.loadconfig import LoadConfig
+
+KV_TYPES = ("f16", "q8_0", "q4_0")
+DEFAULT_CTX = 4096
+
+
+class ContractError(ValueError):
+    """A contract that cannot be honoured as written. ``param`` names the offending key."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    """A per-request load contract (the ``fitevict`` object of a request body), already validated."""
+
+    ctx: int | None = None
+    kv_cache_type: str | None = None
+    flash_attn: bool | None = None
+    alloc_mode: str | None = None
+    gguf_file: str | None = None
+    n_gpu_layers: int | None = None
+    n_cpu_moe: int | None = None
+    parallel: int | None = None
+    keep_alive: float | None = None  # seconds the seat stays after this request (inf: forever, 0: unload after)
+
+
+CONTRACT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Contract))
+
+# contract key -> the LoadConfig fields it fixes on the seat that serves it
+_FIXES: dict[str, tuple[str, ...]] = {
+    "ctx": ("n_ctx",), "kv_cache_type": ("cache_type_k", "cache_type_v"), "flash_attn": ("flash_attn",),
+    "n_gpu_layers": ("n_gpu_layers",), "n_cpu_moe": ("n_cpu_moe",), "parallel": ("n_parallel",),
+}
+
+
+def parse_keep_alive(v: Any, name: str) -> float | None:
+    """Ollama's keep_alive: seconds (number), a duration ("5m", "1h30m", "90s"), 0 (unload after the
+    request) or a negative value (keep it loaded). Returns seconds, ``inf`` for forever."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise ContractError(f"{name}: {v!r} is not a duration; use seconds, \"5m\", 0 or -1", param=name)
+    if isinstance(v, (int, float)):
+        return float("inf") if v < 0 else float(v)
+    if isinstance(v, str):
+        text = v.strip()
+        units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+        total, num, i = 0.0, "", 0
+        neg = text.startswith("-")
+        text = text.lstrip("-")
+        try:
+            if text and text.replace(".", "", 1).isdigit():
+                total = float(text)
+            else:
+                while i < len(text):
+                    if text[i].isdigit() or text[i] == ".":
+                        num += text[i]
+                        i += 1
+                        continue
+                    unit = "ms" if text[i:i + 2] == "ms" else text[i]
+                    if unit not in units or not num:
+                        raise ValueError(text)
+                    total += float(num) * units[unit]
+                    num, i = "", i + len(unit)
+                if num or not text:
+                    raise ValueError(text)
+        except ValueError:
+            raise ContractError(f"{name}: {v!r} is not a duration; use seconds, \"5m\", \"1h30m\", 0 or -1",
+                                param=name) from None
+        return float("inf") if neg else total
+    raise ContractError(f"{name}: {v!r} is not a duration; use seconds, \"5m\", 0 or -1", param=name)
+
+
+def parse_contract(raw: Any, *, alloc_modes: tuple[str, ...] = pl.ALLOC_MODES) -> Contract | None:
+    """Validate a request's ``fitevict`` object; unknown keys and values are refused with the allowed ones."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ContractError(f"fitevict: expected an object with keys {', '.join(CONTRACT_KEYS)}, "
+                            f"got {type(raw).__name__}", param="fitevict")
+    unknown = sorted(set(raw) - set(CONTRACT_KEYS))
+    if unknown:
+        raise ContractError(f"fitevict: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(CONTRACT_KEYS)}",
+                            param=f"fitevict.{unknown[0]}")
+
+    def integer(name: str, lo: int) -> int | None:
+        v = raw.get(name)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ContractError(f"fitevict.{name}: {v!r} is not an integer >= {lo}", param=f"fitevict.{name}")
+        return v
+
+    kv = raw.get("kv_cache_type")
+    if kv is not None and kv not in KV_TYPES:
+        raise ContractError(f"fitevict.kv_cache_type: {kv!r} is not allowed; allowed: {', '.join(KV_TYPES)}",
+                            param="fitevict.kv_cache_type")
+    fa = raw.get("flash_attn")
+    if fa is not None and not isinstance(fa, bool):
+        raise ContractError(f"fitevict.flash_attn: {fa!r} is not allowed; allowed: true, false",
+                            param="fitevict.flash_attn")
+    mode = raw.get("alloc_mode")
+    if mode is not None and mode not in alloc_modes:
+        raise ContractError(f"fitevict.alloc_mode: {mode!r} is not allowed; allowed: {', '.join(alloc_modes)}",
+                            param="fitevict.alloc_mode")
+    gf = raw.get("gguf_file")
+    if gf is not None and not isinstance(gf, str):
+        raise ContractError(f"fitevict.gguf_file: expected a file name, got {gf!r}", param="fitevict.gguf_file")
+    if kv is not None and kv != "f16" and fa is False:
+        raise ContractError(f"fitevict: a quantized V cache ({kv}) needs flash attention; set flash_attn true "
+                            f"or use kv_cache_type f16", param="fitevict.kv_cache_type")
+    if kv is not None and kv != "f16" and fa is None:
+        fa = True  # a quantized V cache requires it; the plan says so
+    return Contract(ctx=integer("ctx", 0), kv_cache_type=kv, flash_attn=fa, alloc_mode=mode, gguf_file=gf,
+                    n_gpu_layers=integer("n_gpu_layers", -1), n_cpu_moe=integer("n_cpu_moe", 0),
+                    parallel=integer("parallel", 1),
+                    keep_alive=parse_keep_alive(raw.get("keep_alive"), "fitevict.keep_alive"))
+
+
+def load_config_for(entry: CatalogEntry, contract: Contract | None,
+                    default_alloc_mode: str) -> tuple[LoadConfig, str, Path]:
+    """The LoadConfig a model starts with (model settings, then the request's contract), its
+    allocation mode, and the file to load."""
+    c = contract or Contract()
+    s = entry.settings
+    kv = c.kv_cache_type
+    cfg = LoadConfig(
+        n_ctx=c.ctx if c.ctx is not None else (s.ctx if s.ctx is not None else DEFAULT_CTX),
+        n_parallel=c.parallel or s.parallel or 1,
+        cache_type_k=kv or s.cache_type_k or "f16",
+        cache_type_v=kv or s.cache_type_v or "f16",
+        flash_attn=("on" if c.flash_attn else "off") if c.flash_attn is not None else (s.flash_attn or "auto"),
+        n_gpu_layers=c.n_gpu_layers if c.n_gpu_layers is not None else (s.n_gpu_layers or 0),
+        n_cpu_moe=c.n_cpu_moe if c.n_cpu_moe is not None else (s.n_cpu_moe or 0),
+        embeddings=bool(s.embeddings),  # an embeddings seat's output buffer is priced as it will grow
+    )
+    mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
+    path = Path(entry.path)
+    if c.gguf_file:
+        from fitevict.catalog import resolve_gguf_file
+
+        path = resolve_gguf_file(entry, c.gguf_file)
+    return cfg, mode, path
+
+
+def fixed_fields(contract: Contract | None) -> frozenset[str]:
+    """The LoadConfig fields a resident seat must match to serve this contract."""
+    if contract is None:
+        return frozenset()
+    out: set[str] = set()
+    for key, names in _FIXES.items():
+        if getattr(contract, key) is not None:
+            out.update(names)
+    return frozenset(out)
+
+
+def plan_request(entry: CatalogEntry, cfg: LoadConfig, mode: str, structure, *,
+                 source: Path | None = None, contract: Contract | None = None,
+                 fixed: frozenset[str] | None = None) -> pl.PlanRequest:
+    """The planner's request for ``entry``: n_layer counts the output pseudo-layer too.
+
+    ``fixed`` defaults to every non-placement field (a dry run asks for exactly ``cfg``); the supervisor
+    passes the contract's fields, so a request that names none is served by any resident seat of the model.
+    """
+    if fixed is None and contract is not None:
+        fixed = fixed_fields(contract)
+    return pl.PlanRequest(
+        key=entry.key, config=cfg, alloc_mode=mode, n_layer=structure.n_layer + 1,  # type: ignore[arg-type]
+        n_moe_layers=structure.n_layer if structure.is_moe else 0, n_ctx_train=structure.n_ctx_train,
+        pinned=entry.pinned, source=str(Path(source).resolve()) if source is not None else "", fixed=fixed,
+    )

@@ -1,0 +1,368 @@
+"""The supervisor: the front door's one entry point to seats.
+
+It joins the pure scheduler (``scheduler.Scheduler``: who runs next, what to start and stop) to the real
+world (``effects.LiveEffects``: engine processes, measurement, release verification, the store). Requests
+come in through ``acquire`` (hold a seat for the length of a request) and ``load``/``unload`` (admin).
+One event loop owns everything here; the scheduler is called synchronously from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from fitevict import planner as pl
+from fitevict.catalog import Catalog, CatalogEntry
+from fitevict.config import Config
+from fitevict.contract import Contract
+from fitevict.engines import engine_class
+from fitevict.engines.base import Engine
+from fitevict.engines.process import free_port
+from fitevict.host.budget import Budget, budget_from_config
+from fitevict.pricing.footprint import HOST
+from fitevict.store import Store
+from fitevict.store.records import Event, Seat as SeatRecord
+from fitevict.supervisor.effects import LiveEffects
+from fitevict.supervisor.errors import Busy
+from fitevict.supervisor.measure import mem_json
+from fitevict.supervisor.orphans import cleanup_orphans
+from fitevict.supervisor.pricebook import PriceBook
+from fitevict.supervisor.release import StopResult
+from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
+from fitevict.supervisor.seat import SeatPhase, SeatState, pred_source
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownSummary:
+    answered: int  # queued or loading requests answered 503 "shutting down"
+    cut: int  # requests still in flight when the grace period ended
+    stopped: int  # seats stopped (each release-verified)
+    seconds: float
+
+    def line(self) -> str:
+        return (f"fitevict stopped in {self.seconds:.2f} s: {self.answered} waiting request(s) answered 503 "
+                f"(shutting down), {self.cut} in-flight request(s) cut after the grace period, "
+                f"{self.stopped} seat(s) stopped")
+
+
+def sched_policy(config: Config) -> SchedPolicy:
+    p = config.policy
+    return SchedPolicy(max_turn_seconds=p.max_turn_seconds, max_wait_seconds=p.max_wait_seconds,
+                       min_residency_seconds=p.min_residency_seconds, queue_timeout_seconds=p.queue_timeout_seconds,
+                       max_queue=p.max_queue, engine_queue_depth=p.engine_queue_depth,
+                       eviction=p.eviction)  # type: ignore[arg-type]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        catalog: Catalog,
+        store: Store,
+        engine_binary: Path,
+        budget_fn: Callable[[], Budget] | None = None,
+        nvml: Any = None,
+        clock: Callable[[], float] = time.time,
+        ports: Callable[[], int] = free_port,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.store = store
+        self.engine_binary = Path(engine_binary)
+        self.clock = clock  # the one clock: scheduling, health, stall, release timing
+        self.ports = ports  # where a new seat's port comes from (the OS by default)
+        self.nvml = nvml  # None: the real pynvml (when a driver exists); tests pass a fake at this edge
+        self._budget_fn = budget_fn or self._measure_budget
+        self._engines: dict[str, Engine] = {}
+        self.prices = PriceBook(store, self.engine_binary.parent, config.policy.default_alloc_mode)
+        self.seats: dict[str, SeatState] = {}
+        self.futures: dict[Waiter, asyncio.Future] = {}
+        self.fx = LiveEffects(self)
+        self.scheduler = Scheduler(self.fx, sched_policy(config), idle_unload_seconds=config.policy.idle_unload_seconds)
+        self._paths: dict[pl.PlanRequest, Path] = {}
+        self._stop_waiters: dict[str, list[asyncio.Future]] = {}
+        self._changed = asyncio.Condition()
+        self._events: list[Event] = []
+        self._last_budget: Budget | None = None
+        st = self.engine_binary.stat() if self.engine_binary.exists() else None
+        self._overhead_key = f"engine-overhead:{self.engine_binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
+        self.log_dir = Path(config.data_dir) / "seats"
+        self.closed = False
+        self.summary: ShutdownSummary | None = None
+
+    @property
+    def engine_overhead(self) -> dict[str, int]:
+        return self.prices.engine_overhead
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> list[Event]:
+        """Load what was learned about the engine, and deal with the seats a previous run left."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
+        if known:
+            self.prices.engine_overhead.update({k: int(v) for k, v in known.items()})
+        return await cleanup_orphans(self)
+
+    async def shutdown(self, grace: float | None = None) -> ShutdownSummary:
+        """Take no new work; answer every waiting request 503; let requests in flight finish within ``grace``
+        (``policy.shutdown_grace_seconds``), then cut them; stop every seat with its release verified."""
+        if self.summary is not None:
+            return self.summary
+        t0 = self.clock()
+        grace = self.config.policy.shutdown_grace_seconds if grace is None else grace
+        self.closed = True
+        answered = len(self.scheduler.close("shutting down"))
+
+        def idle() -> bool:
+            return all(s.in_flight == 0 for s in self.scheduler.slots.values())
+
+        with contextlib.suppress(TimeoutError):
+            async with self._changed:
+                await asyncio.wait_for(self._changed.wait_for(idle), grace)
+        cut = sum(s.in_flight for s in self.scheduler.slots.values())
+        for task in list(self.fx.loads.values()):
+            task.cancel("fitevict is shutting down")
+        stops = [self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
+                 for s in list(self.seats.values()) if s.state is SeatPhase.READY]
+        await asyncio.gather(*stops, *list(self.fx.tasks), return_exceptions=True)
+        self.summary = ShutdownSummary(answered, cut, len(stops), self.clock() - t0)
+        return self.summary
+
+    def _measure_budget(self) -> Budget:
+        """The machine now, with what fitevict's own seats hold counted as theirs, not someone else's."""
+        held: dict[str, int] = {}
+        for s in self.seats.values():
+            if s.host_mem is not None and s.host_mem.committed_bytes is not None:
+                held[HOST] = held.get(HOST, 0) + s.host_mem.committed_bytes
+            for dev, n in s.gpu_bytes.items():
+                held[dev] = held.get(dev, 0) + n
+        return budget_from_config(self.config.budget, nvml=self.nvml, held=held)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    async def record(self, ev: Event) -> Event:
+        ev = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
+        self._events.append(ev)
+        del self._events[:-1000]
+        await self._notify()
+        return ev
+
+    async def wait_for_event(self, predicate: Callable[[Event], bool], timeout: float) -> Event:
+        """Await the first event (already recorded by this supervisor, or future) matching ``predicate``."""
+        async def _wait() -> Event:
+            async with self._changed:
+                while True:
+                    for ev in self._events:
+                        if predicate(ev):
+                            return ev
+                    await self._changed.wait()
+        return await asyncio.wait_for(_wait(), timeout)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- pricing and planning -------------------------------------------------------------------
+
+    def engine_for(self, entry: CatalogEntry) -> Engine:
+        eng = self._engines.get(entry.engine)
+        if eng is None:
+            eng = self._engines[entry.engine] = engine_class(entry.engine)(self.engine_binary)
+        return eng
+
+    def engine_name(self, key: str) -> str:
+        entry = self.catalog.get(key)
+        return entry.engine if entry is not None else "unknown"
+
+    def config_for(self, entry: CatalogEntry, contract: Contract | None):
+        return self.prices.config_for(entry, contract)
+
+    def signature(self, path: Path, cfg) -> str:
+        return self.prices.signature(path, cfg)
+
+    def footprint(self, path: Path, cfg):
+        return self.prices.footprint(path, cfg)
+
+    def path_for(self, request: pl.PlanRequest) -> Path:
+        return self._paths.get(request) or Path(self.catalog.resolve(request.key).path)
+
+    def _request(self, entry: CatalogEntry, contract: Contract | None) -> pl.PlanRequest:
+        req, _cfg, path = self.prices.request(entry, contract)
+        self._paths[req] = path
+        return req
+
+    def plan_now(self, request: pl.PlanRequest, residents: list[pl.Resident]) -> pl.Plan:
+        """The planner over a fresh budget reading (what ``Effects.plan`` does)."""
+        path = self.path_for(request)
+        policy = pl.Policy(exclusive_fraction=self.config.policy.exclusive_fraction,
+                           eviction=self.config.policy.eviction)  # type: ignore[arg-type]
+        budget = self._budget_fn()
+        self._last_budget = budget
+        return pl.plan(request, residents, budget, lambda _k, c: self.prices.footprint(path, c), policy, self.clock())
+
+    def plan(self, key: str, contract: Contract | None = None, *, now: float | None = None) -> pl.Plan:
+        """A dry run: the Plan a load would follow now. Changes nothing."""
+        entry = self.catalog.resolve(key)
+        req = self._request(entry, contract)
+        if contract is not None and contract != Contract():
+            # a dry run with a contract asks for exactly this configuration, as a load for it would
+            path = self.path_for(req)
+            req = replace(req, fixed=None)
+            self._paths[req] = path
+        return self.fx.plan(req, self.scheduler._residents(now if now is not None else self.clock()))
+
+    def budget(self) -> Budget:
+        """The budget as the planner would see it now (a fresh reading)."""
+        return self._budget_fn()
+
+    def last_budget_json(self) -> dict | None:
+        """The budget snapshot the last plan was made against, with every figure's source."""
+        return self._last_budget.to_json() if self._last_budget is not None else None
+
+    async def learn_overhead(self, grown: dict[str, int]) -> None:
+        self.prices.engine_overhead.update(grown)
+        self.prices.forget()
+        await asyncio.to_thread(self.store.compute_put, self._overhead_key, dict(self.prices.engine_overhead))
+
+    # -- the front door's entry points ------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, key: str, contract: Contract | None = None, *, request_id: str | None = None,
+                      timing: dict | None = None) -> AsyncIterator[SeatState]:
+        """Hold a seat of ``key`` (loading it if needed) for the block. ``timing`` (if given) gets
+        ``queue_s`` and ``load_s``: the wait, split into queueing and waiting for a load of this model.
+
+        Cancelling the task while it waits takes the request out of the queue at once; a load that nobody
+        waits for any more is cancelled (see ``Scheduler.cancel``)."""
+        entry = self.catalog.resolve(key)
+        w = Waiter(self._request(entry, contract), self.clock(), request_id,
+                   keep_alive=contract.keep_alive if contract is not None else None)
+        got = self.scheduler.fast(w)
+        if got is None:
+            got = await self._wait(w, entry, timing)
+        elif timing is not None:
+            timing["queue_s"], timing["load_s"] = 0.0, 0.0
+        seat = self.seats[got]
+        try:
+            yield seat
+        finally:
+            self.scheduler.finished(got)
+            if self.closed:
+                await self._notify()
+
+    async def _wait(self, w: Waiter, entry: CatalogEntry, timing: dict | None = None) -> str:
+        if self.closed:
+            raise Busy(f"{w.key}: fitevict is shutting down; retry later", retry_after=5)
+        if entry.engine == "llama-server" and w.key not in self.seats:
+            # the compute buffer from the engine's own dry run (once per file and configuration, cached)
+            await self.prices.dry_run(entry, w.request.config, self.path_for(w.request), entry.settings.extra_args)
+        fut = asyncio.get_running_loop().create_future()
+        self.futures[w] = fut
+        t0 = self.clock()
+        self.scheduler.submit(w)
+        try:
+            got = await fut
+        except asyncio.CancelledError:
+            if not self.scheduler.cancel(w) and fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.scheduler.finished(fut.result())  # handed a seat in the same instant it left
+            raise
+        finally:
+            self.futures.pop(w, None)
+        if timing is not None:
+            total = self.clock() - t0
+            seat = self.seats.get(got)
+            loaded_at = seat.ready_at if seat is not None and seat.ready_at is not None else t0
+            load = max(0.0, min(total, loaded_at - max(t0, seat.started_at if seat else t0)))
+            timing["queue_s"], timing["load_s"] = total - load, load
+        return got
+
+    async def load(self, key: str, contract: Contract | None = None, *, request_id: str | None = None) -> SeatState:
+        """Make ``key`` resident (an admin load): queued like a request, but it holds nothing once ready."""
+        entry = self.catalog.resolve(key)
+        w = Waiter(self._request(entry, contract), self.clock(), request_id, hold=False,
+                   keep_alive=contract.keep_alive if contract is not None else None)
+        got = await self._wait(w, entry)
+        return self.seats[got]
+
+    async def unload(self, key: str, *, reason: str = "unloaded on request") -> StopResult | None:
+        """Stop ``key`` once its requests in flight finish; returns the verified stop, or None if not resident."""
+        entry = self.catalog.resolve(key)
+        fut = asyncio.get_running_loop().create_future()
+        self._stop_waiters.setdefault(entry.key, []).append(fut)
+        if not self.scheduler.unload(entry.key, reason):
+            self._stop_waiters[entry.key].remove(fut)
+            return None
+        return await fut
+
+    def stopped(self, key: str, result: StopResult) -> None:
+        """A seat's stop finished (effects call this): tell the scheduler, and whoever waits for it."""
+        self.scheduler.stopped(key)
+        for fut in self._stop_waiters.pop(key, []):
+            if not fut.done():
+                fut.set_result(result)
+        asyncio.get_running_loop().create_task(self._notify())
+
+    def install_seat(self, seat: SeatState, *, adopted: bool = False) -> None:
+        self.seats[seat.key] = seat
+        self.scheduler.adopt(seat.key, seat.config, str(seat.model_path.resolve()),
+                             bytes={HOST: seat.bytes_on(HOST)}, pinned=seat.pinned)
+        if adopted:
+            self.fx.watch_adopted(seat)
+
+    def seat_record(self, seat: SeatState) -> SeatRecord:
+        return SeatRecord(seat_id=seat.id, model=seat.key, engine=seat.engine, state=str(seat.state),
+                          started_at=seat.started_at, fitevict_pid=os.getpid(), pid=seat.pid, pgid=seat.pgid,
+                          port=seat.port, log_path=str(seat.log_path), config=seat.config.to_json())
+
+    # -- figures --------------------------------------------------------------------------------
+
+    def _has_gpu(self) -> bool:
+        return self._last_budget is not None and bool(self._last_budget.gpu_names)
+
+    def gpu_figure(self, seat: SeatState) -> int | None:
+        """What the seat holds on GPUs; None on a machine without a GPU (not applicable, not 0)."""
+        return sum(seat.bytes_on(d) for d in seat.config.devices) if self._has_gpu() else None
+
+    def spilled(self, seat: SeatState) -> int | None:
+        """Model weights a load put in host RAM although the machine has a GPU (partial or RAM-only
+        loads): the history's ``offloaded`` figure. None on a machine without a GPU: nothing was offloaded."""
+        if not self._has_gpu():
+            return None
+        fp = seat.measured or seat.predicted
+        cpu = fp.device(HOST)
+        return cpu.model.bytes if cpu is not None else 0
+
+    def resident_views(self) -> list[dict]:
+        out = []
+        for s in self.seats.values():
+            slot = self.scheduler.slots.get(s.key)
+            devices = [HOST, *s.config.devices]
+            per_dev = {d: {"predicted_bytes": s.predicted.bytes_on(d), "predicted_source": pred_source(s.predicted, d),
+                           "measured_bytes": s.bytes_on(d) if s.source_on(d) == "measured" else None,
+                           "measured_source": s.source_on(d) if s.source_on(d) == "measured" else
+                           "unavailable, because it was not measured yet"} for d in devices}
+            gpu = sum(s.bytes_on(d) for d in s.config.devices)
+            host = s.bytes_on(HOST)
+            total = gpu + host
+            placement = (f"{100 * host / total:.0f}%/{100 * gpu / total:.0f}% CPU/GPU" if gpu and total
+                         else "100% CPU")
+            due = self.scheduler.idle_due_at(slot) if slot is not None else None
+            out.append({
+                "key": s.key, "engine": s.engine, "state": str(s.state),
+                "phase": slot.phase.value if slot is not None else None, "placement": placement,
+                "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
+                "in_flight": slot.in_flight if slot is not None else 0,
+                "waiting": self.scheduler.waiting(s.key),
+                "last_used": slot.last_used if slot is not None else None, "loaded_at": s.ready_at,
+                "load_seconds": s.load_seconds, "pid": s.pid, "port": s.port, "unload_at": due,
+                "host_pss": mem_json(s.host_mem),
+            })
+        return out

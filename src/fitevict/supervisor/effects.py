@@ -1,0 +1,278 @@
+"""The real ``Effects``: what the scheduler's decisions do to the world.
+
+``start`` spawns an engine process and waits for it to be healthy; ``stop`` stops one and verifies that
+its memory came back; ``dispatch``/``reject`` answer the waiting requests. Each call returns at once
+(the work runs in a task) and its completion goes back to the scheduler as an input. Every stop, whatever
+ended the seat (eviction, unload, idle, a failed load, a crash, a cancelled load, shutdown), goes through
+``supervisor.release.stop_and_verify`` and is recorded with what came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fitevict import guard as guard_mod
+from fitevict import planner as pl
+from fitevict.pricing.footprint import HOST
+from fitevict.store.records import Event, Measurement
+from fitevict.supervisor.errors import LoadFailed, Refused, SupervisorError
+from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
+from fitevict.supervisor.release import StopResult, stop_and_verify
+from fitevict.supervisor.scheduler import Waiter
+from fitevict.supervisor.seat import BIND_FAILED, SeatPhase, SeatState, log_tail, spawn, wait_ready
+
+if TYPE_CHECKING:
+    from fitevict.supervisor.core import Supervisor
+
+
+class LiveEffects:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.loads: dict[str, asyncio.Task] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self._wake: asyncio.TimerHandle | None = None
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.sup.clock()
+
+    def plan(self, request: pl.PlanRequest, residents: list[pl.Resident]) -> pl.Plan:
+        sup = self.sup
+        live = []
+        for r in residents:  # the scheduler's view, with what each seat really holds (measured where it can be)
+            seat = sup.seats.get(r.key)
+            if seat is not None:
+                held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in seat.config.devices}}
+                r = replace(r, bytes=held, bytes_source=seat.source_on(HOST))
+            live.append(r)
+        return sup.plan_now(request, live)
+
+    def start(self, waiter: Waiter, plan: pl.Plan) -> None:
+        self.loads[waiter.key] = self._spawn_task(self._load(waiter, plan), f"load-{waiter.key}")
+
+    def stop(self, key: str, event: str, reason: str, request_id: str | None) -> None:
+        task = self.loads.pop(key, None)
+        if task is not None and not task.done():
+            task.cancel(f"{event}: {reason}")  # the load's own handler stops the process and records it
+            return
+        seat = self.sup.seats.get(key)
+        if seat is None:
+            self.sup.scheduler.stopped(key)
+            return
+        self._spawn_task(self.stop_seat(seat, event, reason, request_id), f"stop-{key}")
+
+    def dispatch(self, waiter: Waiter, key: str) -> None:
+        fut = self.sup.futures.pop(waiter, None)
+        if fut is not None and not fut.done():
+            fut.set_result(key)
+        elif waiter.hold:  # it left in the same instant: give the slot back
+            asyncio.get_running_loop().call_soon(self.sup.scheduler.finished, key)
+
+    def reject(self, waiter: Waiter, error: SupervisorError) -> None:
+        fut = self.sup.futures.pop(waiter, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(error)
+            fut.exception()  # retrieved here: a waiter that already left must not log "never retrieved"
+        if isinstance(error, Refused):
+            plan = error.plan
+            needed = sum(plan.needed_bytes.values()) if plan.needed_bytes else None
+            self._spawn_task(self.sup.record(Event(
+                time=self.sup.clock(), event="refuse", model=waiter.key, engine=self.sup.engine_name(waiter.key),
+                reason=plan.reason, request_id=waiter.request_id, predicted_bytes=needed,
+                details={"plan": plan.to_json()})), "record-refuse")
+
+    def wake_at(self, when: float) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
+        loop = asyncio.get_running_loop()
+        self._wake = loop.call_later(max(0.0, when - self.sup.clock()), self.sup.scheduler.tick)
+
+    # -- work -----------------------------------------------------------------------------------
+
+    def _spawn_task(self, coro: Any, name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _load(self, waiter: Waiter, plan: pl.Plan) -> None:
+        sup, key = self.sup, waiter.key
+        entry = sup.catalog.resolve(key)
+        assert plan.config is not None
+        cfg, path = plan.config, sup.path_for(waiter.request)
+        predicted = sup.prices.footprint(path, cfg)
+        engine = sup.engine_for(entry)
+        t0 = sup.clock()
+        seat: SeatState | None = None
+        try:
+            for attempt in (1, 2):
+                # The port is free when chosen but another process may take it first; the engine then fails to
+                # bind at once, before it reads a weight, and one retry on a new port is enough.
+                seat = SeatState(
+                    id=uuid.uuid4().hex[:12], key=key, entry=entry, engine=entry.engine, config=cfg, model_path=path,
+                    port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
+                    started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
+                    strategy=plan.action, pinned=entry.pinned)
+                spec = engine.launch_spec(path, cfg, seat.port, extra_args=tuple(entry.settings.extra_args),
+                                          embeddings=bool(entry.settings.embeddings))
+                sup.seats[key] = seat
+                await spawn(seat, spec)
+                self._spawn_task(asyncio.to_thread(sup.store.seat_upsert, sup.seat_record(seat)), "seat-record")
+                try:
+                    await wait_ready(seat, clock=sup.clock, health_timeout=sup.config.engine.health_timeout_seconds,
+                                     stall_seconds=sup.config.engine.stall_seconds, health_path=spec.health_path)
+                    break
+                except LoadFailed as e:
+                    res = await self._end(seat, SeatPhase.FAILED)
+                    if attempt == 1 and BIND_FAILED in log_tail(seat.log_path, 200):
+                        continue
+                    await sup.record(Event(
+                        time=sup.clock(), event="fail", model=key, engine=entry.engine, seconds=sup.clock() - t0,
+                        strategy=plan.action, reason=str(e), request_id=waiter.request_id,
+                        predicted_bytes=predicted.total_bytes, freed_bytes=res.freed_bytes,
+                        details={"log": str(seat.log_path), "argv": list(spec.argv), "pid": seat.pid,
+                                 **res.details()}))
+                    sup.scheduler.load_failed(key, e)
+                    return
+        except asyncio.CancelledError as e:
+            # nobody waits for this load any more (every client left), or fitevict is shutting down
+            why = e.args[0] if e.args else "load cancelled"
+            if seat is not None and seat.state is SeatPhase.STARTING:
+                res = await self._end(seat, SeatPhase.STOPPED)
+                await sup.record(Event(
+                    time=sup.clock(), event="unload", model=key, engine=entry.engine, seconds=res.exit_seconds,
+                    reason=("no one waiting: every request for this load left before it finished"
+                            if not sup.closed else "fitevict is shutting down: load cancelled"),
+                    request_id=waiter.request_id, freed_bytes=res.freed_bytes,
+                    details={"cancelled_after_seconds": sup.clock() - t0, "note": str(why), **res.details()}))
+            sup.scheduler.stopped(key)
+            return
+        assert seat is not None
+        self.loads.pop(key, None)
+        seat.load_seconds = sup.clock() - t0
+        seat.ready_at = sup.clock()
+        seat.state = SeatPhase.READY
+        read_seat(seat, engine, sup.nvml)
+        seat.overhead = sup.prices.engine_overhead.get(HOST, 0)
+        seat.gpu_overhead = {d: n for d, n in sup.prices.engine_overhead.items() if d in cfg.devices}
+        seat.watcher = self._spawn_task(self._watch(seat), f"watch-{key}")
+        held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
+        sup.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=seat.load_seconds,
+                             config=cfg)  # the waiters get the seat now: the records below are off their path
+        await self._record_load(seat, plan, waiter.request_id, spec.notes)
+
+    async def _record_load(self, seat: SeatState, plan: pl.Plan, request_id: str | None, notes: Any) -> None:
+        """Learn the overhead, guard the measurement, store it if accepted, record a ``load`` (or ``reject``)."""
+        sup = self.sup
+        grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat))
+        if grown:
+            await sup.learn_overhead(grown)
+        measured_total = seat.measured.total_bytes if seat.measured else None
+        previous = await asyncio.to_thread(sup.store.last_measurement, seat.signature)
+        verdict = guard_mod.check_measurement(measured_total, file_bytes=_file_bytes(seat.model_path),
+                                              previous=previous.total_bytes if previous else None)
+        details: dict[str, Any] = {
+            "port": seat.port, "pid": seat.pid, "log": str(seat.log_path), "config": seat.config.to_json(),
+            "predicted": seat.predicted.to_json(),
+            "measured": seat.measured.to_json() if seat.measured else seat.measured_note,
+            "host_pss": mem_json(seat.host_mem),
+            "guard": {"accepted": verdict.accepted, "check": verdict.check, "reason": verdict.reason},
+            "notes": list(notes), "compute_source": sup.prices.compute_source(seat.model_path, seat.config),
+            "previous_measured_bytes": previous.total_bytes if previous else None,
+        }
+        if measured_total:
+            details["prediction_error"] = (seat.predicted.total_bytes - measured_total) / measured_total
+        if verdict.accepted and seat.measured is not None:
+            await asyncio.to_thread(sup.store.put_measurement, Measurement(
+                signature=seat.signature, model=seat.key, engine=seat.engine, measured_at=sup.clock(),
+                footprint=seat.measured.to_json(),
+                host_committed_bytes=seat.host_mem.committed_bytes if seat.host_mem else None,
+                host_mapped_bytes=seat.host_mem.mapped_bytes if seat.host_mem else None, total_bytes=measured_total))
+            sup.prices.forget()  # a new measurement overrides the priced figure for its signature
+        gpu = sup.gpu_figure(seat)
+        reason = plan.reason or None
+        if not verdict.accepted:
+            reason = (f"loaded, but its measurement was rejected by the {verdict.check} check and not stored: "
+                      f"{verdict.reason}")
+        await sup.record(Event(
+            time=sup.clock(), event="load" if verdict.accepted else "reject", model=seat.key, engine=seat.engine,
+            seconds=seat.load_seconds, vram_bytes=gpu, host_bytes=seat.bytes_on(HOST),
+            offloaded_bytes=sup.spilled(seat), strategy=_strategy(plan), request_id=request_id, reason=reason,
+            predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total, details=details))
+
+    async def _end(self, seat: SeatState, final: SeatPhase) -> StopResult:
+        """Stop ``seat``'s process group, verify the release, and forget the seat."""
+        sup = self.sup
+        seat.expected_exit = True
+        seat.state = SeatPhase.STOPPING
+        res = await stop_and_verify(seat.key, seat.pgid, seat.config.devices, proc=seat.proc,
+                                    grace=sup.config.engine.stop_grace_seconds,
+                                    release_timeout=sup.config.engine.release_timeout_seconds, nvml=sup.nvml,
+                                    clock=sup.clock, gpu_held=seat.gpu_bytes)
+        seat.state = final
+        if sup.seats.get(seat.key) is seat:
+            sup.seats.pop(seat.key)
+        self._spawn_task(asyncio.to_thread(sup.store.seat_remove, seat.id), "seat-forget")
+        return res
+
+    async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
+        sup = self.sup
+        res = await self._end(seat, SeatPhase.STOPPED)
+        await sup.record(Event(
+            time=sup.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
+            host_bytes=seat.bytes_on(HOST), vram_bytes=sup.gpu_figure(seat), reason=reason,
+            freed_bytes=res.freed_bytes, request_id=request_id, details={"pid": seat.pid, **res.details()}))
+        sup.stopped(seat.key, res)
+        return res
+
+    async def _watch(self, seat: SeatState) -> None:
+        assert seat.proc is not None
+        rc = await seat.proc.wait()
+        if seat.expected_exit or seat.state is not SeatPhase.READY:
+            return
+        sup = self.sup
+        res = await self._end(seat, SeatPhase.FAILED)
+        await sup.record(Event(
+            time=sup.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
+            reason=f"{seat.engine} exited unexpectedly with code {rc}; the next request reloads it",
+            details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path),
+                     "log_tail": log_tail(seat.log_path, 10), **res.details()}))
+        sup.stopped(seat.key, res)
+
+    def watch_adopted(self, seat: SeatState) -> None:
+        """An adopted seat is not our child: its exit is seen through a pidfd."""
+        async def watch() -> None:
+            from fitevict.engines.process import wait_pid_gone
+
+            assert seat.pid is not None
+            await wait_pid_gone(seat.pid, None)
+            if seat.expected_exit or seat.state is not SeatPhase.READY:
+                return
+            res = await self._end(seat, SeatPhase.FAILED)
+            await self.sup.record(Event(
+                time=self.sup.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
+                reason="adopted seat exited unexpectedly (not a child of this fitevict: exit code unknown)",
+                details={"pid": seat.pid, **res.details()}))
+            self.sup.stopped(seat.key, res)
+
+        seat.watcher = self._spawn_task(watch(), f"watch-{seat.key}")
+
+
+def _file_bytes(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    except OSError:
+        return 0
+
+
+def _strategy(plan: pl.Plan) -> str:
+    c = plan.config
+    base = {"load": "full", "partial": "partial", "ram": "ram-only"}.get(plan.action, plan.action)
+    if c is None:
+        return base
+    return f"{base} (ngl={c.n_gpu_layers}, n_cpu_moe={c.n_cpu_moe}, ctx={c.n_ctx})"

@@ -1,0 +1,108 @@
+"""Measuring a seat after its load: the engine's own buffers, process memory, GPU bytes, the engine overhead.
+
+Reading is I/O (the load log, /proc, NVML); deciding what the readings mean is pure and lives in small
+functions here (``overhead_seen``, ``with_engine_overhead``, ``footprint_from_json``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from fitevict.host import procmem
+from fitevict.host.nvml import read_gpus
+from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.supervisor.seat import SeatState
+from fitevict.units import format_size
+
+
+def read_seat(seat: SeatState, engine: Any, nvml: Any) -> None:
+    """Fill ``seat.measured`` (the engine's account of its buffers), ``host_mem`` (PSS of its process tree)
+    and ``gpu_bytes`` (NVML per process). A reading that fails says why; it is never 0."""
+    try:
+        seat.measured = engine.measured_footprint(seat.log_path.read_text(errors="replace"))
+    except (OSError, ValueError) as e:
+        seat.measured, seat.measured_note = None, f"unavailable, because the load log could not be parsed: {e}"
+    if seat.pid is not None:
+        seat.host_mem = procmem.read_tree(seat.pid)
+    if seat.config.devices and seat.pid is not None:
+        gpus = read_gpus(nvml)
+        pids = set(seat.host_mem.pids) if seat.host_mem is not None else set()
+        for dev, n in gpus.used_by(pids or {seat.pid}).items():
+            if n is not None and dev in seat.config.devices:
+                seat.gpu_bytes[dev] = n
+
+
+def overhead_seen(seat: SeatState) -> dict[str, int]:
+    """The engine process's own memory per device in this seat: what was measured minus the buffers its log
+    reports. Host: PSS; a GPU: NVML's bytes for the process (its CUDA context is the difference)."""
+    if seat.measured is None:
+        return {}
+    seen: dict[str, int] = {}
+    if seat.host_mem is not None and seat.host_mem.host_bytes is not None:
+        seen[HOST] = seat.host_mem.host_bytes - seat.measured.bytes_on(HOST)
+    for dev, n in seat.gpu_bytes.items():
+        if seat.measured.device(dev) is not None:
+            seen[dev] = n - seat.measured.bytes_on(dev)
+    return seen
+
+
+def grown_overhead(known: Mapping[str, int], seen: Mapping[str, int]) -> dict[str, int]:
+    """A measurement never exceeds overhead + buffers (untouched pages are not resident), so each load gives a
+    lower bound: the largest seen is kept. Returns the devices whose figure grew."""
+    return {d: n for d, n in seen.items() if n > known.get(d, 0)}
+
+
+def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str = "llama-server") -> Footprint:
+    """The footprint with the engine process's measured overhead: on the host it joins committed memory,
+    on a GPU where the model has buffers it is the footprint's ``overhead`` for that device.
+
+    Device rows stay the engine's own buffers, term by term.
+    """
+    host = overhead.get(HOST, 0)
+    gpus = tuple((d, n) for d, n in overhead.items() if d != HOST and n > 0 and fp.device(d) is not None)
+    if host <= 0 and not gpus:
+        return fp
+    notes = list(fp.notes)
+    if host > 0:
+        notes.append(f"host includes {format_size(host)} of {engine} process overhead "
+                     f"(measured: PSS minus logged buffers)")
+    for d, n in gpus:
+        notes.append(f"{d} includes {format_size(n)} of {engine} process overhead "
+                     f"(measured: NVML process bytes minus logged buffers)")
+    return replace(fp, host_committed_bytes=fp.host_committed_bytes + max(host, 0), notes=tuple(notes),
+                   host_source=f"{fp.host_source}+measured" if host > 0 else fp.host_source,  # type: ignore[arg-type]
+                   overhead=gpus)
+
+
+def footprint_from_json(d: dict) -> Footprint:
+    """Rebuild a Footprint from ``Footprint.to_json()`` (used for stored measurements)."""
+    devs = []
+    for dv in d.get("devices", []):
+        src = dv.get("sources", {})
+
+        def term(name: str) -> Term:
+            b = dv.get(f"{name}_bytes")
+            s = src.get(name, "measured")
+            return Term(b, s) if b is not None else Term.unavailable(dv.get("unavailable", {}).get(name, "not recorded"))
+
+        devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output")))
+    host = d.get("host", {})
+    return Footprint(tuple(devs), host.get("mapped_bytes", 0), host.get("committed_bytes", 0),
+                     host.get("source", "measured"), overhead=tuple(d.get("overhead", {}).items()))
+
+
+def mem_json(m: procmem.ProcessMemory | None) -> dict | None:
+    if m is None:
+        return None
+    return {"committed_bytes": m.committed_bytes, "mapped_bytes": m.mapped_bytes, "rss_bytes": m.rss_bytes,
+            "source": m.source, "reason": m.reason, "pids": list(m.pids)}
+
+
+def dominant_type(structure) -> str:
+    """The ggml type holding the most weight bytes: the file's quantization, for signatures."""
+    by_type: dict[str, int] = {}
+    for t in structure.tensors:
+        by_type[t.ggml_type.name] = by_type.get(t.ggml_type.name, 0) + t.nbytes
+    return max(by_type, key=by_type.__getitem__) if by_type else "unknown"

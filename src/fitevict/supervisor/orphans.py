@@ -1,0 +1,92 @@
+"""Engine processes an earlier fitevict left behind: stopped (release-verified), or adopted when healthy."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from fitevict.engines.process import alive, cmdline
+from fitevict.host import procmem
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.store.records import Event, Seat as SeatRecord
+from fitevict.supervisor.release import stop_and_verify
+from fitevict.supervisor.seat import SeatPhase, SeatState
+
+if TYPE_CHECKING:
+    from fitevict.supervisor.core import Supervisor
+
+
+def _is_engine(argv: list[str], rec: SeatRecord) -> bool:
+    """The recorded pid still runs the engine it ran for us (not a recycled pid)."""
+    if not argv or str(rec.port) not in argv:
+        return False
+    return "llama-server" in Path(argv[0]).name or any("fitevict.engines" in a for a in argv[:4])
+
+
+async def cleanup_orphans(sup: Supervisor) -> list[Event]:
+    """``engine.orphans = "stop"`` (default) stops every live one; ``"adopt"`` keeps a healthy seat of a model
+    still in the catalog as a resident, and stops the rest. Each is recorded as an ``orphan``, a stop with
+    its release verified like every other stop."""
+    events = []
+    for rec in await asyncio.to_thread(sup.store.seats):
+        argv = cmdline(rec.pid) if rec.pid is not None else []
+        live = rec.pid is not None and alive(rec.pid) and _is_engine(argv, rec)
+        await asyncio.to_thread(sup.store.seat_remove, rec.seat_id)
+        adopted = await adopt(sup, rec, argv) if live and sup.config.engine.orphans == "adopt" else None
+        details: dict = {"pid": rec.pid, "was_alive": live, "adopted": adopted is not None,
+                         "fitevict_pid": rec.fitevict_pid}
+        freed = None
+        if adopted is not None:
+            action = (f"adopted healthy orphan {rec.engine} pid {rec.pid} (port {rec.port}) of {rec.model}, "
+                      f"left by fitevict pid {rec.fitevict_pid}")
+        elif live and rec.pid is not None:
+            cfg = LoadConfig.from_json(rec.config) if rec.config else LoadConfig()
+            res = await stop_and_verify(rec.model, rec.pgid or rec.pid, cfg.devices, proc=None,
+                                        grace=sup.config.engine.stop_grace_seconds,
+                                        release_timeout=sup.config.engine.release_timeout_seconds,
+                                        nvml=sup.nvml, clock=sup.clock)
+            details.update(res.details())
+            freed = res.freed_bytes
+            action = (f"stopped orphan {rec.engine} pid {rec.pid} (port {rec.port}) left by fitevict pid "
+                      f"{rec.fitevict_pid} in {res.exit_seconds:.2f} s (engine.orphans={sup.config.engine.orphans}); "
+                      f"{res.note}")
+        else:
+            action = f"forgot seat record of {rec.model} (pid {rec.pid}): process no longer running"
+        events.append(await sup.record(Event(time=sup.clock(), event="orphan", model=rec.model, engine=rec.engine,
+                                             reason=action, freed_bytes=freed, details=details)))
+    return events
+
+
+async def adopt(sup: Supervisor, rec: SeatRecord, argv: list[str]) -> SeatState | None:
+    """Take over a live, healthy seat of a catalogued model; None when it does not qualify."""
+    entry = sup.catalog.get(rec.model)
+    if entry is None or rec.pid is None or rec.port is None or "-m" not in argv:
+        return None
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as c:
+            if (await c.get(f"http://127.0.0.1:{rec.port}/health")).status_code != 200:
+                return None
+    except httpx.TransportError:
+        return None
+    path = Path(argv[argv.index("-m") + 1])
+    cfg = LoadConfig.from_json(rec.config) if rec.config else LoadConfig()
+    if not path.is_file():
+        return None
+    seat = SeatState(
+        id=rec.seat_id, key=entry.key, entry=entry, engine=rec.engine, config=cfg, model_path=path,
+        port=rec.port, log_path=Path(rec.log_path or sup.log_dir / f"{entry.key}-{rec.seat_id}.log"),
+        started_at=rec.started_at, predicted=sup.prices.footprint(path, cfg), signature=sup.prices.signature(path, cfg),
+        strategy="adopted", state=SeatPhase.READY, pid=rec.pid, pgid=rec.pgid or rec.pid, ready_at=sup.clock(),
+        pinned=entry.pinned,
+    )
+    try:
+        seat.measured = sup.engine_for(entry).measured_footprint(seat.log_path.read_text(errors="replace"))
+    except (OSError, ValueError) as e:
+        seat.measured_note = f"unavailable, because the adopted seat's log could not be read: {e}"
+    seat.host_mem = procmem.read_tree(rec.pid)
+    sup.install_seat(seat, adopted=True)
+    await asyncio.to_thread(sup.store.seat_upsert, sup.seat_record(seat))
+    return seat

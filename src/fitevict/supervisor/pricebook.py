@@ -1,0 +1,122 @@
+"""What a load costs, as the supervisor knows it: a stored measurement for the signature, else the price.
+
+Caches in memory by (file identity, configuration): the planner prices many candidate configurations per
+plan, the engine's dry run is run once per file and configuration, and a stored measurement changes only
+when a load records one (``forget`` drops the cache then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fitevict import planner as pl
+from fitevict.catalog import CatalogEntry
+from fitevict.contract import Contract, load_config_for, plan_request
+from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
+from fitevict.engines.dryrun import dry_run
+from fitevict.pricing import price as pricing
+from fitevict.pricing.footprint import Footprint
+from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.kv import resolve_context
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.store import Store
+from fitevict.store.records import measurement_signature
+from fitevict.supervisor.measure import dominant_type, footprint_from_json, with_engine_overhead
+
+
+class PriceBook:
+    def __init__(self, store: Store, engine_dir: Path, default_alloc_mode: str) -> None:
+        self.store = store
+        self.engine_dir = engine_dir
+        self.default_alloc_mode = default_alloc_mode
+        self.engine_overhead: dict[str, int] = {}  # bytes a seat's process holds beyond its buffers, per device
+        self._footprints: dict[tuple, Footprint] = {}
+        self._quant: dict[tuple[str, int, int], str] = {}
+        self._compute: dict[tuple[str, LoadConfig], dict[str, int]] = {}
+        self._dry_notes: dict[tuple[str, LoadConfig], str] = {}
+        self._dry_context: dict[tuple[str, LoadConfig], Any] = {}
+        self._requests: dict[tuple[str, Contract | None], tuple[pl.PlanRequest, LoadConfig, Path]] = {}
+
+    def forget(self) -> None:
+        """A measurement or an overhead changed: prices are read again."""
+        self._footprints.clear()
+
+    def structure(self, path: Path):
+        return load_structure(path)
+
+    def config_for(self, entry: CatalogEntry, contract: Contract | None) -> tuple[LoadConfig, str, Path]:
+        cfg, mode, path = load_config_for(entry, contract, self.default_alloc_mode)
+        if cfg.n_ctx == 0:
+            # Seats start with --fit off, under which "-c 0" means something other than under the
+            # engine's default --fit on; start them with the explicit context the price was made for.
+            cfg = cfg.with_(n_ctx=resolve_context(self.structure(path), cfg).n_ctx)
+        return cfg, mode, path
+
+    def request(self, entry: CatalogEntry, contract: Contract | None) -> tuple[pl.PlanRequest, LoadConfig, Path]:
+        """The scheduler's request for ``entry`` under ``contract`` (cached: the front door asks per request)."""
+        k = (entry.key, contract)
+        hit = self._requests.get(k)
+        if hit is not None:
+            return hit
+        cfg, mode, path = self.config_for(entry, contract)
+        named_file = contract is not None and contract.gguf_file is not None
+        req = plan_request(entry, cfg, mode, self.structure(path), source=path if named_file else None,
+                           contract=contract if contract is not None else Contract())
+        if len(self._requests) > 4096:
+            self._requests.clear()
+        self._requests[k] = (req, cfg, path)
+        return req, cfg, path
+
+    def signature(self, path: Path, cfg: LoadConfig) -> str:
+        st = path.stat()
+        ident = (str(path), st.st_size, st.st_mtime_ns)
+        quant = self._quant.get(ident)
+        if quant is None:
+            quant = self._quant[ident] = dominant_type(self.structure(path))
+        return measurement_signature(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
+                                     quantization=quant, config=cfg.to_json())
+
+    def footprint(self, path: Path, cfg: LoadConfig) -> Footprint:
+        """Measured footprint for this signature if one was accepted, else the priced one."""
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns, cfg)
+        hit = self._footprints.get(key)
+        if hit is not None:
+            return hit
+        m = self.store.last_measurement(self.signature(path, cfg))
+        if m is not None:
+            fp = footprint_from_json(m.footprint)
+        else:
+            fp = pricing.price(self.structure(path), cfg, compute=self._compute.get((str(path), cfg)),
+                               context=self._dry_context.get((str(path), cfg))).footprint
+        fp = with_engine_overhead(fp, self.engine_overhead)
+        if len(self._footprints) > 4096:
+            self._footprints.clear()
+        self._footprints[key] = fp
+        return fp
+
+    def has_dry_run(self, path: Path, cfg: LoadConfig) -> bool:
+        return (str(path), cfg) in self._compute
+
+    def compute_source(self, path: Path, cfg: LoadConfig) -> str:
+        if self.has_dry_run(path, cfg):
+            return "dry-run"
+        why = self._dry_notes.get((str(path), cfg), "not run for this configuration")
+        return f"formula, because the dry run gave no figure: {why}"
+
+    async def dry_run(self, entry: CatalogEntry, cfg: LoadConfig, path: Path, extra_args: Sequence[str]) -> None:
+        """Price the compute buffer of ``cfg`` with the engine's own dry run, once per file and configuration
+        (also cached on disk); a dry run that gives no figure leaves the labelled formula in place."""
+        if (str(path), cfg) in self._compute or (str(path), cfg) in self._dry_notes:
+            return
+        got = await asyncio.to_thread(dry_run, self.engine_dir, path, cfg, extra_args=tuple(extra_args))
+        if isinstance(got, DryRunUnavailable):
+            self._dry_notes[(str(path), cfg)] = got.reason
+        else:
+            self._compute[(str(path), cfg)] = got.compute
+            if got.context is not None:
+                self._dry_context[(str(path), cfg)] = got.context
+            self.forget()

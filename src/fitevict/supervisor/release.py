@@ -1,0 +1,130 @@
+"""Verify that memory came back after a stop: every stop, whatever ended the seat.
+
+Host: the fall in AnonPages + Shmem (MemTotal - AnonPages - Shmem rises), the committed memory every
+process holds. MemAvailable is recorded beside it but does not decide: on some kernels (virtio-balloon
+free page reporting, for one) freed pages reach MemFree seconds later or not at all, while AnonPages
+drops the moment the process's memory is unmapped. GPU: NVML free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fitevict.engines.process import group_alive, stop_process_group
+from fitevict.host import procmem
+from fitevict.host.nvml import read_gpus
+from fitevict.pricing.footprint import HOST
+from fitevict.units import MiB, format_size
+
+RELEASE_FRACTION = 0.9
+RELEASE_SLACK = 4 * MiB
+FREED_SOURCE = "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    verified: bool
+    final: bool  # no point polling again (verified, unverifiable, or timed out)
+    freed_bytes: int | None  # host: the fall in AnonPages+Shmem (measured); None when others took more
+    freed_by_device: dict[str, int]
+    release_seconds: float | None
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopResult:
+    """One stop, as measured: how long the process took to exit, and whether its memory came back."""
+
+    key: str
+    held: Mapping[str, int | None]
+    freed_bytes: int | None
+    freed_by_device: Mapping[str, int]
+    exit_seconds: float
+    release_seconds: float | None
+    verified: bool
+    note: str
+
+    def details(self) -> dict[str, Any]:
+        return {"release_verified": self.verified, "exit_seconds": self.exit_seconds,
+                "release_seconds": self.release_seconds, "held_committed_bytes": self.held.get(HOST),
+                "held_bytes": dict(self.held), "freed_by_device": dict(self.freed_by_device),
+                "release_note": self.note, "mem_available_delta_bytes": self.freed_by_device.get("MemAvailable"),
+                "freed_source": FREED_SOURCE}
+
+
+def release_check(held: Mapping[str, int | None], before: Mapping[str, int], now: Mapping[str, int], *,
+                  elapsed: float, timed_out: bool) -> Release:
+    """Has the memory a stopped seat held come back? Pure: compares "not held by any process" before and now.
+
+    ``before``/``now`` map a device to bytes no process holds (host: MemTotal - AnonPages - Shmem;
+    GPU: NVML free); extra keys (MemAvailable) are reported, not checked. Other processes move these
+    counters too, so a device counts as released when they rose by at least 90% of what the seat held,
+    less 4 MiB. A figure the seat never had measured cannot be verified: the release is then reported
+    unverified with that reason, never as verified.
+    """
+    freed = {d: now[d] - before[d] for d in before if d in now}
+    # A fall in free memory means others took more than the seat gave back: the seat's share is unknown.
+    host_freed = freed.get(HOST) if freed.get(HOST, -1) >= 0 else None
+    unknown = [d for d, h in held.items() if h is None or d not in freed]
+    if unknown:
+        return Release(False, True, host_freed, freed, None,
+                       f"unverified: held memory on {', '.join(unknown)} was never measured")
+    short = {d: (freed[d], h) for d, h in held.items()
+             if h is not None and freed[d] < max(0, int(h * RELEASE_FRACTION) - RELEASE_SLACK)}
+    words = "; ".join(f"{d}: {format_size(freed[d])} came back of {format_size(h)} held" for d, h in held.items()
+                      if h is not None)
+    if not short:
+        return Release(True, True, host_freed, freed, elapsed, words)
+    if timed_out:
+        return Release(False, True, host_freed, freed, None, f"not released within the timeout: {words}")
+    return Release(False, False, host_freed, freed, None, words)
+
+
+def free_now(devices: Sequence[str], nvml: Any = None) -> dict[str, int]:
+    """Bytes not held by any process, as the kernel and the driver count them (see the module doc)."""
+    mem = procmem.read_meminfo()
+    host = mem.total_bytes - mem.committed_bytes if mem.committed_bytes is not None else mem.available_bytes
+    free = {HOST: host, "MemAvailable": mem.available_bytes}
+    if devices:
+        gpus = read_gpus(nvml)
+        for d in devices:
+            g = gpus.device(d)
+            if g is not None:
+                free[d] = g.free_bytes
+    return free
+
+
+async def verify_release(before: Mapping[str, int], held: Mapping[str, int | None], devices: Sequence[str], *,
+                         nvml: Any, timeout: float, clock: Callable[[], float]) -> Release:
+    """Poll until the memory the seat held is back on every device, or ``timeout`` passes."""
+    t0 = clock()
+    while True:
+        elapsed = clock() - t0
+        r = release_check(held, before, free_now(devices, nvml), elapsed=elapsed, timed_out=elapsed > timeout)
+        if r.verified or r.final:
+            return r
+        await asyncio.sleep(0.02)  # polling kernel and driver counters: there is no event to await
+
+
+async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
+                          proc: asyncio.subprocess.Process | None, grace: float, release_timeout: float,
+                          nvml: Any, clock: Callable[[], float],
+                          gpu_held: Mapping[str, int | None] | None = None) -> StopResult:
+    """The one stop path: what the seat holds read just before, free memory read, the group stopped (SIGTERM,
+    grace, SIGKILL), the release verified. A seat that already exited on its own (a crash) has nothing left
+    to read: its release is checked as "no process of the group remains", with freed bytes unavailable."""
+    tree = procmem.read_tree(pgid) if pgid is not None else None
+    host_held = tree.committed_bytes if tree is not None and tree.source != "unavailable" else None
+    held: dict[str, int | None] = {HOST: host_held, **{d: (gpu_held or {}).get(d) for d in devices}}
+    before = free_now(devices, nvml)
+    exit_s = await stop_process_group(pgid, grace, proc=proc, clock=clock)
+    if host_held is None:
+        gone = pgid is None or not group_alive(pgid)
+        note = ("verified: no process of the group remains (it had exited before a reading could be taken, "
+                "so the freed bytes are unavailable)" if gone else "unverified: the group is still alive")
+        return StopResult(key, held, None, {}, exit_s, 0.0 if gone else None, gone, note)
+    r = await verify_release(before, held, devices, nvml=nvml, timeout=release_timeout, clock=clock)
+    return StopResult(key, held, r.freed_bytes, r.freed_by_device, exit_s, r.release_seconds, r.verified, r.note)

@@ -1,0 +1,448 @@
+"""The scheduler: which waiting request runs next, which seat to start, and which to stop.
+
+PURE: no processes, sockets, files, logging or clock reads. Time comes from ``Effects.now()``, and
+every action goes out through the narrow ``Effects`` protocol (the "syscall table"): start a seat,
+stop a seat with a reason, hand a seat to a request, reject a request, plan, wake me at. Inputs come
+in as method calls (a request arrives or leaves, a load finished or failed, a stop finished, a request
+finished, a timer fired). Tests drive it with a recording fake and a fake clock, in milliseconds.
+
+The rules (docs/scheduling.md says the same in prose):
+
+- **One queue, FIFO by arrival.** A request for a ready, compatible seat is handed to it at once, up to
+  the seat's capacity (its engine slots plus ``engine_queue_depth``); the rest wait here, not in the
+  engine, so a hung-up client leaves the queue at once and a drain takes at most one round of service.
+- **One placement at a time.** While a seat loads or stops, no other placement starts, so load time and
+  memory are attributable to one model.
+- **Turns.** A seat loaded for waiting requests serves them (they are handed over in the same step that
+  marks it ready, so nothing can evict it first) and every request for it that arrives during its turn.
+  Its turn ends at the starvation bound: ``max_turn_seconds`` after its turn began, or when the oldest
+  request of another model has waited ``max_wait_seconds``. Only then may it be drained (it takes no
+  new requests, finishes those in flight) and evicted. The next placement is for the model whose oldest
+  request has waited longest. Requests grouped this way turn ABCABC into AABBCC, with a bound.
+- **Minimum residency.** A seat is not evicted within ``min_residency_seconds`` of becoming ready.
+- **Victims** come from the planner, ordered by GreedyDual-Size priority (``cost``) or by recency
+  (``lru``); pinned seats, seats with requests in flight and seats within their turn are never victims.
+- **Nobody waits for a ghost.** A request that leaves while queued is forgotten at once; a load that
+  nobody waits for any more is cancelled.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from fitevict import planner as pl
+from fitevict.config import EVICTION_POLICIES
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.supervisor.errors import Busy, Refused, SupervisorError
+from fitevict.units import GiB
+
+Eviction = Literal["cost", "lru"]
+DEFAULT_RELOAD_RATE = 1.0 * GiB  # bytes/s assumed for a seat never loaded here (reload cost before measuring)
+
+
+class Phase(enum.Enum):
+    """A seat's life as the scheduler sees it."""
+
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"  # its turn is over (or an unload waits): finishes what it has, takes nothing new
+    STOPPING = "stopping"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedPolicy:
+    max_turn_seconds: float = 30.0
+    max_wait_seconds: float = 10.0
+    min_residency_seconds: float = 0.0
+    queue_timeout_seconds: float = 300.0
+    max_queue: int = 64
+    engine_queue_depth: int = 1
+    eviction: Eviction = "cost"
+
+    def __post_init__(self) -> None:
+        if self.eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction {self.eviction!r} is not one of {', '.join(EVICTION_POLICIES)}")
+        for name in ("max_turn_seconds", "max_wait_seconds", "min_residency_seconds", "queue_timeout_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One request waiting for a seat. Identity is the object itself."""
+
+    request: pl.PlanRequest
+    arrived: float
+    request_id: str | None = None
+    keep_alive: float | None = None  # seconds after its last request (None: the policy's); inf: forever
+    hold: bool = True  # False: an admin load, which needs the seat ready but serves nothing
+
+    @property
+    def key(self) -> str:
+        return self.request.key
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """A seat as the scheduler sees it."""
+
+    key: str
+    config: LoadConfig
+    source: str
+    phase: Phase
+    since: float  # when it entered LOADING
+    pinned: bool = False
+    ready_at: float | None = None
+    turn_start: float | None = None
+    last_used: float | None = None  # None: never used (idle unload leaves it alone)
+    in_flight: int = 0
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    bytes_source: str = "predicted"
+    reload_seconds: float | None = None
+    priority: float = 0.0  # GreedyDual-Size H
+    keep_alive: float | None = None
+    stop_after: tuple[str, str] | None = None  # (event, reason) once drained: an unload waits for it
+
+    @property
+    def capacity(self) -> int:
+        return max(1, self.config.n_parallel or 4)  # no -np: this engine runs 4 slots
+
+
+class Effects(Protocol):
+    """Everything the scheduler does to the world. Calls return at once; completions come back as inputs."""
+
+    def now(self) -> float: ...
+
+    def plan(self, request: pl.PlanRequest, residents: Sequence[pl.Resident]) -> pl.Plan: ...
+
+    def start(self, waiter: Waiter, plan: pl.Plan) -> None:
+        """Begin loading ``plan``; answer with ``Scheduler.loaded`` or ``Scheduler.load_failed``."""
+
+    def stop(self, key: str, event: str, reason: str, request_id: str | None) -> None:
+        """Begin stopping (or cancelling the load of) ``key``; answer with ``Scheduler.stopped``."""
+
+    def dispatch(self, waiter: Waiter, key: str) -> None:
+        """Hand seat ``key`` to ``waiter`` (already counted in flight when it holds)."""
+
+    def reject(self, waiter: Waiter, error: SupervisorError) -> None: ...
+
+    def wake_at(self, when: float) -> None:
+        """Call ``Scheduler.tick`` at (or soon after) ``when``; a later call replaces an earlier one."""
+
+
+class Scheduler:
+    def __init__(self, effects: Effects, policy: SchedPolicy = SchedPolicy(), *,
+                 idle_unload_seconds: float = 0.0) -> None:
+        self.fx = effects
+        self.policy = policy
+        self.idle_unload_seconds = idle_unload_seconds  # 0: never unload for idleness
+        self.queue: list[Waiter] = []
+        self.slots: dict[str, Slot] = {}
+        self.closed: str | None = None
+        self.inflation = 0.0  # GreedyDual-Size's L: the priority of the last victim
+        self._pumping = False
+        self._again = False
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def submit(self, w: Waiter) -> None:
+        if self.closed is not None:
+            self.fx.reject(w, Busy(f"{w.key}: fitevict is {self.closed}; retry later", retry_after=5))
+            return
+        waiting = sum(1 for q in self.queue if q.key == w.key)
+        if waiting >= self.policy.max_queue:
+            self.fx.reject(w, Busy(f"{w.key}: {waiting} requests already wait for this model "
+                                   f"(policy.max_queue={self.policy.max_queue}); retry later or raise "
+                                   f"policy.max_queue", retry_after=5))
+            return
+        self.queue.append(w)
+        self._pump()
+
+    def fast(self, w: Waiter) -> str | None:
+        """The hot path: hand ``w`` its ready seat at once when it has room and nothing of its model queues
+        ahead. Returns the seat's key (counted in flight), or None: then ``submit`` it."""
+        if self.closed is not None or not w.hold:
+            return None
+        s = self.slots.get(w.key)
+        if s is None or s.phase is not Phase.READY or s.in_flight >= s.capacity + self.policy.engine_queue_depth:
+            return None
+        if not self._serves(s, w) or any(q.key == w.key for q in self.queue):
+            return None
+        self._hand(s, w, self.fx.now())
+        return s.key
+
+    def cancel(self, w: Waiter) -> bool:
+        """``w`` left (hung up, timed out on its side). Returns False when it was no longer queued."""
+        if w not in self.queue:
+            return False
+        self.queue.remove(w)
+        s = self.slots.get(w.key)
+        if s is not None and s.phase is Phase.LOADING and not any(self._serves(s, q) for q in self.queue):
+            s.phase = Phase.STOPPING
+            self.fx.stop(s.key, "unload", "no one waiting: every request for this load left before it finished",
+                         w.request_id)
+        self._pump()
+        return True
+
+    def loaded(self, key: str, *, bytes: Mapping[str, int], bytes_source: str, load_seconds: float,
+               config: LoadConfig | None = None) -> None:
+        s = self.slots.get(key)
+        if s is None or s.phase is not Phase.LOADING:
+            return  # cancelled meanwhile: its stop is under way
+        now = self.fx.now()
+        s.phase, s.ready_at, s.turn_start = Phase.READY, now, now
+        s.bytes, s.bytes_source, s.reload_seconds = dict(bytes), bytes_source, load_seconds
+        if config is not None:
+            s.config = config
+        self._touch(s)
+        self._pump()
+
+    def load_failed(self, key: str, error: SupervisorError) -> None:
+        s = self.slots.pop(key, None)
+        if s is not None:
+            for w in [q for q in self.queue if self._serves(s, q)]:
+                self.queue.remove(w)
+                self.fx.reject(w, error)
+        self._pump()
+
+    def stopped(self, key: str) -> None:
+        """A stop finished (or a seat crashed): it holds nothing any more."""
+        self.slots.pop(key, None)
+        self._pump()
+
+    def finished(self, key: str) -> None:
+        s = self.slots.get(key)
+        if s is not None:
+            s.in_flight = max(0, s.in_flight - 1)
+            s.last_used = self.fx.now()
+        self._pump()
+
+    def tick(self) -> None:
+        self._pump()
+
+    def unload(self, key: str, reason: str, request_id: str | None = None) -> bool:
+        """Stop ``key`` once its requests in flight finish. False when it is not resident."""
+        s = self.slots.get(key)
+        if s is None or s.phase is Phase.STOPPING:
+            return False
+        if s.phase is Phase.LOADING:
+            s.phase = Phase.STOPPING
+            self.fx.stop(key, "unload", reason, request_id)
+        else:
+            s.phase, s.stop_after = Phase.DRAINING, ("unload", reason)
+        self._pump()
+        return True
+
+    def close(self, reason: str = "shutting down") -> list[Waiter]:
+        """Take no new work: every queued request is answered busy, every load is cancelled."""
+        self.closed = reason
+        gone, self.queue = self.queue, []
+        for w in gone:
+            self.fx.reject(w, Busy(f"{w.key}: fitevict is {reason}; retry later", retry_after=5))
+        for s in self.slots.values():
+            if s.phase is Phase.LOADING:
+                s.phase = Phase.STOPPING
+                self.fx.stop(s.key, "unload", f"fitevict is {reason}: load cancelled", None)
+        return gone
+
+    def adopt(self, key: str, config: LoadConfig, source: str, *, bytes: Mapping[str, int], pinned: bool) -> None:
+        """A seat that already runs (adopted from an earlier fitevict): ready, never used."""
+        now = self.fx.now()
+        self.slots[key] = Slot(key, config, source, Phase.READY, now, pinned=pinned, ready_at=now, turn_start=now,
+                               bytes=dict(bytes), bytes_source="measured")
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def waiting(self, key: str | None = None) -> int:
+        return sum(1 for w in self.queue if key is None or w.key == key)
+
+    def idle_due_at(self, s: Slot) -> float | None:
+        """When ``s`` falls due for an idle unload (None: never)."""
+        ttl = s.keep_alive if s.keep_alive is not None else (self.idle_unload_seconds or math.inf)
+        if s.pinned or s.last_used is None or s.phase is not Phase.READY or math.isinf(ttl) or ttl < 0:
+            return None
+        return s.last_used + ttl
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        if self._pumping:  # an effect answered synchronously: finish this step, then go again
+            self._again = True
+            return
+        self._pumping = True
+        try:
+            wake = math.inf
+            while True:
+                self._again = False
+                wake = self._step()
+                if not self._again:
+                    break
+        finally:
+            self._pumping = False
+        if wake < math.inf:
+            self.fx.wake_at(wake)
+
+    def _step(self) -> float:
+        now = self.fx.now()
+        wake = math.inf
+        for w in list(self.queue):  # requests that waited their whole bound
+            due = w.arrived + self.policy.queue_timeout_seconds
+            if now >= due:
+                self.queue.remove(w)
+                self.fx.reject(w, Busy(f"{w.key}: not ready within policy.queue_timeout_seconds="
+                                       f"{self.policy.queue_timeout_seconds:g}; retry later", retry_after=10))
+            else:
+                wake = min(wake, due)
+        self._dispatch(now)
+        wake = min(wake, self._finish_drains(), self._idle(now))
+        if self.closed is None and not any(s.phase in (Phase.LOADING, Phase.STOPPING) for s in self.slots.values()):
+            wake = min(wake, self._place(now))
+        return wake
+
+    def _dispatch(self, now: float) -> None:
+        depth = self.policy.engine_queue_depth
+        for w in list(self.queue):
+            s = self.slots.get(w.key)
+            if s is None or s.phase is not Phase.READY or not self._serves(s, w):
+                continue
+            if w.hold and s.in_flight >= s.capacity + depth:
+                continue
+            self.queue.remove(w)
+            if w.hold:
+                self._hand(s, w, now)
+            self.fx.dispatch(w, s.key)
+
+    def _finish_drains(self) -> float:
+        for s in list(self.slots.values()):
+            if s.phase is Phase.DRAINING and s.stop_after is not None and s.in_flight == 0:
+                event, reason = s.stop_after
+                s.phase = Phase.STOPPING
+                self.fx.stop(s.key, event, reason, None)
+        return math.inf
+
+    def _idle(self, now: float) -> float:
+        wake = math.inf
+        for s in list(self.slots.values()):
+            due = self.idle_due_at(s)
+            if due is None or s.in_flight or any(w.key == s.key for w in self.queue):
+                continue
+            if now >= due:
+                s.phase = Phase.STOPPING
+                kept = s.keep_alive if s.keep_alive is not None else self.idle_unload_seconds
+                self.fx.stop(s.key, "idle-unload", f"idle for {now - (s.last_used or now):.0f} s "
+                             f"(keep-alive {kept:g} s)", None)
+            else:
+                wake = min(wake, due)
+        return wake
+
+    def _head(self) -> Waiter | None:
+        """The longest-waiting request that needs a placement (not one its ready seat only has no room for)."""
+        for w in self.queue:
+            s = self.slots.get(w.key)
+            if s is not None and s.phase is Phase.READY and self._serves(s, w):
+                continue
+            return w
+        return None
+
+    def _place(self, now: float) -> float:
+        head = self._head()
+        draining = [s for s in self.slots.values() if s.phase is Phase.DRAINING and s.stop_after is None]
+        if head is None:
+            for s in draining:  # nobody needs their room any more
+                s.phase = Phase.READY
+            if draining:
+                self._again = True
+            return math.inf
+        plan = self.fx.plan(head.request, self._residents(now))
+        wake = math.inf
+        keep = set(plan.wait_for) | set(plan.evict_keys)
+        for s in draining:
+            if s.key not in keep:
+                s.phase = Phase.READY
+                self._again = True
+        if plan.action == "hit":
+            s = self.slots.get(head.key)
+            if s is not None and s.phase is Phase.DRAINING and s.stop_after is None:
+                s.phase = Phase.READY
+                self._again = True
+        elif plan.action in pl.LOADING_ACTIONS:
+            if plan.evict:
+                for e in plan.evict:
+                    s = self.slots[e.key]
+                    s.phase = Phase.STOPPING
+                    self.inflation = max(self.inflation, s.priority)  # GreedyDual-Size: L rises to the victim's H
+                    event = "unload" if e.key == head.key else "evict"
+                    reason = (f"replaced: {head.key} is asked for under another configuration" if e.key == head.key
+                              else f"evicted for {head.key}: {e.reason}")
+                    self.fx.stop(e.key, event, reason, head.request_id)
+            else:
+                assert plan.config is not None
+                self.slots[head.key] = Slot(head.key, plan.config, head.request.source, Phase.LOADING, now,
+                                            pinned=head.request.pinned)
+                self.fx.start(head, plan)
+        elif plan.action == "wait":
+            for key in plan.wait_for:
+                s = self.slots.get(key)
+                if s is None or s.phase is not Phase.READY:
+                    continue
+                end = self._turn_end(s, head)
+                if now >= end:
+                    s.phase = Phase.DRAINING
+                else:
+                    wake = min(wake, end)
+        else:  # refuse: everyone asking for the same thing gets the same answer
+            for w in [q for q in self.queue if q.key == head.key and _same_ask(q.request, head.request)]:
+                self.queue.remove(w)
+                self.fx.reject(w, Refused(plan, plan.reason))
+            self._again = True
+        return wake
+
+    def _turn_end(self, s: Slot, head: Waiter) -> float:
+        """When ``s`` may be drained for ``head``: its turn's bound, and never within its minimum residency."""
+        p = self.policy
+        start = s.turn_start if s.turn_start is not None else s.since
+        end = min(start + p.max_turn_seconds, head.arrived + p.max_wait_seconds)
+        return max(end, (s.ready_at or s.since) + p.min_residency_seconds)
+
+    def _residents(self, now: float) -> list[pl.Resident]:
+        out = []
+        for s in self.slots.values():
+            if s.phase is Phase.STOPPING:
+                continue
+            young = s.ready_at is not None and now - s.ready_at < self.policy.min_residency_seconds
+            # a seat within its minimum residency is busy for the planner: not a victim, but worth waiting for
+            in_flight = s.in_flight or (1 if young and s.phase is Phase.READY else 0)
+            out.append(pl.Resident(
+                key=s.key, config=s.config, bytes=s.bytes, source=s.source,
+                last_used=s.last_used if s.last_used is not None else (s.ready_at or s.since),
+                bytes_source=s.bytes_source, pinned=s.pinned, in_flight=in_flight,
+                loading=s.phase is Phase.LOADING, priority=s.priority, reload_seconds=s.reload_seconds,
+            ))
+        return out
+
+    def _hand(self, s: Slot, w: Waiter, now: float) -> None:
+        s.in_flight += 1
+        s.last_used = now
+        if w.keep_alive is not None:
+            s.keep_alive = w.keep_alive
+        self._touch(s)
+
+    def _touch(self, s: Slot) -> None:
+        """GreedyDual-Size: H = L + reload cost / size, renewed on every use."""
+        size = max(1, sum(s.bytes.values()) or 1)
+        cost = s.reload_seconds if s.reload_seconds is not None else size / DEFAULT_RELOAD_RATE
+        s.priority = self.inflation + cost * GiB / size
+
+    def _serves(self, s: Slot, w: Waiter) -> bool:
+        return s.key == w.key and pl.compatible(s.config, w.request, source=s.source)
+
+
+def _same_ask(a: pl.PlanRequest, b: pl.PlanRequest) -> bool:
+    return a == b
+
+
+__all__ = ["EVICTION_POLICIES", "Effects", "Phase", "SchedPolicy", "Scheduler", "Slot", "Waiter"]

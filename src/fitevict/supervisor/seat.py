@@ -1,0 +1,178 @@
+"""One seat: one engine process serving one model. One state Enum, one way to start, one way to stop.
+
+A seat runs in its own process group (``start_new_session``) and dies with fitevict (PR_SET_PDEATHSIG).
+Its life: STARTING -> READY -> STOPPING -> STOPPED, or FAILED. Every stop goes the same way:
+SIGTERM the group, wait the grace period, SIGKILL the group (``engines.process.stop_process_group``),
+then the caller verifies that the memory came back (``supervisor.release``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from fitevict.catalog import CatalogEntry
+from fitevict.engines.base import LaunchSpec
+from fitevict.engines.process import die_with_parent
+from fitevict.host import procmem
+from fitevict.pricing.footprint import HOST, Footprint
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.supervisor.errors import LoadFailed
+
+BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
+
+
+class SeatPhase(str, enum.Enum):
+    """A seat's life, in order. A str, so ``seat.state == "ready"`` reads as it says."""
+
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATES = tuple(p.value for p in SeatPhase)
+
+
+@dataclass(eq=False)
+class SeatState:
+    """A live seat. Mutable, owned by the supervisor's event loop."""
+
+    id: str
+    key: str
+    entry: CatalogEntry
+    engine: str
+    config: LoadConfig
+    model_path: Path
+    port: int
+    log_path: Path
+    started_at: float
+    predicted: Footprint
+    signature: str
+    strategy: str
+    state: SeatPhase = SeatPhase.STARTING
+    proc: asyncio.subprocess.Process | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    ready_at: float | None = None
+    load_seconds: float | None = None
+    overhead: int = 0  # the engine process's own host memory beyond its buffers (measured estimate)
+    gpu_overhead: dict[str, int] = field(default_factory=dict)  # the same per GPU (CUDA context), measured
+    measured: Footprint | None = None
+    measured_note: str = ""
+    host_mem: procmem.ProcessMemory | None = None
+    gpu_bytes: dict[str, int] = field(default_factory=dict)
+    pinned: bool = False
+    expected_exit: bool = False
+    watcher: asyncio.Task | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def bytes_on(self, device: str) -> int:
+        """What the planner counts for this seat on ``device``: measured where we have it."""
+        if device == HOST:
+            # The engine's own buffers (from its log) are what the seat grows to as its context fills;
+            # PSS is what it touches now plus the process itself. Both are measurements of different
+            # things (reachable vs touched), so the planner counts the one that can grow to: the larger.
+            pss = self.host_mem.host_bytes if self.host_mem is not None else None
+            logged = self.measured.bytes_on(HOST) + self.overhead if self.measured is not None else None
+            if pss is None and logged is None:
+                return self.predicted.bytes_on(HOST)
+            return max(pss or 0, logged or 0)
+        if device in self.gpu_bytes:
+            return self.gpu_bytes[device]
+        if self.measured is not None and self.measured.device(device) is not None:
+            return self.measured.bytes_on(device) + self.gpu_overhead.get(device, 0)
+        return self.predicted.bytes_on(device)
+
+    def source_on(self, device: str) -> str:
+        if device == HOST:
+            measured = (self.host_mem is not None and self.host_mem.host_bytes is not None) or self.measured is not None
+            return "measured" if measured else pred_source(self.predicted, HOST)
+        if device in self.gpu_bytes or (self.measured is not None and self.measured.device(device)):
+            return "measured"
+        return pred_source(self.predicted, device)
+
+    def held_bytes(self) -> dict[str, int | None]:
+        """What a stop should give back, per device: committed host memory and GPU bytes, as measured."""
+        return {HOST: self.host_mem.committed_bytes if self.host_mem is not None else None,
+                **{d: self.gpu_bytes.get(d) for d in self.config.devices}}
+
+
+def pred_source(fp: Footprint, device: str) -> str:
+    """The source of a predicted figure on ``device`` (several sources joined with '+')."""
+    if device == HOST:
+        return fp.host_source
+    d = fp.device(device)
+    if d is None:
+        return "formula"
+    sources = {d.model.source, d.context.source, d.compute.source, d.output.source}
+    return sources.pop() if len(sources) == 1 else "+".join(sorted(sources))
+
+
+def log_tail(path: Path, n: int = 25) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"(log unavailable: {e})"
+    return "\n".join(lines[-n:])
+
+
+async def spawn(seat: SeatState, spec: LaunchSpec) -> None:
+    """Start the engine process (own process group, own log file)."""
+    with seat.log_path.open("wb") as log:
+        seat.proc = await asyncio.create_subprocess_exec(
+            *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            env=dict(spec.env), start_new_session=True, preexec_fn=die_with_parent,
+        )
+    seat.pid = seat.pgid = seat.proc.pid
+
+
+async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_timeout: float, stall_seconds: float,
+                     health_path: str = "/health") -> None:
+    """Wait until the engine answers ``health_path`` with 200, polling tightly (a few ms) so readiness is seen
+    as soon as it happens. Fails when the process exits, when its memory stops changing for
+    ``stall_seconds`` while not healthy, or at ``health_timeout``."""
+    assert seat.proc is not None
+    t0 = clock()
+    last_mem: int | None = None
+    last_progress = t0
+    delay = 0.005
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            if seat.proc.returncode is not None:
+                raise LoadFailed(f"{seat.key}: {seat.engine} exited with code {seat.proc.returncode} while loading "
+                                 f"{seat.model_path.name}; log {seat.log_path}:\n{log_tail(seat.log_path)}")
+            try:
+                r = await client.get(seat.base_url + health_path)
+                if r.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass  # not listening yet: the stall and deadline checks below bound this
+            now = clock()
+            mem = procmem.read_tree(seat.pid) if seat.pid is not None else None
+            total = mem.committed_bytes + mem.mapped_bytes if mem is not None and mem.source != "unavailable" else None
+            if total is not None and total != last_mem:
+                last_mem, last_progress = total, now
+            if now - last_progress > stall_seconds:
+                raise LoadFailed(f"{seat.key}: load stalled: no change in process memory for {stall_seconds:g} s "
+                                 f"(engine.stall_seconds) and {health_path} not ready; "
+                                 f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
+            if now - t0 > health_timeout:
+                raise LoadFailed(f"{seat.key}: not healthy within engine.health_timeout_seconds={health_timeout:g}; "
+                                 f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
+            try:
+                await asyncio.wait_for(asyncio.shield(seat.proc.wait()), delay)
+            except asyncio.TimeoutError:
+                delay = min(0.05, delay * 1.5)  # still running: poll again, a little less often
