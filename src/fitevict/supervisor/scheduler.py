@@ -389,6 +389,9 @@ class Scheduler:
                 s = self.slots.get(key)
                 if s is None or s.phase is not Phase.READY:
                     continue
+                if s.in_flight == 0:  # idle, only within its minimum residency: evictable once that passes
+                    wake = min(wake, (s.ready_at or s.since) + self.policy.min_residency_seconds)
+                    continue
                 end = self._turn_end(s, head)
                 if now >= end:
                     s.phase = Phase.DRAINING
