@@ -30,6 +30,7 @@ When a load would fit only once busy residents are gone, the plan is ``wait`` wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -54,6 +55,7 @@ class PlanInvariantError(ValueError):
 
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
+PRIORITY_BAND = 1.25  # GreedyDual-Size priorities within this factor are ties (reload times are measured, noisy)
 
 
 def _bytes_map(m: Mapping[str, int], what: str) -> Mapping[str, int]:
@@ -450,11 +452,13 @@ def _covers(victims: Iterable[Resident], short: Mapping[str, int]) -> bool:
 
 def victim_order(r: Resident, short: Mapping[str, int], eviction: str) -> tuple:
     """The order victims are taken in. ``cost``: GreedyDual-Size, lowest H first (cheap to reload per byte
-    and not used lately), then least recently used; ``lru``: least recently used first. Ties: most bytes
+    and not used lately; H within 25% counts as equal), then least recently used; ``lru``: least recently used first. Ties: most bytes
     on the short devices, then the key."""
     freed = -sum(r.bytes.get(d, 0) for d in short)
     if eviction == "cost":
-        return (r.priority, r.last_used, freed, r.key)
+        # load times are noisy: priorities within PRIORITY_BAND of each other count as equal, then recency decides
+        band = math.floor(math.log(r.priority) / math.log(PRIORITY_BAND)) if r.priority > 0 else -math.inf
+        return (band, r.last_used, freed, r.key)
     return (r.last_used, freed, r.key)
 
 

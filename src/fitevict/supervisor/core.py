@@ -96,6 +96,8 @@ class Supervisor:
         self.log_dir = Path(config.data_dir) / "seats"
         self.closed = False
         self.summary: ShutdownSummary | None = None
+        self._shutdown: asyncio.Future | None = None
+        self._hurry = asyncio.Event()
 
     @property
     def engine_overhead(self) -> dict[str, int]:
@@ -113,9 +115,17 @@ class Supervisor:
 
     async def shutdown(self, grace: float | None = None) -> ShutdownSummary:
         """Take no new work; answer every waiting request 503; let requests in flight finish within ``grace``
-        (``policy.shutdown_grace_seconds``), then cut them; stop every seat with its release verified."""
-        if self.summary is not None:
-            return self.summary
+        (``policy.shutdown_grace_seconds``), then cut them; stop every seat with its release verified.
+        Every caller awaits the same shutdown; ``hurry`` ends the wait for requests in flight."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self._shutdown_now(grace))
+        return await asyncio.shield(self._shutdown)
+
+    def hurry(self) -> None:
+        """A second signal: stop waiting for requests in flight (the seats are still stopped and verified)."""
+        self._hurry.set()
+
+    async def _shutdown_now(self, grace: float | None) -> ShutdownSummary:
         t0 = self.clock()
         grace = self.config.policy.shutdown_grace_seconds if grace is None else grace
         self.closed = True
@@ -124,9 +134,14 @@ class Supervisor:
         def idle() -> bool:
             return all(s.in_flight == 0 for s in self.scheduler.slots.values())
 
-        with contextlib.suppress(TimeoutError):
+        async def drained() -> None:
             async with self._changed:
-                await asyncio.wait_for(self._changed.wait_for(idle), grace)
+                await self._changed.wait_for(idle)
+
+        waits = [asyncio.ensure_future(drained()), asyncio.ensure_future(self._hurry.wait())]
+        await asyncio.wait(waits, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        for t in waits:
+            t.cancel()
         cut = sum(s.in_flight for s in self.scheduler.slots.values())
         for task in list(self.fx.loads.values()):
             task.cancel("fitevict is shutting down")
