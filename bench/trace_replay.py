@@ -34,6 +34,7 @@ from fitevict.supervisor.core import sched_policy  # noqa: E402
 MiB = 2**20
 CONTRACT = Contract(ctx=4096, parallel=1)  # what bench/seat_lifecycle.py measured: ctx 4096, -np 1, CPU
 ADVERSARIAL_PAIR = ("llama-q8_0", "llama-q4_0")
+ISSUE_TRIO = (*ADVERSARIAL_PAIR, "mamba")  # two that cannot be co-resident and a small third
 BURSTY_MODELS = ("llama-gqa", "gemma2-swa", "llama-q8_0", "qwen2-bias", "phi-fusedqkv", "gpt2-ln",
                  "bloom-alibi", "gemma3-q4_0")
 
@@ -97,18 +98,31 @@ def cases(zoo: Path, *, quick: bool = False) -> list[Case]:
     zipf_budget = 320 * MiB
     pair = {k: zoo_all[k] for k in ADVERSARIAL_PAIR}
     pair_budget = max(sum(m.bytes.values()) for m in pair.values()) + 1 * MiB
+    trio = {k: zoo_all[k] for k in ISSUE_TRIO}
+    trio_budget = pair_budget + sum(zoo_all[ISSUE_TRIO[2]].bytes.values())
+    small = {k: m for k, m in zoo_all.items() if sum(m.bytes.values()) < 64 * MiB}
+    small_budget = 96 * MiB
     burst = {k: zoo_all[k] for k in BURSTY_MODELS}
     burst_budget = 48 * MiB
     return [
         Case(zipf_trace(list(zoo_all), n=3000 // scale, rate=2.0, service=0.25, s=1.0, seed=1), zoo_all, zipf_budget,
              f"{zipf_budget / MiB:.0f} MiB: the largest model ({big / MiB:.1f} MiB) plus a few small ones, or every "
              f"small one; the whole zoo needs {total_bytes(zoo_all) / MiB:.1f} MiB"),
-        Case(adversarial_trace(ADVERSARIAL_PAIR, clients=8, per_client=24 // (2 if quick else 1), service=1.0),
+        Case(replace(adversarial_trace(ADVERSARIAL_PAIR, clients=8, per_client=24 // (2 if quick else 1), service=1.0),
+                     name="adversarial, service 1 s"),
              pair, pair_budget,
              f"{pair_budget / MiB:.2f} MiB: the larger of the two plus 1 MiB; the two together need "
              f"{total_bytes(pair) / MiB:.2f} MiB"),
-        Case(adversarial_trace(ADVERSARIAL_PAIR, clients=8, per_client=24 // (2 if quick else 1), service=0.05),
+        Case(replace(adversarial_trace(ADVERSARIAL_PAIR, clients=8, per_client=24 // (2 if quick else 1),
+                                       service=0.05), name="adversarial, service 0.05 s"),
              pair, pair_budget, "as above"),
+        Case(replace(adversarial_trace(ISSUE_TRIO, clients=8, per_client=3, service=0.05), name="8 clients x 3 models"),
+             trio, trio_budget,
+             f"{trio_budget / MiB:.2f} MiB: the larger of the pair plus {ISSUE_TRIO[2]} plus 1 MiB"),
+        Case(replace(zipf_trace(list(small), n=3000 // scale, rate=2.0, service=0.25, s=1.0, seed=2), name="zipf-small"),
+             small, small_budget,
+             f"{small_budget / MiB:.0f} MiB: about 9 of the {len(small)} small models "
+             f"(all {len(small)} need {total_bytes(small) / MiB:.1f} MiB)"),
         Case(bursty_trace(BURSTY_MODELS, bursts=120 // scale, size=(5, 30), gap=3.0, spacing=0.1, service=0.25,
                           seed=3), burst, burst_budget,
              f"{burst_budget / MiB:.0f} MiB: about 4 of the 8 models; all 8 need {total_bytes(burst) / MiB:.1f} MiB"),
@@ -121,15 +135,15 @@ def fmt_s(x: float) -> str:
 
 def table(config: Config, rows: Sequence[tuple[Case, list[Result]]]) -> str:
     bound = config.policy.max_wait_seconds
-    out = ["| trace | policy | swaps (loads) | reload MiB | loaded MiB | p50 wait s | p99 wait s | max wait s | "
+    out = ["| trace | policy | swaps (loads) | reload MiB | loaded MiB | load s | p50 wait s | p99 wait s | max wait s | "
            f"lost | over budget MiB | evicted unserved | swaps per {bound:g} s bound | makespan s |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for case, results in rows:
         for r in results:
             lost = str(r.lost) + (f" ({', '.join(f'{k} {v}' for k, v in sorted(r.lost_by.items()))})" if r.lost else "")
             per = r.loads / max(1.0, r.makespan / bound)
             out.append(f"| {case.trace.name} | {r.policy} | {r.loads} | {r.reload_bytes / MiB:.1f} | "
-                       f"{r.loaded_bytes / MiB:.1f} | {fmt_s(r.wait_p50)} | {fmt_s(r.wait_p99)} | {fmt_s(r.wait_max)} | "
+                       f"{r.loaded_bytes / MiB:.1f} | {r.load_seconds:.1f} | {fmt_s(r.wait_p50)} | {fmt_s(r.wait_p99)} | {fmt_s(r.wait_max)} | "
                        f"{lost} | {r.over_budget_bytes / MiB if r.over_budget_bytes > 0 else 0:.1f} | "
                        f"{r.evicted_unserved} | {per:.2f} | {r.makespan:.0f} |")
     return "\n".join(out)

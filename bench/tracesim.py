@@ -106,6 +106,7 @@ class Result:
     cancelled_loads: int
     loaded_bytes: int
     reload_bytes: int
+    load_seconds: float  # simulated seconds spent loading, all loads together
     wait_p50: float
     wait_p99: float
     wait_max: float
@@ -162,6 +163,7 @@ class Sim:
         self.peak_resident = 0
         self.over_budget = 0
         self.loads = self.cancelled = self.loaded_bytes = self.reload_bytes = self.evicted_unserved = 0
+        self.load_seconds = 0.0
         self.ever_loaded: set[str] = set()
         self.waits: list[float] = []
         self.lost: Counter = Counter()
@@ -209,7 +211,7 @@ class Sim:
         return Result(
             policy=name, trace=trace.name, requests=trace.requests, served=self.served,
             lost=sum(self.lost.values()), lost_by=dict(self.lost), loads=self.loads, cancelled_loads=self.cancelled,
-            loaded_bytes=self.loaded_bytes, reload_bytes=self.reload_bytes,
+            loaded_bytes=self.loaded_bytes, reload_bytes=self.reload_bytes, load_seconds=self.load_seconds,
             wait_p50=percentile(self.waits, 0.50), wait_p99=percentile(self.waits, 0.99),
             wait_max=max(self.waits, default=math.nan), budget_bytes=budget,
             peak_resident_bytes=self.peak_resident, over_budget_bytes=self.over_budget,
@@ -294,6 +296,7 @@ class Sim:
         self.loads += 1
         n = sum(spec.bytes.values())
         self.loaded_bytes += n
+        self.load_seconds += spec.load_seconds
         if key in self.ever_loaded:
             self.reload_bytes += n
         self.ever_loaded.add(key)
