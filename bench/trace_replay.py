@@ -34,6 +34,7 @@ from fitevict.supervisor.core import sched_policy  # noqa: E402
 MiB = 2**20
 CONTRACT = Contract(ctx=4096, parallel=1)  # what bench/seat_lifecycle.py measured: ctx 4096, -np 1, CPU
 ADVERSARIAL_PAIR = ("llama-q8_0", "llama-q4_0")
+KEEP_ALIVE = 300.0  # Ollama's default keep_alive (5 minutes)
 ISSUE_TRIO = (*ADVERSARIAL_PAIR, "mamba")  # two that cannot be co-resident and a small third
 BURSTY_MODELS = ("llama-gqa", "gemma2-swa", "llama-q8_0", "qwen2-bias", "phi-fusedqkv", "gpt2-ln",
                  "bloom-alibi", "gemma3-q4_0")
@@ -66,28 +67,49 @@ def count_lru_fill(models: Mapping[str, ModelSpec], budget: int) -> int:
     return max(1, int(budget // mean))
 
 
-def policies(config: Config, case: Case) -> list[tuple[str, Callable[[Sim], Policy]]]:
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One policy of the table: how to build it over a ``Sim``, and the planner knobs that ``Sim`` needs."""
+
+    make: Callable[[Sim], Policy]
+    eviction: str = "cost"  # the planner's victim order (fitevict's rows only read it)
+    exclusive_fraction: float | None = None  # None: the configuration's
+
+
+def exclusive_matters(case: Case, fraction: float) -> bool:
+    """Whether some model is exclusive (over ``fraction`` of the budget) yet fits beside another one."""
+    sizes = sorted(sum(m.bytes.values()) for m in case.models.values())
+    return any(b > fraction * case.budget_bytes and b + (sizes[0] if sizes[0] != b else sizes[1]) <= case.budget_bytes
+               for b in sizes if len(sizes) > 1)
+
+
+def policies(config: Config, case: Case) -> list[Row]:
     p = config.policy
-    out: list[tuple[str, Callable[[Sim], Policy]]] = []
+    out: list[Row] = []
     safe, fill = count_lru_max(case.models, case.budget_bytes), count_lru_fill(case.models, case.budget_bytes)
     for n in dict.fromkeys((safe, fill)):
-        out.append(("cost", lambda sim, n=n: CountLRU(sim, n, queue_timeout=p.queue_timeout_seconds,
-                                                      engine_queue_depth=p.engine_queue_depth)))
-    out.append(("cost", lambda sim: FifoSwap(sim, queue_timeout=p.queue_timeout_seconds,
-                                             engine_queue_depth=p.engine_queue_depth)))
-    out.append(("cost", lambda sim: KeepAlive(sim, 300.0, queue_timeout=p.queue_timeout_seconds)))
+        out.append(Row(lambda sim, n=n: CountLRU(sim, n, queue_timeout=p.queue_timeout_seconds,
+                                                 engine_queue_depth=p.engine_queue_depth)))
+    out.append(Row(lambda sim: FifoSwap(sim, queue_timeout=p.queue_timeout_seconds,
+                                        engine_queue_depth=p.engine_queue_depth)))
+    out.append(Row(lambda sim: KeepAlive(sim, KEEP_ALIVE, queue_timeout=p.queue_timeout_seconds)))
     for ev in ("lru", "cost"):
-        out.append((ev, lambda sim, ev=ev: FitevictPolicy(sim, replace(sched_policy(config), eviction=ev),
-                                                          idle_unload_seconds=p.idle_unload_seconds)))
+        out.append(Row(lambda sim, ev=ev: FitevictPolicy(sim, replace(sched_policy(config), eviction=ev),
+                                                         idle_unload_seconds=p.idle_unload_seconds), ev))
+    if exclusive_matters(case, p.exclusive_fraction):
+        out.append(Row(lambda sim: FitevictPolicy(sim, replace(sched_policy(config), eviction="cost"),
+                                                  idle_unload_seconds=p.idle_unload_seconds,
+                                                  name="fitevict eviction=cost, exclusive_fraction=1"), "cost", 1.0))
     return out
 
 
 def run_case(config: Config, case: Case) -> list[Result]:
     budget = Budget.declared({HOST: case.budget_bytes})
     out = []
-    for eviction, make in policies(config, case):
-        sim = Sim(case.models, budget, eviction=eviction, exclusive_fraction=config.policy.exclusive_fraction)
-        out.append(sim.run(make(sim), case.trace))
+    for row in policies(config, case):
+        ex = config.policy.exclusive_fraction if row.exclusive_fraction is None else row.exclusive_fraction
+        sim = Sim(case.models, budget, eviction=row.eviction, exclusive_fraction=ex)
+        out.append(sim.run(row.make(sim), case.trace))
     return out
 
 
@@ -178,8 +200,120 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _row(results: Sequence[Result], prefix: str) -> Result:
+    return next(r for r in results if r.policy.startswith(prefix))
+
+
+def verdicts(config: Config, rows: Sequence[tuple[Case, list[Result]]]) -> list[str]:
+    bound = config.policy.max_wait_seconds
+    out = []
+    for case, results in rows:
+        ours = [r for r in results if r.policy.startswith("fitevict eviction=") and "exclusive" not in r.policy]
+        if case.trace.name.startswith("zipf"):
+            base = _row(results, "count-LRU")  # the largest models-max that keeps the budget
+            fill = results[1] if results[1].policy.startswith("count-LRU") else None
+            for r in ours:
+                ratio = r.reload_bytes / base.reload_bytes
+                ok = ratio <= 0.7 and r.over_budget_bytes <= 0
+                line = (f"- {case.trace.name}, {r.policy}: reload bytes {ratio:.2f}x {base.policy} "
+                        f"(target <= 0.70x), {r.over_budget_bytes / MiB if r.over_budget_bytes > 0 else 0:.1f} MiB "
+                        f"over budget: {'met' if ok else 'MISSED'}")
+                if fill is not None:
+                    line += (f"; {r.reload_bytes / fill.reload_bytes:.2f}x {fill.policy}, which holds up to "
+                             f"{fill.over_budget_bytes / MiB:.1f} MiB more than the budget")
+                out.append(line)
+        elif case.trace.clients:
+            for r in ours:
+                per = r.loads / max(1.0, r.makespan / bound)
+                ok = r.lost == 0 and per <= 2
+                lru = _row(results, "count-LRU")
+                idled = ok and r.wait_p50 > max(1.0, 3 * lru.wait_p50)
+                verdict = "met only by idling (see the min-residency defect below)" if idled else (
+                    "met" if ok else "MISSED")
+                out.append(f"- {case.trace.name}, {r.policy}: {r.lost} lost, {r.loads} swaps in {r.makespan:.0f} s = "
+                           f"{per:.2f} per {bound:g} s bound (target 0 lost, <= 2): {verdict}; p50 wait "
+                           f"{r.wait_p50:.2f} s against {lru.wait_p50:.2f} s for {lru.policy} with {lru.loads} swaps")
+    return out
+
+
 def doc_body(config: Config, rows: Sequence[tuple[Case, list[Result]]], took: float) -> str:
-    return "## Trace replay (`bench/trace_replay.py`)\n\n" + table(config, rows)  # filled in below
+    p = config.policy
+    spec = next(iter(rows[0][0].models.values()))
+    lines = [
+        "## Trace replay (`bench/trace_replay.py`)",
+        "",
+        f"Simulated {time.strftime('%Y-%m-%d')} (replay took {took:.0f} s on {platform.machine()}, Python "
+        f"{platform.python_version()}). Request traces are replayed in simulated time (`bench/tracesim.py`, a "
+        "discrete-event simulator): fitevict's rows run the real `Scheduler` class (`fitevict.supervisor.scheduler`) "
+        "over the real planner (`fitevict.planner.plan`) and a declared host budget (`Budget.declared`); the baselines "
+        "(`bench/baselines.py`) are small simulations of other servers' policies in the same simulated world, measured "
+        "by the same code.",
+        "",
+        f"- Models: the demo zoo (`fitevict demo-models`), asked for as the supervisor asks with the contract "
+        f"ctx {CONTRACT.ctx}, parallel {CONTRACT.parallel} (CPU only), priced by `fitevict.pricing.price` "
+        f"(source: {spec.bytes_source}; host bytes = mapped + committed).",
+        f"- Load and release seconds: per model, {spec.time_source}; release = exit + release time. Service "
+        "seconds per request are declared per trace (below); an engine serves `-np` requests at once and queues "
+        "the rest. Engines do not slow each other down in the simulation.",
+        f"- fitevict's policy: the configuration's defaults (max_turn_seconds {p.max_turn_seconds:g}, "
+        f"max_wait_seconds {p.max_wait_seconds:g}, min_residency_seconds {p.min_residency_seconds:g}, "
+        f"queue_timeout_seconds {p.queue_timeout_seconds:g}, max_queue {p.max_queue}, engine_queue_depth "
+        f"{p.engine_queue_depth}, exclusive_fraction {p.exclusive_fraction:g}, idle_unload_seconds "
+        f"{p.idle_unload_seconds:g}), with eviction `lru` or `cost` (GreedyDual-Size over measured reload seconds).",
+        "- Baselines: **count-LRU** (`--models-max N`: at most N models, the least recently used idle one stopped to "
+        "load another, bytes never read; two N per trace: the largest N whose N biggest models fit the budget, and "
+        "the budget over the mean model size, which goes over it); **FIFO swap** (one model at a time, strictly in "
+        "arrival order, swapped when the oldest request names another, as a llama-swap `swap: true` group); "
+        f"**keep-alive order** (Ollama: arrival order with head-of-line blocking, each model kept {KEEP_ALIVE:g} s "
+        "after its last request, and when memory is short the idle model whose keep-alive ends soonest unloaded, "
+        "one at a time; its count cap is not simulated). All of them lose a request after queue_timeout_seconds, "
+        "as fitevict does.",
+        "- Columns: swaps = loads started; reload MiB = bytes loaded for models loaded before in the run; load s = "
+        "simulated load seconds; wait = arrival to the start of service (load waits included); lost = rejected or "
+        "timed out; over budget = the peak of resident bytes (a seat counts from the start of its load to the end "
+        "of its release) over the budget; evicted unserved = seats evicted before serving one request (thrash); "
+        f"swaps per bound = swaps / (makespan / max_wait_seconds {p.max_wait_seconds:g} s).",
+        "",
+        "Traces and budgets:",
+        "",
+    ]
+    for case, _ in rows:
+        lines.append(f"- **{case.trace.name}**: {case.trace.about}. Budget {case.why_budget}.")
+    lines += ["", table(config, rows), "", "Targets:", "", *verdicts(config, rows), "", *NOTES]
+    return "\n".join(lines)
+
+
+NOTES = [
+    "What the table shows, and why targets are missed:",
+    "",
+    "- **zipf**: the largest model (llama-medium) is over exclusive_fraction of the budget, so each of its loads "
+    "evicts every idle model, and its reloads are most of every policy's reload bytes; the "
+    "`exclusive_fraction=1` row shows what that rule costs. Against count-LRU at the largest safe N, fitevict "
+    "reloads far fewer bytes; count-LRU with N = budget / mean size reloads less only by going over the budget.",
+    "- **zipf-small**: with models of nearly one size, counting models is almost as good as counting bytes: "
+    "count-LRU's safe N holds 7 models where the bytes hold about 9, so the 0.7x target is missed there (not a "
+    "defect). `cost` reloads more bytes than `lru` but fewer load seconds: GreedyDual-Size minimises reload "
+    "time, and the measured load times of these small models do not follow their size.",
+    "- **adversarial**: with 8 closed-loop clients alternating between two models that cannot be co-resident, "
+    "every client waits on the other model after each round, so one swap per round (8 requests) is the least any "
+    "policy can do; fitevict and count-LRU do exactly that, while FIFO swap and keep-alive order swap on almost "
+    "every request. Swaps per bound period therefore depend on the service time: with 1 s requests the target "
+    "holds; with 0.05 s requests fitevict meets it only because of the defect below, which idles the machine. "
+    "Once that is fixed, this trace will show more than 2 swaps per bound period: with short requests, one swap "
+    "per round is the demand's own minimum, so that target cannot hold for them.",
+    "- **Scheduler defect (min residency)**: a seat that is young (within min_residency_seconds of its load) "
+    "but has nothing queued and nothing in flight makes the planner answer `wait`, and `Scheduler._place` then "
+    "wakes at `Scheduler._turn_end`, i.e. max_wait_seconds after the other model's oldest request arrived, not "
+    "when the minimum residency ends: the whole machine idles for up to max_wait_seconds. It shows as fitevict's "
+    "p50 wait of about max_wait_seconds in the 0.05 s adversarial and 8-client traces "
+    "(`tests/supervisor/test_trace_replay.py::test_an_idle_young_seat_yields_when_its_minimum_residency_ends`).",
+    "- **Scheduler defect (two computations of one rule)**: `_turn_end` ends a turn at `ready_at + "
+    "min_residency_seconds`, `_residents` calls a seat young while `now - ready_at < min_residency_seconds`; at "
+    "the instant the first names, rounding can make the second still true (0.17 + 1.0 - 0.17 < 1.0). The seat "
+    "is then marked DRAINING with nothing left to wake the scheduler, and the waiting request is lost at "
+    "queue_timeout_seconds (`test_a_turn_that_ends_at_the_minimum_residency_does_not_strand_the_next_model`). "
+    "None of the traces above hits it with the default policy.",
+]
 
 
 if __name__ == "__main__":

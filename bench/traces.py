@@ -94,7 +94,7 @@ def zipf_trace(keys: Sequence[str], *, n: int, rate: float, service: float, s: f
         out.append(Req(t, key, service))
     return Trace("zipf", arrivals=tuple(out), about=(
         f"{n} requests, Poisson arrivals {rate:g}/s, Zipf s={s:g} over {len(order)} models in the popularity order "
-        f"{', '.join(order[:5])}, ...; service {service:g} s each; seed {seed}"))
+        f"{', '.join(order)}; service {service:g} s each; seed {seed}"))
 
 
 def adversarial_trace(keys: Sequence[str], *, clients: int, per_client: int, service: float,
