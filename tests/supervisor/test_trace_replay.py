@@ -80,7 +80,9 @@ def test_adversarial_closed_loop_swaps_once_per_round(models) -> None:
     trace = adversarial_trace(MODELS[:2], clients=4, per_client=6, service=0.3)
     _sim, r = run(models, budget, trace, fitevict("cost"))
     assert (r.served, r.lost, r.evicted_unserved) == (24, 0, 0)
-    assert r.loads == 6 + 1  # 6 rounds of 4 requests per model... plus the first load
+    # the first load serves the 2 clients that begin there, each later one all 4 (every client then waits on the
+    # other model), the last the 2 that end there: 2 + 5 * 4 + 2 = 24 requests in 7 loads
+    assert r.loads == 7
     _sim, fifo = run(models, budget, trace, lambda sim: FifoSwap(sim))
     assert fifo.loads > r.loads
 
