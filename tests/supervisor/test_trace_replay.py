@@ -113,10 +113,6 @@ def test_random_arrivals_lose_nothing_under_fitevict(models, arrivals) -> None:
     assert_kept_the_budget(sim, budget)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scheduler defect: a seat held only by its minimum residency, with nothing queued for it and nothing in "
-    "flight, blocks the next placement until the turn's starvation bound (max_wait_seconds after the other "
-    "request arrived), not until its minimum residency ends"))
 def test_an_idle_young_seat_yields_when_its_minimum_residency_ends(models) -> None:
     a, b = "llama-q8_0", "llama-q4_0"
     budget = Budget.declared({HOST: max(size(models, a), size(models, b)) + 2**20})  # never both
@@ -130,11 +126,6 @@ def test_an_idle_young_seat_yields_when_its_minimum_residency_ends(models) -> No
     assert sim.waits[1] <= bound - 0.3 + 1e-9, f"b waited {sim.waits[1]:.2f} s (max_wait {POLICY.max_wait_seconds} s)"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scheduler defect: the minimum residency is computed two ways, ready_at + min_residency_seconds "
-    "(Scheduler._turn_end) and now - ready_at < min_residency_seconds (Scheduler._residents); at the instant the "
-    "first one names, float rounding can make the second still say 'young', the seat is marked DRAINING with "
-    "nothing left to wake the scheduler, and the waiting request is lost at queue_timeout_seconds"))
 def test_a_turn_that_ends_at_the_minimum_residency_does_not_strand_the_next_model(models) -> None:
     a, b = "llama-q8_0", "llama-q4_0"
     assert (models[a].load_seconds + 1.0) - models[a].load_seconds < 1.0  # the rounding this case needs
