@@ -221,7 +221,7 @@ def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llam
             assert ev.model == "llama-gqa" and "idle" in ev.reason
             assert "llama-gqa" not in sup.seats
             assert {"llama-q8_0", "med-a"} <= set(sup.seats)
-            assert sup.seats["llama-q8_0"].last_used is None
+            assert sup.scheduler.slots["llama-q8_0"].last_used is None
         finally:
             await sup.shutdown()
 

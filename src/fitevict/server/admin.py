@@ -25,7 +25,7 @@ def router(door: Door) -> APIRouter:
     @app.get("/v1/models/residents", tags=["admin"], summary="What is loaded (like `ollama ps`)")
     async def residents(request: Request) -> dict:
         check_auth(request, admin=False)
-        return {"object": "list", "data": sup.resident_views()}
+        return {"object": "list", "data": sup.resident_views(), "waiting": sup.queue_view()}
 
     @app.get("/v1/models/history", tags=["admin"], summary="What fitevict did, and why")
     async def history(request: Request, since: float | None = Query(None, description="unix seconds"),

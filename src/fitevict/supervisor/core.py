@@ -355,6 +355,13 @@ class Supervisor:
         cpu = fp.device(HOST)
         return cpu.model.bytes if cpu is not None else 0
 
+    def queue_view(self) -> dict[str, int]:
+        """Requests waiting for a seat, per model."""
+        out: dict[str, int] = {}
+        for w in self.scheduler.queue:
+            out[w.key] = out.get(w.key, 0) + 1
+        return out
+
     def resident_views(self) -> list[dict]:
         out = []
         for s in self.seats.values():
