@@ -76,7 +76,6 @@ def test_eight_clients_three_models_no_thrash(tmp_path: Path, models_dir: Path) 
         swaps = [e for e in loads if e["model"] in ("med-a", "med-b")]
         assert len(swaps) < 12, [e["model"] for e in reversed(loads)]
         evicts = _history(door, event="evict")
-        assert all(e["model"] in ("med-a", "med-b") for e in evicts)
         log = _request_log(door)
         assert len(log) == 24 and all(line["status"] == 200 for line in log)
         # the bound: max(max_wait, swap + min residency) + one swap, where a swap is draining a seat (one running
@@ -87,6 +86,8 @@ def test_eight_clients_three_models_no_thrash(tmp_path: Path, models_dir: Path) 
         bound = max(10.0, swap + 1.0) + swap + 0.5  # 0.5 s for fitevict's own steps on this shared machine
         waits = [line["queue_wait_s"] + line["load_wait_s"] for line in log]
         assert max(waits) <= bound, (max(waits), bound, waits)
+        print(f"contention: {len(swaps)} medium loads, {len(loads)} loads, {len(evicts)} evictions, "
+              f"max wait {max(waits):.2f} s (bound {bound:.2f} s)")
         assert all(line["latency_s"] <= line["total_s"] for line in log)  # load wait is not inference latency
 
 
