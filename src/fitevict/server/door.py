@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 from dataclasses import dataclass
@@ -125,6 +127,31 @@ class Door:
         return ApiError(500, str(e), type="server_error")
 
     # -- inference ---------------------------------------------------------------------------------
+
+
+async def until_disconnect(request: Request, awaitable: Any) -> Any:
+    """Await ``awaitable`` unless the client hangs up first: then cancel it and return None. Cancelling a wait
+    for a seat takes the request out of the scheduler's queue at once (and cancels a load nobody waits for)."""
+    task = asyncio.ensure_future(awaitable)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watch.cancel()
+        raise
+    if task.done():
+        watch.cancel()
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
 
 
 def _key_in(key: str, keys: tuple[str, ...]) -> bool:

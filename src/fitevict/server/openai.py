@@ -16,7 +16,7 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from fitevict.server.door import Door, parse_contract
+from fitevict.server.door import Door, parse_contract, until_disconnect
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
 
@@ -77,7 +77,12 @@ def router(door: Door) -> APIRouter:
 
         stack = contextlib.AsyncExitStack()
         try:
-            seat = await stack.enter_async_context(sup.acquire(entry.key, contract, request_id=rid, timing=waits))
+            seat = await until_disconnect(request, stack.enter_async_context(
+                sup.acquire(entry.key, contract, request_id=rid, timing=waits)))
+            if seat is None:  # the client hung up while queued: it has left the queue already
+                status = 499
+                log_line({"error": "client disconnected while waiting for a seat"})
+                return Response(status_code=499)
             t_seat = time.perf_counter()
             # A bare Request (no client defaults to merge) and our own JSON encoding: the hot path.
             req = httpx.Request("POST", seat.base_url + path, content=json.dumps(body).encode(),

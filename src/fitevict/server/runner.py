@@ -10,7 +10,10 @@ engine is left behind. Signal handlers only enqueue work on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
@@ -24,6 +27,20 @@ class _Server(uvicorn.Server):
         self.sup = sup
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM go to ``handle_exit`` while serving; unlike uvicorn's own, the signal is not raised
+        again afterwards, so a clean shutdown exits 0."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in original.items():
+                signal.signal(s, h)
 
     async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
@@ -59,4 +76,4 @@ def serve(app, sup: Supervisor, *, host: str, port: int, log_level: str) -> Shut
     return sup.summary
 
 
-__all__ = ["serve", "signal"]
+__all__ = ["serve"]
