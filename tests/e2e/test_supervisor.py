@@ -241,6 +241,36 @@ def test_guard_rejects_a_collapsed_measurement_of_the_same_signature(tmp_path: P
     assert [e.model for e in store.events(event="load")] == ["llama-gqa"]  # the first load only
 
 
+def test_a_load_nobody_waits_for_is_cancelled_and_its_release_verified(tmp_path: Path, models_dir: Path,
+                                                                     llama_server: Path) -> None:
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
+
+    async def scenario() -> int:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            async def client() -> None:
+                async with sup.acquire("med-a"):
+                    raise AssertionError("the load should have been cancelled before it was ready")
+
+            waiter = asyncio.create_task(client())
+            await sup.wait_until(lambda: "med-a" in sup.seats and sup.seats["med-a"].pid is not None, 60)
+            pid = sup.seats["med-a"].pid
+            waiter.cancel()  # the only client leaves while its model loads
+            ev = await sup.wait_for_event(lambda e: e.event == "unload", timeout=60)
+            assert "no one waiting" in ev.reason and ev.model == "med-a"
+            assert "med-a" not in sup.seats and not sup.scheduler.slots
+            return pid
+        finally:
+            await sup.shutdown()
+
+    pid = run(scenario)
+    assert not Path(f"/proc/{pid}").exists()
+    assert store.events(event="load") == []
+    ev = store.events(event="unload")[0]
+    assert ev.details["release_verified"] is True, ev.details
+
+
 def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
     cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3,
                            toml="[models.med-a]\npin = true\n", **{"policy.idle_unload_seconds": 1.0})

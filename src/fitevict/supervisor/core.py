@@ -185,6 +185,17 @@ class Supervisor:
         async with self._changed:
             self._changed.notify_all()
 
+    async def changed(self) -> None:
+        """Something observable changed (a seat spawned, an event recorded): wake ``wait_until``."""
+        await self._notify()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """Await a condition on the supervisor's state (seats, queue), re-checked at every change."""
+        async def _wait() -> None:
+            async with self._changed:
+                await self._changed.wait_for(predicate)
+        await asyncio.wait_for(_wait(), timeout)
+
     # -- pricing and planning -------------------------------------------------------------------
 
     def engine_for(self, entry: CatalogEntry) -> Engine:

@@ -122,6 +122,7 @@ class LiveEffects:
                                           embeddings=bool(entry.settings.embeddings))
                 sup.seats[key] = seat
                 await spawn(seat, spec)
+                await sup.changed()
                 self._spawn_task(asyncio.to_thread(sup.store.seat_upsert, sup.seat_record(seat)), "seat-record")
                 try:
                     await wait_ready(seat, clock=sup.clock, health_timeout=sup.config.engine.health_timeout_seconds,
