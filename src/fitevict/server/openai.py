@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from fitevict.contract import for_embeddings
+from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
@@ -74,6 +75,14 @@ def router(door: Door) -> APIRouter:
             status = e.status
             log_line({"error": e.code})
             return e.response()
+
+        if stream and progress.wanted(request.headers):  # opt-in: load progress as SSE comments first
+            def ended(code: int) -> None:
+                nonlocal status
+                status = code
+                log_line({"stream": True, "progress": True})
+
+            return progress.openai_stream(door, path, body, entry, contract, rid, waits, ended)
 
         stack = contextlib.AsyncExitStack()
         try:
