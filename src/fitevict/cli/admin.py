@@ -38,14 +38,21 @@ def _call(url: str | None, key: str | None, method: str, path: str, **kw: Any) -
     except httpx.TransportError as e:
         err.print(f"[red]cannot reach fitevict at {_url(url)}:[/] {e}. Is `fitevict serve` running? (--url)")
         raise typer.Exit(1) from e
-    if r.status_code >= 400:
-        try:
-            msg = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            msg = r.text
-        err.print(f"[red]{r.status_code}:[/] {msg}")
-        raise typer.Exit(1)
+    _check(r)
     return r.json()
+
+
+def _check(r: httpx.Response) -> None:
+    """Exit 1 with the server's own message on an HTTP error."""
+    if r.status_code < 400:
+        return
+    r.read()
+    try:
+        msg = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = r.text
+    err.print(f"[red]{r.status_code}:[/] {msg}")
+    raise typer.Exit(1)
 
 
 def _parse_sizes(items: list[str], flag: str) -> dict[str, int]:
@@ -246,14 +253,7 @@ def load_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_
     try:
         with _client(url, key) as c, c.stream("POST", f"/v1/models/{model}/load", params={"stream": "true"},
                                               json=body) as r:
-            if r.status_code >= 400:
-                r.read()
-                try:
-                    msg = r.json()["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    msg = r.text
-                err.print(f"[red]{r.status_code}:[/] {msg}")
-                raise typer.Exit(1)
+            _check(r)
             ok = show_load(model, r.iter_lines(), console)
     except httpx.TransportError as e:
         err.print(f"[red]cannot reach fitevict at {_url(url)}:[/] {e}. Is `fitevict serve` running? (--url)")
