@@ -75,6 +75,7 @@ def test_list_and_show(door, models: Path) -> None:
     assert shown.modelinfo["llama.context_length"] == s.n_ctx_train
     assert shown.modelinfo["llama.embedding_length"] == s.n_embd
     assert "embedding" in shown.capabilities
+    assert client(door).show("llama-gqa:latest").modelinfo == shown.modelinfo  # Ollama's default tag
 
 
 def test_chat_generate_and_ps_with_swaps(door) -> None:

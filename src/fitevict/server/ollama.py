@@ -64,6 +64,8 @@ def router(door: Door) -> APIRouter:
         if not isinstance(body, dict):
             raise sh.OllamaError("request body must be a JSON object")
         name = body.get("model") or body.get("name")
+        if isinstance(name, str) and name.endswith(":latest") and name not in door.catalog.names():
+            name = name[: -len(":latest")]  # Ollama clients tag names; fitevict's names have no tags
         try:
             entry = door.resolve(name)
         except ApiError as e:

@@ -18,7 +18,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import StreamingResponse
@@ -27,6 +27,7 @@ from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST
+from fitevict.pricing.gguf import PricingError
 from fitevict.store.records import Event
 from fitevict.supervisor import Supervisor, SupervisorError
 from fitevict.supervisor.seat import SeatPhase
@@ -72,15 +73,17 @@ async def follow(sup: Supervisor, key: str, contract: Contract | None, done: asy
     """Steps of the load of ``key`` until ``done`` (the task that waits for the seat) finishes."""
     t0 = sup.clock()
     before = sup.seats.get(key)
+    # keep_alive never changes the seat a request needs; a dry run with it would ask for an exact configuration
+    asked = replace(contract, keep_alive=None) if contract is not None else None
     try:
-        plan = sup.plan(key, contract)
+        plan = sup.plan(key, None if asked == Contract() else asked)
         needed = sum(plan.needed_bytes.values()) if plan.needed_bytes else 0
         evicts = [{"model": e.key, "bytes": sum(e.bytes.values())} for e in plan.evict]
         msg = f"{plan.action}: {plan.reason}"
         yield Step("plan", msg, {"action": plan.action, "needed_bytes": needed, "needed_source": "predicted",
                                  "evict": evicts})
-    except SupervisorError as e:  # the real load will meet the same error and report it below
-        yield Step("plan", f"no plan: {e}", {"action": None})
+    except (SupervisorError, PricingError) as e:  # the load itself meets the same error and reports it below
+        yield Step("plan", f"no plan: {e}", {"action": None, "error": type(e).__name__})
     seen: set[int | None] = set()
     started = False
     last_bytes: int | None = None
