@@ -178,9 +178,10 @@ def test_keep_alive_0_unloads_after_the_request(idle_door) -> None:
     r = client(idle_door).chat(model="llama-gqa", messages=[{"role": "user", "content": "x"}],
                                options={"num_predict": 1}, keep_alive=0)
     assert r.done
-    ev = event_after(idle_door, t0, "idle-unload", "llama-gqa", within=10)
-    assert "keep-alive 0 s" in ev["reason"] and ev["details"]["release_verified"] is True
-    assert ev["time"] - t0 < 2  # before the policy's 2 s: the request's keep_alive decided
+    ev = event_after(idle_door, t0, "idle-unload", "llama-gqa", within=60)  # a stop may wait out its grace and release bounds
+    # idle for 0 s under the request's keep-alive, not the policy's 2 s
+    assert ev["reason"].startswith("idle for 0 s") and "keep-alive 0 s" in ev["reason"]
+    assert ev["details"]["release_verified"] is True
 
 
 def test_openai_keep_alive_0_unloads_after_the_request(idle_door) -> None:
@@ -188,7 +189,7 @@ def test_openai_keep_alive_0_unloads_after_the_request(idle_door) -> None:
     o = openai.OpenAI(base_url=idle_door.base_url + "/v1", api_key=USER, max_retries=0)
     o.chat.completions.create(model="llama-q8_0", messages=[{"role": "user", "content": "x"}], max_tokens=1,
                               extra_body={"fitevict": {"keep_alive": 0}})
-    ev = event_after(idle_door, t0, "idle-unload", "llama-q8_0", within=10)
+    ev = event_after(idle_door, t0, "idle-unload", "llama-q8_0", within=60)  # a stop may wait out its grace and release bounds
     assert "keep-alive 0 s" in ev["reason"]
 
 
@@ -198,7 +199,7 @@ def test_keep_alive_forever_survives_the_idle_unload(idle_door) -> None:
     c.chat(model="med-a", messages=[{"role": "user", "content": "x"}], options={"num_predict": 1}, keep_alive=-1)
     c.chat(model="med-b", messages=[{"role": "user", "content": "x"}], options={"num_predict": 1})
     # med-b, used after med-a with the policy's keep-alive, goes at 2 s idle; med-a stays
-    event_after(idle_door, t0, "idle-unload", "med-b", within=15)
+    event_after(idle_door, t0, "idle-unload", "med-b", within=60)
     ps = {m.model: m for m in c.ps().models}
     assert "med-a" in ps and ps["med-a"].expires_at.year == 9999
     assert not [e for e in history(idle_door, model="med-a") if e["time"] >= t0 and e["event"] != "load"]
