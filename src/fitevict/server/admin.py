@@ -64,8 +64,8 @@ def router(door: Door) -> APIRouter:
         contract = await contract_from_body(request)
         check_gguf_file(entry, contract)
         if stream:
-            return StreamingResponse(progress.admin_load(door, entry.key, contract, request.headers.get("x-request-id")),
-                                     media_type="text/event-stream", headers={"cache-control": "no-cache"})
+            steps = progress.admin_load(door, entry.key, contract, request.headers.get("x-request-id"))
+            return StreamingResponse(steps, media_type="text/event-stream", headers={"cache-control": "no-cache"})
         try:
             await sup.load(entry.key, contract, request_id=request.headers.get("x-request-id"))
         except SupervisorError as e:

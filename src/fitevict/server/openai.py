@@ -157,7 +157,7 @@ def router(door: Door) -> APIRouter:
     async def completions(request: Request) -> Response:
         return await proxy(request, "/v1/completions")
 
-    @app.post("/v1/embeddings", tags=["openai"], summary="Embeddings from any model (an embeddings seat is loaded for it)")
+    @app.post("/v1/embeddings", tags=["openai"], summary="Embeddings from any model (loads an embeddings seat)")
     async def embeddings(request: Request) -> Response:
         return await proxy(request, "/v1/embeddings")
 

@@ -147,8 +147,17 @@ async def follow(sup: Supervisor, key: str, contract: Contract | None, done: asy
                 "predicted_source": seat.predicted.host_source, "pid": seat.pid})
 
 
-def sse(step: Step, event: str = "progress") -> bytes:
-    return f"event: {event}\ndata: {json.dumps(step.to_json())}\n\n".encode()
+def sse(step: Step) -> bytes:
+    return event("progress", step.to_json())
+
+
+def event(name: str, doc: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(doc)}\n\n".encode()
+
+
+def error_doc(e: ApiError) -> dict[str, Any]:
+    """fitevict's error object, with the HTTP status it would have had before the stream started."""
+    return {"message": e.message, "type": e.type, "code": e.code, "status": e.status}
 
 
 def comment(step: Step) -> bytes:
@@ -180,8 +189,7 @@ def openai_stream(door: Door, path: str, body: dict[str, Any], entry: CatalogEnt
                 yield chunk
         except ApiError as e:
             status = e.status
-            yield b"data: " + json.dumps({"error": {"message": e.message, "type": e.type, "code": e.code,
-                                                    "status": e.status}}).encode() + b"\n\n"
+            yield b"data: " + json.dumps({"error": error_doc(e)}).encode() + b"\n\n"
         except asyncio.CancelledError:
             status = 499  # the client hung up
             raise
@@ -208,15 +216,17 @@ async def admin_load(door: Door, key: str, contract: Contract | None, request_id
         async for step in follow(sup, key, contract, task, request_id=request_id):
             if step.phase != "error":
                 yield sse(step)
+        if task.cancelled():
+            return  # fitevict is shutting down
         exc = task.exception()
-        if exc is not None:
-            err = door.supervisor_error(exc) if isinstance(exc, SupervisorError) else None
-            if err is None:
-                raise exc
-            yield f"event: error\ndata: {json.dumps({'status': err.status, 'error': {'message': err.message, 'type': err.type, 'code': err.code}})}\n\n".encode()
+        if isinstance(exc, SupervisorError):
+            err = door.supervisor_error(exc)
+            yield event("error", {"status": err.status, "error": error_doc(err)})
             return
+        if exc is not None:
+            raise exc
         view = next((v for v in sup.resident_views() if v["key"] == key), None)
-        yield f"event: done\ndata: {json.dumps({'model': key, 'resident': view})}\n\n".encode()
+        yield event("done", {"model": key, "resident": view})
     finally:
         if not task.done():
             task.cancel()
