@@ -9,7 +9,7 @@ scheduler reason about. The fields a contract names are the ones a resident seat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,17 @@ class Contract:
     n_cpu_moe: int | None = None
     parallel: int | None = None
     keep_alive: float | None = None  # seconds the seat stays after this request (inf: forever, 0: unload after)
+    embeddings: bool | None = None  # set by the embeddings routes, never by a request body: needs an --embeddings seat
 
 
-CONTRACT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Contract))
+INTERNAL_KEYS: tuple[str, ...] = ("embeddings",)  # contract fields a route sets; a request body may not
+CONTRACT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Contract) if f.name not in INTERNAL_KEYS)
 
 # contract key -> the LoadConfig fields it fixes on the seat that serves it
 _FIXES: dict[str, tuple[str, ...]] = {
     "ctx": ("n_ctx",), "kv_cache_type": ("cache_type_k", "cache_type_v"), "flash_attn": ("flash_attn",),
     "n_gpu_layers": ("n_gpu_layers",), "n_cpu_moe": ("n_cpu_moe",), "parallel": ("n_parallel",),
+    "embeddings": ("embeddings",),
 }
 
 
@@ -137,6 +140,11 @@ def parse_contract(raw: Any, *, alloc_modes: tuple[str, ...] = pl.ALLOC_MODES) -
                     keep_alive=parse_keep_alive(raw.get("keep_alive"), "fitevict.keep_alive"))
 
 
+def for_embeddings(contract: Contract | None) -> Contract:
+    """The contract of an embeddings request: the same, served only by a seat started with --embeddings."""
+    return replace(contract or Contract(), embeddings=True)
+
+
 def load_config_for(entry: CatalogEntry, contract: Contract | None,
                     default_alloc_mode: str) -> tuple[LoadConfig, str, Path]:
     """The LoadConfig a model starts with (model settings, then the request's contract), its
@@ -152,7 +160,8 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
         flash_attn=("on" if c.flash_attn else "off") if c.flash_attn is not None else (s.flash_attn or "auto"),
         n_gpu_layers=c.n_gpu_layers if c.n_gpu_layers is not None else (s.n_gpu_layers or 0),
         n_cpu_moe=c.n_cpu_moe if c.n_cpu_moe is not None else (s.n_cpu_moe or 0),
-        embeddings=bool(s.embeddings),  # an embeddings seat's output buffer is priced as it will grow
+        # an embeddings seat (the model's settings, or a route that needs one): its output buffer is priced as it grows
+        embeddings=c.embeddings if c.embeddings is not None else bool(s.embeddings),
     )
     mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
     path = Path(entry.path)

@@ -209,8 +209,9 @@ BAD = [
      {"Authorization": "Bearer nope"}, 401, "authentication_error"),
     ("user key on admin route", "/v1/models/llama-gqa/load", b"", {"Authorization": f"Bearer {USER}"}, 403,
      "permission_error"),
-    ("embeddings on a chat model", "/v1/embeddings", json.dumps({"model": "llama-q8_0", "input": "x"}).encode(), {},
-     400, "invalid_request_error"),
+    ("embeddings request sets an internal contract key", "/v1/embeddings",
+     json.dumps({"model": "llama-q8_0", "input": "x", "fitevict": {"embeddings": True}}).encode(), {}, 400,
+     "invalid_request_error"),
 ]
 
 

@@ -38,14 +38,21 @@ def _call(url: str | None, key: str | None, method: str, path: str, **kw: Any) -
     except httpx.TransportError as e:
         err.print(f"[red]cannot reach fitevict at {_url(url)}:[/] {e}. Is `fitevict serve` running? (--url)")
         raise typer.Exit(1) from e
-    if r.status_code >= 400:
-        try:
-            msg = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            msg = r.text
-        err.print(f"[red]{r.status_code}:[/] {msg}")
-        raise typer.Exit(1)
+    _check(r)
     return r.json()
+
+
+def _check(r: httpx.Response) -> None:
+    """Exit 1 with the server's own message on an HTTP error."""
+    if r.status_code < 400:
+        return
+    r.read()
+    try:
+        msg = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = r.text
+    err.print(f"[red]{r.status_code}:[/] {msg}")
+    raise typer.Exit(1)
 
 
 def _parse_sizes(items: list[str], flag: str) -> dict[str, int]:
@@ -232,11 +239,27 @@ def _gb(v: float | None) -> str:
 
 def load_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_HELP),
              key: str | None = typer.Option(None, "--key"), ctx: int | None = typer.Option(None, "--ctx"),
-             alloc_mode: str | None = typer.Option(None, "--alloc-mode")) -> None:
-    """Load MODEL on a running fitevict (evicting what the plan says)."""
+             alloc_mode: str | None = typer.Option(None, "--alloc-mode"),
+             as_json: bool = typer.Option(False, "--json", help="No progress bar: print the resident view as JSON.")
+             ) -> None:
+    """Load MODEL on a running fitevict (evicting what the plan says), with its progress: plan, evictions,
+    engine start, weights in memory (measured against predicted), ready."""
     body = {k: v for k, v in {"ctx": ctx, "alloc_mode": alloc_mode}.items() if v is not None}
-    out = _call(url, key, "POST", f"/v1/models/{model}/load", json=body)
-    typer.echo(json.dumps(out, indent=2))
+    if as_json:
+        typer.echo(json.dumps(_call(url, key, "POST", f"/v1/models/{model}/load", json=body), indent=2))
+        return
+    from fitevict.cli.progress import show_load
+
+    try:
+        with _client(url, key) as c, c.stream("POST", f"/v1/models/{model}/load", params={"stream": "true"},
+                                              json=body) as r:
+            _check(r)
+            ok = show_load(model, r.iter_lines(), console)
+    except httpx.TransportError as e:
+        err.print(f"[red]cannot reach fitevict at {_url(url)}:[/] {e}. Is `fitevict serve` running? (--url)")
+        raise typer.Exit(1) from e
+    if not ok:
+        raise typer.Exit(1)
 
 
 def unload_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_HELP),

@@ -62,10 +62,29 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
     if cfg.swa_full:
         a += ["--swa-full"]
     if cfg.embeddings:
-        a += ["--embeddings"]
+        a += ["--embeddings", *pooling_args(model, extra_args)]
     if not cfg.mmap:
         a += ["-lm", "none"]
     return [*a, *extra_args]
+
+
+POOLING_NONE = 0  # llama_pooling_type: LLAMA_POOLING_TYPE_NONE
+DEFAULT_POOLING = "mean"  # an embeddings seat of a model that declares no pooling (a generative model)
+
+
+def pooling_args(model: str | Path, extra_args: Sequence[str] = ()) -> list[str]:
+    """``--pooling mean`` for an embeddings seat of a model whose file declares no pooling (or 'none'): the
+    pinned build's OpenAI embeddings route refuses pooling 'none' ("not OAI compatible"). Nothing when the
+    file declares one (a BERT-style embedder keeps its CLS or mean) or the model's extra args choose one."""
+    if "--pooling" in extra_args:
+        return []
+    from fitevict.pricing.gguf import PricingError, load_structure
+
+    try:
+        declared = load_structure(model).pooling_type
+    except PricingError:
+        return []  # an unreadable file: the engine itself refuses it, with its own words
+    return ["--pooling", DEFAULT_POOLING] if declared in (None, POOLING_NONE) else []
 
 
 class LlamaServerEngine:

@@ -177,6 +177,7 @@ class GgufStructure:
     mla: bool = False  # multi-head latent attention: K cache only, key_length wide, one kv head
     n_layer_nextn: int = 0  # trailing next-token-prediction (MTP) blocks: no KV cache, weights not loaded
     n_embd_out_key: int = 0  # embedding_length_out (hparams.n_embd_out_impl); 0 = n_embd
+    pooling_type: int | None = None  # {arch}.pooling_type (llama_pooling_type); None: the file declares none
 
     @property
     def n_embd_out(self) -> int:
@@ -348,6 +349,7 @@ def parse_structure(path: str | Path) -> GgufStructure:
         tensors=tuple(tensors), data_offset=int(reader.data_offset),
         tied_output=not any(t.name == "output.weight" for t in tensors),
         unsupported=unsupported, metadata=meta,
+        pooling_type=int(pt) if (pt := key("pooling_type")) is not None else None,  # type: ignore[call-overload]
     )
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fitevict import __version__
+from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
 from fitevict.store.records import EVENTS
@@ -55,11 +57,15 @@ def router(door: Door) -> APIRouter:
         return {"model": entry.key, "plan": the_plan.to_json(), "budget": sup.last_budget_json()}
 
     @app.post("/v1/models/{model_id}/load", tags=["admin"], summary="Load a model (with an optional contract)")
-    async def load(model_id: str, request: Request) -> dict:
+    async def load(model_id: str, request: Request,
+                   stream: bool = Query(False, description="SSE: the load's phases as they happen")) -> Any:
         check_auth(request, admin=True)
         entry = resolve(model_id)
         contract = await contract_from_body(request)
         check_gguf_file(entry, contract)
+        if stream:
+            steps = progress.admin_load(door, entry.key, contract, request.headers.get("x-request-id"))
+            return StreamingResponse(steps, media_type="text/event-stream", headers={"cache-control": "no-cache"})
         try:
             await sup.load(entry.key, contract, request_id=request.headers.get("x-request-id"))
         except SupervisorError as e:

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fitevict import __version__
 from fitevict.catalog import Catalog
 from fitevict.config import Config
-from fitevict.server import admin, dashboard, openai
+from fitevict.server import admin, dashboard, ollama, openai
 from fitevict.server.door import Door, Metrics
 from fitevict.server.errors import ApiError
 from fitevict.store import Store
@@ -90,5 +90,6 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     # the admin router first: /v1/models/residents and /history must win over /v1/models/{model_id}
     app.include_router(admin.router(door))
     app.include_router(openai.router(door))
+    app.include_router(ollama.router(door))
     app.include_router(dashboard.router(door))
     return app

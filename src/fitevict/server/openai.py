@@ -16,6 +16,8 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from fitevict.contract import for_embeddings
+from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract, until_disconnect
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
@@ -64,9 +66,8 @@ def router(door: Door) -> APIRouter:
             model_key = entry.key
             contract = parse_contract(body.pop("fitevict", None))
             check_gguf_file(entry, contract)
-            if endpoint == "embeddings" and not entry.settings.embeddings:
-                raise ApiError(400, f"model {entry.key!r} is not configured for embeddings; set "
-                                    f"models.{entry.key}.embeddings = true in the config", param="model")
+            if endpoint == "embeddings":
+                contract = for_embeddings(contract)  # any model: an embeddings seat is loaded for it
             for k, v in entry.settings.request_defaults.items():
                 body.setdefault(k, v)  # only when the request lacks the field
             stream = bool(body.get("stream"))
@@ -74,6 +75,14 @@ def router(door: Door) -> APIRouter:
             status = e.status
             log_line({"error": e.code})
             return e.response()
+
+        if stream and progress.wanted(request.headers):  # opt-in: load progress as SSE comments first
+            def ended(code: int) -> None:
+                nonlocal status
+                status = code
+                log_line({"stream": True, "progress": True})
+
+            return progress.openai_stream(door, path, body, entry, contract, rid, waits, ended)
 
         stack = contextlib.AsyncExitStack()
         try:
@@ -153,7 +162,7 @@ def router(door: Door) -> APIRouter:
     async def completions(request: Request) -> Response:
         return await proxy(request, "/v1/completions")
 
-    @app.post("/v1/embeddings", tags=["openai"], summary="Embeddings (models configured with embeddings = true)")
+    @app.post("/v1/embeddings", tags=["openai"], summary="Embeddings from any model (loads an embeddings seat)")
     async def embeddings(request: Request) -> Response:
         return await proxy(request, "/v1/embeddings")
 
