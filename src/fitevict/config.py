@@ -116,6 +116,7 @@ class ModelConfig:
     alloc_mode: str | None = None  # None = policy.default_alloc_mode
     n_gpu_layers: int | None = None  # -ngl, for alloc_mode explicit
     n_cpu_moe: int | None = None  # --n-cpu-moe, for alloc_mode explicit
+    base: str | None = None  # for a LoRA adapter (path = the adapter): the key of the model it adapts
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
@@ -436,6 +437,7 @@ _MODEL_FIELDS: dict[str, Parser] = {
     "alloc_mode": _choice(ALLOC_MODES),
     "n_gpu_layers": _int(-1),
     "n_cpu_moe": _int(0),
+    "base": _alias,
 }
 
 #: FITEVICT_* variables read elsewhere, which are not config keys.
