@@ -16,6 +16,9 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from fitevict.contract import unservable, with_lora
+from fitevict.engines import REGISTRY
+from fitevict.loadreport import report_headers
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
@@ -64,6 +67,8 @@ def router(door: Door) -> APIRouter:
             model_key = entry.key
             contract = parse_contract(body.pop("fitevict", None))
             check_gguf_file(entry, contract)
+            if (why := unservable(entry, tuple(REGISTRY))) is not None:
+                raise ApiError(400, why, param="model", code="engine_unavailable")
             if endpoint == "embeddings" and not entry.settings.embeddings:
                 raise ApiError(400, f"model {entry.key!r} is not configured for embeddings; set "
                                     f"models.{entry.key}.embeddings = true in the config", param="model")
@@ -79,6 +84,7 @@ def router(door: Door) -> APIRouter:
         try:
             seat = await stack.enter_async_context(sup.acquire(entry.key, contract, request_id=rid, timing=waits))
             t_seat = time.perf_counter()
+            body = with_lora(body, seat.config.loras, entry, contract)  # adapters: one base seat, scales per request
             # A bare Request (no client defaults to merge) and our own JSON encoding: the hot path.
             req = httpx.Request("POST", seat.base_url + path, content=json.dumps(body).encode(),
                                 headers={"content-type": "application/json", "x-request-id": rid})
@@ -120,7 +126,8 @@ def router(door: Door) -> APIRouter:
                     log_line({"stream": True})
 
             return StreamingResponse(relay(), status_code=status, media_type=media,
-                                     headers={"x-request-id": rid, "cache-control": "no-cache"})
+                                     headers={"x-request-id": rid, "cache-control": "no-cache",
+                                              **report_headers(waits)})
         try:
             content = await r.aread()
         finally:
@@ -138,7 +145,8 @@ def router(door: Door) -> APIRouter:
         if config.server.debug_log_prompts:
             extra["prompt"] = body.get("messages") or body.get("prompt") or body.get("input")
         log_line(extra)
-        return Response(content, status_code=status, media_type=media, headers={"x-request-id": rid})
+        return Response(content, status_code=status, media_type=media,
+                        headers={"x-request-id": rid, **report_headers(waits)})
 
     @app.post("/v1/chat/completions", tags=["openai"], summary="Chat completion (proxied to the model's seat)")
     async def chat(request: Request) -> Response:
@@ -156,16 +164,22 @@ def router(door: Door) -> APIRouter:
     async def list_models(request: Request) -> dict:
         check_auth(request, admin=False)
         views = {v["key"]: v for v in sup.resident_views()}
+        adapters: dict[str, list[str]] = {}
+        for e in catalog.entries():
+            if e.base is not None:
+                adapters.setdefault(e.base, []).append(e.key)
         data = []
         for e in catalog.entries():
-            v = views.get(e.key)
+            v = views.get(e.base or e.key)  # an adapter is resident with its base's seat
             data.append({
                 "id": e.key, "object": "model", "created": int(Path(e.path).stat().st_mtime) if Path(e.path).exists() else 0,
                 "owned_by": "fitevict",
                 "fitevict": {"engine": e.engine, "aliases": list(e.aliases), "pinned": e.pinned,
                              "file": {"bytes": e.file_bytes, "source": "file-size"},
                              "resident": v is not None, "state": v["state"] if v else None,
-                             "resident_bytes": v["devices"] if v else None},
+                             "resident_bytes": v["devices"] if v else None,
+                             **({"base": e.base} if e.base else {}),
+                             **({"adapters": adapters[e.key]} if e.key in adapters else {})},
             })
         return {"object": "list", "data": data}
 
