@@ -125,8 +125,10 @@ def _buffer_device(base_buffer: str, devices: tuple[str, ...]) -> str:
     return base_buffer if base_buffer in devices else HOST
 
 
-def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str, ...], arch: str) -> dict[str, int]:
-    """Bytes of the LoRA buffers one adapter allocates, per budget device, for a base placed as ``placement``.
+def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str, ...], arch: str,
+                  names: frozenset[str]) -> dict[str, int]:
+    """Bytes of the LoRA buffers one adapter allocates, per budget device, for a base placed as ``placement``
+    whose file holds the tensors ``names`` (a tied output is no tensor of its own: an adapter cannot name it).
 
     Raises PricingError where the engine refuses the adapter (another architecture, a weight the base lacks)."""
     if adapter.arch != arch:
@@ -135,7 +137,7 @@ def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str
     where = dict(placement.tensor_buffer)
     out: dict[str, int] = {}
     for t in adapter.tensors:
-        buf = where.get(t.base_name)
+        buf = where.get(t.base_name) if t.base_name in names else None
         if buf is None:
             raise PricingError(f"{adapter.path}: LoRA tensor {t.base_name!r} does not exist in the base model; "
                                "the adapter is for another base")
@@ -148,11 +150,51 @@ def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str
     return out
 
 
-def adapters_bytes(paths: tuple[str, ...], placement: Placement, devices: tuple[str, ...],
-                   arch: str) -> dict[str, int]:
+def adapters_bytes(paths: tuple[str, ...], placement: Placement, devices: tuple[str, ...], arch: str,
+                   names: frozenset[str]) -> dict[str, int]:
     """The LoRA buffers of every adapter in ``paths``, summed per budget device."""
     out: dict[str, int] = {}
     for p in paths:
-        for dev, n in adapter_bytes(load_adapter(p), placement, devices, arch).items():
+        for dev, n in adapter_bytes(load_adapter(p), placement, devices, arch, names).items():
             out[dev] = out.get(dev, 0) + n
     return out
+
+
+#: bytes per element of the safetensors dtypes
+_ST_SIZES: dict[str, int] = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+                             "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def peft_adapter_bytes(weights: str | Path) -> int:
+    """Bytes of a PEFT adapter's tensors as stored (``adapter_model.safetensors``), from its header alone."""
+    from safetensors import safe_open
+
+    total = 0
+    try:
+        with safe_open(str(weights), framework="numpy") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                n = 1
+                for d in sl.get_shape():
+                    n *= d
+                dtype = sl.get_dtype()
+                if dtype not in _ST_SIZES:
+                    raise PricingError(f"{weights}: tensor {name!r} has dtype {dtype}, which fitevict cannot size")
+                total += n * _ST_SIZES[dtype]
+    except (OSError, ValueError) as err:  # safetensors raises SafetensorError, a ValueError-like, on bad headers
+        raise PricingError(f"{weights}: the safetensors header cannot be read ({err})") from err
+    return total
+
+
+def listed_adapter_bytes(kind: str, files: tuple[Path, ...]) -> dict:
+    """An adapter's own bytes for the model list, with their source: a GGUF adapter's LoRA buffer on the CPU
+    (each tensor padded as the engine pads it), a PEFT adapter's tensors as stored."""
+    try:
+        if kind == "lora":
+            a = load_adapter(files[0])
+            n = sum(pad(t.nbytes, CPU_TENSOR_ALIGNMENT) for t in a.tensors)
+            return {"bytes": n, "source": "formula", "rank": a.rank, "what": "LoRA buffer on the CPU, from the header"}
+        return {"bytes": peft_adapter_bytes(files[0]), "source": "formula",
+                "what": "adapter tensors as stored, from the safetensors header"}
+    except (PricingError, IndexError) as err:
+        return {"bytes": None, "source": "unavailable", "reason": f"unavailable, because {err}"}

@@ -142,7 +142,8 @@ def price(
     for b in pl.buffers:
         model_by_dev[b.device] = model_by_dev.get(b.device, 0) + b.bytes
 
-    lora_by_dev = adapters_bytes(cfg.loras, pl, tuple(cfg.devices), s.arch) if cfg.loras else {}
+    names = frozenset(t.name for t in s.tensors) if cfg.loras else frozenset()
+    lora_by_dev = adapters_bytes(cfg.loras, pl, tuple(cfg.devices), s.arch, names) if cfg.loras else {}
     devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev or d in lora_by_dev)]
     out_dev = HOST  # the output buffer lives in host memory (the output device's host buffer when offloaded)
     out_b = output_bytes(s, rc, cfg.embeddings)

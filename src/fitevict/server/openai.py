@@ -19,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from fitevict.contract import unservable, with_lora
 from fitevict.engines import REGISTRY
 from fitevict.loadreport import report_headers
+from fitevict.pricing.adapters import listed_adapter_bytes
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
@@ -178,7 +179,8 @@ def router(door: Door) -> APIRouter:
                              "file": {"bytes": e.file_bytes, "source": "file-size"},
                              "resident": v is not None, "state": v["state"] if v else None,
                              "resident_bytes": v["devices"] if v else None,
-                             **({"base": e.base} if e.base else {}),
+                             **({"base": e.base, "adapter_bytes": listed_adapter_bytes(e.kind, e.files)}
+                                if e.base else {}),
                              **({"adapters": adapters[e.key]} if e.key in adapters else {})},
             })
         return {"object": "list", "data": data}
