@@ -118,3 +118,24 @@ def test_with_lora_replaces_a_client_lora_and_leaves_plain_seats_alone(zoo_dir: 
     assert with_lora({"prompt": "x"}, (), cat.resolve("llama-tied"), None) == {"prompt": "x"}
     with pytest.raises(ContractError, match="lora_scale"):
         parse_contract({"lora_scale": "high"})
+
+
+def test_demo_models_writes_the_adapters_of_llama_gqa(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from fitevict.cli import zoo as zoo_cli
+
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    zoo_cli.register(app)
+    r = CliRunner().invoke(app, ["demo-models", str(tmp_path), "--only", "llama-gqa"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "llama-gqa.adapters").iterdir()) == [
+        "chat.gguf", "math.gguf", "poem.gguf", "sql.gguf"]
+    assert "llama-gqa:<name>" in r.output
+    assert {e.key for e in Catalog.scan([tmp_path])} == {
+        "llama-gqa", "llama-gqa:chat", "llama-gqa:math", "llama-gqa:poem", "llama-gqa:sql"}
+    again = (tmp_path / "llama-gqa.adapters" / "sql.gguf").read_bytes()
+    write_adapters(tmp_path, names=("sql",))
+    assert (tmp_path / "llama-gqa.adapters" / "sql.gguf").read_bytes() == again  # deterministic

@@ -95,6 +95,7 @@ def test_alternating_adapters_load_the_base_once(door) -> None:
     assert all(r["base_load_seconds"] is None and r["evicted"] == [] for r in reports)
     assert {r["adapter"] for r in reports} == {"sql.gguf", "poem.gguf"}
 
+    assert loads[0]["details"]["compute_source"] == "dry-run"  # the engine's dry run ran with the --lora list
     rep = loads[0]["details"]["load_report"]
     assert rep["base_hit"] is False and rep["adapters_on_seat"] == 2
     assert rep["base_load_seconds"] > 0 and rep["adapter_load_seconds"] >= 0

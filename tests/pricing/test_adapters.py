@@ -81,3 +81,28 @@ def test_an_adapter_the_engine_refuses_is_refused_with_its_reason(zoo_dir: Path)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     with pytest.raises(PricingError, match="'output.weight' does not exist in the base"):
         price(load_structure(zoo_dir / "llama-tied.gguf"), LoadConfig(n_ctx=512, loras=(str(path),)))
+
+
+def test_a_stored_measurement_keeps_its_adapter_term(zoo_dir: Path) -> None:
+    from fitevict.supervisor.measure import footprint_from_json
+
+    fp = price(load_structure(zoo_dir / "llama-gqa.gguf"), LoadConfig(n_ctx=512, loras=adapters(zoo_dir))).footprint
+    back = footprint_from_json(fp.to_json())
+    assert back.device(HOST).adapters == fp.device(HOST).adapters and back.total_bytes == fp.total_bytes
+    plain = price(load_structure(zoo_dir / "llama-gqa.gguf"), LoadConfig(n_ctx=512)).footprint
+    assert "adapter_bytes" not in plain.to_json()["devices"][0]  # a seat without adapters keeps its old record
+
+
+def test_the_seat_argv_reads_back_into_the_same_config(zoo_dir: Path) -> None:
+    from fitevict.engines.llama_server import load_args
+    from fitevict.pricing.cmdline import parse_server_argv
+
+    cfg = LoadConfig(n_ctx=512, n_parallel=1, loras=adapters(zoo_dir))
+    argv = load_args(zoo_dir / "llama-gqa.gguf", cfg)
+    assert argv.count("--lora") == 1  # one comma list: the pinned build warns on a repeated --lora
+    back = parse_server_argv(argv)
+    assert back.config == cfg and back.warnings == ()
+    assert parse_server_argv(["-m", "x.gguf", "--lora-scaled", "a.gguf:0.5,b.gguf:1", "--lora", "c.gguf"]
+                             ).config.loras == ("a.gguf", "b.gguf", "c.gguf")
+    with pytest.raises(ValueError, match="contains a comma"):
+        load_args("x.gguf", LoadConfig(loras=("/a,b/x.gguf",)))
