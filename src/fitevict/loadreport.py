@@ -141,7 +141,8 @@ async def request_report(sup, entry, seat, arrived: float, request_id: str | Non
     if loaded and seat.config.loras:
         text = await asyncio.to_thread(lambda: Path(seat.log_path).read_text(errors="replace"))
         adapter_s = adapter_load_seconds(text)
-    evicted = tuple(e.model for e in sup._events if e.event == "evict" and request_id and e.request_id == request_id)
+    evicted = tuple(e.model for e in sup._events if e.event == "evict" and e.request_id == request_id
+                    ) if loaded and request_id else ()  # a hit evicts nothing: the event scan stays off the hot path
     budget, source = budget_figures(sup._last_budget)
     return load_report(model=entry.key, base=seat.key, adapter=str(entry.path) if entry.kind == "lora" else None,
                        seat_loras=seat.config.loras, loaded=loaded, load_seconds=seat.load_seconds,
