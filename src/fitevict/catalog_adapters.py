@@ -140,6 +140,9 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
         else:
             raise ConfigError(f"models.{m.key}.path = '{m.path}': neither a GGUF LoRA adapter (general.type = adapter, "
                               f"adapter.type = lora) nor a PEFT folder with {PEFT_CONFIG}")
+        if kind == "lora" and base.kind != "gguf":
+            raise ConfigError(f"{where}: {m.path} is a GGUF LoRA adapter, which needs a GGUF base on llama-server; "
+                              f"{m.base!r} is {base.engine} ({base.kind}); name a GGUF base or use a PEFT adapter")
         found = [f for f in found if f[1].resolve() != m.path.resolve()]
         found.append((m.key, m.path, base, kind))
         adjust[m.key.lower()] = m

@@ -11,7 +11,9 @@ import shutil
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from _frontdoor import front_door
 from fitevict.loadreport import HEADER
@@ -29,6 +31,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("lora-models")
     write_zoo(dest, only=["llama-gqa"])
     write_adapters(dest, names=("sql", "poem"))
+    hf, peft = dest / "org" / "tiny-hf", dest / "tiny-hf-chat"  # an HF base and a PEFT adapter of it
+    hf.mkdir(parents=True)
+    peft.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    save_file({"w": np.zeros((4, 4), dtype=np.float32)}, str(hf / "model.safetensors"))
+    (peft / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/tiny-hf"}))
+    save_file({"a": np.zeros((2, 4), dtype=np.float32)}, str(peft / "adapter_model.safetensors"))
     return dest
 
 
@@ -113,3 +122,13 @@ def test_the_plan_says_whether_a_request_would_be_a_base_hit(door) -> None:
     complete(door, "llama-gqa:sql")
     plan = httpx.post(door.base_url + "/v1/models/llama-gqa:poem/plan", timeout=60).json()
     assert plan["base"] == "llama-gqa" and plan["base_hit"] is True and plan["adapter_hit"] is True
+
+
+def test_a_peft_adapter_is_listed_and_its_request_names_the_engine_it_needs(door) -> None:
+    data = {m["id"]: m["fitevict"] for m in httpx.get(door.base_url + "/v1/models", timeout=60).json()["data"]}
+    peft = data["tiny-hf:tiny-hf-chat"]
+    assert peft["base"] == "tiny-hf" and peft["engine"] == "transformers"
+    assert peft["adapter_bytes"]["bytes"] == 2 * 4 * 4 and peft["adapter_bytes"]["source"] == "formula"
+    r = httpx.post(door.base_url + "/v1/completions", json={"model": "tiny-hf:tiny-hf-chat", "prompt": "x"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "engine_unavailable"
+    assert "transformers (torch) engine" in r.json()["error"]["message"]
