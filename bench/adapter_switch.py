@@ -69,7 +69,7 @@ async def drive(models: Path, data: Path, keys: list[str], ram_limit: int) -> di
                 loaded = [e for e in store.events(event="load", limit=1000) if e.request_id == f"r{i}"]
                 rows.append({"key": key, "ttft": ttft, "hit": rep.base_hit, "adapter_hit": rep.adapter_hit,
                              "loaded_bytes": sum(sup.catalog.resolve(e.model).file_bytes for e in loaded),
-                             "resident": resident_bytes(sup.seats.values()).get("CPU", 0),
+                             "resident": resident_bytes(sup.seats.values()).get("CPU", (0, ""))[0],
                              "evicted": list(rep.evicted), "compute_now": dict(log.compute_buffers),
                              "compute_at_load": seat.measured.device("CPU").compute.bytes if seat.measured else None,
                              "adapters_measured": seat.measured.device("CPU").adapters.bytes if seat.measured else None,

@@ -15,7 +15,7 @@ LOG = """0.00.029.750 I load_tensors:   CPU_Mapped model buffer size =     0.92 
 0.01.034.982 I sched_reserve:        CPU compute buffer size =     2.73 MiB
 """
 
-ARGS = dict(resident_bytes={"CPU": 5_000_000}, budget_bytes={"CPU": 8_000_000_000},
+ARGS = dict(resident_bytes={"CPU": (5_000_000, "measured")}, budget_bytes={"CPU": 8_000_000_000},
             budget_source={"CPU": "derived: limit (config ram_limit)"})
 
 
@@ -42,4 +42,5 @@ def test_a_hit_loads_nothing_and_the_base_notes_its_zero_scales() -> None:
     assert base.adapter_hit is None and any("scale 0" in n for n in base.notes)
     doc = json.loads(report_headers({"load_report": base})[HEADER])
     assert doc["base_hit"] is True and doc["budget_bytes"] == {"CPU": 8_000_000_000}
+    assert doc["resident_bytes_after"] == {"CPU": 5_000_000} and doc["resident_source"] == {"CPU": "measured"}
     assert report_headers({}) == {} and isinstance(base, LoadReport)

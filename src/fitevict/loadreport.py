@@ -54,6 +54,7 @@ class LoadReport:
     activate_seconds: float | None  # None on llama-server: an adapter is applied inside the request itself
     evicted: tuple[str, ...]  # seats stopped to make room for this request's load
     resident_bytes_after: Mapping[str, int]  # per budget device, every seat together
+    resident_source: Mapping[str, str]  # per device: "measured", or the sources of the seats' predicted figures
     budget_bytes: Mapping[str, int]  # per budget device
     budget_source: Mapping[str, str]
     adapters_on_seat: int
@@ -64,6 +65,7 @@ class LoadReport:
         d["evicted"] = list(self.evicted)
         d["notes"] = list(self.notes)
         d["resident_bytes_after"] = dict(self.resident_bytes_after)
+        d["resident_source"] = dict(self.resident_source)
         d["budget_bytes"] = dict(self.budget_bytes)
         d["budget_source"] = dict(self.budget_source)
         return d
@@ -75,7 +77,7 @@ class LoadReport:
 
 def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple[str, ...], loaded: bool,
                 load_seconds: float | None, adapter_seconds: float | None, evicted: tuple[str, ...],
-                resident_bytes: Mapping[str, int], budget_bytes: Mapping[str, int],
+                resident_bytes: Mapping[str, tuple[int, str]], budget_bytes: Mapping[str, int],
                 budget_source: Mapping[str, str]) -> LoadReport:
     """The report for one request. ``loaded``: the seat was started for this request (it waited for the load);
     ``load_seconds``: that load's wall time (start to ready), of which ``adapter_seconds`` went to the adapters
@@ -109,18 +111,21 @@ def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple
                      "(a graph re-reservation when the scales change), which is part of the request's own time")
     return LoadReport(model=model, base=base, adapter=name, was_cached=not loaded, base_hit=hit, adapter_hit=ahit,
                       base_load_seconds=base_s, adapter_load_seconds=adapter_s, activate_seconds=activate,
-                      evicted=tuple(evicted), resident_bytes_after=dict(resident_bytes),
+                      evicted=tuple(evicted), resident_bytes_after={d: n for d, (n, _) in resident_bytes.items()},
+                      resident_source={d: src for d, (_, src) in resident_bytes.items()},
                       budget_bytes=dict(budget_bytes), budget_source=dict(budget_source),
                       adapters_on_seat=len(seat_loras), notes=tuple(notes))
 
 
-def resident_bytes(seats) -> dict[str, int]:
-    """What every seat holds now, per budget device (measured where the seat was measured)."""
-    out: dict[str, int] = {}
+def resident_bytes(seats) -> dict[str, tuple[int, str]]:
+    """What every seat holds now, per budget device, with the source: "measured" when every seat there was
+    measured, else the distinct sources joined."""
+    out: dict[str, tuple[int, set[str]]] = {}
     for s in seats:
         for dev in ("CPU", *s.config.devices):
-            out[dev] = out.get(dev, 0) + s.bytes_on(dev)
-    return out
+            n, srcs = out.get(dev, (0, set()))
+            out[dev] = (n + s.bytes_on(dev), srcs | {s.source_on(dev)})
+    return {d: (n, " + ".join(sorted(srcs))) for d, (n, srcs) in out.items()}
 
 
 def budget_figures(budget) -> tuple[dict[str, int], dict[str, str]]:

@@ -100,6 +100,10 @@ def test_alternating_adapters_load_the_base_once(door) -> None:
     loads = [e for e in events(door, event="load") if e["model"] == "llama-gqa"]
     assert len(loads) == 1 and len(before) <= 1  # one base load for every adapter, whichever asked first
     assert not [e for e in events(door) if e["model"] == "llama-gqa" and e["event"] != "load"]  # no reload
+    if not before:  # run alone: the first request loaded the base with both adapters
+        first, reports = reports[0], reports[1:]
+        assert (first["base_hit"], first["adapter_hit"], first["was_cached"]) == (False, False, False)
+        assert first["base_load_seconds"] > 0 and first["adapter_load_seconds"] is not None
     assert all(r["base_hit"] and r["adapter_hit"] and r["was_cached"] for r in reports)
     assert all(r["base_load_seconds"] is None and r["evicted"] == [] for r in reports)
     assert {r["adapter"] for r in reports} == {"sql.gguf", "poem.gguf"}
@@ -116,6 +120,8 @@ def test_alternating_adapters_load_the_base_once(door) -> None:
     assert abs(m_cpu["adapter_bytes"] - p_cpu["adapter_bytes"]) <= 2 * 0.005 * MiB
     assert abs(m_cpu["model_bytes"] - p_cpu["model_bytes"]) <= 0.005 * MiB
     assert rep["resident_bytes_after"]["CPU"] >= p_cpu["adapter_bytes"] + p_cpu["model_bytes"]
+    assert rep["resident_source"]["CPU"] == "measured"
+    assert abs(loads[0]["details"]["prediction_error"]) < 0.01  # the whole seat: base + adapters, as priced
 
 
 def test_the_plan_says_whether_a_request_would_be_a_base_hit(door) -> None:
