@@ -103,6 +103,7 @@ def main() -> None:
         one = price(load_structure(shared / f"{BASE}.gguf"), LoadConfig(n_ctx=4096, n_parallel=1)).footprint
         limit = int(1.5 * one.bytes_on(HOST))  # one full model (with its adapters) fits, two do not
         order = [n for _ in range(args.rounds) for n in NAMES]
+        load_before = os.getloadavg()[0]
         a = asyncio.run(drive(shared, tmp / "data-a", [f"{BASE}:{n}" for n in order], limit))["rows"]
         b = asyncio.run(drive(copies, tmp / "data-b", [f"{BASE}-{n}" for n in order], limit))["rows"]
     finally:
@@ -127,7 +128,10 @@ def main() -> None:
         f"LoRA adapters ({adapter_file / 1024:.0f} KiB each, file-size), against 4 full copies of the model. RAM budget "
         f"{mib(limit)} MiB (declared `ram_limit`, 1.5 x one model): one full model fits, two do not. "
         f"{len(order)} requests cycling a, b, c, d; each acquires its seat through the supervisor and streams one "
-        "token. Time to first token is measured client-side and includes any queueing, eviction and load.",
+        "token. Time to first token is measured client-side and includes any queueing, eviction and load. "
+        f"The machine is shared: load average {load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after, "
+        f"on {os.cpu_count()} cores, so one token alone takes about a second here; compare the columns, not the "
+        "absolute times.",
         "",
         "| per switch | 4 adapters on one base | 4 full copies |",
         "|---|---|---|",
