@@ -54,6 +54,7 @@ ctx = 512
 
 [models.llama-gqa]
 ctx = 512
+parallel = 2
 """)
     with front_door(tmp, "--config", str(cfg), "--models-dir", str(models)) as fd:
         yield fd
@@ -138,3 +139,15 @@ def test_a_peft_adapter_is_listed_and_its_request_names_the_engine_it_needs(door
     r = httpx.post(door.base_url + "/v1/completions", json={"model": "tiny-hf:tiny-hf-chat", "prompt": "x"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "engine_unavailable"
     assert "transformers (torch) engine" in r.json()["error"]["message"]
+
+
+def test_two_adapters_are_served_concurrently_from_one_seat(door) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    alone = {m: complete(door, m)[0] for m in ("llama-gqa:sql", "llama-gqa:poem", "llama-gqa")}
+    order = ["llama-gqa:sql", "llama-gqa:poem", "llama-gqa"] * 3
+    with ThreadPoolExecutor(len(order)) as pool:
+        together = list(pool.map(lambda m: complete(door, m), order))
+    assert [text for text, _ in together] == [alone[m] for m in order]  # each request got its own scales
+    assert all(rep["base_hit"] for _, rep in together)
+    assert len([e for e in events(door, event="load") if e["model"] == "llama-gqa"]) == 1
