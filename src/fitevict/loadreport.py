@@ -84,16 +84,17 @@ def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple
     (``adapter_load_seconds`` of its log); ``adapter``: the requested adapter file (None for the base)."""
     notes: list[str] = []
     name = Path(adapter).name if adapter else None
+    took = f" in {load_seconds:.3f} s" if load_seconds is not None else ""
     if loaded:
         base_s = None if load_seconds is None else max(0.0, load_seconds - (adapter_seconds or 0.0))
         if seat_loras:
             notes.append(f"the base was not resident: loaded it with all {len(seat_loras)} adapter(s) of {base} "
-                         f"in one start ({load_seconds or 0:.3f} s); later requests for any of them are hits")
+                         f"in one start{took}; later requests for any of them are hits")
             if adapter_seconds is None:
                 notes.append("adapter load seconds unavailable, because the seat log has no adapter timestamps; "
                              "they are inside base_load_seconds")
         else:
-            notes.append(f"the base was not resident: loaded {base} ({load_seconds or 0:.3f} s)")
+            notes.append(f"the base was not resident: loaded {base}{took}")
         if evicted:
             notes.append(f"evicted {', '.join(evicted)} to make room")
         adapter_s = adapter_seconds if seat_loras else None
