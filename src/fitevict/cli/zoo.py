@@ -11,6 +11,7 @@ from rich.table import Table
 
 from fitevict.units import format_size
 from fitevict.zoo import ZOO_NAMES, ZooError, resolve_names, write_zoo
+from fitevict.zoo_adapters import DEMO_BASE, write_adapters
 
 
 def demo_models(
@@ -21,7 +22,8 @@ def demo_models(
         None, "--only", metavar="NAME", help=f"Write only this model (repeatable). Names: {', '.join(ZOO_NAMES)}."
     ),
 ) -> None:
-    """Write small deterministic GGUF test models (llama, MoE, SWA, quantized, ...) into DIR."""
+    """Write small deterministic GGUF test models (llama, MoE, SWA, quantized, ...) into DIR, and LoRA adapters
+    for llama-gqa in DIR/llama-gqa.adapters/."""
     out = Console()
     err = Console(stderr=True)
     try:
@@ -39,6 +41,7 @@ def demo_models(
                 done += 1
 
             models = write_zoo(dest, only=names, progress=step)
+            adapters = write_adapters(dest) if DEMO_BASE in names else []
             bar.update(task, completed=len(names))
     except ZooError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
@@ -59,6 +62,9 @@ def demo_models(
     for m in models:
         table.add_row(m.name, m.arch, m.quant, format_size(m.file_bytes), str(m.path))
     out.print(table)
+    if adapters:
+        out.print(f"LoRA adapters of {DEMO_BASE} (served as {DEMO_BASE}:<name>), in "
+                  f"{adapters[0].path.parent}: {', '.join(a.name for a in adapters)}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

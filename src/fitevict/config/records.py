@@ -105,6 +105,7 @@ class ModelConfig:
     alloc_mode: str | None = None  # None = policy.default_alloc_mode
     n_gpu_layers: int | None = None  # -ngl, for alloc_mode explicit
     n_cpu_moe: int | None = None  # --n-cpu-moe, for alloc_mode explicit
+    base: str | None = None  # for a LoRA adapter (path = the adapter): the key of the model it adapts
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}

@@ -81,6 +81,7 @@ _MODEL_FIELDS: dict[str, Parser] = {
     "alloc_mode": _choice(ALLOC_MODES),
     "n_gpu_layers": _int(-1),
     "n_cpu_moe": _int(0),
+    "base": _alias,
 }
 
 #: FITEVICT_* variables read elsewhere, which are not config keys.

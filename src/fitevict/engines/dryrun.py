@@ -51,11 +51,12 @@ class Unavailable:
     reason: str
 
 
-def _key(binary: Path, model: Path, args: list[str]) -> str:
+def _key(binary: Path, model: Path, args: list[str], loras: tuple[str, ...] = ()) -> str:
     st = model.stat()
     bst = binary.stat()
+    adapters = [(str(Path(f).resolve()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in loras]
     blob = json.dumps([CACHE_VERSION, str(model.resolve()), st.st_size, st.st_mtime_ns,
-                       str(binary.resolve()), bst.st_size, bst.st_mtime_ns, args[2:]])
+                       str(binary.resolve()), bst.st_size, bst.st_mtime_ns, args[2:], *([adapters] if loras else [])])
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -92,7 +93,7 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
         return Unavailable(f"no executable {SERVER} in {binary_dir}; run: fitevict engine install llama.cpp")
     try:
         args = server_args(model, cfg, extra_args)
-        key = _key(binary, model, args)
+        key = _key(binary, model, args, cfg.loras)
     except (OSError, ValueError) as err:
         return Unavailable(f"{model}: cannot prepare the dry run: {err}")
     cdir = cache_dir() / "dryrun"

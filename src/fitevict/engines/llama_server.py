@@ -65,6 +65,7 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
         a += ["--embeddings", *pooling_args(model, extra_args)]
     if not cfg.mmap:
         a += ["-lm", "none"]
+    a += lora_args(cfg)
     return [*a, *extra_args]
 
 
@@ -85,6 +86,17 @@ def pooling_args(model: str | Path, extra_args: Sequence[str] = ()) -> list[str]
     except PricingError:
         return []  # an unreadable file: the engine itself refuses it, with its own words
     return ["--pooling", DEFAULT_POOLING] if declared in (None, POOLING_NONE) else []
+
+
+def lora_args(cfg: LoadConfig) -> list[str]:
+    """One ``--lora A,B,...`` (the pinned build warns on a repeated flag) loaded at scale 0
+    (``--lora-init-without-apply``): a request applies them through its ``lora`` field (id = the position here)."""
+    if not cfg.loras:
+        return []
+    if bad := [f for f in cfg.loras if "," in f]:
+        raise ValueError(f"LoRA adapter path {bad[0]!r} contains a comma, which llama-server's --lora list cannot "
+                         "carry; rename the file or its folder")
+    return ["--lora", ",".join(cfg.loras), "--lora-init-without-apply"]
 
 
 class LlamaServerEngine:

@@ -63,14 +63,15 @@ class DeviceFootprint:
     context: Term = ZERO_FORMULA
     compute: Term = ZERO_FORMULA
     output: Term = ZERO_FORMULA
+    adapters: Term = ZERO_FORMULA  # LoRA buffers (llama.cpp's "LoRA buffer size"), apart from the model's own
 
     @property
     def total_bytes(self) -> int:
-        return self.model.value + self.context.value + self.compute.value + self.output.value
+        return self.model.value + self.context.value + self.compute.value + self.output.value + self.adapters.value
 
     @property
     def complete(self) -> bool:
-        return all(t.bytes is not None for t in (self.model, self.context, self.compute, self.output))
+        return all(t.bytes is not None for _, t in self._terms())
 
     def to_json(self) -> dict:
         return {
@@ -79,13 +80,9 @@ class DeviceFootprint:
             "context_bytes": self.context.bytes,
             "compute_bytes": self.compute.bytes,
             "output_bytes": self.output.bytes,
+            **({"adapter_bytes": self.adapters.bytes} if self.adapters != ZERO_FORMULA else {}),
             "total_bytes": self.total_bytes,
-            "sources": {
-                "model": self.model.source,
-                "context": self.context.source,
-                "compute": self.compute.source,
-                "output": self.output.source,
-            },
+            "sources": {k: t.source for k, t in self._terms()},
             **(
                 {"unavailable": {k: t.reason for k, t in self._terms() if t.source == "unavailable"}}
                 if not self.complete
@@ -94,7 +91,8 @@ class DeviceFootprint:
         }
 
     def _terms(self) -> tuple[tuple[str, Term], ...]:
-        return (("model", self.model), ("context", self.context), ("compute", self.compute), ("output", self.output))
+        terms = (("model", self.model), ("context", self.context), ("compute", self.compute), ("output", self.output))
+        return (*terms, ("adapters", self.adapters)) if self.adapters != ZERO_FORMULA else terms
 
 
 @dataclass(frozen=True, slots=True)

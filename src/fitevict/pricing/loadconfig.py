@@ -31,7 +31,9 @@ class LoadConfig:
     # -ot PATTERN=BUFT, in command-line order (after --n-cpu-moe's own overrides); first match wins
     tensor_overrides: tuple[tuple[str, str], ...] = ()
     embeddings: bool = False  # --embeddings: the output buffer also holds n_embd floats per output
-
+    # --lora FILE per adapter (with --lora-init-without-apply: loaded at scale 0, applied per request), in
+    # order: a request's ``lora`` ids index this tuple
+    loras: tuple[str, ...] = ()
 
     def with_(self, **changes: object) -> "LoadConfig":
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -40,6 +42,9 @@ class LoadConfig:
         d = asdict(self)
         d["devices"] = list(self.devices)
         d["tensor_overrides"] = [list(o) for o in self.tensor_overrides]
+        d["loras"] = list(self.loras)
+        if not self.loras:
+            del d["loras"]  # a seat without adapters keeps the signature it had before adapters existed
         return d
 
     @staticmethod
@@ -49,4 +54,6 @@ class LoadConfig:
             d["devices"] = tuple(d["devices"])
         if "tensor_overrides" in d:
             d["tensor_overrides"] = tuple((str(p), str(b)) for p, b in d["tensor_overrides"])
+        if "loras" in d:
+            d["loras"] = tuple(str(p) for p in d["loras"])
         return LoadConfig(**d)

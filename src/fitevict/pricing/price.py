@@ -1,6 +1,6 @@
 """price(structure, cfg) -> Pricing: a model's Footprint under one llama-server configuration.
 
-Model and context terms are exact (placement.py, kv.py); for an architecture without KV rules the context is
+Model, context and adapter (LoRA buffer, adapters.py) terms are exact (placement.py, kv.py); for an architecture without KV rules the context is
 the caches the engine's dry run sized (source "dry-run"). The output buffer is exact (an embeddings seat at its
 peak, ``Pricing.output_at_load`` is the buffer the load log prints); the compute buffer
 comes from the engine's dry run when the caller passes it (source "dry-run"), else from a labelled
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.pricing.adapters import adapters_bytes
+from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.pricing.gguf import GgufStructure, PricingError
 from fitevict.pricing.kv import KvInfo, KvLayer, ResolvedContext, kv_layers, output_bytes, resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
@@ -141,7 +142,9 @@ def price(
     for b in pl.buffers:
         model_by_dev[b.device] = model_by_dev.get(b.device, 0) + b.bytes
 
-    devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev)]
+    names = frozenset(t.name for t in s.tensors) if cfg.loras else frozenset()
+    lora_by_dev = adapters_bytes(cfg.loras, pl, tuple(cfg.devices), s.arch, names) if cfg.loras else {}
+    devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev or d in lora_by_dev)]
     out_dev = HOST  # the output buffer lives in host memory (the output device's host buffer when offloaded)
     out_b = output_bytes(s, rc, cfg.embeddings)
     dfs: list[DeviceFootprint] = []
@@ -159,6 +162,7 @@ def price(
             context=ctx_t,
             compute=comp,
             output=Term(out_b if d == out_dev else 0, "formula"),
+            adapters=Term(lora_by_dev.get(d, 0), "formula") if cfg.loras else ZERO_FORMULA,
         ))
     mapped = sum(b.bytes for b in pl.buffers if b.mapped)
     host = dfs[0]

@@ -10,6 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fitevict import __version__
+from fitevict.loadreport import plan_hits
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
@@ -54,7 +55,8 @@ def router(door: Door) -> APIRouter:
         contract = await contract_from_body(request)
         check_gguf_file(entry, contract)
         the_plan = sup.plan(entry.key, contract)
-        return {"model": entry.key, "plan": the_plan.to_json(), "budget": sup.last_budget_json()}
+        return {"model": entry.key, **plan_hits(entry, the_plan), "plan": the_plan.to_json(),
+                "budget": sup.last_budget_json()}
 
     @app.post("/v1/models/{model_id}/load", tags=["admin"], summary="Load a model (with an optional contract)")
     async def load(model_id: str, request: Request,

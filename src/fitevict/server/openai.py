@@ -16,7 +16,10 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from fitevict.contract import for_embeddings
+from fitevict.contract import for_embeddings, unservable, with_lora
+from fitevict.engines import REGISTRY
+from fitevict.loadreport import report_headers
+from fitevict.pricing.adapters import listed_adapter_bytes
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract, until_disconnect
 from fitevict.server.errors import ApiError
@@ -66,6 +69,8 @@ def router(door: Door) -> APIRouter:
             model_key = entry.key
             contract = parse_contract(body.pop("fitevict", None))
             check_gguf_file(entry, contract)
+            if (why := unservable(entry, tuple(REGISTRY))) is not None:
+                raise ApiError(400, why, param="model", code="engine_unavailable")
             if endpoint == "embeddings":
                 contract = for_embeddings(contract)  # any model: an embeddings seat is loaded for it
             for k, v in entry.settings.request_defaults.items():
@@ -93,6 +98,7 @@ def router(door: Door) -> APIRouter:
                 log_line({"error": "client disconnected while waiting for a seat"})
                 return Response(status_code=499)
             t_seat = time.perf_counter()
+            body = with_lora(body, seat.config.loras, entry, contract)  # adapters: one base seat, scales per request
             # A bare Request (no client defaults to merge) and our own JSON encoding: the hot path.
             req = httpx.Request("POST", seat.base_url + path, content=json.dumps(body).encode(),
                                 headers={"content-type": "application/json", "x-request-id": rid})
@@ -134,7 +140,8 @@ def router(door: Door) -> APIRouter:
                     log_line({"stream": True})
 
             return StreamingResponse(relay(), status_code=status, media_type=media,
-                                     headers={"x-request-id": rid, "cache-control": "no-cache"})
+                                     headers={"x-request-id": rid, "cache-control": "no-cache",
+                                              **report_headers(waits)})
         try:
             content = await r.aread()
         finally:
@@ -152,7 +159,8 @@ def router(door: Door) -> APIRouter:
         if config.server.debug_log_prompts:
             extra["prompt"] = body.get("messages") or body.get("prompt") or body.get("input")
         log_line(extra)
-        return Response(content, status_code=status, media_type=media, headers={"x-request-id": rid})
+        return Response(content, status_code=status, media_type=media,
+                        headers={"x-request-id": rid, **report_headers(waits)})
 
     @app.post("/v1/chat/completions", tags=["openai"], summary="Chat completion (proxied to the model's seat)")
     async def chat(request: Request) -> Response:
@@ -170,16 +178,23 @@ def router(door: Door) -> APIRouter:
     async def list_models(request: Request) -> dict:
         check_auth(request, admin=False)
         views = {v["key"]: v for v in sup.resident_views()}
+        adapters: dict[str, list[str]] = {}
+        for e in catalog.entries():
+            if e.base is not None:
+                adapters.setdefault(e.base, []).append(e.key)
         data = []
         for e in catalog.entries():
-            v = views.get(e.key)
+            v = views.get(e.base or e.key)  # an adapter is resident with its base's seat
             data.append({
                 "id": e.key, "object": "model", "created": int(Path(e.path).stat().st_mtime) if Path(e.path).exists() else 0,
                 "owned_by": "fitevict",
                 "fitevict": {"engine": e.engine, "aliases": list(e.aliases), "pinned": e.pinned,
                              "file": {"bytes": e.file_bytes, "source": "file-size"},
                              "resident": v is not None, "state": v["state"] if v else None,
-                             "resident_bytes": v["devices"] if v else None},
+                             "resident_bytes": v["devices"] if v else None,
+                             **({"base": e.base, "adapter_bytes": listed_adapter_bytes(e.kind, e.files)}
+                                if e.base else {}),
+                             **({"adapters": adapters[e.key]} if e.key in adapters else {})},
             })
         return {"object": "list", "data": data}
 

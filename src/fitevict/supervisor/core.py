@@ -25,6 +25,7 @@ from fitevict.engines import engine_class
 from fitevict.engines.base import Engine
 from fitevict.engines.process import free_port
 from fitevict.host.budget import Budget, budget_from_config
+from fitevict.loadreport import request_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
 from fitevict.store.records import Event, Seat as SeatRecord
@@ -278,6 +279,8 @@ class Supervisor:
             timing["queue_s"], timing["load_s"] = 0.0, 0.0
         seat = self.seats[got]
         try:
+            if timing is not None:  # what loading cost this request (an adapter is served by its base's seat)
+                timing["load_report"] = await request_report(self, entry, seat, w.arrived, request_id)
             yield seat
         finally:
             self.scheduler.finished(got)

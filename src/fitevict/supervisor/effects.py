@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
+from fitevict.loadreport import seat_load_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.errors import LoadFailed, Refused, SupervisorError
@@ -185,6 +186,7 @@ class LiveEffects:
             "guard": {"accepted": verdict.accepted, "check": verdict.check, "reason": verdict.reason},
             "notes": list(notes), "compute_source": sup.prices.compute_source(seat.model_path, seat.config),
             "previous_measured_bytes": previous.total_bytes if previous else None,
+            "load_report": seat_load_report(sup, seat, plan).to_json(),
         }
         if measured_total:
             details["prediction_error"] = (seat.predicted.total_bytes - measured_total) / measured_total
