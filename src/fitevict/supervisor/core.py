@@ -20,7 +20,7 @@ from typing import Any
 from fitevict import planner as pl
 from fitevict.catalog import Catalog, CatalogEntry
 from fitevict.config import Config
-from fitevict.contract import Contract
+from fitevict.contract import Contract, seat_key
 from fitevict.engines import engine_class
 from fitevict.engines.base import Engine
 from fitevict.engines.process import free_port
@@ -323,11 +323,11 @@ class Supervisor:
 
     async def unload(self, key: str, *, reason: str = "unloaded on request") -> StopResult | None:
         """Stop ``key`` once its requests in flight finish; returns the verified stop, or None if not resident."""
-        entry = self.catalog.resolve(key)
+        target = seat_key(self.catalog.resolve(key))  # an adapter's seat is its base's
         fut = asyncio.get_running_loop().create_future()
-        self._stop_waiters.setdefault(entry.key, []).append(fut)
-        if not self.scheduler.unload(entry.key, reason):
-            self._stop_waiters[entry.key].remove(fut)
+        self._stop_waiters.setdefault(target, []).append(fut)
+        if not self.scheduler.unload(target, reason):
+            self._stop_waiters[target].remove(fut)
             return None
         return await fut
 
