@@ -22,6 +22,13 @@ class LaunchSpec:
     notes: tuple[str, ...] = field(default=())
 
 
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """An engine figure that could not be produced, and why."""
+
+    reason: str
+
+
 class Engine(Protocol):
     name: str
 

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitevict.engines.base import Unavailable
+from fitevict.engines.buftrace import buftrace_library, preload_env
 from fitevict.engines.process import die_with_parent, free_port, stop_group
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
@@ -41,13 +43,6 @@ from fitevict.units import MiB
 
 SERVER = "llama-server"
 CACHE_VERSION = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Unavailable:
-    """A dry run that produced no figure, and why."""
-
-    reason: str
 
 
 def _flag_args(cfg: LoadConfig, *, n_ctx: int, n_parallel: int | None, server: bool) -> list[str]:
@@ -181,13 +176,14 @@ def parse_dry_compute(text: str) -> dict[str, int]:
 
 
 def _follow(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str | None], *,
-            before_stop: Callable[[int], None] | None = None) -> tuple[list[str], str | None, int]:
+            before_stop: Callable[[int], None] | None = None,
+            env: dict[str, str] | None = None) -> tuple[list[str], str | None, int]:
     """Run ``argv`` in its own process group and read its output line by line until ``on_line`` returns a
     verdict ("" = done, anything else = the failure), the process exits, or ``timeout_s`` passes; then call
     ``before_stop(pid)`` and stop the group. Returns the lines, the verdict (a reason when no line gave one)
     and the pid."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=die_with_parent)
+                            preexec_fn=die_with_parent, env=env)
     assert proc.stdout is not None
     lines: list[str] = []
     verdict: str | None = None
@@ -264,9 +260,11 @@ def _smaps(pid: int) -> dict[str, int] | None:
 
 def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *,
                      port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False,
-                     extra_args: tuple[str, ...] = ()) -> CapturedLoad:
+                     extra_args: tuple[str, ...] = (), exact: bool = False) -> CapturedLoad:
     """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
-    listens, with ``wait_listening``), sample smaps_rollup, then stop the process group."""
+    listens, with ``wait_listening``), sample smaps_rollup, then stop the process group. ``exact``: preload the
+    allocator trace (engines/buftrace), so ``pricing.buftrace.parse_exact_log`` reads every buffer to the byte; a
+    trace that cannot be built fails the capture with the reason."""
     binary = Path(binary_dir) / SERVER
     argv = [str(binary), *server_args(model_path, cfg, extra_args), "-lv", "4", "--host", "127.0.0.1",
             "--port", str(port or free_port()), "--no-warmup", "-t", "1"]
@@ -283,7 +281,13 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
     def sample(pid: int) -> None:
         seen["after"] = _smaps(pid)
 
-    lines, verdict, pid = _follow(argv, timeout_s, on_line, before_stop=sample)
+    env = None
+    if exact:
+        lib = buftrace_library()
+        if isinstance(lib, Unavailable):
+            return CapturedLoad("", 0, False, f"exact bytes unavailable: {lib.reason}")
+        env = preload_env(lib)
+    lines, verdict, pid = _follow(argv, timeout_s, on_line, before_stop=sample, env=env)
     ok = verdict == ""
     if not ok and verdict and "exited with" in verdict:
         verdict = f"llama-server {verdict.split(' ', 1)[1]} before the buffers were logged"

@@ -73,6 +73,7 @@ class LoadLog:
     kv_unified: bool | None = None
     breakdown: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ("Host", (self, model, context, compute)), MiB
     notes: tuple[str, ...] = field(default=())
+    precision_bytes: int = PRECISION_BYTES  # 0 once the allocator trace made every figure exact (pricing.buftrace)
 
     @property
     def loaded(self) -> bool:

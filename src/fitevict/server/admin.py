@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from fitevict import __version__
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
+from fitevict.server.labels import history_sources, prediction_error
 from fitevict.store.records import EVENTS
 from fitevict.supervisor import Contract, SupervisorError
 from fitevict.units import GiB
@@ -98,8 +99,6 @@ def router(door: Door) -> APIRouter:
 
     return app
 
-    return app
-
 
 def _gb(b: int | None) -> float | None:
     return None if b is None else round(b / GiB, 3)
@@ -113,7 +112,7 @@ def history_row(ev) -> dict:
         "request_id": ev.request_id, "predicted_gb": _gb(ev.predicted_bytes), "measured_gb": _gb(ev.measured_bytes),
         "bytes": {"vram": ev.vram_bytes, "offloaded": ev.offloaded_bytes, "host": ev.host_bytes,
                   "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "measured": ev.measured_bytes},
-        "sources": {"predicted": "formula/dry-run pricing", "measured": "engine log + /proc PSS",
-                    "freed": "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"},
+        "sources": history_sources(ev),
+        "prediction_error": prediction_error(ev.predicted_bytes, ev.measured_bytes),
         "details": ev.details,
     }
