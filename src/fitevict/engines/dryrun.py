@@ -175,7 +175,7 @@ def parse_dry_compute(text: str) -> dict[str, int]:
     return out
 
 
-def _follow(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str | None], *,
+def follow_process(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str | None], *,
             before_stop: Callable[[int], None] | None = None,
             env: dict[str, str] | None = None) -> tuple[list[str], str | None, int]:
     """Run ``argv`` in its own process group and read its output line by line until ``on_line`` returns a
@@ -224,7 +224,7 @@ def _follow(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str
 
 def _run_until(argv: list[str], stop: re.Pattern[str], timeout_s: float) -> tuple[str, str]:
     """Run ``argv`` until a line matches ``stop``; returns the output and, if it never did, why."""
-    lines, verdict, _pid = _follow(argv, timeout_s, lambda line, _pid: "" if stop.search(line) else None)
+    lines, verdict, _pid = follow_process(argv, timeout_s, lambda line, _pid: "" if stop.search(line) else None)
     return "\n".join(lines), verdict or ""
 
 
@@ -287,7 +287,7 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
         if isinstance(lib, Unavailable):
             return CapturedLoad("", 0, False, f"exact bytes unavailable: {lib.reason}")
         env = preload_env(lib)
-    lines, verdict, pid = _follow(argv, timeout_s, on_line, before_stop=sample, env=env)
+    lines, verdict, pid = follow_process(argv, timeout_s, on_line, before_stop=sample, env=env)
     ok = verdict == ""
     if not ok and verdict and "exited with" in verdict:
         verdict = f"llama-server {verdict.split(' ', 1)[1]} before the buffers were logged"

@@ -78,7 +78,7 @@ def router(door: Door) -> APIRouter:
 <h1>fitevict {escape(__version__)}</h1>
 <h2>Budget</h2>{_table(["device", "total", "free", "reserve", "limit", "budget for models"], b_rows)}
 {f"<ul>{notes}</ul>" if notes else ""}
-<h2>Resident</h2>{_table(["model", "state", "placement", "host (measured)", "host (predicted)", "ctx", "in flight",
+<h2>Resident</h2>{_table(["model", "state", "placement", "host now", "host predicted", "ctx", "in flight",
                          "idle unload in"], r_rows)}
 <h2>History</h2>{_table(["time", "event", "model", "seconds", "host", "freed", "strategy / reason"], h_rows)}
 </body></html>"""

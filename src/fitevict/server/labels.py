@@ -46,6 +46,8 @@ def _measured(d: dict) -> str | None:
 
 
 def _host(ev: Any, d: dict) -> str | None:
+    if ev.host_bytes is None:
+        return None
     if d.get("host_source"):
         return str(d["host_source"])
     pss = d.get("host_pss")
