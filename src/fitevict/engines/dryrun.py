@@ -59,6 +59,7 @@ def _flag_args(cfg: LoadConfig, *, n_ctx: int, n_parallel: int | None, server: b
     if cfg.n_cpu_moe:
         a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
     a += override_args(cfg)
+    a += split_args(cfg)
     if cfg.swa_full:
         a += ["--swa-full"]
     if cfg.embeddings:
@@ -69,6 +70,14 @@ def _flag_args(cfg: LoadConfig, *, n_ctx: int, n_parallel: int | None, server: b
 def override_args(cfg: LoadConfig) -> list[str]:
     """``-ot PATTERN=BUFT`` per override, in order (after ``--n-cpu-moe``, whose rules llama.cpp then checks first)."""
     return [x for pattern, buft in cfg.tensor_overrides for x in ("-ot", f"{pattern}={buft}")]
+
+
+def split_args(cfg: LoadConfig) -> list[str]:
+    """``-ts W0,W1,...`` when the configuration fixes each GPU's share of the layers (see placement.layer_devices);
+    nothing for one device or llama.cpp's default."""
+    if not cfg.tensor_split or len(cfg.devices) < 2:
+        return []
+    return ["-ts", ",".join(str(int(w)) if float(w).is_integer() else repr(float(w)) for w in cfg.tensor_split)]
 
 
 def server_args(model: str | Path, cfg: LoadConfig, extra_args: tuple[str, ...] = ()) -> list[str]:

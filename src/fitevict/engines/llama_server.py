@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fitevict.engines.base import LaunchSpec
+from fitevict.engines.dryrun import override_args, split_args
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 
@@ -57,8 +58,8 @@ class LlamaServerEngine:
         notes: list[str] = []
         if c.n_cpu_moe:
             argv += ["--n-cpu-moe", str(c.n_cpu_moe)]
-        for pattern, buft in c.tensor_overrides:  # after --n-cpu-moe: llama.cpp checks its rules first
-            argv += ["-ot", f"{pattern}={buft}"]
+        argv += override_args(c)  # after --n-cpu-moe: llama.cpp checks its rules first
+        argv += split_args(c)
         if self._has("--fit"):
             argv += ["--fit", "off"]
         if not c.mmap:

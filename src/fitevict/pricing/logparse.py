@@ -243,14 +243,6 @@ class DryContext:
 
     caches: tuple[DryCache, ...]
 
-    def bytes_by_device(self) -> dict[str, int]:
-        """Each cache's bytes split over its layers' devices (evenly per layer: the log gives one total)."""
-        out: dict[str, int] = {}
-        for c in self.caches:
-            for (_il, dev), share in zip(c.layers, split_evenly(c.bytes, len(c.layers)), strict=True):
-                out[dev] = out.get(dev, 0) + share
-        return out
-
     def to_json(self) -> list:
         return [c.to_json() for c in self.caches]
 

@@ -128,11 +128,12 @@ def price(
         if not s.unsupported:
             raise
         if context is not None and context.caches:
+            # the caches' per-layer bytes do not depend on the placement: each layer's share goes to the device
+            # this placement gives the layer, whichever placement the dry run itself used
             kv, ctx_source = kv_from_dry_run(context), "dry-run"
-            ctx_by_dev = context.bytes_by_device()
         else:
             ctx_reason = f"{err}; no dry run of the engine sized it"
-    if kv is not None and ctx_source == "formula":
+    if kv is not None:
         for layer in kv.layers:
             dev = pl.layer_device[layer.il]
             ctx_by_dev[dev] = ctx_by_dev.get(dev, 0) + layer.bytes

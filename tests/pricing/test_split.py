@@ -1,0 +1,47 @@
+"""Several GPUs split the offloaded layers as llama.cpp does: by free memory by default, or by -ts."""
+
+from __future__ import annotations
+
+from fitevict.engines.dryrun import server_args
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.placement import default_split, layer_devices, split_points
+from fitevict.pricing.price import price
+from fitevict.units import GiB
+
+TWO = ("CUDA0", "CUDA1")
+
+
+def test_even_weights_split_evenly_and_the_output_goes_last() -> None:
+    layers, out = layer_devices(7, 99, TWO)  # 8 offloaded (7 blocks + output): 4 and 4
+    assert layers == ("CUDA0",) * 4 + ("CUDA1",) * 3 and out == "CUDA1"
+
+
+def test_free_memory_weights_the_split() -> None:
+    # 60 GiB free on CUDA0, 20 GiB on CUDA1: split point 0.75 -> layers at fractions < 0.75 go to CUDA0
+    layers, out = layer_devices(7, 99, TWO, default_split(TWO, {"CUDA0": 60 * GiB, "CUDA1": 20 * GiB}))
+    assert layers == ("CUDA0",) * 6 + ("CUDA1",) and out == "CUDA1"
+    # a partial offload: -ngl 4 puts blocks 4..6 and the output on the GPUs, 3 of the 4 on CUDA0
+    layers, out = layer_devices(7, 4, TWO, (3.0, 1.0))
+    assert layers == (HOST,) * 4 + ("CUDA0",) * 3 and out == "CUDA1"
+
+
+def test_split_points_are_float32_like_llama_cpp() -> None:
+    # sizes near 2**35 are not exact in float32; the split points are computed after the same rounding
+    pts = split_points((float(34359738367), float(34359738369)))
+    assert pts[-1] == 1.0 and pts[0] == 0.5
+    assert default_split(TWO, {"CUDA0": 1}) == ()  # a device whose free memory is unknown: no split to give
+
+
+def test_priced_buffers_follow_the_split_and_the_argv_carries_it(zoo: dict) -> None:
+    path = zoo["llama-medium"].path  # 8 blocks
+    s = load_structure(path)
+    even = price(s, LoadConfig(n_ctx=512, n_gpu_layers=-1, devices=TWO))
+    skew = price(s, LoadConfig(n_ctx=512, n_gpu_layers=-1, devices=TWO, tensor_split=(3.0, 1.0)))
+    e0, e1 = (even.footprint.device(d).model.bytes for d in TWO)  # type: ignore[union-attr]
+    k0, k1 = (skew.footprint.device(d).model.bytes for d in TWO)  # type: ignore[union-attr]
+    assert k0 > e0 and k1 < e1 and k0 + k1 == e0 + e1  # same weights, moved toward CUDA0
+    args = server_args(path, LoadConfig(devices=TWO, tensor_split=(float(60 * GiB), float(20 * GiB))))
+    assert args[args.index("-ts") + 1] == f"{60 * GiB},{20 * GiB}"
+    assert "-ts" not in server_args(path, LoadConfig(devices=("CUDA0",), tensor_split=(1.0,)))
