@@ -587,7 +587,8 @@ def _tensor_data(r: _Recipe, name: str, shape: tuple[int, ...], kind: str) -> tu
         return np.ones(shape, dtype=np.float32), QT.F32
     if kind == "zeros":
         return np.zeros(shape, dtype=np.float32), QT.F32
-    if kind == "vec":  # a small random f32 vector (biases that should not vanish, a shared-expert gate)
+    if kind in ("vec", "conv"):  # small random f32: biases that should not vanish, a shared-expert gate, and
+        # convolution kernels (ggml's ssm_conv takes them in f32 only)
         return _rng(r, name).standard_normal(shape, dtype=np.float32) * np.float32(0.02), QT.F32
     if kind == "ssm_a":
         # A = -exp(A_log) with A_log = log(1..d_state), as the mamba converter stores it

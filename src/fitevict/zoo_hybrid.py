@@ -49,7 +49,7 @@ def _lfm2(r: Any) -> list[Tensor]:
             out += [(p + "attn_q_norm.weight", (hd,), "norm"), (p + "attn_k_norm.weight", (hd,), "norm")]
             out += _attention(r, p, kv)
         else:
-            out += [(p + "shortconv.conv.weight", (e, r.shortconv), "weight"),
+            out += [(p + "shortconv.conv.weight", (e, r.shortconv), "conv"),
                     (p + "shortconv.in_proj.weight", (3 * e, e), "weight"),
                     (p + "shortconv.out_proj.weight", (e, e), "weight")]
     return out
@@ -72,7 +72,7 @@ def _granitehybrid(r: Any) -> list[Tensor]:
         else:
             out += [
                 (p + "ssm_in.weight", (2 * d_inner + 2 * n_group * d_state + n_head_ssm, e), "weight"),
-                (p + "ssm_conv1d.weight", (conv_w, d_conv), "weight"),
+                (p + "ssm_conv1d.weight", (conv_w, d_conv), "conv"),
                 (p + "ssm_conv1d.bias", (conv_w,), "zeros"),
                 (p + "ssm_dt.bias", (n_head_ssm,), "zeros"),
                 (p + "ssm_a", (n_head_ssm, 1), "ssm_a"),

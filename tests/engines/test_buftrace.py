@@ -12,29 +12,30 @@ from fitevict.engines.buftrace import buftrace_library, preload_env
 from fitevict.pricing.buftrace import exact_log, parse_exact_log, parse_trace
 from fitevict.pricing.logparse import PRECISION_BYTES, parse_load_log
 
-# A process with the two ggml functions, laid out as the pinned ggml-backend-impl.h lays them out, built
-# without -rdynamic: the library must find them in the executable's own symbol table, as in the static engine.
+# A process that builds ggml_backend_buffer records as the pinned engine does: C++ new of the 120-byte struct
+# (ggml-backend-impl.h: 11 iface pointers, buft, context, size, usage), filled in by inlined code, freed by delete.
 PROGRAM = r"""
-#include <stdio.h>
-#include <stdlib.h>
+#include <cstdio>
+#include <cstddef>
 struct iface { void * p[11]; };
-struct buft { const char * (*get_name)(void *); };
-struct buffer { struct iface iface; struct buft * buft; void * context; size_t size; int usage; };
-static const char * cpu(void * b) { (void) b; return "CPU"; }
-static const char * mapped(void * b) { (void) b; return "CPU_Mapped"; }
-__attribute__((noinline)) struct buffer * ggml_backend_buffer_init(struct buft * t, struct iface i, void * c,
-                                                                   size_t size) {
-    struct buffer * b = malloc(sizeof *b); b->iface = i; b->buft = t; b->context = c; b->size = size; return b;
-}
-__attribute__((noinline)) void ggml_backend_buffer_free(struct buffer * b) { free(b); }
-int main(void) {
-    struct buft c = {cpu}, m = {mapped};
-    struct iface i = {{0}};
-    struct buffer * w = ggml_backend_buffer_init(&m, i, NULL, 1234567);
-    struct buffer * a = ggml_backend_buffer_init(&c, i, NULL, 3000001);
-    ggml_backend_buffer_free(a);                         /* a compute buffer grown: freed, then ... */
-    struct buffer * b = ggml_backend_buffer_init(&c, i, NULL, 4928513);  /* ... allocated larger */
-    printf("%zu %zu\n", w->size, b->size);
+struct buft { const char * (*get_name)(buft *); };
+struct buffer { iface i; buft * t; void * context; size_t size; int usage; };
+static_assert(sizeof(buffer) == 120, "the pinned layout");
+static const char * cpu(buft *) { return "CPU"; }
+static const char * mapped(buft *) { return "CPU_Mapped"; }
+static buft c = {cpu}, m = {mapped};
+struct other { char bytes[120]; };  // a same-sized object that is not a buffer
+static buffer * make(buft * t, size_t size) { return new buffer{iface{}, t, nullptr, size, 0}; }
+int main() {
+    buffer * w = make(&m, 1234567);
+    other * o = new other{};
+    buffer * a = make(&c, 3000001);
+    delete a;                      // a compute buffer grown: freed, then ...
+    buffer * b = make(&c, 4928513);  // ... allocated larger
+    std::printf("%zu %zu\n", w->size, b->size);
+    delete o;
+    delete w;
+    delete b;
     return 0;
 }
 """
@@ -48,19 +49,21 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_library_logs_allocations_and_frees_of_a_static_binary(lib: Path, tmp_path: Path) -> None:
-    src = tmp_path / "t.c"
+    src = tmp_path / "t.cpp"
     src.write_text(PROGRAM)
     exe = tmp_path / "t"
-    subprocess.run(["cc", "-O2", "-o", str(exe), str(src)], check=True)
+    subprocess.run(["c++", "-O2", "-o", str(exe), str(src)], check=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, env=preload_env(lib), timeout=30)
     assert r.returncode == 0 and r.stdout == "1234567 4928513\n"  # the traced program still does what it did
     lines = [x for x in r.stderr.splitlines() if x.startswith("fitevict-buftrace")]
     assert lines == ["fitevict-buftrace: ready", "fitevict-buftrace: alloc CPU_Mapped 1234567",
                      "fitevict-buftrace: alloc CPU 3000001", "fitevict-buftrace: free CPU 3000001",
-                     "fitevict-buftrace: alloc CPU 4928513"]
-    trace = parse_trace(r.stderr)
-    assert [(b.name, b.bytes) for b in trace.live] == [("CPU_Mapped", 1234567), ("CPU", 4928513)]
-    assert (trace.allocs, trace.frees, trace.state) == (3, 1, "ready")
+                     "fitevict-buftrace: alloc CPU 4928513", "fitevict-buftrace: free CPU_Mapped 1234567",
+                     "fitevict-buftrace: free CPU 4928513"]
+    alive = parse_trace("\n".join(lines[:5]))  # what a load log holds while the engine runs
+    assert [(b.name, b.bytes) for b in alive.live] == [("CPU_Mapped", 1234567), ("CPU", 4928513)]
+    assert (alive.allocs, alive.frees, alive.state) == (3, 1, "ready")
+    assert parse_trace(r.stderr).live == ()
 
 
 def test_the_library_is_built_once_per_source(lib: Path) -> None:

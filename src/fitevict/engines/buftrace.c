@@ -1,61 +1,56 @@
 /*
  * fitevict buftrace: log every ggml backend buffer an engine process allocates or frees, to the byte.
  *
- * Loaded with LD_PRELOAD into llama-server. The pinned build links ggml statically, so its internal calls to
- * ggml_backend_buffer_init / ggml_backend_buffer_free cannot be interposed by symbol. Instead, at load time this
- * library finds both functions (dlsym, else the executable's own symbol table), writes a breakpoint (int3) on
- * their first byte, and handles SIGTRAP: it logs the call's arguments, puts the original byte back, single-steps
- * one instruction (the trap flag), and re-arms the breakpoint. Lines go to stderr (fd 2):
+ * Loaded with LD_PRELOAD into llama-server. The pinned build links ggml statically and the compiler inlines
+ * ggml_backend_buffer_init into most of its callers, so neither symbol interposition nor a breakpoint on that
+ * function sees every buffer. What every buffer does go through is C++'s operator new / delete of its
+ * `struct ggml_backend_buffer` (120 bytes at the pinned commit), called through the PLT of the dynamic
+ * libstdc++: those this library interposes.
  *
+ *  - operator new(120): the block is zeroed and remembered, per thread, as a candidate.
+ *  - at the thread's next operator new / delete (the buffer's fields are filled in between), each candidate is
+ *    checked: buft (offset 88) must point to readable memory whose first word (get_name) is code, iface's
+ *    free_buffer (offset 0) code or NULL, usage (offset 112) 0..2. A buffer is then logged with its type's
+ *    name and its size (offset 104); anything else is forgotten.
+ *  - operator delete of a logged buffer logs its release.
+ *
+ * Lines go to stderr (fd 2):
+ *   fitevict-buftrace: ready
  *   fitevict-buftrace: alloc <buffer type name> <bytes>
  *   fitevict-buftrace: free <buffer type name> <bytes>
- *   fitevict-buftrace: ready            (both breakpoints armed)
  *   fitevict-buftrace: unavailable: <why>
- *
- * ggml_backend_buffer_init(buft, iface (by value, in memory), context, size): buft in rdi, size in rdx
- * (System V x86-64: a struct passed in memory takes no register). ggml_backend_buffer_free(buffer): buffer in rdi;
- * its buft and size sit after the 11-pointer iface (ggml-backend-impl.h at the pinned commit). A buffer type's
- * first member is get_name. x86-64 Linux only.
+ * Linux only; struct layout from ggml-backend-impl.h at the pinned commit (11 iface pointers).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <elf.h>
-#include <fcntl.h>
 #include <link.h>
-#include <signal.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <ucontext.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
-#if !defined(__x86_64__) || !defined(__linux__)
-__attribute__((constructor)) static void fitevict_buftrace_init(void) {
-    static const char msg[] = "fitevict-buftrace: unavailable: only x86-64 Linux is supported\n";
-    (void) !write(2, msg, sizeof msg - 1);
-}
-#else
+#define BUFFER_BYTES 120
+#define OFF_BUFT 88
+#define OFF_SIZE 104
+#define OFF_USAGE 112
+#define MAX_PENDING 64
+#define MAX_LIVE 8192
+#define MAX_CODE 64
 
-#define IFACE_POINTERS 11 /* struct ggml_backend_buffer_i at the pinned commit */
-#define BUFT_OFFSET (IFACE_POINTERS * sizeof(void *))
-#define SIZE_OFFSET (BUFT_OFFSET + 2 * sizeof(void *))
-#define MAX_BUFTS 64
+static void * (*real_new)(size_t);
+static void (*real_delete)(void *);
+static void (*real_delete_sized)(void *, size_t);
+static int ready;
 
-typedef const char * (*get_name_fn)(void *);
+static __thread void * pending[MAX_PENDING];
+static __thread int n_pending;
+static __thread int busy;
 
-struct bp {
-    uintptr_t addr;
-    uint8_t orig;
-    int is_free;
-};
+static void * live[MAX_LIVE];
+static volatile int live_lock;
 
-static struct bp bps[2];
-static int n_bps;
-static __thread struct bp * stepping;
-static void * bufts[MAX_BUFTS];
-static int n_bufts;
+static uintptr_t code_lo[MAX_CODE], code_hi[MAX_CODE];
+static int n_code;
 
 static void say(const char * s) {
     size_t n = strlen(s);
@@ -67,6 +62,35 @@ static void say(const char * s) {
         s += w;
         n -= (size_t) w;
     }
+}
+
+static int readable(const void * p, size_t n, void * out) {
+    struct iovec local = {out, n};
+    struct iovec remote = {(void *) p, n};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t) n;
+}
+
+static int is_code(uintptr_t a) {
+    for (int i = 0; i < n_code; i++) {
+        if (a >= code_lo[i] && a < code_hi[i]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int collect_code(struct dl_phdr_info * info, size_t size, void * data) {
+    (void) size;
+    (void) data;
+    for (int i = 0; i < info->dlpi_phnum && n_code < MAX_CODE; i++) {
+        const ElfW(Phdr) * ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+            code_lo[n_code] = info->dlpi_addr + ph->p_vaddr;
+            code_hi[n_code] = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
+            n_code++;
+        }
+    }
+    return 0;
 }
 
 static void fmt_u64(char * out, uint64_t v) {
@@ -82,169 +106,191 @@ static void fmt_u64(char * out, uint64_t v) {
     *out = 0;
 }
 
-static void log_buffer(const char * what, void * buft, uint64_t size) {
-    char line[256];
-    char num[24];
-    const char * name = "?";
-    if (buft) {
-        get_name_fn get_name = *(get_name_fn *) buft;
-        if (get_name) {
-            name = get_name(buft);
-        }
+/* name and size of a ggml_backend_buffer at p, or 0 when p does not hold one */
+static int read_buffer(void * p, char * name, size_t name_cap, uint64_t * size) {
+    unsigned char b[BUFFER_BYTES];
+    if (!readable(p, sizeof b, b)) {
+        return 0;
     }
+    uintptr_t free_buffer, buft, get_name;
+    uint32_t usage;
+    memcpy(&free_buffer, b, sizeof free_buffer);
+    memcpy(&buft, b + OFF_BUFT, sizeof buft);
+    memcpy(size, b + OFF_SIZE, sizeof *size);
+    memcpy(&usage, b + OFF_USAGE, sizeof usage);
+    if (!buft || usage > 2 || (free_buffer && !is_code(free_buffer))) {
+        return 0;
+    }
+    if (!readable((void *) buft, sizeof get_name, &get_name) || !is_code(get_name)) {
+        return 0;
+    }
+    const char * s = ((const char * (*)(void *)) get_name)((void *) buft);
+    if (!s) {
+        return 0;
+    }
+    size_t i = 0;
+    for (; i + 1 < name_cap; i++) {
+        char c;
+        if (!readable(s + i, 1, &c)) {
+            return 0;
+        }
+        if (c == 0) {
+            break;
+        }
+        if (c <= ' ' || c > '~') {
+            return 0;
+        }
+        name[i] = c;
+    }
+    name[i] = 0;
+    return i > 0;
+}
+
+static void log_line(const char * what, const char * name, uint64_t size) {
+    char line[160];
+    char num[24];
     fmt_u64(num, size);
     line[0] = 0;
     strcat(line, "fitevict-buftrace: ");
     strcat(line, what);
     strcat(line, " ");
-    strncat(line, name, 160);
+    strncat(line, name, 80);
     strcat(line, " ");
     strcat(line, num);
     strcat(line, "\n");
     say(line);
 }
 
-static int known_buft(void * buft) {
-    for (int i = 0; i < n_bufts; i++) {
-        if (bufts[i] == buft) {
-            return 1;
-        }
+static void lock(void) {
+    while (__atomic_exchange_n(&live_lock, 1, __ATOMIC_ACQUIRE)) {
     }
-    return 0;
 }
 
-static void on_trap(int sig, siginfo_t * info, void * vctx) {
-    (void) sig;
-    (void) info;
-    ucontext_t * uc = (ucontext_t *) vctx;
-    greg_t * r = uc->uc_mcontext.gregs;
-    if (stepping) { /* one instruction after a breakpoint ran: re-arm it */
-        *(volatile uint8_t *) stepping->addr = 0xCC;
-        stepping = NULL;
-        r[REG_EFL] &= ~(greg_t) 0x100;
-        return;
-    }
-    uintptr_t at = (uintptr_t) r[REG_RIP] - 1;
-    for (int i = 0; i < n_bps; i++) {
-        struct bp * b = &bps[i];
-        if (b->addr != at) {
+static void unlock(void) {
+    __atomic_store_n(&live_lock, 0, __ATOMIC_RELEASE);
+}
+
+static void flush(void) {
+    for (int i = 0; i < n_pending; i++) {
+        char name[72];
+        uint64_t size;
+        if (!read_buffer(pending[i], name, sizeof name, &size)) {
             continue;
         }
-        if (b->is_free) {
-            char * buf = (char *) r[REG_RDI];
-            if (buf) {
-                void * buft = *(void **) (buf + BUFT_OFFSET);
-                uint64_t size = *(uint64_t *) (buf + SIZE_OFFSET);
-                if (known_buft(buft)) {
-                    log_buffer("free", buft, size);
-                } else {
-                    say("fitevict-buftrace: free-unknown\n");
-                }
-            }
-        } else {
-            void * buft = (void *) r[REG_RDI];
-            if (buft && !known_buft(buft) && n_bufts < MAX_BUFTS) {
-                bufts[n_bufts++] = buft;
-            }
-            log_buffer("alloc", buft, (uint64_t) r[REG_RDX]);
-        }
-        *(volatile uint8_t *) b->addr = b->orig;
-        r[REG_RIP] = (greg_t) b->addr;
-        r[REG_EFL] |= 0x100;
-        stepping = b;
-        return;
-    }
-    /* not ours: fall back to the default action */
-    signal(SIGTRAP, SIG_DFL);
-    raise(SIGTRAP);
-}
-
-static int first_object(struct dl_phdr_info * info, size_t size, void * data) {
-    (void) size;
-    *(uintptr_t *) data = (uintptr_t) info->dlpi_addr;
-    return 1; /* the first entry is the executable */
-}
-
-/* the address of `name` in the executable's .symtab (static symbols included), or 0 */
-static uintptr_t exe_symbol(const char * name) {
-    int fd = open("/proc/self/exe", O_RDONLY);
-    if (fd < 0) {
-        return 0;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return 0;
-    }
-    uint8_t * m = mmap(NULL, (size_t) st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        return 0;
-    }
-    uintptr_t found = 0;
-    Elf64_Ehdr * eh = (Elf64_Ehdr *) m;
-    Elf64_Shdr * sh = (Elf64_Shdr *) (m + eh->e_shoff);
-    for (int i = 0; i < eh->e_shnum && !found; i++) {
-        if (sh[i].sh_type != SHT_SYMTAB) {
-            continue;
-        }
-        Elf64_Sym * syms = (Elf64_Sym *) (m + sh[i].sh_offset);
-        const char * strtab = (const char *) (m + sh[sh[i].sh_link].sh_offset);
-        size_t n = sh[i].sh_size / sizeof(Elf64_Sym);
-        for (size_t j = 0; j < n; j++) {
-            if (ELF64_ST_TYPE(syms[j].st_info) == STT_FUNC && syms[j].st_value &&
-                strcmp(strtab + syms[j].st_name, name) == 0) {
-                uintptr_t base = 0;
-                dl_iterate_phdr(first_object, &base);
-                found = base + (uintptr_t) syms[j].st_value;
+        lock();
+        for (int j = 0; j < MAX_LIVE; j++) {
+            if (!live[j]) {
+                live[j] = pending[i];
                 break;
             }
         }
+        unlock();
+        log_line("alloc", name, size);
     }
-    munmap(m, (size_t) st.st_size);
-    return found;
+    n_pending = 0;
 }
 
-static uintptr_t find(const char * name) {
-    void * p = dlsym(RTLD_DEFAULT, name);
-    return p ? (uintptr_t) p : exe_symbol(name);
+static void released(void * p) {
+    if (!p) {
+        return;
+    }
+    int found = 0;
+    lock();
+    for (int j = 0; j < MAX_LIVE; j++) {
+        if (live[j] == p) {
+            live[j] = 0;
+            found = 1;
+            break;
+        }
+    }
+    unlock();
+    char name[72];
+    uint64_t size;
+    if (found && read_buffer(p, name, sizeof name, &size)) {
+        log_line("free", name, size);
+    }
 }
 
-static int arm(uintptr_t addr, int is_free) {
-    long page = sysconf(_SC_PAGESIZE);
-    uintptr_t start = addr & ~(uintptr_t) (page - 1);
-    if (mprotect((void *) start, (size_t) page * 2, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) {
+static int init(void) {
+    if (ready) {
+        return 1;
+    }
+    real_new = (void * (*)(size_t)) dlsym(RTLD_NEXT, "_Znwm");
+    real_delete = (void (*)(void *)) dlsym(RTLD_NEXT, "_ZdlPv");
+    real_delete_sized = (void (*)(void *, size_t)) dlsym(RTLD_NEXT, "_ZdlPvm");
+    if (!real_new || !real_delete) {
         return 0;
     }
-    struct bp * b = &bps[n_bps++];
-    b->addr = addr;
-    b->orig = *(uint8_t *) addr;
-    b->is_free = is_free;
-    *(volatile uint8_t *) addr = 0xCC;
+    n_code = 0;
+    dl_iterate_phdr(collect_code, NULL);
+    ready = 1;
     return 1;
 }
 
-__attribute__((constructor)) static void fitevict_buftrace_init(void) {
-    uintptr_t init = find("ggml_backend_buffer_init");
-    uintptr_t fre = find("ggml_backend_buffer_free");
-    if (!init || !fre) {
-        say("fitevict-buftrace: unavailable: ggml_backend_buffer_init/free not found in the process "
-            "(a stripped binary?)\n");
-        return;
+void * _Znwm(size_t n) {
+    if (!ready && !init()) {
+        say("fitevict-buftrace: unavailable: operator new not found in the process (no dynamic libstdc++)\n");
+        _exit(70);
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_trap;
-    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTRAP, &sa, NULL) != 0) {
-        say("fitevict-buftrace: unavailable: cannot install the SIGTRAP handler\n");
-        return;
+    if (!busy) {
+        busy = 1;
+        if (n_pending) {
+            flush();
+        }
+        busy = 0;
     }
-    if (!arm(init, 0) || !arm(fre, 1)) {
-        say("fitevict-buftrace: unavailable: cannot make the code page writable (mprotect refused)\n");
-        return;
+    void * p = real_new(n);
+    if (n == BUFFER_BYTES && !busy) {
+        memset(p, 0, n);
+        if (n_pending < MAX_PENDING) {
+            pending[n_pending++] = p;
+        }
     }
-    say("fitevict-buftrace: ready\n");
+    return p;
 }
-#endif
+
+static void before_delete(void * p) {
+    if (busy) {
+        return;
+    }
+    busy = 1;
+    if (n_pending) {
+        flush();  /* a buffer freed before this thread allocated again is logged first */
+    }
+    released(p);
+    busy = 0;
+}
+
+void _ZdlPv(void * p) {
+    if (!ready && !init()) {
+        return;
+    }
+    before_delete(p);
+    real_delete(p);
+}
+
+void _ZdlPvm(void * p, size_t n) {
+    if (!ready && !init()) {
+        return;
+    }
+    before_delete(p);
+    if (real_delete_sized) {
+        real_delete_sized(p, n);
+    } else {
+        real_delete(p);
+    }
+}
+
+__attribute__((constructor)) static void fitevict_buftrace_init(void) {
+    if (init()) {
+        say("fitevict-buftrace: ready\n");
+    } else {
+        say("fitevict-buftrace: unavailable: operator new / delete not found (no dynamic libstdc++)\n");
+    }
+}
+
+__attribute__((destructor)) static void fitevict_buftrace_fini(void) {
+    if (ready && !busy) {
+        flush();
+    }
+}

@@ -3,8 +3,8 @@ process allocates or frees, to the byte.
 
 The library is compiled with the system C compiler (``$CC``, else ``cc``) on first use into
 ``cache_dir()/buftrace/libfitevict-buftrace-<source hash>.so``; a changed source builds a new file. It works on the
-statically linked pinned llama-server (it breakpoints the two functions in-process, see the C source) and on a
-shared-library build alike. ``pricing.buftrace`` reads what it logs.
+statically linked pinned llama-server, whose buffer constructor is inlined: it follows the C++ allocations of
+the buffer records themselves (see the C source). ``pricing.buftrace`` reads what it logs.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def buftrace_library(cache: Path | None = None) -> Path | Unavailable:
     except OSError as err:
         return Unavailable(f"cannot create {out_dir} for the buftrace library: {err.strerror}")
     tmp = lib.with_suffix(f".tmp{os.getpid()}")
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE), "-ldl"],
+    r = subprocess.run([cc, "-shared", "-fPIC", "-fexceptions", "-O2", "-o", str(tmp), str(SOURCE), "-ldl"],
                        capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)

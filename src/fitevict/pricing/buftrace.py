@@ -3,8 +3,7 @@
 The load log names each buffer's role (model, KV, recurrent state, output, compute) but prints its size in MiB
 with 2 decimals; the trace prints every ``ggml_backend_buffer_init`` / ``_free`` to the byte but not the role.
 ``exact_log`` joins them: each log figure takes the size of the earliest buffer still alive with the same buffer
-type name that rounds to the printed MiB (llama.cpp allocates in the order it logs: weights, caches, output,
-compute). A figure without such a buffer stays as printed and is named in the notes. Pure.
+type name that rounds to the printed MiB (llama.cpp allocates weights, output, caches, compute, in that order). A figure without such a buffer stays as printed and is named in the notes. Pure.
 """
 
 from __future__ import annotations
@@ -51,8 +50,8 @@ def parse_trace(text: str) -> Trace:
                     if live[i].name == name and live[i].bytes == n:
                         del live[i]
                         break
-        elif m := _STATE.search(line):
-            state = m.group(1)
+        elif (m := _STATE.search(line)) and not state.startswith("ready"):
+            state = m.group(1)  # "ready" from the engine wins over a helper process's "unavailable"
     return Trace(tuple(live), allocs, frees, state)
 
 
@@ -78,11 +77,11 @@ def exact_log(log: LoadLog, trace: Trace) -> LoadLog:
                 out.append((name, hit.bytes))
         return tuple(out)
 
-    # the order llama.cpp allocates in: weights, then the caches, the output buffer, the compute buffers
+    # the order llama.cpp allocates in: weights, the output buffer, the KV caches, the recurrent state, compute
     model = take("model", log.model_buffers)
+    output = take("output", log.output_buffers)
     kv_lines = take("KV", log.kv_lines)
     rs = take("RS", log.rs_buffers)
-    output = take("output", log.output_buffers)
     compute = take("compute", log.compute_buffers)
     kv: dict[str, int] = {}
     for name, n in kv_lines:
