@@ -34,6 +34,7 @@ from pathlib import Path
 
 from fitevict.engines.base import Unavailable
 from fitevict.engines.buftrace import buftrace_library, preload_env
+from fitevict.pricing.buftrace import STOP_MARK
 from fitevict.engines.process import die_with_parent, free_port, stop_group
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
@@ -223,6 +224,7 @@ def follow_process(argv: list[str], timeout_s: float, on_line: Callable[[str, in
             before_stop(proc.pid)
     finally:
         sel.close()
+        lines.append(STOP_MARK)  # what the process writes from here on is its shutdown, not its load
         stop_group(proc)
         rest = proc.stdout.read() or b""
         if buf or rest:

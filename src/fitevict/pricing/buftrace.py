@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from fitevict.pricing.logparse import LoadLog, parse_load_log
 from fitevict.units import MiB
 
+STOP_MARK = "fitevict: stopping the engine"  # written into a captured log where the stop began; the trace ends there
 _LINE = re.compile(r"fitevict-buftrace: (alloc|free) (\S+) (\d+)\s*$")
 _STATE = re.compile(r"fitevict-buftrace: (ready|unavailable: .*)$")
 
@@ -34,11 +35,14 @@ class Trace:
 
 
 def parse_trace(text: str) -> Trace:
-    """The buffers alive at the end of ``text`` (a free removes the latest live buffer of its name and size)."""
+    """The buffers alive at the end of ``text``, or where a capture began stopping the engine (``STOP_MARK``); a
+    free removes the latest live buffer of its name and size."""
     live: list[TracedBuffer] = []
     allocs = frees = 0
     state = ""
     for line in text.splitlines():
+        if line == STOP_MARK:
+            break
         if m := _LINE.search(line):
             name, n = m.group(2), int(m.group(3))
             if m.group(1) == "alloc":
