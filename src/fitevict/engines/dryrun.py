@@ -40,6 +40,7 @@ from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import DryContext, device_of, parse_dry_context
+from fitevict.pricing.projector import parse_projector_estimate
 from fitevict.units import MiB
 
 SERVER = "llama-server"
@@ -81,10 +82,13 @@ def split_args(cfg: LoadConfig) -> list[str]:
     return ["-ts", ",".join(str(int(w)) if float(w).is_integer() else repr(float(w)) for w in cfg.tensor_split)]
 
 
-def server_args(model: str | Path, cfg: LoadConfig, extra_args: tuple[str, ...] = ()) -> list[str]:
+def server_args(model: str | Path, cfg: LoadConfig, extra_args: tuple[str, ...] = (),
+                mmproj: str | Path | None = None) -> list[str]:
     """llama-server arguments for ``cfg`` in the pinned build's spelling (no binary, no port); ``extra_args``
-    are flags LoadConfig does not carry that change the graph (e.g. ``--pooling mean``)."""
+    are flags LoadConfig does not carry that change the graph (e.g. ``--pooling mean``); ``mmproj`` a projector."""
     a = ["-m", str(model), *_flag_args(cfg, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel, server=True)]
+    if mmproj is not None:
+        a += ["--mmproj", str(mmproj)]
     if not cfg.mmap:
         a += ["-lm", "none"]
     return [*a, *extra_args]
@@ -104,6 +108,7 @@ class DryRun:
 
     compute: dict[str, int]
     context: DryContext | None
+    projector_estimate: int | None = None  # with --mmproj: the engine's projector weights + compute (2-decimal MiB)
 
 
 def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig,
@@ -122,7 +127,8 @@ def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadCon
 
 
 def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, timeout_s: float = 120.0,
-            use_cache: bool = True, extra_args: tuple[str, ...] = ()) -> DryRun | Unavailable:
+            use_cache: bool = True, extra_args: tuple[str, ...] = (),
+            mmproj: str | Path | None = None) -> DryRun | Unavailable:
     """The engine's dry run for ``cfg``: compute bytes per device and the KV / SWA / recurrent caches it sized
     (``llama_kv_cache: size = ...`` with the per-layer devices of its ``-lv 5`` lines), or why not."""
     binary = Path(binary_dir) / SERVER
@@ -130,7 +136,7 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
     if not binary.is_file() or not os.access(binary, os.X_OK):
         return Unavailable(f"no executable {SERVER} in {binary_dir}; run: fitevict engine install llama.cpp")
     try:
-        args = server_args(model, cfg, extra_args)
+        args = server_args(model, cfg, extra_args, mmproj)
         key = _key(binary, model, args)
     except (OSError, ValueError) as err:
         return Unavailable(f"{model}: cannot prepare the dry run: {err}")
@@ -141,7 +147,7 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
             cached = json.loads(cfile.read_text())
             ctx = cached["context"]
             return DryRun({str(k): int(v) for k, v in cached["compute"].items()},
-                          DryContext.from_json(ctx) if ctx else None)
+                          DryContext.from_json(ctx) if ctx else None, cached.get("projector_estimate"))
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError):
@@ -156,15 +162,16 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
                            f"{': ' + reason if reason else ''}; last lines: {tail}")
     found.setdefault(HOST, 0)
     context = parse_dry_context(text)
+    estimate = parse_projector_estimate(text) if mmproj is not None else None
     try:
         cdir.mkdir(parents=True, exist_ok=True)
         tmp = cfile.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"argv": args, "compute": found,
-                                   "context": context.to_json() if context else None}))
+        tmp.write_text(json.dumps({"argv": args, "compute": found, "context": context.to_json() if context else None,
+                                   "projector_estimate": estimate}))
         os.replace(tmp, cfile)
     except OSError:
         pass  # caching is an optimisation; the figure itself is still returned
-    return DryRun(found, context)
+    return DryRun(found, context, estimate)
 
 
 FIT_DONE = re.compile(r"fitting params to free memory took|failed to fit params")
@@ -271,14 +278,15 @@ def _smaps(pid: int) -> dict[str, int] | None:
 
 def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *,
                      port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False,
-                     extra_args: tuple[str, ...] = (), exact: bool = False) -> CapturedLoad:
+                     extra_args: tuple[str, ...] = (), exact: bool = False,
+                     mmproj: str | Path | None = None, warmup: bool = False) -> CapturedLoad:
     """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
     listens, with ``wait_listening``), sample smaps_rollup, then stop the process group. ``exact``: preload the
     allocator trace (engines/buftrace), so ``pricing.buftrace.parse_exact_log`` reads every buffer to the byte; a
     trace that cannot be built fails the capture with the reason."""
     binary = Path(binary_dir) / SERVER
-    argv = [str(binary), *server_args(model_path, cfg, extra_args), "-lv", "4", "--host", "127.0.0.1",
-            "--port", str(port or free_port()), "--no-warmup", "-t", "1"]
+    argv = [str(binary), *server_args(model_path, cfg, extra_args, mmproj), "-lv", "4", "--host", "127.0.0.1",
+            "--port", str(port or free_port()), *([] if warmup else ["--no-warmup"]), "-t", "1"]
     done = re.compile(r"llama_server: listening on") if wait_listening else LOG_DONE
     seen: dict[str, dict[str, int] | None] = {"before": None, "after": None}
 

@@ -46,7 +46,8 @@ class LlamaServerEngine:
         return flag in self.flags
 
     def launch_spec(self, model_path: Path, config: LoadConfig, port: int, *,
-                    extra_args: Sequence[str] = (), embeddings: bool = False) -> LaunchSpec:
+                    extra_args: Sequence[str] = (), embeddings: bool = False,
+                    mmproj: Path | None = None) -> LaunchSpec:
         c = config
         argv: list[str] = [
             str(self.binary), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port),
@@ -82,6 +83,10 @@ class LlamaServerEngine:
         if self._has("--cache-ram") and not ({"-cram", "--cache-ram"} & set(extra_args)):
             argv += ["-cram", "0"]
             notes.append("host prompt cache disabled (-cram 0) so host memory stays as priced")
+        if mmproj is not None:  # the catalog's projector: priced by pricing.projector
+            argv += ["--mmproj", str(mmproj)]
+            if not c.devices and self._has("--no-mmproj-offload"):
+                argv.append("--no-mmproj-offload")  # a RAM-only seat keeps its projector in RAM too
         if self._has("--no-webui"):
             argv.append("--no-webui")
         if self._has("--log-verbosity"):
