@@ -45,3 +45,16 @@ def test_priced_buffers_follow_the_split_and_the_argv_carries_it(zoo: dict) -> N
     args = server_args(path, LoadConfig(devices=TWO, tensor_split=(float(60 * GiB), float(20 * GiB))))
     assert args[args.index("-ts") + 1] == f"{60 * GiB},{20 * GiB}"
     assert "-ts" not in server_args(path, LoadConfig(devices=("CUDA0",), tensor_split=(1.0,)))
+
+
+def test_lfm2_final_norm_goes_with_the_output_layer(zoo: dict) -> None:
+    """lfm2 names its output norm token_embd_norm (LLM_TENSOR_OUTPUT_NORM_LFM2, an output-layer tensor): with only the
+    output offloaded (-ngl 1) it sits on the GPU with the output, not with layer 0 on the CPU."""
+    from fitevict.pricing.placement import place
+
+    s = load_structure(zoo["lfm2-shortconv"].path)
+    pl = place(s, LoadConfig(n_ctx=512, n_gpu_layers=1, devices=("CUDA0",)))
+    assert dict(pl.tensor_buffer)["token_embd_norm.weight"] == "CUDA0"
+    bloom = load_structure(zoo["bloom-alibi"].path)  # bloom's token_embd_norm is a first-layer tensor
+    assert dict(place(bloom, LoadConfig(n_ctx=512, n_gpu_layers=1, devices=("CUDA0",))).tensor_buffer)[
+        "token_embd_norm.weight"] != "CUDA0"

@@ -64,6 +64,9 @@ CPU_BUFT = "CPU"  # ggml_backend_cpu_buffer_type()'s name: the one host buffer t
 FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
 assert FFN_EXPS_REGEX == EXPERT_RE.pattern
+# Architectures that spell an output-layer tensor with another role's name (LLM_TENSOR_LAYER_OUTPUT in
+# llama-arch.cpp): lfm2 / lfm2moe's final norm is written "token_embd_norm".
+OUTPUT_NAMES: dict[str, tuple[str, ...]] = {"lfm2": ("token_embd_norm",), "lfm2moe": ("token_embd_norm",)}
 REPEATING_UNNUMBERED: dict[str, str] = {
     "token_embd_norm": "first", "rope_freqs": "every", "rope_factors_long": "every", "rope_factors_short": "every",
 }
@@ -240,8 +243,9 @@ def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_
     for t in s.tensors:
         if s.n_layer_nextn and s.arch in MTP_SKIP_ARCHS and t.layer is not None and t.layer >= s.n_layer_trunk:
             continue  # MTP blocks: llama-server loads them only for MTP speculative decoding (TENSOR_SKIP)
-        role = t.role
-        with_layers = REPEATING_UNNUMBERED.get(t.name.split(".", 1)[0]) if t.layer is None else None
+        role = "output" if t.name.split(".", 1)[0] in OUTPUT_NAMES.get(s.arch, ()) else t.role
+        with_layers = (REPEATING_UNNUMBERED.get(t.name.split(".", 1)[0])
+                       if t.layer is None and role != "output" else None)
         if with_layers and s.n_layer:
             copies = (layer_dev[0],) if with_layers == "first" else tuple(dict.fromkeys(layer_dev))
             placed: set[str] = set()
