@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fitevict.engines.dryrun import server_args
-from fitevict.pricing.footprint import HOST
+from fitevict.pricing.footprint import HOST, Term
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import default_split, layer_devices, split_points
@@ -58,3 +58,23 @@ def test_lfm2_final_norm_goes_with_the_output_layer(zoo: dict) -> None:
     bloom = load_structure(zoo["bloom-alibi"].path)  # bloom's token_embd_norm is a first-layer tensor
     assert dict(place(bloom, LoadConfig(n_ctx=512, n_gpu_layers=1, devices=("CUDA0",))).tensor_buffer)[
         "token_embd_norm.weight"] != "CUDA0"
+
+
+def test_a_cpu_dry_runs_caches_price_any_placement(zoo: dict, tmp_path) -> None:
+    """An architecture without KV rules: the caches one dry run sized (per layer) follow this placement's layers,
+    so a GPU placement is priced from a CPU dry run of the same configuration."""
+    from fitevict.pricing.logparse import DryCache, DryContext
+    from fitevict.zoo import rewrite_arch
+
+    path = rewrite_arch(zoo["llama-gqa"].path, tmp_path / "xverse.gguf", "xverse")
+    s = load_structure(path)
+    assert s.unsupported
+    cpu_cfg = LoadConfig(n_ctx=1024, n_parallel=1)
+    per_layer = 2 * 1024 * 32 * 2  # K + V of 2 heads x 16, f16, 1024 cells
+    dry = DryContext((DryCache("full", 3 * per_layer, 3 * per_layer // 2, 1024, 1,
+                               tuple((il, "CPU") for il in range(3))),))
+    gpu_cfg = cpu_cfg.with_(devices=("CUDA0",), n_gpu_layers=2)  # output + block 2 on the GPU
+    assert gpu_cfg.without_placement() == cpu_cfg
+    fp = price(s, gpu_cfg, context=dry).footprint
+    assert fp.device("CUDA0").context == Term(per_layer, "dry-run")  # type: ignore[union-attr]
+    assert fp.device(HOST).context.bytes == 2 * per_layer  # type: ignore[union-attr]

@@ -78,8 +78,10 @@ def router(door: Door) -> APIRouter:
             raise supervisor_error(e) from None
         if res is None:
             return {"model": entry.key, "unloaded": False, "reason": "not resident"}
+        freed_source = ("measured: /proc/meminfo AnonPages+Shmem fall" if res.freed_bytes is not None
+                        else f"unavailable: {res.note or 'the release check gave no figure'}")
         return {"model": entry.key, "unloaded": True, "freed_bytes": res.freed_bytes,
-                "freed_source": "measured: /proc/meminfo AnonPages+Shmem fall", "release_verified": res.verified,
+                "freed_source": freed_source, "release_verified": res.verified,
                 "exit_seconds": res.exit_seconds, "release_seconds": res.release_seconds, "note": res.note}
 
     @app.get("/health", tags=["admin"])
