@@ -11,12 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.dryrun import dry_run, follow_process
-from fitevict.engines.llama_server import LlamaServerEngine
-from fitevict.engines.overhead import LISTENING, calibrate_overhead, calibrated_overhead
-from fitevict.engines.process import free_port
-from fitevict.host import procmem
-from fitevict.pricing.buftrace import parse_exact_log
+from fitevict.engines.dryrun import dry_run
+from fitevict.engines.overhead import SeatMemory, calibrate_overhead, calibrated_overhead, measure_seat
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
@@ -42,26 +38,6 @@ def overhead(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> in
         mp.undo()
 
 
-def _run_seat(binary: Path, model: Path, cfg: LoadConfig) -> tuple[int, int]:
-    """Start ``model`` as a seat starts (same argv builder, allocator trace preloaded); once it listens, return its
-    PSS and its host buffers' exact bytes."""
-    from fitevict.engines.buftrace import buftrace_library, preload_env
-
-    lib = buftrace_library()
-    assert isinstance(lib, Path), lib
-    spec = LlamaServerEngine(binary).launch_spec(model, cfg, free_port())
-    seen: dict[str, procmem.ProcessMemory] = {}
-    lines, verdict, _pid = follow_process(list(spec.argv), 120, lambda line, _p: "" if LISTENING.search(line) else None,
-                                          before_stop=lambda pid: seen.update(pss=procmem.read_tree(pid)),
-                                          env=preload_env(lib, dict(spec.env)))
-    assert verdict == "", verdict
-    log = parse_exact_log("\n".join(lines))
-    assert log.precision_bytes == 0, log.notes
-    pss = seen["pss"].host_bytes
-    assert pss is not None
-    return pss, log.to_footprint().bytes_on(HOST)
-
-
 @pytest.mark.parametrize("model", ["llama-medium", "qwen2-k256", "granitehybrid-moe"])
 def test_first_load_host_price_includes_the_process(zoo: dict, llama_server: Path, overhead: int,
                                                     model: str) -> None:
@@ -70,7 +46,9 @@ def test_first_load_host_price_includes_the_process(zoo: dict, llama_server: Pat
     assert not hasattr(dry, "reason"), dry
     buffers_priced = price(load_structure(path), SEAT, compute=dry.compute).footprint.bytes_on(HOST)  # type: ignore[union-attr]
     predicted = buffers_priced + overhead
-    pss, buffers = _run_seat(llama_server, path, SEAT)
+    seat = measure_seat(llama_server, path, SEAT)
+    assert isinstance(seat, SeatMemory), seat
+    pss, buffers = seat.pss_bytes, seat.buffer_bytes
     reported = max(pss, buffers + overhead)  # the seat's host figure, as the supervisor measures it
     assert abs(predicted - reported) <= 0.02 * reported, (predicted, reported, pss, buffers)
     # without the calibration the same first prediction misses by the whole process overhead

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from fitevict.engines.base import Unavailable
@@ -53,43 +54,60 @@ def calibrated_overhead(binary: str | Path) -> dict[str, int] | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class SeatMemory:
+    """A seat's host memory once it listens: the process tree's PSS and its host buffers, to the byte."""
+
+    pss_bytes: int
+    buffer_bytes: int
+
+
+def measure_seat(binary: Path, model: Path, cfg: LoadConfig, *, timeout_s: float = 120.0) -> SeatMemory | Unavailable:
+    """Start ``model`` as a seat starts (the seat argv builder, warm-up included) with the allocator trace preloaded;
+    once it listens, read its PSS and its host buffers' exact bytes, then stop it."""
+    lib = buftrace_library()
+    if isinstance(lib, Unavailable):
+        return Unavailable(f"exact buffer bytes unavailable: {lib.reason}")
+    spec = LlamaServerEngine(binary).launch_spec(model, cfg, free_port())
+    seen: dict[str, procmem.ProcessMemory] = {}
+
+    def on_line(line: str, _pid: int) -> str | None:
+        if FAILED.search(line) and " D " not in line[:20]:
+            return line.strip()
+        return "" if LISTENING.search(line) else None
+
+    def sample(pid: int) -> None:
+        seen["pss"] = procmem.read_tree(pid)
+
+    lines, verdict, _pid = follow_process(list(spec.argv), timeout_s, on_line, before_stop=sample,
+                                          env=preload_env(lib, dict(spec.env)))
+    if verdict != "":
+        return Unavailable(f"the seat did not come up on {model}: {verdict}")
+    log = parse_exact_log("\n".join(lines))
+    if log.precision_bytes:
+        return Unavailable(f"buffers not exact: {'; '.join(log.notes)}")
+    pss = seen.get("pss")
+    if pss is None or pss.host_bytes is None:
+        return Unavailable(f"no PSS for the seat ({pss.reason if pss else 'not sampled'})")
+    return SeatMemory(pss.host_bytes, log.to_footprint().bytes_on(HOST))
+
+
 def calibrate_overhead(binary: str | Path, model: str | Path | None = None, *,
                        timeout_s: float = 120.0) -> dict | Unavailable:
     """Measure ``binary``'s process overhead on ``model`` (default: a freshly written zoo model) and store it.
     Returns the stored record: ``overhead`` (device -> bytes), ``pss_bytes``, ``buffer_bytes``, ``model``."""
     binary = Path(binary)
-    lib = buftrace_library()
-    if isinstance(lib, Unavailable):
-        return Unavailable(f"cannot calibrate {binary}: exact buffer bytes unavailable: {lib.reason}")
     with tempfile.TemporaryDirectory(prefix="fitevict-calibrate-") as tmp:
         if model is None:
             from fitevict.zoo import write_zoo
 
             model = write_zoo(Path(tmp), only=[CALIBRATION_MODEL])[0].path
-        spec = LlamaServerEngine(binary).launch_spec(Path(model), CALIBRATION_CONFIG, free_port())
-        seen: dict[str, procmem.ProcessMemory] = {}
-
-        def on_line(line: str, _pid: int) -> str | None:
-            if FAILED.search(line) and " D " not in line[:20]:
-                return line.strip()
-            return "" if LISTENING.search(line) else None
-
-        def sample(pid: int) -> None:
-            seen["pss"] = procmem.read_tree(pid)
-
-        lines, verdict, _pid = follow_process(list(spec.argv), timeout_s, on_line, before_stop=sample,
-                                       env=preload_env(lib, dict(spec.env)))
-    if verdict != "":
-        return Unavailable(f"cannot calibrate {binary}: the seat did not come up on {model}: {verdict}")
-    log = parse_exact_log("\n".join(lines))
-    if log.precision_bytes:
-        return Unavailable(f"cannot calibrate {binary}: buffers not exact: {'; '.join(log.notes)}")
-    pss = seen.get("pss")
-    if pss is None or pss.host_bytes is None:
-        return Unavailable(f"cannot calibrate {binary}: no PSS for the seat ({pss.reason if pss else 'not sampled'})")
-    buffers = log.to_footprint().bytes_on(HOST)
+        got = measure_seat(binary, Path(model), CALIBRATION_CONFIG, timeout_s=timeout_s)
+    if isinstance(got, Unavailable):
+        return Unavailable(f"cannot calibrate {binary}: {got.reason}")
     record = {"binary": str(binary.resolve()), "model": str(model), "config": CALIBRATION_CONFIG.to_json(),
-              "pss_bytes": pss.host_bytes, "buffer_bytes": buffers, "overhead": {HOST: pss.host_bytes - buffers},
+              "pss_bytes": got.pss_bytes, "buffer_bytes": got.buffer_bytes,
+              "overhead": {HOST: got.pss_bytes - got.buffer_bytes},
               "source": "measured: PSS (smaps_rollup) minus the allocator's host buffer bytes"}
     path = _record_path(binary)
     path.parent.mkdir(parents=True, exist_ok=True)
