@@ -44,7 +44,8 @@ def test_first_load_host_price_includes_the_process(zoo: dict, llama_server: Pat
     path = zoo[model].path
     dry = dry_run(llama_server.parent, path, SEAT)
     assert not hasattr(dry, "reason"), dry
-    buffers_priced = price(load_structure(path), SEAT, compute=dry.compute).footprint.bytes_on(HOST)  # type: ignore[union-attr]
+    priced = price(load_structure(path), SEAT, compute=dry.compute)  # type: ignore[union-attr]
+    buffers_priced = priced.footprint.bytes_on(HOST)
     predicted = buffers_priced + overhead
     seat = measure_seat(llama_server, path, SEAT)
     assert isinstance(seat, SeatMemory), seat

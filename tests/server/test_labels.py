@@ -57,7 +57,8 @@ def test_stop_events_label_freed_memory_from_their_release() -> None:
     assert history_sources(freed)["freed"] == "measured: /proc/meminfo AnonPages+Shmem fall"
     assert history_sources(freed)["host"] == "measured"
     lost = Event(time=1.0, event="unload", model="m", freed_bytes=None,
-                 details={"release_verified": False, "release_note": "unverified: held memory on CPU was never measured"})
+                 details={"release_verified": False,
+                          "release_note": "unverified: held memory on CPU was never measured"})
     assert history_sources(lost)["freed"] == "unavailable: unverified: held memory on CPU was never measured"
 
 

@@ -1,9 +1,10 @@
 """Exact buffer bytes from the allocator trace (``fitevict-buftrace:`` lines, see engines/buftrace.c).
 
 The load log names each buffer's role (model, KV, recurrent state, output, compute) but prints its size in MiB
-with 2 decimals; the trace prints every ``ggml_backend_buffer_init`` / ``_free`` to the byte but not the role.
+with 2 decimals; the trace prints every buffer the engine allocates or frees, to the byte, but not its role.
 ``exact_log`` joins them: each log figure takes the size of the earliest buffer still alive with the same buffer
-type name that rounds to the printed MiB (llama.cpp allocates weights, output, caches, compute, in that order). A figure without such a buffer stays as printed and is named in the notes. Pure.
+type name that rounds to the printed MiB (llama.cpp allocates weights, output, caches, compute, in that order).
+A figure without such a buffer stays as printed and is named in the notes. Pure.
 """
 
 from __future__ import annotations

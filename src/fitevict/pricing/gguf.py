@@ -340,10 +340,10 @@ def parse_structure(path: str | Path) -> GgufStructure:
     window = int(swa_raw) if swa_raw is not None else None  # type: ignore[call-overload]
     pattern = pattern_raw if isinstance(pattern_raw, list) or pattern_raw is None else int(pattern_raw)  # type: ignore[call-overload]
     n_ff = _per_layer(key("feed_forward_length"), n_layer, 0)
-    recr_key = key("attention.recurrent_layers")
-    kinds = layer_kinds(arch, n_layer, n_nextn, n_head_kv, n_ff,
-                        recr_key if isinstance(recr_key, list) or recr_key is None else int(recr_key),  # type: ignore[call-overload]
-                        int(key("full_attention_interval") or 0) or None)  # type: ignore[call-overload]
+    recr_raw = key("attention.recurrent_layers")
+    recr_key = recr_raw if isinstance(recr_raw, list) or recr_raw is None else int(recr_raw)  # type: ignore[call-overload]
+    interval = int(key("full_attention_interval") or 0) or None  # type: ignore[call-overload]
+    kinds = layer_kinds(arch, n_layer, n_nextn, n_head_kv, n_ff, recr_key, interval)
     n_swa, swa_layers = swa_layout(arch, n_layer - n_nextn, window, pattern)
     swa_layers = swa_layers + (False,) * n_nextn
     if arch in SWA_ON_ATTENTION and window:  # lfm2: the window applies to every attention layer

@@ -58,10 +58,10 @@ def compute_formula(s: GgufStructure, rc: ResolvedContext, kv: KvInfo | None) ->
 
     The graph allocator reuses memory, so the peak is a handful of activations: a few n_embd / n_ff rows
     per token, the logits of the outputs, an f16 KQ mask per KV cache (base and SWA) and, without flash
-    attention, the f32 KQ scores (cells x ubatch x heads); recurrent layers add their in-projection's rows (mamba's ssm_in,
-    lfm2's short-conv in_proj) and the conv / scan rows, and a pure recurrent model has no FFN rows. The FFN rows are
-    the widest of the dense FFN, the routed experts (n_ff_exp x experts used) and the shared expert; the attention
-    rows are q over all heads (explicit head sizes and MLA's latent heads can exceed n_embd). Used only when no
+    attention, the f32 KQ scores (cells x ubatch x heads); recurrent layers add their in-projection's rows
+    (mamba's ssm_in, lfm2's short-conv in_proj) and the conv / scan rows; a pure recurrent model has no FFN
+    rows. The FFN rows are the widest of the dense FFN, the routed experts (n_ff_exp x experts used) and the
+    shared expert; the attention rows are q over all heads (explicit head sizes and MLA's latent heads can exceed n_embd). Used only when no
     dry run is available; on the demo zoo it lands between the engine's dry run and twice it.
     """
     ub = rc.n_ubatch

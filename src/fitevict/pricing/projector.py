@@ -58,14 +58,19 @@ def with_projector(fp: Footprint, proj: ProjectorPrice) -> Footprint:
     def add(a: Term, b: Term) -> Term:
         if a.bytes is None or b.bytes is None:
             return a if a.bytes is None else b
-        src = b.source if a.bytes == 0 else max(a.source, b.source, key=WEAKEST.index)  # the sum is as good as its weaker part
+        # the sum is only as good as its weaker part
+        src = b.source if a.bytes == 0 else max(a.source, b.source, key=WEAKEST.index)
         return Term(a.bytes + b.bytes, src)
 
     new_host = replace(host, model=add(host.model, proj.weights), compute=add(host.compute, proj.compute))
-    devices = tuple(new_host if d.name == HOST else d for d in fp.devices) if fp.device(HOST) else (new_host, *fp.devices)
+    if fp.device(HOST):
+        devices = tuple(new_host if d.name == HOST else d for d in fp.devices)
+    else:
+        devices = (new_host, *fp.devices)
     extra = proj.weights.value + proj.compute.value
+    compute = (f"{format_size(proj.compute.value)} ({proj.compute.source})" if proj.compute.bytes is not None
+               else f"unavailable: {proj.compute.reason}")
+    note = (f"host includes the projector {proj.path}: weights {format_size(proj.weights.value)} "
+            f"({proj.weights.source}), compute {compute}")
     return replace(fp, devices=devices, host_committed_bytes=fp.host_committed_bytes + extra,
-                   notes=(*fp.notes, f"host includes the projector {proj.path}: weights {format_size(proj.weights.value)}"
-                          f" ({proj.weights.source}), compute "
-                          + (format_size(proj.compute.value) + f" ({proj.compute.source})" if proj.compute.bytes is not None
-                             else f"unavailable: {proj.compute.reason}")))
+                   notes=(*fp.notes, note))
