@@ -125,8 +125,8 @@ def test_cli_uses_the_dry_run_when_the_engine_is_found(zoo: dict, llama_server: 
     assert cpu["sources"]["compute"] == "dry-run" and cpu["compute_bytes"] > 0
 
 
-@pytest.mark.parametrize("model", ["gemma3-swa", "deepseek2-mla", "qwen2moe-shexp", "jamba-hybrid",
-                                   "qwen2-k256.Q4_K_M"])
+@pytest.mark.parametrize("model", ["gemma3-swa", "deepseek2-mla", "qwen2moe-shexp", "jamba-hybrid", "lfm2-shortconv",
+                                   "granitehybrid-moe", "qwen2-k256.Q4_K_M"])
 def test_cli_json_matches_the_load_log(models: dict[str, Path], engine_bin_dir: Path, llama_server: Path,
                                        model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``fitevict price --json`` prints is what llama-server logs: buffers, KV lines and cells, compute."""

@@ -76,3 +76,16 @@ def test_zoo_hybrids_price_their_states_per_slot(zoo: dict) -> None:
     kv = kv_layers(granite, resolve_context(granite, cfg), cfg)
     assert kv.layers_recurrent == 3 and kv.layers_full == 1
     assert kv.bytes_of("recurrent") == 3 * (768 + 3072) * 4 * 4
+
+
+def test_price_json_lists_each_layer_kind(zoo: dict) -> None:
+    from typer.testing import CliRunner
+
+    from fitevict.cli import app
+
+    for name, kinds in (("lfm2-shortconv", ["recurrent", "recurrent", "attention", "recurrent", "attention"]),
+                        ("gemma2-swa", ["attention+swa", "attention"] * 2), ("mamba", ["recurrent"] * 2)):
+        r = CliRunner().invoke(app, ["price", "--json", str(zoo[name].path), "-c", "1000"],
+                               env={"FITEVICT_LLAMA_SERVER": "/nonexistent"})
+        assert r.exit_code == 0, r.output
+        assert __import__("json").loads(r.stdout)["layer_kinds"] == kinds, name

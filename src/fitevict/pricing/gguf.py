@@ -20,7 +20,14 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from fitevict.pricing.ggml_types import nbytes
-from fitevict.pricing.layers import HYBRID_RULES, RECURRENT_ARCHS, SWA_ON_ATTENTION, layer_kinds, state_widths
+from fitevict.pricing.layers import (
+    HYBRID_RULES,
+    RECURRENT_ARCHS,
+    SWA_ON_ATTENTION,
+    LayerKinds,
+    layer_kinds,
+    state_widths,
+)
 
 
 class PricingError(ValueError):
@@ -233,6 +240,12 @@ class GgufStructure:
     def n_embd_s(self) -> int:
         """Recurrent scan / wkv state width per cell (llama_hparams::n_embd_s)."""
         return self._widths()[1]
+
+    @property
+    def kinds(self) -> LayerKinds:
+        """Per block: KV cache and / or recurrent state (layers.layer_kinds)."""
+        return LayerKinds(tuple(self.has_kv(il) for il in range(self.n_layer)),
+                          tuple(self.has_state(il) for il in range(self.n_layer)), "")
 
     def has_kv(self, il: int) -> bool:
         """Block ``il`` holds an attention KV cache in the main context."""

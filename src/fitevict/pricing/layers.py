@@ -51,9 +51,11 @@ class LayerKinds:
     recurrent: tuple[bool, ...]
     rule: str  # "attention", "recurrent" or a HYBRID_RULES value
 
-    def kind(self, il: int) -> str:
-        """"attention", "recurrent", "attention+recurrent" or "none" (an MLP-only or MTP block)."""
-        parts = [k for k, on in (("attention", self.attention[il]), ("recurrent", self.recurrent[il])) if on]
+    def kind(self, il: int, swa: bool = False) -> str:
+        """"attention" ("attention+swa" for a sliding-window layer), "recurrent", "attention+recurrent" or "none"
+        (an MLP-only or MTP block)."""
+        parts = [k for k, on in (("attention+swa" if swa else "attention", self.attention[il]),
+                                 ("recurrent", self.recurrent[il])) if on]
         return "+".join(parts) or "none"
 
 
