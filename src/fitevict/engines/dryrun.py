@@ -13,7 +13,9 @@ debug lines): ``dry_run`` returns them too, so an architecture fitevict has no K
 priced fully (context source "dry-run").
 
 Results are cached as JSON under ``cache_dir()/dryrun`` keyed by the file identity (path, size, mtime_ns),
-the binary identity and the llama-server arguments.
+the binary identity and the llama-server arguments, so each placement (``-dev``, ``-ngl``, ``--n-cpu-moe``, ``-ot``,
+``-ts``) has its own entry: a GPU placement is dry-run as itself. With ``mmproj`` the same run also logs the
+engine's estimate of the projector (weights plus compute), kept as ``DryRun.projector_estimate``.
 
 ``capture_load_log`` starts a real llama-server, returns its load log once every buffer is logged, and
 stops it (process group, SIGTERM then SIGKILL): the measured counterpart of a price.
