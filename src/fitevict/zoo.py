@@ -26,6 +26,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
+from fitevict import zoo_hybrid
+
 GENERATOR_VERSION = 1
 MANIFEST_NAME = "zoo-manifest.json"
 
@@ -82,7 +84,7 @@ class _Recipe:
     n_expert: int = 0
     n_expert_used: int = 0
     sliding_window: int = 0
-    ssm: tuple[int, ...] = ()  # mamba only: (d_conv, d_inner, d_state, dt_rank)
+    ssm: tuple[int, ...] = ()  # (d_conv, d_inner, d_state, dt_rank[, n_group])
     seed: int = 0
     extra: tuple[tuple[str, float], ...] = ()  # further GGUFWriter.add_<key>(value) calls
     head_dim: int = 0  # explicit key_length = value_length; 0: n_embd / n_head, no key written
@@ -92,13 +94,14 @@ class _Recipe:
     n_dense_lead: int = 0  # deepseek2: leading layers with a dense FFN
     mla: tuple[int, ...] = ()  # deepseek2 MLA: (kv_lora_rank, q_lora_rank, qk_rope, qk_nope, v_head_dim)
     n_nextn: int = 0  # trailing MTP (next-token prediction) blocks counted in block_count
+    shortconv: int = 0  # lfm2: shortconv.l_cache
 
 
 # Fields added after the first zoo: left out of a recipe's fingerprint while at their default, so the
 # manifests written before them stay current.
 _LATER_FIELDS: dict[str, object] = {
     "head_dim": 0, "n_ff_exp": 0, "n_ff_shexp": 0, "n_expert_shared": 0, "n_dense_lead": 0, "mla": (),
-    "n_nextn": 0,
+    "n_nextn": 0, "shortconv": 0,
 }
 
 
@@ -335,6 +338,25 @@ _RECIPES: tuple[_Recipe, ...] = (
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=2, n_ff=250, seed=1,
     ),
+    _Recipe(
+        name="lfm2-shortconv",
+        arch="lfm2",
+        description="lfm2 hybrid: short-convolution layers 0, 1, 3 (l_cache 3, head_count_kv 0) and attention "
+                    "layers 2, 4 (GQA 6/2, q/k norms), tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=5, n_head=6, n_head_kv=(0, 0, 2, 0, 2), n_ff=200, tied=True,
+        shortconv=3, seed=1,
+    ),
+    _Recipe(
+        name="granitehybrid-moe",
+        arch="granitehybrid",
+        description="granitehybrid: mamba2 layers 0, 1, 3 (d_inner 192, d_state 16, 6 heads, 2 groups) and "
+                    "attention layer 2 (GQA 6/2), every layer an MoE FFN (4 experts / 2 used, FFN 64) with a "
+                    "shared expert (FFN 96), tied, f16",
+        weight_type=QT.F16,
+        n_vocab=1003, n_embd=96, n_layer=4, n_head=6, n_head_kv=(0, 0, 2, 0), n_ff=64, tied=True,
+        n_expert=4, n_expert_used=2, n_ff_shexp=96, ssm=(4, 192, 16, 6, 2), seed=1,
+    ),
 )
 
 ZOO_NAMES: tuple[str, ...] = tuple(r.name for r in _RECIPES)
@@ -395,6 +417,8 @@ def _tensor_shapes(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
     """
     if r.arch in _LAYOUTS:
         return _block_tensors(r)
+    if r.arch in zoo_hybrid.ARCHS:
+        return zoo_hybrid.tensors(r)
     e, v = r.n_embd, r.n_vocab
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), "weight")]
     out.append(("output_norm.weight", (e,), "norm"))
@@ -563,7 +587,8 @@ def _tensor_data(r: _Recipe, name: str, shape: tuple[int, ...], kind: str) -> tu
         return np.ones(shape, dtype=np.float32), QT.F32
     if kind == "zeros":
         return np.zeros(shape, dtype=np.float32), QT.F32
-    if kind == "vec":  # a small random f32 vector (biases that should not vanish, a shared-expert gate)
+    if kind in ("vec", "conv"):  # small random f32: biases that should not vanish, a shared-expert gate, and
+        # convolution kernels (ggml's ssm_conv takes them in f32 only)
         return _rng(r, name).standard_normal(shape, dtype=np.float32) * np.float32(0.02), QT.F32
     if kind == "ssm_a":
         # A = -exp(A_log) with A_log = log(1..d_state), as the mamba converter stores it
@@ -590,7 +615,7 @@ def _add_metadata(w: gguf.GGUFWriter, r: _Recipe) -> None:
     w.add_block_count(r.n_layer)
     w.add_layer_norm_rms_eps(1e-6)
     if r.ssm:
-        d_conv, d_inner, d_state, dt_rank = r.ssm
+        d_conv, d_inner, d_state, dt_rank = r.ssm[:4]
         w.add_ssm_conv_kernel(d_conv)
         w.add_ssm_inner_size(d_inner)
         w.add_ssm_state_size(d_state)
@@ -635,6 +660,7 @@ def _add_metadata(w: gguf.GGUFWriter, r: _Recipe) -> None:
         w.add_sliding_window(r.sliding_window)
     for key, value in r.extra:
         getattr(w, f"add_{key}")(value)
+    zoo_hybrid.metadata(w, r)
 
     tokens, scores, types = _vocab(r.n_vocab)
     w.add_tokenizer_model("llama")

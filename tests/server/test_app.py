@@ -76,13 +76,33 @@ def test_keys_gate_inference_and_admin_separately(make_client) -> None:
     assert c.get("/health").status_code == 200  # health needs no key
 
 
-def test_metrics_and_models_list(make_client) -> None:
+def _requests_total(c: TestClient) -> dict[tuple[str, str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[tuple[str, str, str], float] = {}
+    for fam in text_string_to_metric_families(c.get("/metrics").text):
+        for s in fam.samples:
+            if s.name == "fitevict_requests_total":
+                out[(s.labels["model"], s.labels["endpoint"], s.labels["status"])] = s.value
+    return out
+
+
+def test_metrics_and_models_list(make_client, tmp_path: Path) -> None:
+    """/metrics counts each inference request under its model, endpoint and status; /v1/models lists the catalog
+    with each file's size."""
     c = make_client()
-    m = c.get("/metrics")
-    assert m.status_code == 200 and "fitevict_requests_total" in m.text
+    assert _requests_total(c) == {}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert c.post("/v1/chat/completions", json={"model": "nope", **chat}).status_code == 404
+    assert c.post("/v1/chat/completions", json={"model": "nope", **chat}).status_code == 404
+    # the stand-in engine exits at once: the load fails, and that request is counted under its model
+    assert c.post("/v1/chat/completions", json={"model": "llama-gqa", **chat}).status_code == 502
+    assert _requests_total(c) == {("-", "chat", "404"): 2.0, ("llama-gqa", "chat", "502"): 1.0}
     models = c.get("/v1/models").json()["data"]
     assert [m["id"] for m in models] == ["llama-gqa"]
-    assert models[0]["fitevict"]["resident"] is False and models[0]["fitevict"]["file"]["source"] == "file-size"
+    f = models[0]["fitevict"]
+    assert f["resident"] is False and f["file"]["source"] == "file-size"
+    assert f["file"]["bytes"] == (tmp_path / "models" / "llama-gqa.gguf").stat().st_size
 
 
 def test_dashboard_shows_the_budget_with_sources(make_client) -> None:

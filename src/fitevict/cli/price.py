@@ -46,6 +46,8 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "file_bytes": s.file_bytes,
         "arch": s.arch,
         "n_layer": s.n_layer,
+        # per block, as llama.cpp decides it: attention, attention+swa, recurrent, attention+recurrent or none
+        "layer_kinds": [s.kinds.kind(il, s.swa_layers[il]) for il in range(s.n_layer)],
         "config": p.config_json(cfg),
         "devices": [d.to_json() for d in fp.devices],
         "buffers": [{"name": b.name, "device": b.device, "bytes": b.bytes, "mapped": b.mapped} for b in p.buffers],

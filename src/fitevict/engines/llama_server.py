@@ -34,15 +34,25 @@ def supported_flags(binary: Path) -> frozenset[str]:
     return _probe_flags(str(binary), binary.stat().st_mtime_ns)
 
 
+def split_args(cfg: LoadConfig) -> list[str]:
+    """``-ts W0,W1,...`` when the configuration fixes each GPU's share of the layers (see placement.layer_devices);
+    nothing for one device or llama.cpp's default."""
+    if not cfg.tensor_split or len(cfg.devices) < 2:
+        return []
+    return ["-ts", ",".join(str(int(w)) if float(w).is_integer() else repr(float(w)) for w in cfg.tensor_split)]
+
+
 def override_args(cfg: LoadConfig) -> list[str]:
     """``-ot PATTERN=BUFT`` per override, in order (after ``--n-cpu-moe``, whose rules llama.cpp then checks first)."""
     return [x for pattern, buft in cfg.tensor_overrides for x in ("-ot", f"{pattern}={buft}")]
 
 
-def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()) -> list[str]:
+def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = (),
+              mmproj: str | Path | None = None) -> list[str]:
     """The llama-server arguments that decide what a load costs, in the pinned build's spelling (no binary, no
     port). The ONE builder: a seat's argv and the engine's dry run both start from it, so a dry run prices the
-    very command line the seat runs. ``extra_args`` are flags LoadConfig does not carry (``--pooling mean``).
+    very command line the seat runs. ``extra_args`` are flags LoadConfig does not carry (``--pooling mean``);
+    ``mmproj`` is the model's projector (kept in RAM, ``--no-mmproj-offload``, when the seat uses no GPU).
 
     ``-np`` is given only when ``n_parallel`` is set (absent: the engine's 4 unified slots), ``-kvu``/``-no-kvu``
     only when both it and ``-np`` are."""
@@ -59,6 +69,7 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
     if cfg.n_cpu_moe:
         a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
     a += override_args(cfg)
+    a += split_args(cfg)
     if cfg.swa_full:
         a += ["--swa-full"]
     if cfg.embeddings:
@@ -66,6 +77,10 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
     if not cfg.mmap:
         a += ["-lm", "none"]
     a += lora_args(cfg)
+    if mmproj is not None:  # the catalog's projector: priced by pricing.projector
+        a += ["--mmproj", str(mmproj)]
+        if not cfg.devices:
+            a.append("--no-mmproj-offload")  # a RAM-only seat keeps its projector in RAM too
     return [*a, *extra_args]
 
 
@@ -110,14 +125,16 @@ class LlamaServerEngine:
         return flag in self.flags
 
     def launch_spec(self, model_path: Path, config: LoadConfig, port: int, *,
-                    extra_args: Sequence[str] = (), embeddings: bool = False) -> LaunchSpec:
+                    extra_args: Sequence[str] = (), embeddings: bool = False,
+                    mmproj: Path | None = None) -> LaunchSpec:
         c = config
         notes: list[str] = []
         if embeddings and not c.embeddings:
             notes.append("--embeddings from the model's settings, but the LoadConfig was priced without it; "
                          "its output buffer is larger than priced")
             c = c.with_(embeddings=True)
-        argv: list[str] = [str(self.binary), *load_args(model_path, c), "--host", "127.0.0.1", "--port", str(port)]
+        argv: list[str] = [str(self.binary), *load_args(model_path, c, mmproj=mmproj), "--host", "127.0.0.1",
+                           "--port", str(port)]
         if self._has("--fit"):
             argv += ["--fit", "off"]  # fitevict is the fit authority: the placement is the planner's
         env = dict(os.environ)

@@ -192,6 +192,7 @@ def plan(
     try:
         if asked > smallest:
             largest = _largest_ctx(request, budget.gpu_names, price, avail, prefer_gpu, policy, asked)
+        largest, ctx_words = ctx_suggestion(largest, request.n_ctx_train)
         remedy = _remedy(request, budget, binding, blockers, largest, rungs, price, avail)
     except _Unpriced as e:
         remedy = f"price {request.key} at other settings (a term is unavailable: {e})"
@@ -201,10 +202,22 @@ def plan(
     reason = (f"{request.key} needs {_per_device(need, binding)} at {_ctx_words(config, request.n_ctx_train)}"
               f"{place}; {_per_device(avail, binding)} free {evictable_words}")
     if largest is not None:
-        reason += f"; the largest ctx that fits is {largest}"
+        reason += f"; {ctx_words}"
     elif asked > smallest:
         reason += f"; no ctx from {smallest} up fits"
     return refusal(reason, remedy, config, need, fp, largest)
+
+
+def ctx_suggestion(largest: int | None, n_ctx_train: int) -> tuple[int | None, str]:
+    """The context a refusal suggests, and the words for it: the largest that fits, capped at the model's training
+    context (a larger one fits only memory, not the model, and the training context then fits too)."""
+    if largest is None:
+        return None, ""
+    if n_ctx_train and largest > n_ctx_train:
+        return n_ctx_train, (f"the largest ctx that fits is {largest}, above the training ctx {n_ctx_train}: "
+                             f"suggesting {n_ctx_train}")
+    words = f"the largest ctx that fits is {largest}"
+    return largest, words + (f" (training ctx {n_ctx_train})" if n_ctx_train else "")
 
 
 def _largest_ctx(

@@ -32,8 +32,7 @@ def _covers(victims: Iterable[Resident], short: Mapping[str, int]) -> bool:
 def victim_order(r: Resident, short: Mapping[str, int], eviction: str) -> tuple:
     """The order victims are taken in. ``cost``: GreedyDual-Size, lowest H first (cheap to reload per byte
     and not used lately; H within 25% counts as equal), then least recently used; ``lru``: least recently used
-    first. Ties: most bytes
-    on the short devices, then the key."""
+    first. Ties: most bytes on the short devices, then the key."""
     freed = -sum(r.bytes.get(d, 0) for d in short)
     if eviction == "cost":
         # load times are noisy: priorities within PRIORITY_BAND of each other count as equal, then recency decides

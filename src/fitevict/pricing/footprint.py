@@ -8,11 +8,12 @@ Pure data. Frozen. No I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-Source = Literal["measured", "dry-run", "formula", "declared", "file-size", "unavailable"]
-SOURCES: tuple[str, ...] = ("measured", "dry-run", "formula", "declared", "file-size", "unavailable")
+Source = Literal["measured", "stored-measurement", "dry-run", "formula", "declared", "file-size", "unavailable"]
+SOURCES: tuple[str, ...] = ("measured", "stored-measurement", "dry-run", "formula", "declared", "file-size",
+                            "unavailable")
 
 HOST = "CPU"  # llama.cpp's name for host memory; also the planner's name for the host-RAM budget
 
@@ -147,3 +148,16 @@ class Footprint:
             **({"overhead": dict(self.overhead)} if self.overhead else {}),
             **({"notes": list(self.notes)} if self.notes else {}),
         }
+
+
+def as_stored(fp: Footprint) -> Footprint:
+    """A measured footprint reused as the prediction for a later load of the same signature: each "measured" term
+    (and host figure) becomes "stored-measurement"; other sources stay as they are."""
+
+    def term(t: Term) -> Term:
+        return replace(t, source="stored-measurement") if t.source == "measured" else t
+
+    devices = tuple(replace(d, model=term(d.model), context=term(d.context), compute=term(d.compute),
+                            output=term(d.output)) for d in fp.devices)
+    host = "+".join("stored-measurement" if p == "measured" else p for p in fp.host_source.split("+"))
+    return replace(fp, devices=devices, host_source=host)  # type: ignore[arg-type]

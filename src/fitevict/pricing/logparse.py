@@ -76,6 +76,7 @@ class LoadLog:
     kv_unified: bool | None = None
     breakdown: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ("Host", (self, model, context, compute)), MiB
     notes: tuple[str, ...] = field(default=())
+    precision_bytes: int = PRECISION_BYTES  # 0 once the allocator trace made every figure exact (pricing.buftrace)
 
     @property
     def loaded(self) -> bool:
@@ -250,14 +251,6 @@ class DryContext:
     an architecture fitevict has no rules for. Sizes are as printed (MiB with 2 decimals)."""
 
     caches: tuple[DryCache, ...]
-
-    def bytes_by_device(self) -> dict[str, int]:
-        """Each cache's bytes split over its layers' devices (evenly per layer: the log gives one total)."""
-        out: dict[str, int] = {}
-        for c in self.caches:
-            for (_il, dev), share in zip(c.layers, split_evenly(c.bytes, len(c.layers)), strict=True):
-                out[dev] = out.get(dev, 0) + share
-        return out
 
     def to_json(self) -> list:
         return [c.to_json() for c in self.caches]

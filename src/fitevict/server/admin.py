@@ -14,6 +14,7 @@ from fitevict.loadreport import plan_hits
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
+from fitevict.server.labels import history_sources, prediction_error
 from fitevict.store.records import EVENTS
 from fitevict.supervisor import Contract, SupervisorError
 from fitevict.units import GiB
@@ -85,8 +86,10 @@ def router(door: Door) -> APIRouter:
             raise supervisor_error(e) from None
         if res is None:
             return {"model": entry.key, "unloaded": False, "reason": "not resident"}
+        freed_source = ("measured: /proc/meminfo AnonPages+Shmem fall" if res.freed_bytes is not None
+                        else f"unavailable: {res.note or 'the release check gave no figure'}")
         return {"model": entry.key, "unloaded": True, "freed_bytes": res.freed_bytes,
-                "freed_source": "measured: /proc/meminfo AnonPages+Shmem fall", "release_verified": res.verified,
+                "freed_source": freed_source, "release_verified": res.verified,
                 "exit_seconds": res.exit_seconds, "release_seconds": res.release_seconds, "note": res.note}
 
     @app.get("/health", tags=["admin"])
@@ -106,8 +109,6 @@ def router(door: Door) -> APIRouter:
 
     return app
 
-    return app
-
 
 def _gb(b: int | None) -> float | None:
     return None if b is None else round(b / GiB, 3)
@@ -121,7 +122,7 @@ def history_row(ev) -> dict:
         "request_id": ev.request_id, "predicted_gb": _gb(ev.predicted_bytes), "measured_gb": _gb(ev.measured_bytes),
         "bytes": {"vram": ev.vram_bytes, "offloaded": ev.offloaded_bytes, "host": ev.host_bytes,
                   "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "measured": ev.measured_bytes},
-        "sources": {"predicted": "formula/dry-run pricing", "measured": "engine log + /proc PSS",
-                    "freed": "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"},
+        "sources": history_sources(ev),
+        "prediction_error": prediction_error(ev.predicted_bytes, ev.measured_bytes),
         "details": ev.details,
     }

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from fitevict import __version__
 from fitevict.server.door import Door
+from fitevict.server.labels import NA, history_sources
 from fitevict.units import format_size
 
 STYLE = """
@@ -62,19 +63,22 @@ def router(door: Door) -> APIRouter:
                            _fig(cpu.get("predicted_bytes"), cpu.get("predicted_source", "")),
                            str(v["ctx"]), str(v["in_flight"]), escape(idle)])
         events = await asyncio.to_thread(door.store.events, limit=30)
-        h_rows = [[escape(time.strftime("%H:%M:%S", time.localtime(e.time))),
-                   f'<span class="{escape(e.event)}">{escape(e.event)}</span>', escape(e.model or ""),
-                   "" if e.seconds is None else f"{e.seconds:.2f} s",
-                   "" if e.host_bytes is None else _fig(e.host_bytes, "measured"),
-                   "" if e.freed_bytes is None else _fig(e.freed_bytes, "measured"),
-                   escape(e.strategy or e.reason or "")] for e in events]
+        h_rows = []
+        for e in events:
+            src = history_sources(e)
+            h_rows.append([escape(time.strftime("%H:%M:%S", time.localtime(e.time))),
+                           f'<span class="{escape(e.event)}">{escape(e.event)}</span>', escape(e.model or ""),
+                           "" if e.seconds is None else f"{e.seconds:.2f} s",
+                           "" if src["host"] == NA else _fig(e.host_bytes, src["host"]),
+                           "" if src["freed"] == NA else _fig(e.freed_bytes, src["freed"]),
+                           escape(e.strategy or e.reason or "")])
         notes = "".join(f"<li>{escape(n)}</li>" for n in budget.notes)
         html = f"""<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>fitevict</title><style>{STYLE}</style></head><body>
 <h1>fitevict {escape(__version__)}</h1>
 <h2>Budget</h2>{_table(["device", "total", "free", "reserve", "limit", "budget for models"], b_rows)}
 {f"<ul>{notes}</ul>" if notes else ""}
-<h2>Resident</h2>{_table(["model", "state", "placement", "host (measured)", "host (predicted)", "ctx", "in flight",
+<h2>Resident</h2>{_table(["model", "state", "placement", "host now", "host predicted", "ctx", "in flight",
                          "idle unload in"], r_rows)}
 <h2>History</h2>{_table(["time", "event", "model", "seconds", "host", "freed", "strategy / reason"], h_rows)}
 </body></html>"""
