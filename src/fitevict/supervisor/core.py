@@ -23,6 +23,8 @@ from fitevict.config import Config
 from fitevict.contract import Contract, seat_key
 from fitevict.engines import engine_class
 from fitevict.engines.base import Engine
+from fitevict.engines.base import Unavailable as DryRunUnavailable
+from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
 from fitevict.engines.process import free_port
 from fitevict.host.budget import Budget, budget_from_config
 from fitevict.loadreport import request_report
@@ -58,6 +60,11 @@ def sched_policy(config: Config) -> SchedPolicy:
                        min_residency_seconds=p.min_residency_seconds, queue_timeout_seconds=p.queue_timeout_seconds,
                        max_queue=p.max_queue, engine_queue_depth=p.engine_queue_depth,
                        eviction=p.eviction)  # type: ignore[arg-type]
+
+
+def st_ok(binary: Path) -> bool:
+    """A real engine build to calibrate: an executable file named llama-server."""
+    return binary.name == "llama-server" and binary.is_file() and os.access(binary, os.X_OK)
 
 
 class Supervisor:
@@ -109,9 +116,18 @@ class Supervisor:
     async def start(self) -> list[Event]:
         """Load what was learned about the engine, and deal with the seats a previous run left."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        calibrated = await asyncio.to_thread(calibrated_overhead, self.engine_binary) if st_ok(self.engine_binary) \
+            else None
+        if calibrated is None and st_ok(self.engine_binary):
+            # first serve with this build: measure its own process overhead once, on the smallest model
+            got = await asyncio.to_thread(calibrate_overhead, self.engine_binary, timeout_s=60.0)
+            calibrated = None if isinstance(got, DryRunUnavailable) else {k: int(v) for k, v in got["overhead"].items()}
+        if calibrated:
+            self.prices.engine_overhead.update(calibrated)
         known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
-        if known:
-            self.prices.engine_overhead.update({k: int(v) for k, v in known.items()})
+        for dev, n in (known or {}).items():  # what loads have shown since raises it (a lower bound each)
+            self.prices.engine_overhead[dev] = max(int(n), self.prices.engine_overhead.get(dev, 0))
+        self.prices.forget()
         return await cleanup_orphans(self)
 
     async def shutdown(self, grace: float | None = None) -> ShutdownSummary:
@@ -204,6 +220,15 @@ class Supervisor:
         if eng is None:
             eng = self._engines[entry.engine] = engine_class(entry.engine)(self.engine_binary)
         return eng
+
+    def launch_spec(self, entry: CatalogEntry, path: Path, cfg, port: int):
+        """The argv and environment that start ``entry`` under ``cfg`` (the engine's one builder)."""
+        engine = self.engine_for(entry)
+        kw: dict[str, Any] = {"extra_args": tuple(entry.settings.extra_args),
+                              "embeddings": bool(entry.settings.embeddings)}
+        if entry.engine == "llama-server":
+            kw["mmproj"] = entry.mmproj
+        return engine.launch_spec(path, cfg, port, **kw)
 
     def engine_name(self, key: str) -> str:
         entry = self.catalog.get(key)

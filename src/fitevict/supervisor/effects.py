@@ -119,8 +119,7 @@ class LiveEffects:
                     port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
                     started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
                     strategy=plan.action, pinned=entry.pinned)
-                spec = engine.launch_spec(path, cfg, seat.port, extra_args=tuple(entry.settings.extra_args),
-                                          embeddings=bool(entry.settings.embeddings))
+                spec = sup.launch_spec(entry, path, cfg, seat.port)
                 sup.seats[key] = seat
                 await spawn(seat, spec)
                 await sup.changed()
@@ -229,7 +228,10 @@ class LiveEffects:
         await sup.record(Event(
             time=sup.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
             host_bytes=seat.bytes_on(HOST), vram_bytes=sup.gpu_figure(seat), reason=reason,
-            freed_bytes=res.freed_bytes, request_id=request_id, details={"pid": seat.pid, **res.details()}))
+            freed_bytes=res.freed_bytes, request_id=request_id,
+            details={"pid": seat.pid, "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
+                     "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
+                                     if seat.config.devices else None), **res.details()}))
         sup.stopped(seat.key, res)
         return res
 

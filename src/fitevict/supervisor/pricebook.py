@@ -18,10 +18,11 @@ from fitevict.contract import Contract, load_config_for, plan_request
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing import price as pricing
-from fitevict.pricing.footprint import Footprint
+from fitevict.pricing.footprint import Footprint, as_stored
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
 from fitevict.supervisor.measure import dominant_type, footprint_from_json, with_engine_overhead
@@ -37,7 +38,9 @@ class PriceBook:
         self._quant: dict[tuple[str, int, int], str] = {}
         self._compute: dict[tuple[str, LoadConfig], dict[str, int]] = {}
         self._dry_notes: dict[tuple[str, LoadConfig], str] = {}
-        self._dry_context: dict[tuple[str, LoadConfig], Any] = {}
+        self._dry_context: dict[tuple[str, LoadConfig], Any] = {}  # keyed by the placement-free configuration
+        self._projector_estimate: dict[tuple[str, LoadConfig], int] = {}
+        self._mmproj: dict[str, Path] = {}  # model file -> its projector (from the catalog)
         self._requests: dict[tuple[str, Contract | None], tuple[pl.PlanRequest, LoadConfig, Path]] = {}
 
     def forget(self) -> None:
@@ -80,7 +83,8 @@ class PriceBook:
                                      quantization=quant, config=cfg.to_json())
 
     def footprint(self, path: Path, cfg: LoadConfig) -> Footprint:
-        """Measured footprint for this signature if one was accepted, else the priced one."""
+        """Measured footprint for this signature if one was accepted (labelled stored-measurement), else the priced
+        one, with the model's projector and the engine process's overhead."""
         st = path.stat()
         key = (str(path), st.st_size, st.st_mtime_ns, cfg)
         hit = self._footprints.get(key)
@@ -88,10 +92,14 @@ class PriceBook:
             return hit
         m = self.store.last_measurement(self.signature(path, cfg))
         if m is not None:
-            fp = footprint_from_json(m.footprint)
+            fp = as_stored(footprint_from_json(m.footprint))
         else:
             fp = pricing.price(self.structure(path), cfg, compute=self._compute.get((str(path), cfg)),
-                               context=self._dry_context.get((str(path), cfg))).footprint
+                               context=self._dry_context.get((str(path), cfg.without_placement()))).footprint
+            proj = self._mmproj.get(str(path))
+            if proj is not None:
+                estimate = self._projector_estimate.get((str(path), cfg.without_placement()))
+                fp = with_projector(fp, price_projector(load_structure(proj), estimate))
         fp = with_engine_overhead(fp, self.engine_overhead)
         if len(self._footprints) > 4096:
             self._footprints.clear()
@@ -112,11 +120,16 @@ class PriceBook:
         (also cached on disk); a dry run that gives no figure leaves the labelled formula in place."""
         if (str(path), cfg) in self._compute or (str(path), cfg) in self._dry_notes:
             return
-        got = await asyncio.to_thread(dry_run, self.engine_dir, path, cfg, extra_args=tuple(extra_args))
+        if entry.mmproj is not None:
+            self._mmproj[str(path)] = Path(entry.mmproj)
+        got = await asyncio.to_thread(dry_run, self.engine_dir, path, cfg, extra_args=tuple(extra_args),
+                                      mmproj=entry.mmproj)
         if isinstance(got, DryRunUnavailable):
             self._dry_notes[(str(path), cfg)] = got.reason
         else:
             self._compute[(str(path), cfg)] = got.compute
-            if got.context is not None:
-                self._dry_context[(str(path), cfg)] = got.context
+            if got.context is not None:  # the caches do not depend on where layers go: one dry run serves any
+                self._dry_context[(str(path), cfg.without_placement())] = got.context
+            if got.projector_estimate is not None:
+                self._projector_estimate[(str(path), cfg.without_placement())] = got.projector_estimate
             self.forget()
