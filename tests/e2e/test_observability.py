@@ -149,7 +149,8 @@ def test_dashboard_in_a_real_browser(door, tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extras: pip install "
                                    "-e '.[test]'")
     chromium = chromium_path()
-    chat(door, "med-b")
+    chat(door, "med-a")
+    chat(door, "med-b")  # evicts med-a: the timeline has an eviction
     with admin(door) as c:
         assert c.post("/v1/models/llama-gqa/load").status_code == 200  # small: fits beside med-b
     with sync_api.sync_playwright() as p:
@@ -191,3 +192,85 @@ def test_dashboard_in_a_real_browser(door, tmp_path: Path) -> None:
     assert "llama-gqa" not in residents(door)
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
     print(f"dashboard screenshot: {tmp_path / 'dashboard.png'}")
+
+
+def stored_windows(fd, models: set[str], *, within: float = 30.0) -> list[dict]:
+    """The stored serving windows once every model in ``models`` has one (the sampler stores a window right after
+    its seat's stop is recorded)."""
+    deadline = time.monotonic() + within
+    while True:
+        with admin(fd) as c:
+            ws = [w for w in c.get("/dashboard/report.json").json()["windows"] if w["id"] is not None]
+        if models <= {w["model"] for w in ws} or time.monotonic() > deadline:
+            return ws
+        time.sleep(0.1)  # another process's store: there is no event to await from here
+
+
+def unload_all(fd) -> None:
+    with admin(fd) as c:
+        for key in residents(fd):
+            assert c.post(f"/v1/models/{key}/unload").json()["unloaded"] is True
+
+
+def fitevict(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": str(columns), "FITEVICT_CONFIG": ""}
+    return subprocess.run([sys.executable, "-m", "fitevict.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_memory_report_of_a_real_serving_window(door, thresholds: Path, tmp_path: Path) -> None:
+    chat(door, "med-a")
+    chat(door, "med-b")
+    unload_all(door)
+    ws = stored_windows(door, {"med-a", "med-b"})
+    assert {"med-a", "med-b"} <= {w["model"] for w in ws}
+    out = tmp_path / "report"
+    r = fitevict("report", "--thresholds", str(thresholds), "--data-dir", str(door.data_dir), "--out", str(out),
+                 "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    rows = {(row["model"], row["figure"]): row for row in doc["rows"]}
+    loads = {e["model"]: e for e in history(door, event="load")}
+    for key in ("med-a", "med-b"):
+        pss = rows[(key, "peak_pss")]
+        assert pss["engine"] == "llama-server" and pss["windows"] >= 1 and "smaps_rollup" in pss["why"]
+        # the peak over the window is at least what the load measured (the same PSS, taken once)
+        assert pss["peak_bytes"] >= 0.9 * loads[key]["bytes"]["host"]
+        assert rows[(key, "peak_rss")]["peak_bytes"] >= pss["peak_bytes"] * 0.5
+        assert rows[(key, "peak_available_drop")]["result"] == "PASS"
+        gpu = rows[(key, "peak_gpu")]
+        assert gpu["result"] == "BLOCKED" and gpu["peak_bytes"] is None
+        assert "no NVIDIA GPU" in gpu["why"]  # this host has none: a reason, never a number
+    assert rows[("med-a", "peak_pss")]["result"] == "PASS"  # default threshold 2 GiB
+    assert rows[("med-b", "peak_pss")]["result"] == "FAIL"  # its own threshold: 1 MiB
+    assert rows[("med-b", "peak_pss")]["threshold_bytes"] == MiB
+    md = (out / "report.md").read_text()
+    assert "| med-b | llama-server | peak PSS |" in md and "**FAIL**" in md and "**BLOCKED**" in md
+    assert json.loads((out / "report.json").read_text())["thresholds"]["path"] == str(thresholds)
+    print(md)
+
+
+def test_memory_report_ab_over_swapped_legs(door, tmp_path: Path) -> None:
+    unload_all(door)
+    for leg in "ABBA":
+        kv = {"A": "q8_0", "B": "f16"}[leg]
+        chat(door, "med-c", extra_body={"fitevict": {"kv_cache_type": kv, "flash_attn": True, "ctx": 8192}})
+        unload_all(door)
+    ws = stored_windows(door, {"med-c"})
+    assert len([w for w in ws if w["model"] == "med-c"]) >= 4
+    r = fitevict("report", "--data-dir", str(door.data_dir), "--ab", "med-c", "--a", "cache_type_k=q8_0", "--b",
+                 "cache_type_k=f16", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [leg["leg"] for leg in doc["legs"]] == list("ABBA")
+    comps = {c["figure"]: c for c in doc["comparisons"]}
+    print(json.dumps(doc["comparisons"], indent=1))
+    assert comps["peak_gpu"]["verdict"] == "BLOCKED"
+    pss = comps["peak_pss"]
+    assert len(pss["a_bytes"]) == len(pss["b_bytes"]) == 2 and pss["noise_floor_bytes"] is not None
+    # f16 KV holds twice the bytes of q8_0 (nearly): PSS shows it well above the leg-to-leg noise, and by about
+    # what the pricing predicts for the two configurations
+    assert pss["verdict"] == "B higher" and pss["difference_bytes"] > 4 * pss["noise_floor_bytes"]
+    loads = [e for e in history(door, model="med-c", event="load")][:4]
+    predicted = {e["details"]["config"]["cache_type_k"]: e["bytes"]["predicted"] for e in loads}
+    assert pss["difference_bytes"] == pytest.approx(predicted["f16"] - predicted["q8_0"], rel=0.3)

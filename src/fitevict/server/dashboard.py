@@ -131,6 +131,7 @@ def _page(title: str, src: str, body: str) -> str:
 def router(door: Door) -> APIRouter:
     app = APIRouter()
     sup, store = door.sup, door.store
+    view.use_palette([e.key for e in door.catalog.entries()])
 
     def is_admin(request: Request) -> bool:
         try:

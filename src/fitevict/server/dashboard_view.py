@@ -22,10 +22,21 @@ from fitevict.units import format_size
 TIMELINE_EVENTS = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan", "leak")
 
 
+_PALETTE: dict[str, str] = {}
+
+
+def use_palette(keys: Sequence[str]) -> None:
+    """Spread the catalog's models over the colour wheel (golden angle), in catalog order."""
+    for i, key in enumerate(keys):
+        _PALETTE[key] = f"hsl({(i * 137.508 + 210) % 360:.0f} 60% 50%)"
+
+
 def colour(key: str) -> str:
     """A stable colour per model, so one model looks the same in every bar."""
+    if key in _PALETTE:
+        return _PALETTE[key]
     h = int(hashlib.sha1(key.encode()).hexdigest()[:6], 16)
-    return f"hsl({h % 360} 62% 52%)"
+    return f"hsl({h % 360} 60% 50%)"
 
 
 def _size(n: int | None) -> str:
