@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from _frontdoor import front_door
 from _models import medium_host_bytes, swap_models
-from fitevict.units import MiB
+from fitevict.units import MiB, format_size
 
 pytestmark = pytest.mark.e2e
 
@@ -274,3 +274,28 @@ def test_memory_report_ab_over_swapped_legs(door, tmp_path: Path) -> None:
     loads = [e for e in history(door, model="med-c", event="load")][:4]
     predicted = {e["details"]["config"]["cache_type_k"]: e["bytes"]["predicted"] for e in loads}
     assert pss["difference_bytes"] == pytest.approx(predicted["f16"] - predicted["q8_0"], rel=0.3)
+
+
+def test_cli_fits_80_columns(door) -> None:
+    chat(door, "llama-gqa")
+    chat(door, "med-b")  # exclusive: evicts llama-gqa
+    chat(door, "llama-gqa")  # small: loads beside med-b
+    common = ("--url", door.base_url, "--key", ADMIN)
+    outputs = {}
+    for cmd in (("ps",), ("history", "--limit", "12"), ("plan", "med-a", "--server", door.base_url)):
+        args = (*cmd, *common) if cmd[0] != "plan" else (*cmd, "--key", ADMIN)
+        r = fitevict(*args)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines and max(len(line) for line in lines) <= 80, r.stdout
+        assert "…" not in r.stdout, r.stdout  # folded, never cut
+        outputs[cmd[0]] = r.stdout
+        print(r.stdout)
+    view = residents(door)
+    for key in ("llama-gqa", "med-b"):  # every model named in full
+        assert key in outputs["ps"] and key in outputs["history"]
+        assert format_size(view[key]["devices"]["CPU"]["measured_bytes"]) in outputs["ps"]
+    assert "evict" in outputs["history"] and "med-a" in outputs["plan"]
+    full = json.loads(fitevict("ps", *common, "--json").stdout)  # the full figures
+    assert {r["key"]: r["devices"]["CPU"]["measured_bytes"] for r in full} == {
+        k: v["devices"]["CPU"]["measured_bytes"] for k, v in view.items()}
