@@ -73,7 +73,7 @@ def fold(w: Window, r: SeatReading, available: int | None, available_reason: str
                              ("peak_available_drop_bytes", available, available_reason)):
         if value is None:
             reasons.setdefault(name, why)
-    sources = w.sources if r.pss_source in w.sources else (*w.sources, r.pss_source)
+    sources = w.sources if r.pss_bytes is None or r.pss_source in w.sources else (*w.sources, r.pss_source)
     return replace(w, samples=w.samples + 1, peak_pss_bytes=_peak(w.peak_pss_bytes, r.pss_bytes),
                    peak_rss_bytes=_peak(w.peak_rss_bytes, r.rss_bytes),
                    peak_gpu_bytes=_peak(w.peak_gpu_bytes, r.gpu_bytes),
