@@ -9,6 +9,7 @@ key adds load and unload buttons, which call the admin API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from html import escape
 
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 
 from fitevict import __version__
+from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.report import markdown, report_rows
 from fitevict.server import dashboard_view as view
 from fitevict.server.door import Door
@@ -128,6 +130,15 @@ def _page(title: str, src: str, body: str) -> str:
 <script>{script}</script></body></html>"""
 
 
+def _read_structures(entries) -> None:
+    """Parse every GGUF once, off the event loop (``load_structure`` caches), so the dry runs below stay quick.
+    A file that cannot be read is reported by its dry run, in its catalog row."""
+    for e in entries:
+        if e.llama_servable:
+            with contextlib.suppress(PricingError):
+                load_structure(e.path)
+
+
 def router(door: Door) -> APIRouter:
     app = APIRouter()
     sup, store = door.sup, door.store
@@ -149,6 +160,7 @@ def router(door: Door) -> APIRouter:
         admin = is_admin(request)
         budget = await asyncio.to_thread(sup.budget)
         residents = sup.resident_views()
+        await asyncio.to_thread(_read_structures, door.catalog.entries())
         plans = []
         for entry in door.catalog.entries():
             try:
