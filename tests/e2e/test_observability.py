@@ -161,21 +161,20 @@ def test_dashboard_in_a_real_browser(door, tmp_path: Path) -> None:
             page.goto(door.base_url + "/dashboard")
             page.wait_for_selector('.bar[data-kind="measured"] .seg.res[data-model="llama-gqa"]')
             # the bars' widths follow the measured bytes, as the residents API reports them
-            bar = page.locator('.bar[data-device="CPU"][data-kind="measured"]')
-            scale = int(bar.get_attribute("data-scale"))
-            bar_w = bar.evaluate("e => e.clientWidth")
+            # read in one script run, so no refresh of the live part falls between the figures and the widths
+            bar = page.locator('.bar[data-device="CPU"][data-kind="measured"]').evaluate(
+                "b => ({scale: +b.dataset.scale, width: b.clientWidth, segs: Object.fromEntries("
+                "[...b.querySelectorAll('.seg.res')].map(s => [s.dataset.model, {bytes: +s.dataset.bytes, "
+                "width: s.getBoundingClientRect().width, title: s.title}]))})")
             view = residents(door)
-            widths = {}
             for key in ("med-b", "llama-gqa"):
-                seg = bar.locator(f'.seg.res[data-model="{key}"]')
-                shown = int(seg.get_attribute("data-bytes"))
-                assert shown == view[key]["devices"]["CPU"]["measured_bytes"]
-                widths[key] = seg.evaluate("e => e.getBoundingClientRect().width")
-                assert widths[key] == pytest.approx(bar_w * shown / scale, abs=1.5)
-                assert "measured" in seg.get_attribute("title") and "predicted" in seg.get_attribute("title")
-            ratio = view["med-b"]["devices"]["CPU"]["measured_bytes"] / view["llama-gqa"]["devices"]["CPU"][
-                "measured_bytes"]
-            assert widths["med-b"] / widths["llama-gqa"] == pytest.approx(ratio, rel=0.05)
+                seg = bar["segs"][key]
+                assert seg["bytes"] == view[key]["devices"]["CPU"]["measured_bytes"]
+                assert seg["width"] == pytest.approx(bar["width"] * seg["bytes"] / bar["scale"], abs=1.5)
+                assert "measured" in seg["title"] and "predicted" in seg["title"]
+            ratio = bar["segs"]["med-b"]["width"] / bar["segs"]["llama-gqa"]["width"]
+            assert ratio == pytest.approx(view["med-b"]["devices"]["CPU"]["measured_bytes"] /
+                                          view["llama-gqa"]["devices"]["CPU"]["measured_bytes"], rel=0.05)
             # the catalog's dry run: another medium would evict med-b; the refused context shows its largest fit
             row = page.locator('tr[data-model="med-a"] .pill')
             assert "evicts med-b" in row.inner_text()
@@ -187,6 +186,12 @@ def test_dashboard_in_a_real_browser(door, tmp_path: Path) -> None:
             assert page.locator('.seg.res[data-model="llama-gqa"]').count() == 0
             assert page.locator('tr.resident[data-model="med-b"]').count() == 1
             page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+            # the dashboard links the memory report: med-a's window closed when it was evicted
+            page.click("text=memory report")
+            page.wait_for_selector("h2:has-text('Memory report')")
+            assert page.locator("td:has-text('med-a')").count() >= 4  # one row per figure
+            assert page.locator(".pill.blocked").count() >= 1  # peak GPU on a host without one, or its reason
+            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
         finally:
             browser.close()
     assert "llama-gqa" not in residents(door)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from html import escape
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
@@ -25,6 +26,7 @@ from fitevict.server.errors import ApiError
 from fitevict.store.peaks import SeatPeaks, q_peaks
 
 POLL_MS = 2000
+PLANS_TTL_S = 10.0
 
 STYLE = """
 :root{--bg:#f4f5f7;--card:#fff;--ink:#1d2330;--mute:#6b7385;--line:#e3e6ec;--accent:#2f6fde}
@@ -74,7 +76,8 @@ padding:.35em .8em;border-bottom:1px solid var(--line);font-size:13px}
 .ev.evict .dur,.ev.idle-unload .dur{background:#e0a13a}.ev.unload .dur{background:#8e98aa}
 .ev.fail .kind,.ev.crash .kind,.ev.refuse .kind,.ev.leak .kind{color:#b02a2a}.ev.evict .kind{color:#a86a00}
 .ev.load .kind{color:#1f6f3f}.ev .secs,.ev .bytes{font-variant-numeric:tabular-nums;color:#39414f}
-.ev .why,.why{color:var(--mute);overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.ev .why{color:var(--mute);overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+table.report td{white-space:nowrap}table.report td.why{white-space:normal;color:var(--mute);min-width:24em}
 #keyform{display:none;gap:.5em;align-items:center}#keyform input{font:inherit;padding:3px 6px;border-radius:4px;
 border:1px solid #556}
 #note{margin:.6em 0;color:#a12020}
@@ -151,6 +154,26 @@ def router(door: Door) -> APIRouter:
             return False
         return True
 
+    # The catalog's dry runs are made again when something happened (a history event) or after PLANS_TTL_S, not on
+    # every poll: each one reads the budget afresh.
+    cached: dict[str, Any] = {"at": -PLANS_TTL_S, "events": -1, "plans": []}
+    seen = {"events": 0}
+    sup.on_event.append(lambda _ev: seen.__setitem__("events", seen["events"] + 1))
+
+    async def catalog_plans() -> list[tuple[Any, dict | None, str]]:
+        now = time.monotonic()
+        if cached["events"] == seen["events"] and now - cached["at"] < PLANS_TTL_S:
+            return cached["plans"]
+        await asyncio.to_thread(_read_structures, door.catalog.entries())
+        plans: list[tuple[Any, dict | None, str]] = []
+        for entry in door.catalog.entries():
+            try:
+                plans.append((entry, sup.plan(entry.key).to_json(), ""))
+            except Exception as e:  # shown in the catalog row: the model cannot be priced as it is
+                plans.append((entry, None, f"{type(e).__name__}: {e}"))
+        cached.update(at=now, events=seen["events"], plans=plans)
+        return plans
+
     async def windows() -> list[SeatPeaks]:
         stored = await store.aread(q_peaks())
         return stored + (door.sampler.open_windows() if door.sampler is not None else [])
@@ -160,13 +183,7 @@ def router(door: Door) -> APIRouter:
         admin = is_admin(request)
         budget = await asyncio.to_thread(sup.budget)
         residents = sup.resident_views()
-        await asyncio.to_thread(_read_structures, door.catalog.entries())
-        plans = []
-        for entry in door.catalog.entries():
-            try:
-                plans.append((entry, sup.plan(entry.key).to_json(), ""))
-            except Exception as e:  # shown in the catalog row: the model cannot be priced as it is
-                plans.append((entry, None, f"{type(e).__name__}: {e}"))
+        plans = await catalog_plans()
         events = await asyncio.to_thread(store.events, limit=40)
         open_peaks = {p.model: p.peak_pss_bytes for p in (door.sampler.open_windows() if door.sampler else [])}
         cards = "".join(view.device_card(d, residents, admin) for d in budget.devices)

@@ -230,5 +230,5 @@ def report_table(rows: Sequence[Row]) -> str:
            f'<td>{escape(format_size(r.threshold_bytes, unavailable="none declared"))}</td>'
            f'<td><span class="pill {r.result.lower()}">{escape(r.result)}</span></td><td class="why">'
            f'{escape(r.why)}</td></tr>' for r in rows]
-    return ('<table><thead><tr><th>model</th><th>engine</th><th>figure</th><th>peak</th><th>threshold</th>'
-            f'<th>result</th><th>why</th></tr></thead><tbody>{"".join(out)}</tbody></table>')
+    return ('<table class="report"><thead><tr><th>model</th><th>engine</th><th>figure</th><th>peak</th>'
+            f'<th>threshold</th><th>result</th><th>why</th></tr></thead><tbody>{"".join(out)}</tbody></table>')
