@@ -257,18 +257,21 @@ def test_memory_report_of_a_real_serving_window(door, thresholds: Path, tmp_path
 
 def test_memory_report_ab_over_swapped_legs(door, tmp_path: Path) -> None:
     unload_all(door)
-    for leg in "ABBA":
-        kv = {"A": "q8_0", "B": "f16"}[leg]
-        chat(door, "med-c", extra_body={"fitevict": {"kv_cache_type": kv, "flash_attn": True, "ctx": 8192}})
-        unload_all(door)
-    ws = stored_windows(door, {"med-c"})
-    assert len([w for w in ws if w["model"] == "med-c"]) >= 4
+    side = lambda kv: json.dumps({"kv_cache_type": kv, "flash_attn": True, "ctx": 8192})  # noqa: E731
+    run = fitevict("ab", "med-c", "--a", side("q8_0"), "--b", side("f16"), "--max-tokens", "4", "--url",
+                   door.base_url, "--key", ADMIN, "--json")
+    assert run.returncode == 0, run.stderr
+    driven = json.loads(run.stdout)
+    assert driven["order"] == "ABBA"
+    assert [leg["config"]["cache_type_k"] for leg in driven["legs"]] == ["q8_0", "f16", "f16", "q8_0"]
+    # the same legs, read back from the store by their load configuration
     r = fitevict("report", "--data-dir", str(door.data_dir), "--ab", "med-c", "--a", "cache_type_k=q8_0", "--b",
                  "cache_type_k=f16", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [leg["leg"] for leg in doc["legs"]] == list("ABBA")
     comps = {c["figure"]: c for c in doc["comparisons"]}
+    assert comps == {c["figure"]: c for c in driven["comparisons"]}
     print(json.dumps(doc["comparisons"], indent=1))
     assert comps["peak_gpu"]["verdict"] == "BLOCKED"
     pss = comps["peak_pss"]

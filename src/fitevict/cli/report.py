@@ -86,5 +86,73 @@ def report_cmd(
         typer.echo(text)
 
 
+def _contract(text: str, flag: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        err.print(f"[red]{flag} {text!r}:[/] not JSON: {e}; e.g. '{{\"kv_cache_type\": \"q8_0\"}}'")
+        raise typer.Exit(2) from e
+    if not isinstance(value, dict):
+        err.print(f"[red]{flag}:[/] expected a JSON object (a load contract), got {type(value).__name__}")
+        raise typer.Exit(2)
+    return value
+
+
+def leg_order(pairs: int) -> str:
+    """Swapped pairs: AB BA AB BA ..., so a drift over the run weighs on both sides alike."""
+    return "".join("AB" if i % 2 == 0 else "BA" for i in range(pairs))
+
+
+def ab_cmd(
+    model: str = typer.Argument(..., help="The model to compare under two configurations."),
+    a: str = typer.Option(..., "--a", help='Leg A\'s load contract (JSON), e.g. \'{"kv_cache_type": "q8_0"}\'.'),
+    b: str = typer.Option(..., "--b", help="Leg B's load contract (JSON)."),
+    pairs: int = typer.Option(2, "--pairs", min=2, help="Swapped pairs to run (2: A B B A)."),
+    prompt: str = typer.Option("Write a short poem about memory.", "--prompt", help="What each leg serves."),
+    max_tokens: int = typer.Option(32, "--max-tokens", min=1),
+    url: str | None = typer.Option(None, "--url", help="The fitevict server (default $FITEVICT_URL)."),
+    key: str | None = typer.Option(None, "--key", help="Admin key."),
+    as_json: bool = typer.Option(False, "--json"),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the last leg's window to be stored."),
+) -> None:
+    """Run swapped A/B legs of MODEL on a running fitevict (load under A, serve, unload; then B; ...) and compare
+    the legs' peaks above the leg-to-leg noise floor."""
+    from fitevict.cli.admin import _call
+    from fitevict.report import ab_markdown, compare
+    from fitevict.store.peaks import SeatPeaks
+
+    sides = {"A": _contract(a, "--a"), "B": _contract(b, "--b")}
+    order = leg_order(pairs)
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+    before = {w["id"] for w in _call(url, key, "GET", "/dashboard/report.json")["windows"] if w["id"] is not None}
+    _call(url, key, "POST", f"/v1/models/{model}/unload")
+    for i, leg in enumerate(order):
+        err.print(f"leg {i + 1}/{len(order)}: {leg} {json.dumps(sides[leg])}")
+        _call(url, key, "POST", "/v1/chat/completions", json={**body, "fitevict": sides[leg]})
+        _call(url, key, "POST", f"/v1/models/{model}/unload")
+    deadline = time.monotonic() + timeout
+    while True:
+        new = [w for w in _call(url, key, "GET", "/dashboard/report.json")["windows"]
+               if w["id"] is not None and w["id"] not in before and w["model"] == model]
+        if len(new) >= len(order) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)  # the server stores a window right after its seat stops: poll it over HTTP
+    if len(new) < len(order):
+        err.print(f"[red]only {len(new)} of {len(order)} legs' windows were stored within {timeout:.0f} s[/]")
+        raise typer.Exit(1)
+    new.sort(key=lambda w: w["started_at"])
+    windows = [SeatPeaks(**{k: v for k, v in w.items()}) for w in new[-len(order):]]
+    legs = list(zip(order, windows))
+    comps = compare(legs)
+    if as_json:
+        typer.echo(json.dumps({"model": model, "a": sides["A"], "b": sides["B"], "order": order,
+                               "legs": [{"leg": leg, **w.to_json()} for leg, w in legs],
+                               "comparisons": [c.to_json() for c in comps]}, indent=2))
+    else:
+        typer.echo(ab_markdown(model, {"contract": json.dumps(sides["A"])}, {"contract": json.dumps(sides["B"])},
+                               legs, comps))
+
+
 def register(app: typer.Typer) -> None:
     app.command("report")(report_cmd)
+    app.command("ab")(ab_cmd)
