@@ -27,8 +27,8 @@ STOP_EVENTS = ("evict", "unload", "idle-unload")
 
 def reason_label(ev: Event) -> str:
     """The short, bounded class of an event's reason, for counter labels."""
-    if ev.event == "load":
-        return ev.strategy or "load"
+    if ev.event == "load":  # the strategy's name, without its figures: "ram-only (ngl=0, ctx=4096)" -> "ram-only"
+        return (ev.strategy or "load").split(" (")[0]
     if ev.event in STOP_EVENTS:
         return ev.event
     if ev.event == "crash":
