@@ -115,8 +115,7 @@ def ab_cmd(
     as_json: bool = typer.Option(False, "--json"),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the last leg's window to be stored."),
 ) -> None:
-    """Run swapped A/B legs of MODEL on a running fitevict (load under A, serve, unload; then B; ...) and compare
-    the legs' peaks above the leg-to-leg noise floor."""
+    """Run swapped A/B legs of MODEL on a running fitevict; compare their peaks above the noise floor."""
     from fitevict.cli.admin import _call
     from fitevict.report import ab_markdown, compare
     from fitevict.store.peaks import SeatPeaks
