@@ -51,7 +51,8 @@ ensure_engine() {
 with_test_postgres() {
   # Runs "$@" beside a throwaway PostgreSQL (installed through apt once when root), so the store tests cover both
   # backends; the server stops when "$@" ends. Without root or PostgreSQL those tests skip and say why.
-  PYTHON="$PY" exec bash "$ROOT/scripts/test-postgres.sh" "$@"
+  # Chromium (Debian's package, installed through apt once when root) drives the dashboard's browser test.
+  PYTHON="$PY" exec bash "$ROOT/scripts/test-chromium.sh" bash "$ROOT/scripts/test-postgres.sh" "$@"
 }
 
 cmd=${1:-serve}

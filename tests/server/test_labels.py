@@ -103,7 +103,6 @@ def test_dashboard_history_labels_follow_the_data(tmp_path: Path) -> None:
     finally:
         store.close()
     with TestClient(create_app(cfg, engine_binary=engine, catalog=Catalog([]))) as c:
-        html = c.get("/dashboard").text.split("<h2>History</h2>")[1]
-    assert "(unavailable: unverified: never measured)" in html
-    assert "(predicted (formula))" in html
-    assert "(measured)" not in html  # nothing in this history was measured
+        html = c.get("/dashboard/live").text.split('<ol class="timeline">')[1]
+    assert 'title="unavailable: unverified: never measured"' in html
+    assert 'title="measured' not in html.split('class="bytes"')[1]  # nothing in this history was measured

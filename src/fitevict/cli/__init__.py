@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fitevict.cli.price",
     "fitevict.cli.serve",
     "fitevict.cli.admin",
+    "fitevict.cli.report",
 )
 
 app = typer.Typer(

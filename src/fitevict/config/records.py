@@ -38,6 +38,8 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # () = CORS off
     debug_log_prompts: bool = False
     max_body_bytes: int = 16 * MiB
+    metrics_public: bool = False  # True: /metrics answers without a key even when keys are configured
+    sample_seconds: float = 1.0  # how often the memory sampler reads each seat and the host while serving
 
     @property
     def auth_enabled(self) -> bool:

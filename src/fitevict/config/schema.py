@@ -32,6 +32,8 @@ _KEYS: tuple[_Key, ...] = (
     _Key("server.cors_origins", _str_list(_origin_url, 'a list of origins like ["http://localhost:3000"] or ["*"]')),
     _Key("server.debug_log_prompts", _bool),
     _Key("server.max_body_bytes", _positive_size),
+    _Key("server.metrics_public", _bool, env="FITEVICT_METRICS_PUBLIC"),
+    _Key("server.sample_seconds", _seconds(positive=True)),
     _Key("models_dirs", _str_list(_path, "a list of directory paths"), env="FITEVICT_MODELS_DIRS", env_split=os.pathsep),
     _Key("data_dir", _path, env="FITEVICT_DATA_DIR"),
     _Key("store_url", _store_url, env="FITEVICT_STORE_URL"),

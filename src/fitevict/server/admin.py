@@ -98,13 +98,11 @@ def router(door: Door) -> APIRouter:
                 "models": len(catalog.entries())}
 
     @app.get("/metrics", tags=["admin"], include_in_schema=True)
-    async def prom() -> Response:
-        metrics.resident.clear()
-        for v in sup.resident_views():
-            for dev, d in v["devices"].items():
-                if d["measured_bytes"] is not None:
-                    metrics.resident.labels(v["key"], dev, "measured").set(d["measured_bytes"])
-                metrics.resident.labels(v["key"], dev, "predicted").set(d["predicted_bytes"])
+    async def prom(request: Request) -> Response:
+        if not door.config.server.metrics_public:
+            check_auth(request, admin=False)
+        budget = await asyncio.to_thread(sup.budget)
+        metrics.collect(budget, sup.resident_views())
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

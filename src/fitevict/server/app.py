@@ -21,7 +21,9 @@ from fitevict import __version__
 from fitevict.catalog import Catalog
 from fitevict.config import Config
 from fitevict.server import admin, dashboard, ollama, openai
-from fitevict.server.door import Door, Metrics
+from fitevict.server.door import Door
+from fitevict.server.metrics import Metrics
+from fitevict.server.sampler import MemorySampler
 from fitevict.server.errors import ApiError
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
@@ -38,14 +40,20 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
     upstream = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
-    door = Door(config, catalog, store, sup, Metrics(), upstream)
+    metrics = Metrics()
+    sup.on_event.append(metrics.observe_event)
+    sampler = MemorySampler(sup, store, config.server.sample_seconds)
+    door = Door(config, catalog, store, sup, metrics, upstream, sampler)
+    sup.on_event.append(sampler.poke)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await sup.start()
+        sampler.start()
         try:
             yield
         finally:
+            await sampler.stop()
             await sup.shutdown()
             await upstream.aclose()
             if own_store:
@@ -57,6 +65,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     app.state.catalog = catalog
     app.state.store = store
     app.state.config = config
+    app.state.sampler = sampler
 
     if config.server.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware

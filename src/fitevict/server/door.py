@@ -11,35 +11,16 @@ from typing import Any
 
 import httpx
 from fastapi import Request
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fitevict.catalog import Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import Config
 from fitevict.server.errors import ApiError
+from fitevict.server.metrics import Metrics
+from fitevict.server.sampler import MemorySampler
 from fitevict.store import Store
 from fitevict.contract import Contract, ContractError
 from fitevict.contract import parse_contract as _parse_contract
 from fitevict.supervisor import Busy, LoadFailed, Refused, Supervisor, SupervisorError
-
-
-
-class Metrics:
-    """The /metrics registry: requests, latency, resident bytes by source."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("fitevict_requests_total", "Inference requests", ["model", "endpoint", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("fitevict_request_seconds", "Inference latency: from holding a seat to the "
-                                 "response's end (queue and load waits excluded)", ["endpoint"], registry=self.registry)
-        self.total = Histogram("fitevict_request_total_seconds", "Whole request: queue wait + load wait + inference",
-                               ["endpoint"], registry=self.registry)
-        self.queue_wait = Histogram("fitevict_queue_wait_seconds", "Time a request waited in the queue (not for a load)",
-                                    ["endpoint"], registry=self.registry)
-        self.load_wait = Histogram("fitevict_load_wait_seconds", "Time a request waited for its model to load",
-                                   ["endpoint"], registry=self.registry)
-        self.resident = Gauge("fitevict_resident_bytes", "Bytes held by resident models, by device and source",
-                              ["model", "device", "source"], registry=self.registry)
 
 
 def parse_contract(raw: Any) -> Contract | None:
@@ -60,6 +41,7 @@ class Door:
     sup: Supervisor
     metrics: Metrics
     upstream: httpx.AsyncClient
+    sampler: MemorySampler | None = None  # the memory report's live windows (fitevict.server.sampler)
 
     def check_auth(self, request: Request, *, admin: bool) -> None:
         s = self.config.server

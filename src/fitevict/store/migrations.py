@@ -139,9 +139,35 @@ def _m0002_events_vocabulary(conn: Connection) -> None:
         conn.execute(sa.text(sql))
 
 
+def _m0003_seat_peaks(conn: Connection) -> None:
+    md = sa.MetaData()
+    big = sa.BigInteger
+    sa.Table(
+        "seat_peaks",
+        md,
+        _id_column(),
+        sa.Column("seat_id", sa.Text, nullable=False),
+        sa.Column("model", sa.Text, nullable=False),
+        sa.Column("engine", sa.Text, nullable=False),
+        sa.Column("config_json", sa.Text, nullable=False),
+        sa.Column("started_at", sa.Float, nullable=False),
+        sa.Column("ended_at", sa.Float, nullable=False),
+        sa.Column("samples", sa.Integer, nullable=False),
+        sa.Column("peak_pss_bytes", big, nullable=True),
+        sa.Column("peak_rss_bytes", big, nullable=True),
+        sa.Column("peak_gpu_bytes", big, nullable=True),
+        sa.Column("peak_available_drop_bytes", big, nullable=True),
+        sa.Column("baseline_available_bytes", big, nullable=True),
+        sa.Column("details_json", sa.Text, nullable=False),
+        sa.Index("ix_seat_peaks_model_time", "model", "started_at"),
+    )
+    md.create_all(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", _m0001_initial),
     Migration(2, "events vocabulary: reject, leak", _m0002_events_vocabulary),
+    Migration(3, "seat_peaks", _m0003_seat_peaks),
 )
 
 _md = sa.MetaData()

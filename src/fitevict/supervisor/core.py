@@ -98,6 +98,7 @@ class Supervisor:
         self._stop_waiters: dict[str, list[asyncio.Future]] = {}
         self._changed = asyncio.Condition()
         self._events: list[Event] = []
+        self.on_event: list[Callable[[Event], None]] = []  # called with each event once it is recorded
         self._last_budget: Budget | None = None
         st = self.engine_binary.stat() if self.engine_binary.exists() else None
         self._overhead_key = f"engine-overhead:{self.engine_binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
@@ -184,6 +185,8 @@ class Supervisor:
         ev = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
         self._events.append(ev)
         del self._events[:-1000]
+        for hook in self.on_event:
+            hook(ev)
         await self._notify()
         return ev
 
