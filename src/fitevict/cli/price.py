@@ -12,9 +12,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fitevict.cli.price_hf import parse_max_memory, price_hf_folder
 from fitevict.engines.dryrun import DryRun
 from fitevict.pricing.cmdline import parse_server_argv
 from fitevict.pricing.footprint import DeviceFootprint
+from fitevict.pricing.hf_price import HfLoadConfig
+from fitevict.pricing.safetensors import is_hf_folder
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.price import Pricing, price
@@ -88,9 +91,25 @@ def price_cmd(
     dry_run: bool | None = typer.Option(None, "--dry-run/--no-dry-run",
                                         help="Take the compute buffer from the engine's dry run (default: when found)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    dtype: str = typer.Option("auto", "--dtype", help="HF folders: auto (as stored) | float32 | bfloat16 | float16."),
+    quant: str = typer.Option("none", "--quant", help="HF folders: none | bnb4 | bnb8 (bitsandbytes at load)."),
+    double_quant: bool = typer.Option(False, "--double-quant", help="HF folders: bnb4 with double quantization."),
+    device_map: str = typer.Option("cpu", "--device-map", help="HF folders: cpu | CUDA0 | split (with --max-memory)."),
+    max_memory: list[str] = typer.Option([], "--max-memory", help="HF folders, split: GPU=SIZE, e.g. CUDA0=2GiB."),
 ) -> None:
-    """Price a model's memory per device: model, context, compute and output buffers, each with its source."""
+    """Price a model's memory per device: model, context, compute and output buffers, each with its source.
+
+    MODEL may also be a Hugging Face folder (config.json + *.safetensors, or a diffusers pipeline)."""
     err = Console(stderr=True)
+    if is_hf_folder(Path(model)):
+        try:
+            cfg_hf = HfLoadConfig(n_ctx=ctx_size, dtype=dtype, quant=quant, bnb4_double_quant=double_quant,  # type: ignore[arg-type]
+                                  device_map=device_map, max_memory=parse_max_memory(max_memory))
+        except (PricingError, ValueError) as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False)
+            raise typer.Exit(2) from e
+        price_hf_folder(model, cfg_hf, as_json)
+        return
     try:
         if Path(model).name in ("llama-server", "llama-server.exe"):
             cmd = parse_server_argv([model, *ctx.args])

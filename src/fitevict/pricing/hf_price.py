@@ -214,10 +214,10 @@ def place_groups(weights: tuple[WeightPlan, ...], cfg: HfLoadConfig) -> tuple[tu
     return tuple(out)
 
 
-def compute_bytes(s: HfStructure, cfg: HfLoadConfig, n_ctx: int) -> tuple[int, str]:
-    """A labelled estimate of activations and logits for one full-context prefill."""
+def compute_bytes(s: HfStructure, cfg: HfLoadConfig, n_ctx: int) -> tuple[int | None, str]:
+    """A labelled estimate of activations and logits for one full-context prefill (None: not priced, and why)."""
     if s.kind == "diffusers":
-        return 0, "diffusers: activations depend on the image size; not priced"
+        return None, "a diffusers pipeline's activations depend on the image size it is asked for; not priced"
     c = text_config(s.config)
     act = DTYPE_BYTES[load_dtype(s, cfg)]
     hidden = int(c.get("hidden_size") or 0)
@@ -264,10 +264,14 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
             ctx_by[layer_devs[i]] = ctx_by.get(layer_devs[i], 0) + share
     comp_dev = cfg.gpus[0] if cfg.gpus and any(d != HOST for d in where.values()) else HOST
     devices = [HOST, *(g for g in cfg.gpus if g in model_by or g in ctx_by)]
+    def comp_term(d: str) -> Term:
+        if d != comp_dev:
+            return Term(0, "formula")
+        return Term.unavailable(formula) if comp is None else Term(comp, "formula", formula)
+
     dfs = tuple(DeviceFootprint(
         name=d, model=Term(model_by.get(d, 0), "formula"), context=Term(ctx_by.get(d, 0), "formula"),
-        compute=Term(comp if d == comp_dev else 0, "formula", formula if d == comp_dev else ""),
-        output=Term(0, "formula")) for d in devices)
+        compute=comp_term(d), output=Term(0, "formula")) for d in devices)
     held_as_stored = all(w.kind == "stored" for w in weights) and cfg.quant == "none"
     cpu_weights = sum(w.bytes for w in weights if where[w.group] == HOST)
     mapped = cpu_weights if held_as_stored and s.kind == "transformers" else 0
