@@ -272,9 +272,8 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
     dfs = tuple(DeviceFootprint(
         name=d, model=Term(model_by.get(d, 0), "formula"), context=Term(ctx_by.get(d, 0), "formula"),
         compute=comp_term(d), output=Term(0, "formula")) for d in devices)
-    held_as_stored = all(w.kind == "stored" for w in weights) and cfg.quant == "none"
-    cpu_weights = sum(w.bytes for w in weights if where[w.group] == HOST)
-    mapped = cpu_weights if held_as_stored and s.kind == "transformers" else 0
+    mmaps = cfg.quant == "none" and s.kind == "transformers"  # bnb quantizes into anonymous memory
+    mapped = sum(w.bytes for w in weights if mmaps and w.kind == "stored" and where[w.group] == HOST)
     committed = dfs[0].total_bytes - mapped
     if overhead_bytes is not None:
         committed += overhead_bytes
@@ -282,7 +281,8 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
     else:
         warnings.append("the seat process's own overhead is not counted (no measurement of it yet)")
     if mapped:
-        warnings.append("weights held as stored on the CPU stay memory-mapped: page cache, counted as mapped")
+        warnings.append("weights held as stored on the CPU stay memory-mapped: page cache, counted as mapped; "
+                        "cast weights are committed copies")
     fp = Footprint(devices=dfs, host_mapped_bytes=mapped, host_committed_bytes=committed, host_source="formula",
                    notes=tuple(warnings))
     return HfPricing(fp, weights, extras, kv, n_ctx, formula, placement, tuple(warnings))
