@@ -88,7 +88,7 @@ def load(path: Path, cfg: HfLoadConfig) -> Loaded:
         from diffusers import DiffusionPipeline
 
         pipe = DiffusionPipeline.from_pretrained(str(path), **({} if cfg.dtype == "auto" else
-                                                               {"torch_dtype": getattr(torch, cfg.dtype)}))
+                                                               {"dtype": getattr(torch, cfg.dtype)}))
         if cfg.device_map not in ("cpu", "split"):
             pipe.to(f"cuda:{_torch_device(cfg.device_map)}")
         return Loaded(pipe, None, "diffusers", (), time.monotonic() - t0)
