@@ -12,10 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fitevict.cli.price_hf import parse_max_memory, price_hf_folder
+from fitevict.cli.price_hf import footprint_table, parse_max_memory, price_hf_folder
 from fitevict.engines.dryrun import DryRun
 from fitevict.pricing.cmdline import parse_server_argv
-from fitevict.pricing.footprint import DeviceFootprint
 from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.safetensors import is_hf_folder
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
@@ -58,13 +57,6 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "total_bytes": fp.total_bytes,
         "warnings": list(p.warnings),
     }
-
-
-def _row(d: DeviceFootprint) -> list[str]:
-    def cell(t) -> str:  # type: ignore[no-untyped-def]
-        return f"{format_size(t.bytes)} [dim]({t.source})[/dim]"
-
-    return [d.name, cell(d.model), cell(d.context), cell(d.compute), cell(d.output), format_size(d.total_bytes)]
 
 
 def price_cmd(
@@ -151,12 +143,7 @@ def price_cmd(
     con.print(f"n_ctx {c['n_ctx']} (per slot {c['n_ctx_seq']}), slots {c['parallel']}, "
               f"kv_unified {c['kv_unified']}, -ngl {c['n_gpu_layers']}, K {c['cache_type_k']} / V {c['cache_type_v']}, "
               f"flash_attn {c['flash_attn']}, ubatch {c['ubatch']}, mmap {c['mmap']}", highlight=False)
-    t = Table(title="footprint per device (source)")
-    for col in ("device", "model", "context", "compute", "output", "total"):
-        t.add_column(col, justify="left" if col == "device" else "right")
-    for d in p.footprint.devices:
-        t.add_row(*_row(d))
-    con.print(t)
+    con.print(footprint_table(p.footprint))
     bt = Table(title="model buffers (as llama.cpp names them)")
     for col in ("buffer", "device", "bytes", "size", "kind"):
         bt.add_column(col)

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fitevict.pricing.footprint import DeviceFootprint
+from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.gguf import PricingError
 from fitevict.pricing.hf_price import HfLoadConfig, HfPricing, price_hf
 from fitevict.pricing.safetensors import HfStructure, load_hf_structure
@@ -64,11 +64,17 @@ def to_json(s: HfStructure, cfg: HfLoadConfig, p: HfPricing) -> dict:
     }
 
 
-def _row(d: DeviceFootprint) -> list[str]:
+def footprint_table(fp: Footprint) -> Table:
+    """The footprint per device (GGUF and HF prices alike): each term with its source."""
     def cell(t) -> str:  # type: ignore[no-untyped-def]
         return f"{format_size(t.bytes)} [dim]({t.source})[/dim]"
 
-    return [d.name, cell(d.model), cell(d.context), cell(d.compute), format_size(d.total_bytes)]
+    t = Table(title="footprint per device (source)")
+    for col in ("device", "model", "context", "compute", "output", "total"):
+        t.add_column(col, justify="left" if col == "device" else "right")
+    for d in fp.devices:
+        t.add_row(d.name, cell(d.model), cell(d.context), cell(d.compute), cell(d.output), format_size(d.total_bytes))
+    return t
 
 
 def price_hf_folder(path: str, cfg: HfLoadConfig, as_json: bool) -> None:
@@ -85,12 +91,7 @@ def price_hf_folder(path: str, cfg: HfLoadConfig, as_json: bool) -> None:
     con = Console()
     con.print(f"[bold]{s.path}[/bold]  {s.arch} ({s.kind}), safetensors {format_size(s.file_bytes)}", highlight=False)
     con.print(f"n_ctx {p.n_ctx}, dtype {cfg.dtype}, quant {cfg.quant}, device_map {cfg.device_map}", highlight=False)
-    t = Table(title="footprint per device (source)")
-    for col in ("device", "model", "context", "compute", "total"):
-        t.add_column(col, justify="left" if col == "device" else "right")
-    for d in p.footprint.devices:
-        t.add_row(*_row(d))
-    con.print(t)
+    con.print(footprint_table(p.footprint))
     bt = Table(title="weights as held")
     for col in ("what", "device", "bytes", "size"):
         bt.add_column(col)
