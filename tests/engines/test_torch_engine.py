@@ -49,6 +49,14 @@ def test_a_cpu_seat_hides_cuda_and_returns_freed_memory_to_the_kernel(tmp_path: 
     assert hf_config(LoadConfig(devices=("CUDA0",))).device_map == "CUDA0"
 
 
+def test_model_extra_args_in_the_seats_flags_set_the_priced_config(tmp_path: Path) -> None:
+    extra = ("--dtype", "bfloat16", "--quant", "bnb4", "--double-quant")
+    cfg = hf_config(LoadConfig(n_ctx=2048), extra_args=extra)
+    assert cfg == HfLoadConfig(n_ctx=2048, dtype="bfloat16", quant="bnb4", bnb4_double_quant=True)
+    spec = TransformersEngine().launch_spec(tmp_path / "m", LoadConfig(n_ctx=2048), 9, extra_args=extra)
+    assert parse_seat_argv(spec.argv[3:]).cfg == cfg
+
+
 def _doc(devices: dict) -> dict:
     mem = {"committed_bytes": 300, "mapped_bytes": 200, "rss_bytes": 600, "source": "smaps_rollup"}
     return {"walk": {"devices": devices, "weight_bytes": 0, "declared_bytes": 0},

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fitevict.engines.base import LaunchSpec
-from fitevict.engines.torch_seat import FAILED_LINE, FOOTPRINT_LINE, TEARDOWN_LINE, SeatArgs, seat_argv
+from fitevict.engines.torch_seat import (FAILED_LINE, FOOTPRINT_LINE, TEARDOWN_LINE, SeatArgs, parse_seat_argv,
+                                         seat_argv)
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.loadconfig import LoadConfig
@@ -29,12 +30,21 @@ SEAT_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false"
 _PER_REQUEST = "allocated per request (the walk runs at load); priced by formula"
 
 
-def hf_config(config: LoadConfig | HfLoadConfig, *, embeddings: bool = False) -> HfLoadConfig:
-    """The HF load configuration for a planner's LoadConfig: its context; CPU-only, or all on its first device."""
+def hf_config(config: LoadConfig | HfLoadConfig, *, embeddings: bool = False,
+              extra_args: Sequence[str] = ()) -> HfLoadConfig:
+    """The HF load configuration a seat runs (and is priced) under: a planner's LoadConfig gives the context and
+    the device (CPU-only, or all on its first device); a model's ``extra_args`` in the seat's own flags
+    (``--dtype bfloat16 --quant bnb4`` ...) override, parsed by the seat's parser."""
     if isinstance(config, HfLoadConfig):
-        return config if not embeddings else HfLoadConfig(**{**_fields(config), "embeddings": True})
-    dm = config.devices[0] if config.devices else "cpu"
-    return HfLoadConfig(n_ctx=config.n_ctx, device_map=dm, embeddings=embeddings or config.embeddings)
+        base = config
+    else:
+        base = HfLoadConfig(n_ctx=config.n_ctx, device_map=config.devices[0] if config.devices else "cpu",
+                            embeddings=config.embeddings)
+    if embeddings and not base.embeddings:
+        base = HfLoadConfig(**{**_fields(base), "embeddings": True})
+    if not extra_args:
+        return base
+    return parse_seat_argv([*seat_argv(SeatArgs(Path("."), 0, base, "m")), *extra_args]).cfg
 
 
 def _fields(c: HfLoadConfig) -> dict:
@@ -96,9 +106,9 @@ class TransformersEngine:
     def launch_spec(self, model_path: Path, config: LoadConfig | HfLoadConfig, port: int, *,
                     extra_args: Sequence[str] = (), embeddings: bool = False,
                     test_keep_tensor: str | None = None) -> LaunchSpec:
-        cfg = hf_config(config, embeddings=embeddings)
+        cfg = hf_config(config, embeddings=embeddings, extra_args=extra_args)  # priced under the same cfg
         args = SeatArgs(Path(model_path), port, cfg, Path(model_path).name, test_keep_tensor)
-        argv = (str(self.python), "-m", "fitevict.engines.torch_seat", *seat_argv(args), *extra_args)
+        argv = (str(self.python), "-m", "fitevict.engines.torch_seat", *seat_argv(args))
         env = {**os.environ, **SEAT_ENV}
         notes: list[str] = []
         if not cfg.gpus:
