@@ -4,8 +4,9 @@ For every HF demo folder (plus a ~120 MB bench-only Llama) and configuration it 
 the transformers adapter, chats once, and puts beside fitevict's price:
 
 - the seat's object walk (weights, quant state, buffers): the price's model term should equal it to the byte;
-- the seat's measured PSS (committed + mapped) after load and one request, less the engine overhead learned
-  once (the first seat's pre-load baseline), against the predicted model term;
+- the seat's measured PSS (committed + mapped) after load and one request, against the predicted model term
+  plus the engine's overhead learned once per seat kind (the first seat of each kind, dtype and quantization:
+  its PSS less its walk);
 - the file-size heuristic and transformers' ``get_memory_footprint()`` (parameters + buffers, no quant state);
 - load, first-answer, teardown and exit seconds, and the committed memory the teardown returned.
 
@@ -114,7 +115,7 @@ def main() -> None:
     if not (zoo / MEDIUM.name / "config.json").exists():
         build(MEDIUM, zoo)
     models[MEDIUM.name] = zoo / MEDIUM.name
-    overhead: int | None = None
+    learned: dict[tuple[str, str, str], tuple[int, str]] = {}  # (kind, dtype, quant) -> (overhead, learned on)
     rows, times = [], []
     for name, path in models.items():
         s = load_hf_structure(path)
@@ -124,13 +125,17 @@ def main() -> None:
             p = price_hf(s, cfg)
             r = run_seat(path, cfg, zoo / f"{name}-{label}.log", chat=s.kind == "transformers")
             doc = r["doc"]
-            if overhead is None:
-                overhead = pss(doc["process"]["baseline"])  # learned once, from the first seat
-            measured = pss(doc["process_now"]) - overhead
             walk = doc["walk"]["held_bytes"]
+            measured = pss(doc["process_now"])
+            key = (s.kind, cfg.dtype, cfg.quant)
+            if key not in learned:
+                learned[key] = (measured - walk, name)  # the seat's own memory: everything but the model
+            overhead, on = learned[key]
+            predicted = p.model_bytes + overhead
             gmf = get_memory_footprint(path, cfg) if s.kind == "transformers" else None
             rows.append(f"| {name} | {label} | {p.model_bytes} | {walk} | {p.model_bytes - walk} | "
-                        f"{mib(p.model_bytes)} | {mib(measured)} | {pct(p.model_bytes, measured)} | "
+                        f"{mib(overhead)}{' (learned here)' if on == name else ''} | {mib(predicted)} | "
+                        f"{mib(measured)} | {pct(predicted, measured)} | "
                         f"{mib(s.file_bytes)} ({pct(s.file_bytes, walk)}) | "
                         f"{mib(gmf)}{f' ({pct(gmf, walk)})' if gmf else ''} |")
             t = r["report"]
@@ -139,19 +144,19 @@ def main() -> None:
                          f"{mib(t['held_above_baseline_bytes'])} | {t['verdict']} |")
     out = [
         "## Hugging Face folders (transformers seats)", "",
-        f"Run on {platform.machine()} / {platform.system()}, CPU only, {time.monotonic() - t_start:.0f} s. Each row is a",
-        "real seat process started through the transformers adapter (`MALLOC_MMAP_THRESHOLD_=65536`), asked one",
-        "chat request (8 tokens), then read: its object walk (`/footprint`) and its PSS. The engine overhead (the",
-        f"seat's own PSS before any model: {mib(overhead)} MiB) is learned once from the first seat and taken off",
-        "every measured figure. The price's context and compute terms (KV for the whole `-c 512`, activations) are",
-        "reserved maxima and left out of this comparison; the request used a few dozen tokens.", "",
-        "Weights: the price's model term against the walk, in bytes (target: exact). PSS: the model term against the",
-        "seat's measured committed + mapped growth past the learned overhead (tiny folders sit inside the",
-        "allocator's noise: read `hf-llama-medium`). File size and `get_memory_footprint()` (parameters and",
-        "buffers; it misses bnb's quant state) against the walk, for comparison.", "",
-        "| model | config | predicted B | walk B | diff B | predicted MiB | measured PSS − overhead MiB | error | "
-        "file size MiB (vs walk) | get_memory_footprint MiB (vs walk) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"Run on {platform.machine()} / {platform.system()}, CPU only, 2 shared cores, {time.monotonic() - t_start:.0f} s.",
+        "Each row is a real seat process started through the transformers adapter (`MALLOC_MMAP_THRESHOLD_=65536`),",
+        "asked one 8-token chat request, then read: its object walk (`/footprint`) and its PSS (committed + mapped,",
+        "after the request touched the mapped weights).", "",
+        "Weights: the price's model term against the walk, in bytes (target: exact). Total: the model term plus the",
+        "seat's overhead, learned once per seat kind (the first folder of each dtype and quantization: its PSS less",
+        "its walk; libraries, the first request's runtime state) against the measured PSS. The price's context and",
+        "compute terms (KV for the whole `-c 512`, activations) are reserved maxima, left out here. File size and",
+        "transformers' `get_memory_footprint()` (parameters and buffers; it misses bnb's quant state) against the",
+        "walk, for comparison.", "",
+        "| model | config | predicted weights B | walk B | diff B | overhead MiB | predicted total MiB | "
+        "measured PSS MiB | error | file size MiB (vs walk) | get_memory_footprint MiB (vs walk) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows, "",
         "### Load and release timings", "",
         "Seconds from spawn to `/health` 200 (imports included), the load itself as the seat timed it, the first",

@@ -70,16 +70,29 @@ class Loaded:
     load_seconds: float
 
 
-def prepare(path: Path) -> None:
-    """Import everything the load will import (the library and the model's own module), so the memory measured
-    before the load is the seat's overhead and not the model's."""
+def prepare(path: Path, cfg: HfLoadConfig) -> None:
+    """Import everything the load will import (the libraries, the model's or pipeline's own classes, bitsandbytes
+    and its integration), so the memory measured before the load is the seat's overhead and not the model's."""
+    import importlib
+    import json
+
     if (path / "model_index.json").is_file():
-        import diffusers  # noqa: F401
+        index = json.loads((path / "model_index.json").read_text())
+        import diffusers
+
+        getattr(diffusers, str(index.get("_class_name", "DiffusionPipeline")), None)
+        for spec in index.values():
+            if isinstance(spec, list) and len(spec) == 2 and spec[0]:
+                getattr(importlib.import_module(str(spec[0])), str(spec[1]), None)
         return
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(str(path)))]
+    if cfg.quant != "none":
+        import bitsandbytes  # noqa: F401
+        import transformers.integrations.bitsandbytes  # noqa: F401
+        from transformers.quantizers import auto  # noqa: F401
 
 
 def load(path: Path, cfg: HfLoadConfig) -> Loaded:

@@ -62,7 +62,7 @@ class Seat:
 
     def load(self) -> None:
         """Load and walk; a walk that finds no weights from the files is a failed load (state 'failed', reason)."""
-        m.prepare(self.path)
+        m.prepare(self.path, self.cfg)
         gc.collect()
         malloc_trim()
         self._baseline = _mem()
