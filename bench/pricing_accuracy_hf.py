@@ -54,8 +54,10 @@ def pct(pred: int, actual: int) -> str:
     return "n/a" if not actual else f"{(pred - actual) / actual * 100:+.1f}%"
 
 
-def pss(doc: dict) -> int:
-    return int(doc["committed_bytes"]) + int(doc["mapped_bytes"])
+def host_now(doc: dict) -> int:
+    """The seat's committed memory plus the pages of the model's own files it maps (shared libraries' mapped pages
+    are split among every process that maps them, so they are left out)."""
+    return int(doc["committed_bytes"]) + int(doc["model_files_pss_bytes"])
 
 
 def get_memory_footprint(path: Path, cfg: HfLoadConfig) -> int | None:
@@ -126,12 +128,12 @@ def main() -> None:
             r = run_seat(path, cfg, zoo / f"{name}-{label}.log", chat=s.kind == "transformers")
             doc = r["doc"]
             walk = doc["walk"]["held_bytes"]
-            measured = pss(doc["process_now"])
+            measured = host_now(doc["process_now"])
             key = (s.kind, cfg.dtype, cfg.quant)
             if key not in learned:
-                learned[key] = (measured - walk, name)  # the seat's own memory: everything but the model
+                learned[key] = (measured - p.host_model_bytes, name)  # the seat's own memory: all but the model
             overhead, on = learned[key]
-            predicted = p.model_bytes + overhead
+            predicted = p.host_model_bytes + overhead
             gmf = get_memory_footprint(path, cfg) if s.kind == "transformers" else None
             rows.append(f"| {name} | {label} | {p.model_bytes} | {walk} | {p.model_bytes - walk} | "
                         f"{mib(overhead)}{' (learned here)' if on == name else ''} | {mib(predicted)} | "
@@ -146,16 +148,18 @@ def main() -> None:
         "## Hugging Face folders (transformers seats)", "",
         f"Run on {platform.machine()} / {platform.system()}, CPU only, 2 shared cores, {time.monotonic() - t_start:.0f} s.",
         "Each row is a real seat process started through the transformers adapter (`MALLOC_MMAP_THRESHOLD_=65536`),",
-        "asked one 8-token chat request, then read: its object walk (`/footprint`) and its PSS (committed + mapped,",
-        "after the request touched the mapped weights).", "",
-        "Weights: the price's model term against the walk, in bytes (target: exact). Total: the model term plus the",
-        "seat's overhead, learned once per seat kind (the first folder of each dtype and quantization: its PSS less",
-        "its walk; libraries, the first request's runtime state) against the measured PSS. The price's context and",
+        "asked one 8-token chat request, then read: its object walk (`/footprint`) and its host memory: committed",
+        "(Pss_Anon + Pss_Shmem) plus the Pss of its mappings of the model's own files, after the request touched",
+        "them (shared libraries' mapped pages are split among all processes that map them: left out).", "",
+        "Weights: the price's model term against the walk, in bytes (target: exact). Total: the price's host model",
+        "bytes (the CPU model term, plus the checkpoint a bitsandbytes load keeps mapped) plus the seat's overhead,",
+        "learned once per seat kind (the first folder of each dtype and quantization: its measured memory less its",
+        "price; libraries, the first request's runtime state) against the measured memory. The price's context and",
         "compute terms (KV for the whole `-c 512`, activations) are reserved maxima, left out here. File size and",
         "transformers' `get_memory_footprint()` (parameters and buffers; it misses bnb's quant state) against the",
         "walk, for comparison.", "",
         "| model | config | predicted weights B | walk B | diff B | overhead MiB | predicted total MiB | "
-        "measured PSS MiB | error | file size MiB (vs walk) | get_memory_footprint MiB (vs walk) |",
+        "measured MiB | error | file size MiB (vs walk) | get_memory_footprint MiB (vs walk) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows, "",
         "### Load and release timings", "",

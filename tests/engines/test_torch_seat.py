@@ -60,6 +60,25 @@ def test_price_is_the_walk_to_the_byte(hf_zoo: dict) -> None:
     assert len(seen) == 4 * len(CONFIGS) + 2
 
 
+def test_meta_tensors_are_declared_not_held(hf_zoo: dict) -> None:
+    """A model never materialised (every tensor on the meta device) holds nothing: its sizes are declared, and a
+    guard on the walk refuses it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from fitevict.engines.torch_seat.walk import walk
+
+    z = hf_zoo["hf-llama-gqa"]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(z.path)))
+    w = walk(model)
+    doc = w.to_json()
+    assert doc["held_bytes"] == 0 and w.weight_bytes == 0
+    weights = price_hf(load_hf_structure(z.path), HfLoadConfig()).weight_bytes
+    assert doc["declared_bytes"] - doc["devices"]["declared"]["buffer"] == weights
+    assert not check_walk(w.weight_bytes).accepted
+
+
 def test_gptq_style_folder_prices_what_an_independent_reader_holds(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
@@ -153,6 +172,8 @@ def test_seat_serves_openai_routes_and_releases_cleanly(hf_zoo: dict, tmp_path: 
         doc = TransformersEngine.fetch_footprint(seat.port)
         assert doc["walk"]["held_bytes"] == price_hf(load_hf_structure(z.path), cfg).model_bytes
         assert doc["malloc_mmap_threshold"] == "65536"
+        # as stored on the CPU the weights stay file-backed: the request touched the checkpoint's pages
+        assert doc["process_now"]["model_files_pss_bytes"] > 0
         fp = TransformersEngine().measured_footprint(seat.log_text())
         assert fp is not None and fp.devices[0].model.bytes == doc["walk"]["held_bytes"]
         assert check_walk(doc["walk"]["weight_bytes"]).accepted

@@ -92,6 +92,9 @@ def test_bnb_plan_matches_a_measured_cpu_load(tmp_path: Path, quant: str, dq: bo
     # bnb leaves the embeddings, the output head and the norms unquantized
     assert kinds["lm_head.weight"] == kinds["model.embed_tokens.weight"] == kinds["model.norm.weight"] == "stored"
     assert kinds["model.layers.1.mlp.down_proj.weight"] == quant
+    # measured: transformers keeps the checkpoint mapped after a bnb load, read whole (page cache)
+    assert p.footprint.host_mapped_bytes == p.checkpoint_mapped_bytes == s.stored_bytes
+    assert p.host_model_bytes == weights + state + 64 + s.stored_bytes
 
 
 def test_bnb4_state_grows_with_blocks_and_nested_state() -> None:

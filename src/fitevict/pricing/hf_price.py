@@ -96,10 +96,18 @@ class HfPricing:
     compute_formula: str
     placement: tuple[tuple[str, str], ...]  # module group -> device, in load order
     warnings: tuple[str, ...] = field(default=())
+    checkpoint_mapped_bytes: int = 0  # the checkpoint a bnb load keeps mapped beside its quantized weights
 
     @property
     def weight_bytes(self) -> int:
         return sum(w.bytes + w.quant_state_bytes for w in self.weights)
+
+    @property
+    def host_model_bytes(self) -> int:
+        """The model's host memory, KV and compute aside: its CPU model term plus the checkpoint a bnb load keeps
+        mapped (what the seat's committed memory and the model files' mapped pages should show)."""
+        cpu = self.footprint.device(HOST)
+        return (cpu.model.value if cpu else 0) + self.checkpoint_mapped_bytes
 
     @property
     def model_bytes(self) -> int:
@@ -275,6 +283,13 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
     mmaps = cfg.quant == "none" and s.kind == "transformers"  # bnb quantizes into anonymous memory
     mapped = sum(w.bytes for w in weights if mmaps and w.kind == "stored" and where[w.group] == HOST)
     committed = dfs[0].total_bytes - mapped
+    kept = s.stored_bytes if cfg.quant != "none" else 0
+    if kept:
+        # measured: after a bitsandbytes load transformers keeps the checkpoint's private file mapping, every page
+        # read while quantizing (page cache, reclaimable, but held by the seat until it exits)
+        mapped += kept
+        warnings.append(f"a bitsandbytes load keeps the checkpoint mapped and read whole: {kept} B of "
+                        "page cache beside the quantized weights, counted as mapped")
     if overhead_bytes is not None:
         committed += overhead_bytes
         warnings.append(f"host committed includes the seat's own overhead, {overhead_bytes} B (measured once)")
@@ -285,7 +300,7 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
                         "cast weights are committed copies")
     fp = Footprint(devices=dfs, host_mapped_bytes=mapped, host_committed_bytes=committed, host_source="formula",
                    notes=tuple(warnings))
-    return HfPricing(fp, weights, extras, kv, n_ctx, formula, placement, tuple(warnings))
+    return HfPricing(fp, weights, extras, kv, n_ctx, formula, placement, tuple(warnings), kept)
 
 
 def _split(total: int, n: int) -> list[int]:

@@ -38,6 +38,23 @@ def _mem_json(pm: ProcessMemory) -> dict:
             "source": pm.source, **({"reason": pm.reason} if pm.reason else {})}
 
 
+def files_pss(folder: Path) -> int | None:
+    """Pss of this process's mappings of files under ``folder`` (the model's checkpoint pages), from smaps."""
+    prefix = str(folder.resolve()) + os.sep
+    total, inside = 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 5)
+                if head and not head[0].endswith(":"):  # a mapping's header line: range perms offset dev inode path
+                    inside = len(head) == 6 and head[5].strip().startswith(prefix)
+                elif inside and head and head[0] == "Pss:":
+                    total += int(head[1]) * 1024
+    except OSError:
+        return None
+    return total
+
+
 def malloc_trim() -> bool:
     try:
         return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
@@ -88,13 +105,14 @@ class Seat:
             "model": str(self.path), "kind": loaded.kind, "config": self.cfg.to_json(),
             "walk": w.to_json(), "load_seconds": round(loaded.load_seconds, 4),
             # baseline: the seat's own memory before the model (its overhead, measured once per engine)
-            "process": {"baseline": _mem_json(self._baseline), "loaded": _mem_json(after)},
+            "process": {"baseline": _mem_json(self._baseline),
+                        "loaded": {**_mem_json(after), "model_files_pss_bytes": files_pss(self.path)}},
             "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
         }
         self.state = "ready"
 
     def process_now(self) -> dict:
-        return _mem_json(_mem())
+        return {**_mem_json(_mem()), "model_files_pss_bytes": files_pss(self.path)}
 
     def unload(self) -> dict:
         """The teardown leak breaker. Idempotent: a second call returns the first report."""
