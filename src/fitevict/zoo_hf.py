@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -120,16 +121,18 @@ def write_hf_zoo(dest: Path, *, only: Iterable[str] | None = None,
         if not torch_available():
             raise ZooError("building the HF demo models needs the torch extra: pip install 'fitevict[torch]'")
         dest.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen([sys.executable, "-m", "fitevict.zoo_hf", str(dest), *todo],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if progress:
-                progress(line.strip())
-        err = proc.stderr.read() if proc.stderr else ""
-        if proc.wait() != 0:
-            raise ZooError(f"building the HF demo models failed (exit {proc.returncode}): {err.strip()[-800:]}")
+        with tempfile.TemporaryFile("w+") as errf:  # a file, not a pipe: a full stderr pipe would stall the child
+            proc = subprocess.Popen([sys.executable, "-m", "fitevict.zoo_hf", str(dest), *todo],
+                                    stdout=subprocess.PIPE, stderr=errf, text=True,
+                                    env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if progress:
+                    progress(line.strip())
+            if proc.wait() != 0:
+                errf.seek(0)
+                raise ZooError(f"building the HF demo models failed (exit {proc.returncode}): "
+                               f"{errf.read().strip()[-800:]}")
     return [_listed(dest / n, _BY_NAME[n]) for n in names]
 
 
