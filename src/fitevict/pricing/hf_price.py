@@ -272,6 +272,7 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
             ctx_by[layer_devs[i]] = ctx_by.get(layer_devs[i], 0) + share
     comp_dev = cfg.gpus[0] if cfg.gpus and any(d != HOST for d in where.values()) else HOST
     devices = [HOST, *(g for g in cfg.gpus if g in model_by or g in ctx_by)]
+
     def comp_term(d: str) -> Term:
         if d != comp_dev:
             return Term(0, "formula")
@@ -295,7 +296,7 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
         warnings.append(f"host committed includes the seat's own overhead, {overhead_bytes} B (measured once)")
     else:
         warnings.append("the seat process's own overhead is not counted (no measurement of it yet)")
-    if mapped:
+    if mapped > kept:
         warnings.append("weights held as stored on the CPU stay memory-mapped: page cache, counted as mapped; "
                         "cast weights are committed copies")
     fp = Footprint(devices=dfs, host_mapped_bytes=mapped, host_committed_bytes=committed, host_source="formula",
