@@ -79,6 +79,27 @@ def test_meta_tensors_are_declared_not_held(hf_zoo: dict) -> None:
     assert not check_walk(w.weight_bytes).accepted
 
 
+def test_split_device_map_covers_every_tensor_of_the_model(hf_zoo: dict) -> None:
+    """The explicit device_map a split seat passes to from_pretrained names a device for every parameter and
+    buffer (accelerate refuses a map with gaps), and puts the groups where the price put them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from fitevict.engines.torch_seat.model import device_map
+
+    for name in ("hf-llama-gqa", "hf-qwen2-swa", "hf-mixtral-moe", "hf-llama-tied"):
+        path = hf_zoo[name].path
+        cfg = HfLoadConfig(device_map="split", max_memory=(("CUDA0", 300_000),))
+        dm = device_map(path, cfg)
+        assert isinstance(dm, dict)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
+        names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+        assert [n for n in names if not any(n == k or n.startswith(k + ".") for k in dm)] == []
+        priced = dict(price_hf(load_hf_structure(path), cfg).placement)
+        assert {g: ("CPU" if d == "cpu" else f"CUDA{d}") for g, d in dm.items() if g in priced} == priced
+
+
 def test_gptq_style_folder_prices_what_an_independent_reader_holds(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
