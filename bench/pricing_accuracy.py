@@ -16,9 +16,13 @@ import argparse
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _docs import write_section  # noqa: E402
 
 from fitevict.engines.dryrun import DryRun, capture_load_log, dry_run, dry_run_compute
 from fitevict.engines.install import resolve_binary
@@ -130,6 +134,13 @@ def beyond_the_matrix(bin_dir: Path, models: dict[str, Path], zoo_dir: Path) -> 
                        f"{mib(pred.context.bytes)} ({pred.context.source}) | {mib(meas.compute.bytes)} / "
                        f"{mib(pred.compute.bytes)} | {mib(rules.context.bytes)} |")
     return [*out, ""]
+
+
+def keep_hf_section(before: str) -> None:
+    """Carry the HF section (bench/pricing_accuracy_hf.py writes it) over a rewrite of the GGUF tables."""
+    start, end = "<!-- hf:start -->", "<!-- hf:end -->"
+    if start in before and end in before:
+        write_section("hf", before.split(start, 1)[1].split(end, 1)[0], doc=DOC)
 
 
 def ollama_formula(s: GgufStructure, n_ctx: int) -> int:
@@ -348,7 +359,9 @@ def main() -> None:
         print(text)
     else:
         DOC.parent.mkdir(parents=True, exist_ok=True)
+        before = DOC.read_text() if DOC.exists() else ""
         DOC.write_text(text)
+        keep_hf_section(before)
         print(f"wrote {DOC} ({len(rows)} loads, {wall:.0f} s)")
 
 

@@ -198,11 +198,15 @@ def _chain(names: list[str], stem: str | None) -> tuple[str, ...]:
 
 
 def _is_hf_dir(folder: Path, names: Sequence[str]) -> bool:
-    return "config.json" in names and any(n.endswith(".safetensors") for n in names)
+    """A transformers folder (config.json beside *.safetensors) or a diffusers pipeline (model_index.json)."""
+    return ("config.json" in names and any(n.endswith(".safetensors") for n in names)) or "model_index.json" in names
 
 
 def _hf_found(folder: Path, names: Sequence[str], chain: tuple[str, ...]) -> _Found:
-    files = tuple(folder / n for n in sorted(names) if n.endswith(".safetensors") and not _hidden(n))
+    if "model_index.json" in names:  # a pipeline: its components' weights live in subfolders
+        files = tuple(sorted(p for p in folder.glob("*/*.safetensors") if not _hidden(p.name)))
+    else:
+        files = tuple(folder / n for n in sorted(names) if n.endswith(".safetensors") and not _hidden(n))
     return _Found("hf", folder, folder, files, folder.name, chain)
 
 
