@@ -54,7 +54,7 @@ def supervisor(cfg, catalog, store, llama_server: Path) -> Supervisor:
 
 def test_lru_eviction_releases_memory_and_history_explains(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
     limit = int(2.5 * medium_host_bytes(models_dir))
-    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=limit)
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=limit, **{"policy.eviction": "lru"})
 
     async def scenario() -> None:
         sup = supervisor(cfg, cat, store, llama_server)

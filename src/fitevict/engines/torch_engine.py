@@ -124,6 +124,11 @@ class TransformersEngine:
         return footprint_from_walk(doc) if doc else None
 
     @staticmethod
+    def document(log_text: str) -> dict | None:
+        """The seat's footprint document as it logged it after load (walk, process baseline), or None."""
+        return _last_json(log_text, FOOTPRINT_LINE)
+
+    @staticmethod
     def failure(log_text: str) -> str | None:
         """A failed load's reason, as the seat logged it."""
         doc = _last_json(log_text, FAILED_LINE)

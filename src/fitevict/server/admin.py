@@ -38,6 +38,7 @@ def router(door: Door) -> APIRouter:
         check_auth(request, admin=False)
         if event is not None and event not in EVENTS:
             raise ApiError(400, f"event: {event!r} is not allowed; allowed: {', '.join(EVENTS)}", param="event")
+        await sup.settle()  # a load that has served requests is in the history it reads
         rows = await asyncio.to_thread(store.events, since=since, model=model, event=event, limit=limit)
         return {"object": "list", "data": [history_row(ev) for ev in rows]}
 

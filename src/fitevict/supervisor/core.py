@@ -62,6 +62,9 @@ def sched_policy(config: Config) -> SchedPolicy:
                        eviction=p.eviction)  # type: ignore[arg-type]
 
 
+TORCH_OVERHEAD_KEY = "engine-overhead:transformers"
+
+
 def st_ok(binary: Path) -> bool:
     """A real engine build to calibrate: an executable file named llama-server."""
     return binary.name == "llama-server" and binary.is_file() and os.access(binary, os.X_OK)
@@ -125,6 +128,9 @@ class Supervisor:
             calibrated = None if isinstance(got, DryRunUnavailable) else {k: int(v) for k, v in got["overhead"].items()}
         if calibrated:
             self.prices.engine_overhead.update(calibrated)
+        torch_known = await asyncio.to_thread(self.store.compute_get, TORCH_OVERHEAD_KEY)
+        if torch_known:
+            self.prices.torch_overhead = int(torch_known[HOST])
         known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
         for dev, n in (known or {}).items():  # what loads have shown since raises it (a lower bound each)
             self.prices.engine_overhead[dev] = max(int(n), self.prices.engine_overhead.get(dev, 0))
@@ -165,7 +171,9 @@ class Supervisor:
             task.cancel("fitevict is shutting down")
         stops = [self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
                  for s in list(self.seats.values()) if s.state is SeatPhase.READY]
-        await asyncio.gather(*stops, *list(self.fx.tasks), return_exceptions=True)
+        await asyncio.gather(*stops, return_exceptions=True)
+        while self.fx.tasks:  # records and stops that those started: all written before the store closes
+            await asyncio.gather(*list(self.fx.tasks), return_exceptions=True)
         self.summary = ShutdownSummary(answered, cut, len(stops), self.clock() - t0)
         return self.summary
 
@@ -189,6 +197,13 @@ class Supervisor:
             hook(ev)
         await self._notify()
         return ev
+
+    async def settle(self, timeout: float = 30.0) -> None:
+        """Wait for load records still being written (they are written just after the first request got its seat),
+        so that a history read sees every load that has served a request."""
+        pending = list(self.fx.recording)
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
 
     async def wait_for_event(self, predicate: Callable[[Event], bool], timeout: float) -> Event:
         """Await the first event (already recorded by this supervisor, or future) matching ``predicate``."""
@@ -221,7 +236,9 @@ class Supervisor:
     def engine_for(self, entry: CatalogEntry) -> Engine:
         eng = self._engines.get(entry.engine)
         if eng is None:
-            eng = self._engines[entry.engine] = engine_class(entry.engine)(self.engine_binary)
+            cls = engine_class(entry.engine)
+            # llama-server runs the configured build; a transformers seat runs this Python
+            eng = self._engines[entry.engine] = cls(self.engine_binary) if entry.engine == "llama-server" else cls()
         return eng
 
     def launch_spec(self, entry: CatalogEntry, path: Path, cfg, port: int):
@@ -281,6 +298,13 @@ class Supervisor:
     def last_budget_json(self) -> dict | None:
         """The budget snapshot the last plan was made against, with every figure's source."""
         return self._last_budget.to_json() if self._last_budget is not None else None
+
+    async def learn_torch_overhead(self, committed: int) -> None:
+        """A transformers seat's own process (Python, torch, the seat server) before its model: the largest seen."""
+        if committed > (self.prices.torch_overhead or 0):
+            self.prices.torch_overhead = committed
+            self.prices.forget()
+            await asyncio.to_thread(self.store.compute_put, TORCH_OVERHEAD_KEY, {HOST: committed})
 
     async def learn_overhead(self, grown: dict[str, int]) -> None:
         self.prices.engine_overhead.update(grown)

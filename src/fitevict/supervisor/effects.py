@@ -21,6 +21,8 @@ from fitevict.loadreport import seat_load_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.errors import LoadFailed, Refused, SupervisorError
+from fitevict.engines.torch_engine import seat_overhead
+from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
 from fitevict.supervisor.release import StopResult, stop_and_verify
 from fitevict.supervisor.scheduler import Waiter
@@ -35,6 +37,7 @@ class LiveEffects:
         self.sup = sup
         self.loads: dict[str, asyncio.Task] = {}
         self.tasks: set[asyncio.Task] = set()
+        self.recording: set[asyncio.Future] = set()  # load records still being written (history readers settle)
         self._wake: asyncio.TimerHandle | None = None
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -132,12 +135,18 @@ class LiveEffects:
                     res = await self._end(seat, SeatPhase.FAILED)
                     if attempt == 1 and BIND_FAILED in log_tail(seat.log_path, 200):
                         continue
+                    details = {"log": str(seat.log_path), "argv": list(spec.argv), "pid": seat.pid, **res.details()}
+                    why = _engine_failure(engine, seat.log_path)
+                    if why is not None:  # the seat's own account (a transformers walk that found no weights, ...)
+                        no_weights = seat.proc is not None and seat.proc.returncode == EXIT_NO_WEIGHTS
+                        verdict = guard_mod.check_walk(None, reason=why) if no_weights else None
+                        details["guard"] = ({"accepted": False, "check": verdict.check, "reason": verdict.reason}
+                                            if verdict is not None else None)
+                        e = LoadFailed(f"{key}: {verdict.reason if verdict is not None else why}")
                     await sup.record(Event(
                         time=sup.clock(), event="fail", model=key, engine=entry.engine, seconds=sup.clock() - t0,
                         strategy=plan.action, reason=str(e), request_id=waiter.request_id,
-                        predicted_bytes=predicted.total_bytes, freed_bytes=res.freed_bytes,
-                        details={"log": str(seat.log_path), "argv": list(spec.argv), "pid": seat.pid,
-                                 **res.details()}))
+                        predicted_bytes=predicted.total_bytes, freed_bytes=res.freed_bytes, details=details))
                     sup.scheduler.load_failed(key, e)
                     return
         except asyncio.CancelledError as e:
@@ -165,18 +174,28 @@ class LiveEffects:
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
         sup.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=seat.load_seconds,
                              config=cfg)  # the waiters get the seat now: the records below are off their path
-        await self._record_load(seat, plan, waiter.request_id, spec.notes)
+        record = asyncio.ensure_future(self._record_load(seat, plan, waiter.request_id, spec.notes))
+        self.recording.add(record)
+        record.add_done_callback(self.recording.discard)
+        await record
 
     async def _record_load(self, seat: SeatState, plan: pl.Plan, request_id: str | None, notes: Any) -> None:
         """Learn the overhead, guard the measurement, store it if accepted, record a ``load`` (or ``reject``)."""
         sup = self.sup
-        grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat))
-        if grown:
-            await sup.learn_overhead(grown)
+        log_text = seat.log_path.read_text(errors="replace")
+        walk = _seat_document(sup.engine_for(seat.entry), log_text)
+        if walk is not None:  # a transformers seat: its own process overhead, and its object walk
+            await sup.learn_torch_overhead(seat_overhead(walk)[0])
+        else:
+            grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat))
+            if grown:
+                await sup.learn_overhead(grown)
         measured_total = seat.measured.total_bytes if seat.measured else None
         previous = await asyncio.to_thread(sup.store.last_measurement, seat.signature)
-        verdict = guard_mod.check_measurement(measured_total, file_bytes=_file_bytes(seat.model_path),
-                                              previous=previous.total_bytes if previous else None)
+        verdict = guard_mod.check_walk(walk["walk"].get("weight_bytes")) if walk is not None else None
+        if verdict is None or verdict.accepted:
+            verdict = guard_mod.check_measurement(measured_total, file_bytes=_file_bytes(seat.model_path),
+                                                  previous=previous.total_bytes if previous else None)
         details: dict[str, Any] = {
             "port": seat.port, "pid": seat.pid, "log": str(seat.log_path), "config": seat.config.to_json(),
             "predicted": seat.predicted.to_json(),
@@ -201,8 +220,9 @@ class LiveEffects:
         if not verdict.accepted:
             reason = (f"loaded, but its measurement was rejected by the {verdict.check} check and not stored: "
                       f"{verdict.reason}")
-        await sup.record(Event(
-            time=sup.clock(), event="load" if verdict.accepted else "reject", model=seat.key, engine=seat.engine,
+        await sup.record(Event(  # dated when the seat became ready, not when this record was written
+            time=seat.ready_at or sup.clock(), event="load" if verdict.accepted else "reject", model=seat.key,
+            engine=seat.engine,
             seconds=seat.load_seconds, vram_bytes=gpu, host_bytes=seat.bytes_on(HOST),
             offloaded_bytes=sup.spilled(seat), strategy=_strategy(plan), request_id=request_id, reason=reason,
             predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total, details=details))
@@ -219,7 +239,7 @@ class LiveEffects:
         seat.state = final
         if sup.seats.get(seat.key) is seat:
             sup.seats.pop(seat.key)
-        self._spawn_task(asyncio.to_thread(sup.store.seat_remove, seat.id), "seat-forget")
+        await asyncio.to_thread(sup.store.seat_remove, seat.id)
         return res
 
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
@@ -232,8 +252,24 @@ class LiveEffects:
             details={"pid": seat.pid, "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details()}))
+        await self._record_teardown(seat, request_id)
         sup.stopped(seat.key, res)
         return res
+
+    async def _record_teardown(self, seat: SeatState, request_id: str | None) -> None:
+        """A transformers seat's leak breaker reports on its way out: every tensor still alive after its model was
+        deleted is named as this model's leak (memory glibc kept, with every tensor gone, is retention, not a leak)."""
+        engine = self.sup.engine_for(seat.entry)
+        report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
+        if not report or not report.get("leaks"):
+            return
+        leaks = report["leaks"]
+        held = sum(int(x.get("bytes") or 0) for x in leaks)
+        names = ", ".join(f"{x.get('path')} ({x.get('bytes')} B)" for x in leaks[:8])
+        await self.sup.record(Event(
+            time=self.sup.clock(), event="leak", model=seat.key, engine=seat.engine, host_bytes=held,
+            reason=f"{len(leaks)} tensor(s) still alive after the model was deleted: {names}",
+            request_id=request_id, details={"teardown": report, "host_source": "measured: the leak breaker's weakrefs"}))
 
     async def _watch(self, seat: SeatState) -> None:
         assert seat.proc is not None
@@ -266,6 +302,22 @@ class LiveEffects:
             self.sup.stopped(seat.key, res)
 
         seat.watcher = self._spawn_task(watch(), f"watch-{seat.key}")
+
+
+def _seat_document(engine: Any, log_text: str) -> dict | None:
+    """A transformers seat's footprint document (its object walk and process baseline), from its log."""
+    document = getattr(engine, "document", None)
+    return document(log_text) if document is not None else None
+
+
+def _engine_failure(engine: Any, log_path: Path) -> str | None:
+    failure = getattr(engine, "failure", None)
+    if failure is None:
+        return None
+    try:
+        return failure(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
 
 
 def _file_bytes(path: Path) -> int:
