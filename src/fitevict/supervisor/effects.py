@@ -10,6 +10,7 @@ ended the seat (eviction, unload, idle, a failed load, a crash, a cancelled load
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,8 @@ from fitevict.supervisor.seat import BIND_FAILED, SeatPhase, SeatState, log_tail
 
 if TYPE_CHECKING:
     from fitevict.supervisor.core import Supervisor
+
+log = logging.getLogger("fitevict.supervisor")
 
 
 class LiveEffects:
@@ -102,6 +105,7 @@ class LiveEffects:
         task = asyncio.create_task(coro, name=name)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(_report_failure)
         return task
 
     async def _load(self, waiter: Waiter, plan: pl.Plan) -> None:
@@ -194,8 +198,12 @@ class LiveEffects:
         previous = await asyncio.to_thread(sup.store.last_measurement, seat.signature)
         verdict = guard_mod.check_walk(walk["walk"].get("weight_bytes")) if walk is not None else None
         if verdict is None or verdict.accepted:
+            # the 1 MiB floor is llama.cpp's (its buffers alone exceed it); a walk that found weights is the proof
+            # of a load for a transformers seat, so only the ratio against the same signature applies there
+            floor = 0 if walk is not None else guard_mod.IMPLAUSIBLE_FLOOR_BYTES
             verdict = guard_mod.check_measurement(measured_total, file_bytes=_file_bytes(seat.model_path),
-                                                  previous=previous.total_bytes if previous else None)
+                                                  previous=previous.total_bytes if previous else None,
+                                                  floor_bytes=floor)
         details: dict[str, Any] = {
             "port": seat.port, "pid": seat.pid, "log": str(seat.log_path), "config": seat.config.to_json(),
             "predicted": seat.predicted.to_json(),
@@ -302,6 +310,12 @@ class LiveEffects:
             self.sup.stopped(seat.key, res)
 
         seat.watcher = self._spawn_task(watch(), f"watch-{seat.key}")
+
+
+def _report_failure(task: asyncio.Task) -> None:
+    """No swallowed exceptions: a supervisor task that failed says so in the server log, with its traceback."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("supervisor task %s failed", task.get_name(), exc_info=task.exception())
 
 
 def _seat_document(engine: Any, log_text: str) -> dict | None:
