@@ -299,12 +299,13 @@ class Supervisor:
         """The budget snapshot the last plan was made against, with every figure's source."""
         return self._last_budget.to_json() if self._last_budget is not None else None
 
-    async def learn_torch_overhead(self, committed: int) -> None:
-        """A transformers seat's own process (Python, torch, the seat server) before its model: the largest seen."""
-        if committed > (self.prices.torch_overhead or 0):
-            self.prices.torch_overhead = committed
+    async def learn_torch_overhead(self, seen: int) -> None:
+        """A transformers seat's own process (Python, torch, their libraries, the seat server) beyond its priced
+        model: measured (PSS minus the price), the largest seen kept, and added to every transformers price."""
+        if seen > (self.prices.torch_overhead or 0):
+            self.prices.torch_overhead = seen
             self.prices.forget()
-            await asyncio.to_thread(self.store.compute_put, TORCH_OVERHEAD_KEY, {HOST: committed})
+            await asyncio.to_thread(self.store.compute_put, TORCH_OVERHEAD_KEY, {HOST: seen})
 
     async def learn_overhead(self, grown: dict[str, int]) -> None:
         self.prices.engine_overhead.update(grown)

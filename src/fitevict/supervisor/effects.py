@@ -22,7 +22,6 @@ from fitevict.loadreport import seat_load_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.errors import LoadFailed, Refused, SupervisorError
-from fitevict.engines.torch_engine import seat_overhead
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
 from fitevict.supervisor.release import StopResult, stop_and_verify
@@ -125,7 +124,8 @@ class LiveEffects:
                     id=uuid.uuid4().hex[:12], key=key, entry=entry, engine=entry.engine, config=cfg, model_path=path,
                     port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
                     started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
-                    strategy=plan.action, pinned=entry.pinned)
+                    strategy=plan.action, pinned=entry.pinned,
+                    predicted_overhead=sup.prices.torch_overhead if path.is_dir() else None)
                 spec = sup.launch_spec(entry, path, cfg, seat.port)
                 sup.seats[key] = seat
                 await spawn(seat, spec)
@@ -188,8 +188,11 @@ class LiveEffects:
         sup = self.sup
         log_text = seat.log_path.read_text(errors="replace")
         walk = _seat_document(sup.engine_for(seat.entry), log_text)
-        if walk is not None:  # a transformers seat: its own process overhead, and its object walk
-            await sup.learn_torch_overhead(seat_overhead(walk)[0])
+        if walk is not None and seat.host_mem is not None and seat.host_mem.host_bytes is not None:
+            # a transformers seat: its own process (Python, torch and their libraries, as the budget counts them:
+            # PSS) is what it holds beyond its priced model, cache and activations; the largest seen is kept
+            priced = seat.predicted.bytes_on(HOST) - int(seat.predicted_overhead or 0)
+            await sup.learn_torch_overhead(seat.host_mem.host_bytes - priced)
         else:
             grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat))
             if grown:

@@ -132,12 +132,13 @@ class PriceBook:
         hit = self._footprints.get(key)
         if hit is not None:
             return hit
-        m = self.store.last_measurement(self.signature(path, cfg))
-        if m is not None:
-            fp = as_stored(footprint_from_json(m.footprint))
-        elif path.is_dir():  # a transformers seat: priced from its headers, with its own engine's overhead
+        if path.is_dir():
+            # a transformers seat: priced from its headers (its walk equals that to the byte), with its own process
+            # overhead as measured; a walk has no cache or activations to reuse, so no stored figure stands in
             hf = hf_config(cfg, extra_args=self._extra_args.get(str(path), ()))
             fp = price_hf(self.structure(path), hf, overhead_bytes=self.torch_overhead).footprint
+        elif (m := self.store.last_measurement(self.signature(path, cfg))) is not None:
+            fp = as_stored(footprint_from_json(m.footprint))
         else:
             fp = pricing.price(self.structure(path), cfg, compute=self._compute.get((str(path), cfg)),
                                context=self._dry_context.get((str(path), cfg.without_placement()))).footprint
