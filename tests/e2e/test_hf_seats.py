@@ -102,9 +102,9 @@ def test_hf_and_gguf_seats_swap_each_other_under_one_budget(tmp_path: Path, mixe
                               timeout=300).status_code == 200
         _recorded(door, "evict", "med")
         evicts = _history(door, event="evict")
+        leaks = _history(door, event="leak")
     assert [(e["model"], e["engine"]) for e in evicts[-2:]] == [(HF, "transformers"), ("med", "llama-server")]
     assert "evicted for med" in evicts[-2]["reason"] and f"evicted for {HF}" in evicts[-1]["reason"]
     assert all(e["freed_gb"] is not None and e["freed_gb"] > 0 for e in evicts[-2:])
-    leaks = [e for e in _history(door) if e["event"] == "leak"]
     assert leaks == []  # clean teardowns: nothing named
     print(f"hf/gguf swap: sizes {json.dumps(sizes)}, limit {limit}")
