@@ -23,8 +23,12 @@ def test_each_event_moves_its_counter_once_with_a_bounded_reason() -> None:
               details={"plan": {"largest_ctx": 2048}}),
         Event(time=4, event="fail", model="d", reason="llama-server exited with code 1 before it was ready"),
         Event(time=5, event="crash", model="b", details={"exit_code": -9, "release_verified": True}),
-        Event(time=6, event="unload", model="b", seconds=0.1, details={
+        Event(time=6, event="unload", model="b", seconds=0.1, reason="unloaded on request", details={
             "release_verified": False, "release_note": "not released within the timeout: CPU: 1 MiB came back"}),
+        Event(time=7, event="unload", model="e", seconds=0.1,
+              reason="no one waiting: every request for this load left before it finished",
+              details={"release_verified": True, "release_seconds": 0.0}),
+        Event(time=8, event="fail", model="f", reason="f: no-weights: the walk found nothing"),
     ]
     for ev in events:
         m.observe_event(ev)
@@ -36,7 +40,9 @@ def test_each_event_moves_its_counter_once_with_a_bounded_reason() -> None:
     assert _value(m, "fitevict_refusals_total", model="c", reason="largest context fits") == 1
     assert _value(m, "fitevict_failed_loads_total", model="d", reason="engine exited") == 1
     assert _value(m, "fitevict_crashes_total", model="b", reason="exit code -9") == 1
-    assert _value(m, "fitevict_unloads_total", model="b", reason="unload") == 1
+    assert _value(m, "fitevict_unloads_total", model="b", reason="requested") == 1
+    assert _value(m, "fitevict_unloads_total", model="e", reason="no one waiting") == 1  # a load nobody waited for
+    assert _value(m, "fitevict_failed_loads_total", model="f", reason="no weights") == 1
     assert _value(m, "fitevict_leaks_total", model="b", reason="not released within the timeout") == 1
     text = generate_latest(m.registry).decode()
     assert "needs 9 GiB" not in text  # free-text reasons never become labels

@@ -29,6 +29,13 @@ def reason_label(ev: Event) -> str:
     """The short, bounded class of an event's reason, for counter labels."""
     if ev.event == "load":  # the strategy's name, without its figures: "ram-only (ngl=0, ctx=4096)" -> "ram-only"
         return (ev.strategy or "load").split(" (")[0]
+    if ev.event == "unload":  # who asked for it: nobody waiting any more, a shutdown, a reload, a client
+        text = (ev.reason or "").lower()
+        for needle, label in (("no one waiting", "no one waiting"), ("shutting down", "shutdown"),
+                              ("another configuration", "replaced"), ("keep-alive", "keep-alive")):
+            if needle in text:
+                return label
+        return "requested"
     if ev.event in STOP_EVENTS:
         return ev.event
     if ev.event == "crash":
@@ -39,7 +46,8 @@ def reason_label(ev: Event) -> str:
         return "largest context fits" if plan.get("largest_ctx") else "does not fit"
     if ev.event == "fail":
         text = (ev.reason or "").lower()
-        for needle, label in (("timed out", "timeout"), ("timeout", "timeout"), ("stall", "stalled"),
+        for needle, label in (("no-weights", "no weights"), ("timed out", "timeout"), ("timeout", "timeout"),
+                              ("stall", "stalled"),
                               ("exited", "engine exited"), ("cancel", "cancelled")):
             if needle in text:
                 return label
