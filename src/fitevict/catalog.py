@@ -419,6 +419,13 @@ class Catalog:
     def entries(self) -> tuple[CatalogEntry, ...]:
         return self._entries
 
+    def replace_with(self, other: "Catalog") -> tuple[list[str], list[str]]:
+        """Take ``other``'s models in place (everyone holding this catalog sees the rescan); returns the keys
+        (added, removed)."""
+        before, after = {e.key for e in self._entries}, {e.key for e in other._entries}
+        self._entries, self._index, self.notes = other._entries, other._index, other.notes
+        return sorted(after - before), sorted(before - after)
+
     def get(self, name: str) -> CatalogEntry | None:
         return self._index.get(name.lower())
 

@@ -40,6 +40,7 @@ class ServerConfig:
     max_body_bytes: int = 16 * MiB
     metrics_public: bool = False  # True: /metrics answers without a key even when keys are configured
     sample_seconds: float = 1.0  # how often the memory sampler reads each seat and the host while serving
+    rescan_seconds: float = 0.0  # rescan the models directories this often while serving (0: only on SIGHUP)
 
     @property
     def auth_enabled(self) -> bool:

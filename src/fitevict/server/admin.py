@@ -50,6 +50,15 @@ def router(door: Door) -> APIRouter:
             raise ApiError(400, "body must be a JSON object (a load contract, or {\"fitevict\": {...}})")
         return parse_contract(raw.get("fitevict", raw))
 
+    @app.post("/v1/models/rescan", tags=["admin"], summary="Rescan the models directories now (as SIGHUP does)")
+    async def rescan(request: Request) -> dict:
+        check_auth(request, admin=True)
+        watch = request.app.state.catalog_watch
+        added, removed = await watch.rescan()
+        if watch.last_error is not None:
+            raise ApiError(400, f"rescan failed, the catalog is unchanged: {watch.last_error}", code="rescan_failed")
+        return {"models": len(catalog), "added": added, "removed": removed}
+
     @app.post("/v1/models/{model_id}/plan", tags=["admin"], summary="Dry run: the Plan a load would follow now")
     async def plan(model_id: str, request: Request) -> dict:
         check_auth(request, admin=True)

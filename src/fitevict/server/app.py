@@ -23,6 +23,7 @@ from fitevict.config import Config
 from fitevict.server import admin, dashboard, ollama, openai
 from fitevict.server.door import Door
 from fitevict.server.metrics import Metrics
+from fitevict.server.rescan import CatalogWatch
 from fitevict.server.sampler import MemorySampler
 from fitevict.server.errors import ApiError
 from fitevict.store import Store
@@ -46,13 +47,17 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     door = Door(config, catalog, store, sup, metrics, upstream, sampler)
     sup.on_event.append(sampler.poke)
 
+    watch = CatalogWatch(config, catalog)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await sup.start()
         sampler.start()
+        watch.start()
         try:
             yield
         finally:
+            await watch.stop()
             await sampler.stop()
             await sup.shutdown()
             await upstream.aclose()
@@ -66,6 +71,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     app.state.store = store
     app.state.config = config
     app.state.sampler = sampler
+    app.state.catalog_watch = watch
 
     if config.server.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware

@@ -3,7 +3,7 @@
 On SIGTERM or SIGINT fitevict stops taking work and answers every queued and loading request at once
 (503, ``Retry-After``, "shutting down"), starts no new load, lets requests in flight finish within
 ``policy.shutdown_grace_seconds``, then stops every seat with its release verified, and exits 0 with one
-summary line. A second signal stops waiting for requests in flight; the seats are still stopped, so no
+summary line. SIGHUP rescans the models directories. A second signal stops waiting for requests in flight; the seats are still stopped, so no
 engine is left behind. Signal handlers only enqueue work on the event loop.
 """
 
@@ -22,9 +22,10 @@ from fitevict.supervisor import ShutdownSummary, Supervisor
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, sup: Supervisor) -> None:
+    def __init__(self, config: uvicorn.Config, sup: Supervisor, watch=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config)
         self.sup = sup
+        self.watch = watch
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
 
@@ -36,11 +37,17 @@ class _Server(uvicorn.Server):
             yield
             return
         original = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        original[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.handle_hangup)
         try:
             yield
         finally:
             for s, h in original.items():
                 signal.signal(s, h)
+
+    def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
+        """SIGHUP: rescan the models directories (enqueued on the event loop)."""
+        if self._loop is not None and not self._loop.is_closed() and self.watch is not None:
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.watch.rescan()))
 
     async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
@@ -71,7 +78,7 @@ def serve(app, sup: Supervisor, *, host: str, port: int, log_level: str) -> Shut
     grace = sup.config.policy.shutdown_grace_seconds
     cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                          timeout_graceful_shutdown=int(grace + sup.config.engine.stop_grace_seconds + 5))
-    server = _Server(cfg, sup)
+    server = _Server(cfg, sup, getattr(app.state, "catalog_watch", None))
     server.run()
     return sup.summary
 
