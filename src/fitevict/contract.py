@@ -216,12 +216,16 @@ def seat_key(entry: CatalogEntry) -> str:
 
 def unservable(entry: CatalogEntry, engines: tuple[str, ...]) -> str | None:
     """Why the adapter ``entry`` cannot be served by this fitevict (whose engines are ``engines``), or None."""
-    if entry.engine in engines or entry.base is None:
+    if entry.base is None or entry.engine != "transformers":
         return None
-    return (f"model {entry.key!r} is a PEFT adapter of {entry.base!r}; serving it needs the transformers (torch) "
+    if entry.engine not in engines:
+        return (f"model {entry.key!r} is a PEFT adapter of {entry.base!r}; serving it needs the transformers (torch) "
                 f"engine, which this fitevict does not have (engines: {', '.join(engines)}); serve {entry.base!r}, "
                 "or convert the adapter to GGUF (llama.cpp's convert_lora_to_gguf.py) and put it in the base's "
                 "<stem>.adapters/ folder")
+    return (f"model {entry.key!r} is a PEFT adapter of {entry.base!r}; transformers seats do not load PEFT adapters "
+            f"yet: serve {entry.base!r}, or convert the adapter to GGUF (llama.cpp's convert_lora_to_gguf.py) and put "
+            "it in a GGUF base's <stem>.adapters/ folder")
 
 
 def lora_field(seat_loras: tuple[str, ...], requested: str | None, scale: float = 1.0) -> list[dict]:

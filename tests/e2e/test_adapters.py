@@ -138,7 +138,7 @@ def test_a_peft_adapter_is_listed_and_its_request_names_the_engine_it_needs(door
     assert peft["adapter_bytes"]["bytes"] == 2 * 4 * 4 and peft["adapter_bytes"]["source"] == "formula"
     r = httpx.post(door.base_url + "/v1/completions", json={"model": "tiny-hf:tiny-hf-chat", "prompt": "x"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "engine_unavailable"
-    assert "transformers (torch) engine" in r.json()["error"]["message"]
+    assert "PEFT adapter of 'tiny-hf'" in r.json()["error"]["message"] and "serve 'tiny-hf'" in r.json()["error"]["message"]
 
 
 def test_two_adapters_are_served_concurrently_from_one_seat(door) -> None:

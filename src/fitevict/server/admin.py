@@ -111,6 +111,7 @@ def router(door: Door) -> APIRouter:
     async def prom(request: Request) -> Response:
         if not door.config.server.metrics_public:
             check_auth(request, admin=False)
+        await sup.settle()  # counters include every event of what has already been answered
         budget = await asyncio.to_thread(sup.budget)
         metrics.collect(budget, sup.resident_views())
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

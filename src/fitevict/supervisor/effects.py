@@ -87,10 +87,12 @@ class LiveEffects:
         if isinstance(error, Refused):
             plan = error.plan
             needed = sum(plan.needed_bytes.values()) if plan.needed_bytes else None
-            self._spawn_task(self.sup.record(Event(
+            task = self._spawn_task(self.sup.record(Event(
                 time=self.sup.clock(), event="refuse", model=waiter.key, engine=self.sup.engine_name(waiter.key),
                 reason=plan.reason, request_id=waiter.request_id, predicted_bytes=needed,
                 details={"plan": plan.to_json()})), "record-refuse")
+            self.recording.add(task)  # history and metrics readers settle it
+            task.add_done_callback(self.recording.discard)
 
     def wake_at(self, when: float) -> None:
         if self._wake is not None:
