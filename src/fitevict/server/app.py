@@ -1,4 +1,5 @@
-"""The ASGI app: OpenAI-compatible inference routes proxied to seats, the admin API, /metrics, /health.
+"""The ASGI app: OpenAI-compatible inference routes relayed to seats on the fast path (``fastpath``), ahead
+of the FastAPI app that serves the admin API, the model list, the dashboard, /metrics and /health.
 
 Requests are validated before anything changes: a bad body, an unknown model, a bad load contract,
 an oversized body or a wrong key is answered with a 4xx in OpenAI's envelope and no state changes.
@@ -10,8 +11,8 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -22,6 +23,8 @@ from fitevict.catalog import Catalog
 from fitevict.config import Config
 from fitevict.server import admin, dashboard, openai
 from fitevict.server.door import Door, Metrics
+from fitevict.server.fastpath import FastPath
+from fitevict.server.upstream import Upstream
 from fitevict.server.errors import ApiError
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
@@ -30,14 +33,15 @@ __all__ = ["create_app"]
 
 
 def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None = None,
-               store: Store | None = None, own_store: bool | None = None) -> FastAPI:
-    """The front door. ``own_store``: close the store at shutdown (default: when this call opened it)."""
+               store: Store | None = None, own_store: bool | None = None) -> Any:
+    """The front door, an ASGI app: the fast path for inference routes, FastAPI for the rest (``.app``),
+    CORS around both when configured. ``own_store``: close the store at shutdown (default: when this call
+    opened it)."""
     catalog = catalog or Catalog.from_config(config)
     own_store = store is None if own_store is None else own_store
     store = store or Store.open(config.store_url)
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
-    upstream = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
-                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    upstream = Upstream()
     door = Door(config, catalog, store, sup, Metrics(), upstream)
 
     @asynccontextmanager
@@ -47,7 +51,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
             yield
         finally:
             await sup.shutdown()
-            await upstream.aclose()
+            upstream.close()
             if own_store:
                 store.close()
 
@@ -57,12 +61,6 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     app.state.catalog = catalog
     app.state.store = store
     app.state.config = config
-
-    if config.server.cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.server.cors_origins), allow_methods=["*"],
-                           allow_headers=["*"])
 
     # -- errors, always in OpenAI's envelope -------------------------------------------------------
 
@@ -91,4 +89,10 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     app.include_router(admin.router(door))
     app.include_router(openai.router(door))
     app.include_router(dashboard.router(door))
-    return app
+    front = FastPath(app, door)
+    if config.server.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        return CORSMiddleware(front, allow_origins=list(config.server.cors_origins), allow_methods=["*"],
+                              allow_headers=["*"])
+    return front
