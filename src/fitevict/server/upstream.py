@@ -52,6 +52,7 @@ class UpstreamConn(asyncio.Protocol):
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.complete = False
+        self.keep_alive = False
         self.error: BaseException | None = None
         self.answered = False  # any byte of this response arrived
         self.waiter: asyncio.Future[None] | None = None
@@ -96,6 +97,7 @@ class UpstreamConn(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp answers this only within the callbacks
         self.complete = True
 
     # -- the consumer's side ---------------------------------------------------------------------
@@ -206,7 +208,7 @@ class Upstream:
     def release(self, conn: UpstreamConn) -> None:
         """Done with ``conn``: keep it for the next request if its response ended cleanly and allows it."""
         if (not self.closed and conn.drained and conn.error is None and not conn.lost
-                and conn.parser.should_keep_alive()):
+                and conn.keep_alive):
             self.idle.setdefault(conn.port, []).append(conn)
         else:
             conn.abort()
