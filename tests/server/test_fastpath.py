@@ -69,6 +69,8 @@ def test_inference_routes_answer_only_post(make_client) -> None:
 
 def test_total_tokens_is_read_from_the_tail() -> None:
     assert total_tokens(b'{"choices":[],"usage":{"completion_tokens":1,"prompt_tokens":9,"total_tokens": 10}}') == 10
+    chat_stream_end = b'data: {"choices":[],"timings":{"cache_n":1,"prompt_n":16,"predicted_n":3}}\n\ndata: [DONE]'
+    assert total_tokens(chat_stream_end) == 19
     assert total_tokens(b'{"choices":[]}') is None
 
 
@@ -136,7 +138,7 @@ def test_relay_passes_events_as_they_come_and_retries_a_dropped_keep_alive() -> 
                     await arrived.wait()
                 assert sent[i + 1]["body"] == SSE[i] and sent[i + 1]["more_body"] is (i < len(SSE) - 1)
             out = await task
-            assert out.streamed and out.events == 2 and out.status == 200
+            assert out.streamed and out.events == 2 and out.status == 200 and out.body[1] == SSE[-1]
             assert sent[0]["status"] == 200 and (b"content-type", b"text/event-stream") in sent[0]["headers"]
             assert len(sent) == 1 + len(SSE)  # the head, and each event as it came: nothing joined or added
             sent.clear()

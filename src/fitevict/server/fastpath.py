@@ -46,7 +46,7 @@ ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1
 @dataclass(frozen=True, slots=True)
 class Relayed:
     """What ``relay`` passed on. ``body``: a non-streamed answer's chunks as received (not joined), or the
-    last chunk of a stream; ``events``: SSE ``data:`` events relayed (streams; ``[DONE]`` not counted);
+    last two chunks of a stream (where llama-server writes usage and timings); ``events``: SSE ``data:`` events relayed (streams; ``[DONE]`` not counted);
     ``error``: the engine broke off mid-answer (the client's response is left unfinished, so the server
     closes its connection)."""
 
@@ -76,12 +76,12 @@ async def relay(upstream: Upstream, send: Send, port: int, path: str, body: byte
             headers.append((b"content-length", str(conn.content_length).encode()))
         await send({"type": "http.response.start", "status": conn.status, "headers": headers})
         kept: list[bytes] = []
-        events, last = 0, b""
+        events, prev, last = 0, b"", b""
         try:
             while chunk := await conn.read():
                 if streamed:
                     events += chunk.count(b"data: ")
-                    last = chunk
+                    prev, last = last, chunk
                 else:
                     kept.append(chunk)
                 done = conn.drained and on_finish is None
@@ -93,9 +93,9 @@ async def relay(upstream: Upstream, send: Send, port: int, path: str, body: byte
                 await send({"type": "http.response.body", "body": on_finish() if on_finish else b"",
                             "more_body": False})
         except UpstreamError as e:
-            return Relayed(conn.status, streamed, events, (last,) if streamed else tuple(kept), str(e))
+            return Relayed(conn.status, streamed, events, (prev, last) if streamed else tuple(kept), str(e))
         if streamed:
-            return Relayed(conn.status, True, events - last.count(b"data: [DONE]"), (last,))
+            return Relayed(conn.status, True, events - last.count(b"data: [DONE]"), (prev, last))
         return Relayed(conn.status, False, 0, tuple(kept))
     finally:
         upstream.release(conn)
@@ -297,25 +297,34 @@ class FastPath:
         """Token counts and embedding shapes for the log line, read after the answer went out."""
         if out.error is not None:
             extra["error"] = f"upstream broke off: {out.error}"
+        content = out.body[0] if len(out.body) == 1 else b"".join(out.body)
         if out.streamed:
-            rec.tokens = out.events
+            tokens = total_tokens(content)
+            rec.tokens = tokens if tokens is not None else out.events
             extra["stream"] = True
+        elif rec.endpoint == "embeddings":
+            _embeddings_extra(content, rec, extra)
         else:
-            content = out.body[0] if len(out.body) == 1 else b"".join(out.body)
-            if rec.endpoint == "embeddings":
-                _embeddings_extra(content, rec, extra)
-            else:
-                rec.tokens = total_tokens(content)
+            rec.tokens = total_tokens(content)
         if self.door.config.server.debug_log_prompts:
             extra["prompt"] = body.get("messages") or body.get("prompt") or body.get("input")
 
 
 def total_tokens(content: bytes) -> int | None:
-    """``usage.total_tokens`` of an OpenAI answer, read from its tail (where llama-server writes usage)."""
-    i = content.rfind(b'"total_tokens":')
+    """Prompt plus generated tokens of an OpenAI answer, read from its tail: ``usage.total_tokens`` where
+    llama-server writes usage, else its ``timings`` (``prompt_n + predicted_n``, a chat stream's last event)."""
+    total = _int_after(content, b'"total_tokens":')
+    if total is not None:
+        return total
+    prompt, predicted = _int_after(content, b'"prompt_n":'), _int_after(content, b'"predicted_n":')
+    return prompt + predicted if prompt is not None and predicted is not None else None
+
+
+def _int_after(content: bytes, key: bytes) -> int | None:
+    i = content.rfind(key)
     if i < 0:
         return None
-    j = i + len(b'"total_tokens":')
+    j = i + len(key)
     while j < len(content) and content[j] in b" \t":
         j += 1
     k = j
