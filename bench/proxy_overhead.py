@@ -55,7 +55,8 @@ def free_port() -> int:
 
 class _Answer:
     def __init__(self) -> None:
-        self.done, self.events, self.first = False, 0, None
+        self.done, self.events, self.first, self.keep_alive = False, 0, None, True
+        self.parser = httptools.HttpResponseParser(self)
 
     def on_body(self, b: bytes) -> None:
         if self.first is None:
@@ -64,6 +65,7 @@ class _Answer:
 
     def on_message_complete(self) -> None:
         self.done = True
+        self.keep_alive = self.parser.should_keep_alive()
 
 
 def request_bytes(port: int, path: str, body: dict) -> bytes:
@@ -73,26 +75,36 @@ def request_bytes(port: int, path: str, body: dict) -> bytes:
 
 
 class Client:
-    """One kept-alive connection; ``post`` returns (status, SSE events, first-body time)."""
+    """One kept-alive connection; ``post`` returns (status, SSE events, first-body time). llama-server closes
+    a kept-alive connection after a few requests (``Connection: close``): the next ``post`` reconnects, inside
+    its timing, as any client of llama-server must."""
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock: socket.socket | None = None
+
+    def _connect(self) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", self.port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def post(self, req: bytes) -> tuple[int, int, float | None]:
+        if self.sock is None:
+            self._connect()
         a = _Answer()
-        p = httptools.HttpResponseParser(a)
         self.sock.sendall(req)
         while not a.done:
             data = self.sock.recv(1 << 16)
             if not data:
                 raise ConnectionError("closed")
-            p.feed_data(data)
-        return p.get_status_code(), a.events, a.first
+            a.parser.feed_data(data)
+        if not a.keep_alive:
+            self.close()
+        return a.parser.get_status_code(), a.events, a.first
 
     def close(self) -> None:
-        self.sock.close()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 def once(port: int, req: bytes) -> tuple[int, int, float | None]:
@@ -108,11 +120,13 @@ async def concurrent_throughput(port: int, req: bytes, clients: int, per_client:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(per_client):
             a = _Answer()
-            p = httptools.HttpResponseParser(a)
             writer.write(req)
             while not a.done:
-                p.feed_data(await reader.read(1 << 16))
-            assert p.get_status_code() == 200
+                a.parser.feed_data(await reader.read(1 << 16))
+            assert a.parser.get_status_code() == 200
+            if not a.keep_alive:
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.close()
 
     t0 = time.perf_counter()
@@ -226,7 +240,8 @@ def main() -> None:
                     t0 = time.perf_counter()
                     st, n, _ = once(p, req)
                     tps[name].append((n - 1) / (time.perf_counter() - t0))  # [DONE] is not a chunk of text
-            rows["sd"].append(statistics.median(tps["d"])), rows["sf"].append(statistics.median(tps["f"]))
+            if args.streams:
+                rows["sd"].append(statistics.median(tps["d"])), rows["sf"].append(statistics.median(tps["f"]))
             say("concurrency")
             for name in ("d", "f"):
                 p, req = (dport, dchat) if name == "d" else (port, fchat)
@@ -265,7 +280,7 @@ def main() -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
 
-    med = {k: statistics.median(v) for k, v in rows.items() if v}
+    med = {k: statistics.median(v) if v else float("nan") for k, v in rows.items()}
     ms = lambda x: x * 1000  # noqa: E731
     runs = lambda k: ", ".join(f"{x:.1f}" if x > 10 else f"{ms(x):.3f}" for x in rows[k])  # noqa: E731
     add50 = statistics.median(f - d for d, f in zip(rows["d50"], rows["f50"]))
