@@ -147,6 +147,12 @@ def proc_mem(pid: int) -> tuple[float, float]:
     return vals["Rss:"], vals["Pss:"]
 
 
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of one process so far, from /proc/PID/stat (measured)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_health(url: str, proc: subprocess.Popen, timeout: float = 60, poll: float = 0.005) -> None:
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=5) as c:
@@ -276,9 +282,10 @@ def main() -> None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
         say(f"{args.mem_requests} requests for memory")
-        mem_before = proc_mem(proc.pid)
+        mem_before, cpu0, t_loop = proc_mem(proc.pid), proc_cpu(proc.pid), time.perf_counter()
         for _ in range(args.mem_requests):
             via.post(fchat)
+        t_loop, cpu = time.perf_counter() - t_loop, proc_cpu(proc.pid) - cpu0
         mem_after = proc_mem(proc.pid)
         direct.close(), via.close()
     finally:
@@ -287,7 +294,8 @@ def main() -> None:
 
     med = {k: statistics.median(v) if v else float("nan") for k, v in rows.items()}
     ms = lambda x: x * 1000  # noqa: E731
-    runs = lambda k: ", ".join(f"{x:.1f}" if x > 10 else f"{ms(x):.3f}" for x in rows[k])  # noqa: E731
+    runs = lambda k, f=ms: ", ".join(f"{f(x):.3f}" if f is ms else f"{x:.1f}" for x in rows[k])  # noqa: E731
+    per = lambda k: runs(k, f=None)  # noqa: E731
     add50 = statistics.median(f - d for d, f in zip(rows["d50"], rows["f50"]))
     add99 = statistics.median(f - d for d, f in zip(rows["d99"], rows["f99"]))
     body_md = f"""## Proxy overhead (`bench/proxy_overhead.py`)
@@ -311,13 +319,15 @@ socket with httptools. All figures measured.
 | cold start to first token | {med['bare']:.3f} s bare | {med['cold']:.3f} s | ratio {med['cold'] / med['bare']:.2f} | <= 1.05 |
 
 Runs (direct / via): p50 ms {runs('d50')} / {runs('f50')}; p99 ms {runs('d99')} / {runs('f99')};
-chunks/s {runs('sd')} / {runs('sf')}; requests/s {runs('cd')} / {runs('cf')}; cold s
+chunks/s {per('sd')} / {per('sf')}; requests/s {per('cd')} / {per('cf')}; cold s
 {', '.join(f'{x:.3f}' for x in rows['bare'])} / {', '.join(f'{x:.3f}' for x in rows['cold'])}.
 
 fitevict's own memory (`/proc/PID/smaps_rollup`, measured, seats excluded): RSS {mem_start[0]:.1f} MiB, PSS
 {mem_start[1]:.1f} MiB after start; RSS {mem_after[0]:.1f} MiB, PSS {mem_after[1]:.1f} MiB after
 the loads, the runs above and {args.mem_requests} more requests; growth over those {args.mem_requests} requests
-{mem_after[0] - mem_before[0]:+.2f} MiB RSS, {mem_after[1] - mem_before[1]:+.2f} MiB PSS.
+{mem_after[0] - mem_before[0]:+.2f} MiB RSS, {mem_after[1] - mem_before[1]:+.2f} MiB PSS. fitevict's own CPU
+over those requests (`/proc/PID/stat` utime + stime, measured): {1e6 * cpu / max(1, args.mem_requests):.0f} µs per
+request, at {args.mem_requests / t_loop:.0f} requests/s from one client.
 """
     print(body_md)
     if not args.no_doc:
