@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from fitevict.server.fastpath import relay, total_tokens
-from fitevict.server.upstream import Upstream, UpstreamError
+from fitevict.server.upstream import Upstream, UpstreamError, health_status
 
 
 @pytest.fixture()
@@ -165,5 +165,25 @@ def test_an_engine_that_is_not_listening_is_an_upstream_error() -> None:
         await server.wait_closed()
         with pytest.raises(UpstreamError, match=f"127.0.0.1:{port}"):
             await Upstream().open(port, "/v1/completions", b"{}", "r")
+
+    asyncio.run(scenario())
+
+
+def test_health_status_reads_the_code_or_none_when_nothing_listens() -> None:
+    async def scenario() -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            code = b"200 OK" if head.startswith(b"GET /health ") else b"503 Service Unavailable"
+            writer.write(b"HTTP/1.1 " + code + b"\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        assert await health_status(port) == 200
+        assert await health_status(port, "/loading") == 503
+        server.close()
+        await server.wait_closed()
+        assert await health_status(port) is None
 
     asyncio.run(scenario())

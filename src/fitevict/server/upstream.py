@@ -20,7 +20,7 @@ from collections import deque
 
 import httptools
 
-__all__ = ["Upstream", "UpstreamConn", "UpstreamError"]
+__all__ = ["Upstream", "UpstreamConn", "UpstreamError", "health_status"]
 
 HIGH_WATER = 1 << 20  # bytes buffered from the engine before reading from it pauses (a slow client)
 LOW_WATER = 1 << 18
@@ -219,3 +219,23 @@ class Upstream:
             for conn in conns:
                 conn.abort()
         self.idle.clear()
+
+
+async def health_status(port: int, path: str = "/health", *, timeout: float = 2.0) -> int | None:
+    """One readiness probe: ``GET path`` on 127.0.0.1:``port`` over a fresh connection; the status code, or None
+    when nothing listens there yet or the answer does not come within ``timeout``. No client object to build
+    (an httpx client loads a TLS context first, which takes longer than a small model's whole load)."""
+    loop = asyncio.get_running_loop()
+    try:
+        transport, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: UpstreamConn(port), "127.0.0.1", port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return None
+    try:
+        await asyncio.wait_for(conn._send(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                                          f"Connection: close\r\n\r\n".encode()), timeout)
+        return conn.status
+    except (OSError, UpstreamError, asyncio.TimeoutError):
+        return None
+    finally:
+        transport.abort()
