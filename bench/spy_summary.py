@@ -41,6 +41,8 @@ def summarize(path: str) -> tuple[int, list[tuple[str, int]]]:
         if not line:
             continue
         stack, n_text = line.rsplit(" ", 1)
+        if not n_text.isdigit():
+            continue  # a line cut short when py-spy was stopped
         frames = stack.split(";")
         if frames[-1].startswith("Runner.run ("):
             continue  # the loop itself, waiting or in C
