@@ -157,6 +157,41 @@ def test_relay_passes_events_as_they_come_and_retries_a_dropped_keep_alive() -> 
     asyncio.run(scenario())
 
 
+def test_relay_hooks_rewrite_what_the_client_gets() -> None:
+    """What another API's routes need: each streamed chunk mapped, a last line added, a whole answer replaced."""
+
+    async def scenario() -> None:
+        engine = StandIn()
+        server = await asyncio.start_server(engine.handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        up = Upstream()
+        sent: list[dict] = []
+
+        async def send(msg: dict) -> None:
+            sent.append(msg)
+
+        try:
+            for _ in SSE:
+                engine.gate.put_nowait(None)
+            out = await relay(up, send, port, "/stream", b"{}", "r1", on_chunk=lambda c: c.upper(),
+                              on_finish=lambda: b"END", content_type=b"application/x-ndjson")
+            assert out.events == 2 and (b"content-type", b"application/x-ndjson") in sent[0]["headers"]
+            assert b"".join(m.get("body", b"") for m in sent[1:]) == b"".join(SSE).upper() + b"END"
+            assert sent[-1]["more_body"] is False
+            sent.clear()
+            whole = await relay(up, send, port, "/plain", b"{}", "r2", on_body=lambda b: b"[" + b + b"]")
+            assert total_tokens(b"".join(whole.body)) == 7  # what the engine said, for the log line
+            body = b'[{"usage":{"total_tokens":7}}]'
+            assert (b"content-length", str(len(body)).encode()) in sent[0]["headers"]
+            assert sent[1] == {"type": "http.response.body", "body": body, "more_body": False}
+        finally:
+            up.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
 def test_an_engine_that_is_not_listening_is_an_upstream_error() -> None:
     async def scenario() -> None:
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)

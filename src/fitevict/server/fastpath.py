@@ -26,7 +26,7 @@ from typing import Any
 
 from fitevict.server.door import Door, Metrics, parse_json
 from fitevict.server.errors import ApiError
-from fitevict.server.upstream import Upstream, UpstreamError
+from fitevict.server.upstream import Upstream, UpstreamConn, UpstreamError
 from fitevict.supervisor import SupervisorError
 
 __all__ = ["FastPath", "Relayed", "RequestLog", "ROUTES", "relay"]
@@ -59,46 +59,71 @@ class Relayed:
 
 async def relay(upstream: Upstream, send: Send, port: int, path: str, body: bytes, request_id: str, *,
                 on_chunk: Callable[[bytes], bytes] | None = None, on_finish: Callable[[], bytes] | None = None,
-                content_type: bytes | None = None) -> Relayed:
+                on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None) -> Relayed:
     """POST ``body`` to ``path`` on the seat listening on ``port`` and relay the answer to ASGI ``send``.
 
-    ``on_chunk`` maps each engine chunk to the bytes sent to the client (default: the chunk itself);
-    ``on_finish`` gives bytes sent last; ``content_type`` replaces the engine's. With either hook the
-    response goes out chunked. Raises UpstreamError if the engine does not answer (nothing was sent then).
-    Cancelling the calling task aborts the engine connection, which stops the engine's generation."""
+    A streamed answer (no Content-Length) goes out chunk by chunk as it arrives: ``on_chunk`` maps each engine
+    chunk (bytes as received: an SSE event can straddle two) to the bytes sent, ``on_finish`` gives the bytes
+    sent last. A whole answer goes out as it arrives with its length, or, with ``on_body``, is read whole and
+    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's. Raises UpstreamError if the
+    engine does not answer (nothing was sent then). Cancelling the calling task aborts the engine
+    connection, which stops the engine's generation."""
     conn = await upstream.open(port, path, body, request_id)
     try:
-        streamed = conn.content_length is None
-        headers = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode())]
-        if streamed:
-            headers.append((b"cache-control", b"no-cache"))
-        elif on_chunk is None and on_finish is None:
-            headers.append((b"content-length", str(conn.content_length).encode()))
-        await send({"type": "http.response.start", "status": conn.status, "headers": headers})
-        kept: list[bytes] = []
-        events, prev, last = 0, b"", b""
-        try:
-            while chunk := await conn.read():
-                if streamed:
-                    events += chunk.count(b"data: ")
-                    prev, last = last, chunk
-                else:
-                    kept.append(chunk)
-                done = conn.drained and on_finish is None
-                await send({"type": "http.response.body", "body": on_chunk(chunk) if on_chunk else chunk,
-                            "more_body": not done})
-                if done:
-                    break
-            else:
-                await send({"type": "http.response.body", "body": on_finish() if on_finish else b"",
-                            "more_body": False})
-        except UpstreamError as e:
-            return Relayed(conn.status, streamed, events, (prev, last) if streamed else tuple(kept), str(e))
-        if streamed:
-            return Relayed(conn.status, True, events - last.count(b"data: [DONE]"), (prev, last))
-        return Relayed(conn.status, False, 0, tuple(kept))
+        head = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode())]
+        if conn.content_length is None:
+            return await _relay_stream(conn, send, head, on_chunk, on_finish)
+        return await _relay_whole(conn, send, head, on_body)
     finally:
         upstream.release(conn)
+
+
+async def _relay_stream(conn: UpstreamConn, send: Send, head: list, on_chunk: Callable[[bytes], bytes] | None,
+                        on_finish: Callable[[], bytes] | None) -> Relayed:
+    await send({"type": "http.response.start", "status": conn.status,
+                "headers": [*head, (b"cache-control", b"no-cache")]})
+    events, prev, last, finished = 0, b"", b"", False
+    try:
+        while chunk := await conn.read():
+            events += chunk.count(b"data: ")
+            prev, last = last, chunk
+            finished = conn.drained and on_finish is None
+            await send({"type": "http.response.body", "body": on_chunk(chunk) if on_chunk else chunk,
+                        "more_body": not finished})
+            if finished:
+                break
+    except UpstreamError as e:
+        return Relayed(conn.status, True, events, (prev, last), str(e))
+    if not finished:
+        await send({"type": "http.response.body", "body": on_finish() if on_finish else b"", "more_body": False})
+    return Relayed(conn.status, True, events - last.count(b"data: [DONE]"), (prev, last))
+
+
+async def _relay_whole(conn: UpstreamConn, send: Send, head: list, on_body: Callable[[bytes], bytes] | None) -> Relayed:
+    kept: list[bytes] = []
+    finished = False
+    if on_body is not None:  # read whole before anything is sent: a broken answer is an UpstreamError
+        while chunk := await conn.read():
+            kept.append(chunk)
+        out = on_body(b"".join(kept))
+        await send({"type": "http.response.start", "status": conn.status,
+                    "headers": [*head, (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out, "more_body": False})
+        return Relayed(conn.status, False, 0, tuple(kept))
+    try:
+        await send({"type": "http.response.start", "status": conn.status,
+                    "headers": [*head, (b"content-length", str(conn.content_length).encode())]})
+        while chunk := await conn.read():
+            kept.append(chunk)
+            finished = conn.drained
+            await send({"type": "http.response.body", "body": chunk, "more_body": not finished})
+            if finished:
+                break
+    except UpstreamError as e:
+        return Relayed(conn.status, False, 0, tuple(kept), str(e))
+    if not finished:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return Relayed(conn.status, False, 0, tuple(kept))
 
 
 # -- the request log line and metrics ------------------------------------------------------------------
