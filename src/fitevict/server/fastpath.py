@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from fitevict.server.door import Door, Metrics, parse_json
+from fitevict.server.door import Door, Metrics, Prepared, parse_json
 from fitevict.server.errors import ApiError
 from fitevict.server.upstream import Upstream, UpstreamConn, UpstreamError
 from fitevict.supervisor import SupervisorError
@@ -276,7 +276,7 @@ class FastPath:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _infer(self, scope: Scope, receive: Receive, send: Send, rec: Record, body: dict, prep: Any,
+    async def _infer(self, scope: Scope, receive: Receive, send: Send, rec: Record, body: dict, prep: Prepared,
                      payload: bytes) -> None:
         door, path = self.door, scope["path"]
         hangup = _Hangup(receive)
