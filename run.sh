@@ -39,7 +39,15 @@ ensure_venv() {
   say "creating the virtual environment in $VENV"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e '.[test]'
+  # The torch extra (transformers seats) only with a CPU build of torch at hand: a torch-2.13.0+cpu wheel in a
+  # PIP_FIND_LINKS directory, or PIP_INDEX_URL naming a CPU wheel index. Never CUDA wheels on a CPU machine.
+  local extras=test
+  if compgen -G "${PIP_FIND_LINKS:-/nonexistent}/torch-2.13.0+cpu-*.whl" >/dev/null || [ -n "${PIP_INDEX_URL:-}" ]; then
+    extras=test,torch
+  else
+    say "no CPU torch wheel (PIP_FIND_LINKS) or index (PIP_INDEX_URL): skipping the torch extra; transformers seats and their tests need it"
+  fi
+  "$VENV/bin/python" -m pip install -q -e ".[$extras]"
   echo "$want" > "$stamp"
 }
 
@@ -51,7 +59,8 @@ ensure_engine() {
 with_test_postgres() {
   # Runs "$@" beside a throwaway PostgreSQL (installed through apt once when root), so the store tests cover both
   # backends; the server stops when "$@" ends. Without root or PostgreSQL those tests skip and say why.
-  PYTHON="$PY" exec bash "$ROOT/scripts/test-postgres.sh" "$@"
+  # Chromium (Debian's package, installed through apt once when root) drives the dashboard's browser test.
+  PYTHON="$PY" exec bash "$ROOT/scripts/test-chromium.sh" bash "$ROOT/scripts/test-postgres.sh" "$@"
 }
 
 cmd=${1:-serve}

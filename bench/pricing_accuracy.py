@@ -1,7 +1,8 @@
 """Pricing accuracy against the real engine: writes docs/accuracy.md.
 
-For every demo-zoo model and a set of configurations it starts the real llama-server (``-dev none``),
-reads the buffers llama.cpp reports, and puts beside each one fitevict's prediction, the file size, the
+For every demo-zoo model and a set of configurations it starts the real llama-server (``-dev none``) with the
+allocator trace preloaded (engines/buftrace), reads every buffer to the byte, and puts beside each one
+fitevict's prediction, the file size, the
 Ollama-style pre-spawn formula (file + 2 * n_layer * n_head_kv * head_dim * ctx * 2 B) and the process'
 RSS growth during the load, each with its error. It also compares predicted committed host memory with
 Pss_Anon + Pss_Shmem from /proc/PID/smaps_rollup once the server listens.
@@ -15,14 +16,19 @@ import argparse
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _docs import write_section  # noqa: E402
 
 from fitevict.engines.dryrun import DryRun, capture_load_log, dry_run, dry_run_compute
 from fitevict.engines.install import resolve_binary
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
@@ -130,15 +136,17 @@ def beyond_the_matrix(bin_dir: Path, models: dict[str, Path], zoo_dir: Path) -> 
     return [*out, ""]
 
 
+def keep_hf_section(before: str) -> None:
+    """Carry the HF section (bench/pricing_accuracy_hf.py writes it) over a rewrite of the GGUF tables."""
+    start, end = "<!-- hf:start -->", "<!-- hf:end -->"
+    if start in before and end in before:
+        write_section("hf", before.split(start, 1)[1].split(end, 1)[0], doc=DOC)
+
+
 def ollama_formula(s: GgufStructure, n_ctx: int) -> int:
     """file + 2 (K and V) * n_layer * n_head_kv * head_dim * ctx * 2 B (f16), summed per layer."""
     ctx = n_ctx or s.n_ctx_train
     return s.file_bytes + sum(2 * h * s.key_length * ctx * 2 for h in s.n_head_kv)
-
-
-def as_printed(n: int | None) -> int:
-    """Bytes as llama.cpp's log shows them: MiB with 2 decimals (each buffer line rounded on its own)."""
-    return 0 if not n else round(float(f"{n / MiB:.2f}") * MiB)
 
 
 def mib(n: int | None) -> str:
@@ -201,32 +209,32 @@ def main() -> None:
                 refused.append(f"| {name} | `{label}` | {str(e).split(': ', 1)[-1]} | "
                                f"{'refused too' if not cap.ok else 'LOADED (pricing wrong)'} |")
                 continue
-            cap = capture_load_log(bin_dir, path, cfg, wait_listening=True)
+            cap = capture_load_log(bin_dir, path, cfg, wait_listening=True, exact=True)
             if not cap.ok:
                 refused.append(f"| {name} | `{label}` | priced, but the server failed: {cap.reason} | - |")
                 continue
-            log = parse_load_log(cap.text)
+            log = parse_exact_log(cap.text)
+            if log.precision_bytes:
+                raise SystemExit(f"{name} {label}: the allocator trace did not cover every buffer: {log.notes}")
             meas = log.to_footprint().device("CPU")
             pred = p.footprint.device("CPU")
             assert meas is not None and pred is not None
             cells = []
             kv = p.kv
-            printed = {
-                "model": sum(as_printed(b.bytes) for b in p.buffers),
-                "context": sum(as_printed(kv.bytes_of(k)) for k in ("full", "swa", "recurrent")) if kv else None,
-                "compute": as_printed(pred.compute.bytes),
-                "output": as_printed(pred.output.bytes),
-            }
+            predicted = {"model": sum(b.bytes for b in p.buffers), "context": kv.bytes if kv else None,
+                         "compute": pred.compute.bytes, "output": p.output_at_load}
             exact = True
             for t in TERMS:
-                a, b = getattr(meas, t).bytes, printed[t]
-                if t != "compute" and mib(a) != mib(b):
+                a, b = getattr(meas, t).bytes, predicted[t]
+                if a is None or b is None:
+                    cells.append("n/a")
+                    exact = exact and t == "compute"
+                    continue
+                if t != "compute" and a != b:
                     exact = False
-                e = err(b, a)
-                if e is not None:
-                    errors[t].append(abs(e))
-                    matches[t] += int(mib(a) == mib(b))
-                cells.append(f"{mib(a)} / {mib(b)} ({pct(e)})")
+                errors[t].append(abs(b - a))
+                matches[t] += int(a == b)
+                cells.append(f"{a:,} ({b - a:+,})")
             want = (kv.cells if kv and kv.layers_full else None, kv.cells_swa if kv and kv.layers_swa else None,
                     max(1, p.n_parallel) if kv and kv.layers_recurrent else None)
             got = (log.kv_cells if want[0] is not None else None, log.kv_cells_swa if want[1] is not None else None,
@@ -247,7 +255,7 @@ def main() -> None:
                 if e is not None:
                     total_err[k].append(abs(e))
             rows.append(
-                f"| {name} | `{label}` | {' | '.join(cells)} | {mib(actual_total)} / {mib(pred.total_bytes)} "
+                f"| {name} | {s.arch} | `{label}` | {' | '.join(cells)} | {mib(actual_total)} / {mib(pred.total_bytes)} "
                 f"({pct(err(pred.total_bytes, actual_total))}) | {mib(s.file_bytes)} ({pct(err(s.file_bytes, actual_total))}) "
                 f"| {mib(ol)} ({pct(err(ol, actual_total))}) | {mib(rss_growth)} ({pct(err(rss_growth, actual_total))}) |"
             )
@@ -270,6 +278,9 @@ def main() -> None:
     def stat(xs: list[float]) -> str:
         return "n/a" if not xs else f"{statistics.median(xs):.2f}% / {max(xs):.2f}%"
 
+    def stat_b(xs: list[float]) -> str:
+        return "n/a" if not xs else f"{statistics.median(xs):,.0f} B / {max(xs):,.0f} B"
+
     out = [
         "# Pricing accuracy",
         "",
@@ -277,26 +288,27 @@ def main() -> None:
         f"llama-cpp-python 0.3.36), CPU only (`-dev none`), {len(rows)} loads of the demo zoo in {wall:.0f} s "
         f"on {platform.machine()} / {platform.python_implementation()} {platform.python_version()}.",
         "",
-        "llama.cpp prints each buffer in MiB with 2 decimals (±0.005 MiB); the demo zoo's buffers are small,",
-        "so per-term figures are compared as printed. Totals compare fitevict's exact bytes with the sum of",
-        "the printed buffers.",
-        "Model, context and output buffers are exact rules (placement, KV/SWA/recurrent, output); the",
-        "compute buffer is the engine's own `--fit` dry run (`dry_run_compute`).",
+        "The truth is the allocator's: every `ggml_backend_buffer` the engine creates, logged to the byte by",
+        "an LD_PRELOAD library (`src/fitevict/engines/buftrace.c`) and joined to the log line that names its role",
+        "(`pricing/buftrace.py`). Model, context (KV, SWA, recurrent and short-conv state) and output are fitevict's",
+        "rules; the compute buffer is the engine's own `--fit` dry run, which prints MiB with 2 decimals (so its",
+        "error is that rounding, at most 5,243 B per buffer).",
+        "A model's first load, priced with the engine's calibrated process overhead, is in `docs/first_load.md`.",
+        "GPU placements (layer split, per-placement dry runs) are checked only against a fake NVML here: no GPU was",
+        "available to this run, so their bytes on a real device are still unverified.",
         "",
-        "## Summary: fitevict per term, to the log's printed precision",
+        "## Summary: fitevict per term, in bytes against the allocator",
         "",
-        "Each predicted buffer is rounded the way the log prints it (per buffer line) before comparing.",
-        "",
-        "| term | loads whose printed MiB match exactly | median / max error |",
+        "| term | loads exact to the byte | median / max abs error |",
         "|---|---|---|",
-        *(f"| {t} | {matches[t]} / {len(errors[t])} | {stat(errors[t])} |" for t in TERMS),
+        *(f"| {t} | {matches[t]} / {len(errors[t])} | {stat_b(errors[t])} |" for t in TERMS),
         "",
         f"Context sizes and cell counts (n_ctx, n_ctx_seq, KV / SWA cells, recurrent cells) equal the log's in "
         f"{cells_ok} / {cells_n} loads.",
         "",
         "## Per architecture",
         "",
-        "| arch | models | loads | model, context and output as printed | refused by llama.cpp (and by fitevict) |",
+        "| arch | models | loads | model, context and output exact to the byte | refused by llama.cpp (and by fitevict) |",
         "|---|---|---|---|---|",
         *(f"| {a} | {', '.join(n for n, pth in models.items() if load_structure(pth).arch == a)} | {v[0]} | "
           f"{v[1]} / {v[0]} | {v[2]} |" for a, v in by_arch.items()),
@@ -312,10 +324,11 @@ def main() -> None:
         "counts only touched pages (mmap'd weights are read lazily, the compute buffer is not touched",
         "before the first request) and includes whatever else the process allocated meanwhile.",
         "",
-        "## Per load: llama.cpp's figure / fitevict's prediction as printed (error), MiB",
+        "## Per load: the allocator's bytes (fitevict's error in bytes); totals in MiB",
         "",
-        "| model | config | model | context | compute | output | total | file size | Ollama formula | RSS growth |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | arch | config | model | context | compute | output | total (MiB, engine / fitevict) | file size | "
+        "Ollama formula | RSS growth |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         "## Committed host memory after load",
@@ -346,7 +359,9 @@ def main() -> None:
         print(text)
     else:
         DOC.parent.mkdir(parents=True, exist_ok=True)
+        before = DOC.read_text() if DOC.exists() else ""
         DOC.write_text(text)
+        keep_hf_section(before)
         print(f"wrote {DOC} ({len(rows)} loads, {wall:.0f} s)")
 
 

@@ -35,3 +35,14 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     dest = tmp_path_factory.mktemp("zoo")
     return {m.name: m for m in write_zoo(dest)}
+
+
+@pytest.fixture(scope="session")
+def hf_zoo(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The HF demo folders, built once per session (needs the torch extra): {name: HfZooModel}."""
+    from fitevict.zoo_hf import torch_available, write_hf_zoo
+
+    if not torch_available():
+        pytest.skip("the torch extra is not installed (pip install 'fitevict[torch]' with a CPU torch wheel)")
+    dest = tmp_path_factory.mktemp("hfzoo")
+    return {m.name: m for m in write_hf_zoo(dest)}

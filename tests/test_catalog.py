@@ -129,6 +129,21 @@ def test_hf_dir_is_listed_but_not_servable_by_llama_server(tmp_path: Path) -> No
         catalog_for(tmp_path, '[models."Qwen3-0.6B"]\nengine = "llama-server"', root)
 
 
+def test_a_diffusers_pipeline_is_one_hf_model_with_its_components_weights(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    pipe = root / "tiny-ddpm"
+    make_hf(pipe / "unet")
+    (pipe / "scheduler").mkdir()
+    (pipe / "scheduler" / "scheduler_config.json").write_text("{}")
+    (pipe / "model_index.json").write_text(json.dumps({"_class_name": "DDPMPipeline", "unet": ["diffusers", "U"]}))
+    cat = catalog_for(tmp_path, "", root)
+    e = cat.resolve("tiny-ddpm")
+    assert (e.kind, e.engine, e.path) == ("hf", "transformers", pipe)
+    assert e.file_bytes == (pipe / "unet" / "model.safetensors").stat().st_size
+    with pytest.raises(UnknownModel):
+        cat.resolve("unet")  # a component is not a model of its own
+
+
 def test_hf_hub_cache_layout(tmp_path: Path) -> None:
     repo = tmp_path / "hub" / "models--unsloth--Qwen3-0.6B-GGUF"
     blob = repo / "blobs" / "abc123"

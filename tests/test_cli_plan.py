@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.price import price
-from fitevict.units import MiB
+from fitevict.units import MiB, format_size
 from fitevict.zoo import write_zoo
 
 
@@ -81,3 +84,19 @@ def test_moe_spills_experts_before_layers(zoo_dir: Path) -> None:
 def test_unknown_model_lists_close_matches(zoo_dir: Path) -> None:
     r = CliRunner().invoke(app, ["plan", "llama-medum", "--models-dir", str(zoo_dir)], env={"FITEVICT_CONFIG": ""})
     assert r.exit_code == 2 and "llama-medium" in r.output
+
+
+def test_plan_fits_an_80_column_terminal(zoo_dir: Path) -> None:
+    med = zoo_dir / "llama-medium.gguf"
+    ram = host_bytes(med, 4096) - 1 * MiB
+    r = subprocess.run([sys.executable, "-m", "fitevict.cli", "plan", "llama-medium", "--models-dir", str(zoo_dir),
+                        "--ram", str(ram), "--ctx", "4096"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": "80", "FITEVICT_CONFIG": ""})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in r.stdout, r.stdout
+    assert lines[0].startswith("refuse llama-medium:")
+    header = next(line for line in lines if line.startswith("device"))
+    assert header.split() == ["device", "needed", "budget", "free", "now", "free", "after", "avail."]
+    cpu = lines[lines.index(header) + 2]  # the row under the header's rule
+    assert format_size(host_bytes(med, 4096)) in cpu  # the figure in full, not cut

@@ -120,7 +120,7 @@ def test_every_model_reads_back_consistently(read, name: str) -> None:
     tokens = g.get("tokenizer.ggml.tokens")
     n_vocab = len(tokens)
     assert g.shape("token_embd.weight") == [n_embd, n_vocab]
-    assert g.shape("output_norm.weight") == [n_embd]
+    assert g.shape("token_embd_norm.weight" if g.arch == "lfm2" else "output_norm.weight") == [n_embd]  # lfm2's name
     assert n_vocab & (n_vocab - 1) != 0, "n_vocab should not be a power of two"
     # tokenizer: SPM with byte tokens, control tokens, scores and types for every token, a chat template
     assert g.get("tokenizer.ggml.model") == "llama"
@@ -134,6 +134,20 @@ def test_every_model_reads_back_consistently(read, name: str) -> None:
     kv = g.per_layer("attention.head_count_kv")
     ff = g.per_layer("feed_forward_length")
     for il in range(n_layer):
+        if kv[il] == 0 and g.arch == "lfm2":  # a short-convolution layer
+            l_cache = g.get("shortconv.l_cache")
+            assert g.shape(f"blk.{il}.shortconv.conv.weight") == [l_cache, n_embd]
+            assert g.shape(f"blk.{il}.shortconv.in_proj.weight") == [n_embd, 3 * n_embd]
+            continue
+        if kv[il] == 0 and g.arch == "granitehybrid":  # a mamba2 layer: z, x, B, C and dt from one projection
+            d_inner, d_state, n_group = g.get("ssm.inner_size"), g.get("ssm.state_size"), g.get("ssm.group_count")
+            n_ssm_head = g.get("ssm.time_step_rank")
+            assert d_inner == 2 * n_embd and d_inner % n_ssm_head == 0 and d_inner % n_group == 0
+            assert g.shape(f"blk.{il}.ssm_in.weight") == [n_embd, 2 * d_inner + 2 * n_group * d_state + n_ssm_head]
+            assert g.shape(f"blk.{il}.ssm_conv1d.weight") == [g.get("ssm.conv_kernel"),
+                                                               d_inner + 2 * n_group * d_state]
+            assert g.shape(f"blk.{il}.ssm_norm.weight") == [d_inner // n_group, n_group]
+            continue
         if kv[il] == 0:  # a recurrent (mamba) layer
             d_inner = g.get("ssm.inner_size")
             assert d_inner == 2 * n_embd  # the only expansion factor llama.cpp supports

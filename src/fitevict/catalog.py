@@ -8,7 +8,8 @@ Keys (matched case-insensitively, spelled as found):
 - files with ``mmproj`` in the name are projectors: attached to the models beside them, never listed;
 - a folder with ``config.json`` and ``*.safetensors`` is a Hugging Face model (engine ``transformers``),
   listed but not servable by llama-server;
-- a Hugging Face hub cache (``models--owner--repo/snapshots/<rev>/``) is named ``repo`` / ``owner~repo``.
+- a Hugging Face hub cache (``models--owner--repo/snapshots/<rev>/``) is named ``repo`` / ``owner~repo``;
+- LoRA adapters (``<stem>.adapters/*.gguf`` beside a base, PEFT folders) are ``<base key>:<name>`` (catalog_adapters).
 
 ``[models.<key>]`` config entries add models (``path``) or adjust discovered ones (by key); a discovered
 model that a config entry points at keeps its discovered key as an alias.
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+from fitevict.catalog_adapters import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
 from fitevict.config import Config, ConfigError, ModelConfig
 
 _SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
@@ -60,13 +62,16 @@ class CatalogEntry:
     mmproj: Path | None  # the projector passed as --mmproj
     gguf_files: tuple[str, ...]  # model GGUFs a request may pick (gguf_file), relative to model_dir
     model_dir: Path  # the folder gguf_file names are resolved in
-    kind: str = "gguf"  # "gguf" | "hf"
+    kind: str = "gguf"  # "gguf" | "hf" | "lora" (a GGUF LoRA adapter) | "peft" (a PEFT adapter folder)
     files: tuple[Path, ...] = ()  # every weight file: split shards, or the HF dir's *.safetensors
+    base: str | None = None  # an adapter's base model key: the seat that serves it
+    base_path: Path | None = None  # an adapter's base model file (what the seat loads)
+    loras: tuple[Path, ...] = ()  # a GGUF base (and its adapters): every GGUF adapter its seat starts with
 
     @property
     def llama_servable(self) -> bool:
-        """True when llama-server can load it (a GGUF model)."""
-        return self.kind == "gguf"
+        """True when llama-server can load it (a GGUF model, or a GGUF adapter on its GGUF base)."""
+        return self.kind in ("gguf", "lora")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -193,19 +198,27 @@ def _chain(names: list[str], stem: str | None) -> tuple[str, ...]:
 
 
 def _is_hf_dir(folder: Path, names: Sequence[str]) -> bool:
-    return "config.json" in names and any(n.endswith(".safetensors") for n in names)
+    """A transformers folder (config.json beside *.safetensors) or a diffusers pipeline (model_index.json)."""
+    return ("config.json" in names and any(n.endswith(".safetensors") for n in names)) or "model_index.json" in names
 
 
 def _hf_found(folder: Path, names: Sequence[str], chain: tuple[str, ...]) -> _Found:
-    files = tuple(folder / n for n in sorted(names) if n.endswith(".safetensors") and not _hidden(n))
+    if "model_index.json" in names:  # a pipeline: its components' weights live in subfolders
+        files = tuple(sorted(p for p in folder.glob("*/*.safetensors") if not _hidden(p.name)))
+    else:
+        files = tuple(folder / n for n in sorted(names) if n.endswith(".safetensors") and not _hidden(n))
     return _Found("hf", folder, folder, files, folder.name, chain)
 
 
-def _scan_dir(root: Path, notes: list[str]) -> list[_Found]:
+def _scan_dir(root: Path, notes: list[str], peft: list[Path]) -> list[_Found]:
     found: list[_Found] = []
     for dirpath, dirnames, filenames in os.walk(root):
         folder = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not _hidden(d))
+        dirnames[:] = sorted(d for d in dirnames if not _hidden(d) and not is_adapter_folder(folder / d, filenames))
+        if is_peft_folder(filenames):  # an adapter, listed on its base (catalog_adapters)
+            peft.append(folder)
+            dirnames.clear()
+            continue
         flat = folder == root
         names = _repo_names(root, folder)
         if _is_hf_dir(folder, filenames):
@@ -363,14 +376,18 @@ class Catalog:
         """Walk ``models_dirs`` (in order; the first wins a tie) and apply ``[models.<key>]`` entries."""
         notes: list[str] = []
         found: list[_Found] = []
+        peft: list[Path] = []
         for root in models_dirs:
             if not root.is_dir():
                 raise ConfigError(f"models_dirs: {str(root)!r} is not a folder; create it or remove it from models_dirs")
-            found.extend(_scan_dir(root, notes))
+            found.extend(_scan_dir(root, notes, peft))
         found = _settle_keys(found, notes)
         by_key = {f.key.lower(): f for f in found}
         settings: dict[int, ModelConfig] = {}
+        adapter_settings = adapter_entries(models or {}, by_key)
         for m in (models or {}).values():
+            if m.key in adapter_settings:
+                continue
             if m.path is not None:
                 f = _model_from_path(m, models_dirs, notes)
                 for other in [o for o in by_key.values() if id(o) not in settings and _same_file(o.path, f.path)]:
@@ -393,7 +410,7 @@ class Catalog:
             f.chain, f.level = (m.key,), 0
             settings[id(f)] = m
         entries = [_entry(f, settings.get(id(f)) or ModelConfig(key=f.key)) for f in by_key.values()]
-        return cls(entries, notes)
+        return cls(add_adapters(entries, peft, adapter_settings, notes), notes)
 
     @classmethod
     def from_config(cls, config: Config) -> "Catalog":

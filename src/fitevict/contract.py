@@ -9,7 +9,7 @@ scheduler reason about. The fields a contract names are the ones a resident seat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,18 @@ class Contract:
     n_cpu_moe: int | None = None
     parallel: int | None = None
     keep_alive: float | None = None  # seconds the seat stays after this request (inf: forever, 0: unload after)
+    embeddings: bool | None = None  # set by the embeddings routes, never by a request body: needs an --embeddings seat
+    lora_scale: float | None = None  # the requested adapter's scale (default 1); other adapters are at 0
 
 
-CONTRACT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Contract))
+INTERNAL_KEYS: tuple[str, ...] = ("embeddings",)  # contract fields a route sets; a request body may not
+CONTRACT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Contract) if f.name not in INTERNAL_KEYS)
 
 # contract key -> the LoadConfig fields it fixes on the seat that serves it
 _FIXES: dict[str, tuple[str, ...]] = {
     "ctx": ("n_ctx",), "kv_cache_type": ("cache_type_k", "cache_type_v"), "flash_attn": ("flash_attn",),
     "n_gpu_layers": ("n_gpu_layers",), "n_cpu_moe": ("n_cpu_moe",), "parallel": ("n_parallel",),
+    "embeddings": ("embeddings",),
 }
 
 
@@ -131,16 +135,26 @@ def parse_contract(raw: Any, *, alloc_modes: tuple[str, ...] = pl.ALLOC_MODES) -
                             f"or use kv_cache_type f16", param="fitevict.kv_cache_type")
     if kv is not None and kv != "f16" and fa is None:
         fa = True  # a quantized V cache requires it; the plan says so
+    scale = raw.get("lora_scale")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale <= 100):
+        raise ContractError(f"fitevict.lora_scale: {scale!r} is not a number from 0 to 100", param="fitevict.lora_scale")
     return Contract(ctx=integer("ctx", 0), kv_cache_type=kv, flash_attn=fa, alloc_mode=mode, gguf_file=gf,
                     n_gpu_layers=integer("n_gpu_layers", -1), n_cpu_moe=integer("n_cpu_moe", 0),
                     parallel=integer("parallel", 1),
-                    keep_alive=parse_keep_alive(raw.get("keep_alive"), "fitevict.keep_alive"))
+                    keep_alive=parse_keep_alive(raw.get("keep_alive"), "fitevict.keep_alive"),
+                    lora_scale=float(scale) if scale is not None else None)
+
+
+def for_embeddings(contract: Contract | None) -> Contract:
+    """The contract of an embeddings request: the same, served only by a seat started with --embeddings."""
+    return replace(contract or Contract(), embeddings=True)
 
 
 def load_config_for(entry: CatalogEntry, contract: Contract | None,
                     default_alloc_mode: str) -> tuple[LoadConfig, str, Path]:
     """The LoadConfig a model starts with (model settings, then the request's contract), its
-    allocation mode, and the file to load."""
+    allocation mode, and the file to load. An adapter starts its base's seat: the base's file, with every
+    GGUF adapter of that base (``--lora``), the same configuration whichever adapter is asked for."""
     c = contract or Contract()
     s = entry.settings
     kv = c.kv_cache_type
@@ -152,10 +166,12 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
         flash_attn=("on" if c.flash_attn else "off") if c.flash_attn is not None else (s.flash_attn or "auto"),
         n_gpu_layers=c.n_gpu_layers if c.n_gpu_layers is not None else (s.n_gpu_layers or 0),
         n_cpu_moe=c.n_cpu_moe if c.n_cpu_moe is not None else (s.n_cpu_moe or 0),
-        embeddings=bool(s.embeddings),  # an embeddings seat's output buffer is priced as it will grow
+        # an embeddings seat (the model's settings, or a route that needs one): its output buffer is priced as it grows
+        embeddings=c.embeddings if c.embeddings is not None else bool(s.embeddings),
+        loras=tuple(str(p) for p in entry.loras),
     )
     mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
-    path = Path(entry.path)
+    path = Path(entry.base_path if entry.base_path is not None else entry.path)
     if c.gguf_file:
         from fitevict.catalog import resolve_gguf_file
 
@@ -184,8 +200,48 @@ def plan_request(entry: CatalogEntry, cfg: LoadConfig, mode: str, structure, *,
     """
     if fixed is None and contract is not None:
         fixed = fixed_fields(contract)
+    if fixed is not None and entry.kind == "lora":
+        fixed = fixed | {"loras"}  # an adapter needs a seat that loaded it: a seat with another set restarts
     return pl.PlanRequest(
-        key=entry.key, config=cfg, alloc_mode=mode, n_layer=structure.n_layer + 1,  # type: ignore[arg-type]
+        key=seat_key(entry), config=cfg, alloc_mode=mode, n_layer=structure.n_layer + 1,  # type: ignore[arg-type]
         n_moe_layers=structure.n_layer if structure.is_moe else 0, n_ctx_train=structure.n_ctx_train,
         pinned=entry.pinned, source=str(Path(source).resolve()) if source is not None else "", fixed=fixed,
     )
+
+
+def seat_key(entry: CatalogEntry) -> str:
+    """The seat that serves ``entry``: its base's for an adapter (admission is per base), else its own."""
+    return entry.base if entry.base is not None else entry.key
+
+
+def unservable(entry: CatalogEntry, engines: tuple[str, ...]) -> str | None:
+    """Why the adapter ``entry`` cannot be served by this fitevict (whose engines are ``engines``), or None."""
+    if entry.engine in engines or entry.base is None:
+        return None
+    return (f"model {entry.key!r} is a PEFT adapter of {entry.base!r}; serving it needs the transformers (torch) "
+                f"engine, which this fitevict does not have (engines: {', '.join(engines)}); serve {entry.base!r}, "
+                "or convert the adapter to GGUF (llama.cpp's convert_lora_to_gguf.py) and put it in the base's "
+                "<stem>.adapters/ folder")
+
+
+def lora_field(seat_loras: tuple[str, ...], requested: str | None, scale: float = 1.0) -> list[dict]:
+    """The ``lora`` field of a request to a seat started with ``seat_loras``: every adapter by id (its position),
+    ``requested`` (an adapter file) at ``scale``, every other at 0. For the base (``requested`` None) every scale
+    is 0 explicitly: the pinned llama-server serves a request without the field, or with an empty list, with
+    every adapter applied at its load scale despite ``--lora-init-without-apply``.
+
+    Raises ValueError when the seat did not load ``requested``."""
+    if requested is not None and requested not in seat_loras:
+        raise ValueError(f"adapter {requested} is not loaded on this seat (it has {len(seat_loras)}: "
+                         f"{', '.join(Path(p).name for p in seat_loras) or 'none'}); the seat restarts with the new set")
+    return [{"id": i, "scale": scale if p == requested else 0.0} for i, p in enumerate(seat_loras)]
+
+
+def with_lora(body: dict, seat_loras: tuple[str, ...], entry: CatalogEntry, contract: Contract | None) -> dict:
+    """``body`` with the ``lora`` field for ``entry`` on a seat with ``seat_loras`` (a client's own ``lora`` is
+    replaced: ids are the seat's); unchanged when the seat has no adapters."""
+    if not seat_loras:
+        return body
+    scale = contract.lora_scale if contract is not None and contract.lora_scale is not None else 1.0
+    requested = str(entry.path) if entry.kind == "lora" else None
+    return {**body, "lora": lora_field(seat_loras, requested, scale)}

@@ -10,6 +10,10 @@ into memory that cannot hold it. Two checks, in order:
     non-empty model file, under ``min_file_fraction`` (1%) of the file's bytes. Even with every
     weight mapped and counted elsewhere, a real load holds far more than 1% of its file.
 
+``no-weights`` (torch seats, check_walk)
+    The seat's object walk found no weights from the checkpoint in any component. The load failed, whatever the
+    process's memory says: it is refused with the walk's reason, never priced from a process-memory figure.
+
 ``collapse``
     The figure is under ``min_fraction`` (half) of the last accepted measurement with the SAME
     signature (same file, same configuration). Callers pass ``previous`` only for that signature;
@@ -29,7 +33,7 @@ IMPLAUSIBLE_FLOOR_BYTES = MiB
 IMPLAUSIBLE_FILE_FRACTION = 0.01
 COLLAPSE_MIN_FRACTION = 0.5
 
-Check = Literal["implausible", "collapse"]
+Check = Literal["implausible", "collapse", "no-weights"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +101,15 @@ def check_measurement(
             )
     basis = f"last accepted {_b(previous)}" if previous else "no earlier measurement for this signature"
     return Verdict(True, None, f"accepted: measured total {_b(total_bytes)} ({basis}; file {_b(file_bytes)})")
+
+
+def check_walk(weight_bytes: int | None, *, reason: str = "") -> Verdict:
+    """Accept a torch seat's load only when its object walk found weights (``weight_bytes`` from the checkpoint).
+
+    ``reason`` is the seat's own account of a failed walk. An accepted walk then goes through check_measurement
+    like any other measurement (the ratio guard against the same signature's last accepted figure)."""
+    if weight_bytes is None or weight_bytes <= 0:
+        why = reason or f"the object walk found {weight_bytes} B of weights in every component"
+        return Verdict(False, "no-weights", f"no-weights: {why}; the load is refused and not stored — a process "
+                                            "memory figure never stands in for a walk")
+    return Verdict(True, None, f"accepted: the object walk found {_b(weight_bytes)} of weights")

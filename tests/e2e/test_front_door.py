@@ -141,10 +141,11 @@ def test_models_list_and_residents(door) -> None:
 
 def test_dashboard_shows_residents_and_history(door) -> None:
     client(door).chat.completions.create(model="llama-q8_0", messages=[{"role": "user", "content": "x"}], max_tokens=1)
-    html = httpx.get(door.base_url + "/dashboard", headers={"Authorization": f"Bearer {USER}"}).text
-    resident = html.split("<h2>Resident</h2>")[1].split("<h2>History</h2>")[0]
-    assert "llama-q8_0" in resident and "(measured)" in resident and "100% CPU" in resident
-    assert '<span class="load">load</span>' in html.split("<h2>History</h2>")[1]
+    # the first page prices every model in the catalog (its dry-run column)
+    html = httpx.get(door.base_url + "/dashboard/live", headers={"Authorization": f"Bearer {USER}"}, timeout=60).text
+    resident = html.split("<h2>Resident</h2>")[1].split("<h2>Catalog</h2>")[0]
+    assert 'data-model="llama-q8_0"' in resident and "100% CPU" in resident
+    assert '<li class="ev load">' in html.split("<h2>Timeline</h2>")[1]
 
 
 def test_plan_is_a_dry_run(door) -> None:
@@ -209,8 +210,9 @@ BAD = [
      {"Authorization": "Bearer nope"}, 401, "authentication_error"),
     ("user key on admin route", "/v1/models/llama-gqa/load", b"", {"Authorization": f"Bearer {USER}"}, 403,
      "permission_error"),
-    ("embeddings on a chat model", "/v1/embeddings", json.dumps({"model": "llama-q8_0", "input": "x"}).encode(), {},
-     400, "invalid_request_error"),
+    ("embeddings request sets an internal contract key", "/v1/embeddings",
+     json.dumps({"model": "llama-q8_0", "input": "x", "fitevict": {"embeddings": True}}).encode(), {}, 400,
+     "invalid_request_error"),
 ]
 
 

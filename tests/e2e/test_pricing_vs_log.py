@@ -1,9 +1,10 @@
 """Prices against the real engine: every zoo model under several configurations, term by term.
 
-Each case starts the real llama-server with ``-dev none -lv 4``, reads its load log until every buffer is
-logged (the server is stopped right after its compute buffer is reserved), and compares with ``price``:
-model, context and output buffers to the log's printed precision (MiB with 2 decimals), cell counts and
-context sizes exactly, the compute buffer (taken from the engine's ``--fit`` dry run) within 1%.
+Each case starts the real llama-server with ``-dev none -lv 4`` and the allocator trace preloaded
+(engines/buftrace.c), reads its load log until every buffer is logged (the server is stopped right after its
+compute buffer is reserved), and compares with ``price``: model, context and output buffers to the byte, cell
+counts and context sizes exactly, the compute buffer (the engine's ``--fit`` dry run, printed in MiB with 2
+decimals) within that print's rounding.
 Configurations llama.cpp refuses must be refused by pricing too, naming the same reason.
 """
 
@@ -17,9 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fitevict.engines.dryrun import DryRun, Unavailable, capture_load_log, dry_run, dry_run_compute
+from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.pricing.logparse import parse_load_log
+from fitevict.pricing.logparse import PRECISION_BYTES, parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
 from fitevict.zoo import ZOO_NAMES, rewrite_arch
@@ -80,9 +82,10 @@ def test_price_matches_the_load_log(models: dict[str, Path], engine_bin_dir: Pat
         assert "does not divide" in str(refused) and "does not divide" in cap.text
         return
     assert not isinstance(compute, Unavailable), compute.reason
-    cap = capture_load_log(engine_bin_dir, path, cfg)
+    cap = capture_load_log(engine_bin_dir, path, cfg, exact=True)
     assert cap.ok, f"{model} {config}: {cap.reason}\n" + "\n".join(cap.text.splitlines()[-15:])
-    log = parse_load_log(cap.text)
+    log = parse_exact_log(cap.text)
+    assert log.precision_bytes == 0, log.notes  # every figure below is the allocator's, to the byte
 
     # resolved configuration and cell counts
     assert (log.n_ctx, log.n_ctx_seq, log.n_seq_max) == (p.n_ctx, p.n_ctx_seq, p.n_parallel)
@@ -97,22 +100,20 @@ def test_price_matches_the_load_log(models: dict[str, Path], engine_bin_dir: Pat
     if kv.layers_recurrent:
         assert log.rs_cells == max(1, p.n_parallel)
 
-    # model buffers, one by one, as llama.cpp names them
-    assert {name: _mib2(n) for name, n in log.model_buffers} == {b.name: _mib2(b.bytes) for b in p.buffers}
+    # model buffers, one by one, as llama.cpp names them, to the byte
+    assert dict(log.model_buffers) == {b.name: b.bytes for b in p.buffers}
 
-    # context: one KV line per cache (base, then SWA), one RS line
-    expected_kv = [kv.bytes_of(k) for k in ("full", "swa") if kv.bytes_of(k)]
-    assert [_mib2(n) for _, n in log.kv_lines] == [_mib2(n) for n in expected_kv]
-    if kv.layers_recurrent:
-        assert [_mib2(n) for _, n in log.rs_buffers] == [_mib2(kv.bytes_of("recurrent"))]
+    # context: one KV buffer per cache (base, then SWA), one RS buffer, to the byte
+    assert [n for _, n in log.kv_lines] == [kv.bytes_of(k) for k in ("full", "swa") if kv.bytes_of(k)]
+    assert [n for _, n in log.rs_buffers] == ([kv.bytes_of("recurrent")] if kv.layers_recurrent else [])
 
     cpu = p.footprint.device("CPU")
     measured = log.to_footprint().device("CPU")
     assert cpu is not None and measured is not None
-    assert _mib2(measured.output.bytes) == _mib2(cpu.output.bytes)
+    assert measured.output.bytes == cpu.output.bytes == p.output_at_load
     assert cpu.compute.source == "dry-run"
     assert measured.compute.bytes is not None and cpu.compute.bytes is not None
-    assert abs(cpu.compute.bytes - measured.compute.bytes) <= max(0.01 * measured.compute.bytes, MiB // 200)
+    assert abs(cpu.compute.bytes - measured.compute.bytes) <= PRECISION_BYTES  # the dry run's 2-decimal print
 
 
 def test_cli_uses_the_dry_run_when_the_engine_is_found(zoo: dict, llama_server: Path) -> None:
@@ -124,8 +125,8 @@ def test_cli_uses_the_dry_run_when_the_engine_is_found(zoo: dict, llama_server: 
     assert cpu["sources"]["compute"] == "dry-run" and cpu["compute_bytes"] > 0
 
 
-@pytest.mark.parametrize("model", ["gemma3-swa", "deepseek2-mla", "qwen2moe-shexp", "jamba-hybrid",
-                                   "qwen2-k256.Q4_K_M"])
+@pytest.mark.parametrize("model", ["gemma3-swa", "deepseek2-mla", "qwen2moe-shexp", "jamba-hybrid", "lfm2-shortconv",
+                                   "granitehybrid-moe", "qwen2-k256.Q4_K_M"])
 def test_cli_json_matches_the_load_log(models: dict[str, Path], engine_bin_dir: Path, llama_server: Path,
                                        model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``fitevict price --json`` prints is what llama-server logs: buffers, KV lines and cells, compute."""

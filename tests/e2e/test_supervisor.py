@@ -54,7 +54,7 @@ def supervisor(cfg, catalog, store, llama_server: Path) -> Supervisor:
 
 def test_lru_eviction_releases_memory_and_history_explains(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
     limit = int(2.5 * medium_host_bytes(models_dir))
-    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=limit)
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=limit, **{"policy.eviction": "lru"})
 
     async def scenario() -> None:
         sup = supervisor(cfg, cat, store, llama_server)
@@ -204,6 +204,73 @@ def test_failed_load_records_fail_and_keeps_the_measurement(tmp_path: Path, mode
     assert "exited" in fails[0].reason
 
 
+def test_guard_rejects_a_collapsed_measurement_of_the_same_signature(tmp_path: Path, models_dir: Path,
+                                                                   llama_server: Path) -> None:
+    """The same file and configuration loaded again, through an engine whose log reports almost nothing: the
+    guard refuses to store it (its own ``reject`` event, naming the check), and the good measurement stays."""
+    wrapped = tmp_path / "engine" / "llama-server"
+    wrapped.parent.mkdir()
+    wrapped.write_text(f"#!/bin/sh\n{llama_server} \"$@\" 2>&1 | sed -u 's/buffer size = *[0-9.]*/buffer size = 0.01/'\n")
+    wrapped.chmod(0o755)
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
+
+    async def scenario() -> tuple[str, object]:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            sig = (await sup.load("llama-gqa")).signature
+        finally:
+            await sup.shutdown()
+        good = store.last_measurement(sig)
+        liar = supervisor(cfg, cat, store, wrapped)
+        await liar.start()
+        try:
+            seat = await liar.load("llama-gqa")
+            assert seat.signature == sig  # the very same signature: only the guard stands between
+        finally:
+            await liar.shutdown()
+        return sig, good
+
+    sig, good = run(scenario)
+    assert good is not None and store.last_measurement(sig) == good
+    rejects = store.events(event="reject")
+    assert len(rejects) == 1 and rejects[0].model == "llama-gqa"
+    assert rejects[0].details["guard"]["accepted"] is False
+    assert rejects[0].details["guard"]["check"] in ("implausible", "collapse")
+    assert rejects[0].details["guard"]["check"] in rejects[0].reason
+    assert [e.model for e in store.events(event="load")] == ["llama-gqa"]  # the first load only
+
+
+def test_a_load_nobody_waits_for_is_cancelled_and_its_release_verified(tmp_path: Path, models_dir: Path,
+                                                                     llama_server: Path) -> None:
+    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
+
+    async def scenario() -> int:
+        sup = supervisor(cfg, cat, store, llama_server)
+        await sup.start()
+        try:
+            async def client() -> None:
+                async with sup.acquire("med-a"):
+                    raise AssertionError("the load should have been cancelled before it was ready")
+
+            waiter = asyncio.create_task(client())
+            await sup.wait_until(lambda: "med-a" in sup.seats and sup.seats["med-a"].pid is not None, 60)
+            pid = sup.seats["med-a"].pid
+            waiter.cancel()  # the only client leaves while its model loads
+            ev = await sup.wait_for_event(lambda e: e.event == "unload", timeout=60)
+            assert "no one waiting" in ev.reason and ev.model == "med-a"
+            assert "med-a" not in sup.seats and not sup.scheduler.slots
+            return pid
+        finally:
+            await sup.shutdown()
+
+    pid = run(scenario)
+    assert not Path(f"/proc/{pid}").exists()
+    assert store.events(event="load") == []
+    ev = store.events(event="unload")[0]
+    assert ev.details["release_verified"] is True, ev.details
+
+
 def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
     cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3,
                            toml="[models.med-a]\npin = true\n", **{"policy.idle_unload_seconds": 1.0})
@@ -221,7 +288,7 @@ def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llam
             assert ev.model == "llama-gqa" and "idle" in ev.reason
             assert "llama-gqa" not in sup.seats
             assert {"llama-q8_0", "med-a"} <= set(sup.seats)
-            assert sup.seats["llama-q8_0"].last_used is None
+            assert sup.scheduler.slots["llama-q8_0"].last_used is None
         finally:
             await sup.shutdown()
 

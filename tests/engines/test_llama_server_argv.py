@@ -25,3 +25,24 @@ def test_embeddings_from_model_settings_only_is_flagged(llama_server: Path, tmp_
     spec = LlamaServerEngine(llama_server).launch_spec(tmp_path / "m.gguf", LoadConfig(), 8123, embeddings=True)
     assert "--embeddings" in spec.argv
     assert any("priced without it" in n for n in spec.notes)
+
+
+def test_an_embeddings_seat_of_a_model_without_pooling_pools_by_mean(tmp_path: Path) -> None:
+    """The pinned build's OpenAI embeddings route refuses pooling 'none' (a generative model's default)."""
+    from dataclasses import replace
+
+    import gguf
+
+    from fitevict.engines.llama_server import load_args
+    from fitevict.zoo import _RECIPES, _write_gguf
+
+    plain, declared = tmp_path / "plain.gguf", tmp_path / "cls.gguf"
+    _write_gguf(_RECIPES[0], plain)
+    _write_gguf(replace(_RECIPES[0], extra=(("pooling_type", gguf.PoolingType.CLS),)), declared)
+    emb = LoadConfig(embeddings=True)
+    argv = load_args(plain, emb)
+    assert argv[argv.index("--embeddings") + 1:argv.index("--embeddings") + 3] == ["--pooling", "mean"]
+    assert "--pooling" not in load_args(declared, emb)  # the file's own pooling (CLS) stands
+    assert load_args(plain, emb, ("--pooling", "last")).count("--pooling") == 1  # the model's extra args choose
+    assert "--pooling" not in load_args(plain, LoadConfig())  # a chat seat: no pooling
+    assert parse_server_argv(["llama-server", *load_args(plain, emb)]).config == emb

@@ -88,8 +88,21 @@ def test_cuda_visible_devices_reorders_and_hides() -> None:
 
 
 def test_real_pynvml_reads_or_says_why() -> None:
+    """Against the real pynvml: with a driver, every device NVML lists with its total memory; without one, the
+    reason NVML itself gave (so a reader that swallowed the error or never called NVML fails here)."""
+    import pynvml
+
     r = read_gpus(environ={})
-    if r.available:
-        assert all(d.name == f"CUDA{i}" and d.total_bytes > 0 for i, d in enumerate(r.devices))
-    else:
-        assert r.reason.startswith("no NVIDIA GPU: ") and len(r.reason) > len("no NVIDIA GPU: ")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        assert not r.available and r.devices == ()
+        assert r.reason == f"no NVIDIA GPU: NVML init failed: {e}"
+        return
+    try:
+        totals = [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
+                  for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+    assert r.available
+    assert [(d.name, d.total_bytes) for d in r.devices] == [(f"CUDA{i}", t) for i, t in enumerate(totals)]

@@ -201,13 +201,13 @@ def test_no_gpu_degrades_to_ram_and_gpu_only_refuses() -> None:
 def test_refusal_names_need_availability_largest_ctx_and_remedy() -> None:
     # 2 blocks of 1 GiB + 512 MiB output; KV 64 KiB per token per block = 128 KiB per token.
     # At ctx 16384: 2.5 GiB + 2 GiB KV = 4.5 GiB > 4. KV room 1.5 GiB / 128 KiB = 12288 tokens.
-    m = TableModel("qwen", dense=(GiB, GiB), output=512 * MiB, kv_per_token=64 * 1024)
+    m = TableModel("qwen", dense=(GiB, GiB), output=512 * MiB, kv_per_token=64 * 1024, n_ctx_train=32768)
     budget = Budget.declared({HOST: "64GiB", "CUDA0": "4GiB"})
     p = run(m, m.request(n_ctx=16384, mode="gpu-only"), [], budget)
     assert p.action == "refuse" and p.largest_ctx == 12288 and not p.fits
     assert p.reason == (
         "qwen needs 4.50 GiB on CUDA0 at ctx 16384; 4.00 GiB on CUDA0 free with nothing evictable; "
-        "the largest ctx that fits is 12288"
+        "the largest ctx that fits is 12288 (training ctx 32768)"
     )
     # with 64 GiB of host RAM, a max-gpu load (some layers on the CPU) would fit at ctx 16384
     assert p.remedy == "lower ctx to 12288 or allow CPU offload (alloc mode max-gpu)"
@@ -218,10 +218,19 @@ def test_refusal_names_need_availability_largest_ctx_and_remedy() -> None:
     q = run(m, m.request(n_ctx=16384, mode="gpu-only"), residents, budget)
     assert q.reason == (
         "qwen needs 4.50 GiB on CUDA0 at ctx 16384; 3.00 GiB on CUDA0 free after evicting [a]; "
-        "the largest ctx that fits is 4096"
+        "the largest ctx that fits is 4096 (training ctx 32768)"
     )
     assert q.remedy == "lower ctx to 4096 or unpin b or allow CPU offload (alloc mode max-gpu)"
     assert q.available_bytes["CUDA0"] == 3 * GiB and q.evict == ()
+
+
+def test_largest_ctx_is_capped_at_the_training_ctx() -> None:
+    """A 4k model asked for 16384 tokens: 12288 would fit the memory, but the suggestion is the training ctx."""
+    m = TableModel("qwen", dense=(GiB, GiB), output=512 * MiB, kv_per_token=64 * 1024, n_ctx_train=4096)
+    p = run(m, m.request(n_ctx=16384, mode="gpu-only"), [], Budget.declared({HOST: "64GiB", "CUDA0": "4GiB"}))
+    assert p.action == "refuse" and p.largest_ctx == 4096
+    assert p.reason.endswith("the largest ctx that fits is 12288, above the training ctx 4096: suggesting 4096")
+    assert p.remedy.startswith("lower ctx to 4096")
 
 
 def test_refusal_without_a_fitting_ctx() -> None:

@@ -143,8 +143,11 @@ def test_refusals_carry_a_largest_ctx_that_really_fits(scene) -> None:
         if asked and smallest < asked and "cannot be priced" not in p.reason:
             assert replan(smallest).action not in LOADING_ACTIONS
         return
-    assert p.largest_ctx % step == 0 and policy.min_ctx <= p.largest_ctx < asked
     assert replan(p.largest_ctx).action in LOADING_ACTIONS, "the suggested ctx does not fit"
+    if req.n_ctx_train and p.largest_ctx == req.n_ctx_train and f"above the training ctx {req.n_ctx_train}" in p.reason:
+        return  # capped at the training ctx: a larger one fits the memory, not the model
+    assert p.largest_ctx % step == 0 and policy.min_ctx <= p.largest_ctx < asked
+    assert not req.n_ctx_train or p.largest_ctx <= req.n_ctx_train, "suggested beyond the training ctx"
     if p.largest_ctx + step < asked:
         assert replan(p.largest_ctx + step).action not in LOADING_ACTIONS, "a larger ctx would have fit"
 

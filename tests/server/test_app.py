@@ -45,27 +45,69 @@ def test_keys_gate_inference_and_admin_separately(make_client) -> None:
     assert c.get("/health").status_code == 200  # health needs no key
 
 
-def test_metrics_and_models_list(make_client) -> None:
+def _requests_total(c: TestClient) -> dict[tuple[str, str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[tuple[str, str, str], float] = {}
+    for fam in text_string_to_metric_families(c.get("/metrics").text):
+        for s in fam.samples:
+            if s.name == "fitevict_requests_total":
+                out[(s.labels["model"], s.labels["endpoint"], s.labels["status"])] = s.value
+    return out
+
+
+def test_metrics_and_models_list(make_client, tmp_path: Path) -> None:
+    """/metrics counts each inference request under its model, endpoint and status; /v1/models lists the catalog
+    with each file's size."""
     c = make_client()
+    assert _requests_total(c) == {}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert c.post("/v1/chat/completions", json={"model": "nope", **chat}).status_code == 404
+    assert c.post("/v1/chat/completions", json={"model": "nope", **chat}).status_code == 404
+    # the stand-in engine exits at once: the load fails, and that request is counted under its model
+    assert c.post("/v1/chat/completions", json={"model": "llama-gqa", **chat}).status_code == 502
+    assert _requests_total(c) == {("-", "chat", "404"): 2.0, ("llama-gqa", "chat", "502"): 1.0}
     m = c.get("/metrics")
     assert m.status_code == 200 and "fitevict_requests_total" in m.text
+    assert 'fitevict_budget_bytes{device="CPU",source="derived: ' in m.text  # a fresh budget reading, with source
+    assert 'fitevict_free_bytes{device="CPU",source="meminfo MemAvailable"}' in m.text
     models = c.get("/v1/models").json()["data"]
     assert [m["id"] for m in models] == ["llama-gqa"]
-    assert models[0]["fitevict"]["resident"] is False and models[0]["fitevict"]["file"]["source"] == "file-size"
+    f = models[0]["fitevict"]
+    assert f["resident"] is False and f["file"]["source"] == "file-size"
+    assert f["file"]["bytes"] == (tmp_path / "models" / "llama-gqa.gguf").stat().st_size
 
 
-def test_dashboard_shows_the_budget_with_sources(make_client) -> None:
+def test_metrics_need_a_key_when_keys_are_configured_unless_opened(make_client) -> None:
+    closed = make_client(**{"server.api_keys": ["u1"]})
+    assert closed.get("/metrics").status_code == 401
+    assert closed.get("/metrics", headers={"Authorization": "Bearer u1"}).status_code == 200
+    opened = make_client(**{"server.api_keys": ["u1"], "server.metrics_public": True})
+    assert opened.get("/metrics").status_code == 200
+    assert opened.get("/v1/models").status_code == 401  # only /metrics is opened
+
+
+def test_dashboard_shows_the_budget_catalog_and_sources(make_client) -> None:
     c = make_client()
     assert c.get("/", follow_redirects=False).headers["location"] == "/dashboard"
     page = c.get("/dashboard")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     html = page.text
     assert "meminfo MemTotal" in html and "meminfo MemAvailable" in html  # every figure says where it came from
-    assert "<h2>Resident</h2>" in html and "none" in html
-    assert "<script" not in html  # works offline, nothing to fetch
+    assert 'data-kind="measured"' in html and 'data-kind="machine"' in html
+    assert '<tr data-model="llama-gqa" data-action="' in html and ">fits" in html  # the dry run, per model
+    assert 'data-act="load"' in html  # no keys configured: everyone may load
+    assert "http://" not in html and "https://" not in html  # nothing fetched from elsewhere
+    assert c.get("/dashboard/report").status_code == 200
+    assert c.get("/dashboard/report.json").json() == {"rows": [], "windows": []}
 
 
 def test_dashboard_needs_a_key_when_keys_are_configured(make_client) -> None:
-    c = make_client(**{"server.api_keys": ["u1"]})
-    assert c.get("/dashboard").status_code == 401
-    assert c.get("/dashboard", headers={"Authorization": "Bearer u1"}).status_code == 200
+    c = make_client(**{"server.api_keys": ["u1"], "server.admin_keys": ["a1"]})
+    shell = c.get("/dashboard")
+    assert shell.status_code == 200 and "meminfo" not in shell.text and "Enter a key" in shell.text
+    assert c.get("/dashboard/live").status_code == 401
+    user = c.get("/dashboard/live", headers={"Authorization": "Bearer u1"})
+    assert user.status_code == 200 and "meminfo" in user.text and "data-act=" not in user.text
+    admin = c.get("/dashboard/live", headers={"Authorization": "Bearer a1"})
+    assert 'data-act="load"' in admin.text

@@ -131,3 +131,29 @@ def test_migrations_must_be_numbered_in_order(db_url: str) -> None:
 def test_in_memory_sqlite_is_refused_with_remedy() -> None:
     with pytest.raises(StoreError, match="needs a file"):
         make_engine("sqlite://")
+
+
+def test_a_v1_history_upgrades_to_the_new_vocabulary_with_its_rows(db_url: str) -> None:
+    """A store written before ``reject``/``leak`` existed: migration 2 keeps every row and index, and then
+    accepts the new events while still refusing unknown ones."""
+    from fitevict.store.records import Event
+
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            assert migrate(conn, MIGRATIONS[:1]) == [1]
+    finally:
+        engine.dispose()
+    _sql(db_url, "INSERT INTO events (time, event, model, details_json) VALUES (1.0, 'load', 'm', '{}')")
+    with pytest.raises(sa.exc.IntegrityError):
+        _sql(db_url, "INSERT INTO events (time, event, model, details_json) VALUES (2.0, 'reject', 'm', '{}')")
+    s = Store.open(db_url)
+    try:
+        s.record_event(Event(time=3.0, event="reject", model="m", engine="llama-server", reason="guard", details={}))
+        assert [(e.event, e.time) for e in s.events(order="asc")] == [("load", 1.0), ("reject", 3.0)]
+    finally:
+        s.close()
+    with pytest.raises(sa.exc.IntegrityError):
+        _sql(db_url, "INSERT INTO events (time, event, model, details_json) VALUES (4.0, 'bogus', 'm', '{}')")
+    assert {"ix_events_time", "ix_events_model_time", "ix_events_event_time"} <= {
+        i["name"] for i in sa.inspect(sa.create_engine(db_url, poolclass=NullPool)).get_indexes("events")}

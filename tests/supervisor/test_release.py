@@ -34,15 +34,24 @@ HELD = 100 * MiB
 def test_release_check(held, before, now, timed_out, verified, final) -> None:
     r = release_check(held, before, now, elapsed=0.5, timed_out=timed_out)
     assert (r.verified, r.final) == (verified, final), r.note
-    assert r.freed_bytes == now[HOST] - before[HOST]  # host freed is the measured MemAvailable delta
+    assert r.freed_bytes == now[HOST] - before[HOST]  # host freed: the measured fall in AnonPages+Shmem
     assert r.freed_by_device == {d: now[d] - before[d] for d in before}
     if not verified and final and None in held.values():
         assert "never measured" in r.note
     assert (r.release_seconds is not None) == verified
 
 
-def test_slack_is_what_the_docstring_says() -> None:
+@pytest.mark.parametrize("held", [5 * MiB, 40 * MiB + 123, 100 * MiB, 7 * 1024 * MiB + 1])
+def test_slack_is_what_the_docstring_says(held: int) -> None:
+    """A device counts as released when free memory rose by at least 90% of what the seat held, less 4 MiB:
+    exactly at that bar it is verified, one byte under it is not."""
+    bar = int(held * 0.9) - 4 * MiB
     assert RELEASE_SLACK == 4 * MiB
+    at = release_check({HOST: held}, {HOST: 0}, {HOST: max(bar, 0)}, elapsed=0.1, timed_out=True)
+    assert at.verified, at.note
+    if bar > 0:
+        under = release_check({HOST: held}, {HOST: 0}, {HOST: bar - 1}, elapsed=0.1, timed_out=True)
+        assert not under.verified and "not released" in under.note
 
 
 def test_gpu_free_is_read_through_nvml(tmp_path) -> None:

@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fitevict.cli.price",
     "fitevict.cli.serve",
     "fitevict.cli.admin",
+    "fitevict.cli.report",
 )
 
 # commands whose module alone serves them: ``fitevict serve`` does not import what only the other commands

@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import typer
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fitevict.units import format_size
@@ -38,14 +40,21 @@ def _call(url: str | None, key: str | None, method: str, path: str, **kw: Any) -
     except httpx.TransportError as e:
         err.print(f"[red]cannot reach fitevict at {_url(url)}:[/] {e}. Is `fitevict serve` running? (--url)")
         raise typer.Exit(1) from e
-    if r.status_code >= 400:
-        try:
-            msg = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            msg = r.text
-        err.print(f"[red]{r.status_code}:[/] {msg}")
-        raise typer.Exit(1)
+    _check(r)
     return r.json()
+
+
+def _check(r: httpx.Response) -> None:
+    """Exit 1 with the server's own message on an HTTP error."""
+    if r.status_code < 400:
+        return
+    r.read()
+    try:
+        msg = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = r.text
+    err.print(f"[red]{r.status_code}:[/] {msg}")
+    raise typer.Exit(1)
 
 
 def _parse_sizes(items: list[str], flag: str) -> dict[str, int]:
@@ -161,25 +170,36 @@ def plan_cmd(
     _show_plan(the_plan.to_json(), budget.to_json(), as_json)
 
 
+def compact_table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ()) -> Table:
+    """A table for an 80-column terminal: no outer frame, one space between columns, and long cells folded onto a
+    second line instead of cut with an ellipsis (the full figures are in --json)."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title_justify="left",
+              show_edge=False)
+    for col in columns:
+        t.add_column(col, overflow="fold", justify="right" if col in right else "left")
+    return t
+
+
 def _show_plan(plan: dict, budget: dict | None, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps({**plan, "budget": budget}, indent=2, default=str))
         return
     colour = {"refuse": "red", "wait": "yellow"}.get(plan["action"], "green")
-    console.print(f"[bold {colour}]{plan['action']}[/] {plan['key']}: {plan['reason']}")
+    console.print(f"[bold {colour}]{plan['action']}[/] {escape(plan['key'])}: {escape(plan['reason'])}")
     if plan.get("remedy"):
-        console.print(f"remedy: {plan['remedy']}")
-    t = Table(title="bytes per device (predicted: formula / dry-run; residents: measured or declared)")
-    for col in ("device", "needed", "budget", "free before", "free after", "available after allowed evictions"):
-        t.add_column(col)
+        console.print(f"remedy: {escape(plan['remedy'])}")
+    cols = ["device", "needed", "budget", "free now", "free after", "avail."]
+    t = compact_table("bytes per device", cols, right=tuple(cols[1:]))
     for dev in plan["budget_bytes"]:
         t.add_row(dev, *(format_size(plan[k].get(dev)) if plan[k].get(dev) is not None else "-" for k in
                          ("needed_bytes", "budget_bytes", "free_bytes_before", "free_bytes_after", "available_bytes")))
     console.print(t)
+    console.print("[dim]needed: predicted (formula / dry run); avail.: after the evictions allowed; residents: "
+                  "measured or declared[/]")
     for e in plan["evict"]:
-        console.print(f"evict {e['key']}: {e['reason']}")
+        console.print(f"evict {escape(e['key'])}: {escape(e['reason'])}")
     if plan.get("wait_for"):
-        console.print(f"waits for in-flight requests on: {', '.join(plan['wait_for'])}")
+        console.print(f"waits for in-flight requests on: {escape(', '.join(plan['wait_for']))}")
 
 
 def ps(url: str | None = typer.Option(None, "--url", help=URL_HELP), key: str | None = typer.Option(None, "--key"),
@@ -189,17 +209,28 @@ def ps(url: str | None = typer.Option(None, "--url", help=URL_HELP), key: str | 
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    t = Table(title=f"residents of {_url(url)}")
-    for col in ("model", "state", "placement", "host (measured)", "host (predicted)", "ctx", "in flight", "idle unload in"):
-        t.add_column(col)
-    now = time.time()
+    console.print(ps_table(data, time.time(), _url(url)))
+    console.print("[dim]host: measured; pred.: predicted; busy: in flight + waiting; --json: every figure "
+                  "with its source[/]")
+
+
+def _where(placement: str) -> str:
+    """ "100% CPU" -> "cpu"; "40%/60% CPU/GPU" -> "gpu 60%". """
+    return "cpu" if placement == "100% CPU" else "gpu " + placement.split("/")[1].split(" ")[0]
+
+
+def ps_table(data: list[dict], now: float, url: str) -> Table:
+    t = compact_table(f"residents of {url}",
+                      ["model", "state", "where", "host", "pred.", "ctx", "busy", "unload in"],
+                      right=("host", "pred.", "ctx", "busy"))
     for r in data:
         cpu = r["devices"].get("CPU", {})
-        unload = f"{max(0, r['unload_at'] - now):.0f} s" if r.get("unload_at") else "never used" if r["last_used"] is None else "off"
-        t.add_row(r["key"], r["state"], r["placement"], format_size(cpu.get("measured_bytes")),
-                  f"{format_size(cpu.get('predicted_bytes'))} ({cpu.get('predicted_source')})", str(r["ctx"]),
-                  str(r["in_flight"]), unload)
-    console.print(t)
+        unload = (f"{max(0, r['unload_at'] - now):.0f} s" if r.get("unload_at") else
+                  "unused" if r["last_used"] is None else "off")
+        t.add_row(r["key"], r["state"], _where(r["placement"]), format_size(cpu.get("measured_bytes")),
+                  format_size(cpu.get("predicted_bytes")), str(r["ctx"]),
+                  f"{r['in_flight']}+{r.get('waiting', 0)}", unload)
+    return t
 
 
 def history_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP),
@@ -213,30 +244,54 @@ def history_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP),
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    t = Table(title="history (bytes: measured unless marked predicted)")
-    for col in ("time", "event", "model", "seconds", "host GB", "vram GB", "freed GB", "strategy / reason"):
-        t.add_column(col)
-    stops = ("evict", "unload", "idle-unload")
+    console.print(history_table(data))
+
+
+def history_table(data: list[dict]) -> Table:
+    t = compact_table("history (bytes measured; freed: what came back)",
+                      ["time", "event", "model", "secs", "host", "freed", "why"], right=("secs", "host", "freed"))
+    stops = ("evict", "unload", "idle-unload", "crash")
     for e in data:
-        freed = _gb(e["freed_gb"]) if e["event"] in stops else ""
+        b = e["bytes"]
         t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e["event"], e["model"] or "",
-                  f"{e['seconds']:.2f}" if e["seconds"] is not None else "", _gb(e["host_gb"]),
-                  "n/a" if e["vram_gb"] is None else _gb(e["vram_gb"]),
-                  freed, e["strategy"] or e["reason"] or "")
-    console.print(t)
+                  f"{e['seconds']:.2f}" if e["seconds"] is not None else "",
+                  format_size(b["host"], unavailable="n/a"),
+                  format_size(b["freed"], unavailable="n/a") if e["event"] in stops else "",
+                  _short(e["strategy"] or e["reason"] or ""))
+    t.caption = "why: the reason's first words; --json has all of it"
+    return t
 
 
-def _gb(v: float | None) -> str:
-    return "unavailable" if v is None else f"{v:.3f}"
+def _short(text: str) -> str:
+    """The head of a reason or strategy: before its first colon, semicolon or parenthesis (--json has it all)."""
+    for sep in (": ", "; ", " ("):
+        text = text.split(sep)[0]
+    return text
 
 
 def load_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_HELP),
              key: str | None = typer.Option(None, "--key"), ctx: int | None = typer.Option(None, "--ctx"),
-             alloc_mode: str | None = typer.Option(None, "--alloc-mode")) -> None:
-    """Load MODEL on a running fitevict (evicting what the plan says)."""
+             alloc_mode: str | None = typer.Option(None, "--alloc-mode"),
+             as_json: bool = typer.Option(False, "--json", help="No progress bar: print the resident view as JSON.")
+             ) -> None:
+    """Load MODEL on a running fitevict (evicting what the plan says), with its progress: plan, evictions,
+    engine start, weights in memory (measured against predicted), ready."""
     body = {k: v for k, v in {"ctx": ctx, "alloc_mode": alloc_mode}.items() if v is not None}
-    out = _call(url, key, "POST", f"/v1/models/{model}/load", json=body)
-    typer.echo(json.dumps(out, indent=2))
+    if as_json:
+        typer.echo(json.dumps(_call(url, key, "POST", f"/v1/models/{model}/load", json=body), indent=2))
+        return
+    from fitevict.cli.progress import show_load
+
+    try:
+        with _client(url, key) as c, c.stream("POST", f"/v1/models/{model}/load", params={"stream": "true"},
+                                              json=body) as r:
+            _check(r)
+            ok = show_load(model, r.iter_lines(), console)
+    except httpx.TransportError as e:
+        err.print(f"[red]cannot reach fitevict at {_url(url)}:[/] {e}. Is `fitevict serve` running? (--url)")
+        raise typer.Exit(1) from e
+    if not ok:
+        raise typer.Exit(1)
 
 
 def unload_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_HELP),

@@ -12,6 +12,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fitevict.engines import install as inst
+from fitevict.engines.base import Unavailable
+from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
+from fitevict.pricing.footprint import HOST
+from fitevict.units import format_size
 
 engine_app = typer.Typer(help="Provision and inspect inference engines.", no_args_is_help=True)
 console = Console()
@@ -64,6 +68,15 @@ def install_cmd(
     console.print(f"llama.cpp {inst.LLAMA_CPP_COMMIT} ({inst.SDIST_PACKAGE}=={inst.SDIST_VERSION}), {kind}, {what}")
     for b in inst.BINARIES:
         console.print(f"  {result.bin_dir / b}")
+    server = result.bin_dir / "llama-server"
+    if calibrated_overhead(server) is None:
+        got = calibrate_overhead(server)
+        if isinstance(got, Unavailable):
+            err.print(f"[yellow]process overhead not calibrated:[/] {got.reason} (it is learned after a first load)")
+        else:
+            console.print(f"process overhead: {format_size(got['overhead'][HOST])} "
+                          f"(measured: PSS {format_size(got['pss_bytes'])} minus buffers "
+                          f"{format_size(got['buffer_bytes'])})")
 
 
 @engine_app.command("list")

@@ -12,9 +12,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fitevict.cli.price_hf import footprint_table, parse_max_memory, price_hf_folder
 from fitevict.engines.dryrun import DryRun
 from fitevict.pricing.cmdline import parse_server_argv
-from fitevict.pricing.footprint import DeviceFootprint
+from fitevict.pricing.hf_price import HfLoadConfig
+from fitevict.pricing.safetensors import is_hf_folder
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.price import Pricing, price
@@ -46,6 +48,8 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "file_bytes": s.file_bytes,
         "arch": s.arch,
         "n_layer": s.n_layer,
+        # per block, as llama.cpp decides it: attention, attention+swa, recurrent, attention+recurrent or none
+        "layer_kinds": [s.kinds.kind(il, s.swa_layers[il]) for il in range(s.n_layer)],
         "config": p.config_json(cfg),
         "devices": [d.to_json() for d in fp.devices],
         "buffers": [{"name": b.name, "device": b.device, "bytes": b.bytes, "mapped": b.mapped} for b in p.buffers],
@@ -55,13 +59,6 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "total_bytes": fp.total_bytes,
         "warnings": list(p.warnings),
     }
-
-
-def _row(d: DeviceFootprint) -> list[str]:
-    def cell(t) -> str:  # type: ignore[no-untyped-def]
-        return f"{format_size(t.bytes)} [dim]({t.source})[/dim]"
-
-    return [d.name, cell(d.model), cell(d.context), cell(d.compute), cell(d.output), format_size(d.total_bytes)]
 
 
 def price_cmd(
@@ -88,9 +85,25 @@ def price_cmd(
     dry_run: bool | None = typer.Option(None, "--dry-run/--no-dry-run",
                                         help="Take the compute buffer from the engine's dry run (default: when found)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    dtype: str = typer.Option("auto", "--dtype", help="HF folders: auto (as stored) | float32 | bfloat16 | float16."),
+    quant: str = typer.Option("none", "--quant", help="HF folders: none | bnb4 | bnb8 (bitsandbytes at load)."),
+    double_quant: bool = typer.Option(False, "--double-quant", help="HF folders: bnb4 with double quantization."),
+    device_map: str = typer.Option("cpu", "--device-map", help="HF folders: cpu | CUDA0 | split (with --max-memory)."),
+    max_memory: list[str] = typer.Option([], "--max-memory", help="HF folders, split: GPU=SIZE, e.g. CUDA0=2GiB."),
 ) -> None:
-    """Price a model's memory per device: model, context, compute and output buffers, each with its source."""
+    """Price a model's memory per device: model, context, compute and output buffers, each with its source.
+
+    MODEL may also be a Hugging Face folder (config.json + *.safetensors, or a diffusers pipeline)."""
     err = Console(stderr=True)
+    if is_hf_folder(Path(model)):
+        try:
+            cfg_hf = HfLoadConfig(n_ctx=ctx_size, dtype=dtype, quant=quant, bnb4_double_quant=double_quant,  # type: ignore[arg-type]
+                                  device_map=device_map, max_memory=parse_max_memory(max_memory))
+        except (PricingError, ValueError) as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False)
+            raise typer.Exit(2) from e
+        price_hf_folder(model, cfg_hf, as_json)
+        return
     try:
         if Path(model).name in ("llama-server", "llama-server.exe"):
             cmd = parse_server_argv([model, *ctx.args])
@@ -132,12 +145,7 @@ def price_cmd(
     con.print(f"n_ctx {c['n_ctx']} (per slot {c['n_ctx_seq']}), slots {c['parallel']}, "
               f"kv_unified {c['kv_unified']}, -ngl {c['n_gpu_layers']}, K {c['cache_type_k']} / V {c['cache_type_v']}, "
               f"flash_attn {c['flash_attn']}, ubatch {c['ubatch']}, mmap {c['mmap']}", highlight=False)
-    t = Table(title="footprint per device (source)")
-    for col in ("device", "model", "context", "compute", "output", "total"):
-        t.add_column(col, justify="left" if col == "device" else "right")
-    for d in p.footprint.devices:
-        t.add_row(*_row(d))
-    con.print(t)
+    con.print(footprint_table(p.footprint))
     bt = Table(title="model buffers (as llama.cpp names them)")
     for col in ("buffer", "device", "bytes", "size", "kind"):
         bt.add_column(col)

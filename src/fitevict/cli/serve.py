@@ -87,8 +87,6 @@ def serve(
         err.print(f"[yellow]warning:[/] binding {cfg.server.host} without API keys: anyone who can reach this port "
                   f"can load models and run inference. Set --api-key/--admin-key or server.api_keys.")
 
-    import uvicorn
-
     from fitevict.catalog import Catalog
     from fitevict.config import ConfigError, redact_url
     from fitevict.server.app import create_app
@@ -115,8 +113,11 @@ def serve(
         err.print(f"[red]store error:[/] {redact_url(cfg.store_url)}: {e}")
         raise typer.Exit(2) from e
     app = create_app(cfg, engine_binary=binary, catalog=catalog, store=store, own_store=True)
-    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=30)
+    from fitevict.server.runner import serve as run_server
+
+    summary = run_server(app, app.state.supervisor, host=cfg.server.host, port=cfg.server.port, log_level=log_level)
+    if summary is not None:
+        err.print(summary.line(), highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,4 @@
-"""``fitevict demo-models DIR``: write the demo GGUF zoo and list what is there."""
+"""``fitevict demo-models DIR``: write the demo GGUF zoo (and, with the torch extra, the HF zoo) and list it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from rich.table import Table
 
 from fitevict.units import format_size
 from fitevict.zoo import ZOO_NAMES, ZooError, resolve_names, write_zoo
+from fitevict.zoo_adapters import DEMO_BASE, write_adapters
+from fitevict.zoo_hf import HF_ZOO_NAMES, torch_available, write_hf_zoo
 
 
 def demo_models(
@@ -18,14 +20,25 @@ def demo_models(
         ..., metavar="DIR", help="Directory to write <name>.gguf files into (created if missing)."
     ),
     only: list[str] | None = typer.Option(
-        None, "--only", metavar="NAME", help=f"Write only this model (repeatable). Names: {', '.join(ZOO_NAMES)}."
+        None, "--only", metavar="NAME",
+        help=f"Write only this model (repeatable). Names: {', '.join(ZOO_NAMES + HF_ZOO_NAMES)}."
     ),
+    hf: bool | None = typer.Option(None, "--hf/--no-hf",
+                                   help="Also build the HF folders (default: when the torch extra is installed)."),
 ) -> None:
-    """Write small deterministic GGUF test models (llama, MoE, SWA, quantized, ...) into DIR."""
+    """Write small deterministic GGUF test models (llama, MoE, SWA, quantized, ...) into DIR, and tiny HF folders
+    (GQA llama, sliding window, MoE, tied embeddings, a diffusers pipeline) when torch is installed, and LoRA
+    adapters for llama-gqa in DIR/llama-gqa.adapters/."""
     out = Console()
     err = Console(stderr=True)
+    wanted = only or None
+    hf_names = [n for n in (wanted or HF_ZOO_NAMES) if n in HF_ZOO_NAMES]
+    gguf_wanted = [n for n in wanted if n not in HF_ZOO_NAMES] if wanted else None
+    build_hf = bool(hf_names) and (hf if hf is not None else (torch_available() or bool(wanted)))
+    hf_models = []
+    adapters = []
     try:
-        names = resolve_names(only or None)
+        names = resolve_names(gguf_wanted) if gguf_wanted is not None or not wanted else []
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True
         ) as bar:
@@ -38,8 +51,11 @@ def demo_models(
                 bar.update(task, description=line, completed=done)
                 done += 1
 
-            models = write_zoo(dest, only=names, progress=step)
+            models = write_zoo(dest, only=names, progress=step) if names else []
+            adapters = write_adapters(dest) if DEMO_BASE in names else []
             bar.update(task, completed=len(names))
+            if build_hf:
+                hf_models = write_hf_zoo(dest, only=hf_names, progress=lambda line: bar.console.print(f"  {line}"))
     except ZooError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(2) from e
@@ -58,7 +74,12 @@ def demo_models(
     table.add_column("path", overflow="fold")
     for m in models:
         table.add_row(m.name, m.arch, m.quant, format_size(m.file_bytes), str(m.path))
+    for h in hf_models:
+        table.add_row(h.name, h.arch, "safetensors", format_size(h.file_bytes), str(h.path))
     out.print(table)
+    if adapters:
+        out.print(f"LoRA adapters of {DEMO_BASE} (served as {DEMO_BASE}:<name>), in "
+                  f"{adapters[0].path.parent}: {', '.join(a.name for a in adapters)}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

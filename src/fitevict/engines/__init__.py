@@ -9,6 +9,7 @@ from fitevict.engines.base import Engine
 # name -> "module:attribute". The only lazy imports in fitevict are these.
 REGISTRY: dict[str, str] = {
     "llama-server": "fitevict.engines.llama_server:LlamaServerEngine",
+    "transformers": "fitevict.engines.torch_engine:TransformersEngine",
 }
 
 

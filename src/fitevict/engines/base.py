@@ -22,11 +22,19 @@ class LaunchSpec:
     notes: tuple[str, ...] = field(default=())
 
 
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """An engine figure that could not be produced, and why."""
+
+    reason: str
+
+
 class Engine(Protocol):
     name: str
 
     def launch_spec(self, model_path: Path, config: LoadConfig, port: int, *,
-                    extra_args: Sequence[str] = (), embeddings: bool = False) -> LaunchSpec:
+                    extra_args: Sequence[str] = (), embeddings: bool = False,
+                    mmproj: Path | None = None) -> LaunchSpec:
         """The argv and environment that start ``model_path`` under ``config`` on ``port``."""
         ...
 

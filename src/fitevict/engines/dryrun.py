@@ -13,7 +13,9 @@ debug lines): ``dry_run`` returns them too, so an architecture fitevict has no K
 priced fully (context source "dry-run").
 
 Results are cached as JSON under ``cache_dir()/dryrun`` keyed by the file identity (path, size, mtime_ns),
-the binary identity and the llama-server arguments.
+the binary identity and the llama-server arguments, so each placement (``-dev``, ``-ngl``, ``--n-cpu-moe``, ``-ot``,
+``-ts``) has its own entry: a GPU placement is dry-run as itself. With ``mmproj`` the same run also logs the
+engine's estimate of the projector (weights plus compute), kept as ``DryRun.projector_estimate``.
 
 ``capture_load_log`` starts a real llama-server, returns its load log once every buffer is logged, and
 stops it (process group, SIGTERM then SIGKILL): the measured counterpart of a price.
@@ -32,30 +34,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitevict.engines.base import Unavailable
+from fitevict.engines.buftrace import buftrace_library, preload_env
 from fitevict.engines.llama_server import load_args as server_args
+from fitevict.pricing.buftrace import STOP_MARK
 from fitevict.engines.process import die_with_parent, free_port, stop_group
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import DryContext, device_of, parse_dry_context
+from fitevict.pricing.projector import parse_projector_estimate
 from fitevict.units import MiB
 
 SERVER = "llama-server"
 CACHE_VERSION = 2
 
 
-@dataclass(frozen=True, slots=True)
-class Unavailable:
-    """A dry run that produced no figure, and why."""
-
-    reason: str
-
-
-def _key(binary: Path, model: Path, args: list[str]) -> str:
+def _key(binary: Path, model: Path, args: list[str], loras: tuple[str, ...] = ()) -> str:
     st = model.stat()
     bst = binary.stat()
+    adapters = [(str(Path(f).resolve()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in loras]
     blob = json.dumps([CACHE_VERSION, str(model.resolve()), st.st_size, st.st_mtime_ns,
-                       str(binary.resolve()), bst.st_size, bst.st_mtime_ns, args[2:]])
+                       str(binary.resolve()), bst.st_size, bst.st_mtime_ns, args[2:], *([adapters] if loras else [])])
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -65,6 +65,7 @@ class DryRun:
 
     compute: dict[str, int]
     context: DryContext | None
+    projector_estimate: int | None = None  # with --mmproj: the engine's projector weights + compute (2-decimal MiB)
 
 
 def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig,
@@ -83,7 +84,8 @@ def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadCon
 
 
 def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, timeout_s: float = 120.0,
-            use_cache: bool = True, extra_args: tuple[str, ...] = ()) -> DryRun | Unavailable:
+            use_cache: bool = True, extra_args: tuple[str, ...] = (),
+            mmproj: str | Path | None = None) -> DryRun | Unavailable:
     """The engine's dry run for ``cfg``: compute bytes per device and the KV / SWA / recurrent caches it sized
     (``llama_kv_cache: size = ...`` with the per-layer devices of its ``-lv 5`` lines), or why not."""
     binary = Path(binary_dir) / SERVER
@@ -91,8 +93,8 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
     if not binary.is_file() or not os.access(binary, os.X_OK):
         return Unavailable(f"no executable {SERVER} in {binary_dir}; run: fitevict engine install llama.cpp")
     try:
-        args = server_args(model, cfg, extra_args)
-        key = _key(binary, model, args)
+        args = server_args(model, cfg, extra_args, mmproj)
+        key = _key(binary, model, args, cfg.loras)
     except (OSError, ValueError) as err:
         return Unavailable(f"{model}: cannot prepare the dry run: {err}")
     cdir = cache_dir() / "dryrun"
@@ -102,7 +104,7 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
             cached = json.loads(cfile.read_text())
             ctx = cached["context"]
             return DryRun({str(k): int(v) for k, v in cached["compute"].items()},
-                          DryContext.from_json(ctx) if ctx else None)
+                          DryContext.from_json(ctx) if ctx else None, cached.get("projector_estimate"))
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError):
@@ -117,15 +119,16 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
                            f"{': ' + reason if reason else ''}; last lines: {tail}")
     found.setdefault(HOST, 0)
     context = parse_dry_context(text)
+    estimate = parse_projector_estimate(text) if mmproj is not None else None
     try:
         cdir.mkdir(parents=True, exist_ok=True)
         tmp = cfile.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"argv": args, "compute": found,
-                                   "context": context.to_json() if context else None}))
+        tmp.write_text(json.dumps({"argv": args, "compute": found, "context": context.to_json() if context else None,
+                                   "projector_estimate": estimate}))
         os.replace(tmp, cfile)
     except OSError:
         pass  # caching is an optimisation; the figure itself is still returned
-    return DryRun(found, context)
+    return DryRun(found, context, estimate)
 
 
 FIT_DONE = re.compile(r"fitting params to free memory took|failed to fit params")
@@ -146,14 +149,15 @@ def parse_dry_compute(text: str) -> dict[str, int]:
     return out
 
 
-def _follow(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str | None], *,
-            before_stop: Callable[[int], None] | None = None) -> tuple[list[str], str | None, int]:
+def follow_process(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str | None], *,
+            before_stop: Callable[[int], None] | None = None,
+            env: dict[str, str] | None = None) -> tuple[list[str], str | None, int]:
     """Run ``argv`` in its own process group and read its output line by line until ``on_line`` returns a
     verdict ("" = done, anything else = the failure), the process exits, or ``timeout_s`` passes; then call
     ``before_stop(pid)`` and stop the group. Returns the lines, the verdict (a reason when no line gave one)
     and the pid."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=die_with_parent)
+                            preexec_fn=die_with_parent, env=env)
     assert proc.stdout is not None
     lines: list[str] = []
     verdict: str | None = None
@@ -184,6 +188,7 @@ def _follow(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str
             before_stop(proc.pid)
     finally:
         sel.close()
+        lines.append(STOP_MARK)  # what the process writes from here on is its shutdown, not its load
         stop_group(proc)
         rest = proc.stdout.read() or b""
         if buf or rest:
@@ -194,7 +199,7 @@ def _follow(argv: list[str], timeout_s: float, on_line: Callable[[str, int], str
 
 def _run_until(argv: list[str], stop: re.Pattern[str], timeout_s: float) -> tuple[str, str]:
     """Run ``argv`` until a line matches ``stop``; returns the output and, if it never did, why."""
-    lines, verdict, _pid = _follow(argv, timeout_s, lambda line, _pid: "" if stop.search(line) else None)
+    lines, verdict, _pid = follow_process(argv, timeout_s, lambda line, _pid: "" if stop.search(line) else None)
     return "\n".join(lines), verdict or ""
 
 
@@ -230,12 +235,15 @@ def _smaps(pid: int) -> dict[str, int] | None:
 
 def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *,
                      port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False,
-                     extra_args: tuple[str, ...] = ()) -> CapturedLoad:
+                     extra_args: tuple[str, ...] = (), exact: bool = False,
+                     mmproj: str | Path | None = None, warmup: bool = False) -> CapturedLoad:
     """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
-    listens, with ``wait_listening``), sample smaps_rollup, then stop the process group."""
+    listens, with ``wait_listening``), sample smaps_rollup, then stop the process group. ``exact``: preload the
+    allocator trace (engines/buftrace), so ``pricing.buftrace.parse_exact_log`` reads every buffer to the byte; a
+    trace that cannot be built fails the capture with the reason."""
     binary = Path(binary_dir) / SERVER
-    argv = [str(binary), *server_args(model_path, cfg, extra_args), "-lv", "4", "--host", "127.0.0.1",
-            "--port", str(port or free_port()), "--no-warmup", "-t", "1"]
+    argv = [str(binary), *server_args(model_path, cfg, extra_args, mmproj), "-lv", "4", "--host", "127.0.0.1",
+            "--port", str(port or free_port()), *([] if warmup else ["--no-warmup"]), "-t", "1"]
     done = re.compile(r"llama_server: listening on") if wait_listening else LOG_DONE
     seen: dict[str, dict[str, int] | None] = {"before": None, "after": None}
 
@@ -249,7 +257,13 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
     def sample(pid: int) -> None:
         seen["after"] = _smaps(pid)
 
-    lines, verdict, pid = _follow(argv, timeout_s, on_line, before_stop=sample)
+    env = None
+    if exact:
+        lib = buftrace_library()
+        if isinstance(lib, Unavailable):
+            return CapturedLoad("", 0, False, f"exact bytes unavailable: {lib.reason}")
+        env = preload_env(lib)
+    lines, verdict, pid = follow_process(argv, timeout_s, on_line, before_stop=sample, env=env)
     ok = verdict == ""
     if not ok and verdict and "exited with" in verdict:
         verdict = f"llama-server {verdict.split(' ', 1)[1]} before the buffers were logged"

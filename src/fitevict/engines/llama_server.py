@@ -34,15 +34,25 @@ def supported_flags(binary: Path) -> frozenset[str]:
     return _probe_flags(str(binary), binary.stat().st_mtime_ns)
 
 
+def split_args(cfg: LoadConfig) -> list[str]:
+    """``-ts W0,W1,...`` when the configuration fixes each GPU's share of the layers (see placement.layer_devices);
+    nothing for one device or llama.cpp's default."""
+    if not cfg.tensor_split or len(cfg.devices) < 2:
+        return []
+    return ["-ts", ",".join(str(int(w)) if float(w).is_integer() else repr(float(w)) for w in cfg.tensor_split)]
+
+
 def override_args(cfg: LoadConfig) -> list[str]:
     """``-ot PATTERN=BUFT`` per override, in order (after ``--n-cpu-moe``, whose rules llama.cpp then checks first)."""
     return [x for pattern, buft in cfg.tensor_overrides for x in ("-ot", f"{pattern}={buft}")]
 
 
-def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()) -> list[str]:
+def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = (),
+              mmproj: str | Path | None = None) -> list[str]:
     """The llama-server arguments that decide what a load costs, in the pinned build's spelling (no binary, no
     port). The ONE builder: a seat's argv and the engine's dry run both start from it, so a dry run prices the
-    very command line the seat runs. ``extra_args`` are flags LoadConfig does not carry (``--pooling mean``).
+    very command line the seat runs. ``extra_args`` are flags LoadConfig does not carry (``--pooling mean``);
+    ``mmproj`` is the model's projector (kept in RAM, ``--no-mmproj-offload``, when the seat uses no GPU).
 
     ``-np`` is given only when ``n_parallel`` is set (absent: the engine's 4 unified slots), ``-kvu``/``-no-kvu``
     only when both it and ``-np`` are."""
@@ -59,13 +69,49 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
     if cfg.n_cpu_moe:
         a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
     a += override_args(cfg)
+    a += split_args(cfg)
     if cfg.swa_full:
         a += ["--swa-full"]
     if cfg.embeddings:
-        a += ["--embeddings"]
+        a += ["--embeddings", *pooling_args(model, extra_args)]
     if not cfg.mmap:
         a += ["-lm", "none"]
+    a += lora_args(cfg)
+    if mmproj is not None:  # the catalog's projector: priced by pricing.projector
+        a += ["--mmproj", str(mmproj)]
+        if not cfg.devices:
+            a.append("--no-mmproj-offload")  # a RAM-only seat keeps its projector in RAM too
     return [*a, *extra_args]
+
+
+POOLING_NONE = 0  # llama_pooling_type: LLAMA_POOLING_TYPE_NONE
+DEFAULT_POOLING = "mean"  # an embeddings seat of a model that declares no pooling (a generative model)
+
+
+def pooling_args(model: str | Path, extra_args: Sequence[str] = ()) -> list[str]:
+    """``--pooling mean`` for an embeddings seat of a model whose file declares no pooling (or 'none'): the
+    pinned build's OpenAI embeddings route refuses pooling 'none' ("not OAI compatible"). Nothing when the
+    file declares one (a BERT-style embedder keeps its CLS or mean) or the model's extra args choose one."""
+    if "--pooling" in extra_args:
+        return []
+    from fitevict.pricing.gguf import PricingError, load_structure
+
+    try:
+        declared = load_structure(model).pooling_type
+    except PricingError:
+        return []  # an unreadable file: the engine itself refuses it, with its own words
+    return ["--pooling", DEFAULT_POOLING] if declared in (None, POOLING_NONE) else []
+
+
+def lora_args(cfg: LoadConfig) -> list[str]:
+    """One ``--lora A,B,...`` (the pinned build warns on a repeated flag) loaded at scale 0
+    (``--lora-init-without-apply``): a request applies them through its ``lora`` field (id = the position here)."""
+    if not cfg.loras:
+        return []
+    if bad := [f for f in cfg.loras if "," in f]:
+        raise ValueError(f"LoRA adapter path {bad[0]!r} contains a comma, which llama-server's --lora list cannot "
+                         "carry; rename the file or its folder")
+    return ["--lora", ",".join(cfg.loras), "--lora-init-without-apply"]
 
 
 class LlamaServerEngine:
@@ -79,14 +125,16 @@ class LlamaServerEngine:
         return flag in self.flags
 
     def launch_spec(self, model_path: Path, config: LoadConfig, port: int, *,
-                    extra_args: Sequence[str] = (), embeddings: bool = False) -> LaunchSpec:
+                    extra_args: Sequence[str] = (), embeddings: bool = False,
+                    mmproj: Path | None = None) -> LaunchSpec:
         c = config
         notes: list[str] = []
         if embeddings and not c.embeddings:
             notes.append("--embeddings from the model's settings, but the LoadConfig was priced without it; "
                          "its output buffer is larger than priced")
             c = c.with_(embeddings=True)
-        argv: list[str] = [str(self.binary), *load_args(model_path, c), "--host", "127.0.0.1", "--port", str(port)]
+        argv: list[str] = [str(self.binary), *load_args(model_path, c, mmproj=mmproj), "--host", "127.0.0.1",
+                           "--port", str(port)]
         if self._has("--fit"):
             argv += ["--fit", "off"]  # fitevict is the fit authority: the placement is the planner's
         env = dict(os.environ)

@@ -24,7 +24,7 @@ _VALUE_FLAGS_IGNORED = frozenset({
 })
 _BOOL_FLAGS_IGNORED = frozenset({
     "--jinja", "--no-warmup", "--metrics", "--no-webui", "--cont-batching", "-cb", "--no-cont-batching", "-v",
-    "--verbose", "--log-disable",
+    "--verbose", "--log-disable", "--lora-init-without-apply",
 })
 # flags LoadConfig does not carry that change only the compute graph: passed on to the dry run as they are
 _GRAPH_VALUE_FLAGS = frozenset({"--pooling"})
@@ -119,6 +119,9 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
             rules.extend(parse_overrides(value(a)))
         elif a in ("--embedding", "--embeddings"):
             kw["embeddings"] = True
+        elif a in ("--lora", "--lora-scaled"):  # FNAME[,FNAME...] / FNAME:SCALE[,...]: each adapter's LoRA buffer
+            files = [f.rsplit(":", 1)[0] if a == "--lora-scaled" else f for f in value(a).split(",") if f]
+            kw["loras"] = (*kw.get("loras", ()), *files)  # type: ignore[misc]
         elif a in _GRAPH_VALUE_FLAGS:
             v = value(a)
             if a == "--pooling" and v not in POOLING_TYPES:

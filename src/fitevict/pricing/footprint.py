@@ -8,11 +8,12 @@ Pure data. Frozen. No I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-Source = Literal["measured", "dry-run", "formula", "declared", "file-size", "unavailable"]
-SOURCES: tuple[str, ...] = ("measured", "dry-run", "formula", "declared", "file-size", "unavailable")
+Source = Literal["measured", "stored-measurement", "dry-run", "formula", "declared", "file-size", "unavailable"]
+SOURCES: tuple[str, ...] = ("measured", "stored-measurement", "dry-run", "formula", "declared", "file-size",
+                            "unavailable")
 
 HOST = "CPU"  # llama.cpp's name for host memory; also the planner's name for the host-RAM budget
 
@@ -63,14 +64,15 @@ class DeviceFootprint:
     context: Term = ZERO_FORMULA
     compute: Term = ZERO_FORMULA
     output: Term = ZERO_FORMULA
+    adapters: Term = ZERO_FORMULA  # LoRA buffers (llama.cpp's "LoRA buffer size"), apart from the model's own
 
     @property
     def total_bytes(self) -> int:
-        return self.model.value + self.context.value + self.compute.value + self.output.value
+        return self.model.value + self.context.value + self.compute.value + self.output.value + self.adapters.value
 
     @property
     def complete(self) -> bool:
-        return all(t.bytes is not None for t in (self.model, self.context, self.compute, self.output))
+        return all(t.bytes is not None for _, t in self._terms())
 
     def to_json(self) -> dict:
         return {
@@ -79,13 +81,9 @@ class DeviceFootprint:
             "context_bytes": self.context.bytes,
             "compute_bytes": self.compute.bytes,
             "output_bytes": self.output.bytes,
+            **({"adapter_bytes": self.adapters.bytes} if self.adapters != ZERO_FORMULA else {}),
             "total_bytes": self.total_bytes,
-            "sources": {
-                "model": self.model.source,
-                "context": self.context.source,
-                "compute": self.compute.source,
-                "output": self.output.source,
-            },
+            "sources": {k: t.source for k, t in self._terms()},
             **(
                 {"unavailable": {k: t.reason for k, t in self._terms() if t.source == "unavailable"}}
                 if not self.complete
@@ -94,7 +92,8 @@ class DeviceFootprint:
         }
 
     def _terms(self) -> tuple[tuple[str, Term], ...]:
-        return (("model", self.model), ("context", self.context), ("compute", self.compute), ("output", self.output))
+        terms = (("model", self.model), ("context", self.context), ("compute", self.compute), ("output", self.output))
+        return (*terms, ("adapters", self.adapters)) if self.adapters != ZERO_FORMULA else terms
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +148,16 @@ class Footprint:
             **({"overhead": dict(self.overhead)} if self.overhead else {}),
             **({"notes": list(self.notes)} if self.notes else {}),
         }
+
+
+def as_stored(fp: Footprint) -> Footprint:
+    """A measured footprint reused as the prediction for a later load of the same signature: each "measured" term
+    (and host figure) becomes "stored-measurement"; other sources stay as they are."""
+
+    def term(t: Term) -> Term:
+        return replace(t, source="stored-measurement") if t.source == "measured" else t
+
+    devices = tuple(replace(d, model=term(d.model), context=term(d.context), compute=term(d.compute),
+                            output=term(d.output)) for d in fp.devices)
+    host = "+".join("stored-measurement" if p == "measured" else p for p in fp.host_source.split("+"))
+    return replace(fp, devices=devices, host_source=host)  # type: ignore[arg-type]

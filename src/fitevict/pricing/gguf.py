@@ -20,6 +20,14 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from fitevict.pricing.ggml_types import nbytes
+from fitevict.pricing.layers import (
+    HYBRID_RULES,
+    RECURRENT_ARCHS,
+    SWA_ON_ATTENTION,
+    LayerKinds,
+    layer_kinds,
+    state_widths,
+)
 
 
 class PricingError(ValueError):
@@ -36,10 +44,8 @@ ATTENTION_ARCHS: frozenset[str] = frozenset({
     "ernie4_5", "ernie4_5-moe", "hunyuan-dense", "hunyuan-moe", "seed_oss", "apertus", "glm4", "glm4moe",
     "deepseek", "deepseek2", "minicpm3",
 })
-# Architectures whose memory is a recurrent state only (one cell per sequence, independent of ctx).
-RECURRENT_ARCHS: frozenset[str] = frozenset({"mamba", "mamba2"})
-# Hybrid: layers with head_count_kv 0 hold a recurrent state, the others a KV cache (llama_memory_hybrid).
-HYBRID_ARCHS: frozenset[str] = frozenset({"jamba"})
+# Recurrent (RECURRENT_ARCHS) and hybrid (HYBRID_RULES) architectures: see layers.py.
+HYBRID_ARCHS: frozenset[str] = frozenset(HYBRID_RULES)
 
 # Architectures whose loader marks the MTP blocks (block index >= n_layer - nextn_predict_layers) TENSOR_SKIP
 # unless MTP speculative decoding is on: their weights are in the file but in no buffer.
@@ -177,6 +183,13 @@ class GgufStructure:
     mla: bool = False  # multi-head latent attention: K cache only, key_length wide, one kv head
     n_layer_nextn: int = 0  # trailing next-token-prediction (MTP) blocks: no KV cache, weights not loaded
     n_embd_out_key: int = 0  # embedding_length_out (hparams.n_embd_out_impl); 0 = n_embd
+    pooling_type: int | None = None  # {arch}.pooling_type (llama_pooling_type); None: the file declares none
+    # per block: holds an attention KV cache / a recurrent state (layers.layer_kinds); () = derive the default
+    layer_attention: tuple[bool, ...] = ()
+    layer_recurrent: tuple[bool, ...] = ()
+    wkv_head_size: int = 0  # RWKV
+    token_shift_count: int = 2  # RWKV
+    shortconv_l_cache: int = 0  # LFM2 short convolution
 
     @property
     def n_embd_out(self) -> int:
@@ -214,15 +227,34 @@ class GgufStructure:
                 return t
         return None
 
+    def _widths(self) -> tuple[int, int]:
+        return state_widths(self.n_embd, wkv_head_size=self.wkv_head_size, token_shift_count=self.token_shift_count,
+                            shortconv_l_cache=self.shortconv_l_cache, ssm_d_conv=self.ssm_d_conv,
+                            ssm_d_inner=self.ssm_d_inner, ssm_d_state=self.ssm_d_state, ssm_n_group=self.ssm_n_group)
+
     @property
     def n_embd_r(self) -> int:
-        """Recurrent conv-state width per cell (llama_hparams::n_embd_r, mamba form)."""
-        return max(self.ssm_d_conv - 1, 0) * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
+        """Recurrent conv / token-shift state width per cell (llama_hparams::n_embd_r)."""
+        return self._widths()[0]
 
     @property
     def n_embd_s(self) -> int:
-        """Recurrent ssm-state width per cell (llama_hparams::n_embd_s, mamba form)."""
-        return self.ssm_d_state * self.ssm_d_inner
+        """Recurrent scan / wkv state width per cell (llama_hparams::n_embd_s)."""
+        return self._widths()[1]
+
+    @property
+    def kinds(self) -> LayerKinds:
+        """Per block: KV cache and / or recurrent state (layers.layer_kinds)."""
+        return LayerKinds(tuple(self.has_kv(il) for il in range(self.n_layer)),
+                          tuple(self.has_state(il) for il in range(self.n_layer)), "")
+
+    def has_kv(self, il: int) -> bool:
+        """Block ``il`` holds an attention KV cache in the main context."""
+        return self.layer_attention[il] if self.layer_attention else il < self.n_layer_trunk
+
+    def has_state(self, il: int) -> bool:
+        """Block ``il`` holds a recurrent state."""
+        return bool(self.layer_recurrent) and self.layer_recurrent[il]
 
 
 def _scalar(reader: GGUFReader, key: str) -> object | None:
@@ -321,8 +353,16 @@ def parse_structure(path: str | Path) -> GgufStructure:
     pattern_raw = key("attention.sliding_window_pattern")
     window = int(swa_raw) if swa_raw is not None else None  # type: ignore[call-overload]
     pattern = pattern_raw if isinstance(pattern_raw, list) or pattern_raw is None else int(pattern_raw)  # type: ignore[call-overload]
+    n_ff = _per_layer(key("feed_forward_length"), n_layer, 0)
+    recr_raw = key("attention.recurrent_layers")
+    recr_key = recr_raw if isinstance(recr_raw, list) or recr_raw is None else int(recr_raw)  # type: ignore[call-overload]
+    interval = int(key("full_attention_interval") or 0) or None  # type: ignore[call-overload]
+    kinds = layer_kinds(arch, n_layer, n_nextn, n_head_kv, n_ff, recr_key, interval)
     n_swa, swa_layers = swa_layout(arch, n_layer - n_nextn, window, pattern)
     swa_layers = swa_layers + (False,) * n_nextn
+    if arch in SWA_ON_ATTENTION and window:  # lfm2: the window applies to every attention layer
+        n_swa = window
+        swa_layers = tuple(il < n_layer - n_nextn and not kinds.recurrent[il] for il in range(n_layer))
 
     unsupported = ""
     known = ATTENTION_ARCHS | RECURRENT_ARCHS | HYBRID_ARCHS
@@ -348,6 +388,11 @@ def parse_structure(path: str | Path) -> GgufStructure:
         tensors=tuple(tensors), data_offset=int(reader.data_offset),
         tied_output=not any(t.name == "output.weight" for t in tensors),
         unsupported=unsupported, metadata=meta,
+        pooling_type=int(pt) if (pt := key("pooling_type")) is not None else None,  # type: ignore[call-overload]
+        layer_attention=kinds.attention, layer_recurrent=kinds.recurrent,
+        wkv_head_size=int(key("wkv.head_size") or 0),  # type: ignore[call-overload]
+        token_shift_count=int(key("token_shift_count") or 2),  # type: ignore[call-overload]
+        shortconv_l_cache=int(key("shortconv.l_cache") or 0),  # type: ignore[call-overload]
     )
 
 

@@ -17,7 +17,10 @@ Rules (llama.cpp 0c1e570: src/llama-context.cpp, src/llama-kv-cache*.cpp, tools/
   cache with ``-fa off`` is refused by llama.cpp.
 - SWA layers hold ``PAD256(min(n_ctx_seq, n_swa * (unified ? np : 1) + n_ubatch))`` cells (``--swa-full``:
   ``n_ctx_seq``).
-- Recurrent layers (all layers of mamba; the head_count_kv 0 layers of a hybrid such as jamba) hold f32 ``(n_embd_r + n_embd_s) * max(1, np)`` bytes / 4, independent of ctx.
+- Which layers hold a KV cache and which a recurrent state is decided per architecture (layers.py): all trunk
+  layers of mamba / rwkv; the head_count_kv 0 layers of jamba, granitehybrid, lfm2; nemotron_h's, falcon-h1's and
+  the qwen3next family's own rules. A recurrent layer holds f32 r ``[n_embd_r, max(1, np)]`` and s
+  ``[n_embd_s, max(1, np)]``, each padded to 32 bytes, independent of ctx.
 - The output buffer (``llama_context::output_reserve``) holds f32 logits (``n_vocab``) and, with ``--embeddings``,
   embeddings (``n_embd_out``) for ``max(n_outputs, np)`` outputs. At load it is reserved for ``np`` outputs (one
   token per slot). An embeddings context outputs every token of a batch, so the first full batch grows it to
@@ -165,27 +168,19 @@ def kv_layers(s: GgufStructure, rc: ResolvedContext, cfg: LoadConfig) -> KvInfo:
     if s.unsupported:
         raise PricingError(f"{s.path}: {s.unsupported}")
     layers: list[KvLayer] = []
-    if s.is_recurrent:
-        rows = max(1, rc.n_parallel)
-        for il in range(s.n_layer):
-            layers.append(KvLayer(il, "recurrent", rows, row_size("f32", s.n_embd_r) * rows,
-                                  row_size("f32", s.n_embd_s) * rows))
-        return KvInfo(0, 0, 0, 0, s.n_layer, tuple(layers))
-
     cells = rc.n_ctx_seq
     cells_swa = 0
     if s.n_swa:
         cells_swa = rc.n_ctx_seq if cfg.swa_full else pad(
             min(rc.n_ctx_seq, s.n_swa * (rc.n_parallel if rc.kv_unified else 1) + rc.n_ubatch), CTX_PAD)
     v_max = max((s.head_v(il) * s.n_head_kv[il] for il in range(s.n_layer)), default=0)  # n_embd_v_gqa_max: all blocks
-    rows = max(1, rc.n_parallel)
-    for il in range(s.n_layer_trunk):  # MTP blocks are filtered out of the main context's cache
-        h = s.n_head_kv[il]
-        if h == 0:
-            if s.is_hybrid:  # a recurrent layer of a hybrid model: one state cell per slot
-                layers.append(KvLayer(il, "recurrent", rows, row_size("f32", s.n_embd_r) * rows,
-                                      row_size("f32", s.n_embd_s) * rows))
+    rows = max(1, rc.n_parallel)  # llama_memory_recurrent: max(1, n_seq_max) cells, one row each
+    for il in range(s.n_layer):
+        if s.has_state(il):
+            layers.append(recurrent_layer(s, il, rows))
+        if not s.has_kv(il):
             continue
+        h = s.n_head_kv[il]
         swa = s.swa_layers[il]
         n_cells = cells_swa if swa else cells
         k_w = s.head_k(il) * h
@@ -204,6 +199,13 @@ def kv_layers(s: GgufStructure, rc: ResolvedContext, cfg: LoadConfig) -> KvInfo:
         layers_recurrent=sum(1 for l in layers if l.kind == "recurrent"),
         layers=tuple(layers),
     )
+
+
+def recurrent_layer(s: GgufStructure, il: int, rows: int) -> KvLayer:
+    """One recurrent layer's state: f32 r ``[n_embd_r, rows]`` and s ``[n_embd_s, rows]``, each padded to the
+    buffer's alignment (``ggml_backend_alloc_ctx_tensors_from_buft``)."""
+    return KvLayer(il, "recurrent", rows, pad(row_size("f32", s.n_embd_r) * rows, CPU_TENSOR_ALIGNMENT),
+                   pad(row_size("f32", s.n_embd_s) * rows, CPU_TENSOR_ALIGNMENT))
 
 
 def output_bytes(s: GgufStructure, rc: ResolvedContext, embeddings: bool = False, *, at_load: bool = False) -> int:

@@ -31,7 +31,17 @@ class LoadConfig:
     # -ot PATTERN=BUFT, in command-line order (after --n-cpu-moe's own overrides); first match wins
     tensor_overrides: tuple[tuple[str, str], ...] = ()
     embeddings: bool = False  # --embeddings: the output buffer also holds n_embd floats per output
+    # --lora FILE per adapter (with --lora-init-without-apply: loaded at scale 0, applied per request), in
+    # order: a request's ``lora`` ids index this tuple
+    loras: tuple[str, ...] = ()
+    # -ts: each device's share of the offloaded layers; () = llama.cpp's default (free memory at load, see
+    # placement.default_split), priced as an even split
+    tensor_split: tuple[float, ...] = ()
 
+    def without_placement(self) -> "LoadConfig":
+        """This configuration on the CPU alone: the key under which a dry run's context caches serve every
+        placement (they size per layer; only the devices differ). Compute buffers do differ per placement."""
+        return replace(self, devices=(), n_gpu_layers=0, n_cpu_moe=0, tensor_overrides=(), tensor_split=())
 
     def with_(self, **changes: object) -> "LoadConfig":
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -40,6 +50,13 @@ class LoadConfig:
         d = asdict(self)
         d["devices"] = list(self.devices)
         d["tensor_overrides"] = [list(o) for o in self.tensor_overrides]
+        d["loras"] = list(self.loras)
+        if not self.loras:
+            del d["loras"]  # a seat without adapters keeps the signature it had before adapters existed
+        if self.tensor_split:
+            d["tensor_split"] = list(self.tensor_split)
+        else:
+            del d["tensor_split"]  # absent when unset, so signatures of earlier configurations stay the same
         return d
 
     @staticmethod
@@ -47,6 +64,10 @@ class LoadConfig:
         d = dict(d)
         if "devices" in d:
             d["devices"] = tuple(d["devices"])
+        if "tensor_split" in d:
+            d["tensor_split"] = tuple(float(x) for x in d["tensor_split"])
         if "tensor_overrides" in d:
             d["tensor_overrides"] = tuple((str(p), str(b)) for p, b in d["tensor_overrides"])
+        if "loras" in d:
+            d["loras"] = tuple(str(p) for p in d["loras"])
         return LoadConfig(**d)

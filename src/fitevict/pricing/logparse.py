@@ -9,6 +9,7 @@ Lines read (llama.cpp 0c1e570):
   llama_memory_recurrent:        CPU RS buffer size =     0.05 MiB
   llama_memory_recurrent: size = ... (     4 cells,   2 layers,  4 seqs  0 rs_seq), ...
   sched_reserve:        CPU compute buffer size =     4.70 MiB
+  llama_adapter_lora_init_impl:        CPU LoRA buffer size =     0.05 MiB   (once per adapter and buffer type)
   llama_context: n_ctx = 1024 / n_ctx_seq / n_seq_max / n_batch / n_ubatch / flash_attn / kv_unified
   common_memory_breakdown_print: | ... |   (integer MiB; printed after the dry run and at exit)
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.units import MiB
 
 _MIB = r"([0-9]+(?:\.[0-9]+)?) MiB"
@@ -34,6 +35,7 @@ _KV_SIZE = re.compile(r"llama_kv_cache: size =\s+[0-9.]+ MiB \(\s*(\d+) cells,\s
 _SWA = re.compile(r"llama_kv_cache_iswa: creating\s+(non-SWA|SWA) KV cache, size = (\d+) cells")
 _RS = re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s+" + _MIB)
 _RS_SIZE = re.compile(r"llama_memory_recurrent: size =\s+[0-9.]+ MiB \(\s*(\d+) cells,\s+(\d+) layers")
+_LORA = re.compile(r"llama_adapter_lora_init_impl:\s+(\S+) LoRA buffer size =\s+" + _MIB)
 _COMPUTE = re.compile(r"(?:sched_reserve|llama_context|graph_reserve):\s+(\S+) compute buffer size =\s+" + _MIB)
 _PARAM = re.compile(r"llama_context: (n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|flash_attn|kv_unified)\s+= (\S+)")
 _FA = re.compile(r"resolve_fused_ops: Flash Attention (enabled|disabled)")
@@ -57,6 +59,7 @@ class LoadLog:
     rs_buffers: tuple[tuple[str, int], ...] = ()
     output_buffers: tuple[tuple[str, int], ...] = ()
     compute_buffers: tuple[tuple[str, int], ...] = ()  # the last reservation per buffer name
+    lora_buffers: tuple[tuple[str, int], ...] = ()  # "LoRA buffer size" per buffer name, summed over adapters
     kv_cells: int | None = None  # base (non-SWA) cache cells per stream
     kv_cells_swa: int | None = None
     kv_layers: int | None = None
@@ -73,6 +76,7 @@ class LoadLog:
     kv_unified: bool | None = None
     breakdown: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ("Host", (self, model, context, compute)), MiB
     notes: tuple[str, ...] = field(default=())
+    precision_bytes: int = PRECISION_BYTES  # 0 once the allocator trace made every figure exact (pricing.buftrace)
 
     @property
     def loaded(self) -> bool:
@@ -94,6 +98,8 @@ class LoadLog:
             add(device_of(name), "compute", n)
         for name, n in self.output_buffers:
             add(device_of(name), "output", n)
+        for name, n in self.lora_buffers:
+            add(device_of(name), "adapters", n)
         if not devs:
             return Footprint(devices=(DeviceFootprint(
                 HOST, *(Term.unavailable("the log has no buffer lines (was it written with -lv 4 or more?)"),) * 4),),
@@ -116,7 +122,8 @@ class LoadLog:
                         "compute": bool(self.compute_buffers), "output": bool(self.output_buffers)}[k]
                 return Term(0, "measured") if seen else Term.unavailable(missing[k])
 
-            out.append(DeviceFootprint(dev, term("model"), term("context"), term("compute"), term("output")))
+            adapters = Term(terms["adapters"], "measured") if "adapters" in terms else ZERO_FORMULA
+            out.append(DeviceFootprint(dev, term("model"), term("context"), term("compute"), term("output"), adapters))
         mapped = sum(n for name, n in self.model_buffers if name == "CPU_Mapped")
         host_total = sum(d.total_bytes for d in out if d.name == HOST)
         return Footprint(devices=tuple(out), host_mapped_bytes=mapped, host_committed_bytes=host_total - mapped,
@@ -149,6 +156,7 @@ def parse_load_log(text: str) -> LoadLog:
     kv: list[tuple[str, int]] = []
     rs: list[tuple[str, int]] = []
     outb: list[tuple[str, int]] = []
+    lora: list[tuple[str, int]] = []
     compute: dict[str, int] = {}
     vals: dict[str, object] = {}
     breakdown: list[tuple[str, tuple[int, ...]]] = []
@@ -173,6 +181,8 @@ def parse_load_log(text: str) -> LoadLog:
             vals["rs_cells"] = int(m.group(1))
         elif m := _COMPUTE.search(line):
             compute[m.group(1)] = _bytes(m.group(2))
+        elif m := _LORA.search(line):
+            lora.append((m.group(1), _bytes(m.group(2))))
         elif m := _PARAM.search(line):
             vals[m.group(1)] = m.group(2)
         elif m := _FA.search(line):
@@ -190,7 +200,7 @@ def parse_load_log(text: str) -> LoadLog:
         notes.append("no model buffer lines: the log is not at -lv 4 or the load failed before the weights")
     return LoadLog(
         model_buffers=_sum(model), kv_buffers=_sum(kv), kv_lines=tuple(kv), rs_buffers=_sum(rs), output_buffers=_sum(outb),
-        compute_buffers=tuple(compute.items()),
+        compute_buffers=tuple(compute.items()), lora_buffers=_sum(lora),
         kv_cells=num("kv_cells"), kv_cells_swa=num("kv_cells_swa"), kv_layers=num("kv_layers"),
         kv_seqs=num("kv_seqs"), kv_streams=num("kv_streams"), rs_cells=num("rs_cells"),
         n_ctx=num("n_ctx"), n_ctx_seq=num("n_ctx_seq"), n_seq_max=num("n_seq_max"),
@@ -241,14 +251,6 @@ class DryContext:
     an architecture fitevict has no rules for. Sizes are as printed (MiB with 2 decimals)."""
 
     caches: tuple[DryCache, ...]
-
-    def bytes_by_device(self) -> dict[str, int]:
-        """Each cache's bytes split over its layers' devices (evenly per layer: the log gives one total)."""
-        out: dict[str, int] = {}
-        for c in self.caches:
-            for (_il, dev), share in zip(c.layers, split_evenly(c.bytes, len(c.layers)), strict=True):
-                out[dev] = out.get(dev, 0) + share
-        return out
 
     def to_json(self) -> list:
         return [c.to_json() for c in self.caches]

@@ -23,6 +23,10 @@ Rules:
 - With mmap the ``CPU`` weights are not copied: their buffer is the file-offset span from the first to
   the last such tensor (``CPU_Mapped``), page cache rather than committed memory; a repacked weight in
   the middle of the span is counted twice (mapped pages plus its ``CPU_REPACK`` copy).
+- Several GPUs split the offloaded layers in proportion to ``-ts`` or, by default, to each device's free memory
+  when the model loads (float32 split points, ``upper_bound`` of ``(il - i_gpu_start) / n_gpu_layers``). Pricing
+  takes the weights from ``LoadConfig.tensor_split``: the planner fills it from measured free memory, and the seat
+  is started with the same ``-ts``, so the engine splits exactly as priced.
 - GPU buffers pad each tensor to the device alignment; CUDA pads quantized rows to 512 elements.
 
 Pure.
@@ -32,7 +36,10 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from gguf import GGMLQuantizationType as QT
 
@@ -57,6 +64,9 @@ CPU_BUFT = "CPU"  # ggml_backend_cpu_buffer_type()'s name: the one host buffer t
 FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
 assert FFN_EXPS_REGEX == EXPERT_RE.pattern
+# Architectures that spell an output-layer tensor with another role's name (LLM_TENSOR_LAYER_OUTPUT in
+# llama-arch.cpp): lfm2 / lfm2moe's final norm is written "token_embd_norm".
+OUTPUT_NAMES: dict[str, tuple[str, ...]] = {"lfm2": ("token_embd_norm",), "lfm2moe": ("token_embd_norm",)}
 REPEATING_UNNUMBERED: dict[str, str] = {
     "token_embd_norm": "first", "rope_freqs": "every", "rope_factors_long": "every", "rope_factors_short": "every",
 }
@@ -118,18 +128,40 @@ def host_buffer_name(devices: tuple[str, ...]) -> str:
     return f"{_gpu_family(devices[0])}_Host"
 
 
-def layer_devices(n_layer: int, ngl: int, devices: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-    """Device per repeating layer and for the output pseudo-layer (equal split across several GPUs)."""
+def split_points(weights: Sequence[float]) -> tuple[float, ...]:
+    """``llama_model::load_tensors``'s split points: cumulative weights over their sum, in float32 as llama.cpp
+    computes them (each weight is a device's free bytes by default, or a ``-ts`` value)."""
+    acc = np.float32(0)
+    cum = []
+    for w in weights:
+        acc = np.float32(acc + np.float32(w))
+        cum.append(acc)
+    return tuple(float(np.float32(c / acc)) for c in cum)
+
+
+def default_split(devices: Sequence[str], free_bytes: Mapping[str, int]) -> tuple[float, ...]:
+    """llama.cpp's default ``-ts``: each device's free memory (NVML's figure; llama.cpp asks the driver the same).
+    () when a device's free memory is unknown: the load then splits by what the driver reports at that moment."""
+    if len(devices) < 2 or any(d not in free_bytes for d in devices):
+        return ()
+    return tuple(float(free_bytes[d]) for d in devices)
+
+
+def layer_devices(n_layer: int, ngl: int, devices: tuple[str, ...],
+                  weights: Sequence[float] = ()) -> tuple[tuple[str, ...], str]:
+    """Device per repeating layer and for the output pseudo-layer. Several GPUs share the offloaded layers in
+    proportion to ``weights`` (llama.cpp's default: each device's free memory at load; ``-ts`` overrides it);
+    without weights, evenly."""
     if not devices or ngl <= 0:
         return (HOST,) * n_layer, HOST
     i_gpu_start = max(n_layer + 1 - ngl, 0)
     act = min(ngl, n_layer + 1)
-    splits = [(i + 1) / len(devices) for i in range(len(devices))]
+    splits = split_points(weights if len(weights) == len(devices) and any(weights) else (1.0,) * len(devices))
 
     def dev(il: int) -> str:
         if il < i_gpu_start or il - i_gpu_start >= act:
             return HOST
-        k = bisect.bisect_right(splits, (il - i_gpu_start) / act)
+        k = bisect.bisect_right(splits, float(np.float32(il - i_gpu_start) / np.float32(act)))
         return devices[min(k, len(devices) - 1)]
 
     return tuple(dev(il) for il in range(n_layer)), dev(n_layer)
@@ -189,7 +221,7 @@ def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_
         ngl_eff = 0
     else:
         ngl_eff = ngl
-    layer_dev, out_dev = layer_devices(s.n_layer, ngl_eff, devices)
+    layer_dev, out_dev = layer_devices(s.n_layer, ngl_eff, devices, cfg.tensor_split)
 
     host_buft = host_buffer_name(devices) if devices else None
 
@@ -211,8 +243,9 @@ def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_
     for t in s.tensors:
         if s.n_layer_nextn and s.arch in MTP_SKIP_ARCHS and t.layer is not None and t.layer >= s.n_layer_trunk:
             continue  # MTP blocks: llama-server loads them only for MTP speculative decoding (TENSOR_SKIP)
-        role = t.role
-        with_layers = REPEATING_UNNUMBERED.get(t.name.split(".", 1)[0]) if t.layer is None else None
+        role = "output" if t.name.split(".", 1)[0] in OUTPUT_NAMES.get(s.arch, ()) else t.role
+        with_layers = (REPEATING_UNNUMBERED.get(t.name.split(".", 1)[0])
+                       if t.layer is None and role != "output" else None)
         if with_layers and s.n_layer:
             copies = (layer_dev[0],) if with_layers == "first" else tuple(dict.fromkeys(layer_dev))
             placed: set[str] = set()

@@ -1,6 +1,6 @@
 """price(structure, cfg) -> Pricing: a model's Footprint under one llama-server configuration.
 
-Model and context terms are exact (placement.py, kv.py); for an architecture without KV rules the context is
+Model, context and adapter (LoRA buffer, adapters.py) terms are exact (placement.py, kv.py); for an architecture without KV rules the context is
 the caches the engine's dry run sized (source "dry-run"). The output buffer is exact (an embeddings seat at its
 peak, ``Pricing.output_at_load`` is the buffer the load log prints); the compute buffer
 comes from the engine's dry run when the caller passes it (source "dry-run"), else from a labelled
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.pricing.adapters import adapters_bytes
+from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.pricing.gguf import GgufStructure, PricingError
 from fitevict.pricing.kv import KvInfo, KvLayer, ResolvedContext, kv_layers, output_bytes, resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
@@ -58,9 +59,10 @@ def compute_formula(s: GgufStructure, rc: ResolvedContext, kv: KvInfo | None) ->
 
     The graph allocator reuses memory, so the peak is a handful of activations: a few n_embd / n_ff rows
     per token, the logits of the outputs, an f16 KQ mask per KV cache (base and SWA) and, without flash
-    attention, the f32 KQ scores (cells x ubatch x heads); recurrent layers add the scan's rows. The FFN rows are
-    the widest of the dense FFN, the routed experts (n_ff_exp x experts used) and the shared expert; the attention
-    rows are q over all heads (explicit head sizes and MLA's latent heads can exceed n_embd). Used only when no
+    attention, the f32 KQ scores (cells x ubatch x heads); recurrent layers add their in-projection's rows
+    (mamba's ssm_in, lfm2's short-conv in_proj) and the conv / scan rows; a pure recurrent model has no FFN
+    rows. The FFN rows are the widest of the dense FFN, the routed experts (n_ff_exp x experts used) and the
+    shared expert; the attention rows are q over all heads (explicit head sizes and MLA's latent heads can exceed n_embd). Used only when no
     dry run is available; on the demo zoo it lands between the engine's dry run and twice it.
     """
     ub = rc.n_ubatch
@@ -69,7 +71,7 @@ def compute_formula(s: GgufStructure, rc: ResolvedContext, kv: KvInfo | None) ->
     used = max(s.expert_used_count, 1)
     ff = max((t.shape[1] * (used if t.expert else 1) for t in s.tensors
               if len(t.shape) > 1 and t.name.endswith(("ffn_up.weight", "ffn_up_exps.weight", "ffn_up_shexp.weight"))),
-             default=4 * s.n_embd)
+             default=0 if s.is_recurrent else 4 * s.n_embd)  # mamba / rwkv blocks have no FFN
     # attention rows per token: q over all heads (explicit head sizes, MLA's latent heads may exceed n_embd)
     width = max(s.n_embd, n_head * max(s.key_length, s.key_length_swa))
     cells = kv.cells if kv else 0
@@ -78,7 +80,10 @@ def compute_formula(s: GgufStructure, rc: ResolvedContext, kv: KvInfo | None) ->
     logits = 4 * s.n_vocab * (min(ub, rc.n_parallel) + 2)
     masks = 2 * ub * (cells + cells_swa)
     scores = 0 if rc.flash_attn else 4 * max(cells, cells_swa) * ub * n_head
-    ssm = 4 * ub * s.ssm_d_inner * 2 if kv and kv.layers_recurrent else 0  # the scan's x / y rows
+    # recurrent layers: the in-projection's rows (mamba's ssm_in, lfm2's shortconv in_proj), the conv and scan rows
+    proj = max((t.shape[1] for t in s.tensors if len(t.shape) > 1
+                and t.name.endswith(("ssm_in.weight", "shortconv.in_proj.weight"))), default=0)
+    ssm = 4 * ub * (proj + 3 * s.ssm_d_inner) if kv and kv.layers_recurrent else 0
     return int((acts + logits + masks + scores + ssm) * FORMULA_MARGIN)
 
 
@@ -128,11 +133,12 @@ def price(
         if not s.unsupported:
             raise
         if context is not None and context.caches:
+            # the caches' per-layer bytes do not depend on the placement: each layer's share goes to the device
+            # this placement gives the layer, whichever placement the dry run itself used
             kv, ctx_source = kv_from_dry_run(context), "dry-run"
-            ctx_by_dev = context.bytes_by_device()
         else:
             ctx_reason = f"{err}; no dry run of the engine sized it"
-    if kv is not None and ctx_source == "formula":
+    if kv is not None:
         for layer in kv.layers:
             dev = pl.layer_device[layer.il]
             ctx_by_dev[dev] = ctx_by_dev.get(dev, 0) + layer.bytes
@@ -141,7 +147,9 @@ def price(
     for b in pl.buffers:
         model_by_dev[b.device] = model_by_dev.get(b.device, 0) + b.bytes
 
-    devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev)]
+    names = frozenset(t.name for t in s.tensors) if cfg.loras else frozenset()
+    lora_by_dev = adapters_bytes(cfg.loras, pl, tuple(cfg.devices), s.arch, names) if cfg.loras else {}
+    devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev or d in lora_by_dev)]
     out_dev = HOST  # the output buffer lives in host memory (the output device's host buffer when offloaded)
     out_b = output_bytes(s, rc, cfg.embeddings)
     dfs: list[DeviceFootprint] = []
@@ -159,6 +167,7 @@ def price(
             context=ctx_t,
             compute=comp,
             output=Term(out_b if d == out_dev else 0, "formula"),
+            adapters=Term(lora_by_dev.get(d, 0), "formula") if cfg.loras else ZERO_FORMULA,
         ))
     mapped = sum(b.bytes for b in pl.buffers if b.mapped)
     host = dfs[0]

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fitevict import __version__
+from fitevict.loadreport import plan_hits
+from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
+from fitevict.server.labels import history_sources, prediction_error
 from fitevict.store.records import EVENTS
 from fitevict.supervisor import Contract, SupervisorError
 from fitevict.units import GiB
@@ -25,7 +29,7 @@ def router(door: Door) -> APIRouter:
     @app.get("/v1/models/residents", tags=["admin"], summary="What is loaded (like `ollama ps`)")
     async def residents(request: Request) -> dict:
         check_auth(request, admin=False)
-        return {"object": "list", "data": sup.resident_views()}
+        return {"object": "list", "data": sup.resident_views(), "waiting": sup.queue_view()}
 
     @app.get("/v1/models/history", tags=["admin"], summary="What fitevict did, and why")
     async def history(request: Request, since: float | None = Query(None, description="unix seconds"),
@@ -34,6 +38,7 @@ def router(door: Door) -> APIRouter:
         check_auth(request, admin=False)
         if event is not None and event not in EVENTS:
             raise ApiError(400, f"event: {event!r} is not allowed; allowed: {', '.join(EVENTS)}", param="event")
+        await sup.settle()  # a load that has served requests is in the history it reads
         rows = await asyncio.to_thread(store.events, since=since, model=model, event=event, limit=limit)
         return {"object": "list", "data": [history_row(ev) for ev in rows]}
 
@@ -52,14 +57,19 @@ def router(door: Door) -> APIRouter:
         contract = await contract_from_body(request)
         check_gguf_file(entry, contract)
         the_plan = sup.plan(entry.key, contract)
-        return {"model": entry.key, "plan": the_plan.to_json(), "budget": sup.last_budget_json()}
+        return {"model": entry.key, **plan_hits(entry, the_plan), "plan": the_plan.to_json(),
+                "budget": sup.last_budget_json()}
 
     @app.post("/v1/models/{model_id}/load", tags=["admin"], summary="Load a model (with an optional contract)")
-    async def load(model_id: str, request: Request) -> dict:
+    async def load(model_id: str, request: Request,
+                   stream: bool = Query(False, description="SSE: the load's phases as they happen")) -> Any:
         check_auth(request, admin=True)
         entry = resolve(model_id)
         contract = await contract_from_body(request)
         check_gguf_file(entry, contract)
+        if stream:
+            steps = progress.admin_load(door, entry.key, contract, request.headers.get("x-request-id"))
+            return StreamingResponse(steps, media_type="text/event-stream", headers={"cache-control": "no-cache"})
         try:
             await sup.load(entry.key, contract, request_id=request.headers.get("x-request-id"))
         except SupervisorError as e:
@@ -77,8 +87,10 @@ def router(door: Door) -> APIRouter:
             raise supervisor_error(e) from None
         if res is None:
             return {"model": entry.key, "unloaded": False, "reason": "not resident"}
+        freed_source = ("measured: /proc/meminfo AnonPages+Shmem fall" if res.freed_bytes is not None
+                        else f"unavailable: {res.note or 'the release check gave no figure'}")
         return {"model": entry.key, "unloaded": True, "freed_bytes": res.freed_bytes,
-                "freed_source": "measured: /proc/meminfo AnonPages+Shmem fall", "release_verified": res.verified,
+                "freed_source": freed_source, "release_verified": res.verified,
                 "exit_seconds": res.exit_seconds, "release_seconds": res.release_seconds, "note": res.note}
 
     @app.get("/health", tags=["admin"])
@@ -87,16 +99,12 @@ def router(door: Door) -> APIRouter:
                 "models": len(catalog.entries())}
 
     @app.get("/metrics", tags=["admin"], include_in_schema=True)
-    async def prom() -> Response:
-        metrics.resident.clear()
-        for v in sup.resident_views():
-            for dev, d in v["devices"].items():
-                if d["measured_bytes"] is not None:
-                    metrics.resident.labels(v["key"], dev, "measured").set(d["measured_bytes"])
-                metrics.resident.labels(v["key"], dev, "predicted").set(d["predicted_bytes"])
+    async def prom(request: Request) -> Response:
+        if not door.config.server.metrics_public:
+            check_auth(request, admin=False)
+        budget = await asyncio.to_thread(sup.budget)
+        metrics.collect(budget, sup.resident_views())
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
     return app
 
@@ -113,7 +121,7 @@ def history_row(ev) -> dict:
         "request_id": ev.request_id, "predicted_gb": _gb(ev.predicted_bytes), "measured_gb": _gb(ev.measured_bytes),
         "bytes": {"vram": ev.vram_bytes, "offloaded": ev.offloaded_bytes, "host": ev.host_bytes,
                   "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "measured": ev.measured_bytes},
-        "sources": {"predicted": "formula/dry-run pricing", "measured": "engine log + /proc PSS",
-                    "freed": "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"},
+        "sources": history_sources(ev),
+        "prediction_error": prediction_error(ev.predicted_bytes, ev.measured_bytes),
         "details": ev.details,
     }

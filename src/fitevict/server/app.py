@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -21,9 +22,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fitevict import __version__
 from fitevict.catalog import Catalog
 from fitevict.config import Config
-from fitevict.server import admin, dashboard, openai
-from fitevict.server.door import Door, Metrics
+from fitevict.server import admin, dashboard, ollama, openai
+from fitevict.server.door import Door
 from fitevict.server.fastpath import FastPath
+from fitevict.server.metrics import Metrics
+from fitevict.server.sampler import MemorySampler
 from fitevict.server.upstream import Upstream
 from fitevict.server.errors import ApiError
 from fitevict.store import Store
@@ -41,17 +44,27 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     own_store = store is None if own_store is None else own_store
     store = store or Store.open(config.store_url)
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
-    upstream = Upstream()
-    door = Door(config, catalog, store, sup, Metrics(), upstream)
+    # the Ollama routes' client (``seatcall``); the inference fast path relays over ``pool``
+    upstream = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    pool = Upstream()
+    metrics = Metrics()
+    sup.on_event.append(metrics.observe_event)
+    sampler = MemorySampler(sup, store, config.server.sample_seconds)
+    door = Door(config, catalog, store, sup, metrics, upstream, sampler, pool)
+    sup.on_event.append(sampler.poke)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await sup.start()
+        sampler.start()
         try:
             yield
         finally:
+            await sampler.stop()
             await sup.shutdown()
-            upstream.close()
+            await upstream.aclose()
+            pool.close()
             if own_store:
                 store.close()
 
@@ -61,6 +74,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     app.state.catalog = catalog
     app.state.store = store
     app.state.config = config
+    app.state.sampler = sampler
 
     # -- errors, always in OpenAI's envelope -------------------------------------------------------
 
@@ -88,6 +102,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     # the admin router first: /v1/models/residents and /history must win over /v1/models/{model_id}
     app.include_router(admin.router(door))
     app.include_router(openai.router(door))
+    app.include_router(ollama.router(door))
     app.include_router(dashboard.router(door))
     front = FastPath(app, door)
     if config.server.cors_origins:

@@ -7,37 +7,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from fastapi import Request
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fitevict.catalog import Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import Config
+from fitevict.engines import REGISTRY
 from fitevict.server.errors import ApiError
+from fitevict.server.metrics import Metrics
+from fitevict.server.sampler import MemorySampler
 from fitevict.server.upstream import Upstream
 from fitevict.store import Store
-from fitevict.contract import Contract, ContractError
+from fitevict.contract import Contract, ContractError, for_embeddings, unservable
 from fitevict.contract import parse_contract as _parse_contract
 from fitevict.supervisor import Busy, LoadFailed, Refused, Supervisor, SupervisorError
-
-
-
-class Metrics:
-    """The /metrics registry: requests, latency, resident bytes by source."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("fitevict_requests_total", "Inference requests", ["model", "endpoint", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("fitevict_request_seconds", "Inference latency: from holding a seat to the "
-                                 "response's end (queue and load waits excluded)", ["endpoint"], registry=self.registry)
-        self.total = Histogram("fitevict_request_total_seconds", "Whole request: queue wait + load wait + inference",
-                               ["endpoint"], registry=self.registry)
-        self.queue_wait = Histogram("fitevict_queue_wait_seconds", "Time a request waited in the queue (not for a load)",
-                                    ["endpoint"], registry=self.registry)
-        self.load_wait = Histogram("fitevict_load_wait_seconds", "Time a request waited for its model to load",
-                                   ["endpoint"], registry=self.registry)
-        self.resident = Gauge("fitevict_resident_bytes", "Bytes held by resident models, by device and source",
-                              ["model", "device", "source"], registry=self.registry)
 
 
 def parse_json(raw: bytes) -> Any:
@@ -75,7 +58,9 @@ class Door:
     store: Store
     sup: Supervisor
     metrics: Metrics
-    upstream: Upstream
+    upstream: httpx.AsyncClient  # the Ollama routes' client (``seatcall``)
+    sampler: MemorySampler | None = None  # the memory report's live windows (fitevict.server.sampler)
+    pool: Upstream | None = None  # the inference fast path's kept-alive connections per seat (``fastpath``)
 
     def check_auth(self, request: Request, *, admin: bool) -> None:
         h = request.headers
@@ -119,7 +104,8 @@ class Door:
 
     def prepare(self, body: Any, endpoint: str) -> Prepared:
         """An inference request's body checked and completed before anything changes: the model named, its
-        load contract, the gguf file, embeddings allowed, and the model's request defaults filled in where the
+        load contract (an embeddings seat for embeddings), the gguf file, that an engine here can serve it, and
+        the model's request defaults filled in where the
         request lacks the field. ``changed``: the body differs from what the client sent."""
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object", code="invalid_body")
@@ -127,9 +113,10 @@ class Door:
         changed = "fitevict" in body
         contract = parse_contract(body.pop("fitevict", None))
         self.check_gguf_file(entry, contract)
-        if endpoint == "embeddings" and not entry.settings.embeddings:
-            raise ApiError(400, f"model {entry.key!r} is not configured for embeddings; set "
-                                f"models.{entry.key}.embeddings = true in the config", param="model")
+        if (why := unservable(entry, tuple(REGISTRY))) is not None:
+            raise ApiError(400, why, param="model", code="engine_unavailable")
+        if endpoint == "embeddings":
+            contract = for_embeddings(contract)  # any model: an embeddings seat is loaded for it
         for k, v in entry.settings.request_defaults.items():
             if k not in body:  # only when the request lacks the field
                 body[k] = v

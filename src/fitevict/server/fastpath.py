@@ -24,7 +24,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from fitevict.server.door import Door, Metrics, Prepared, parse_json
+from starlette.datastructures import Headers
+
+from fitevict.contract import with_lora
+from fitevict.loadreport import report_headers
+from fitevict.server import progress
+from fitevict.server.door import Door, Prepared, parse_json
+from fitevict.server.metrics import Metrics
 from fitevict.server.errors import ApiError
 from fitevict.server.upstream import Upstream, UpstreamConn, UpstreamError
 from fitevict.supervisor import SupervisorError
@@ -39,6 +45,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # path -> the endpoint name used in the log line and metrics
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+PROGRESS = progress.HEADER.encode()
 
 
 # -- the relay (reusable by any route that forwards a body to a seat) ---------------------------------
@@ -59,18 +66,20 @@ class Relayed:
 
 async def relay(upstream: Upstream, send: Send, port: int, path: str, body: bytes, request_id: str, *,
                 on_chunk: Callable[[bytes], bytes] | None = None, on_finish: Callable[[], bytes] | None = None,
-                on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None) -> Relayed:
+                on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None,
+                headers: tuple[tuple[bytes, bytes], ...] = ()) -> Relayed:
     """POST ``body`` to ``path`` on the seat listening on ``port`` and relay the answer to ASGI ``send``.
 
     A streamed answer (no Content-Length) goes out chunk by chunk as it arrives: ``on_chunk`` maps each engine
     chunk (bytes as received: an SSE event can straddle two) to the bytes sent, ``on_finish`` gives the bytes
     sent last. A whole answer goes out as it arrives with its length, or, with ``on_body``, is read whole and
-    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's. Raises UpstreamError if the
+    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added. Raises UpstreamError if the
     engine does not answer (nothing was sent then). Cancelling the calling task aborts the engine
     connection, which stops the engine's generation."""
     conn = await upstream.open(port, path, body, request_id)
     try:
-        head = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode())]
+        head = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode()),
+                *headers]
         if conn.content_length is None:
             return await _relay_stream(conn, send, head, on_chunk, on_finish)
         return await _relay_whole(conn, send, head, on_body)
@@ -226,6 +235,7 @@ class FastPath:
     async def serve(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         auth = api_key = rid = length = ""
+        progress_asked = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 auth = value.decode("latin-1")
@@ -235,6 +245,8 @@ class FastPath:
                 length = value.decode("latin-1")
             elif name == b"x-request-id":
                 rid = value.decode("latin-1")
+            elif name == PROGRESS:
+                progress_asked = True
         rec = Record(rid or os.urandom(8).hex(), endpoint, t0)
         door = self.door
         try:
@@ -254,8 +266,20 @@ class FastPath:
             rec.status = e.status
             await e.response()(scope, receive, send)
             return self.log.write(rec, {"error": e.code})
+        if progress_asked and body.get("stream") and progress.wanted(Headers(scope=scope)):
+            return await self._with_progress(scope, receive, send, rec, body, prep)
         payload = json.dumps(body).encode() if prep.changed else raw
         await self._infer(scope, receive, send, rec, body, prep, payload)
+
+    async def _with_progress(self, scope: Scope, receive: Receive, send: Send, rec: Record, body: dict,
+                             prep: Prepared) -> None:
+        """A stream that asked for load progress (``progress``): its own response, started before the seat."""
+        def ended(code: int) -> None:
+            rec.status = code
+            self.log.write(rec, {"stream": True, "progress": True})
+
+        await progress.openai_stream(self.door, scope["path"], body, prep.entry, prep.contract, rec.request_id,
+                                     rec.waits, ended)(scope, receive, send)
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         msg = await receive()
@@ -288,7 +312,12 @@ class FastPath:
             seat = await cm.__aenter__()
             held = cm
             rec.t_seat = time.perf_counter()
-            out = await relay(door.upstream, send, seat.port, path, payload, rec.request_id)
+            sent = with_lora(body, seat.config.loras, prep.entry, prep.contract)  # adapters: scales per request
+            if sent is not body:
+                payload = json.dumps(sent).encode()
+            assert door.pool is not None
+            out = await relay(door.pool, send, seat.port, path, payload, rec.request_id,
+                              headers=tuple((k.encode(), v.encode()) for k, v in report_headers(rec.waits).items()))
             hangup.disarm()
         except asyncio.CancelledError:
             hangup.disarm()

@@ -70,7 +70,7 @@ def _m0001_initial(conn: Connection) -> None:
         sa.Column("value_json", sa.Text, nullable=False),
         sa.Column("created_at", sa.Float, nullable=False),
     )
-    vocabulary = ", ".join(f"'{e}'" for e in EVENTS)  # constants of this module, not user input
+    vocabulary = ", ".join(f"'{e}'" for e in V1_EVENTS)  # constants of this module, not user input
     sa.Table(
         "events",
         md,
@@ -113,7 +113,62 @@ def _m0001_initial(conn: Connection) -> None:
     md.create_all(conn)
 
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", _m0001_initial),)
+# The history vocabulary as migration 1 wrote it; later vocabularies come with a migration of their own.
+V1_EVENTS: tuple[str, ...] = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan")
+
+
+def _m0002_events_vocabulary(conn: Connection) -> None:
+    """``reject`` (a measurement the guard refused) and ``leak`` join the history vocabulary."""
+    vocabulary = ", ".join(f"'{e}'" for e in EVENTS)  # constants, not user input
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("ALTER TABLE events DROP CONSTRAINT ck_events_event"))
+        conn.execute(sa.text(f"ALTER TABLE events ADD CONSTRAINT ck_events_event CHECK (event IN ({vocabulary}))"))
+        return
+    # SQLite cannot alter a constraint: rebuild the table with the new one, rows and indexes kept
+    old = conn.execute(sa.text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'events'")).scalar_one()
+    start = old.index("CONSTRAINT ck_events_event CHECK (")
+    end = old.index(")", old.index("event IN (", start) + len("event IN (")) + 1
+    new = old[:start] + f"CONSTRAINT ck_events_event CHECK (event IN ({vocabulary}))" + old[end + 1:]
+    indexes = conn.execute(sa.text("SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events' "
+                                   "AND sql IS NOT NULL")).scalars().all()
+    conn.execute(sa.text("ALTER TABLE events RENAME TO events_v1"))
+    conn.execute(sa.text(new))
+    conn.execute(sa.text("INSERT INTO events SELECT * FROM events_v1"))
+    conn.execute(sa.text("DROP TABLE events_v1"))
+    for sql in indexes:
+        conn.execute(sa.text(sql))
+
+
+def _m0003_seat_peaks(conn: Connection) -> None:
+    md = sa.MetaData()
+    big = sa.BigInteger
+    sa.Table(
+        "seat_peaks",
+        md,
+        _id_column(),
+        sa.Column("seat_id", sa.Text, nullable=False),
+        sa.Column("model", sa.Text, nullable=False),
+        sa.Column("engine", sa.Text, nullable=False),
+        sa.Column("config_json", sa.Text, nullable=False),
+        sa.Column("started_at", sa.Float, nullable=False),
+        sa.Column("ended_at", sa.Float, nullable=False),
+        sa.Column("samples", sa.Integer, nullable=False),
+        sa.Column("peak_pss_bytes", big, nullable=True),
+        sa.Column("peak_rss_bytes", big, nullable=True),
+        sa.Column("peak_gpu_bytes", big, nullable=True),
+        sa.Column("peak_available_drop_bytes", big, nullable=True),
+        sa.Column("baseline_available_bytes", big, nullable=True),
+        sa.Column("details_json", sa.Text, nullable=False),
+        sa.Index("ix_seat_peaks_model_time", "model", "started_at"),
+    )
+    md.create_all(conn)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial", _m0001_initial),
+    Migration(2, "events vocabulary: reject, leak", _m0002_events_vocabulary),
+    Migration(3, "seat_peaks", _m0003_seat_peaks),
+)
 
 _md = sa.MetaData()
 schema_migrations = sa.Table(

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-EVENTS: tuple[str, ...] = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan")
+EVENTS: tuple[str, ...] = ("load", "evict", "unload", "idle-unload", "fail", "reject", "refuse", "crash", "orphan",
+                           "leak")
 """The history vocabulary. Anything else is refused, by the record and by the table's CHECK."""
 
 _EVENT_BYTE_FIELDS: tuple[str, ...] = (

@@ -66,4 +66,22 @@ seats = sa.table(
     sa.column("fitevict_pid", sa.Integer),
 )
 
-TABLES: tuple[sa.TableClause, ...] = (measurements, compute_cache, events, seats)
+seat_peaks = sa.table(
+    "seat_peaks",
+    sa.column("id", _big),
+    sa.column("seat_id", sa.Text),
+    sa.column("model", sa.Text),
+    sa.column("engine", sa.Text),
+    sa.column("config_json", sa.Text),
+    sa.column("started_at", sa.Float),
+    sa.column("ended_at", sa.Float),
+    sa.column("samples", sa.Integer),
+    sa.column("peak_pss_bytes", _big),
+    sa.column("peak_rss_bytes", _big),
+    sa.column("peak_gpu_bytes", _big),
+    sa.column("peak_available_drop_bytes", _big),
+    sa.column("baseline_available_bytes", _big),
+    sa.column("details_json", sa.Text),
+)
+
+TABLES: tuple[sa.TableClause, ...] = (measurements, compute_cache, events, seats, seat_peaks)

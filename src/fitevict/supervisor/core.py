@@ -20,11 +20,14 @@ from typing import Any
 from fitevict import planner as pl
 from fitevict.catalog import Catalog, CatalogEntry
 from fitevict.config import Config
-from fitevict.contract import Contract
+from fitevict.contract import Contract, seat_key
 from fitevict.engines import engine_class
 from fitevict.engines.base import Engine
+from fitevict.engines.base import Unavailable as DryRunUnavailable
+from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
 from fitevict.engines.process import free_port
 from fitevict.host.budget import Budget, budget_from_config
+from fitevict.loadreport import request_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
 from fitevict.store.records import Event, Seat as SeatRecord
@@ -59,6 +62,14 @@ def sched_policy(config: Config) -> SchedPolicy:
                        eviction=p.eviction)  # type: ignore[arg-type]
 
 
+TORCH_OVERHEAD_KEY = "engine-overhead:transformers"
+
+
+def st_ok(binary: Path) -> bool:
+    """A real engine build to calibrate: an executable file named llama-server."""
+    return binary.name == "llama-server" and binary.is_file() and os.access(binary, os.X_OK)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -90,12 +101,15 @@ class Supervisor:
         self._stop_waiters: dict[str, list[asyncio.Future]] = {}
         self._changed = asyncio.Condition()
         self._events: list[Event] = []
+        self.on_event: list[Callable[[Event], None]] = []  # called with each event once it is recorded
         self._last_budget: Budget | None = None
         st = self.engine_binary.stat() if self.engine_binary.exists() else None
         self._overhead_key = f"engine-overhead:{self.engine_binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
         self.log_dir = Path(config.data_dir) / "seats"
         self.closed = False
         self.summary: ShutdownSummary | None = None
+        self._shutdown: asyncio.Future | None = None
+        self._hurry = asyncio.Event()
 
     @property
     def engine_overhead(self) -> dict[str, int]:
@@ -106,16 +120,36 @@ class Supervisor:
     async def start(self) -> list[Event]:
         """Load what was learned about the engine, and deal with the seats a previous run left."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        calibrated = await asyncio.to_thread(calibrated_overhead, self.engine_binary) if st_ok(self.engine_binary) \
+            else None
+        if calibrated is None and st_ok(self.engine_binary):
+            # first serve with this build: measure its own process overhead once, on the smallest model
+            got = await asyncio.to_thread(calibrate_overhead, self.engine_binary, timeout_s=60.0)
+            calibrated = None if isinstance(got, DryRunUnavailable) else {k: int(v) for k, v in got["overhead"].items()}
+        if calibrated:
+            self.prices.engine_overhead.update(calibrated)
+        torch_known = await asyncio.to_thread(self.store.compute_get, TORCH_OVERHEAD_KEY)
+        if torch_known:
+            self.prices.torch_overhead = int(torch_known[HOST])
         known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
-        if known:
-            self.prices.engine_overhead.update({k: int(v) for k, v in known.items()})
+        for dev, n in (known or {}).items():  # what loads have shown since raises it (a lower bound each)
+            self.prices.engine_overhead[dev] = max(int(n), self.prices.engine_overhead.get(dev, 0))
+        self.prices.forget()
         return await cleanup_orphans(self)
 
     async def shutdown(self, grace: float | None = None) -> ShutdownSummary:
         """Take no new work; answer every waiting request 503; let requests in flight finish within ``grace``
-        (``policy.shutdown_grace_seconds``), then cut them; stop every seat with its release verified."""
-        if self.summary is not None:
-            return self.summary
+        (``policy.shutdown_grace_seconds``), then cut them; stop every seat with its release verified.
+        Every caller awaits the same shutdown; ``hurry`` ends the wait for requests in flight."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self._shutdown_now(grace))
+        return await asyncio.shield(self._shutdown)
+
+    def hurry(self) -> None:
+        """A second signal: stop waiting for requests in flight (the seats are still stopped and verified)."""
+        self._hurry.set()
+
+    async def _shutdown_now(self, grace: float | None) -> ShutdownSummary:
         t0 = self.clock()
         grace = self.config.policy.shutdown_grace_seconds if grace is None else grace
         self.closed = True
@@ -124,15 +158,22 @@ class Supervisor:
         def idle() -> bool:
             return all(s.in_flight == 0 for s in self.scheduler.slots.values())
 
-        with contextlib.suppress(TimeoutError):
+        async def drained() -> None:
             async with self._changed:
-                await asyncio.wait_for(self._changed.wait_for(idle), grace)
+                await self._changed.wait_for(idle)
+
+        waits = [asyncio.ensure_future(drained()), asyncio.ensure_future(self._hurry.wait())]
+        await asyncio.wait(waits, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        for t in waits:
+            t.cancel()
         cut = sum(s.in_flight for s in self.scheduler.slots.values())
         for task in list(self.fx.loads.values()):
             task.cancel("fitevict is shutting down")
         stops = [self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
                  for s in list(self.seats.values()) if s.state is SeatPhase.READY]
-        await asyncio.gather(*stops, *list(self.fx.tasks), return_exceptions=True)
+        await asyncio.gather(*stops, return_exceptions=True)
+        while self.fx.tasks:  # records and stops that those started: all written before the store closes
+            await asyncio.gather(*list(self.fx.tasks), return_exceptions=True)
         self.summary = ShutdownSummary(answered, cut, len(stops), self.clock() - t0)
         return self.summary
 
@@ -152,8 +193,17 @@ class Supervisor:
         ev = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
         self._events.append(ev)
         del self._events[:-1000]
+        for hook in self.on_event:
+            hook(ev)
         await self._notify()
         return ev
+
+    async def settle(self, timeout: float = 30.0) -> None:
+        """Wait for load records still being written (they are written just after the first request got its seat),
+        so that a history read sees every load that has served a request."""
+        pending = list(self.fx.recording)
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
 
     async def wait_for_event(self, predicate: Callable[[Event], bool], timeout: float) -> Event:
         """Await the first event (already recorded by this supervisor, or future) matching ``predicate``."""
@@ -170,13 +220,35 @@ class Supervisor:
         async with self._changed:
             self._changed.notify_all()
 
+    async def changed(self) -> None:
+        """Something observable changed (a seat spawned, an event recorded): wake ``wait_until``."""
+        await self._notify()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """Await a condition on the supervisor's state (seats, queue), re-checked at every change."""
+        async def _wait() -> None:
+            async with self._changed:
+                await self._changed.wait_for(predicate)
+        await asyncio.wait_for(_wait(), timeout)
+
     # -- pricing and planning -------------------------------------------------------------------
 
     def engine_for(self, entry: CatalogEntry) -> Engine:
         eng = self._engines.get(entry.engine)
         if eng is None:
-            eng = self._engines[entry.engine] = engine_class(entry.engine)(self.engine_binary)
+            cls = engine_class(entry.engine)
+            # llama-server runs the configured build; a transformers seat runs this Python
+            eng = self._engines[entry.engine] = cls(self.engine_binary) if entry.engine == "llama-server" else cls()
         return eng
+
+    def launch_spec(self, entry: CatalogEntry, path: Path, cfg, port: int):
+        """The argv and environment that start ``entry`` under ``cfg`` (the engine's one builder)."""
+        engine = self.engine_for(entry)
+        kw: dict[str, Any] = {"extra_args": tuple(entry.settings.extra_args),
+                              "embeddings": bool(entry.settings.embeddings)}
+        if entry.engine == "llama-server":
+            kw["mmproj"] = entry.mmproj
+        return engine.launch_spec(path, cfg, port, **kw)
 
     def engine_name(self, key: str) -> str:
         entry = self.catalog.get(key)
@@ -227,6 +299,14 @@ class Supervisor:
         """The budget snapshot the last plan was made against, with every figure's source."""
         return self._last_budget.to_json() if self._last_budget is not None else None
 
+    async def learn_torch_overhead(self, seen: int) -> None:
+        """A transformers seat's own process (Python, torch, their libraries, the seat server) beyond its priced
+        model: measured (PSS minus the price), the largest seen kept, and added to every transformers price."""
+        if seen > (self.prices.torch_overhead or 0):
+            self.prices.torch_overhead = seen
+            self.prices.forget()
+            await asyncio.to_thread(self.store.compute_put, TORCH_OVERHEAD_KEY, {HOST: seen})
+
     async def learn_overhead(self, grown: dict[str, int]) -> None:
         self.prices.engine_overhead.update(grown)
         self.prices.forget()
@@ -252,6 +332,8 @@ class Supervisor:
             timing["queue_s"], timing["load_s"] = 0.0, 0.0
         seat = self.seats[got]
         try:
+            if timing is not None:  # what loading cost this request (an adapter is served by its base's seat)
+                timing["load_report"] = await request_report(self, entry, seat, w.arrived, request_id)
             yield seat
         finally:
             self.scheduler.finished(got)
@@ -294,11 +376,11 @@ class Supervisor:
 
     async def unload(self, key: str, *, reason: str = "unloaded on request") -> StopResult | None:
         """Stop ``key`` once its requests in flight finish; returns the verified stop, or None if not resident."""
-        entry = self.catalog.resolve(key)
+        target = seat_key(self.catalog.resolve(key))  # an adapter's seat is its base's
         fut = asyncio.get_running_loop().create_future()
-        self._stop_waiters.setdefault(entry.key, []).append(fut)
-        if not self.scheduler.unload(entry.key, reason):
-            self._stop_waiters[entry.key].remove(fut)
+        self._stop_waiters.setdefault(target, []).append(fut)
+        if not self.scheduler.unload(target, reason):
+            self._stop_waiters[target].remove(fut)
             return None
         return await fut
 
@@ -339,6 +421,13 @@ class Supervisor:
         fp = seat.measured or seat.predicted
         cpu = fp.device(HOST)
         return cpu.model.bytes if cpu is not None else 0
+
+    def queue_view(self) -> dict[str, int]:
+        """Requests waiting for a seat, per model."""
+        out: dict[str, int] = {}
+        for w in self.scheduler.queue:
+            out[w.key] = out.get(w.key, 0) + 1
+        return out
 
     def resident_views(self) -> list[dict]:
         out = []

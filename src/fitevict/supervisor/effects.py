@@ -10,6 +10,7 @@ ended the seat (eviction, unload, idle, a failed load, a crash, a cancelled load
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
+from fitevict.loadreport import seat_load_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.errors import LoadFailed, Refused, SupervisorError
+from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
 from fitevict.supervisor.release import StopResult, stop_and_verify
 from fitevict.supervisor.scheduler import Waiter
@@ -28,12 +31,15 @@ from fitevict.supervisor.seat import BIND_FAILED, SeatPhase, SeatState, log_tail
 if TYPE_CHECKING:
     from fitevict.supervisor.core import Supervisor
 
+log = logging.getLogger("fitevict.supervisor")
+
 
 class LiveEffects:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
         self.loads: dict[str, asyncio.Task] = {}
         self.tasks: set[asyncio.Task] = set()
+        self.recording: set[asyncio.Future] = set()  # load records still being written (history readers settle)
         self._wake: asyncio.TimerHandle | None = None
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -98,6 +104,7 @@ class LiveEffects:
         task = asyncio.create_task(coro, name=name)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(_report_failure)
         return task
 
     async def _load(self, waiter: Waiter, plan: pl.Plan) -> None:
@@ -117,11 +124,12 @@ class LiveEffects:
                     id=uuid.uuid4().hex[:12], key=key, entry=entry, engine=entry.engine, config=cfg, model_path=path,
                     port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
                     started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
-                    strategy=plan.action, pinned=entry.pinned)
-                spec = engine.launch_spec(path, cfg, seat.port, extra_args=tuple(entry.settings.extra_args),
-                                          embeddings=bool(entry.settings.embeddings))
+                    strategy=plan.action, pinned=entry.pinned,
+                    predicted_overhead=sup.prices.torch_overhead if path.is_dir() else None)
+                spec = sup.launch_spec(entry, path, cfg, seat.port)
                 sup.seats[key] = seat
                 await spawn(seat, spec)
+                await sup.changed()
                 self._spawn_task(asyncio.to_thread(sup.store.seat_upsert, sup.seat_record(seat)), "seat-record")
                 try:
                     await wait_ready(seat, clock=sup.clock, health_timeout=sup.config.engine.health_timeout_seconds,
@@ -131,12 +139,18 @@ class LiveEffects:
                     res = await self._end(seat, SeatPhase.FAILED)
                     if attempt == 1 and BIND_FAILED in log_tail(seat.log_path, 200):
                         continue
+                    details = {"log": str(seat.log_path), "argv": list(spec.argv), "pid": seat.pid, **res.details()}
+                    why = _engine_failure(engine, seat.log_path)
+                    if why is not None:  # the seat's own account (a transformers walk that found no weights, ...)
+                        no_weights = seat.proc is not None and seat.proc.returncode == EXIT_NO_WEIGHTS
+                        verdict = guard_mod.check_walk(None, reason=why) if no_weights else None
+                        details["guard"] = ({"accepted": False, "check": verdict.check, "reason": verdict.reason}
+                                            if verdict is not None else None)
+                        e = LoadFailed(f"{key}: {verdict.reason if verdict is not None else why}")
                     await sup.record(Event(
                         time=sup.clock(), event="fail", model=key, engine=entry.engine, seconds=sup.clock() - t0,
                         strategy=plan.action, reason=str(e), request_id=waiter.request_id,
-                        predicted_bytes=predicted.total_bytes, freed_bytes=res.freed_bytes,
-                        details={"log": str(seat.log_path), "argv": list(spec.argv), "pid": seat.pid,
-                                 **res.details()}))
+                        predicted_bytes=predicted.total_bytes, freed_bytes=res.freed_bytes, details=details))
                     sup.scheduler.load_failed(key, e)
                     return
         except asyncio.CancelledError as e:
@@ -164,18 +178,35 @@ class LiveEffects:
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
         sup.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=seat.load_seconds,
                              config=cfg)  # the waiters get the seat now: the records below are off their path
-        await self._record_load(seat, plan, waiter.request_id, spec.notes)
+        record = asyncio.ensure_future(self._record_load(seat, plan, waiter.request_id, spec.notes))
+        self.recording.add(record)
+        record.add_done_callback(self.recording.discard)
+        await record
 
     async def _record_load(self, seat: SeatState, plan: pl.Plan, request_id: str | None, notes: Any) -> None:
         """Learn the overhead, guard the measurement, store it if accepted, record a ``load`` (or ``reject``)."""
         sup = self.sup
-        grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat))
-        if grown:
-            await sup.learn_overhead(grown)
+        log_text = seat.log_path.read_text(errors="replace")
+        walk = _seat_document(sup.engine_for(seat.entry), log_text)
+        if walk is not None and seat.host_mem is not None and seat.host_mem.host_bytes is not None:
+            # a transformers seat: its own process (Python, torch and their libraries, as the budget counts them:
+            # PSS) is what it holds beyond its priced model, cache and activations; the largest seen is kept
+            priced = seat.predicted.bytes_on(HOST) - int(seat.predicted_overhead or 0)
+            await sup.learn_torch_overhead(seat.host_mem.host_bytes - priced)
+        else:
+            grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat))
+            if grown:
+                await sup.learn_overhead(grown)
         measured_total = seat.measured.total_bytes if seat.measured else None
         previous = await asyncio.to_thread(sup.store.last_measurement, seat.signature)
-        verdict = guard_mod.check_measurement(measured_total, file_bytes=_file_bytes(seat.model_path),
-                                              previous=previous.total_bytes if previous else None)
+        verdict = guard_mod.check_walk(walk["walk"].get("weight_bytes")) if walk is not None else None
+        if verdict is None or verdict.accepted:
+            # the 1 MiB floor is llama.cpp's (its buffers alone exceed it); a walk that found weights is the proof
+            # of a load for a transformers seat, so only the ratio against the same signature applies there
+            floor = 0 if walk is not None else guard_mod.IMPLAUSIBLE_FLOOR_BYTES
+            verdict = guard_mod.check_measurement(measured_total, file_bytes=_file_bytes(seat.model_path),
+                                                  previous=previous.total_bytes if previous else None,
+                                                  floor_bytes=floor)
         details: dict[str, Any] = {
             "port": seat.port, "pid": seat.pid, "log": str(seat.log_path), "config": seat.config.to_json(),
             "predicted": seat.predicted.to_json(),
@@ -184,6 +215,7 @@ class LiveEffects:
             "guard": {"accepted": verdict.accepted, "check": verdict.check, "reason": verdict.reason},
             "notes": list(notes), "compute_source": sup.prices.compute_source(seat.model_path, seat.config),
             "previous_measured_bytes": previous.total_bytes if previous else None,
+            "load_report": seat_load_report(sup, seat, plan).to_json(),
         }
         if measured_total:
             details["prediction_error"] = (seat.predicted.total_bytes - measured_total) / measured_total
@@ -199,8 +231,9 @@ class LiveEffects:
         if not verdict.accepted:
             reason = (f"loaded, but its measurement was rejected by the {verdict.check} check and not stored: "
                       f"{verdict.reason}")
-        await sup.record(Event(
-            time=sup.clock(), event="load" if verdict.accepted else "reject", model=seat.key, engine=seat.engine,
+        await sup.record(Event(  # dated when the seat became ready, not when this record was written
+            time=seat.ready_at or sup.clock(), event="load" if verdict.accepted else "reject", model=seat.key,
+            engine=seat.engine,
             seconds=seat.load_seconds, vram_bytes=gpu, host_bytes=seat.bytes_on(HOST),
             offloaded_bytes=sup.spilled(seat), strategy=_strategy(plan), request_id=request_id, reason=reason,
             predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total, details=details))
@@ -217,7 +250,7 @@ class LiveEffects:
         seat.state = final
         if sup.seats.get(seat.key) is seat:
             sup.seats.pop(seat.key)
-        self._spawn_task(asyncio.to_thread(sup.store.seat_remove, seat.id), "seat-forget")
+        await asyncio.to_thread(sup.store.seat_remove, seat.id)
         return res
 
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
@@ -226,9 +259,28 @@ class LiveEffects:
         await sup.record(Event(
             time=sup.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
             host_bytes=seat.bytes_on(HOST), vram_bytes=sup.gpu_figure(seat), reason=reason,
-            freed_bytes=res.freed_bytes, request_id=request_id, details={"pid": seat.pid, **res.details()}))
+            freed_bytes=res.freed_bytes, request_id=request_id,
+            details={"pid": seat.pid, "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
+                     "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
+                                     if seat.config.devices else None), **res.details()}))
+        await self._record_teardown(seat, request_id)
         sup.stopped(seat.key, res)
         return res
+
+    async def _record_teardown(self, seat: SeatState, request_id: str | None) -> None:
+        """A transformers seat's leak breaker reports on its way out: every tensor still alive after its model was
+        deleted is named as this model's leak (memory glibc kept, with every tensor gone, is retention, not a leak)."""
+        engine = self.sup.engine_for(seat.entry)
+        report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
+        if not report or not report.get("leaks"):
+            return
+        leaks = report["leaks"]
+        held = sum(int(x.get("bytes") or 0) for x in leaks)
+        names = ", ".join(f"{x.get('path')} ({x.get('bytes')} B)" for x in leaks[:8])
+        await self.sup.record(Event(
+            time=self.sup.clock(), event="leak", model=seat.key, engine=seat.engine, host_bytes=held,
+            reason=f"{len(leaks)} tensor(s) still alive after the model was deleted: {names}",
+            request_id=request_id, details={"teardown": report, "host_source": "measured: the leak breaker's weakrefs"}))
 
     async def _watch(self, seat: SeatState) -> None:
         assert seat.proc is not None
@@ -261,6 +313,28 @@ class LiveEffects:
             self.sup.stopped(seat.key, res)
 
         seat.watcher = self._spawn_task(watch(), f"watch-{seat.key}")
+
+
+def _report_failure(task: asyncio.Task) -> None:
+    """No swallowed exceptions: a supervisor task that failed says so in the server log, with its traceback."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("supervisor task %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _seat_document(engine: Any, log_text: str) -> dict | None:
+    """A transformers seat's footprint document (its object walk and process baseline), from its log."""
+    document = getattr(engine, "document", None)
+    return document(log_text) if document is not None else None
+
+
+def _engine_failure(engine: Any, log_path: Path) -> str | None:
+    failure = getattr(engine, "failure", None)
+    if failure is None:
+        return None
+    try:
+        return failure(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
 
 
 def _file_bytes(path: Path) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fitevict.host import procmem
 from fitevict.host.nvml import read_gpus
-from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.supervisor.seat import SeatState
 from fitevict.units import format_size
 
@@ -87,7 +87,9 @@ def footprint_from_json(d: dict) -> Footprint:
             s = src.get(name, "measured")
             return Term(b, s) if b is not None else Term.unavailable(dv.get("unavailable", {}).get(name, "not recorded"))
 
-        devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output")))
+        adapters = Term(dv["adapter_bytes"], src.get("adapters", "measured")) if "adapter_bytes" in dv else ZERO_FORMULA
+        devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output"),
+                                    adapters))
     host = d.get("host", {})
     return Footprint(tuple(devs), host.get("mapped_bytes", 0), host.get("committed_bytes", 0),
                      host.get("source", "measured"), overhead=tuple(d.get("overhead", {}).items()))

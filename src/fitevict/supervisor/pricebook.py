@@ -8,6 +8,7 @@ when a load records one (``forget`` drops the cache then).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,33 @@ from fitevict.contract import Contract, load_config_for, plan_request
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing import price as pricing
-from fitevict.pricing.footprint import Footprint
+from fitevict.pricing.footprint import Footprint, as_stored
+from fitevict.engines.torch_engine import hf_config
 from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.hf_kv import training_context
+from fitevict.pricing.hf_price import price_hf
+from fitevict.pricing.safetensors import load_hf_structure
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
 from fitevict.supervisor.measure import dominant_type, footprint_from_json, with_engine_overhead
+
+
+@dataclass(frozen=True, slots=True)
+class _HfShape:
+    n_ctx_train: int
+    n_layer: int = 0
+    is_moe: bool = False
+
+
+def _hf_dtype(structure) -> str:
+    """The safetensors dtype holding the most bytes: an HF folder's quantization, for signatures."""
+    by: dict[str, int] = {}
+    for t in structure.tensors:
+        by[t.dtype] = by.get(t.dtype, 0) + t.nbytes
+    return "hf:" + (max(by, key=by.__getitem__) if by else "empty")
 
 
 class PriceBook:
@@ -37,7 +58,12 @@ class PriceBook:
         self._quant: dict[tuple[str, int, int], str] = {}
         self._compute: dict[tuple[str, LoadConfig], dict[str, int]] = {}
         self._dry_notes: dict[tuple[str, LoadConfig], str] = {}
-        self._dry_context: dict[tuple[str, LoadConfig], Any] = {}
+        self._dry_context: dict[tuple[str, LoadConfig], Any] = {}  # keyed by the placement-free configuration
+        self._projector_estimate: dict[tuple[str, LoadConfig], int] = {}
+        self._mmproj: dict[str, Path] = {}  # model file -> its projector (from the catalog)
+        self._extra_args: dict[str, tuple[str, ...]] = {}  # HF folder -> the seat's own flags (dtype, quant, ...)
+        self._hf: dict[tuple[str, int], Any] = {}
+        self.torch_overhead: int | None = None  # a transformers seat's own process bytes (measured, first seat)
         self._requests: dict[tuple[str, Contract | None], tuple[pl.PlanRequest, LoadConfig, Path]] = {}
 
     def forget(self) -> None:
@@ -45,11 +71,27 @@ class PriceBook:
         self._footprints.clear()
 
     def structure(self, path: Path):
-        return load_structure(path)
+        """A GGUF file's structure, or an HF folder's (safetensors headers and config.json)."""
+        if not Path(path).is_dir():
+            return load_structure(path)  # cached by the pricing module
+        key = (str(path), Path(path).stat().st_mtime_ns)
+        hit = self._hf.get(key)
+        if hit is None:
+            hit = self._hf[key] = load_hf_structure(Path(path))
+        return hit
+
+    def shape(self, path: Path):
+        """What the planner needs of a model's shape: offloadable layers, MoE or not, training context. An HF
+        seat places whole modules through its device map, so the planner sees it as one layer."""
+        if Path(path).is_dir():
+            return _HfShape(n_ctx_train=training_context(self.structure(path).config) or 0)
+        return self.structure(path)
 
     def config_for(self, entry: CatalogEntry, contract: Contract | None) -> tuple[LoadConfig, str, Path]:
         cfg, mode, path = load_config_for(entry, contract, self.default_alloc_mode)
-        if cfg.n_ctx == 0:
+        if cfg.n_ctx == 0 and Path(path).is_dir():
+            cfg = cfg.with_(n_ctx=training_context(self.structure(path).config) or cfg.n_ctx)
+        elif cfg.n_ctx == 0:
             # Seats start with --fit off, under which "-c 0" means something other than under the
             # engine's default --fit on; start them with the explicit context the price was made for.
             cfg = cfg.with_(n_ctx=resolve_context(self.structure(path), cfg).n_ctx)
@@ -63,7 +105,9 @@ class PriceBook:
             return hit
         cfg, mode, path = self.config_for(entry, contract)
         named_file = contract is not None and contract.gguf_file is not None
-        req = plan_request(entry, cfg, mode, self.structure(path), source=path if named_file else None,
+        if entry.engine == "transformers":
+            self._extra_args[str(path)] = tuple(entry.settings.extra_args)  # the seat's flags set what it costs
+        req = plan_request(entry, cfg, mode, self.shape(path), source=path if named_file else None,
                            contract=contract if contract is not None else Contract())
         if len(self._requests) > 4096:
             self._requests.clear()
@@ -75,24 +119,35 @@ class PriceBook:
         ident = (str(path), st.st_size, st.st_mtime_ns)
         quant = self._quant.get(ident)
         if quant is None:
-            quant = self._quant[ident] = dominant_type(self.structure(path))
+            quant = self._quant[ident] = (_hf_dtype(self.structure(path)) if path.is_dir()
+                                          else dominant_type(self.structure(path)))
         return measurement_signature(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
                                      quantization=quant, config=cfg.to_json())
 
     def footprint(self, path: Path, cfg: LoadConfig) -> Footprint:
-        """Measured footprint for this signature if one was accepted, else the priced one."""
+        """Measured footprint for this signature if one was accepted (labelled stored-measurement), else the priced
+        one, with the model's projector and the engine process's overhead."""
         st = path.stat()
         key = (str(path), st.st_size, st.st_mtime_ns, cfg)
         hit = self._footprints.get(key)
         if hit is not None:
             return hit
-        m = self.store.last_measurement(self.signature(path, cfg))
-        if m is not None:
-            fp = footprint_from_json(m.footprint)
+        if path.is_dir():
+            # a transformers seat: priced from its headers (its walk equals that to the byte), with its own process
+            # overhead as measured; a walk has no cache or activations to reuse, so no stored figure stands in
+            hf = hf_config(cfg, extra_args=self._extra_args.get(str(path), ()))
+            fp = price_hf(self.structure(path), hf, overhead_bytes=self.torch_overhead).footprint
+        elif (m := self.store.last_measurement(self.signature(path, cfg))) is not None:
+            fp = as_stored(footprint_from_json(m.footprint))
         else:
             fp = pricing.price(self.structure(path), cfg, compute=self._compute.get((str(path), cfg)),
-                               context=self._dry_context.get((str(path), cfg))).footprint
-        fp = with_engine_overhead(fp, self.engine_overhead)
+                               context=self._dry_context.get((str(path), cfg.without_placement()))).footprint
+            proj = self._mmproj.get(str(path))
+            if proj is not None:
+                estimate = self._projector_estimate.get((str(path), cfg.without_placement()))
+                fp = with_projector(fp, price_projector(load_structure(proj), estimate))
+        if not path.is_dir():
+            fp = with_engine_overhead(fp, self.engine_overhead)
         if len(self._footprints) > 4096:
             self._footprints.clear()
         self._footprints[key] = fp
@@ -112,11 +167,16 @@ class PriceBook:
         (also cached on disk); a dry run that gives no figure leaves the labelled formula in place."""
         if (str(path), cfg) in self._compute or (str(path), cfg) in self._dry_notes:
             return
-        got = await asyncio.to_thread(dry_run, self.engine_dir, path, cfg, extra_args=tuple(extra_args))
+        if entry.mmproj is not None:
+            self._mmproj[str(path)] = Path(entry.mmproj)
+        got = await asyncio.to_thread(dry_run, self.engine_dir, path, cfg, extra_args=tuple(extra_args),
+                                      mmproj=entry.mmproj)
         if isinstance(got, DryRunUnavailable):
             self._dry_notes[(str(path), cfg)] = got.reason
         else:
             self._compute[(str(path), cfg)] = got.compute
-            if got.context is not None:
-                self._dry_context[(str(path), cfg)] = got.context
+            if got.context is not None:  # the caches do not depend on where layers go: one dry run serves any
+                self._dry_context[(str(path), cfg.without_placement())] = got.context
+            if got.projector_estimate is not None:
+                self._projector_estimate[(str(path), cfg.without_placement())] = got.projector_estimate
             self.forget()

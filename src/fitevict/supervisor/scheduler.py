@@ -389,6 +389,9 @@ class Scheduler:
                 s = self.slots.get(key)
                 if s is None or s.phase is not Phase.READY:
                     continue
+                if s.in_flight == 0:  # idle, only within its minimum residency: evictable once that passes
+                    wake = min(wake, self._young_until(s))
+                    continue
                 end = self._turn_end(s, head)
                 if now >= end:
                     s.phase = Phase.DRAINING
@@ -406,14 +409,18 @@ class Scheduler:
         p = self.policy
         start = s.turn_start if s.turn_start is not None else s.since
         end = min(start + p.max_turn_seconds, head.arrived + p.max_wait_seconds)
-        return max(end, (s.ready_at or s.since) + p.min_residency_seconds)
+        return max(end, self._young_until(s))
+
+    def _young_until(self, s: Slot) -> float:
+        """The end of ``s``'s minimum residency: the one place it is computed (no rounding can disagree)."""
+        return (s.ready_at if s.ready_at is not None else s.since) + self.policy.min_residency_seconds
 
     def _residents(self, now: float) -> list[pl.Resident]:
         out = []
         for s in self.slots.values():
             if s.phase is Phase.STOPPING:
                 continue
-            young = s.ready_at is not None and now - s.ready_at < self.policy.min_residency_seconds
+            young = s.ready_at is not None and now < self._young_until(s)
             # a seat within its minimum residency is busy for the planner: not a victim, but worth waiting for
             in_flight = s.in_flight or (1 if young and s.phase is Phase.READY else 0)
             out.append(pl.Resident(

@@ -72,6 +72,7 @@ class SeatState:
     host_mem: procmem.ProcessMemory | None = None
     gpu_bytes: dict[str, int] = field(default_factory=dict)
     pinned: bool = False
+    predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
     watcher: asyncio.Task | None = None
 

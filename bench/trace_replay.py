@@ -1,0 +1,310 @@
+"""Replay request traces through fitevict's scheduler and four baselines, side by side, in simulated time.
+
+fitevict's rows run the real ``Scheduler`` (``fitevict.supervisor.scheduler``) over the real planner with a
+declared budget; the baselines (``baselines.py``) are small simulations of other servers' policies. All
+run in the same discrete-event world (``tracesim.Sim``) with the demo zoo's real prices and measured load
+and release times (``traces.py``). Writes docs/benchmarks.md (section ``trace_replay``).
+
+    .venv/bin/python bench/trace_replay.py [--zoo DIR] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _docs import write_section  # noqa: E402
+from baselines import CountLRU, FifoSwap, KeepAlive  # noqa: E402
+from traces import adversarial_trace, bursty_trace, total_bytes, zipf_trace, zoo_specs  # noqa: E402
+from tracesim import FitevictPolicy, ModelSpec, Policy, Result, Sim, Trace  # noqa: E402
+
+from fitevict.config import Config, load_config  # noqa: E402
+from fitevict.contract import Contract  # noqa: E402
+from fitevict.host.budget import Budget  # noqa: E402
+from fitevict.pricing.footprint import HOST  # noqa: E402
+from fitevict.supervisor.core import sched_policy  # noqa: E402
+
+MiB = 2**20
+CONTRACT = Contract(ctx=4096, parallel=1)  # what bench/seat_lifecycle.py measured: ctx 4096, -np 1, CPU
+ADVERSARIAL_PAIR = ("llama-q8_0", "llama-q4_0")
+KEEP_ALIVE = 300.0  # Ollama's default keep_alive (5 minutes)
+ISSUE_TRIO = (*ADVERSARIAL_PAIR, "mamba")  # two that cannot be co-resident and a small third
+BURSTY_MODELS = ("llama-gqa", "gemma2-swa", "llama-q8_0", "qwen2-bias", "phi-fusedqkv", "gpt2-ln",
+                 "bloom-alibi", "gemma3-q4_0")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One trace over some models under one budget."""
+
+    trace: Trace
+    models: Mapping[str, ModelSpec]
+    budget_bytes: int
+    why_budget: str
+
+
+def count_lru_max(models: Mapping[str, ModelSpec], budget: int) -> int:
+    """The largest ``--models-max`` that never holds more than ``budget``: the N biggest models fit."""
+    sizes = sorted((sum(m.bytes.values()) for m in models.values()), reverse=True)
+    n, held = 0, 0
+    for b in sizes:
+        if held + b > budget:
+            break
+        n, held = n + 1, held + b
+    return max(1, n)
+
+
+def count_lru_fill(models: Mapping[str, ModelSpec], budget: int) -> int:
+    """The ``--models-max`` that fills ``budget`` with models of the mean size."""
+    mean = total_bytes(models) / len(models)
+    return max(1, int(budget // mean))
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One policy of the table: how to build it over a ``Sim``, and the planner knobs that ``Sim`` needs."""
+
+    make: Callable[[Sim], Policy]
+    eviction: str = "cost"  # the planner's victim order (fitevict's rows only read it)
+    exclusive_fraction: float | None = None  # None: the configuration's
+
+
+def exclusive_matters(case: Case, fraction: float) -> bool:
+    """Whether some model is exclusive (over ``fraction`` of the budget) yet fits beside another one."""
+    sizes = sorted(sum(m.bytes.values()) for m in case.models.values())
+    return any(b > fraction * case.budget_bytes and b + (sizes[0] if sizes[0] != b else sizes[1]) <= case.budget_bytes
+               for b in sizes if len(sizes) > 1)
+
+
+def policies(config: Config, case: Case) -> list[Row]:
+    p = config.policy
+    out: list[Row] = []
+    safe, fill = count_lru_max(case.models, case.budget_bytes), count_lru_fill(case.models, case.budget_bytes)
+    for n in dict.fromkeys((safe, fill)):
+        out.append(Row(lambda sim, n=n: CountLRU(sim, n, queue_timeout=p.queue_timeout_seconds,
+                                                 engine_queue_depth=p.engine_queue_depth)))
+    out.append(Row(lambda sim: FifoSwap(sim, queue_timeout=p.queue_timeout_seconds,
+                                        engine_queue_depth=p.engine_queue_depth)))
+    out.append(Row(lambda sim: KeepAlive(sim, KEEP_ALIVE, queue_timeout=p.queue_timeout_seconds)))
+    for ev in ("lru", "cost"):
+        out.append(Row(lambda sim, ev=ev: FitevictPolicy(sim, replace(sched_policy(config), eviction=ev),
+                                                         idle_unload_seconds=p.idle_unload_seconds), ev))
+    if exclusive_matters(case, p.exclusive_fraction):
+        out.append(Row(lambda sim: FitevictPolicy(sim, replace(sched_policy(config), eviction="cost"),
+                                                  idle_unload_seconds=p.idle_unload_seconds,
+                                                  name="fitevict eviction=cost, exclusive_fraction=1"), "cost", 1.0))
+    return out
+
+
+def run_case(config: Config, case: Case) -> list[Result]:
+    budget = Budget.declared({HOST: case.budget_bytes})
+    out = []
+    for row in policies(config, case):
+        ex = config.policy.exclusive_fraction if row.exclusive_fraction is None else row.exclusive_fraction
+        sim = Sim(case.models, budget, eviction=row.eviction, exclusive_fraction=ex)
+        out.append(sim.run(row.make(sim), case.trace))
+    return out
+
+
+def cases(zoo: Path, *, quick: bool = False) -> list[Case]:
+    zoo_all = zoo_specs(zoo, CONTRACT)
+    scale = 10 if quick else 1
+    big = max(sum(m.bytes.values()) for m in zoo_all.values())
+    zipf_budget = 320 * MiB
+    pair = {k: zoo_all[k] for k in ADVERSARIAL_PAIR}
+    pair_budget = max(sum(m.bytes.values()) for m in pair.values()) + 1 * MiB
+    trio = {k: zoo_all[k] for k in ISSUE_TRIO}
+    trio_budget = pair_budget + sum(zoo_all[ISSUE_TRIO[2]].bytes.values())
+    small = {k: m for k, m in zoo_all.items() if sum(m.bytes.values()) < 64 * MiB}
+    small_budget = 96 * MiB
+    burst = {k: zoo_all[k] for k in BURSTY_MODELS}
+    burst_budget = 48 * MiB
+    return [
+        Case(zipf_trace(list(zoo_all), n=3000 // scale, rate=2.0, service=0.25, s=1.0, seed=1), zoo_all, zipf_budget,
+             f"{zipf_budget / MiB:.0f} MiB: the largest model ({big / MiB:.1f} MiB) plus a few small ones, or every "
+             f"small one; the whole zoo needs {total_bytes(zoo_all) / MiB:.1f} MiB"),
+        Case(replace(adversarial_trace(ADVERSARIAL_PAIR, clients=8, per_client=24 // (2 if quick else 1), service=1.0),
+                     name="adversarial, service 1 s"),
+             pair, pair_budget,
+             f"{pair_budget / MiB:.2f} MiB: the larger of the two plus 1 MiB; the two together need "
+             f"{total_bytes(pair) / MiB:.2f} MiB"),
+        Case(replace(adversarial_trace(ADVERSARIAL_PAIR, clients=8, per_client=24 // (2 if quick else 1),
+                                       service=0.05), name="adversarial, service 0.05 s"),
+             pair, pair_budget, "as above"),
+        Case(replace(adversarial_trace(ISSUE_TRIO, clients=8, per_client=3, service=0.05), name="8 clients x 3 models"),
+             trio, trio_budget,
+             f"{trio_budget / MiB:.2f} MiB: the larger of the pair plus {ISSUE_TRIO[2]} plus 1 MiB"),
+        Case(replace(zipf_trace(list(small), n=3000 // scale, rate=2.0, service=0.25, s=1.0, seed=2), name="zipf-small"),
+             small, small_budget,
+             f"{small_budget / MiB:.0f} MiB: about 9 of the {len(small)} small models "
+             f"(all {len(small)} need {total_bytes(small) / MiB:.1f} MiB)"),
+        Case(bursty_trace(BURSTY_MODELS, bursts=120 // scale, size=(5, 30), gap=3.0, spacing=0.1, service=0.25,
+                          seed=3), burst, burst_budget,
+             f"{burst_budget / MiB:.0f} MiB: about 4 of the 8 models; all 8 need {total_bytes(burst) / MiB:.1f} MiB"),
+    ]
+
+
+def fmt_s(x: float) -> str:
+    return "-" if x != x else f"{x:.2f}"
+
+
+def table(config: Config, rows: Sequence[tuple[Case, list[Result]]]) -> str:
+    bound = config.policy.max_wait_seconds
+    out = ["| trace | policy | swaps (loads) | reload MiB | loaded MiB | load s | p50 wait s | p99 wait s | max wait s | "
+           f"lost | over budget MiB | evicted unserved | swaps per {bound:g} s bound | makespan s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for case, results in rows:
+        for r in results:
+            lost = str(r.lost) + (f" ({', '.join(f'{k} {v}' for k, v in sorted(r.lost_by.items()))})" if r.lost else "")
+            per = r.loads / max(1.0, r.makespan / bound)
+            out.append(f"| {case.trace.name} | {r.policy} | {r.loads} | {r.reload_bytes / MiB:.1f} | "
+                       f"{r.loaded_bytes / MiB:.1f} | {r.load_seconds:.1f} | {fmt_s(r.wait_p50)} | {fmt_s(r.wait_p99)} | {fmt_s(r.wait_max)} | "
+                       f"{lost} | {r.over_budget_bytes / MiB if r.over_budget_bytes > 0 else 0:.1f} | "
+                       f"{r.evicted_unserved} | {per:.2f} | {r.makespan:.0f} |")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--zoo", type=Path, help="the demo zoo's folder (default: written to a temporary folder)")
+    ap.add_argument("--quick", action="store_true", help="a tenth of the requests (no doc written)")
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args(argv)
+    config = load_config(None, env={}, overrides={})
+    with tempfile.TemporaryDirectory() as tmp:
+        zoo = a.zoo
+        if zoo is None:
+            from fitevict.zoo import write_zoo
+
+            zoo = Path(tmp) / "zoo"
+            write_zoo(zoo)
+        t0 = time.perf_counter()
+        rows = [(c, run_case(config, c)) for c in cases(zoo, quick=a.quick)]
+        took = time.perf_counter() - t0
+    text = table(config, rows)
+    print(text)
+    for _case, results in rows:
+        for r in results:
+            for line in r.anomalies[:5]:
+                print(f"ANOMALY {r.trace} / {r.policy}: {line}", file=sys.stderr)
+    print(f"replayed in {took:.1f} s", file=sys.stderr)
+    if not (a.no_write or a.quick):
+        write_section("trace_replay", doc_body(config, rows, took))
+    return 0
+
+
+def _row(results: Sequence[Result], prefix: str) -> Result:
+    return next(r for r in results if r.policy.startswith(prefix))
+
+
+def verdicts(config: Config, rows: Sequence[tuple[Case, list[Result]]]) -> list[str]:
+    bound = config.policy.max_wait_seconds
+    out = []
+    for case, results in rows:
+        ours = [r for r in results if r.policy.startswith("fitevict eviction=") and "exclusive" not in r.policy]
+        if case.trace.name.startswith("zipf"):
+            base = _row(results, "count-LRU")  # the largest models-max that keeps the budget
+            fill = results[1] if results[1].policy.startswith("count-LRU") else None
+            for r in ours:
+                ratio = r.reload_bytes / base.reload_bytes
+                ok = ratio <= 0.7 and r.over_budget_bytes <= 0
+                line = (f"- {case.trace.name}, {r.policy}: reload bytes {ratio:.2f}x {base.policy} "
+                        f"(target <= 0.70x), {r.over_budget_bytes / MiB if r.over_budget_bytes > 0 else 0:.1f} MiB "
+                        f"over budget: {'met' if ok else 'MISSED'}")
+                if fill is not None:
+                    line += (f"; {r.reload_bytes / fill.reload_bytes:.2f}x {fill.policy}, which holds up to "
+                             f"{fill.over_budget_bytes / MiB:.1f} MiB more than the budget")
+                out.append(line)
+        elif case.trace.clients:
+            for r in ours:
+                per = r.loads / max(1.0, r.makespan / bound)
+                ok = r.lost == 0 and per <= 2
+                lru = _row(results, "count-LRU")
+                idled = ok and r.wait_p50 > max(1.0, 3 * lru.wait_p50)
+                verdict = "met, with waits above count-LRU's" if idled else (
+                    "met" if ok else "MISSED")
+                out.append(f"- {case.trace.name}, {r.policy}: {r.lost} lost, {r.loads} swaps in {r.makespan:.0f} s = "
+                           f"{per:.2f} per {bound:g} s bound (target 0 lost, <= 2): {verdict}; p50 wait "
+                           f"{r.wait_p50:.2f} s against {lru.wait_p50:.2f} s for {lru.policy} with {lru.loads} swaps")
+    return out
+
+
+def doc_body(config: Config, rows: Sequence[tuple[Case, list[Result]]], took: float) -> str:
+    p = config.policy
+    spec = next(iter(rows[0][0].models.values()))
+    lines = [
+        "## Trace replay (`bench/trace_replay.py`)",
+        "",
+        f"Simulated {time.strftime('%Y-%m-%d')} (replay took {took:.0f} s on {platform.machine()}, Python "
+        f"{platform.python_version()}). Request traces are replayed in simulated time (`bench/tracesim.py`, a "
+        "discrete-event simulator): fitevict's rows run the real `Scheduler` class (`fitevict.supervisor.scheduler`) "
+        "over the real planner (`fitevict.planner.plan`) and a declared host budget (`Budget.declared`); the baselines "
+        "(`bench/baselines.py`) are small simulations of other servers' policies in the same simulated world, measured "
+        "by the same code.",
+        "",
+        f"- Models: the demo zoo (`fitevict demo-models`), asked for as the supervisor asks with the contract "
+        f"ctx {CONTRACT.ctx}, parallel {CONTRACT.parallel} (CPU only), priced by `fitevict.pricing.price` "
+        f"(source: {spec.bytes_source}; host bytes = mapped + committed).",
+        f"- Load and release seconds: per model, {spec.time_source}; release = exit + release time. Service "
+        "seconds per request are declared per trace (below); an engine serves `-np` requests at once and queues "
+        "the rest. Engines do not slow each other down in the simulation.",
+        f"- fitevict's policy: the configuration's defaults (max_turn_seconds {p.max_turn_seconds:g}, "
+        f"max_wait_seconds {p.max_wait_seconds:g}, min_residency_seconds {p.min_residency_seconds:g}, "
+        f"queue_timeout_seconds {p.queue_timeout_seconds:g}, max_queue {p.max_queue}, engine_queue_depth "
+        f"{p.engine_queue_depth}, exclusive_fraction {p.exclusive_fraction:g}, idle_unload_seconds "
+        f"{p.idle_unload_seconds:g}), with eviction `lru` or `cost` (GreedyDual-Size over measured reload seconds).",
+        "- Baselines: **count-LRU** (`--models-max N`: at most N models, the least recently used idle one stopped to "
+        "load another, bytes never read; two N per trace: the largest N whose N biggest models fit the budget, and "
+        "the budget over the mean model size, which goes over it); **FIFO swap** (one model at a time, strictly in "
+        "arrival order, swapped when the oldest request names another, as a llama-swap `swap: true` group); "
+        f"**keep-alive order** (Ollama: arrival order with head-of-line blocking, each model kept {KEEP_ALIVE:g} s "
+        "after its last request, and when memory is short the idle model whose keep-alive ends soonest unloaded, "
+        "one at a time; its count cap is not simulated). All of them lose a request after queue_timeout_seconds, "
+        "as fitevict does.",
+        "- Columns: swaps = loads started; reload MiB = bytes loaded for models loaded before in the run; load s = "
+        "simulated load seconds; wait = arrival to the start of service (load waits included); lost = rejected or "
+        "timed out; over budget = the peak of resident bytes (a seat counts from the start of its load to the end "
+        "of its release) over the budget; evicted unserved = seats evicted before serving one request (thrash); "
+        f"swaps per bound = swaps / (makespan / max_wait_seconds {p.max_wait_seconds:g} s).",
+        "",
+        "Traces and budgets:",
+        "",
+    ]
+    for case, _ in rows:
+        lines.append(f"- **{case.trace.name}**: {case.trace.about}. Budget {case.why_budget}.")
+    lines += ["", table(config, rows), "", "Targets:", "", *verdicts(config, rows), "", *NOTES]
+    return "\n".join(lines)
+
+
+NOTES = [
+    "What the table shows, and why targets are missed:",
+    "",
+    "- **zipf**: the largest model (llama-medium) is over exclusive_fraction of the budget, so each of its loads "
+    "evicts every idle model, and its reloads are most of every policy's reload bytes; the "
+    "`exclusive_fraction=1` row shows what that rule costs. Against count-LRU at the largest safe N, fitevict "
+    "reloads far fewer bytes; count-LRU with N = budget / mean size reloads less only by going over the budget.",
+    "- **zipf-small**: with models of nearly one size, counting models is almost as good as counting bytes: "
+    "count-LRU's safe N holds 7 models where the bytes hold about 9, so the 0.7x target is missed there (not a "
+    "defect). `cost` reloads more bytes than `lru` but fewer load seconds: GreedyDual-Size minimises reload "
+    "time, and the measured load times of these small models do not follow their size.",
+    "- **adversarial**: with 8 closed-loop clients alternating between two models that cannot be co-resident, "
+    "every client waits on the other model after each round, so one swap per round (8 requests) is the least any "
+    "policy can do; fitevict and count-LRU do exactly that, while FIFO swap and keep-alive order swap on almost "
+    "every request. Swaps per bound period therefore depend on the service time: with 1 s requests the target "
+    "holds; with 0.05 s requests a round takes well under a second, so even the fewest possible swaps (fitevict's "
+    "25, the same as count-LRU's) are more than 2 per 10 s period: that target cannot hold for requests this short.",
+    "- **waits**: fitevict's p50 wait on the short traces is above count-LRU's by about min_residency_seconds: "
+    "a seat is kept that long after its load before another model may evict it (set it to 0 to trade that "
+    "guard for shorter waits).",
+]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""The typed, frozen configuration records and the vocabularies their fields take."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from fitevict import paths
+from fitevict.units import MiB, GiB
+
+
+ALLOC_MODES: tuple[str, ...] = ("gpu-only", "max-gpu", "max-ram", "ram-only", "explicit")
+ORPHAN_POLICIES: tuple[str, ...] = ("stop", "adopt")
+EVICTION_POLICIES: tuple[str, ...] = ("cost", "lru")  # GreedyDual-Size, or least recently used
+ENGINES: tuple[str, ...] = ("llama-server", "transformers", "vllm")
+FLASH_ATTN: tuple[str, ...] = ("on", "off", "auto")
+STORE_SCHEMES: tuple[str, ...] = ("sqlite", "postgresql")
+REDACTED = "<redacted>"
+
+
+class ConfigError(ValueError):
+    """An invalid configuration. The message is meant for users as is (no traceback needed)."""
+
+
+# ----------------------------------------------------------------------------- the typed records
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0 = any free port
+    api_keys: tuple[str, ...] = ()  # user keys: inference
+    admin_keys: tuple[str, ...] = ()  # admin keys: inference + load/unload/plan
+    cors_origins: tuple[str, ...] = ()  # () = CORS off
+    debug_log_prompts: bool = False
+    max_body_bytes: int = 16 * MiB
+    metrics_public: bool = False  # True: /metrics answers without a key even when keys are configured
+    sample_seconds: float = 1.0  # how often the memory sampler reads each seat and the host while serving
+
+    @property
+    def auth_enabled(self) -> bool:
+        """True when any key is configured; then every request needs one."""
+        return bool(self.api_keys or self.admin_keys)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    llama_server: Path | None = None  # from the config file (or an override): lookup step 1
+    llama_server_env: Path | None = None  # from FITEVICT_LLAMA_SERVER: lookup step 2
+    extra_args: tuple[str, ...] = ()
+    health_timeout_seconds: float = 120.0
+    stall_seconds: float = 30.0
+    stop_grace_seconds: float = 10.0
+    release_timeout_seconds: float = 30.0
+    orphans: str = "stop"  # one of ORPHAN_POLICIES
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    ram_limit: int | None = None  # bytes; None = the machine's
+    gpu_limit: int | None = None  # bytes per GPU; None = the device's
+    ram_reserve: int = 1 * GiB
+    gpu_reserve: int = 512 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    idle_unload_seconds: float = 1800.0  # 0 = never unload for idleness
+    max_queue: int = 64  # waiting requests per model
+    queue_timeout_seconds: float = 300.0
+    exclusive_fraction: float = 0.5  # in (0, 1]
+    default_alloc_mode: str = "max-gpu"  # one of ALLOC_MODES
+    eviction: str = "cost"  # one of EVICTION_POLICIES: GreedyDual-Size ("cost") or least recently used ("lru")
+    max_turn_seconds: float = 30.0  # a seat's turn: serves what arrives for it this long while others wait
+    max_wait_seconds: float = 10.0  # ... or until another model's oldest request has waited this long
+    min_residency_seconds: float = 1.0  # never evicted this soon after its load
+    engine_queue_depth: int = 1  # requests handed to a seat beyond its slots (the rest wait in fitevict)
+    shutdown_grace_seconds: float = 10.0  # SIGTERM: in-flight requests get this long, then are cut
+
+
+def _empty_mapping() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One ``[models.<key>]`` entry. ``None`` means "not set": the engine default or the global policy."""
+
+    key: str
+    path: Path | None = None  # GGUF file, split's first shard, or a directory
+    engine: str | None = None  # None = by files: llama-server for GGUF, transformers for HF dirs
+    ctx: int | None = None  # -c; 0 = the model's training context
+    parallel: int | None = None  # -np
+    cache_type_k: str | None = None  # -ctk
+    cache_type_v: str | None = None  # -ctv
+    flash_attn: str | None = None  # on | off | auto
+    aliases: tuple[str, ...] = ()
+    pin: bool = False
+    embeddings: bool = False
+    extra_args: tuple[str, ...] = ()
+    request_defaults: Mapping[str, Any] = field(default_factory=_empty_mapping)
+    mmproj: Path | None = None  # projector file; None = the one found beside the model
+    alloc_mode: str | None = None  # None = policy.default_alloc_mode
+    n_gpu_layers: int | None = None  # -ngl, for alloc_mode explicit
+    n_cpu_moe: int | None = None  # --n-cpu-moe, for alloc_mode explicit
+    base: str | None = None  # for a LoRA adapter (path = the adapter): the key of the model it adapts
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    models: Mapping[str, ModelConfig] = field(default_factory=_empty_mapping)
+    models_dirs: tuple[Path, ...] = ()
+    data_dir: Path = field(default_factory=paths.data_dir)
+    store_url: str = ""
+    config_path: Path | None = None  # the TOML file read, if any
+    origins: Mapping[str, str] = field(default_factory=_empty_mapping)  # dotted key -> where it was set
+    notes: tuple[str, ...] = ()  # things ignored, e.g. FITEVICT_* variables that are no setting
+
+    def to_json(self) -> dict[str, Any]:
+        """The effective configuration as JSON-able data, with keys and store passwords redacted."""
+        server = {f.name: _jsonable(getattr(self.server, f.name)) for f in fields(self.server)}
+        server["api_keys"] = [REDACTED] * len(self.server.api_keys)
+        server["admin_keys"] = [REDACTED] * len(self.server.admin_keys)
+        return {
+            "config_path": _jsonable(self.config_path),
+            "server": server,
+            "engine": {f.name: _jsonable(getattr(self.engine, f.name)) for f in fields(self.engine)},
+            "budget": {f.name: getattr(self.budget, f.name) for f in fields(self.budget)},
+            "policy": {f.name: getattr(self.policy, f.name) for f in fields(self.policy)},
+            "models_dirs": [str(p) for p in self.models_dirs],
+            "data_dir": str(self.data_dir),
+            "store_url": redact_url(self.store_url),
+            "models": {k: m.to_json() for k, m in self.models.items()},
+        }
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
+def redact_url(url: str) -> str:
+    """``postgresql://user:secret@host/db`` -> ``postgresql://user:<redacted>@host/db``."""
+    return re.sub(r"^([a-z0-9+]+://[^:/@]*):[^@]*@", rf"\1:{REDACTED}@", url, flags=re.I)

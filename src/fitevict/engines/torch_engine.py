@@ -1,0 +1,157 @@
+"""The transformers adapter: an HF load configuration becomes the seat's argv, and the seat's object walk becomes a
+measured Footprint.
+
+Each transformers seat is its own process (``python -m fitevict.engines.torch_seat``), started in its own process
+group like a llama-server seat. Its environment sets ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed model memory
+goes back to the kernel instead of staying with glibc, and hides CUDA devices from a CPU-only seat.
+
+The seat logs three machine-readable lines (prefixes in fitevict.engines.torch_seat): its footprint after load,
+a failed load's reason, and the leak breaker's teardown report. The same documents are served over HTTP:
+``GET /footprint`` and ``POST /unload``. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fitevict.engines.base import LaunchSpec
+from fitevict.engines.torch_seat import (FAILED_LINE, FOOTPRINT_LINE, TEARDOWN_LINE, SeatArgs, parse_seat_argv,
+                                         seat_argv)
+from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.pricing.hf_price import HfLoadConfig
+from fitevict.pricing.loadconfig import LoadConfig
+
+SEAT_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+_PER_REQUEST = "allocated per request (the walk runs at load); priced by formula"
+
+
+def hf_config(config: LoadConfig | HfLoadConfig, *, embeddings: bool = False,
+              extra_args: Sequence[str] = ()) -> HfLoadConfig:
+    """The HF load configuration a seat runs (and is priced) under: a planner's LoadConfig gives the context and
+    the device (CPU-only, or all on its first device); a model's ``extra_args`` in the seat's own flags
+    (``--dtype bfloat16 --quant bnb4`` ...) override, parsed by the seat's parser."""
+    if isinstance(config, HfLoadConfig):
+        base = config
+    else:
+        base = HfLoadConfig(n_ctx=config.n_ctx, device_map=config.devices[0] if config.devices else "cpu",
+                            embeddings=config.embeddings)
+    if embeddings and not base.embeddings:
+        base = HfLoadConfig(**{**_fields(base), "embeddings": True})
+    if not extra_args:
+        return base
+    return parse_seat_argv([*seat_argv(SeatArgs(Path("."), 0, base, "m")), *extra_args]).cfg
+
+
+def _fields(c: HfLoadConfig) -> dict:
+    return {k: getattr(c, k) for k in c.__dataclass_fields__}
+
+
+def _device_name(torch_device: str) -> str:
+    """torch's "cpu" / "cuda:1" as fitevict's budget names "CPU" / "CUDA1"."""
+    if torch_device == "cpu":
+        return HOST
+    kind, _, idx = torch_device.partition(":")
+    return f"{kind.upper()}{idx or 0}"
+
+
+def _last_json(log_text: str, prefix: str) -> dict | None:
+    for line in reversed(log_text.splitlines()):
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix):])
+    return None
+
+
+def footprint_from_walk(doc: dict) -> Footprint:
+    """A measured Footprint from the seat's /footprint document: per device, the model term is the object walk's
+    held bytes; KV and activations are allocated per request, so they are unavailable here (the price has them).
+    Host memory is the seat process's whole PSS after load, its own overhead (the pre-load baseline) included."""
+    walk = doc["walk"]
+    devices = []
+    for dev, d in walk["devices"].items():
+        if dev == "declared":
+            continue
+        devices.append(DeviceFootprint(_device_name(dev), model=Term(int(d["total"]), "measured"),
+                                       context=Term.unavailable(_PER_REQUEST), compute=Term.unavailable(_PER_REQUEST),
+                                       output=Term(0, "measured")))
+    if not any(d.name == HOST for d in devices):
+        devices.insert(0, DeviceFootprint(HOST, model=Term(0, "measured")))
+    loaded = doc["process"]["loaded"]
+    notes = [f"seat overhead (pre-load baseline): committed {doc['process']['baseline']['committed_bytes']} B, "
+             f"mapped {doc['process']['baseline']['mapped_bytes']} B"]
+    if walk.get("declared_bytes"):
+        notes.append(f"{walk['declared_bytes']} B of weights are on the meta device (offloaded): declared, not held")
+    ok = loaded["committed_bytes"] is not None
+    return Footprint(devices=tuple(sorted(devices, key=lambda d: d.name != HOST)),
+                     host_mapped_bytes=loaded["mapped_bytes"] or 0, host_committed_bytes=loaded["committed_bytes"] or 0,
+                     host_source="measured" if ok else "unavailable", notes=tuple(notes))
+
+
+def seat_overhead(doc: dict) -> tuple[int, int]:
+    """(committed, mapped) bytes the seat process held before its model: the engine's own overhead."""
+    b = doc["process"]["baseline"]
+    return int(b["committed_bytes"] or 0), int(b["mapped_bytes"] or 0)
+
+
+class TransformersEngine:
+    name = "transformers"
+
+    def __init__(self, python: Path | None = None) -> None:
+        self.python = Path(python or sys.executable)
+
+    def launch_spec(self, model_path: Path, config: LoadConfig | HfLoadConfig, port: int, *,
+                    extra_args: Sequence[str] = (), embeddings: bool = False,
+                    test_keep_tensor: str | None = None) -> LaunchSpec:
+        cfg = hf_config(config, embeddings=embeddings, extra_args=extra_args)  # priced under the same cfg
+        args = SeatArgs(Path(model_path), port, cfg, Path(model_path).name, test_keep_tensor)
+        argv = (str(self.python), "-m", "fitevict.engines.torch_seat", *seat_argv(args))
+        env = {**os.environ, **SEAT_ENV}
+        notes: list[str] = []
+        if not cfg.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # RAM-only: no CUDA device may be touched
+        if isinstance(config, LoadConfig) and len(config.devices) > 1:
+            notes.append(f"devices {','.join(config.devices)}: the seat loads on {config.devices[0]} only; "
+                         "give an HfLoadConfig with device_map split and max_memory to spread it")
+        return LaunchSpec(argv, env, port, "/health", tuple(notes))
+
+    def measured_footprint(self, log_text: str) -> Footprint | None:
+        """The walk the seat logged after its load (None: no footprint line, e.g. the load failed)."""
+        doc = _last_json(log_text, FOOTPRINT_LINE)
+        return footprint_from_walk(doc) if doc else None
+
+    @staticmethod
+    def document(log_text: str) -> dict | None:
+        """The seat's footprint document as it logged it after load (walk, process baseline), or None."""
+        return _last_json(log_text, FOOTPRINT_LINE)
+
+    @staticmethod
+    def failure(log_text: str) -> str | None:
+        """A failed load's reason, as the seat logged it."""
+        doc = _last_json(log_text, FAILED_LINE)
+        return str(doc["reason"]) if doc else None
+
+    @staticmethod
+    def teardown(log_text: str) -> dict | None:
+        """The leak breaker's report, as the seat logged it on its way out."""
+        return _last_json(log_text, TEARDOWN_LINE)
+
+    @staticmethod
+    def fetch_footprint(port: int, timeout: float = 10.0) -> dict:
+        import httpx
+
+        r = httpx.get(f"http://127.0.0.1:{port}/footprint", timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+    @staticmethod
+    def unload(port: int, timeout: float = 60.0) -> dict:
+        """In-process teardown (del + gc, leak check, malloc_trim, PSS returned); the seat exits after answering."""
+        import httpx
+
+        r = httpx.post(f"http://127.0.0.1:{port}/unload", timeout=timeout)
+        r.raise_for_status()
+        return r.json()

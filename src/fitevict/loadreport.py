@@ -1,0 +1,186 @@
+"""The load report: what serving one request cost in loading, as data. PURE.
+
+Admission is per base: a request for the adapter ``B:X`` is served by ``B``'s seat, which starts with every
+GGUF adapter of ``B`` (at scale 0) and applies ``X`` per request. So a report says whether the base was
+already resident (``base_hit``), whether the adapter was already loaded on it (``adapter_hit``), and how the
+seconds of a load split between the base and its adapters (the engine's own log timestamps). Wherever a saving
+did not happen, ``notes`` says so rather than claim one.
+
+It goes in the history (a ``load`` event's ``details["load_report"]``), in the response header
+``x-fitevict-load-report`` (compact JSON) and, as a forecast, in the plan dry run (``base_hit``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HEADER = "x-fitevict-load-report"
+
+_STAMP = r"^\s*(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) \S "
+_LORA_START = re.compile(_STAMP + r"llama_adapter_lora_init: loading lora adapter")
+_LORA_DONE = re.compile(_STAMP + r"llama_adapter_lora_init_impl: loaded \d+ tensors from lora file")
+
+
+def _seconds(m: re.Match[str]) -> float:
+    return int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
+
+
+def adapter_load_seconds(log_text: str) -> float | None:
+    """Seconds the engine spent loading LoRA adapters at start (its log's timestamps, from the first
+    "loading lora adapter" to the last "loaded N tensors from lora file"); None when the log has no adapter."""
+    start = done = None
+    for line in log_text.splitlines():
+        if start is None and (m := _LORA_START.match(line)):
+            start = _seconds(m)
+        elif m := _LORA_DONE.match(line):
+            done = _seconds(m)
+    return done - start if start is not None and done is not None and done >= start else None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    model: str  # as requested: "B" or "B:X"
+    base: str  # the seat's model
+    adapter: str | None  # the adapter's file name, None for the base itself
+    was_cached: bool  # the seat was resident and ready when the request came
+    base_hit: bool  # the base was resident: nothing of it was loaded for this request
+    adapter_hit: bool | None  # the adapter was already loaded on the resident seat; None: no adapter asked for
+    base_load_seconds: float | None  # None: nothing loaded for this request
+    adapter_load_seconds: float | None
+    activate_seconds: float | None  # None on llama-server: an adapter is applied inside the request itself
+    evicted: tuple[str, ...]  # seats stopped to make room for this request's load
+    resident_bytes_after: Mapping[str, int]  # per budget device, every seat together
+    resident_source: Mapping[str, str]  # per device: "measured", or the sources of the seats' predicted figures
+    budget_bytes: Mapping[str, int]  # per budget device
+    budget_source: Mapping[str, str]
+    adapters_on_seat: int
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["evicted"] = list(self.evicted)
+        d["notes"] = list(self.notes)
+        d["resident_bytes_after"] = dict(self.resident_bytes_after)
+        d["resident_source"] = dict(self.resident_source)
+        d["budget_bytes"] = dict(self.budget_bytes)
+        d["budget_source"] = dict(self.budget_source)
+        return d
+
+    def header(self) -> str:
+        """Compact JSON for the response header (ASCII only: file names are escaped)."""
+        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=True)
+
+
+def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple[str, ...], loaded: bool,
+                load_seconds: float | None, adapter_seconds: float | None, evicted: tuple[str, ...],
+                resident_bytes: Mapping[str, tuple[int, str]], budget_bytes: Mapping[str, int],
+                budget_source: Mapping[str, str]) -> LoadReport:
+    """The report for one request. ``loaded``: the seat was started for this request (it waited for the load);
+    ``load_seconds``: that load's wall time (start to ready), of which ``adapter_seconds`` went to the adapters
+    (``adapter_load_seconds`` of its log); ``adapter``: the requested adapter file (None for the base)."""
+    notes: list[str] = []
+    name = Path(adapter).name if adapter else None
+    took = f" in {load_seconds:.3f} s" if load_seconds is not None else ""
+    if loaded:
+        base_s = None if load_seconds is None else max(0.0, load_seconds - (adapter_seconds or 0.0))
+        if seat_loras:
+            notes.append(f"the base was not resident: loaded it with all {len(seat_loras)} adapter(s) of {base} "
+                         f"in one start{took}; later requests for any of them are hits")
+            if adapter_seconds is None:
+                notes.append("adapter load seconds unavailable, because the seat log has no adapter timestamps; "
+                             "they are inside base_load_seconds")
+        else:
+            notes.append(f"the base was not resident: loaded {base}{took}")
+        if evicted:
+            notes.append(f"evicted {', '.join(evicted)} to make room")
+        adapter_s = adapter_seconds if seat_loras else None
+        hit, ahit = False, (False if adapter else None)
+    else:
+        base_s = adapter_s = None
+        hit = True
+        ahit = (adapter in seat_loras) if adapter else None
+    if adapter is None and seat_loras:
+        notes.append(f"the base itself: all {len(seat_loras)} adapter(s) sent at scale 0 (llama-server applies "
+                     "them when a request omits them)")
+    activate = None
+    if adapter:
+        notes.append("activate_seconds unavailable, because llama-server applies an adapter inside the request "
+                     "(a graph re-reservation when the scales change), which is part of the request's own time")
+    return LoadReport(model=model, base=base, adapter=name, was_cached=not loaded, base_hit=hit, adapter_hit=ahit,
+                      base_load_seconds=base_s, adapter_load_seconds=adapter_s, activate_seconds=activate,
+                      evicted=tuple(evicted), resident_bytes_after={d: n for d, (n, _) in resident_bytes.items()},
+                      resident_source={d: src for d, (_, src) in resident_bytes.items()},
+                      budget_bytes=dict(budget_bytes), budget_source=dict(budget_source),
+                      adapters_on_seat=len(seat_loras), notes=tuple(notes))
+
+
+def resident_bytes(seats) -> dict[str, tuple[int, str]]:
+    """What every seat holds now, per budget device, with the source: "measured" when every seat there was
+    measured, else the distinct sources joined."""
+    out: dict[str, tuple[int, set[str]]] = {}
+    for s in seats:
+        for dev in ("CPU", *s.config.devices):
+            n, srcs = out.get(dev, (0, set()))
+            out[dev] = (n + s.bytes_on(dev), srcs | {s.source_on(dev)})
+    return {d: (n, " + ".join(sorted(srcs))) for d, (n, srcs) in out.items()}
+
+
+def budget_figures(budget) -> tuple[dict[str, int], dict[str, str]]:
+    """Per device: the residents' budget and where it came from; empty when no budget was read yet."""
+    if budget is None:
+        return {}, {"all": "unavailable, because no plan has read the budget yet"}
+    return ({d.name: d.budget_bytes for d in budget.devices},
+            {d.name: f"{d.budget_source} ({d.total.source})" for d in budget.devices})
+
+
+async def request_report(sup, entry, seat, arrived: float, request_id: str | None) -> LoadReport:
+    """The report for a request for ``entry`` that ``sup`` (the supervisor) handed ``seat``; ``arrived``: when
+    it came (the supervisor's clock). Reads the seat's log (off the event loop) only when it loaded for it."""
+    import asyncio
+
+    loaded = seat.ready_at is not None and seat.ready_at >= arrived
+    adapter_s = None
+    if loaded and seat.config.loras:
+        text = await asyncio.to_thread(lambda: Path(seat.log_path).read_text(errors="replace"))
+        adapter_s = adapter_load_seconds(text)
+    evicted = tuple(e.model for e in sup._events if e.event == "evict" and e.request_id == request_id
+                    ) if loaded and request_id else ()  # a hit evicts nothing: the event scan stays off the hot path
+    budget, source = budget_figures(sup._last_budget)
+    return load_report(model=entry.key, base=seat.key, adapter=str(entry.path) if entry.kind == "lora" else None,
+                       seat_loras=seat.config.loras, loaded=loaded, load_seconds=seat.load_seconds,
+                       adapter_seconds=adapter_s, evicted=evicted, resident_bytes=resident_bytes(sup.seats.values()),
+                       budget_bytes=budget, budget_source=source)
+
+
+def seat_load_report(sup, seat, plan) -> LoadReport:
+    """The report a seat's ``load`` event carries: the base loaded (with every adapter it has), nothing hit;
+    the adapters' seconds from the seat log, which the load has just finished writing."""
+    try:
+        adapter_s = adapter_load_seconds(Path(seat.log_path).read_text(errors="replace")) if seat.config.loras else None
+    except OSError:
+        adapter_s = None
+    budget, source = budget_figures(sup._last_budget)
+    return load_report(model=seat.key, base=seat.key, adapter=None, seat_loras=seat.config.loras, loaded=True,
+                       load_seconds=seat.load_seconds, adapter_seconds=adapter_s,
+                       evicted=tuple(e.key for e in plan.evict),
+                       resident_bytes=resident_bytes(sup.seats.values()), budget_bytes=budget, budget_source=source)
+
+
+def report_headers(timing: Mapping) -> dict[str, str]:
+    """The response header carrying the request's load report, if the supervisor made one."""
+    report = timing.get("load_report")
+    return {HEADER: report.header()} if isinstance(report, LoadReport) else {}
+
+
+def plan_hits(entry, plan) -> dict:
+    """What the plan dry run says about sharing: the seat (base) a request for ``entry`` goes to, and whether it
+    would be a base hit (and an adapter hit: the resident seat loaded the adapter), loading nothing."""
+    hit = plan.action == "hit"
+    out: dict = {"base": entry.base or entry.key, "base_hit": hit}
+    if entry.base is not None:
+        out["adapter_hit"] = hit  # a hit needs a seat that loaded this adapter (its "loras" is a fixed field)
+    return out

@@ -1,0 +1,205 @@
+"""Placement candidates: the ladder from all-GPU to CPU-only, the one compatibility rule, priced candidates. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+
+from fitevict.pricing.footprint import HOST, Footprint
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.planner.records import Action, FootprintFn, PlanInvariantError, PlanRequest
+
+
+# ---------------------------------------------------------------------------------------------
+# placement candidates
+
+
+_PLACEMENT_FIELDS = ("n_gpu_layers", "n_cpu_moe", "devices")
+_ALL_FIELDS = tuple(f.name for f in fields(LoadConfig))
+_OTHER_FIELDS = tuple(f for f in _ALL_FIELDS if f not in _PLACEMENT_FIELDS)
+
+
+def _non_placement(c: LoadConfig) -> tuple:
+    return tuple(getattr(c, f) for f in _OTHER_FIELDS)
+
+
+def _derive(c: LoadConfig, **changes: object) -> LoadConfig:
+    """``c`` with ``changes``: LoadConfig.with_ without dataclasses.replace's per-call field walk."""
+    return LoadConfig(*[changes[f] if f in changes else getattr(c, f) for f in _ALL_FIELDS])  # type: ignore[arg-type]
+
+
+def _all_layers(c: LoadConfig, n_layer: int) -> bool:
+    return c.n_gpu_layers < 0 or c.n_gpu_layers >= n_layer
+
+
+def action_of(c: LoadConfig, n_layer: int) -> Action:
+    """``ram`` with no GPU layers, ``load`` with every layer and expert on the GPU, else ``partial``."""
+    if not c.devices or c.n_gpu_layers == 0:
+        return "ram"
+    if _all_layers(c, n_layer) and c.n_cpu_moe == 0:
+        return "load"
+    return "partial"
+
+
+def compatible(resident: LoadConfig, request: PlanRequest, source: str = "") -> bool:
+    """Whether a resident configuration serves the request. The one rule, for the front door's fast path,
+    the scheduler and the planner alike.
+
+    The file must be the same (when both are known). The non-placement fields must match: all of them, or
+    only those the request fixes (``request.fixed``: a request that names no context is served at any).
+    Placement follows the alloc mode: any placement serves max-gpu/max-ram, gpu-only needs every layer on
+    the GPU, ram-only none, explicit the very -ngl/--n-cpu-moe/devices asked for."""
+    if request.source and source and request.source != source:
+        return False
+    if request.fixed is None:
+        if _non_placement(resident) != _non_placement(request.config):
+            return False
+    elif any(getattr(resident, f) != getattr(request.config, f) for f in request.fixed if f not in _PLACEMENT_FIELDS):
+        return False
+    mode = request.alloc_mode
+    if mode == "explicit":
+        want = request.config
+        return (
+            resident.n_cpu_moe == want.n_cpu_moe
+            and (resident.n_gpu_layers == want.n_gpu_layers
+                 or (_all_layers(resident, request.n_layer) and _all_layers(want, request.n_layer)))
+            and (not want.devices or resident.devices == want.devices)
+        )
+    if mode == "gpu-only":
+        return action_of(resident, request.n_layer) == "load"
+    if mode == "ram-only":
+        return action_of(resident, request.n_layer) == "ram"
+    return True
+
+
+class _Rungs:
+    """The candidate configurations for one request at one ctx, most GPU first (see module doc)."""
+
+    __slots__ = ("base", "gpus", "L", "M", "kind", "made")
+
+    def __init__(self, request: PlanRequest, gpus: tuple[str, ...], n_ctx: int) -> None:
+        self.L, self.M = request.n_layer, request.n_moe_layers
+        self.made: dict[int, LoadConfig] = {}
+        mode = request.alloc_mode
+        if mode == "explicit":
+            c = request.config if request.config.n_ctx == n_ctx else _derive(request.config, n_ctx=n_ctx)
+            if not c.devices and c.n_gpu_layers != 0:
+                c = _derive(c, devices=gpus)
+            self.base, self.gpus, self.kind = c, c.devices, "explicit"
+            return
+        self.base = _derive(request.config, n_ctx=n_ctx, n_gpu_layers=0, n_cpu_moe=0, devices=())
+        self.gpus = request.config.devices or gpus
+        if mode == "ram-only" or not self.gpus:
+            self.kind = "ram"
+        elif mode == "gpu-only":
+            self.kind = "full"
+        else:
+            self.kind = "ladder"
+
+    def __len__(self) -> int:
+        return self.L + self.M + 2 if self.kind == "ladder" else 1
+
+    def __getitem__(self, i: int) -> LoadConfig:
+        c = self.made.get(i)
+        if c is None:
+            c = self.made[i] = self._make(i)
+        return c
+
+    def _make(self, i: int) -> LoadConfig:
+        if self.kind == "explicit":
+            return self.base
+        if self.kind == "ram" or (self.kind == "ladder" and i == self.L + self.M + 1):
+            return self.base
+        if self.kind == "full" or i <= self.M:  # every layer on the GPU, experts of the first i layers on CPU
+            return _derive(self.base, devices=self.gpus, n_gpu_layers=self.L, n_cpu_moe=0 if self.kind == "full" else i)
+        ngl = self.L - (i - self.M)  # fewer layers, every expert on the CPU
+        return _derive(self.base, devices=self.gpus, n_gpu_layers=ngl, n_cpu_moe=self.M if ngl else 0)
+
+
+class _Unpriced(Exception):
+    """A footprint with an unavailable term: the planner cannot decide on it."""
+
+
+class _Prices:
+    """Prices configurations of one model, once each, as bytes per budget device."""
+
+    __slots__ = ("key", "fn", "cache")
+
+    def __init__(self, key: str, fn: FootprintFn) -> None:
+        self.key, self.fn = key, fn
+        self.cache: dict[LoadConfig, tuple[Footprint, dict[str, int]]] = {}
+
+    def __call__(self, c: LoadConfig) -> tuple[Footprint, dict[str, int]]:
+        hit = self.cache.get(c)
+        if hit is not None:
+            return hit
+        fp = self.fn(self.key, c)
+        if fp.host_source == "unavailable" or not all(d.complete for d in fp.devices):
+            missing = [
+                f"{d.name} {name}: {t.reason}" for d in fp.devices for name, t in d._terms() if t.bytes is None
+            ]
+            if fp.host_source == "unavailable":
+                missing.append("host mapped/committed split unavailable")
+            raise _Unpriced("; ".join(missing))
+        if fp.host_mapped_bytes < 0 or fp.host_committed_bytes < 0:
+            raise PlanInvariantError(
+                f"footprint of {self.key}: negative host bytes "
+                f"(mapped {fp.host_mapped_bytes}, committed {fp.host_committed_bytes})"
+            )
+        need = {HOST: fp.bytes_on(HOST)}
+        for g in fp.gpu_names:
+            need[g] = need.get(g, 0) + fp.bytes_on(g)
+        self.cache[c] = (fp, need)
+        return fp, need
+
+
+def _ok(need: Mapping[str, int], room: Mapping[str, int], host: bool | None = None) -> bool:
+    """Every device the need touches has room; ``host`` restricts to the host (True) or GPUs (False)."""
+    for d, n in need.items():
+        if n > 0 and (host is None or (d == HOST) == host) and n > room.get(d, 0):
+            return False
+    return True
+
+
+def _search(
+    rungs: _Rungs, price: _Prices, room: Mapping[str, int], prefer_gpu: bool, lo: int = 0, hi: int | None = None
+) -> tuple[int | None, int]:
+    """(index of the preferred rung that fits, or None; the boundary rung, reported when none fits).
+
+    The boundary is the first rung whose GPU needs fit (max-gpu) or the last whose host needs fit
+    (max-ram). ``lo``/``hi`` bound it when the caller knows more (the largest-ctx search does).
+    """
+    n = len(rungs)
+    need = lambda i: price(rungs[i])[1]  # noqa: E731
+    if n == 1:
+        return (0 if _ok(need(0), room) else None), 0
+    hi = n - 1 if hi is None else hi
+    if prefer_gpu:
+        if _ok(need(lo), room):
+            return lo, lo
+        if _ok(need(lo), room, host=False):  # GPUs fit here but the host doesn't: it won't lower down
+            return None, lo
+        if not _ok(need(hi), room, host=False):
+            return None, hi
+        a, b = lo + 1, hi  # first rung whose GPU need fits
+        while a < b:
+            mid = (a + b) // 2
+            if _ok(need(mid), room, host=False):
+                b = mid
+            else:
+                a = mid + 1
+        return (a if _ok(need(a), room) else None), a
+    if _ok(need(hi), room):
+        return hi, hi
+    if _ok(need(hi), room, host=True):  # host fits here, GPUs don't: they won't higher up
+        return None, hi
+    if not _ok(need(lo), room, host=True):
+        return None, lo
+    a, b = lo, hi - 1  # last rung whose host need fits
+    while a < b:
+        mid = (a + b + 1) // 2
+        if _ok(need(mid), room, host=True):
+            a = mid
+        else:
+            b = mid - 1
+    return (a if _ok(need(a), room) else None), a

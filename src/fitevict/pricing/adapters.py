@@ -1,0 +1,200 @@
+"""LoRA adapters: read a GGUF adapter's header, and price the buffers the pinned llama.cpp allocates for it.
+
+The rules (llama.cpp 0c1e570, ``src/llama-adapter.cpp``):
+- the file must say ``general.type = adapter`` and ``adapter.type = lora``, with the base's architecture;
+- tensors come in pairs ``W.lora_a`` / ``W.lora_b`` for a base weight ``W`` (``*_norm.weight`` is skipped);
+- each pair is copied (never mapped) into a buffer of its base weight's buffer type: a weight in an extra CPU
+  buffer type (``CPU_REPACK``) or in the mapped file falls back to the plain ``CPU`` type, a GPU weight keeps
+  its device; one buffer per buffer type per adapter, each tensor padded to the type's alignment
+  (``ggml_backend_alloc_ctx_tensors_from_buft``). The log prints each as "LoRA buffer size".
+
+Every adapter of a seat is loaded at start (``--lora``, at scale 0), so its bytes count while the seat lives.
+Pure.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader
+
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
+from fitevict.pricing.gguf import PricingError, TensorInfo
+from fitevict.pricing.placement import Placement, _gpu_alloc
+
+
+@dataclass(frozen=True, slots=True)
+class LoraTensor:
+    name: str  # as in the file: "blk.0.attn_q.weight.lora_a"
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # ne0 first
+    nbytes: int
+
+    @property
+    def base_name(self) -> str:
+        return self.name.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """A GGUF LoRA adapter's header: what llama.cpp checks and what it allocates."""
+
+    path: str
+    arch: str
+    alpha: float
+    tensors: tuple[LoraTensor, ...]  # the lora_a / lora_b tensors (norm vectors left out, as the engine does)
+
+    @property
+    def rank(self) -> int:
+        return max((t.shape[1] for t in self.tensors if t.name.endswith(".lora_a") and len(t.shape) > 1), default=0)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def _str(reader: GGUFReader, key: str) -> str | None:
+    f = reader.get_field(key)
+    if f is None or not f.types:
+        return None
+    v = f.contents()
+    return v if isinstance(v, str) else None
+
+
+def is_lora_gguf(path: str | Path) -> bool:
+    """True when ``path`` is a GGUF LoRA adapter (``general.type = adapter``, ``adapter.type = lora``)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return False
+        r = GGUFReader(path, "r")
+    except (OSError, ValueError, IndexError, KeyError, OverflowError):
+        return False
+    return _str(r, "general.type") == "adapter" and _str(r, "adapter.type") == "lora"
+
+
+def parse_adapter(path: str | Path) -> LoraAdapter:
+    """Read an adapter's header; PricingError names the file and what is wrong with it."""
+    p = Path(path)
+    try:
+        r = GGUFReader(p, "r")
+    except (OSError, ValueError, IndexError, KeyError, OverflowError) as err:
+        raise PricingError(f"{p}: the adapter's GGUF header cannot be read ({err}); the file is truncated or "
+                           "corrupt") from err
+    gtype, atype = _str(r, "general.type"), _str(r, "adapter.type")
+    if gtype != "adapter" or atype != "lora":
+        raise PricingError(f"{p}: not a LoRA adapter (general.type = {gtype!r}, adapter.type = {atype!r}; "
+                           "llama.cpp wants 'adapter' and 'lora')")
+    arch = _str(r, "general.architecture") or ""
+    f = r.get_field("adapter.lora.alpha")
+    alpha = float(f.contents()) if f is not None else 0.0
+    tensors = []
+    for t in r.tensors:
+        if t.name.endswith("_norm.weight"):
+            continue  # the engine skips norm vectors
+        if not t.name.endswith((".lora_a", ".lora_b")):
+            raise PricingError(f"{p}: tensor {t.name!r} is neither *.lora_a nor *.lora_b; llama.cpp refuses it")
+        shape = tuple(int(x) for x in np.asarray(t.shape).tolist())
+        tensors.append(LoraTensor(t.name, GGMLQuantizationType(int(t.tensor_type)), shape, int(t.n_bytes)))
+    return LoraAdapter(str(p), arch, alpha, tuple(tensors))
+
+
+@lru_cache(maxsize=256)
+def _cached(path: str, size: int, mtime_ns: int) -> LoraAdapter:
+    return parse_adapter(path)
+
+
+def load_adapter(path: str | Path) -> LoraAdapter:
+    """``parse_adapter`` cached by (path, size, mtime_ns)."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except OSError as err:
+        raise PricingError(f"{p}: cannot read the adapter file: {err.strerror}") from err
+    return _cached(p, st.st_size, st.st_mtime_ns)
+
+
+def _buffer_device(base_buffer: str, devices: tuple[str, ...]) -> str:
+    """The budget device of a LoRA buffer: a base weight on a GPU keeps it there; every host buffer type
+    (mapped file, repack, pinned host) gives a plain CPU buffer."""
+    return base_buffer if base_buffer in devices else HOST
+
+
+def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str, ...], arch: str,
+                  names: frozenset[str]) -> dict[str, int]:
+    """Bytes of the LoRA buffers one adapter allocates, per budget device, for a base placed as ``placement``
+    whose file holds the tensors ``names`` (a tied output is no tensor of its own: an adapter cannot name it).
+
+    Raises PricingError where the engine refuses the adapter (another architecture, a weight the base lacks)."""
+    if adapter.arch != arch:
+        raise PricingError(f"{adapter.path}: a LoRA adapter for {adapter.arch!r}, the base is {arch!r}; llama.cpp "
+                           "refuses it (model arch and LoRA arch mismatch)")
+    where = dict(placement.tensor_buffer)
+    out: dict[str, int] = {}
+    for t in adapter.tensors:
+        buf = where.get(t.base_name) if t.base_name in names else None
+        if buf is None:
+            raise PricingError(f"{adapter.path}: LoRA tensor {t.base_name!r} does not exist in the base model; "
+                               "the adapter is for another base")
+        dev = _buffer_device(buf, devices)
+        if dev == HOST:
+            n = pad(t.nbytes, CPU_TENSOR_ALIGNMENT)
+        else:
+            n = _gpu_alloc(TensorInfo(t.name, t.ggml_type, t.shape, t.nbytes, 0, None, False), dev)
+        out[dev] = out.get(dev, 0) + n
+    return out
+
+
+def adapters_bytes(paths: tuple[str, ...], placement: Placement, devices: tuple[str, ...], arch: str,
+                   names: frozenset[str]) -> dict[str, int]:
+    """The LoRA buffers of every adapter in ``paths``, summed per budget device."""
+    out: dict[str, int] = {}
+    for p in paths:
+        for dev, n in adapter_bytes(load_adapter(p), placement, devices, arch, names).items():
+            out[dev] = out.get(dev, 0) + n
+    return out
+
+
+#: bytes per element of the safetensors dtypes
+_ST_SIZES: dict[str, int] = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+                             "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def peft_adapter_bytes(weights: str | Path) -> int:
+    """Bytes of a PEFT adapter's tensors as stored (``adapter_model.safetensors``), from its header alone."""
+    from safetensors import safe_open
+
+    total = 0
+    try:
+        with safe_open(str(weights), framework="numpy") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                n = 1
+                for d in sl.get_shape():
+                    n *= d
+                dtype = sl.get_dtype()
+                if dtype not in _ST_SIZES:
+                    raise PricingError(f"{weights}: tensor {name!r} has dtype {dtype}, which fitevict cannot size")
+                total += n * _ST_SIZES[dtype]
+    except (OSError, ValueError) as err:  # safetensors raises SafetensorError, a ValueError-like, on bad headers
+        raise PricingError(f"{weights}: the safetensors header cannot be read ({err})") from err
+    return total
+
+
+def listed_adapter_bytes(kind: str, files: tuple[Path, ...]) -> dict:
+    """An adapter's own bytes for the model list, with their source: a GGUF adapter's LoRA buffer on the CPU
+    (each tensor padded as the engine pads it), a PEFT adapter's tensors as stored."""
+    try:
+        if kind == "lora":
+            a = load_adapter(files[0])
+            n = sum(pad(t.nbytes, CPU_TENSOR_ALIGNMENT) for t in a.tensors)
+            return {"bytes": n, "source": "formula", "rank": a.rank, "what": "LoRA buffer on the CPU, from the header"}
+        return {"bytes": peft_adapter_bytes(files[0]), "source": "formula",
+                "what": "adapter tensors as stored, from the safetensors header"}
+    except (PricingError, IndexError) as err:
+        return {"bytes": None, "source": "unavailable", "reason": f"unavailable, because {err}"}

@@ -1,0 +1,154 @@
+"""The /metrics registry (prometheus-client): requests and their waits, the budget, what residents hold, and what
+fitevict did.
+
+Three kinds of figures, each from one place:
+- the request path observes its own latency, queue wait and load wait (``fitevict.server.openai``);
+- gauges are set at scrape time from a fresh budget reading and the residents' views (:meth:`Metrics.collect`);
+- counters and the load / release histograms follow the recorded history: :meth:`Metrics.observe_event` is
+  registered on ``Supervisor.on_event``, so a metric moves exactly when an event is stored, and a count can be
+  checked against ``/v1/models/history``.
+
+Counters carry a ``reason`` label from :func:`reason_label`: a short class, never the free-text reason (which
+holds numbers and would make a new series per event).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fitevict.store.records import Event
+
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+RELEASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STOP_EVENTS = ("evict", "unload", "idle-unload")
+
+
+def reason_label(ev: Event) -> str:
+    """The short, bounded class of an event's reason, for counter labels."""
+    if ev.event == "load":  # the strategy's name, without its figures: "ram-only (ngl=0, ctx=4096)" -> "ram-only"
+        return (ev.strategy or "load").split(" (")[0]
+    if ev.event == "unload":  # who asked for it: nobody waiting any more, a shutdown, a reload, a client
+        text = (ev.reason or "").lower()
+        for needle, label in (("no one waiting", "no one waiting"), ("shutting down", "shutdown"),
+                              ("another configuration", "replaced"), ("keep-alive", "keep-alive")):
+            if needle in text:
+                return label
+        return "requested"
+    if ev.event in STOP_EVENTS:
+        return ev.event
+    if ev.event == "crash":
+        code = ev.details.get("exit_code")
+        return f"exit code {code}" if code is not None else "exit code unknown"
+    if ev.event == "refuse":
+        plan = ev.details.get("plan") or {}
+        return "largest context fits" if plan.get("largest_ctx") else "does not fit"
+    if ev.event == "fail":
+        text = (ev.reason or "").lower()
+        for needle, label in (("no-weights", "no weights"), ("timed out", "timeout"), ("timeout", "timeout"),
+                              ("stall", "stalled"),
+                              ("exited", "engine exited"), ("cancel", "cancelled")):
+            if needle in text:
+                return label
+        return "other"
+    if ev.event == "leak":
+        return ev.strategy or "leak"
+    return ev.event
+
+
+def leak_reason(ev: Event) -> str | None:
+    """Why a stop's memory did not come back, or None when it did (or the event is no stop)."""
+    if ev.event == "leak":
+        return reason_label(ev)
+    if ev.event not in (*STOP_EVENTS, "crash", "fail") or "release_verified" not in ev.details:
+        return None
+    if ev.details["release_verified"]:
+        return None
+    note = str(ev.details.get("release_note") or "")
+    if note.startswith("not released within the timeout"):
+        return "not released within the timeout"
+    if "never measured" in note:
+        return "held memory never measured"
+    return "release unverified"
+
+
+class Metrics:
+    """The registry and every metric in it."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        # the request path (fitevict.server.openai)
+        self.requests = Counter("fitevict_requests_total", "Inference requests", ["model", "endpoint", "status"],
+                                registry=r)
+        self.latency = Histogram("fitevict_request_seconds", "Inference latency: from holding a seat to the "
+                                 "response's end (queue and load waits excluded)", ["endpoint"], registry=r)
+        self.total = Histogram("fitevict_request_total_seconds", "Whole request: queue wait + load wait + inference",
+                               ["endpoint"], registry=r)
+        self.queue_wait = Histogram("fitevict_queue_wait_seconds", "Time a request waited in the queue (not for a "
+                                    "load)", ["endpoint"], registry=r)
+        self.load_wait = Histogram("fitevict_load_wait_seconds", "Time a request waited for its model to load",
+                                   ["endpoint"], registry=r)
+        # gauges, set at scrape time
+        self.resident = Gauge("fitevict_resident_bytes", "Bytes held by resident models, by device and source "
+                              "(predicted, measured)", ["model", "device", "source"], registry=r)
+        self.budget = Gauge("fitevict_budget_bytes", "The most fitevict's residents may hold on a device "
+                            "(source: how it was derived)", ["device", "source"], registry=r)
+        self.free = Gauge("fitevict_free_bytes", "Free memory on a device now (source: meminfo MemAvailable, "
+                          "NVML, declared)", ["device", "source"], registry=r)
+        self.reserve = Gauge("fitevict_reserve_bytes", "Memory kept free for everything else on a device",
+                             ["device", "source"], registry=r)
+        self.total_bytes = Gauge("fitevict_device_total_bytes", "A device's total memory", ["device", "source"],
+                                 registry=r)
+        # from the history
+        self.loads = Counter("fitevict_loads_total", "Loads that completed, by placement strategy",
+                             ["model", "reason"], registry=r)
+        self.evictions = Counter("fitevict_evictions_total", "Seats stopped to make room", ["model", "reason"],
+                                 registry=r)
+        self.unloads = Counter("fitevict_unloads_total", "Seats stopped on request or when idle",
+                               ["model", "reason"], registry=r)
+        self.refusals = Counter("fitevict_refusals_total", "Loads refused: the model does not fit the budget",
+                                ["model", "reason"], registry=r)
+        self.failed = Counter("fitevict_failed_loads_total", "Loads that failed", ["model", "reason"], registry=r)
+        self.crashes = Counter("fitevict_crashes_total", "Seats that exited on their own", ["model", "reason"],
+                               registry=r)
+        self.leaks = Counter("fitevict_leaks_total", "Stops whose memory was not verified to come back",
+                             ["model", "reason"], registry=r)
+        self.load_seconds = Histogram("fitevict_load_seconds", "Seconds from starting an engine to its seat being "
+                                      "ready", ["model", "engine"], buckets=LOAD_BUCKETS, registry=r)
+        self.release_seconds = Histogram("fitevict_release_seconds", "Seconds from a seat's exit until its memory "
+                                         "was verified back (measured)", ["event"], buckets=RELEASE_BUCKETS,
+                                         registry=r)
+        self._by_event = {"load": self.loads, "evict": self.evictions, "unload": self.unloads,
+                          "idle-unload": self.unloads, "refuse": self.refusals, "fail": self.failed,
+                          "crash": self.crashes, "leak": self.leaks}
+
+    def observe_event(self, ev: Event) -> None:
+        """Move the counters and histograms for one recorded history event (``Supervisor.on_event``)."""
+        model = ev.model or "-"
+        counter = self._by_event.get(ev.event)
+        if counter is not None:
+            counter.labels(model, reason_label(ev)).inc()
+        leak = leak_reason(ev)
+        if leak is not None and ev.event != "leak":
+            self.leaks.labels(model, leak).inc()
+        if ev.event == "load" and ev.seconds is not None:
+            self.load_seconds.labels(model, ev.engine or "-").observe(ev.seconds)
+        released = ev.details.get("release_seconds")
+        if isinstance(released, (int, float)) and not isinstance(released, bool):
+            self.release_seconds.labels(ev.event).observe(released)
+
+    def collect(self, budget: Any, residents: list[dict]) -> None:
+        """Set the gauges from a budget reading (``Supervisor.budget()``) and ``Supervisor.resident_views()``."""
+        for g in (self.budget, self.free, self.reserve, self.total_bytes, self.resident):
+            g.clear()
+        for d in budget.devices:
+            self.budget.labels(d.name, d.budget_source).set(d.budget_bytes)
+            self.free.labels(d.name, d.free.source).set(d.free.bytes)
+            self.reserve.labels(d.name, d.reserve.source).set(d.reserve.bytes)
+            self.total_bytes.labels(d.name, d.total.source).set(d.total.bytes)
+        for v in residents:
+            for dev, d in v["devices"].items():
+                if d["measured_bytes"] is not None:
+                    self.resident.labels(v["key"], dev, "measured").set(d["measured_bytes"])
+                self.resident.labels(v["key"], dev, "predicted").set(d["predicted_bytes"])

@@ -1,0 +1,264 @@
+"""The Ollama-compatible routes, on the same port as the OpenAI ones.
+
+``/api/tags``, ``/api/ps``, ``/api/show``, ``/api/chat``, ``/api/generate``, ``/api/embed`` (and the older
+``/api/embeddings``) and ``/api/version``. Inference goes to the model's seat over llama-server's own
+OpenAI-style routes and comes back in Ollama's shapes (``ollama_shapes``), streamed as NDJSON. Errors are
+Ollama's ``{"error": "..."}``. A request that names no prompt (``/api/generate``) or no messages
+(``/api/chat``) loads the model, or with ``keep_alive: 0`` unloads it, as Ollama does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from fitevict import __version__
+from fitevict.catalog import CatalogEntry
+from fitevict.contract import Contract, for_embeddings
+from fitevict.server import ollama_shapes as sh
+from fitevict.server import seatcall
+from fitevict.server.door import Door
+from fitevict.server.errors import ApiError
+from fitevict.supervisor import SupervisorError
+
+OLLAMA_API_VERSION = "0.12.0"  # the Ollama API generation these routes follow (clients compare it)
+NDJSON = "application/x-ndjson"
+
+
+def error(status: int, message: str) -> JSONResponse:
+    """Ollama's error shape."""
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def ollama_errors(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """Answer fitevict's errors in Ollama's shape, with their status and headers."""
+    @functools.wraps(fn)
+    async def wrapped(*args: Any, **kw: Any) -> Response:
+        try:
+            return await fn(*args, **kw)
+        except ApiError as e:
+            r = error(e.status, e.message)
+            r.headers.update(e.headers)
+            return r
+        except sh.OllamaError as e:
+            return error(e.status, str(e))
+    return wrapped
+
+
+def router(door: Door) -> APIRouter:
+    app = APIRouter()
+    sup, upstream = door.sup, door.upstream
+
+    async def body_of(request: Request) -> tuple[dict[str, Any], CatalogEntry]:
+        door.check_auth(request, admin=False)
+        body = await door.read_json(request)
+        if not isinstance(body, dict):
+            raise sh.OllamaError("request body must be a JSON object")
+        name = body.get("model") or body.get("name")
+        if isinstance(name, str) and name.endswith(":latest") and name not in door.catalog.names():
+            name = name[: -len(":latest")]  # Ollama clients tag names; fitevict's names have no tags
+        try:
+            entry = door.resolve(name)
+        except ApiError as e:
+            if e.status == 404:
+                raise sh.OllamaError(f"model '{name}' not found (GET /api/tags lists them)", 404) from None
+            raise
+        return body, entry
+
+    def structure_of(entry: CatalogEntry):
+        if not entry.llama_servable:
+            return None
+        from fitevict.pricing.gguf import PricingError, load_structure
+
+        try:
+            return load_structure(entry.path)
+        except PricingError:
+            return None  # listed with what is known; a request for it gets the pricing error itself
+
+    def described(entry: CatalogEntry) -> dict[str, Any]:
+        return sh.details_of(structure_of(entry), entry.kind)
+
+    @app.get("/api/version", tags=["ollama"], summary="The Ollama API version these routes follow")
+    async def version() -> dict:
+        return {"version": OLLAMA_API_VERSION, "fitevict": __version__}
+
+    @app.get("/api/tags", tags=["ollama"], summary="The catalog, as `ollama list` shows it")
+    @ollama_errors
+    async def tags(request: Request) -> Response:
+        door.check_auth(request, admin=False)
+        models = []
+        for e in door.catalog.entries():
+            path = Path(e.path)
+            mtime = path.stat().st_mtime if path.exists() else None
+            models.append({"name": e.key, "model": e.key, "modified_at": sh.iso(mtime) if mtime else None,
+                           "size": e.file_bytes, "digest": sh.identity_digest(path), "details": described(e),
+                           "fitevict": {"size_source": "file-size", "aliases": list(e.aliases), "engine": e.engine}})
+        return JSONResponse({"models": models})
+
+    @app.get("/api/ps", tags=["ollama"], summary="What is loaded, with fitevict's measured bytes")
+    @ollama_errors
+    async def ps(request: Request) -> Response:
+        door.check_auth(request, admin=False)
+        out = []
+        for v in sup.resident_views():
+            entry = door.catalog.get(v["key"])
+            path = Path(entry.path) if entry is not None else Path(v["key"])
+            out.append(sh.ps_entry(v, described(entry) if entry else sh.details_of(None, "gguf"),
+                                   sh.identity_digest(path)))
+        return JSONResponse({"models": out})
+
+    @app.post("/api/show", tags=["ollama"], summary="One model's details")
+    @ollama_errors
+    async def show(request: Request) -> Response:
+        _body, entry = await body_of(request)
+        s = structure_of(entry)
+        caps = ["completion", "embedding"] if entry.llama_servable else ["completion"]
+        path = Path(entry.path)
+        return JSONResponse({
+            "modelfile": f"FROM {path}\n", "parameters": "", "template": "", "license": "",
+            "details": sh.details_of(s, entry.kind), "model_info": sh.model_info(s), "capabilities": caps,
+            "modified_at": sh.iso(path.stat().st_mtime) if path.exists() else None,
+            "fitevict": {"key": entry.key, "aliases": list(entry.aliases), "engine": entry.engine,
+                         "file_bytes": entry.file_bytes, "file_bytes_source": "file-size", "pinned": entry.pinned},
+        })
+
+    async def load_or_unload(entry: CatalogEntry, contract: Contract | None, rid: str,
+                             shape: Callable[[str], dict[str, Any]]) -> Response:
+        """An empty prompt: load the model (or, with keep_alive 0, unload it), as Ollama does."""
+        if contract is not None and contract.keep_alive == 0:
+            try:
+                await sup.unload(entry.key, reason="unloaded on request (keep_alive 0)")
+            except SupervisorError as e:
+                raise door.supervisor_error(e) from None
+            return JSONResponse({**shape(""), "done": True, "done_reason": "unload"})
+        timing: dict[str, float] = {}
+        async with seatcall.held(door, entry, contract, rid, timing):
+            pass
+        return JSONResponse({**shape(""), "done": True, "done_reason": "load",
+                             "load_duration": sh.ns(timing.get("load_s"))})
+
+    async def complete(request: Request, entry: CatalogEntry, path: str, tr: sh.Translated, stream: bool,
+                       shape: Callable[..., dict[str, Any]]) -> Response:
+        """Hold a seat, send the translated request, answer in Ollama's shape (NDJSON when streamed)."""
+        t0 = time.perf_counter()
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        headers = {"x-request-id": rid}
+        if tr.ignored:
+            headers["x-fitevict-ignored-options"] = ",".join(tr.ignored)
+        timing: dict[str, float] = {}
+        stack = contextlib.AsyncExitStack()
+        try:
+            seat = await stack.enter_async_context(seatcall.held(door, entry, tr.contract, rid, timing))
+            r = await seatcall.send(upstream, seat, path, tr.body, rid)
+        except BaseException:
+            await stack.aclose()
+            raise
+        if not stream:
+            try:
+                doc = await seatcall.read_json(r)
+            finally:
+                await stack.aclose()
+            done = sh.done_fields(finish=sh.finish_of(doc), usage=doc.get("usage"), timings=doc.get("timings"),
+                                  total_s=time.perf_counter() - t0, load_s=timing.get("load_s", 0.0))
+            return JSONResponse({**shape(sh.text_of(doc), sh.tool_calls_of(doc)), **done}, headers=headers)
+
+        async def lines() -> AsyncIterator[bytes]:
+            finish, usage, timings, calls = None, None, None, []
+            try:
+                async for chunk in seatcall.events(r):
+                    finish = sh.finish_of(chunk) or finish
+                    usage = chunk.get("usage") or usage
+                    timings = chunk.get("timings") or timings
+                    calls += sh.tool_calls_of(chunk)
+                    text = sh.text_of(chunk)
+                    if text:
+                        yield _line({**shape(text), "done": False})
+                done = sh.done_fields(finish=finish, usage=usage, timings=timings,
+                                      total_s=time.perf_counter() - t0, load_s=timing.get("load_s", 0.0))
+                yield _line({**shape("", calls), **done})
+            except ApiError as e:
+                yield _line({"error": e.message})
+            finally:
+                await r.aclose()
+                await stack.aclose()
+
+        return StreamingResponse(lines(), media_type=NDJSON, headers=headers)
+
+    def created() -> str:
+        return sh.iso(time.time())
+
+    @app.post("/api/chat", tags=["ollama"], summary="Chat (NDJSON stream by default)")
+    @ollama_errors
+    async def chat(request: Request) -> Response:
+        body, entry = await body_of(request)
+        stream = body.get("stream") is not False  # Ollama streams unless told not to
+
+        def shape(text: str, calls: list | None = None) -> dict[str, Any]:
+            return {"model": entry.key, "created_at": created(), "message": sh.message(text, calls)}
+
+        tr = sh.chat_request(body, stream)
+        if not body.get("messages"):
+            return await load_or_unload(entry, tr.contract, uuid.uuid4().hex[:16], shape)
+        return await complete(request, entry, "/v1/chat/completions", tr, stream, shape)
+
+    @app.post("/api/generate", tags=["ollama"], summary="Generate from a prompt (NDJSON stream by default)")
+    @ollama_errors
+    async def generate(request: Request) -> Response:
+        body, entry = await body_of(request)
+        stream = body.get("stream") is not False
+
+        def shape(text: str, _calls: list | None = None) -> dict[str, Any]:
+            return {"model": entry.key, "created_at": created(), "response": text}
+
+        path, tr = sh.generate_request(body, stream)
+        if not body.get("prompt") and not body.get("images"):
+            return await load_or_unload(entry, tr.contract, uuid.uuid4().hex[:16], shape)
+        return await complete(request, entry, path, tr, stream, shape)
+
+    async def embed_any(request: Request, *, legacy: bool) -> Response:
+        body, entry = await body_of(request)
+        texts = sh.embed_inputs(body, legacy=legacy)
+        contract = for_embeddings(sh.contract_of(body))  # any model: an embeddings seat is loaded for it
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        t0 = time.perf_counter()
+        timing: dict[str, float] = {}
+        req: dict[str, Any] = {"input": texts}
+        if body.get("dimensions") is not None:
+            req["dimensions"] = body["dimensions"]
+        async with seatcall.held(door, entry, contract, rid, timing) as seat:
+            doc = await seatcall.read_json(await seatcall.send(upstream, seat, "/v1/embeddings", req, rid))
+        vectors = [d["embedding"] for d in sorted(doc.get("data") or [], key=lambda d: d.get("index", 0))]
+        if legacy:
+            return JSONResponse({"embedding": vectors[0] if vectors else []})
+        return JSONResponse({"model": entry.key, "embeddings": vectors,
+                             "total_duration": sh.ns(time.perf_counter() - t0),
+                             "load_duration": sh.ns(timing.get("load_s")),
+                             "prompt_eval_count": (doc.get("usage") or {}).get("prompt_tokens", 0)})
+
+    @app.post("/api/embed", tags=["ollama"], summary="Embeddings from any model")
+    @ollama_errors
+    async def embed(request: Request) -> Response:
+        return await embed_any(request, legacy=False)
+
+    @app.post("/api/embeddings", tags=["ollama"], summary="Embeddings, the older route (one prompt)")
+    @ollama_errors
+    async def embeddings(request: Request) -> Response:
+        return await embed_any(request, legacy=True)
+
+    return app
+
+
+def _line(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode() + b"\n"
+
+
+__all__ = ["OLLAMA_API_VERSION", "router"]

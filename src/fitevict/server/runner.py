@@ -1,0 +1,79 @@
+"""Run the front door under uvicorn with fitevict's own shutdown.
+
+On SIGTERM or SIGINT fitevict stops taking work and answers every queued and loading request at once
+(503, ``Retry-After``, "shutting down"), starts no new load, lets requests in flight finish within
+``policy.shutdown_grace_seconds``, then stops every seat with its release verified, and exits 0 with one
+summary line. A second signal stops waiting for requests in flight; the seats are still stopped, so no
+engine is left behind. Signal handlers only enqueue work on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+import uvicorn
+
+from fitevict.supervisor import ShutdownSummary, Supervisor
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, sup: Supervisor) -> None:
+        super().__init__(config)
+        self.sup = sup
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signals = 0
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM go to ``handle_exit`` while serving; unlike uvicorn's own, the signal is not raised
+        again afterwards, so a clean shutdown exits 0."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in original.items():
+                signal.signal(s, h)
+
+    async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        super().handle_exit(sig, frame)
+        if self._signals > 1:
+            self.force_exit = True  # any second signal, SIGTERM too
+        if self._loop is None or self._loop.is_closed():
+            return
+        if self._signals == 1:
+            self._loop.call_soon_threadsafe(self._begin)
+        else:
+            self._loop.call_soon_threadsafe(self.sup.hurry)
+
+    def _begin(self) -> None:
+        # answers the queue at once, so uvicorn's wait for open connections ends as soon as in-flight work does
+        asyncio.ensure_future(self.sup.shutdown())
+
+    async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        await super().shutdown(sockets)
+        await self.sup.shutdown()  # forced exits skip the lifespan: the seats are stopped all the same
+
+
+def serve(app, sup: Supervisor, *, host: str, port: int, log_level: str) -> ShutdownSummary | None:
+    grace = sup.config.policy.shutdown_grace_seconds
+    cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                         timeout_graceful_shutdown=int(grace + sup.config.engine.stop_grace_seconds + 5))
+    server = _Server(cfg, sup)
+    server.run()
+    return sup.summary
+
+
+__all__ = ["serve"]

@@ -1,0 +1,194 @@
+"""The memory sampler: while the server runs, it reads every seat (PSS and RSS of its process tree from
+smaps_rollup, GPU bytes from NVML where a GPU exists) and the host (MemAvailable), keeps each seat's peaks over
+its serving window, and stores the window (``seat_peaks``) through the store's writer when the seat is gone.
+
+It is a task of the server app's lifespan, woken every ``server.sample_seconds`` and at once by every recorded
+history event (``Supervisor.on_event``), so a stopped seat's window is closed and stored without waiting a tick.
+
+The MemAvailable baseline of a window is the host reading of the tick before the seat was first seen: the drop
+then includes the seat's load. With other seats resident in the window the drop is the host's, not this seat's
+alone; ``details["other_seats"]`` says how many there were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fitevict.host import procmem
+from fitevict.host.nvml import read_gpus
+from fitevict.store import Store
+from fitevict.store.peaks import SeatPeaks, op_put_peaks
+from fitevict.store.records import Event
+from fitevict.supervisor.seat import SeatPhase
+
+log = logging.getLogger("fitevict.sampler")
+
+
+@dataclass(frozen=True, slots=True)
+class SeatReading:
+    """One reading of one seat. A figure is None only with its reason."""
+
+    pss_bytes: int | None
+    rss_bytes: int | None
+    pss_source: str
+    pss_reason: str
+    gpu_bytes: int | None
+    gpu_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A seat's serving window so far (pure: :func:`fold` makes the next one)."""
+
+    seat_id: str
+    model: str
+    engine: str
+    config: dict[str, Any]
+    started_at: float
+    baseline_available_bytes: int | None
+    baseline: str
+    samples: int = 0
+    peak_pss_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    peak_gpu_bytes: int | None = None
+    min_available_bytes: int | None = None
+    other_seats: int = 0
+    sources: tuple[str, ...] = ()
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+def _peak(old: int | None, new: int | None) -> int | None:
+    return new if old is None else old if new is None else max(old, new)
+
+
+def fold(w: Window, r: SeatReading, available: int | None, available_reason: str, others: int) -> Window:
+    """The window after one more reading: peaks only grow; a failed reading keeps its reason."""
+    reasons = dict(w.reasons)
+    for name, value, why in (("peak_pss_bytes", r.pss_bytes, r.pss_reason), ("peak_rss_bytes", r.rss_bytes,
+                             r.pss_reason), ("peak_gpu_bytes", r.gpu_bytes, r.gpu_reason),
+                             ("peak_available_drop_bytes", available, available_reason)):
+        if value is None:
+            reasons.setdefault(name, why)
+    sources = w.sources if r.pss_bytes is None or r.pss_source in w.sources else (*w.sources, r.pss_source)
+    return replace(w, samples=w.samples + 1, peak_pss_bytes=_peak(w.peak_pss_bytes, r.pss_bytes),
+                   peak_rss_bytes=_peak(w.peak_rss_bytes, r.rss_bytes),
+                   peak_gpu_bytes=_peak(w.peak_gpu_bytes, r.gpu_bytes),
+                   min_available_bytes=(w.min_available_bytes if available is None else available
+                                        if w.min_available_bytes is None else min(w.min_available_bytes, available)),
+                   other_seats=max(w.other_seats, others), sources=sources, reasons=reasons)
+
+
+def close(w: Window, now: float) -> SeatPeaks:
+    """The stored record of a finished window."""
+    drop = None
+    if w.baseline_available_bytes is not None and w.min_available_bytes is not None:
+        drop = max(0, w.baseline_available_bytes - min(w.min_available_bytes, w.baseline_available_bytes))
+    values = {"peak_pss_bytes": w.peak_pss_bytes, "peak_rss_bytes": w.peak_rss_bytes,
+              "peak_gpu_bytes": w.peak_gpu_bytes, "peak_available_drop_bytes": drop}
+    reasons = {k: (w.reasons.get(k) or "unavailable, because the seat was never sampled")
+               for k, v in values.items() if v is None}
+    sources = {"pss": "+".join(w.sources) or "none", "rss": "+".join(w.sources) or "none",
+               "gpu": "nvml", "available_drop": "meminfo MemAvailable: baseline - lowest in the window"}
+    return SeatPeaks(seat_id=w.seat_id, model=w.model, engine=w.engine, config=w.config, started_at=w.started_at,
+                     ended_at=now, samples=w.samples, **values, baseline_available_bytes=w.baseline_available_bytes,
+                     details={"sources": sources, "reasons": reasons, "other_seats": w.other_seats,
+                              "baseline": w.baseline})
+
+
+def _read(seats: list[tuple[str, int]], nvml: Any) -> tuple[int | None, str, dict[str, SeatReading]]:
+    """Blocking reads (run in a thread): the host, then each (seat id, pgid) process tree and its GPU bytes."""
+    try:
+        available, available_reason = procmem.read_meminfo().available_bytes, ""
+    except procmem.HostMemoryError as e:
+        available, available_reason = None, f"unavailable, because {e}"
+    gpus = read_gpus(nvml) if seats else None
+    out: dict[str, SeatReading] = {}
+    for seat_id, pgid in seats:
+        tree = procmem.read_tree(pgid)
+        if tree.source == "unavailable":
+            pss = rss = None
+            why = f"unavailable, because {tree.reason}"
+        else:
+            pss, rss, why = tree.host_bytes, tree.rss_bytes, ""
+        if gpus is None or not gpus.available:
+            gpu, gpu_why = None, f"unavailable, because {gpus.reason if gpus else 'no reading'}"
+        else:
+            used = gpus.used_by(set(tree.pids))
+            gpu = None if any(v is None for v in used.values()) else sum(v or 0 for v in used.values())
+            gpu_why = "" if gpu is not None else "unavailable, because NVML does not attribute memory to the seat"
+        out[seat_id] = SeatReading(pss, rss, tree.source, why, gpu, gpu_why)
+    return available, available_reason, out
+
+
+class MemorySampler:
+    """Samples the supervisor's seats; :meth:`run` is the lifespan task, :meth:`stop` stores what is open."""
+
+    def __init__(self, sup: Any, store: Store, interval: float) -> None:
+        self.sup = sup
+        self.store = store
+        self.interval = interval
+        self.windows: dict[str, Window] = {}
+        self._last_available: int | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def poke(self, _ev: Event | None = None) -> None:
+        """Sample now (registered on ``Supervisor.on_event``)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="fitevict-memory-sampler")
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("the memory sampler failed; the peaks of the open windows stop here")
+                raise
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+
+    async def tick(self) -> None:
+        live = {s.id: s for s in self.sup.seats.values()
+                if s.pgid is not None and s.state not in (SeatPhase.STOPPED, SeatPhase.FAILED)}
+        available, why, readings = await asyncio.to_thread(
+            _read, [(i, s.pgid) for i, s in live.items()], self.sup.nvml)
+        now = self.sup.clock()
+        for seat_id in [i for i in self.windows if i not in live]:
+            await self._store(self.windows.pop(seat_id), now)
+        for seat_id, s in live.items():
+            w = self.windows.get(seat_id)
+            if w is None:
+                first = self._last_available is None
+                w = Window(seat_id, s.key, s.engine, s.config.to_json(), now,
+                           available if first else self._last_available,
+                           "the first reading, taken with the seat already running" if first else
+                           "the host reading just before the seat was first seen")
+            self.windows[seat_id] = fold(w, readings[seat_id], available, why, len(live) - 1)
+        if available is not None:
+            self._last_available = available
+
+    async def _store(self, w: Window, now: float) -> None:
+        await self.store.awrite(op_put_peaks(close(w, now)))
+
+    async def stop(self) -> None:
+        """Stop sampling and store every open window (ended now)."""
+        if self._task is not None:
+            self._task.cancel()
+            # a failure of the task was logged where it happened (run); the open windows are stored regardless
+            await asyncio.gather(self._task, return_exceptions=True)
+        now = self.sup.clock()
+        for w in list(self.windows.values()):
+            await self._store(w, now)
+        self.windows.clear()
+
+    def open_windows(self) -> list[SeatPeaks]:
+        """The windows still open, as they would be stored now (for the live report)."""
+        now = self.sup.clock()
+        return [close(w, now) for w in self.windows.values()]

@@ -1,0 +1,90 @@
+"""Talking to a seat over llama-server's own routes: hold a seat, send one JSON request, read one SSE stream.
+
+Small and shared by the routes that translate another API (Ollama's) onto the engine's OpenAI-style routes:
+``held`` holds a seat for the block (supervisor errors become HTTP errors), ``send`` opens the upstream
+response (retrying once on a connection llama-server dropped after a streamed response), ``read_json`` and
+``events`` read it back as one document or as the stream's parsed ``data:`` events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from fitevict.catalog import CatalogEntry
+from fitevict.contract import Contract
+from fitevict.server.door import Door
+from fitevict.server.errors import ApiError
+from fitevict.supervisor import SupervisorError
+from fitevict.supervisor.seat import SeatState
+
+STALE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError)
+
+
+@contextlib.asynccontextmanager
+async def held(door: Door, entry: CatalogEntry, contract: Contract | None, request_id: str,
+               timing: dict | None = None) -> AsyncIterator[SeatState]:
+    """A seat of ``entry`` for the block (loading it if needed); the supervisor's refusals as ``ApiError``."""
+    try:
+        async with door.sup.acquire(entry.key, contract, request_id=request_id, timing=timing) as seat:
+            yield seat
+    except SupervisorError as e:
+        raise door.supervisor_error(e) from None
+
+
+async def send(client: httpx.AsyncClient, seat: SeatState, path: str, body: dict[str, Any],
+               request_id: str) -> httpx.Response:
+    """POST ``body`` to the seat's ``path``; the response is open (streamed) and an HTTP error from the engine
+    is raised as ``ApiError`` with the engine's own message. The caller closes the response."""
+    req = httpx.Request("POST", seat.base_url + path, content=json.dumps(body).encode(),
+                        headers={"content-type": "application/json", "x-request-id": request_id})
+    try:
+        try:
+            r = await client.send(req, stream=True)
+        except STALE:  # llama-server drops a keep-alive connection after a streamed response: once more
+            r = await client.send(req, stream=True)
+    except httpx.HTTPError as e:
+        raise ApiError(502, f"{seat.key}: the engine did not answer {path}: {e!r}", type="engine_error") from None
+    if r.status_code >= 400:
+        text = (await r.aread()).decode(errors="replace")
+        await r.aclose()
+        raise ApiError(r.status_code if r.status_code < 500 else 502,
+                       f"{seat.key}: the engine answered {r.status_code} on {path}: {engine_message(text)}",
+                       type="engine_error" if r.status_code >= 500 else "invalid_request_error")
+    return r
+
+
+async def read_json(r: httpx.Response) -> dict[str, Any]:
+    try:
+        return json.loads(await r.aread())
+    finally:
+        await r.aclose()
+
+
+async def events(r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The parsed ``data:`` events of an SSE response, until ``[DONE]``; an ``error`` event is raised."""
+    try:
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            doc = json.loads(data)
+            if isinstance(doc, dict) and "error" in doc:
+                raise ApiError(502, f"the engine failed mid-stream: {engine_message(data)}", type="engine_error")
+            yield doc
+    finally:
+        await r.aclose()
+
+
+def engine_message(text: str) -> str:
+    """The message of an engine error body (``{"error": {"message": ...}}``), else the text itself."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+        err = json.loads(text)["error"]
+        return err["message"] if isinstance(err, dict) else str(err)
+    return text.strip()[:500]

@@ -1,0 +1,94 @@
+"""Opening the store's database: SQLite (WAL, one writer, many readers) or PostgreSQL by URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from fitevict.paths import data_dir
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used as configured."""
+
+
+def default_url() -> str:
+    """``sqlite:///<data_dir>/fitevict.db`` (an absolute path, so four slashes)."""
+    return f"sqlite:///{(data_dir() / 'fitevict.db').resolve()}"
+
+
+def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
+    """A SQLAlchemy engine for ``url``. SQLite: parent directories created, WAL, synchronous=NORMAL,
+    busy_timeout, foreign_keys on, and real transactions (fitevict issues BEGIN itself, so DDL is
+    transactional and the writer takes the write lock up front with BEGIN IMMEDIATE). PostgreSQL:
+    see :func:`_postgres_engine` (its driver opens transactions itself; DDL is transactional there too).
+    Any other backend raises :class:`StoreError`."""
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend == "postgresql":
+        return _postgres_engine(u)
+    if backend != "sqlite":
+        raise StoreError(
+            f"store URL {u.render_as_string(hide_password=True)!r} names the backend {backend!r}; the store runs on "
+            "SQLite (sqlite:////path/to/fitevict.db) or PostgreSQL (postgresql+psycopg://user:pass@host/db)"
+        )
+    db = u.database or ""
+    if db in ("", ":memory:") or "mode=memory" in db:
+        raise StoreError(
+            f"store URL {url!r} is an in-memory SQLite database, which each connection sees separately; "
+            "the store needs a file (one writer, many readers). Use sqlite:////path/to/fitevict.db"
+        )
+    Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(u, connect_args={"timeout": busy_timeout_s})
+    busy_ms = int(busy_timeout_s * 1000)
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # no implicit BEGIN from the driver; see _on_begin
+        cur = dbapi_conn.cursor()
+        try:
+            mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(
+                    f"SQLite refused WAL mode for {db} (journal_mode is {mode!r}); WAL needs a local filesystem "
+                    "that supports shared memory. Put the store on a local disk, or use Postgres by URL."
+                )
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute(f"PRAGMA busy_timeout={busy_ms:d}")
+            cur.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get("fitevict_begin") == "IMMEDIATE"
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+POSTGRES_DRIVER = "psycopg"
+"""The driver a bare ``postgresql://`` URL gets (psycopg 3: ``pip install 'fitevict[postgres]'``)."""
+
+
+def _postgres_engine(u: sa.URL) -> Engine:
+    """PostgreSQL: psycopg 3 unless the URL names another driver; connections checked before use, so a
+    restarted server costs a reconnect rather than an error; fitevict's name in ``pg_stat_activity``."""
+    if u.drivername == "postgresql":
+        u = u.set(drivername=f"postgresql+{POSTGRES_DRIVER}")
+    connect_args: dict[str, Any] = {}
+    if "application_name" not in u.query:
+        connect_args["application_name"] = "fitevict"
+    if "connect_timeout" not in u.query:
+        connect_args["connect_timeout"] = 10
+    try:
+        return sa.create_engine(u, pool_pre_ping=True, connect_args=connect_args)
+    except ImportError as e:
+        raise StoreError(
+            f"store URL {u.render_as_string(hide_password=True)!r} needs the PostgreSQL driver {u.get_driver_name()!r}, "
+            f"which is not installed ({e}). Install fitevict with its postgres extra: pip install 'fitevict[postgres]' "
+            "(psycopg 3), and use postgresql:// or postgresql+psycopg://"
+        ) from e

@@ -1,0 +1,23 @@
+"""The demo model zoo: small, valid, deterministic GGUF files for tests and demos.
+
+Every model has random weights (fixed seeds, ``normal * 0.02`` so inference stays numerically sane), a tiny
+SentencePiece-style ("llama") vocabulary with byte tokens, and a ChatML chat template, so llama-server loads it
+and answers ``/v1/chat/completions``. Dimensions are deliberately uneven (n_embd 96, n_ff 250, n_vocab 1003) so
+that pricing code cannot lean on round numbers.
+
+Same code, same bytes: a file depends only on its recipe, ``GENERATOR_VERSION`` and the ``gguf`` package
+version. ``write_zoo`` records each file's sha256 in a manifest next to the files and skips a model whose file
+on disk still matches it. Files are written to a temporary name and renamed, so a crash never leaves half a file.
+
+    recipes.py  the recipes and layouts
+    tensors.py  vocabulary, tensor shapes and data
+    write.py    GGUF writing, the manifest, ``write_zoo`` and ``rewrite_arch``
+"""
+
+from fitevict.zoo.recipes import (_BY_NAME, _RECIPES, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME, ZOO_NAMES,
+                                  ZooError, ZooModel)
+from fitevict.zoo.tensors import _tensor_shapes
+from fitevict.zoo.write import _write_gguf, resolve_names, rewrite_arch, write_zoo
+
+__all__ = ["CHAT_TEMPLATE", "GENERATOR_VERSION", "MANIFEST_NAME", "ZOO_NAMES", "ZooError", "ZooModel", "_BY_NAME",
+           "_RECIPES", "_tensor_shapes", "_write_gguf", "resolve_names", "rewrite_arch", "write_zoo"]

@@ -1,0 +1,239 @@
+"""The transformers seat: price against the object walk, and a real seat process chatted with the openai SDK.
+
+In-process tests load with torch here (tests are not the front door); e2e tests start the seat the way the
+supervisor does, through the registry's adapter, and stop it through its own process group.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from fitevict.engines.process import free_port, stop_group
+from fitevict.engines.torch_engine import TransformersEngine
+from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
+from fitevict.guard import check_walk
+from fitevict.pricing.hf_price import HfLoadConfig, price_hf
+from fitevict.pricing.safetensors import load_hf_structure
+
+CONFIGS = {"auto": HfLoadConfig(n_ctx=256), "bf16": HfLoadConfig(n_ctx=256, dtype="bfloat16"),
+           "bnb4": HfLoadConfig(n_ctx=256, quant="bnb4"),
+           "bnb4-dq": HfLoadConfig(n_ctx=256, quant="bnb4", bnb4_double_quant=True),
+           "bnb8": HfLoadConfig(n_ctx=256, quant="bnb8"),
+           "f16+bnb4": HfLoadConfig(n_ctx=256, dtype="float16", quant="bnb4")}
+
+
+def test_price_is_the_walk_to_the_byte(hf_zoo: dict) -> None:
+    """Every demo folder under every configuration: predicted model bytes == the object walk's held bytes."""
+    from fitevict.engines.torch_seat.model import load
+    from fitevict.engines.torch_seat.walk import walk
+
+    seen = []
+    for name, z in hf_zoo.items():
+        s = load_hf_structure(z.path)
+        for label, cfg in CONFIGS.items():
+            if s.kind == "diffusers" and cfg.quant != "none":
+                continue
+            loaded = load(z.path, cfg)
+            w = walk(loaded.obj).to_json()
+            seen.append((name, label, price_hf(s, cfg).model_bytes, w["held_bytes"]))
+            if name == "hf-llama-tied":
+                assert [t["path"] for t in w["tied"]] == ["lm_head.weight"]  # counted once
+            if name == "hf-ddpm":
+                assert w["devices"]["cpu"]["scheduler"] > 0  # scheduler tables, outside any module
+            if cfg.quant == "bnb4":
+                assert w["devices"]["cpu"]["quant_state"] > 0  # outside parameters()
+            del loaded
+            gc.collect()
+    assert [x for x in seen if x[2] != x[3]] == []
+    assert len(seen) == 4 * len(CONFIGS) + 2
+
+
+def test_meta_tensors_are_declared_not_held(hf_zoo: dict) -> None:
+    """A model never materialised (every tensor on the meta device) holds nothing: its sizes are declared, and a
+    guard on the walk refuses it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from fitevict.engines.torch_seat.walk import walk
+
+    z = hf_zoo["hf-llama-gqa"]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(z.path)))
+    w = walk(model)
+    doc = w.to_json()
+    assert doc["held_bytes"] == 0 and w.weight_bytes == 0
+    weights = price_hf(load_hf_structure(z.path), HfLoadConfig()).weight_bytes
+    assert doc["declared_bytes"] - doc["devices"]["declared"]["buffer"] == weights
+    assert not check_walk(w.weight_bytes).accepted
+
+
+def test_split_device_map_covers_every_tensor_of_the_model(hf_zoo: dict) -> None:
+    """The explicit device_map a split seat passes to from_pretrained names a device for every parameter and
+    buffer (accelerate refuses a map with gaps), and puts the groups where the price put them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from fitevict.engines.torch_seat.model import device_map
+
+    for name in ("hf-llama-gqa", "hf-qwen2-swa", "hf-mixtral-moe", "hf-llama-tied"):
+        path = hf_zoo[name].path
+        cfg = HfLoadConfig(device_map="split", max_memory=(("CUDA0", 300_000),))
+        dm = device_map(path, cfg)
+        assert isinstance(dm, dict)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
+        names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+        assert [n for n in names if not any(n == k or n.startswith(k + ".") for k in dm)] == []
+        priced = dict(price_hf(load_hf_structure(path), cfg).placement)
+        assert {g: ("CPU" if d == "cpu" else f"CUDA{d}") for g, d in dm.items() if g in priced} == priced
+
+
+def test_gptq_style_folder_prices_what_an_independent_reader_holds(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "vocab_size": 300, "max_position_embeddings": 512, "dtype": "float16",
+           "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32}}
+    t = {"model.embed_tokens.weight": np.ones((300, 64), np.float16),
+         "model.layers.0.mlp.up_proj.qweight": np.ones((8, 172), np.int32),
+         "model.layers.0.mlp.up_proj.qzeros": np.ones((2, 22), np.int32),
+         "model.layers.0.mlp.up_proj.scales": np.ones((2, 172), np.float16),
+         "model.layers.0.mlp.up_proj.g_idx": np.ones(64, np.int32)}
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "config.json").write_text(json.dumps(cfg))
+    save_file(t, str(tmp_path / "g" / "model.safetensors"))
+    held = sum(x.numel() * x.element_size() for x in load_file(str(tmp_path / "g" / "model.safetensors")).values())
+    assert price_hf(load_hf_structure(tmp_path / "g"), HfLoadConfig(dtype="float32")).weight_bytes == held
+
+
+@dataclass
+class Seat:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _wait_ready(seat: Seat, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as c:
+        while time.monotonic() < deadline:
+            try:
+                if c.get(f"{seat.base}/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            try:  # waits for the process to exit, at most a short poll interval
+                rc = seat.proc.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                continue
+            raise AssertionError(f"seat exited {rc} before it was ready:\n{seat.log_text()[-3000:]}")
+    raise AssertionError(f"seat not ready after {timeout} s:\n{seat.log_text()[-3000:]}")
+
+
+def _start(path: Path, cfg: HfLoadConfig, log: Path, **kw: str) -> Seat:
+    spec = TransformersEngine().launch_spec(path, cfg, free_port(), **kw)  # type: ignore[arg-type]
+    with log.open("wb") as f:
+        proc = subprocess.Popen(spec.argv, env=dict(spec.env), stdin=subprocess.DEVNULL, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return Seat(proc, spec.port, log)
+
+
+@contextmanager
+def running_seat(path: Path, cfg: HfLoadConfig, log: Path, **kw: str) -> Iterator[Seat]:
+    seat = _start(path, cfg, log, **kw)
+    try:
+        _wait_ready(seat)
+        yield seat
+    finally:
+        stop_group(seat.proc)
+
+
+@pytest.mark.e2e
+def test_seat_serves_openai_routes_and_releases_cleanly(hf_zoo: dict, tmp_path: Path) -> None:
+    from openai import OpenAI
+
+    z = hf_zoo["hf-qwen2-swa"]
+    cfg = HfLoadConfig(n_ctx=512)
+    with running_seat(z.path, cfg, tmp_path / "seat.log") as seat:
+        client = OpenAI(base_url=f"{seat.base}/v1", api_key="none", max_retries=0)
+        msgs = [{"role": "user", "content": "tell me a story"}]
+        r = client.chat.completions.create(model=z.name, messages=msgs, max_tokens=6)  # type: ignore[arg-type]
+        assert r.usage is not None and r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+        timings = r.model_extra["timings"]  # type: ignore[index]
+        assert timings["prompt_n"] == r.usage.prompt_tokens and timings["predicted_n"] == 6
+        assert timings["prompt_ms"] > 0 and timings["predicted_per_second"] > 0
+        pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
+            model=z.name, messages=msgs, max_tokens=6, stream=True) if c.choices and c.choices[0].delta.content]  # type: ignore
+        # greedy decoding: the stream spells what the plain request answered
+        assert "".join(pieces) == r.choices[0].message.content
+        comp = client.completions.create(model=z.name, prompt="the model fits", max_tokens=3)
+        assert comp.usage is not None and comp.usage.completion_tokens == 3
+        emb = client.embeddings.create(model=z.name, input=["hello", "world"])
+        assert len(emb.data) == 2 and len(emb.data[0].embedding) == 96
+
+        doc = TransformersEngine.fetch_footprint(seat.port)
+        assert doc["walk"]["held_bytes"] == price_hf(load_hf_structure(z.path), cfg).model_bytes
+        assert doc["malloc_mmap_threshold"] == "65536"
+        # as stored on the CPU the weights stay file-backed: the request touched the checkpoint's pages
+        assert doc["process_now"]["model_files_pss_bytes"] > 0
+        fp = TransformersEngine().measured_footprint(seat.log_text())
+        assert fp is not None and fp.devices[0].model.bytes == doc["walk"]["held_bytes"]
+        assert check_walk(doc["walk"]["weight_bytes"]).accepted
+
+        report = TransformersEngine.unload(seat.port)
+        assert report["leaks"] == [] and report["verdict"] in ("clean", "allocator-retention")
+        assert report["watched_tensors"] == doc["walk"]["tensors"]
+        assert seat.proc.wait(timeout=30) == 0  # the seat exits after its teardown
+    assert TransformersEngine.teardown(seat.log_text()) == report
+
+
+@pytest.mark.e2e
+def test_leak_breaker_names_a_leaked_tensor(hf_zoo: dict, tmp_path: Path) -> None:
+    z = hf_zoo["hf-llama-gqa"]
+    leaked = "model.layers.1.mlp.up_proj.weight"
+    with running_seat(z.path, HfLoadConfig(n_ctx=256, dtype="bfloat16"), tmp_path / "seat.log",
+                      test_keep_tensor=leaked) as seat:
+        report = TransformersEngine.unload(seat.port)
+    assert report["verdict"] == "leak"
+    assert report["leaks"] == [{"path": leaked, "bytes": 250 * 96 * 2}]
+
+
+@pytest.mark.e2e
+def test_a_load_without_weights_from_the_files_is_refused(tmp_path: Path, hf_zoo: dict) -> None:
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    cfg = json.loads((hf_zoo["hf-llama-gqa"].path / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / f).write_bytes((hf_zoo["hf-llama-gqa"].path / f).read_bytes())
+    save_file({"unrelated.weight": np.ones(4, np.float32)}, str(folder / "model.safetensors"))
+    seat = _start(folder, HfLoadConfig(n_ctx=256), tmp_path / "seat.log")
+    try:
+        assert seat.proc.wait(timeout=60) == EXIT_NO_WEIGHTS
+    finally:
+        stop_group(seat.proc)
+    log = seat.log_text()
+    assert TransformersEngine().measured_footprint(log) is None  # no process-memory figure stands in
+    reason = TransformersEngine.failure(log)
+    assert reason is not None and reason.startswith("no weights") and "missing from the files" in reason
+    v = check_walk(None, reason=reason)
+    assert (v.accepted, v.check) == (False, "no-weights")

@@ -1,0 +1,285 @@
+"""The scheduler's rules, driven through a recording fake and a fake clock: no processes, no sleeps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fitevict.pricing.footprint import HOST
+from fitevict.supervisor.errors import Busy, Refused
+from fitevict.supervisor.scheduler import Phase, SchedPolicy, Scheduler, Waiter
+
+from .schedsim import Recorder, World, request
+
+MB = 1_000_000
+
+
+def sched(sizes: dict[str, int], budget: int, **policy) -> tuple[Scheduler, Recorder]:
+    fx = Recorder(sizes, budget)
+    return Scheduler(fx, SchedPolicy(**policy)), fx
+
+
+def ready(s: Scheduler, fx: Recorder, key: str, load_s: float = 1.0) -> None:
+    s.loaded(key, bytes={HOST: fx.sizes[key]}, bytes_source="measured", load_seconds=load_s)
+
+
+def test_abcabc_is_served_as_aabbcc() -> None:
+    """Room for one model: six requests arriving A B C A B C cost three loads, not six."""
+    w = World({"a": 100 * MB, "b": 100 * MB, "c": 100 * MB}, budget=150 * MB, load_s=dict(a=1, b=1, c=1))
+    for i, k in enumerate("abcabc"):
+        w.submit(f"r{i}", k, 0.0)
+    w.run()
+    assert w.loads() == ["a", "b", "c"]
+    assert all(r.done is not None for r in w.requests.values())
+    assert w.peak_over <= 0
+
+
+def test_waiters_get_their_seat_in_the_step_that_makes_it_ready() -> None:
+    s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB)
+    waiters = [Waiter(request("a"), 0.0, f"a{i}") for i in range(3)]
+    for w in waiters:
+        s.submit(w)
+    s.submit(Waiter(request("b"), 0.0, "b0"))
+    assert fx.kinds("start") == [("start", "a")]
+    fx.calls.clear()
+    ready(s, fx, "a")
+    # all three handed over (np=1 + one queued in the engine = 2 at once, the third waits for a slot) before anything
+    # could stop a: the pending b does not evict it while it serves
+    assert [c[0] for c in fx.calls] == ["dispatch", "dispatch"]
+    assert s.slots["a"].in_flight == 2 and s.waiting("a") == 1
+    s.finished("a")
+    assert ("dispatch", "a2", "a") in fx.calls and not fx.kinds("stop")
+    s.finished("a")
+    s.finished("a")
+    fx.t = 2.0  # past the minimum residency: idle now, so b may have its room
+    s.tick()
+    assert fx.kinds("stop") == [("stop", "a", "evict", fx.kinds("stop")[0][3])]
+    assert "evicted for b" in fx.kinds("stop")[0][3]
+
+
+def test_turn_ends_at_the_oldest_other_request_bound() -> None:
+    """a keeps getting requests; b's request waits at most max_wait before a is drained for it."""
+    s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB, max_wait_seconds=5, max_turn_seconds=100,
+                  min_residency_seconds=0)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    ready(s, fx, "a")
+    fx.t = 1.0
+    s.submit(Waiter(request("b"), 1.0, "b0"))
+    assert s.slots["a"].phase is Phase.READY and fx.wake == 6.0  # wakes when b's bound is reached
+    fx.t = 3.0
+    s.submit(Waiter(request("a"), 3.0, "a1"))  # a's turn goes on: it is served at once
+    assert ("dispatch", "a1", "a") in fx.calls
+    fx.t = 6.0
+    s.tick()
+    assert s.slots["a"].phase is Phase.DRAINING
+    s.submit(Waiter(request("a"), 6.5, "a2"))  # after the turn: it queues behind the swap
+    assert ("dispatch", "a2", "a") not in fx.calls and s.waiting("a") == 1
+    s.finished("a")
+    s.finished("a")
+    assert fx.kinds("stop")[0][1:3] == ("a", "evict")
+
+
+def test_max_turn_ends_a_turn_too() -> None:
+    s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB, max_wait_seconds=100, max_turn_seconds=4,
+                  min_residency_seconds=0)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    ready(s, fx, "a")
+    s.submit(Waiter(request("b"), 0.0, "b0"))
+    assert fx.wake == 4.0
+    fx.t = 4.0
+    s.tick()
+    assert s.slots["a"].phase is Phase.DRAINING
+
+
+def test_minimum_residency_keeps_a_fresh_seat() -> None:
+    s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB, min_residency_seconds=3)
+    s.submit(Waiter(request("a"), 0.0, "a0", hold=False))  # an admin load: holds nothing once ready
+    ready(s, fx, "a")
+    s.submit(Waiter(request("b"), 0.0, "b0"))
+    assert not fx.kinds("stop") and fx.wake == 3.0
+    fx.t = 3.0
+    s.tick()
+    assert fx.kinds("stop")[0][1] == "a"
+
+
+def test_a_load_nobody_waits_for_is_cancelled() -> None:
+    s, fx = sched({"a": 100 * MB}, 150 * MB)
+    w1, w2 = Waiter(request("a"), 0.0, "a0"), Waiter(request("a"), 0.0, "a1")
+    s.submit(w1)
+    s.submit(w2)
+    assert s.cancel(w1) and not fx.kinds("stop")  # one still waits: the load goes on
+    assert s.cancel(w2)
+    assert fx.kinds("stop") == [("stop", "a", "unload", fx.kinds("stop")[0][3])]
+    assert "no one waiting" in fx.kinds("stop")[0][3]
+    assert not s.cancel(w2)  # already gone
+    s.loaded("a", bytes={HOST: 1}, bytes_source="measured", load_seconds=1)  # a late answer changes nothing
+    assert s.slots["a"].phase is Phase.STOPPING
+    s.stopped("a")
+    assert "a" not in s.slots and len(fx.kinds("start")) == 1
+
+
+def test_close_answers_every_waiter_and_cancels_loads() -> None:
+    s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB)
+    ws = [Waiter(request(k), 0.0, f"{k}{i}") for i, k in enumerate("abab")]
+    for w in ws:
+        s.submit(w)
+    s.close()
+    assert all(isinstance(fx.answers[w], Busy) and "shutting down" in str(fx.answers[w]) for w in ws)
+    assert [c[1] for c in fx.kinds("stop")] == ["a"]
+    s.stopped("a")
+    late = Waiter(request("b"), 1.0, "late")
+    s.submit(late)
+    assert isinstance(fx.answers[late], Busy) and len(fx.kinds("start")) == 1  # no new load after close
+
+
+def test_refusal_answers_everyone_asking_the_same() -> None:
+    s, fx = sched({"big": 500 * MB, "a": 10 * MB}, 150 * MB)
+    ws = [Waiter(request("big"), 0.0, f"r{i}") for i in range(3)]
+    for w in ws:
+        s.submit(w)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    assert all(isinstance(fx.answers[w], Refused) for w in ws)
+    assert fx.kinds("start") == [("start", "a")]  # the queue moves on
+
+
+def test_queue_full_and_timeout_are_busy() -> None:
+    s, fx = sched({"a": 100 * MB}, 150 * MB, max_queue=2, queue_timeout_seconds=10)
+    ws = [Waiter(request("a"), 0.0, f"a{i}") for i in range(3)]
+    for w in ws:
+        s.submit(w)
+    assert isinstance(fx.answers[ws[2]], Busy) and "max_queue=2" in str(fx.answers[ws[2]])
+    assert fx.wake == 10.0
+    fx.t = 10.0
+    s.tick()
+    assert all(isinstance(fx.answers[w], Busy) and "queue_timeout" in str(fx.answers[w]) for w in ws[:2])
+
+
+def test_capacity_is_slots_plus_engine_queue_depth() -> None:
+    s, fx = sched({"a": 100 * MB}, 150 * MB, engine_queue_depth=1)
+    s.submit(Waiter(request("a", parallel=2), 0.0, "x"))
+    ready(s, fx, "a")
+    held = [Waiter(request("a", parallel=2), 0.0, f"a{i}") for i in range(4)]
+    got = [s.fast(w) for w in held]
+    assert got == [None, None, None, None] or got.count("a") == 2  # one already in flight: 3 fit, 2 via fast
+    assert s.slots["a"].in_flight == 3
+
+
+def test_fast_path_never_overtakes_a_queued_request() -> None:
+    s, fx = sched({"a": 100 * MB}, 150 * MB, engine_queue_depth=0)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    ready(s, fx, "a")
+    queued = Waiter(request("a"), 0.0, "a1")
+    s.submit(queued)  # no room: it queues
+    assert s.waiting("a") == 1
+    assert s.fast(Waiter(request("a"), 0.0, "a2")) is None  # the newcomer must queue behind it
+    s.finished("a")
+    assert fx.answers[queued] == "a"
+
+
+def test_contract_mismatch_replaces_the_seat_after_its_requests() -> None:
+    s, fx = sched({"a": 100 * MB}, 150 * MB, min_residency_seconds=0)
+    s.submit(Waiter(request("a", ctx=4096), 0.0, "a0"))
+    ready(s, fx, "a")
+    other = Waiter(request("a", ctx=8192, fixed=frozenset({"n_ctx"})), 0.0, "a1")
+    s.submit(other)
+    assert not fx.kinds("stop")  # a0 is in flight on the old seat
+    s.finished("a")
+    assert fx.kinds("stop")[0][1:3] == ("a", "unload") and "another configuration" in fx.kinds("stop")[0][3]
+    s.stopped("a")
+    assert fx.kinds("start") == [("start", "a"), ("start", "a")]
+    # a request that fixes nothing is served by whatever seat of the model is resident
+    ready(s, fx, "a")
+    assert s.fast(Waiter(request("a"), 0.0, "any")) == "a"
+
+
+def test_idle_unload_follows_keep_alive() -> None:
+    s, fx = sched({"a": 10 * MB, "b": 10 * MB}, 150 * MB)
+    s.idle_unload_seconds = 60
+    s.submit(Waiter(request("a"), 0.0, "a0", keep_alive=0.0))
+    s.submit(Waiter(request("b"), 0.0, "b0", keep_alive=math.inf))
+    ready(s, fx, "a")
+    ready(s, fx, "b")
+    s.finished("a")
+    s.finished("b")
+    fx.t = 0.5
+    s.tick()
+    assert [c[1:3] for c in fx.kinds("stop")] == [("a", "idle-unload")]
+    fx.t = 10_000
+    s.tick()
+    assert len(fx.kinds("stop")) == 1  # b is kept for ever
+
+
+@pytest.mark.parametrize("eviction,victim", [("cost", "cheap"), ("lru", "dear")])
+def test_victims_by_greedydual_size_or_lru(eviction: str, victim: str) -> None:
+    """Both idle; the cheap one to reload per byte goes under cost, the least recently used under lru."""
+    fx = Recorder({"cheap": 100 * MB, "dear": 100 * MB, "new": 100 * MB}, 250 * MB, eviction=eviction)
+    s = Scheduler(fx, SchedPolicy(eviction=eviction, min_residency_seconds=0))  # type: ignore[arg-type]
+    for key, load_s in (("dear", 20.0), ("cheap", 0.5)):
+        w = Waiter(request(key), fx.t, key)
+        s.submit(w)
+        ready(s, fx, key, load_s)
+        s.finished(key)
+        fx.t += 1
+    s.submit(Waiter(request("new"), fx.t, "n"))
+    stops = fx.kinds("stop")
+    assert [c[1] for c in stops] == [victim]
+    assert ("GreedyDual-Size" in stops[0][3]) == (eviction == "cost")
+
+
+# -- properties ------------------------------------------------------------------------------------
+
+arrivals = st.lists(st.tuples(st.sampled_from("ab"), st.floats(0, 60, allow_nan=False)), min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrivals=arrivals, load=st.floats(0.2, 3.0), service=st.floats(0.01, 1.0), min_res=st.floats(0, 1.0),
+       eviction=st.sampled_from(["cost", "lru"]))
+def test_no_request_waits_past_the_bound_plus_one_swap(arrivals, load, service, min_res, eviction) -> None:
+    """Two models that cannot be co-resident, random arrivals: nothing is lost, the budget always holds, and
+    no request waits longer than the starvation bound plus one swap (drain, release, load)."""
+    release = 0.05
+    policy = SchedPolicy(max_wait_seconds=10, max_turn_seconds=30, min_residency_seconds=min_res,
+                         queue_timeout_seconds=10_000, eviction=eviction)  # type: ignore[arg-type]
+    w = World({"a": 100 * MB, "b": 100 * MB}, budget=150 * MB, load_s={"a": load, "b": load}, release_s=release,
+              service_s=lambda _k: service, policy=policy, eviction=eviction)
+    stopped_while_owed: list[str] = []
+
+    def on_stop(world: World, key: str, event: str) -> None:
+        slot = world.sched.slots[key]
+        if event == "evict" and slot.in_flight:
+            stopped_while_owed.append(f"{key} evicted with {slot.in_flight} in flight")
+
+    w.on_stop = on_stop
+    for i, (k, t) in enumerate(sorted(arrivals, key=lambda x: x[1])):
+        w.submit(f"r{i}", k, t)
+    w.run()
+    assert not stopped_while_owed
+    assert all(r.done is not None and r.rejected is None for r in w.requests.values())
+    assert w.peak_over <= 0
+    depth = policy.engine_queue_depth + 1  # one running on the slot, depth waiting in the engine
+    swap = depth * service + release + load
+    bound = max(policy.max_wait_seconds, swap + min_res) + swap
+    worst = max(w.waits().values())
+    assert worst <= bound + 1e-6, (worst, bound)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_clients=st.integers(2, 8), rounds=st.integers(1, 4), load=st.floats(0.2, 2.0), service=st.floats(0.01, 0.3))
+def test_closed_loop_clients_round_robin_do_not_thrash(n_clients, rounds, load, service) -> None:
+    """The issue's scenario on a fake clock: clients cycle over two large models and a small one; swaps stay
+    a few per starvation-bound period and every request is answered."""
+    sizes = {"big1": 150 * MB, "big2": 150 * MB, "small": 10 * MB}
+    policy = SchedPolicy(max_wait_seconds=10, max_turn_seconds=30, min_residency_seconds=1)
+    w = World(sizes, budget=200 * MB, load_s={k: load for k in sizes}, service_s=lambda _k: service, policy=policy)
+    keys = ["big1", "big2", "small"]
+    for c in range(n_clients):
+        w.client(f"c{c}", [keys[(c + i) % 3] for i in range(3 * rounds)])
+    w.run()
+    assert all(r.done is not None for r in w.requests.values()) and len(w.requests) == n_clients * 3 * rounds
+    assert w.peak_over <= 0
+    big_loads = [k for k in w.loads() if k.startswith("big")]
+    periods = max(1.0, w.t / policy.max_wait_seconds)
+    assert len(big_loads) <= 2 * periods + 2, (big_loads, w.t)

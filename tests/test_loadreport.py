@@ -1,0 +1,46 @@
+"""The load report: hits, misses, the split of a load's seconds, and the notes where no saving happened."""
+
+from __future__ import annotations
+
+import json
+
+from fitevict.loadreport import HEADER, LoadReport, adapter_load_seconds, load_report, report_headers
+
+# lines as the pinned llama-server writes them (-lv 4), M.s.ms.us timestamps
+LOG = """0.00.029.750 I load_tensors:   CPU_Mapped model buffer size =     0.92 MiB
+0.00.030.928 I llama_adapter_lora_init: loading lora adapter from 'a/sql.gguf' ...
+0.00.031.419 I llama_adapter_lora_init_impl: loaded 20 tensors from lora file
+0.00.031.508 I llama_adapter_lora_init: loading lora adapter from 'a/poem.gguf' ...
+0.01.002.874 I llama_adapter_lora_init_impl: loaded 20 tensors from lora file
+0.01.034.982 I sched_reserve:        CPU compute buffer size =     2.73 MiB
+"""
+
+ARGS = dict(resident_bytes={"CPU": (5_000_000, "measured")}, budget_bytes={"CPU": 8_000_000_000},
+            budget_source={"CPU": "derived: limit (config ram_limit)"})
+
+
+def test_adapter_seconds_come_from_the_engine_log_timestamps() -> None:
+    assert abs(adapter_load_seconds(LOG) - (1.002874 - 0.030928)) < 1e-9
+    assert adapter_load_seconds(LOG.splitlines()[0]) is None
+
+
+def test_a_load_splits_base_and_adapter_seconds_and_says_nothing_was_saved() -> None:
+    r = load_report(model="b:sql", base="b", adapter="/m/b.adapters/sql.gguf", seat_loras=("x", "y"), loaded=True,
+                    load_seconds=2.5, adapter_seconds=0.5, evicted=("old",), **ARGS)
+    assert (r.was_cached, r.base_hit, r.adapter_hit) == (False, False, False)
+    assert r.base_load_seconds == 2.0 and r.adapter_load_seconds == 0.5 and r.adapter == "sql.gguf"
+    assert any("not resident" in n for n in r.notes) and any("evicted old" in n for n in r.notes)
+    assert r.activate_seconds is None and any("activate_seconds unavailable, because" in n for n in r.notes)
+
+
+def test_a_hit_loads_nothing_and_the_base_notes_its_zero_scales() -> None:
+    hit = load_report(model="b:sql", base="b", adapter="x", seat_loras=("x", "y"), loaded=False, load_seconds=3.0,
+                      adapter_seconds=None, evicted=(), **ARGS)
+    assert (hit.base_hit, hit.adapter_hit, hit.base_load_seconds, hit.adapter_load_seconds) == (True, True, None, None)
+    base = load_report(model="b", base="b", adapter=None, seat_loras=("x", "y"), loaded=False, load_seconds=3.0,
+                       adapter_seconds=None, evicted=(), **ARGS)
+    assert base.adapter_hit is None and any("scale 0" in n for n in base.notes)
+    doc = json.loads(report_headers({"load_report": base})[HEADER])
+    assert doc["base_hit"] is True and doc["budget_bytes"] == {"CPU": 8_000_000_000}
+    assert doc["resident_bytes_after"] == {"CPU": 5_000_000} and doc["resident_source"] == {"CPU": "measured"}
+    assert report_headers({}) == {} and isinstance(base, LoadReport)
