@@ -7,6 +7,7 @@ Each subcommand group lives in its own module under ``fitevict.cli`` and exposes
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
 
@@ -21,13 +22,20 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fitevict.cli.report",
 )
 
-app = typer.Typer(
-    name="fitevict",
-    help="Price local models' memory exactly, plan loads and evictions, and serve them behind an OpenAI-compatible API.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+# commands whose module alone serves them: ``fitevict serve`` does not import what only the other commands
+# need (the zoo writer, the engine installer, the pricing tables' CLI, rich's progress bars)
+ALONE: dict[str, str] = {"serve": "fitevict.cli.serve"}
+
+
+def _new_app() -> typer.Typer:
+    return typer.Typer(
+        name="fitevict",
+        help="Price local models' memory exactly, plan loads and evictions, and serve them behind an OpenAI-compatible "
+             "API.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
 
 
 def _version(value: bool) -> None:
@@ -36,16 +44,28 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """fitevict: price -> plan -> supervise -> serve."""
 
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+def build(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
+    """The command line with the commands of ``modules``."""
+    cli = _new_app()
+    cli.callback()(_root)
+    for name in modules:
+        importlib.import_module(name).register(cli)
+    return cli
+
+
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":  # every command, built on first use
+        globals()["app"] = built = build()
+        return built
+    raise AttributeError(name)
 
 
 def main() -> None:
-    app()
+    alone = ALONE.get(sys.argv[1]) if len(sys.argv) > 1 else None
+    build((alone,) if alone else COMMAND_MODULES)()

@@ -1,4 +1,5 @@
-"""The ASGI app: OpenAI-compatible inference routes proxied to seats, the admin API, /metrics, /health.
+"""The ASGI app: OpenAI-compatible inference routes relayed to seats on the fast path (``fastpath``), ahead
+of the FastAPI app that serves the admin API, the model list, the dashboard, /metrics and /health.
 
 Requests are validated before anything changes: a bad body, an unknown model, a bad load contract,
 an oversized body or a wrong key is answered with a 4xx in OpenAI's envelope and no state changes.
@@ -10,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -22,9 +24,11 @@ from fitevict.catalog import Catalog
 from fitevict.config import Config
 from fitevict.server import admin, dashboard, ollama, openai
 from fitevict.server.door import Door
+from fitevict.server.fastpath import FastPath
 from fitevict.server.metrics import Metrics
 from fitevict.server.rescan import CatalogWatch
 from fitevict.server.sampler import MemorySampler
+from fitevict.server.upstream import Upstream
 from fitevict.server.errors import ApiError
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
@@ -33,18 +37,22 @@ __all__ = ["create_app"]
 
 
 def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None = None,
-               store: Store | None = None, own_store: bool | None = None) -> FastAPI:
-    """The front door. ``own_store``: close the store at shutdown (default: when this call opened it)."""
+               store: Store | None = None, own_store: bool | None = None) -> Any:
+    """The front door, an ASGI app: the fast path for inference routes, FastAPI for the rest (``.app``),
+    CORS around both when configured. ``own_store``: close the store at shutdown (default: when this call
+    opened it)."""
     catalog = catalog or Catalog.from_config(config)
     own_store = store is None if own_store is None else own_store
     store = store or Store.open(config.store_url)
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
+    # the Ollama routes' client (``seatcall``); the inference fast path relays over ``pool``
     upstream = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+    pool = Upstream()
     metrics = Metrics()
     sup.on_event.append(metrics.observe_event)
     sampler = MemorySampler(sup, store, config.server.sample_seconds)
-    door = Door(config, catalog, store, sup, metrics, upstream, sampler)
+    door = Door(config, catalog, store, sup, metrics, upstream, sampler, pool)
     sup.on_event.append(sampler.poke)
 
     watch = CatalogWatch(config, catalog)
@@ -61,6 +69,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
             await sampler.stop()
             await sup.shutdown()
             await upstream.aclose()
+            pool.close()
             if own_store:
                 store.close()
 
@@ -72,12 +81,6 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     app.state.config = config
     app.state.sampler = sampler
     app.state.catalog_watch = watch
-
-    if config.server.cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.server.cors_origins), allow_methods=["*"],
-                           allow_headers=["*"])
 
     # -- errors, always in OpenAI's envelope -------------------------------------------------------
 
@@ -107,4 +110,10 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     app.include_router(openai.router(door))
     app.include_router(ollama.router(door))
     app.include_router(dashboard.router(door))
-    return app
+    front = FastPath(app, door)
+    if config.server.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        return CORSMiddleware(front, allow_origins=list(config.server.cors_origins), allow_methods=["*"],
+                              allow_headers=["*"])
+    return front

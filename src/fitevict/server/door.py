@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import json
 from dataclasses import dataclass
@@ -14,13 +12,33 @@ from fastapi import Request
 
 from fitevict.catalog import Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import Config
+from fitevict.engines import REGISTRY
 from fitevict.server.errors import ApiError
 from fitevict.server.metrics import Metrics
 from fitevict.server.sampler import MemorySampler
+from fitevict.server.upstream import Upstream
 from fitevict.store import Store
-from fitevict.contract import Contract, ContractError
+from fitevict.contract import Contract, ContractError, for_embeddings, unservable
 from fitevict.contract import parse_contract as _parse_contract
 from fitevict.supervisor import Busy, LoadFailed, Refused, Supervisor, SupervisorError
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON (an empty body is null), or OpenAI-style 400."""
+    try:
+        return json.loads(raw or b"null")
+    except ValueError as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """An inference request ready for a seat: the catalog entry, its load contract, and whether the body
+    was changed (contract removed, defaults filled), so that an unchanged body is forwarded as received."""
+
+    entry: CatalogEntry
+    contract: Contract | None
+    changed: bool
 
 
 def parse_contract(raw: Any) -> Contract | None:
@@ -40,15 +58,20 @@ class Door:
     store: Store
     sup: Supervisor
     metrics: Metrics
-    upstream: httpx.AsyncClient
+    upstream: httpx.AsyncClient  # the Ollama routes' client (``seatcall``)
     sampler: MemorySampler | None = None  # the memory report's live windows (fitevict.server.sampler)
+    pool: Upstream | None = None  # the inference fast path's kept-alive connections per seat (``fastpath``)
 
     def check_auth(self, request: Request, *, admin: bool) -> None:
+        h = request.headers
+        self.check_key(h.get("authorization", ""), h.get("x-api-key", ""), admin=admin)
+
+    def check_key(self, authorization: str, x_api_key: str, *, admin: bool) -> None:
+        """The keys rule, on the two header values (``Authorization: Bearer <key>`` wins over ``x-api-key``)."""
         s = self.config.server
         if not s.auth_enabled:
             return
-        header = request.headers.get("authorization", "")
-        key = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        key = authorization[7:].strip() if authorization[:7].lower() == "bearer " else x_api_key
         if _key_in(key, s.admin_keys):
             return
         if _key_in(key, s.api_keys):
@@ -60,22 +83,45 @@ class Door:
         raise ApiError(401, "invalid or missing API key; send Authorization: Bearer <key> (server.api_keys)",
                        type="authentication_error", code="invalid_api_key")
 
-    async def read_json(self, request: Request) -> Any:
+    def check_body_size(self, size: int, *, declared: bool) -> None:
+        """The body size limit (server.max_body_bytes), on a declared Content-Length or the bytes read so far."""
         limit = self.config.server.max_body_bytes
+        if size > limit:
+            msg = (f"request body is {size} bytes; the limit is {limit} (server.max_body_bytes)" if declared
+                   else f"request body exceeds {limit} bytes (server.max_body_bytes)")
+            raise ApiError(413, msg, code="body_too_large")
+
+    async def read_json(self, request: Request) -> Any:
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"request body is {int(declared)} bytes; the limit is {limit} (server.max_body_bytes)",
-                           code="body_too_large")
+        if declared and declared.isdigit():
+            self.check_body_size(int(declared), declared=True)
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"request body exceeds {limit} bytes (server.max_body_bytes)", code="body_too_large")
+            self.check_body_size(size, declared=False)
             chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks) or b"null")
-        except ValueError as e:
-            raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        return parse_json(b"".join(chunks))
+
+    def prepare(self, body: Any, endpoint: str) -> Prepared:
+        """An inference request's body checked and completed before anything changes: the model named, its
+        load contract (an embeddings seat for embeddings), the gguf file, that an engine here can serve it, and
+        the model's request defaults filled in where the
+        request lacks the field. ``changed``: the body differs from what the client sent."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object", code="invalid_body")
+        entry = self.resolve(body.get("model"))
+        changed = "fitevict" in body
+        contract = parse_contract(body.pop("fitevict", None))
+        self.check_gguf_file(entry, contract)
+        if (why := unservable(entry, tuple(REGISTRY))) is not None:
+            raise ApiError(400, why, param="model", code="engine_unavailable")
+        if endpoint == "embeddings":
+            contract = for_embeddings(contract)  # any model: an embeddings seat is loaded for it
+        for k, v in entry.settings.request_defaults.items():
+            if k not in body:  # only when the request lacks the field
+                body[k] = v
+                changed = True
+        return Prepared(entry, contract, changed)
 
     def resolve(self, name: Any) -> CatalogEntry:
         if not isinstance(name, str) or not name:
@@ -107,33 +153,6 @@ class Door:
         if isinstance(e, LoadFailed):
             return ApiError(502, str(e), type="engine_error", code="load_failed", headers={"x-should-retry": "false"})
         return ApiError(500, str(e), type="server_error")
-
-    # -- inference ---------------------------------------------------------------------------------
-
-
-async def until_disconnect(request: Request, awaitable: Any) -> Any:
-    """Await ``awaitable`` unless the client hangs up first: then cancel it and return None. Cancelling a wait
-    for a seat takes the request out of the scheduler's queue at once (and cancels a load nobody waits for)."""
-    task = asyncio.ensure_future(awaitable)
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watch = asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        watch.cancel()
-        raise
-    if task.done():
-        watch.cancel()
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
 
 
 def _key_in(key: str, keys: tuple[str, ...]) -> bool:

@@ -1,0 +1,408 @@
+"""The fast path: the inference routes answered by a raw ASGI handler mounted ahead of FastAPI.
+
+Everything else (admin, /v1/models, dashboard, /metrics, /health) passes through to the FastAPI app. The
+rules are the front door's own (``Door``: keys, body limit, model names, load contract, request defaults,
+supervisor errors, the OpenAI envelope); only the plumbing is lean:
+
+- the body is read straight from ``receive`` and forwarded as received unless the contract or a default
+  changed it;
+- the seat is held through ``Supervisor.acquire``; a client that hangs up while queued is taken out of the
+  queue at once (its task is cancelled, which the supervisor turns into ``Scheduler.cancel``);
+- the answer is relayed by ``relay``: the engine's bytes go to the client as they arrive (``Upstream``);
+- token counts come from the response's tail (non-streamed) or the count of SSE events (streamed), and the
+  log line and metrics are written after the last byte has been handed to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from fitevict.contract import with_lora
+from fitevict.loadreport import report_headers
+from fitevict.server import progress
+from fitevict.server.door import Door, Prepared, parse_json
+from fitevict.server.metrics import Metrics
+from fitevict.server.errors import ApiError
+from fitevict.server.upstream import Upstream, UpstreamConn, UpstreamError
+from fitevict.supervisor import SupervisorError
+
+__all__ = ["FastPath", "Relayed", "RequestLog", "ROUTES", "relay"]
+
+log = logging.getLogger("fitevict.request")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+# path -> the endpoint name used in the log line and metrics
+ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+PROGRESS = progress.HEADER.encode()
+
+
+# -- the relay (reusable by any route that forwards a body to a seat) ---------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """What ``relay`` passed on. ``body``: a non-streamed answer's chunks as received (not joined), or the
+    last two chunks of a stream (where llama-server writes usage and timings); ``events``: SSE ``data:`` events relayed (streams; ``[DONE]`` not counted);
+    ``error``: the engine broke off mid-answer (the client's response is left unfinished, so the server
+    closes its connection)."""
+
+    status: int
+    streamed: bool
+    events: int
+    body: tuple[bytes, ...]
+    error: str | None = None
+
+
+async def relay(upstream: Upstream, send: Send, port: int, path: str, body: bytes, request_id: str, *,
+                on_chunk: Callable[[bytes], bytes] | None = None, on_finish: Callable[[], bytes] | None = None,
+                on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None,
+                headers: tuple[tuple[bytes, bytes], ...] = ()) -> Relayed:
+    """POST ``body`` to ``path`` on the seat listening on ``port`` and relay the answer to ASGI ``send``.
+
+    A streamed answer (no Content-Length) goes out chunk by chunk as it arrives: ``on_chunk`` maps each engine
+    chunk (bytes as received: an SSE event can straddle two) to the bytes sent, ``on_finish`` gives the bytes
+    sent last. A whole answer goes out as it arrives with its length, or, with ``on_body``, is read whole and
+    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added. Raises UpstreamError if the
+    engine does not answer (nothing was sent then). Cancelling the calling task aborts the engine
+    connection, which stops the engine's generation."""
+    conn = await upstream.open(port, path, body, request_id)
+    try:
+        head = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode()),
+                *headers]
+        if conn.content_length is None:
+            return await _relay_stream(conn, send, head, on_chunk, on_finish)
+        return await _relay_whole(conn, send, head, on_body)
+    finally:
+        upstream.release(conn)
+
+
+async def _relay_stream(conn: UpstreamConn, send: Send, head: list, on_chunk: Callable[[bytes], bytes] | None,
+                        on_finish: Callable[[], bytes] | None) -> Relayed:
+    await send({"type": "http.response.start", "status": conn.status,
+                "headers": [*head, (b"cache-control", b"no-cache")]})
+    events, prev, last, finished = 0, b"", b"", False
+    try:
+        while chunk := await conn.read():
+            events += chunk.count(b"data: ")
+            prev, last = last, chunk
+            finished = conn.drained and on_finish is None
+            await send({"type": "http.response.body", "body": on_chunk(chunk) if on_chunk else chunk,
+                        "more_body": not finished})
+            if finished:
+                break
+    except UpstreamError as e:
+        return Relayed(conn.status, True, events, (prev, last), str(e))
+    if not finished:
+        await send({"type": "http.response.body", "body": on_finish() if on_finish else b"", "more_body": False})
+    return Relayed(conn.status, True, events - last.count(b"data: [DONE]"), (prev, last))
+
+
+async def _relay_whole(conn: UpstreamConn, send: Send, head: list, on_body: Callable[[bytes], bytes] | None) -> Relayed:
+    kept: list[bytes] = []
+    finished = False
+    if on_body is not None:  # read whole before anything is sent: a broken answer is an UpstreamError
+        while chunk := await conn.read():
+            kept.append(chunk)
+        out = on_body(b"".join(kept))
+        await send({"type": "http.response.start", "status": conn.status,
+                    "headers": [*head, (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out, "more_body": False})
+        return Relayed(conn.status, False, 0, tuple(kept))
+    try:
+        await send({"type": "http.response.start", "status": conn.status,
+                    "headers": [*head, (b"content-length", str(conn.content_length).encode())]})
+        while chunk := await conn.read():
+            kept.append(chunk)
+            finished = conn.drained
+            await send({"type": "http.response.body", "body": chunk, "more_body": not finished})
+            if finished:
+                break
+    except UpstreamError as e:
+        return Relayed(conn.status, False, 0, tuple(kept), str(e))
+    if not finished:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return Relayed(conn.status, False, 0, tuple(kept))
+
+
+# -- the request log line and metrics ------------------------------------------------------------------
+
+class RequestLog:
+    """One log line (JSON, logger ``fitevict.request``) and the metrics for each inference request.
+    Metric children are looked up once per label set."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+    def write(self, rec: Record, extra: dict[str, Any] | None = None) -> None:
+        end = time.perf_counter()
+        infer = end - rec.t_seat if rec.t_seat is not None else None
+        waits, endpoint = rec.waits, rec.endpoint
+        if log.isEnabledFor(logging.INFO):
+            line = {"request_id": rec.request_id, "model": rec.model, "endpoint": endpoint, "status": rec.status,
+                    "tokens": rec.tokens, "queue_wait_s": round(waits.get("queue_s", 0.0), 4),
+                    "load_wait_s": round(waits.get("load_s", 0.0), 4),
+                    "latency_s": round(infer, 4) if infer is not None else None, "total_s": round(end - rec.t0, 4),
+                    **(extra or {})}
+            log.info(json.dumps(line))
+        m = self.metrics
+        self._child(m.requests, rec.model or "-", endpoint, str(rec.status)).inc()
+        self._child(m.total, endpoint).observe(end - rec.t0)
+        if infer is not None:
+            self._child(m.latency, endpoint).observe(infer)
+        if waits:
+            self._child(m.queue_wait, endpoint).observe(waits.get("queue_s", 0.0))
+            self._child(m.load_wait, endpoint).observe(waits.get("load_s", 0.0))
+
+
+class Record:
+    """One request's figures as it goes: ``t_seat`` is when the seat was ours (inference latency counts
+    from there), ``waits`` gets the supervisor's queue_s/load_s split."""
+
+    __slots__ = ("request_id", "endpoint", "t0", "model", "status", "tokens", "waits", "t_seat")
+
+    def __init__(self, request_id: str, endpoint: str, t0: float) -> None:
+        self.request_id, self.endpoint, self.t0 = request_id, endpoint, t0
+        self.model: str | None = None
+        self.status = 500
+        self.tokens: int | None = None
+        self.waits: dict[str, float] = {}
+        self.t_seat: float | None = None
+
+
+# -- the ASGI handler ----------------------------------------------------------------------------------
+
+class _Hangup:
+    """Watches ``receive`` for the client's disconnect while armed, and cancels the request's task then:
+    in the queue that takes the request out of it; during inference it aborts the engine connection."""
+
+    __slots__ = ("task", "armed", "gone", "watch")
+
+    def __init__(self, receive: Receive) -> None:
+        self.task = asyncio.current_task()
+        self.armed, self.gone = True, False
+        self.watch = asyncio.ensure_future(receive())
+        self.watch.add_done_callback(self._seen)
+
+    def _seen(self, t: asyncio.Future) -> None:
+        if self.armed and not t.cancelled() and t.exception() is None and t.result()["type"] == "http.disconnect":
+            self.gone = True
+            assert self.task is not None
+            self.task.cancel()
+
+    def disarm(self) -> None:
+        self.armed = False
+        self.watch.cancel()
+
+
+class FastPath:
+    """ASGI app: ``ROUTES`` here, anything else to ``app`` (the FastAPI app)."""
+
+    def __init__(self, app: Callable, door: Door) -> None:
+        self.app = app
+        self.door = door
+        self.log = RequestLog(door.metrics)
+
+    @property
+    def state(self) -> Any:
+        return self.app.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            endpoint = ROUTES.get(scope["path"])
+            if endpoint is not None:
+                return await self.serve(endpoint, scope, receive, send)
+        await self.app(scope, receive, send)
+
+    async def serve(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        auth = api_key = rid = length = ""
+        progress_asked = False
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value.decode("latin-1")
+            elif name == b"x-api-key":
+                api_key = value.decode("latin-1")
+            elif name == b"content-length":
+                length = value.decode("latin-1")
+            elif name == b"x-request-id":
+                rid = value.decode("latin-1")
+            elif name == PROGRESS:
+                progress_asked = True
+        rec = Record(rid or os.urandom(8).hex(), endpoint, t0)
+        door = self.door
+        try:
+            if scope["method"] != "POST":
+                raise ApiError(405, "Method Not Allowed", headers={"Allow": "POST"})
+            door.check_key(auth, api_key, admin=False)
+            if length.isdigit():
+                door.check_body_size(int(length), declared=True)
+            raw = await self._read_body(receive)
+            if raw is None:
+                rec.status = 499
+                return self.log.write(rec, {"error": "client disconnected"})
+            body = parse_json(raw)
+            prep = door.prepare(body, endpoint)
+            rec.model = prep.entry.key
+        except ApiError as e:
+            rec.status = e.status
+            await e.response()(scope, receive, send)
+            return self.log.write(rec, {"error": e.code})
+        if progress_asked and body.get("stream") and progress.wanted(Headers(scope=scope)):
+            return await self._with_progress(scope, receive, send, rec, body, prep)
+        payload = json.dumps(body).encode() if prep.changed else raw
+        await self._infer(scope, receive, send, rec, body, prep, payload)
+
+    async def _with_progress(self, scope: Scope, receive: Receive, send: Send, rec: Record, body: dict,
+                             prep: Prepared) -> None:
+        """A stream that asked for load progress (``progress``): its own response, started before the seat."""
+        def ended(code: int) -> None:
+            rec.status = code
+            self.log.write(rec, {"stream": True, "progress": True})
+
+        await progress.openai_stream(self.door, scope["path"], body, prep.entry, prep.contract, rec.request_id,
+                                     rec.waits, ended)(scope, receive, send)
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return None
+        raw = msg.get("body", b"")
+        if not msg.get("more_body"):
+            self.door.check_body_size(len(raw), declared=False)
+            return raw
+        chunks, size = [raw], len(raw)
+        while msg.get("more_body"):
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return None
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            self.door.check_body_size(size, declared=False)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _infer(self, scope: Scope, receive: Receive, send: Send, rec: Record, body: dict, prep: Prepared,
+                     payload: bytes) -> None:
+        door, path = self.door, scope["path"]
+        hangup = _Hangup(receive)
+        held = None
+        out: Relayed | None = None
+        extra: dict[str, Any] = {}
+        try:
+            cm = door.sup.acquire(prep.entry.key, prep.contract, request_id=rec.request_id, timing=rec.waits)
+            seat = await cm.__aenter__()
+            held = cm
+            rec.t_seat = time.perf_counter()
+            sent = with_lora(body, seat.config.loras, prep.entry, prep.contract)  # adapters: scales per request
+            if sent is not body:
+                payload = json.dumps(sent).encode()
+            assert door.pool is not None
+            out = await relay(door.pool, send, seat.port, path, payload, rec.request_id,
+                              headers=tuple((k.encode(), v.encode()) for k, v in report_headers(rec.waits).items()))
+            hangup.disarm()
+        except asyncio.CancelledError:
+            hangup.disarm()
+            if not hangup.gone:
+                raise
+            assert hangup.task is not None
+            hangup.task.uncancel()
+            rec.status, extra["error"] = 499, "client disconnected"
+        except SupervisorError as e:
+            hangup.disarm()
+            err = door.supervisor_error(e)
+            rec.status, extra["error"] = err.status, err.code
+            await err.response()(scope, receive, send)
+        except UpstreamError as e:
+            hangup.disarm()
+            rec.status, extra["error"] = 502, "upstream"
+            await ApiError(502, f"{rec.model}: the engine did not answer: {e}", type="engine_error").response()(
+                scope, receive, send)
+        except BaseException:
+            hangup.disarm()
+            raise
+        finally:
+            if held is not None:
+                await held.__aexit__(None, None, None)
+        if out is not None:
+            rec.status = out.status if out.error is None else 502
+            self._account(rec, out, body, extra)
+        self.log.write(rec, extra)
+
+    def _account(self, rec: Record, out: Relayed, body: dict, extra: dict[str, Any]) -> None:
+        """Token counts and embedding shapes for the log line, read after the answer went out."""
+        if out.error is not None:
+            extra["error"] = f"upstream broke off: {out.error}"
+        content = out.body[0] if len(out.body) == 1 else b"".join(out.body)
+        if out.streamed:
+            tokens = total_tokens(content)
+            rec.tokens = tokens if tokens is not None else out.events
+            extra["stream"] = True
+        elif rec.endpoint == "embeddings":
+            _embeddings_extra(content, rec, extra)
+        else:
+            rec.tokens = total_tokens(content)
+        if self.door.config.server.debug_log_prompts:
+            extra["prompt"] = body.get("messages") or body.get("prompt") or body.get("input")
+
+
+def total_tokens(content: bytes) -> int | None:
+    """Prompt plus generated tokens of an OpenAI answer, read from its tail: ``usage.total_tokens`` where
+    llama-server writes usage, else its ``timings`` (``prompt_n + predicted_n``, a chat stream's last event)."""
+    total = _int_after(content, b'"total_tokens":')
+    if total is not None:
+        return total
+    prompt, predicted = _int_after(content, b'"prompt_n":'), _int_after(content, b'"predicted_n":')
+    return prompt + predicted if prompt is not None and predicted is not None else None
+
+
+def _int_after(content: bytes, key: bytes) -> int | None:
+    i = content.rfind(key)
+    if i < 0:
+        return None
+    j = i + len(key)
+    while j < len(content) and content[j] in b" \t":
+        j += 1
+    k = j
+    while k < len(content) and 48 <= content[k] <= 57:
+        k += 1
+    return int(content[j:k]) if k > j else None
+
+
+def _embeddings_extra(content: bytes, rec: Record, extra: dict[str, Any]) -> None:
+    try:
+        doc = json.loads(content)
+    except ValueError:
+        return
+    rec.tokens = (doc.get("usage") or {}).get("total_tokens")
+    if isinstance(doc.get("data"), list):
+        data = doc["data"]
+        dim = _embedding_dim(data[0].get("embedding")) if data else 0
+        extra["embeddings"] = {"count": len(data), "shape": [len(data), dim]}
+
+
+def _embedding_dim(emb: Any) -> int:
+    """Length of one embedding, given as a list of floats or base64 of float32 (encoding_format=base64)."""
+    if isinstance(emb, str):
+        import base64
+
+        return len(base64.b64decode(emb)) // 4
+    return len(emb) if isinstance(emb, list) else 0
