@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from fitevict.server.fastpath import relay, total_tokens
-from fitevict.server.upstream import Upstream, UpstreamError, health_status
+from fitevict.engines.upstream import Upstream, UpstreamError, health_status
 
 
 @pytest.fixture()

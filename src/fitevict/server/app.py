@@ -28,7 +28,7 @@ from fitevict.server.fastpath import FastPath
 from fitevict.server.metrics import Metrics
 from fitevict.server.rescan import CatalogWatch
 from fitevict.server.sampler import MemorySampler
-from fitevict.server.upstream import Upstream
+from fitevict.engines.upstream import Upstream
 from fitevict.server.errors import ApiError
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor

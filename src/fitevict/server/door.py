@@ -16,7 +16,7 @@ from fitevict.engines import REGISTRY
 from fitevict.server.errors import ApiError
 from fitevict.server.metrics import Metrics
 from fitevict.server.sampler import MemorySampler
-from fitevict.server.upstream import Upstream
+from fitevict.engines.upstream import Upstream
 from fitevict.store import Store
 from fitevict.contract import Contract, ContractError, for_embeddings, unservable
 from fitevict.contract import parse_contract as _parse_contract

@@ -32,7 +32,7 @@ from fitevict.server import progress
 from fitevict.server.door import Door, Prepared, parse_json
 from fitevict.server.metrics import Metrics
 from fitevict.server.errors import ApiError
-from fitevict.server.upstream import Upstream, UpstreamConn, UpstreamError
+from fitevict.engines.upstream import Upstream, UpstreamConn, UpstreamError
 from fitevict.supervisor import SupervisorError
 
 __all__ = ["FastPath", "Relayed", "RequestLog", "ROUTES", "relay"]

@@ -173,13 +173,14 @@ class LiveEffects:
         seat.load_seconds = sup.clock() - t0
         seat.ready_at = sup.clock()
         seat.state = SeatPhase.READY
-        read_seat(seat, engine, sup.nvml)
         seat.overhead = sup.prices.engine_overhead.get(HOST, 0)
         seat.gpu_overhead = {d: n for d, n in sup.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{key}")
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
         sup.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=seat.load_seconds,
-                             config=cfg)  # the waiters get the seat now: the records below are off their path
+                             config=cfg)  # the waiters get the seat now: what follows is off their path
+        await asyncio.sleep(0)  # let them send their first request before the seat is read
+        read_seat(seat, engine, sup.nvml)
         record = asyncio.ensure_future(self._record_load(seat, plan, waiter.request_id, spec.notes))
         self.recording.add(record)
         record.add_done_callback(self.recording.discard)

@@ -14,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from fitevict.catalog import CatalogEntry
 from fitevict.engines.base import LaunchSpec
 from fitevict.engines.process import die_with_parent
+from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
@@ -142,38 +141,35 @@ async def spawn(seat: SeatState, spec: LaunchSpec) -> None:
 
 async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_timeout: float, stall_seconds: float,
                      health_path: str = "/health") -> None:
-    """Wait until the engine answers ``health_path`` with 200, polling tightly (a few ms) so readiness is seen
-    as soon as it happens. Fails when the process exits, when its memory stops changing for
-    ``stall_seconds`` while not healthy, or at ``health_timeout``."""
+    """Wait until the engine answers ``health_path`` with 200. Probes are raw (no client object to build) and
+    tight: every 5 ms for the first 2 s, then every 50 ms, so readiness is seen as soon as it happens. Fails when
+    the process exits, when its memory stops changing for ``stall_seconds`` while not healthy (read every 100 ms),
+    or at ``health_timeout``."""
     assert seat.proc is not None
     t0 = clock()
     last_mem: int | None = None
-    last_progress = t0
-    delay = 0.005
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        while True:
-            if seat.proc.returncode is not None:
-                raise LoadFailed(f"{seat.key}: {seat.engine} exited with code {seat.proc.returncode} while loading "
-                                 f"{seat.model_path.name}; log {seat.log_path}:\n{log_tail(seat.log_path)}")
-            try:
-                r = await client.get(seat.base_url + health_path)
-                if r.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass  # not listening yet: the stall and deadline checks below bound this
-            now = clock()
-            mem = procmem.read_tree(seat.pid) if seat.pid is not None else None
-            total = mem.committed_bytes + mem.mapped_bytes if mem is not None and mem.source != "unavailable" else None
+    last_progress = last_read = t0
+    while True:
+        if seat.proc.returncode is not None:
+            raise LoadFailed(f"{seat.key}: {seat.engine} exited with code {seat.proc.returncode} while loading "
+                             f"{seat.model_path.name}; log {seat.log_path}:\n{log_tail(seat.log_path)}")
+        if await health_status(seat.port, health_path) == 200:
+            return
+        now = clock()
+        if now - last_read >= 0.1 and seat.pid is not None:
+            last_read = now
+            mem = procmem.read_tree(seat.pid)
+            total = mem.committed_bytes + mem.mapped_bytes if mem.source != "unavailable" else None
             if total is not None and total != last_mem:
                 last_mem, last_progress = total, now
-            if now - last_progress > stall_seconds:
-                raise LoadFailed(f"{seat.key}: load stalled: no change in process memory for {stall_seconds:g} s "
-                                 f"(engine.stall_seconds) and {health_path} not ready; "
-                                 f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
-            if now - t0 > health_timeout:
-                raise LoadFailed(f"{seat.key}: not healthy within engine.health_timeout_seconds={health_timeout:g}; "
-                                 f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
-            try:
-                await asyncio.wait_for(asyncio.shield(seat.proc.wait()), delay)
-            except asyncio.TimeoutError:
-                delay = min(0.05, delay * 1.5)  # still running: poll again, a little less often
+        if now - last_progress > stall_seconds:
+            raise LoadFailed(f"{seat.key}: load stalled: no change in process memory for {stall_seconds:g} s "
+                             f"(engine.stall_seconds) and {health_path} not ready; "
+                             f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
+        if now - t0 > health_timeout:
+            raise LoadFailed(f"{seat.key}: not healthy within engine.health_timeout_seconds={health_timeout:g}; "
+                             f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
+        try:  # wakes at once if the process exits
+            await asyncio.wait_for(asyncio.shield(seat.proc.wait()), 0.005 if now - t0 < 2.0 else 0.05)
+        except asyncio.TimeoutError:
+            pass
