@@ -169,6 +169,10 @@ def test_streams_are_relayed_as_they_come_and_keep_alive_survives_them(tmp_path:
             assert streamed[0]["tokens"] > 200 and len({line["tokens"] for line in streamed}) == 1
             assert streamed[0]["load_wait_s"] > 0  # the first stream loaded the model
             assert all(line["tokens"] > 2 for line in plains)  # usage.total_tokens: prompt + 2 generated
+            for line in plains:  # the engine's own timings: prompt and generation apart, with tokens/s
+                t = line["engine_timings"]
+                assert t["predicted_n"] == 2 and t["prompt_n"] >= 1 and t["predicted_ms"] > 0
+                assert t["predicted_per_second"] > 0
 
     asyncio.run(scenario())
 

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from fitevict.server.fastpath import relay, total_tokens
+from fitevict.server.fastpath import engine_timings, relay, total_tokens
 from fitevict.engines.upstream import Upstream, UpstreamError, health_status
 
 
@@ -63,6 +63,14 @@ def test_bodies_are_checked_before_anything_changes(make_client, request_lines) 
 def test_inference_routes_answer_only_post(make_client) -> None:
     r = make_client().get("/v1/completions")
     assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["message"]
+
+
+def test_engine_timings_are_read_from_the_tail() -> None:
+    end = (b'{"choices":[],"usage":{"total_tokens":19},"timings":{"cache_n":1,"prompt_n":16,"prompt_ms":12.5,'
+           b'"prompt_per_second":1280.0,"predicted_n":3,"predicted_ms":30.25,"predicted_per_second":99.17}}')
+    assert engine_timings(end) == {"prompt_n": 16, "prompt_ms": 12.5, "prompt_per_second": 1280.0, "predicted_n": 3,
+                                   "predicted_ms": 30.25, "predicted_per_second": 99.17}
+    assert engine_timings(b'{"choices":[]}') == {}
 
 
 def test_total_tokens_is_read_from_the_tail() -> None:

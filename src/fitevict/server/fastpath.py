@@ -352,6 +352,18 @@ class FastPath:
         if out.error is not None:
             extra["error"] = f"upstream broke off: {out.error}"
         content = out.body[0] if len(out.body) == 1 else b"".join(out.body)
+        timings = engine_timings(content)
+        if timings:  # the engine's own account: prompt and generation time, tokens/s
+            extra["engine_timings"] = timings
+            m = self.door.metrics
+            if "prompt_ms" in timings:
+                m.prompt.labels(rec.model or "-").observe(timings["prompt_ms"] / 1000)
+            if "predicted_ms" in timings:
+                m.generation.labels(rec.model or "-").observe(timings["predicted_ms"] / 1000)
+            if "predicted_per_second" in timings:
+                m.gen_tps.labels(rec.model or "-").set(timings["predicted_per_second"])
+            if "prompt_per_second" in timings:
+                m.prompt_tps.labels(rec.model or "-").set(timings["prompt_per_second"])
         if out.streamed:
             tokens = total_tokens(content)
             rec.tokens = tokens if tokens is not None else out.events
@@ -372,6 +384,40 @@ def total_tokens(content: bytes) -> int | None:
         return total
     prompt, predicted = _int_after(content, b'"prompt_n":'), _int_after(content, b'"predicted_n":')
     return prompt + predicted if prompt is not None and predicted is not None else None
+
+
+TIMING_KEYS = ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second")
+
+
+def engine_timings(content: bytes) -> dict[str, float]:
+    """llama-server's ``timings`` of an answer (the last ones in a stream), read from its tail: prompt and generation
+    tokens, milliseconds and tokens/s as the engine measured them. Empty when the answer carries none."""
+    i = content.rfind(b'"timings":')
+    if i < 0:
+        return {}
+    tail = content[i:]
+    out: dict[str, float] = {}
+    for key in TIMING_KEYS:
+        v = _number_after(tail, f'"{key}":'.encode())
+        if v is not None:
+            out[key] = v
+    return out
+
+
+def _number_after(content: bytes, key: bytes) -> float | None:
+    i = content.find(key)
+    if i < 0:
+        return None
+    j = i + len(key)
+    while j < len(content) and content[j] in b" \t":
+        j += 1
+    k = j
+    while k < len(content) and content[k] in b"0123456789.eE+-":
+        k += 1
+    try:
+        return float(content[j:k])
+    except ValueError:
+        return None
 
 
 def _int_after(content: bytes, key: bytes) -> int | None:

@@ -89,6 +89,14 @@ class Metrics:
                                     "load)", ["endpoint"], registry=r)
         self.load_wait = Histogram("fitevict_load_wait_seconds", "Time a request waited for its model to load",
                                    ["endpoint"], registry=r)
+        self.prompt = Histogram("fitevict_prompt_seconds", "Prompt processing, as the engine's own timings say",
+                                ["model"], registry=r)
+        self.generation = Histogram("fitevict_generation_seconds", "Token generation, as the engine's own timings say",
+                                    ["model"], registry=r)
+        self.gen_tps = Gauge("fitevict_generation_tokens_per_second", "The last request's generation speed "
+                             "(the engine's timings)", ["model"], registry=r)
+        self.prompt_tps = Gauge("fitevict_prompt_tokens_per_second", "The last request's prompt speed "
+                                "(the engine's timings)", ["model"], registry=r)
         # gauges, set at scrape time
         self.resident = Gauge("fitevict_resident_bytes", "Bytes held by resident models, by device and source "
                               "(predicted, measured)", ["model", "device", "source"], registry=r)
