@@ -114,6 +114,9 @@ class LiveEffects:
         entry = sup.catalog.resolve(key)
         assert plan.config is not None
         cfg, path = plan.config, sup.path_for(waiter.request)
+        if cfg.devices and entry.engine == "llama-server" and not sup.prices.has_dry_run(path, cfg):
+            # a GPU placement: its compute buffers come from the engine's own dry run of that placement (cached)
+            await sup.prices.dry_run(entry, cfg, path, entry.settings.extra_args)
         predicted = sup.prices.footprint(path, cfg)
         engine = sup.engine_for(entry)
         t0 = sup.clock()
