@@ -243,10 +243,15 @@ def test_guard_rejects_a_collapsed_measurement_of_the_same_signature(tmp_path: P
 
 def test_a_load_nobody_waits_for_is_cancelled_and_its_release_verified(tmp_path: Path, models_dir: Path,
                                                                      llama_server: Path) -> None:
+    # an engine that takes its time to start (the real one, 3 s late), so the client leaves while it loads
+    slow = tmp_path / "engine" / "llama-server"
+    slow.parent.mkdir()
+    slow.write_text(f"#!/bin/sh\ncase \"$*\" in *--port*) sleep 3;; esac\nexec {llama_server} \"$@\"\n")
+    slow.chmod(0o755)
     cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
 
     async def scenario() -> int:
-        sup = supervisor(cfg, cat, store, llama_server)
+        sup = supervisor(cfg, cat, store, slow)
         await sup.start()
         try:
             async def client() -> None:

@@ -226,16 +226,17 @@ async def health_status(port: int, path: str = "/health", *, timeout: float = 2.
     when nothing listens there yet or the answer does not come within ``timeout``. No client object to build
     (an httpx client loads a TLS context first, which takes longer than a small model's whole load)."""
     loop = asyncio.get_running_loop()
-    try:
-        transport, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: UpstreamConn(port), "127.0.0.1", port), timeout)
-    except (OSError, asyncio.TimeoutError):
+    try:  # asyncio.timeout, not wait_for: a cancellation of the caller is never swallowed
+        async with asyncio.timeout(timeout):
+            transport, conn = await loop.create_connection(lambda: UpstreamConn(port), "127.0.0.1", port)
+    except (OSError, TimeoutError):
         return None
     try:
-        await asyncio.wait_for(conn._send(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                                          f"Connection: close\r\n\r\n".encode()), timeout)
+        async with asyncio.timeout(timeout):
+            await conn._send(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                             f"Connection: close\r\n\r\n".encode())
         return conn.status
-    except (OSError, UpstreamError, asyncio.TimeoutError):
+    except (OSError, UpstreamError, TimeoutError):
         return None
     finally:
         transport.abort()

@@ -372,6 +372,7 @@ class Supervisor:
         w = Waiter(self._request(entry, contract), self.clock(), request_id, hold=False,
                    keep_alive=contract.keep_alive if contract is not None else None)
         got = await self._wait(w, entry)
+        await self.settle()  # an admin load answers with the seat measured and its load recorded
         return self.seats[got]
 
     async def unload(self, key: str, *, reason: str = "unloaded on request") -> StopResult | None:

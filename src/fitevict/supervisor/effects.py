@@ -110,6 +110,25 @@ class LiveEffects:
         return task
 
     async def _load(self, waiter: Waiter, plan: pl.Plan) -> None:
+        """One load; whatever goes wrong in it (a bug included) ends as a failed load, so no request waits for a
+        load that will never finish and no process outlives it."""
+        try:
+            await self._load_seat(waiter, plan)
+        except Exception as e:
+            log.error("loading %s failed unexpectedly", waiter.key, exc_info=e)
+            seat = self.sup.seats.get(waiter.key)
+            if seat is not None and seat.state is SeatPhase.STARTING:
+                await self._end(seat, SeatPhase.FAILED)
+            slot = self.sup.scheduler.slots.get(waiter.key)
+            if slot is not None and slot.phase.value == "loading":
+                await self.sup.record(Event(
+                    time=self.sup.clock(), event="fail", model=waiter.key, engine=self.sup.engine_name(waiter.key),
+                    reason=f"{waiter.key}: the load failed inside fitevict: {type(e).__name__}: {e}",
+                    request_id=waiter.request_id, details={"error": repr(e)}))
+                self.sup.scheduler.load_failed(waiter.key, LoadFailed(
+                    f"{waiter.key}: the load failed inside fitevict: {type(e).__name__}: {e}; see the server log"))
+
+    async def _load_seat(self, waiter: Waiter, plan: pl.Plan) -> None:
         sup, key = self.sup, waiter.key
         entry = sup.catalog.resolve(key)
         assert plan.config is not None
@@ -180,14 +199,18 @@ class LiveEffects:
         seat.gpu_overhead = {d: n for d, n in sup.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{key}")
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
-        sup.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=seat.load_seconds,
-                             config=cfg)  # the waiters get the seat now: what follows is off their path
-        await asyncio.sleep(0)  # let them send their first request before the seat is read
-        read_seat(seat, engine, sup.nvml)
-        record = asyncio.ensure_future(self._record_load(seat, plan, waiter.request_id, spec.notes))
-        self.recording.add(record)
-        record.add_done_callback(self.recording.discard)
-        await record
+        recorded = asyncio.get_running_loop().create_future()  # readers that settle wait for the record below
+        self.recording.add(recorded)
+        recorded.add_done_callback(self.recording.discard)
+        try:
+            sup.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=seat.load_seconds,
+                                 config=cfg)  # the waiters get the seat now: what follows is off their path
+            await asyncio.sleep(0)  # let them send their first request before the seat is read
+            read_seat(seat, engine, sup.nvml)
+            await self._record_load(seat, plan, waiter.request_id, spec.notes)
+        finally:
+            recorded.set_result(None)
+
 
     async def _record_load(self, seat: SeatState, plan: pl.Plan, request_id: str | None, notes: Any) -> None:
         """Learn the overhead, guard the measurement, store it if accepted, record a ``load`` (or ``reject``)."""

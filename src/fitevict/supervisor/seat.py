@@ -147,6 +147,17 @@ async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_time
     or at ``health_timeout``."""
     assert seat.proc is not None
     t0 = clock()
+    exited = asyncio.ensure_future(seat.proc.wait())
+    try:
+        await _poll_ready(seat, exited, clock, t0, health_timeout, stall_seconds, health_path)
+    finally:
+        if not exited.done():
+            exited.cancel()
+
+
+async def _poll_ready(seat: SeatState, exited: asyncio.Future, clock: Callable[[], float], t0: float,
+                      health_timeout: float, stall_seconds: float, health_path: str) -> None:
+    assert seat.proc is not None
     last_mem: int | None = None
     last_progress = last_read = t0
     while True:
@@ -169,7 +180,5 @@ async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_time
         if now - t0 > health_timeout:
             raise LoadFailed(f"{seat.key}: not healthy within engine.health_timeout_seconds={health_timeout:g}; "
                              f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
-        try:  # wakes at once if the process exits
-            await asyncio.wait_for(asyncio.shield(seat.proc.wait()), 0.005 if now - t0 < 2.0 else 0.05)
-        except asyncio.TimeoutError:
-            pass
+        # wakes at once if the process exits; asyncio.wait (unlike wait_for) never swallows a cancellation
+        await asyncio.wait({exited}, timeout=0.005 if now - t0 < 2.0 else 0.05)
