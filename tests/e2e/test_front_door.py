@@ -89,9 +89,15 @@ def test_chat_plain_and_streamed(door) -> None:
                                             max_tokens=4, stream=True))
     assert len(chunks) >= 2
     assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
-    lines = [json.loads(l.split(" ", 3)[-1]) for l in door.log().splitlines()
-             if "fitevict.request" in l and '"model": "llama-q8_0"' in l and '"endpoint": "chat"' in l]
-    plain, streamed = lines[0], next(l for l in lines if l.get("stream"))
+    def lines() -> list[dict]:
+        return [json.loads(l.split(" ", 3)[-1]) for l in door.log().splitlines()
+                if "fitevict.request" in l and '"model": "llama-q8_0"' in l and '"endpoint": "chat"' in l]
+
+    deadline = time.monotonic() + 30
+    while not any(l.get("stream") for l in lines()):  # the line is written once the last byte went out
+        assert time.monotonic() < deadline, "no log line for the streamed request"
+        time.sleep(0.05)
+    plain, streamed = lines()[0], next(l for l in lines() if l.get("stream"))
     for line in (plain, streamed):
         assert line["status"] == 200 and line["latency_s"] > 0 and line["tokens"] >= 1
         assert {"queue_wait_s", "load_wait_s", "request_id"} <= set(line)

@@ -102,7 +102,7 @@ def plan(
         return Plan(
             "refuse", request.key, request.alloc_mode, config, reason, remedy,
             needed_bytes=fill(need, devs), free_bytes_before=fill(free_before, devs),
-            free_bytes_after=fill(free_before, devs), available_bytes=fill(avail, devs),
+            free_bytes_after=fill(free_before, devs), available_bytes=fill(avail_wait, devs),
             budget_bytes=fill(budget_b, devs), largest_ctx=largest,
             host_mapped_bytes=fp.host_mapped_bytes if fp else 0,
             host_committed_bytes=fp.host_committed_bytes if fp else 0, footprint=fp,
@@ -182,25 +182,26 @@ def plan(
             host_committed_bytes=fp.host_committed_bytes, footprint=fp,
         )
 
-    # -- refuse: what it needs, what is available after every allowed eviction, the largest ctx
+    # -- refuse: what it needs, what is available after every allowed eviction (busy residents included: they may go
+    # once their requests finish), the largest ctx
     config = rungs[shown]
     fp, need = price(config)
-    binding = [d for d, n in need.items() if n > 0 and n > avail.get(d, 0)]
+    binding = [d for d, n in need.items() if n > 0 and n > avail_wait.get(d, 0)]
     asked = n_ctx or request.n_ctx_train
     smallest = -(-max(policy.min_ctx, 1) // policy.ctx_step) * policy.ctx_step
     largest = None
     try:
         if asked > smallest:
-            largest = _largest_ctx(request, budget.gpu_names, price, avail, prefer_gpu, policy, asked)
+            largest = _largest_ctx(request, budget.gpu_names, price, avail_wait, prefer_gpu, policy, asked)
         largest, ctx_words = ctx_suggestion(largest, request.n_ctx_train)
-        remedy = _remedy(request, budget, binding, blockers, largest, rungs, price, avail)
+        remedy = _remedy(request, budget, binding, blockers, largest, rungs, price, avail_wait)
     except _Unpriced as e:
         remedy = f"price {request.key} at other settings (a term is unavailable: {e})"
-    movable = [r for r in (*forced, *pool) if any(r.bytes.get(d, 0) for d in binding)]
+    movable = [r for r in (*forced, *pool, *busy) if any(r.bytes.get(d, 0) for d in binding)]
     evictable_words = f"after evicting {_keys(movable)}" if movable else "with nothing evictable"
     place = "" if rungs.kind in ("ram", "full") else f" ({describe(config, request.n_layer)})"
     reason = (f"{request.key} needs {_per_device(need, binding)} at {_ctx_words(config, request.n_ctx_train)}"
-              f"{place}; {_per_device(avail, binding)} free {evictable_words}")
+              f"{place}; {_per_device(avail_wait, binding)} free {evictable_words}")
     if largest is not None:
         reason += f"; {ctx_words}"
     elif asked > smallest:
