@@ -421,16 +421,10 @@ def _number_after(content: bytes, key: bytes) -> float | None:
 
 
 def _int_after(content: bytes, key: bytes) -> int | None:
+    """The last integer after ``key`` in ``content`` (a usage or timings figure)."""
     i = content.rfind(key)
-    if i < 0:
-        return None
-    j = i + len(key)
-    while j < len(content) and content[j] in b" \t":
-        j += 1
-    k = j
-    while k < len(content) and 48 <= content[k] <= 57:
-        k += 1
-    return int(content[j:k]) if k > j else None
+    v = _number_after(content[i:], key) if i >= 0 else None
+    return int(v) if v is not None and v == int(v) else None
 
 
 def _embeddings_extra(content: bytes, rec: Record, extra: dict[str, Any]) -> None:
