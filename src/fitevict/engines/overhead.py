@@ -41,7 +41,8 @@ FAILED = re.compile(r"failed to load model|error: |exiting due to|terminate call
 def _record_path(binary: Path) -> Path:
     st = binary.stat()
     ident = hashlib.sha256(str(binary.resolve()).encode()).hexdigest()[:12]
-    return cache_dir() / "overhead" / f"{binary.name}-{ident}-{st.st_size}-{st.st_mtime_ns}.json"
+    # v2: measured as if the seat were alone (its binary's pages counted whole, not split with other seats)
+    return cache_dir() / "overhead" / f"{binary.name}-{ident}-{st.st_size}-{st.st_mtime_ns}-v2.json"
 
 
 def calibrated_overhead(binary: str | Path) -> dict[str, int] | None:
@@ -78,6 +79,7 @@ def measure_seat(binary: Path, model: Path, cfg: LoadConfig, *, timeout_s: float
 
     def sample(pid: int) -> None:
         seen["pss"] = procmem.read_tree(pid)
+        seen["binary"] = _binary_pages(pid, binary)
 
     lines, verdict, _pid = follow_process(list(spec.argv), timeout_s, on_line, before_stop=sample,
                                           env=preload_env(lib, dict(spec.env)))
@@ -89,7 +91,30 @@ def measure_seat(binary: Path, model: Path, cfg: LoadConfig, *, timeout_s: float
     pss = seen.get("pss")
     if pss is None or pss.host_bytes is None:
         return Unavailable(f"no PSS for the seat ({pss.reason if pss else 'not sampled'})")
-    return SeatMemory(pss.host_bytes, log.to_footprint().bytes_on(HOST))
+    rss_bin, pss_bin = seen.get("binary") or (0, 0)
+    # PSS splits the engine binary's pages among every seat that maps them: a seat alone holds them whole, so the
+    # calibration counts them whole (a conservative figure when several seats share the binary)
+    return SeatMemory(pss.host_bytes - pss_bin + rss_bin, log.to_footprint().bytes_on(HOST))
+
+
+def _binary_pages(pid: int, binary: Path) -> tuple[int, int]:
+    """(Rss, Pss) bytes of ``pid``'s mappings of the engine binary itself, from /proc/PID/smaps."""
+    target = str(Path(binary).resolve())
+    rss = pss = 0
+    inside = False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                first = line.split(None, 1)[0]
+                if "-" in first and not first.endswith(":"):  # a mapping's header line
+                    inside = line.rstrip().endswith(target)
+                elif inside and first == "Rss:":
+                    rss += int(line.split()[1]) * 1024
+                elif inside and first == "Pss:":
+                    pss += int(line.split()[1]) * 1024
+    except OSError:
+        return 0, 0
+    return rss, pss
 
 
 def calibrate_overhead(binary: str | Path, model: str | Path | None = None, *,
@@ -108,7 +133,8 @@ def calibrate_overhead(binary: str | Path, model: str | Path | None = None, *,
     record = {"binary": str(binary.resolve()), "model": str(model), "config": CALIBRATION_CONFIG.to_json(),
               "pss_bytes": got.pss_bytes, "buffer_bytes": got.buffer_bytes,
               "overhead": {HOST: got.pss_bytes - got.buffer_bytes},
-              "source": "measured: PSS (smaps_rollup) minus the allocator's host buffer bytes"}
+              "source": "measured: PSS (smaps_rollup; the binary's own pages counted whole, as for a seat alone) "
+                        "minus the allocator's host buffer bytes"}
     path = _record_path(binary)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp_path = path.with_suffix(f".tmp{os.getpid()}")
