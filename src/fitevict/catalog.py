@@ -420,8 +420,7 @@ class Catalog:
         return self._entries
 
     def replace_with(self, other: "Catalog") -> tuple[list[str], list[str]]:
-        """Take ``other``'s models in place (everyone holding this catalog sees the rescan); returns the keys
-        (added, removed)."""
+        """Take ``other``'s models in place (all holders see the rescan); returns the keys (added, removed)."""
         before, after = {e.key for e in self._entries}, {e.key for e in other._entries}
         self._entries, self._index, self.notes = other._entries, other._index, other.notes
         return sorted(after - before), sorted(before - after)
@@ -447,11 +446,6 @@ class Catalog:
 
     def __iter__(self):
         return iter(self._entries)
-
-
-def scan_catalog(config: Config) -> Catalog:
-    """The catalog for a configuration (``Catalog.from_config``)."""
-    return Catalog.from_config(config)
 
 
 # ----------------------------------------------------------------------------- gguf_file
@@ -502,12 +496,4 @@ def resolve_gguf_file(entry: CatalogEntry, filename: str) -> Path:
     return candidate
 
 
-__all__ = [
-    "Catalog",
-    "CatalogEntry",
-    "GgufFileError",
-    "UnknownModel",
-    "resolve_gguf_file",
-    "scan_catalog",
-]
-
+__all__ = ["Catalog", "CatalogEntry", "GgufFileError", "UnknownModel", "resolve_gguf_file"]
