@@ -14,7 +14,6 @@ Pure.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -24,7 +23,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
-from fitevict.pricing.gguf import PricingError, TensorInfo
+from fitevict.pricing.gguf import PricingError, TensorInfo, file_identity
 from fitevict.pricing.placement import Placement, _gpu_alloc
 
 
@@ -110,13 +109,8 @@ def _cached(path: str, size: int, mtime_ns: int) -> LoraAdapter:
 
 
 def load_adapter(path: str | Path) -> LoraAdapter:
-    """``parse_adapter`` cached by (path, size, mtime_ns)."""
-    p = os.fspath(path)
-    try:
-        st = os.stat(p)
-    except OSError as err:
-        raise PricingError(f"{p}: cannot read the adapter file: {err.strerror}") from err
-    return _cached(p, st.st_size, st.st_mtime_ns)
+    """``parse_adapter`` cached by ``file_identity`` (path, size, mtime_ns)."""
+    return _cached(*file_identity(path, "adapter file"))
 
 
 def _buffer_device(base_buffer: str, devices: tuple[str, ...]) -> str:

@@ -401,11 +401,16 @@ def _cached(path: str, size: int, mtime_ns: int) -> GgufStructure:
     return parse_structure(path)
 
 
-def load_structure(path: str | Path) -> GgufStructure:
-    """``parse_structure`` cached by (path, size, mtime_ns): a changed file is parsed again."""
+def file_identity(path: str | Path, what: str = "model file") -> tuple[str, int, int]:
+    """(path, size, mtime_ns): the key a parse is cached by, so a changed file is parsed again."""
     p = os.fspath(path)
     try:
         st = os.stat(p)
     except OSError as err:
-        raise PricingError(f"{p}: cannot read the model file: {err.strerror}") from err
-    return _cached(p, st.st_size, st.st_mtime_ns)
+        raise PricingError(f"{p}: cannot read the {what}: {err.strerror}") from err
+    return p, st.st_size, st.st_mtime_ns
+
+
+def load_structure(path: str | Path) -> GgufStructure:
+    """``parse_structure`` cached by ``file_identity``."""
+    return _cached(*file_identity(path))

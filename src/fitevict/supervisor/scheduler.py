@@ -398,7 +398,7 @@ class Scheduler:
                 else:
                     wake = min(wake, end)
         else:  # refuse: everyone asking for the same thing gets the same answer
-            for w in [q for q in self.queue if q.key == head.key and _same_ask(q.request, head.request)]:
+            for w in [q for q in self.queue if q.key == head.key and q.request == head.request]:
                 self.queue.remove(w)
                 self.fx.reject(w, Refused(plan, plan.reason))
             self._again = True
@@ -446,10 +446,6 @@ class Scheduler:
 
     def _serves(self, s: Slot, w: Waiter) -> bool:
         return s.key == w.key and pl.compatible(s.config, w.request, source=s.source)
-
-
-def _same_ask(a: pl.PlanRequest, b: pl.PlanRequest) -> bool:
-    return a == b
 
 
 __all__ = ["EVICTION_POLICIES", "Effects", "Phase", "SchedPolicy", "Scheduler", "Slot", "Waiter"]
