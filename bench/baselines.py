@@ -14,7 +14,7 @@ as the real scheduler, so every row is measured by the same code.
   Ollama's count cap (``OLLAMA_MAX_LOADED_MODELS``) is not simulated: memory is the only limit.
 
 All three answer a request that waited ``queue_timeout`` seconds with Busy (a lost request), as fitevict does,
-and give a seat at most ``n_parallel + engine_queue_depth`` requests at once (Ollama: no cap, its runner
+and give a seat at most its ``seat_room`` (``n_parallel`` plus ``engine_queue_depth``) requests at once (Ollama: no cap, its runner
 queues them). Loads are one at a time for every policy.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fitevict.supervisor.errors import Busy, Refused
-from fitevict.supervisor.scheduler import Waiter
+from fitevict.supervisor.scheduler import Waiter, seat_room
 
 from tracesim import Sim
 
@@ -42,7 +42,7 @@ class _Seat:
 class _Baseline:
     name = "baseline"
 
-    def __init__(self, sim: Sim, *, queue_timeout: float = 300.0, engine_queue_depth: int = 1) -> None:
+    def __init__(self, sim: Sim, *, queue_timeout: float = 300.0, engine_queue_depth: int | None = None) -> None:
         self.fx = sim
         self.queue_timeout = queue_timeout
         self.depth = engine_queue_depth
@@ -95,7 +95,7 @@ class _Baseline:
             self.fx.wake_at(wake)
 
     def _room(self, s: _Seat) -> bool:
-        cap = max(1, self.fx.models[s.key].request.config.n_parallel or 4) + self.depth
+        cap = seat_room(max(1, self.fx.models[s.key].request.config.n_parallel or 4), self.depth)
         return s.phase == "ready" and s.in_flight < cap
 
     def _hand(self, w: Waiter, s: _Seat, now: float) -> None:

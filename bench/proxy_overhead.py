@@ -194,6 +194,7 @@ def main() -> None:
     ap.add_argument("--mem-requests", type=int, default=10000)
     ap.add_argument("--log-level", default="info", help="fitevict's log level (info writes the request line)")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy raw profile of fitevict into this folder")
+    ap.add_argument("--config", type=Path, default=None, help="a fitevict.toml for the front door (default: none)")
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop fitevict and its seats on the way out
@@ -207,7 +208,7 @@ def main() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "fitevict.cli", "serve", "--port", str(port), "--models-dir",
                              str(tmp / "zoo"), "--data-dir", str(tmp / "data"), "--log-level", args.log_level],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "FITEVICT_CONFIG": ""})
+                            env={**os.environ, "FITEVICT_CONFIG": str(args.config or "")})
     front = f"http://127.0.0.1:{port}"
     chat = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
     sbody = {"model": MEDIUM, "prompt": "once", "max_tokens": args.stream_tokens, "stream": True,

@@ -258,7 +258,7 @@ def doc_body(config: Config, rows: Sequence[tuple[Case, list[Result]]], took: fl
         f"- fitevict's policy: the configuration's defaults (max_turn_seconds {p.max_turn_seconds:g}, "
         f"max_wait_seconds {p.max_wait_seconds:g}, min_residency_seconds {p.min_residency_seconds:g}, "
         f"queue_timeout_seconds {p.queue_timeout_seconds:g}, max_queue {p.max_queue}, engine_queue_depth "
-        f"{p.engine_queue_depth}, exclusive_fraction {p.exclusive_fraction:g}, idle_unload_seconds "
+        f"{'slots' if p.engine_queue_depth is None else p.engine_queue_depth}, exclusive_fraction {p.exclusive_fraction:g}, idle_unload_seconds "
         f"{p.idle_unload_seconds:g}), with eviction `lru` or `cost` (GreedyDual-Size over measured reload seconds).",
         "- Baselines: **count-LRU** (`--models-max N`: at most N models, the least recently used idle one stopped to "
         "load another, bytes never read; two N per trace: the largest N whose N biggest models fit the budget, and "

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fitevict.pricing.footprint import HOST
 from fitevict.supervisor.errors import Busy, Refused
-from fitevict.supervisor.scheduler import Phase, SchedPolicy, Scheduler, Waiter
+from fitevict.supervisor.scheduler import Phase, SchedPolicy, Scheduler, Waiter, seat_room
 
 from .schedsim import Recorder, World, request
 
@@ -157,6 +157,17 @@ def test_queue_full_and_timeout_are_busy() -> None:
     assert all(isinstance(fx.answers[w], Busy) and "queue_timeout" in str(fx.answers[w]) for w in ws[:2])
 
 
+def test_by_default_a_seat_takes_one_batch_beyond_its_slots() -> None:
+    """With no engine_queue_depth set, a 2-slot seat takes 4 requests (2 running, 2 ready in the engine for when
+    they end); the fifth waits in fitevict's queue."""
+    s, fx = sched({"a": 100 * MB}, 150 * MB)
+    s.submit(Waiter(request("a", parallel=2), 0.0, "x"))
+    ready(s, fx, "a")
+    got = [s.fast(Waiter(request("a", parallel=2), 0.0, f"a{i}")) for i in range(4)]
+    assert got == ["a", "a", "a", None]
+    assert s.slots["a"].in_flight == 4
+
+
 def test_capacity_is_slots_plus_engine_queue_depth() -> None:
     s, fx = sched({"a": 100 * MB}, 150 * MB, engine_queue_depth=1)
     s.submit(Waiter(request("a", parallel=2), 0.0, "x"))
@@ -259,7 +270,7 @@ def test_no_request_waits_past_the_bound_plus_one_swap(arrivals, load, service, 
     assert not stopped_while_owed
     assert all(r.done is not None and r.rejected is None for r in w.requests.values())
     assert w.peak_over <= 0
-    depth = policy.engine_queue_depth + 1  # one running on the slot, depth waiting in the engine
+    depth = seat_room(1, policy.engine_queue_depth)  # one running on the slot, the rest waiting in the engine
     swap = depth * service + release + load
     bound = max(policy.max_wait_seconds, swap + min_res) + swap
     # a request also waits for the requests of its own model ahead of it on the seat's one slot: that is service,

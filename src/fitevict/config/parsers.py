@@ -68,6 +68,22 @@ def _seconds(*, positive: bool) -> Parser:
     return parse
 
 
+def _int_or(word: str, lo: int) -> Parser:
+    """An integer >= ``lo``, or ``word`` (read as None: the default the word names)."""
+    whole = _int(lo)
+    form = f"an integer >= {lo}, or \"{word}\""
+
+    def parse(v: Any, o: _Origin) -> int | None:
+        if v is None or (isinstance(v, str) and v.strip() == word):
+            return None
+        try:
+            return whole(v, o)
+        except _Bad:
+            raise _Bad(form) from None
+
+    return parse
+
+
 def _fraction(v: Any, o: _Origin) -> float:
     form = "a number in (0, 1], e.g. 0.5"
     if isinstance(v, str) and o.textual:

@@ -79,7 +79,7 @@ class PolicyConfig:
     max_turn_seconds: float = 30.0  # a seat's turn: serves what arrives for it this long while others wait
     max_wait_seconds: float = 10.0  # ... or until another model's oldest request has waited this long
     min_residency_seconds: float = 1.0  # never evicted this soon after its load
-    engine_queue_depth: int = 1  # requests handed to a seat beyond its slots (the rest wait in fitevict)
+    engine_queue_depth: int | None = None  # handed to a seat beyond its slots (None: one batch); the rest wait here
     shutdown_grace_seconds: float = 10.0  # SIGTERM: in-flight requests get this long, then are cut
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from fitevict.pricing.loadconfig import CACHE_TYPES
 from fitevict.config.records import ALLOC_MODES, ENGINES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
-from fitevict.config.parsers import (Parser, _alias, _args, _bool, _choice, _fraction, _int, _origin_url, _path,
-                                     _positive_size, _request_defaults, _seconds, _secret, _size, _store_url, _str_list,
-                                     _text)
+from fitevict.config.parsers import (Parser, _alias, _args, _bool, _choice, _fraction, _int, _int_or, _origin_url,
+                                     _path, _positive_size, _request_defaults, _seconds, _secret, _size, _store_url,
+                                     _str_list, _text)
 
 
 # ----------------------------------------------------------------------------- the schema
@@ -59,7 +59,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("policy.max_turn_seconds", _seconds(positive=True)),
     _Key("policy.max_wait_seconds", _seconds(positive=True)),
     _Key("policy.min_residency_seconds", _seconds(positive=False)),
-    _Key("policy.engine_queue_depth", _int(0)),
+    _Key("policy.engine_queue_depth", _int_or("slots", 0)),
     _Key("policy.shutdown_grace_seconds", _seconds(positive=False)),
 )
 _BY_KEY: dict[str, _Key] = {k.key: k for k in _KEYS}

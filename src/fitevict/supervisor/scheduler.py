@@ -9,7 +9,7 @@ finished, a timer fired). Tests drive it with a recording fake and a fake clock,
 The rules (docs/scheduling.md says the same in prose):
 
 - **One queue, FIFO by arrival.** A request for a ready, compatible seat is handed to it at once, up to
-  the seat's capacity (its engine slots plus ``engine_queue_depth``); the rest wait here, not in the
+  the seat's room (its engine slots plus ``engine_queue_depth``, by default one more batch); the rest wait here, not in the
   engine, so a hung-up client leaves the queue at once and a drain takes at most one round of service.
 - **One placement at a time.** While a seat loads or stops, no other placement starts, so load time and
   memory are attributable to one model.
@@ -60,7 +60,7 @@ class SchedPolicy:
     min_residency_seconds: float = 0.0
     queue_timeout_seconds: float = 300.0
     max_queue: int = 64
-    engine_queue_depth: int = 1
+    engine_queue_depth: int | None = None  # None: one batch, as many as the seat's slots
     eviction: Eviction = "cost"
 
     def __post_init__(self) -> None:
@@ -110,6 +110,15 @@ class Slot:
     @property
     def capacity(self) -> int:
         return max(1, self.config.n_parallel or 4)  # no -np: this engine runs 4 slots
+
+    def room(self, engine_queue_depth: int | None) -> int:
+        return seat_room(self.capacity, engine_queue_depth)
+
+
+def seat_room(slots: int, engine_queue_depth: int | None) -> int:
+    """Requests a seat may have in flight: its slots, plus the ones waiting in the engine so that it never idles
+    between two batches (``None``: one more batch, as many as its slots)."""
+    return slots + (slots if engine_queue_depth is None else engine_queue_depth)
 
 
 class Effects(Protocol):
@@ -168,7 +177,7 @@ class Scheduler:
         if self.closed is not None or not w.hold:
             return None
         s = self.slots.get(w.key)
-        if s is None or s.phase is not Phase.READY or s.in_flight >= s.capacity + self.policy.engine_queue_depth:
+        if s is None or s.phase is not Phase.READY or s.in_flight >= s.room(self.policy.engine_queue_depth):
             return None
         if not self._serves(s, w) or any(q.key == w.key for q in self.queue):
             return None
@@ -309,7 +318,7 @@ class Scheduler:
             s = self.slots.get(w.key)
             if s is None or s.phase is not Phase.READY or not self._serves(s, w):
                 continue
-            if w.hold and s.in_flight >= s.capacity + depth:
+            if w.hold and s.in_flight >= s.room(depth):
                 continue
             self.queue.remove(w)
             if w.hold:
@@ -448,4 +457,4 @@ class Scheduler:
         return s.key == w.key and pl.compatible(s.config, w.request, source=s.source)
 
 
-__all__ = ["EVICTION_POLICIES", "Effects", "Phase", "SchedPolicy", "Scheduler", "Slot", "Waiter"]
+__all__ = ["EVICTION_POLICIES", "Effects", "Phase", "SchedPolicy", "Scheduler", "Slot", "Waiter", "seat_room"]
