@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -45,14 +44,11 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     own_store = store is None if own_store is None else own_store
     store = store or Store.open(config.store_url)
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
-    # the Ollama routes' client (``seatcall``); the inference fast path relays over ``pool``
-    upstream = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
-                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
-    pool = Upstream()
+    pool = Upstream()  # kept-alive connections per seat, for the fast path and the translated (Ollama) routes
     metrics = Metrics()
     sup.on_event.append(metrics.observe_event)
     sampler = MemorySampler(sup, store, config.server.sample_seconds)
-    door = Door(config, catalog, store, sup, metrics, upstream, sampler, pool)
+    door = Door(config, catalog, store, sup, metrics, pool, sampler)
     sup.on_event.append(sampler.poke)
 
     watch = CatalogWatch(config, catalog)
@@ -68,7 +64,6 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
             await watch.stop()
             await sampler.stop()
             await sup.shutdown()
-            await upstream.aclose()
             pool.close()
             if own_store:
                 store.close()

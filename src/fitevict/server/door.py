@@ -7,7 +7,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from fastapi import Request
 
 from fitevict.catalog import Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
@@ -51,16 +50,16 @@ def parse_contract(raw: Any) -> Contract | None:
 
 @dataclass
 class Door:
-    """What every route shares: configuration, catalog, store, supervisor, metrics and the upstream client."""
+    """What every route shares: configuration, catalog, store, supervisor, metrics and the kept-alive
+    connections to the seats."""
 
     config: Config
     catalog: Catalog
     store: Store
     sup: Supervisor
     metrics: Metrics
-    upstream: httpx.AsyncClient  # the Ollama routes' client (``seatcall``)
+    pool: Upstream  # kept-alive connections per seat: the fast path's relay and ``seatcall``
     sampler: MemorySampler | None = None  # the memory report's live windows (fitevict.server.sampler)
-    pool: Upstream | None = None  # the inference fast path's kept-alive connections per seat (``fastpath``)
 
     def check_auth(self, request: Request, *, admin: bool) -> None:
         h = request.headers

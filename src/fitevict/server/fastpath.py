@@ -315,7 +315,6 @@ class FastPath:
             sent = with_lora(body, seat.config.loras, prep.entry, prep.contract)  # adapters: scales per request
             if sent is not body:
                 payload = json.dumps(sent).encode()
-            assert door.pool is not None
             out = await relay(door.pool, send, seat.port, path, payload, rec.request_id,
                               headers=tuple((k.encode(), v.encode()) for k, v in report_headers(rec.waits).items()))
             hangup.disarm()

@@ -56,7 +56,7 @@ def ollama_errors(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Await
 
 def router(door: Door) -> APIRouter:
     app = APIRouter()
-    sup, upstream = door.sup, door.upstream
+    sup, upstream = door.sup, door.pool
 
     async def body_of(request: Request) -> tuple[dict[str, Any], CatalogEntry]:
         door.check_auth(request, admin=False)

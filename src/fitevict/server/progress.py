@@ -184,7 +184,7 @@ def openai_stream(door: Door, path: str, body: dict[str, Any], entry: CatalogEnt
             exc = seat_task.exception()
             if exc is not None:
                 raise door.supervisor_error(exc) if isinstance(exc, SupervisorError) else exc
-            r = await seatcall.send(door.upstream, seat_task.result(), path, body, request_id)
+            r = await seatcall.send(door.pool, seat_task.result(), path, body, request_id)
             async for chunk in r.aiter_raw():
                 yield chunk
         except ApiError as e:

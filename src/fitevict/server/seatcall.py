@@ -2,8 +2,9 @@
 
 Small and shared by the routes that translate another API (Ollama's) onto the engine's OpenAI-style routes:
 ``held`` holds a seat for the block (supervisor errors become HTTP errors), ``send`` opens the upstream
-response (retrying once on a connection llama-server dropped after a streamed response), ``read_json`` and
-``events`` read it back as one document or as the stream's parsed ``data:`` events.
+response over the front door's own kept-alive pool (``Upstream``, which retries once on a connection
+llama-server dropped after a streamed response), ``read_json`` and ``events`` read it back as one document or as
+the stream's parsed ``data:`` events.
 """
 
 from __future__ import annotations
@@ -13,16 +14,46 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract
+from fitevict.engines.upstream import Upstream, UpstreamConn, UpstreamError
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
 from fitevict.supervisor.seat import SeatState
 
-STALE = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError)
+
+class SeatResponse:
+    """An engine's answer being read: its status, its raw chunks, lines or whole body. ``aclose`` gives the
+    connection back to the pool (kept alive only when the answer was read to its end)."""
+
+    def __init__(self, pool: Upstream, conn: UpstreamConn) -> None:
+        self.pool, self.conn, self.closed = pool, conn, False
+
+    @property
+    def status_code(self) -> int:
+        return self.conn.status
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        while chunk := await self.conn.read():
+            yield chunk
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        pending = b""
+        async for chunk in self.aiter_raw():
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                yield line.rstrip(b"\r").decode()
+        if pending:
+            yield pending.decode()
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool.release(self.conn)
 
 
 @contextlib.asynccontextmanager
@@ -36,19 +67,14 @@ async def held(door: Door, entry: CatalogEntry, contract: Contract | None, reque
         raise door.supervisor_error(e) from None
 
 
-async def send(client: httpx.AsyncClient, seat: SeatState, path: str, body: dict[str, Any],
-               request_id: str) -> httpx.Response:
+async def send(pool: Upstream, seat: SeatState, path: str, body: dict[str, Any],
+               request_id: str) -> SeatResponse:
     """POST ``body`` to the seat's ``path``; the response is open (streamed) and an HTTP error from the engine
     is raised as ``ApiError`` with the engine's own message. The caller closes the response."""
-    req = httpx.Request("POST", seat.base_url + path, content=json.dumps(body).encode(),
-                        headers={"content-type": "application/json", "x-request-id": request_id})
     try:
-        try:
-            r = await client.send(req, stream=True)
-        except STALE:  # llama-server drops a keep-alive connection after a streamed response: once more
-            r = await client.send(req, stream=True)
-    except httpx.HTTPError as e:
-        raise ApiError(502, f"{seat.key}: the engine did not answer {path}: {e!r}", type="engine_error") from None
+        r = SeatResponse(pool, await pool.open(seat.port, path, json.dumps(body).encode(), request_id))
+    except UpstreamError as e:
+        raise ApiError(502, f"{seat.key}: the engine did not answer {path}: {e}", type="engine_error") from None
     if r.status_code >= 400:
         text = (await r.aread()).decode(errors="replace")
         await r.aclose()
@@ -58,14 +84,16 @@ async def send(client: httpx.AsyncClient, seat: SeatState, path: str, body: dict
     return r
 
 
-async def read_json(r: httpx.Response) -> dict[str, Any]:
+async def read_json(r: SeatResponse) -> dict[str, Any]:
     try:
         return json.loads(await r.aread())
+    except UpstreamError as e:
+        raise ApiError(502, f"the engine broke off its answer: {e}", type="engine_error") from None
     finally:
         await r.aclose()
 
 
-async def events(r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def events(r: SeatResponse) -> AsyncIterator[dict[str, Any]]:
     """The parsed ``data:`` events of an SSE response, until ``[DONE]``; an ``error`` event is raised."""
     try:
         async for line in r.aiter_lines():
@@ -78,6 +106,8 @@ async def events(r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
             if isinstance(doc, dict) and "error" in doc:
                 raise ApiError(502, f"the engine failed mid-stream: {engine_message(data)}", type="engine_error")
             yield doc
+    except UpstreamError as e:
+        raise ApiError(502, f"the engine broke off mid-stream: {e}", type="engine_error") from None
     finally:
         await r.aclose()
 

@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 
 from fitevict.engines.process import alive, cmdline
+from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store.records import Event, Seat as SeatRecord
@@ -65,11 +65,7 @@ async def adopt(sup: Supervisor, rec: SeatRecord, argv: list[str]) -> SeatState 
     entry = sup.catalog.get(rec.model)
     if entry is None or rec.pid is None or rec.port is None or "-m" not in argv:
         return None
-    try:
-        async with httpx.AsyncClient(timeout=2.0) as c:
-            if (await c.get(f"http://127.0.0.1:{rec.port}/health")).status_code != 200:
-                return None
-    except httpx.TransportError:
+    if await health_status(rec.port) != 200:
         return None
     path = Path(argv[argv.index("-m") + 1])
     cfg = LoadConfig.from_json(rec.config) if rec.config else LoadConfig()
