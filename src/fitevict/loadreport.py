@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 HEADER = "x-fitevict-load-report"
@@ -61,7 +61,7 @@ class LoadReport:
     notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        d = {f: getattr(self, f) for f in _FIELDS}  # flat: no deep copy on the hot path
         d["evicted"] = list(self.evicted)
         d["notes"] = list(self.notes)
         d["resident_bytes_after"] = dict(self.resident_bytes_after)
@@ -73,6 +73,9 @@ class LoadReport:
     def header(self) -> str:
         """Compact JSON for the response header (ASCII only: file names are escaped)."""
         return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=True)
+
+
+_FIELDS = tuple(f.name for f in fields(LoadReport))
 
 
 def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple[str, ...], loaded: bool,
@@ -143,12 +146,24 @@ async def request_report(sup, entry, seat, arrived: float, request_id: str | Non
     import asyncio
 
     loaded = seat.ready_at is not None and seat.ready_at >= arrived
+    if not loaded:
+        return hit_report(sup, entry, seat)
     adapter_s = None
-    if loaded and seat.config.loras:
+    if seat.config.loras:
         text = await asyncio.to_thread(lambda: Path(seat.log_path).read_text(errors="replace"))
         adapter_s = adapter_load_seconds(text)
     evicted = tuple(e.model for e in sup._events if e.event == "evict" and e.request_id == request_id
-                    ) if loaded and request_id else ()  # a hit evicts nothing: the event scan stays off the hot path
+                    ) if request_id else ()
+    return _report(sup, entry, seat, loaded=True, adapter_s=adapter_s, evicted=evicted)
+
+
+def hit_report(sup, entry, seat) -> LoadReport:
+    """The report of a request that the resident seat took at once: nothing loaded, nothing evicted (no log to
+    read, no event to scan), so it can be built after the request went to the engine."""
+    return _report(sup, entry, seat, loaded=False, adapter_s=None, evicted=())
+
+
+def _report(sup, entry, seat, *, loaded: bool, adapter_s: float | None, evicted: tuple[str, ...]) -> LoadReport:
     budget, source = budget_figures(sup._last_budget)
     return load_report(model=entry.key, base=seat.key, adapter=str(entry.path) if entry.kind == "lora" else None,
                        seat_loras=seat.config.loras, loaded=loaded, load_seconds=seat.load_seconds,
@@ -171,8 +186,11 @@ def seat_load_report(sup, seat, plan) -> LoadReport:
 
 
 def report_headers(timing: Mapping) -> dict[str, str]:
-    """The response header carrying the request's load report, if the supervisor made one."""
+    """The response header carrying the request's load report, if the supervisor made one (a hit's report is
+    made here, when it is first asked for: after the request went to the engine)."""
     report = timing.get("load_report")
+    if callable(report):
+        report = timing["load_report"] = report()
     return {HEADER: report.header()} if isinstance(report, LoadReport) else {}
 
 

@@ -15,10 +15,12 @@ from collections.abc import Callable
 _PR_SET_PDEATHSIG = 1
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved once here: the forked child only calls it
+
+
 def die_with_parent() -> None:
     """preexec_fn: ask the kernel to SIGKILL this child if fitevict dies, so no engine outlives it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 async def stop_process_group(pgid: int | None, grace_s: float, *, proc: asyncio.subprocess.Process | None = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 import httptools
 
@@ -114,11 +115,13 @@ class UpstreamConn(asyncio.Protocol):
         finally:
             self.waiter = None
 
-    async def _send(self, request: bytes) -> None:
-        """Write the request and wait for the response's head."""
+    async def _send(self, request: bytes, on_sent: Callable[[], object] | None = None) -> None:
+        """Write the request, call ``on_sent`` (work that overlaps the engine's), wait for the response's head."""
         self._reset()
         assert self.transport is not None
         self.transport.write(request)
+        if on_sent is not None:
+            on_sent()
         while not self.status:
             if self.error is not None:
                 raise self.error
@@ -159,26 +162,29 @@ class Upstream:
         self.closed = False
 
     async def open(self, port: int, path: str, body: bytes, request_id: str,
-                   content_type: bytes = b"application/json") -> UpstreamConn:
+                   content_type: bytes = b"application/json", on_sent: Callable[[], object] | None = None
+                   ) -> UpstreamConn:
         """Send ``POST path`` to the seat on ``port`` and return the connection once the response head is in.
-        Raises UpstreamError when the engine cannot be reached or breaks off before answering."""
+        ``on_sent`` is called once the request is written (each time it is). Raises UpstreamError when the engine
+        cannot be reached or breaks off before answering."""
         request = b"".join((b"POST ", path.encode(), b" HTTP/1.1\r\nHost: 127.0.0.1:", str(port).encode(),
                             b"\r\nContent-Type: ", content_type, b"\r\nContent-Length: ", str(len(body)).encode(),
                             b"\r\nX-Request-Id: ", request_id.encode(), b"\r\n\r\n", body))
         conn = self._pooled(port)
         if conn is not None:
             try:
-                await self._send(conn, request, pooled=True)
+                await self._send(conn, request, pooled=True, on_sent=on_sent)
                 return conn
             except _Stale:
                 pass  # the engine closed it after an earlier stream: once more on a fresh connection
         conn = await self._connect(port)
-        await self._send(conn, request, pooled=False)
+        await self._send(conn, request, pooled=False, on_sent=on_sent)
         return conn
 
-    async def _send(self, conn: UpstreamConn, request: bytes, *, pooled: bool) -> None:
+    async def _send(self, conn: UpstreamConn, request: bytes, *, pooled: bool,
+                    on_sent: Callable[[], object] | None = None) -> None:
         try:
-            await conn._send(request)
+            await conn._send(request, on_sent)
         except asyncio.CancelledError:
             conn.abort()
             raise

@@ -7,6 +7,7 @@ an oversized body or a wrong key is answered with a 4xx in OpenAI's envelope and
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -58,6 +59,8 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         await sup.start()
         sampler.start()
         watch.start()
+        gc.collect()
+        gc.freeze()  # what start-up built lives as long as the server: full collections no longer walk it
         try:
             yield
         finally:

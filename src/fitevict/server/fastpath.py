@@ -67,19 +67,23 @@ class Relayed:
 async def relay(upstream: Upstream, send: Send, port: int, path: str, body: bytes, request_id: str, *,
                 on_chunk: Callable[[bytes], bytes] | None = None, on_finish: Callable[[], bytes] | None = None,
                 on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None,
-                headers: tuple[tuple[bytes, bytes], ...] = ()) -> Relayed:
+                headers: Callable[[], tuple[tuple[bytes, bytes], ...]] | tuple[tuple[bytes, bytes], ...] = ()
+                ) -> Relayed:
     """POST ``body`` to ``path`` on the seat listening on ``port`` and relay the answer to ASGI ``send``.
 
     A streamed answer (no Content-Length) goes out chunk by chunk as it arrives: ``on_chunk`` maps each engine
     chunk (bytes as received: an SSE event can straddle two) to the bytes sent, ``on_finish`` gives the bytes
     sent last. A whole answer goes out as it arrives with its length, or, with ``on_body``, is read whole and
-    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added. Raises UpstreamError if the
+    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added (a callable is
+    called once the request went to the engine, so that making them overlaps the engine's work). Raises UpstreamError if the
     engine does not answer (nothing was sent then). Cancelling the calling task aborts the engine
     connection, which stops the engine's generation."""
-    conn = await upstream.open(port, path, body, request_id)
+    extra: list = [headers] if not callable(headers) else []
+    conn = await upstream.open(port, path, body, request_id,
+                               on_sent=(lambda: extra.append(headers())) if callable(headers) else None)
     try:
         head = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode()),
-                *headers]
+                *extra[-1]]
         if conn.content_length is None:
             return await _relay_stream(conn, send, head, on_chunk, on_finish)
         return await _relay_whole(conn, send, head, on_body)
@@ -316,7 +320,8 @@ class FastPath:
             if sent is not body:
                 payload = json.dumps(sent).encode()
             out = await relay(door.pool, send, seat.port, path, payload, rec.request_id,
-                              headers=tuple((k.encode(), v.encode()) for k, v in report_headers(rec.waits).items()))
+                              headers=lambda: tuple((k.encode(), v.encode())
+                                                    for k, v in report_headers(rec.waits).items()))
             hangup.disarm()
         except asyncio.CancelledError:
             hangup.disarm()

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from fitevict.engines.base import Unavailable as DryRunUnavailable
 from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
 from fitevict.engines.process import free_port
 from fitevict.host.budget import Budget, budget_from_config
-from fitevict.loadreport import request_report
+from fitevict.loadreport import hit_report, request_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
 from fitevict.store.records import Event, Seat as SeatRecord
@@ -326,6 +327,7 @@ class Supervisor:
         w = Waiter(self._request(entry, contract), self.clock(), request_id,
                    keep_alive=contract.keep_alive if contract is not None else None)
         got = self.scheduler.fast(w)
+        hit = got is not None
         if got is None:
             got = await self._wait(w, entry, timing)
         elif timing is not None:
@@ -333,7 +335,8 @@ class Supervisor:
         seat = self.seats[got]
         try:
             if timing is not None:  # what loading cost this request (an adapter is served by its base's seat)
-                timing["load_report"] = await request_report(self, entry, seat, w.arrived, request_id)
+                timing["load_report"] = (partial(hit_report, self, entry, seat) if hit else
+                                         await request_report(self, entry, seat, w.arrived, request_id))
             yield seat
         finally:
             self.scheduler.finished(got)
