@@ -448,6 +448,7 @@ class Supervisor:
             out.append({
                 "key": s.key, "engine": s.engine, "state": str(s.state),
                 "phase": slot.phase.value if slot is not None else None, "placement": placement,
+                **({"split": s.split} if s.split else {}),
                 "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
                 "in_flight": slot.in_flight if slot is not None else 0,
                 "waiting": self.scheduler.waiting(s.key),

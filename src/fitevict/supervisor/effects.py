@@ -148,7 +148,7 @@ class LiveEffects:
                     id=uuid.uuid4().hex[:12], key=key, entry=entry, engine=entry.engine, config=cfg, model_path=path,
                     port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
                     started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
-                    strategy=plan.action, pinned=entry.pinned,
+                    strategy=plan.action, split=plan.split, pinned=entry.pinned,
                     predicted_overhead=sup.prices.torch_overhead if path.is_dir() else None)
                 spec = sup.launch_spec(entry, path, cfg, seat.port)
                 sup.seats[key] = seat

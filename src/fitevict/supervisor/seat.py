@@ -58,6 +58,7 @@ class SeatState:
     predicted: Footprint
     signature: str
     strategy: str
+    split: str = ""  # where its split over several GPUs came from (the plan's words); "" on one device
     state: SeatPhase = SeatPhase.STARTING
     proc: asyncio.subprocess.Process | None = None
     pid: int | None = None
