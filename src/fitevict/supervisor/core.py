@@ -455,5 +455,6 @@ class Supervisor:
                 "last_used": slot.last_used if slot is not None else None, "loaded_at": s.ready_at,
                 "load_seconds": s.load_seconds, "pid": s.pid, "port": s.port, "unload_at": due,
                 "host_pss": mem_json(s.host_mem),
+                "engine_timings": s.timings.to_json(),
             })
         return out

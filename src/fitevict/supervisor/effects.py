@@ -289,7 +289,8 @@ class LiveEffects:
             time=sup.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
             host_bytes=seat.bytes_on(HOST), vram_bytes=sup.gpu_figure(seat), reason=reason,
             freed_bytes=res.freed_bytes, request_id=request_id,
-            details={"pid": seat.pid, "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
+            details={"pid": seat.pid, **_timings(seat),
+                     "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details()}))
         await self._record_teardown(seat, request_id)
@@ -321,7 +322,7 @@ class LiveEffects:
         await sup.record(Event(
             time=sup.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
             reason=f"{seat.engine} exited unexpectedly with code {rc}; the next request reloads it",
-            details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path),
+            details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **_timings(seat),
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
         sup.stopped(seat.key, res)
 
@@ -338,10 +339,16 @@ class LiveEffects:
             await self.sup.record(Event(
                 time=self.sup.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
                 reason="adopted seat exited unexpectedly (not a child of this fitevict: exit code unknown)",
-                details={"pid": seat.pid, **res.details()}))
+                details={"pid": seat.pid, **_timings(seat), **res.details()}))
             self.sup.stopped(seat.key, res)
 
         seat.watcher = self._spawn_task(watch(), f"watch-{seat.key}")
+
+
+def _timings(seat: SeatState) -> dict:
+    """The engine's own timings over the seat's answers, for the event that ends it (nothing if none had any)."""
+    t = seat.timings.to_json()
+    return {"engine_timings": t} if t is not None else {}
 
 
 def _report_failure(task: asyncio.Task) -> None:

@@ -22,6 +22,7 @@ from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.supervisor.errors import LoadFailed
+from fitevict.supervisor.timings import EngineTimings
 
 BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
 
@@ -75,6 +76,7 @@ class SeatState:
     predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
     watcher: asyncio.Task | None = None
+    timings: EngineTimings = field(default_factory=EngineTimings)  # the engine's own, summed over its answers
 
     @property
     def base_url(self) -> str:
