@@ -35,7 +35,7 @@ from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.errors import Busy
 from fitevict.supervisor.measure import mem_json
 from fitevict.supervisor.orphans import cleanup_orphans
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.supervisor.pricebook import HISTORY_LOADS, PriceBook
 from fitevict.supervisor.release import StopResult
 from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.supervisor.seat import SeatPhase, SeatState, pred_source
@@ -134,6 +134,8 @@ class Supervisor:
         known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
         for dev, n in (known or {}).items():  # what loads have shown since raises it (a lower bound each)
             self.prices.engine_overhead[dev] = max(int(n), self.prices.engine_overhead.get(dev, 0))
+        loads = await asyncio.to_thread(self.store.events, event="load", limit=HISTORY_LOADS)
+        self.prices.learn_history([ev.details for ev in loads])  # each file's error at other settings
         self.prices.forget()
         return await cleanup_orphans(self)
 

@@ -248,6 +248,10 @@ class LiveEffects:
         }
         if measured_total:
             details["prediction_error"] = (seat.predicted.total_bytes - measured_total) / measured_total
+        learnable = walk is None and seat.entry.mmproj is None and seat.measured is not None
+        if learnable:  # the file this load measured: its error corrects the same file's price at other settings
+            st = seat.model_path.stat()
+            details["file"] = {"path": str(seat.model_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         if verdict.accepted and seat.measured is not None:
             await asyncio.to_thread(sup.store.put_measurement, Measurement(
                 signature=seat.signature, model=seat.key, engine=seat.engine, measured_at=sup.clock(),
@@ -255,6 +259,8 @@ class LiveEffects:
                 host_committed_bytes=seat.host_mem.committed_bytes if seat.host_mem else None,
                 host_mapped_bytes=seat.host_mem.mapped_bytes if seat.host_mem else None, total_bytes=measured_total))
             sup.prices.forget()  # a new measurement overrides the priced figure for its signature
+            if learnable:
+                sup.prices.learn(seat.model_path, seat.config, seat.measured)
         gpu = sup.gpu_figure(seat)
         reason = plan.reason or None
         if not verdict.accepted:
