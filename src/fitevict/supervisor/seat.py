@@ -120,7 +120,7 @@ def pred_source(fp: Footprint, device: str) -> str:
     d = fp.device(device)
     if d is None:
         return "formula"
-    sources = {d.model.source, d.context.source, d.compute.source, d.output.source}
+    sources = {d.model.label, d.context.label, d.compute.label, d.output.label}
     return sources.pop() if len(sources) == 1 else "+".join(sorted(sources))
 
 
