@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MEASURED = "measured: llama-server's own timings"
+MEASURED = "measured: the engine's own timings of each answer"
 
 
 @dataclass(eq=False)
