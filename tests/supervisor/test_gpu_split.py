@@ -98,3 +98,30 @@ def test_one_gpu_or_a_given_split_is_left_alone(setup) -> None:
     sup = Supervisor(config=cfg, catalog=Catalog.from_config(cfg), store=store, engine_binary=engine, nvml=nvml)
     plan = sup.plan("llama-gqa")
     assert plan.config is not None and plan.config.tensor_split == () and plan.split == ""
+
+
+def test_a_resident_split_by_free_memory_still_serves_when_free_memory_moved(setup) -> None:
+    """Once loaded, its own bytes change what is free, so a new plan would split otherwise: the resident still serves
+    (the split is part of the placement, which any placement serves under max-gpu); an explicit -ts must match."""
+    from fitevict import planner as pl
+    from fitevict.host.budget import Budget
+
+    cfg, _engine, _store = setup
+    path = Path(Catalog.from_config(cfg).resolve("llama-gqa").path)
+    s = load_structure(path)
+    budget = Budget.declared({"CPU": "64GiB", "CUDA0": {"total": "80GiB", "free": "60GiB"},
+                              "CUDA1": {"total": "80GiB", "free": "20GiB"}})
+    req = pl.PlanRequest("m", LoadConfig(n_ctx=512), n_layer=s.n_layer + 1)
+    price_fn = lambda _k, c: price(s, c).footprint  # noqa: E731
+    first = pl.plan(req, [], budget, price_fn, pl.Policy(), 0.0)
+    assert first.config is not None and first.config.tensor_split == (3.0, 1.0)
+    moved = Budget.declared({"CPU": "64GiB", "CUDA0": {"total": "80GiB", "free": "20GiB"},
+                             "CUDA1": {"total": "80GiB", "free": "60GiB"}})
+    assert pl.plan(req, [], moved, price_fn, pl.Policy(), 0.0).config.tensor_split == (1.0, 3.0)  # type: ignore
+    resident = pl.Resident("m", first.config, dict(first.needed_bytes))
+    assert pl.plan(req, [resident], moved, price_fn, pl.Policy(), 1.0).action == "hit"
+    fixed = pl.PlanRequest("m", LoadConfig(n_ctx=512, n_gpu_layers=-1, devices=TWO, tensor_split=(1.0, 3.0)),
+                           alloc_mode="explicit", n_layer=s.n_layer + 1)
+    again = pl.plan(fixed, [resident], moved, price_fn, pl.Policy(), 1.0)
+    assert again.action != "hit" and again.config is not None and again.config.tensor_split == (1.0, 3.0)
+    assert "requested -ts 1,3" in again.reason
