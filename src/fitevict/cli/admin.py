@@ -227,7 +227,9 @@ def ps_table(data: list[dict], now: float, url: str) -> Table:
         cpu = r["devices"].get("CPU", {})
         unload = (f"{max(0, r['unload_at'] - now):.0f} s" if r.get("unload_at") else
                   "unused" if r["last_used"] is None else "off")
-        t.add_row(r["key"], r["state"], _where(r["placement"]), format_size(cpu.get("measured_bytes")),
+        ts = (r.get("config") or {}).get("tensor_split")
+        where = _where(r["placement"]) + (f" split {'/'.join(f'{w:g}' for w in ts)}" if ts else "")
+        t.add_row(r["key"], r["state"], where, format_size(cpu.get("measured_bytes")),
                   format_size(cpu.get("predicted_bytes")), str(r["ctx"]),
                   f"{r['in_flight']}+{r.get('waiting', 0)}", unload)
     return t

@@ -7,14 +7,15 @@ from dataclasses import fields
 
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.planner.records import Action, FootprintFn, PlanInvariantError, PlanRequest
+from fitevict.pricing.placement import default_split, layers_per_device
+from fitevict.planner.records import _EMPTY, Action, FootprintFn, PlanInvariantError, PlanRequest
 
 
 # ---------------------------------------------------------------------------------------------
 # placement candidates
 
 
-_PLACEMENT_FIELDS = ("n_gpu_layers", "n_cpu_moe", "devices")
+_PLACEMENT_FIELDS = ("n_gpu_layers", "n_cpu_moe", "devices", "tensor_split")
 _ALL_FIELDS = tuple(f.name for f in fields(LoadConfig))
 _OTHER_FIELDS = tuple(f for f in _ALL_FIELDS if f not in _PLACEMENT_FIELDS)
 
@@ -64,6 +65,7 @@ def compatible(resident: LoadConfig, request: PlanRequest, source: str = "") -> 
             and (resident.n_gpu_layers == want.n_gpu_layers
                  or (_all_layers(resident, request.n_layer) and _all_layers(want, request.n_layer)))
             and (not want.devices or resident.devices == want.devices)
+            and (not want.tensor_split or resident.tensor_split == want.tensor_split)
         )
     if mode == "gpu-only":
         return action_of(resident, request.n_layer) == "load"
@@ -73,19 +75,25 @@ def compatible(resident: LoadConfig, request: PlanRequest, source: str = "") -> 
 
 
 class _Rungs:
-    """The candidate configurations for one request at one ctx, most GPU first (see module doc)."""
+    """The candidate configurations for one request at one ctx, most GPU first (see module doc).
 
-    __slots__ = ("base", "gpus", "L", "M", "kind", "made")
+    ``free`` is each GPU's free memory now: a rung on several GPUs whose request gives no ``tensor_split`` is split
+    the way llama.cpp splits by default, by free memory (``placement.default_split``), and carries the resulting
+    layers per device as its ``tensor_split`` (``placement.layers_per_device``): priced so, and started so."""
 
-    def __init__(self, request: PlanRequest, gpus: tuple[str, ...], n_ctx: int) -> None:
+    __slots__ = ("base", "gpus", "L", "M", "kind", "made", "free")
+
+    def __init__(self, request: PlanRequest, gpus: tuple[str, ...], n_ctx: int,
+                 free: Mapping[str, int] = _EMPTY) -> None:
         self.L, self.M = request.n_layer, request.n_moe_layers
         self.made: dict[int, LoadConfig] = {}
+        self.free = free
         mode = request.alloc_mode
         if mode == "explicit":
             c = request.config if request.config.n_ctx == n_ctx else _derive(request.config, n_ctx=n_ctx)
             if not c.devices and c.n_gpu_layers != 0:
                 c = _derive(c, devices=gpus)
-            self.base, self.gpus, self.kind = c, c.devices, "explicit"
+            self.base, self.gpus, self.kind = self._split(c), c.devices, "explicit"
             return
         self.base = _derive(request.config, n_ctx=n_ctx, n_gpu_layers=0, n_cpu_moe=0, devices=())
         self.gpus = request.config.devices or gpus
@@ -111,9 +119,22 @@ class _Rungs:
         if self.kind == "ram" or (self.kind == "ladder" and i == self.L + self.M + 1):
             return self.base
         if self.kind == "full" or i <= self.M:  # every layer on the GPU, experts of the first i layers on CPU
-            return _derive(self.base, devices=self.gpus, n_gpu_layers=self.L, n_cpu_moe=0 if self.kind == "full" else i)
+            return self._split(_derive(self.base, devices=self.gpus, n_gpu_layers=self.L,
+                                       n_cpu_moe=0 if self.kind == "full" else i))
         ngl = self.L - (i - self.M)  # fewer layers, every expert on the CPU
-        return _derive(self.base, devices=self.gpus, n_gpu_layers=ngl, n_cpu_moe=self.M if ngl else 0)
+        return self._split(_derive(self.base, devices=self.gpus, n_gpu_layers=ngl, n_cpu_moe=self.M if ngl else 0))
+
+    def _split(self, c: LoadConfig) -> LoadConfig:
+        """``c`` with llama.cpp's default split by free memory made explicit (see the class doc); as it is when it
+        names its own split, uses one GPU, offloads nothing, or a GPU's free memory is unknown."""
+        if len(c.devices) < 2 or c.tensor_split or c.n_gpu_layers == 0:
+            return c
+        weights = default_split(c.devices, self.free)
+        if not weights:
+            return c
+        ngl = self.L if c.n_gpu_layers < 0 else c.n_gpu_layers
+        counts = layers_per_device(self.L - 1, ngl, c.devices, weights)
+        return _derive(c, tensor_split=counts) if counts else c
 
 
 class _Unpriced(Exception):

@@ -8,6 +8,7 @@ from types import MappingProxyType
 from fitevict.host.budget import Budget
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.units import GiB
 from fitevict.planner.records import (Action, Eviction, FootprintFn, Plan, PlanInvariantError, PlanRequest, Policy,
                                       Resident, _EMPTY)
 from fitevict.planner.ladder import _Prices, _Rungs, _Unpriced, _search, action_of, compatible
@@ -108,7 +109,8 @@ def plan(
             host_committed_bytes=fp.host_committed_bytes if fp else 0, footprint=fp,
         )
 
-    rungs = _Rungs(request, budget.gpu_names, n_ctx)
+    gpu_free = {g: d.free.bytes for g in budget.gpu_names if (d := budget.device(g)) is not None}
+    rungs = _Rungs(request, budget.gpu_names, n_ctx, gpu_free)
     if request.alloc_mode == "gpu-only" and not rungs.gpus:
         return refusal(
             f"{request.key}: alloc mode gpu-only but the budget has no GPU ({', '.join(budget.names) or 'no devices'})",
@@ -150,6 +152,9 @@ def plan(
                   f"needs {_per_device(need, [d for d in devs if need.get(d, 0)])}")
         if evict:
             reason += f"; evicts {'[' + ', '.join(e.key for e in evict) + ']'}"
+        split = split_words(config, request, budget)
+        if split:
+            reason += f"; {split}"
         if action != "load" and prefer_gpu and rungs.kind == "ladder" and found > 0:
             top_need = price(rungs[0])[1]
             reason += f" (all layers on the GPU would need {_per_device(top_need, [d for d in top_need if d != HOST])})"
@@ -158,7 +163,7 @@ def plan(
             evict=tuple(evict), needed_bytes=fill(need, devs), free_bytes_before=fill(free_before, devs),
             free_bytes_after=MappingProxyType(after), available_bytes=fill(avail, devs),
             budget_bytes=fill(budget_b, devs), host_mapped_bytes=fp.host_mapped_bytes,
-            host_committed_bytes=fp.host_committed_bytes, exclusive=exclusive, footprint=fp,
+            host_committed_bytes=fp.host_committed_bytes, exclusive=exclusive, footprint=fp, split=split,
         )
 
     if found_w is not None:
@@ -192,9 +197,9 @@ def plan(
     largest = None
     try:
         if asked > smallest:
-            largest = _largest_ctx(request, budget.gpu_names, price, avail_wait, prefer_gpu, policy, asked)
+            largest = _largest_ctx(request, budget.gpu_names, price, avail_wait, prefer_gpu, policy, asked, gpu_free)
         largest, ctx_words = ctx_suggestion(largest, request.n_ctx_train)
-        remedy = _remedy(request, budget, binding, blockers, largest, rungs, price, avail_wait)
+        remedy = _remedy(request, budget, binding, blockers, largest, rungs, price, avail_wait, gpu_free)
     except _Unpriced as e:
         remedy = f"price {request.key} at other settings (a term is unavailable: {e})"
     movable = [r for r in (*forced, *pool, *busy) if any(r.bytes.get(d, 0) for d in binding)]
@@ -207,6 +212,20 @@ def plan(
     elif asked > smallest:
         reason += f"; no ctx from {smallest} up fits"
     return refusal(reason, remedy, config, need, fp, largest)
+
+
+def split_words(c: LoadConfig, request: PlanRequest, budget: Budget) -> str:
+    """Where a placement on several GPUs got its split: "layers split 17/16 by free memory (nvml): 70.1/69.9 GiB",
+    or the request's own -ts; "" on one GPU or none."""
+    if len(c.devices) < 2 or not c.tensor_split:
+        return ""
+    layers = "/".join(f"{w:g}" for w in c.tensor_split)
+    if request.config.tensor_split:
+        return f"layers split by the requested -ts {','.join(f'{w:g}' for w in request.config.tensor_split)}"
+    figs = [budget.device(d) for d in c.devices]
+    sources = sorted({f.free.source for f in figs if f is not None})
+    free = "/".join(f"{f.free.bytes / GiB:.1f}" for f in figs if f is not None)
+    return f"layers split {layers} by free memory ({', '.join(sources)}): {free} GiB, as llama.cpp splits by default"
 
 
 def ctx_suggestion(largest: int | None, n_ctx_train: int) -> tuple[int | None, str]:
@@ -223,7 +242,7 @@ def ctx_suggestion(largest: int | None, n_ctx_train: int) -> tuple[int | None, s
 
 def _largest_ctx(
     request: PlanRequest, gpus: tuple[str, ...], price: _Prices, room: Mapping[str, int],
-    prefer_gpu: bool, policy: Policy, asked: int,
+    prefer_gpu: bool, policy: Policy, asked: int, free: Mapping[str, int] = _EMPTY,
 ) -> int | None:
     """The largest multiple of ``ctx_step`` below ``asked`` (and >= min_ctx) at which some rung fits.
 
@@ -235,11 +254,11 @@ def _largest_ctx(
     hi = (asked - 1) // step
     if hi < lo:
         return None
-    r_lo, r_hi = 0, len(_Rungs(request, gpus, lo * step)) - 1
+    r_lo, r_hi = 0, len(_Rungs(request, gpus, lo * step, free)) - 1
 
     def fits(k: int) -> bool:
         nonlocal r_lo, r_hi
-        found, edge = _search(_Rungs(request, gpus, k * step), price, room, prefer_gpu, r_lo, r_hi)
+        found, edge = _search(_Rungs(request, gpus, k * step, free), price, room, prefer_gpu, r_lo, r_hi)
         if (found is not None) == prefer_gpu:  # fits under max-gpu / misses under max-ram: edge is a floor
             r_lo = edge
         else:
@@ -259,7 +278,7 @@ def _largest_ctx(
 
 def _remedy(
     request: PlanRequest, budget: Budget, binding: list[str], blockers: list[Resident],
-    largest: int | None, rungs: _Rungs, price: _Prices, avail: Mapping[str, int],
+    largest: int | None, rungs: _Rungs, price: _Prices, avail: Mapping[str, int], free: Mapping[str, int] = _EMPTY,
 ) -> str:
     parts: list[str] = []
     if largest is not None:
@@ -270,7 +289,7 @@ def _remedy(
     if request.alloc_mode in ("gpu-only", "explicit") and rungs.gpus:
         wider = PlanRequest(request.key, request.config, "max-gpu", request.n_layer, request.n_moe_layers,
                             request.n_ctx_train)
-        if _search(_Rungs(wider, budget.gpu_names, request.config.n_ctx), price, avail, True)[0] is not None:
+        if _search(_Rungs(wider, budget.gpu_names, request.config.n_ctx, free), price, avail, True)[0] is not None:
             parts.append("allow CPU offload (alloc mode max-gpu)")
     for d in binding:
         b = budget.device(d)

@@ -169,6 +169,7 @@ class Plan:
     exclusive: bool = False
     largest_ctx: int | None = None
     footprint: Footprint | None = field(default=None, compare=False)
+    split: str = ""  # where a split over several GPUs came from (free memory, or the request's -ts); "" otherwise
 
     @property
     def fits(self) -> bool:
@@ -189,7 +190,9 @@ class Plan:
                 "n_gpu_layers": self.config.n_gpu_layers if self.config.devices else 0,
                 "n_cpu_moe": self.config.n_cpu_moe, "ctx": self.config.n_ctx, "devices": list(self.config.devices),
                 "cache_type_k": self.config.cache_type_k, "cache_type_v": self.config.cache_type_v,
-                "flash_attn": self.config.flash_attn, "parallel": self.config.n_parallel},
+                "flash_attn": self.config.flash_attn, "parallel": self.config.n_parallel,
+                **({"tensor_split": list(self.config.tensor_split), "split": self.split}
+                   if self.config.tensor_split else {})},
             "reason": self.reason,
             "remedy": self.remedy,
             "evict": [{"key": e.key, "bytes": dict(e.bytes), "reason": e.reason} for e in self.evict],

@@ -20,11 +20,16 @@ HOST = "CPU"  # llama.cpp's name for host memory; also the planner's name for th
 
 @dataclass(frozen=True, slots=True)
 class Term:
-    """One priced quantity. ``bytes`` is None only when ``source == "unavailable"``; ``reason`` says why."""
+    """One priced quantity. ``bytes`` is None only when ``source == "unavailable"``; ``reason`` says why.
+
+    ``correction`` is what was added to the figure its ``source`` gave (measured minus predicted on earlier loads
+    of the same file, see ``pricing.correction``); ``correction_from`` says which. ``label`` shows both."""
 
     bytes: int | None
     source: Source
     reason: str = ""
+    correction: int = 0
+    correction_from: str = ""
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -35,6 +40,13 @@ class Term:
             raise ValueError("an unavailable Term must say why (reason)")
         if self.bytes is not None and self.bytes < 0:
             raise ValueError(f"Term bytes must be >= 0, got {self.bytes}")
+        if self.correction and (self.bytes is None or not self.correction_from):
+            raise ValueError("a corrected Term needs bytes and must say where its correction came from")
+
+    @property
+    def label(self) -> str:
+        """The source, with "+correction" when a correction moved the figure ("formula+correction")."""
+        return f"{self.source}+correction" if self.correction else self.source
 
     @staticmethod
     def unavailable(reason: str) -> "Term":
@@ -46,9 +58,11 @@ class Term:
         return self.bytes or 0
 
     def to_json(self) -> dict:
-        d: dict = {"bytes": self.bytes, "source": self.source}
+        d: dict = {"bytes": self.bytes, "source": self.label}
         if self.reason:
             d["reason"] = self.reason
+        if self.correction:
+            d["correction"] = {"bytes": self.correction, "from": self.correction_from}
         return d
 
 
@@ -83,7 +97,13 @@ class DeviceFootprint:
             "output_bytes": self.output.bytes,
             **({"adapter_bytes": self.adapters.bytes} if self.adapters != ZERO_FORMULA else {}),
             "total_bytes": self.total_bytes,
-            "sources": {k: t.source for k, t in self._terms()},
+            "sources": {k: t.label for k, t in self._terms()},
+            **(
+                {"corrections": {k: {"bytes": t.correction, "predicted_bytes": t.value - t.correction,
+                                     "from": t.correction_from} for k, t in self._terms() if t.correction}}
+                if any(t.correction for _, t in self._terms())
+                else {}
+            ),
             **(
                 {"unavailable": {k: t.reason for k, t in self._terms() if t.source == "unavailable"}}
                 if not self.complete

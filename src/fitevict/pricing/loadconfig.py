@@ -34,8 +34,9 @@ class LoadConfig:
     # --lora FILE per adapter (with --lora-init-without-apply: loaded at scale 0, applied per request), in
     # order: a request's ``lora`` ids index this tuple
     loras: tuple[str, ...] = ()
-    # -ts: each device's share of the offloaded layers; () = llama.cpp's default (free memory at load, see
-    # placement.default_split), priced as an even split
+    # -ts: each device's share of the offloaded layers. The planner fills it for a load over several GPUs with the
+    # layers llama.cpp's default split by free memory gives each (placement.default_split, layers_per_device);
+    # () = no -ts (one device; or priced as an even split when the free memory is unknown)
     tensor_split: tuple[float, ...] = ()
 
     def without_placement(self) -> "LoadConfig":

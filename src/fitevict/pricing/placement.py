@@ -25,8 +25,9 @@ Rules:
   the middle of the span is counted twice (mapped pages plus its ``CPU_REPACK`` copy).
 - Several GPUs split the offloaded layers in proportion to ``-ts`` or, by default, to each device's free memory
   when the model loads (float32 split points, ``upper_bound`` of ``(il - i_gpu_start) / n_gpu_layers``). Pricing
-  takes the weights from ``LoadConfig.tensor_split``: the planner fills it from measured free memory, and the seat
-  is started with the same ``-ts``, so the engine splits exactly as priced.
+  takes the weights from ``LoadConfig.tensor_split``: the planner applies this rule to the free memory NVML
+  reports (``default_split``), fills ``tensor_split`` with the resulting layers per device
+  (``layers_per_device``), and the seat is started with that ``-ts``, so the engine splits exactly as priced.
 - GPU buffers pad each tensor to the device alignment; CUDA pads quantized rows to 512 elements.
 
 Pure.
@@ -145,6 +146,18 @@ def default_split(devices: Sequence[str], free_bytes: Mapping[str, int]) -> tupl
     if len(devices) < 2 or any(d not in free_bytes for d in devices):
         return ()
     return tuple(float(free_bytes[d]) for d in devices)
+
+
+def layers_per_device(n_layer: int, ngl: int, devices: tuple[str, ...], weights: Sequence[float]) -> tuple[float, ...]:
+    """How many offloaded layers (the output pseudo-layer included) ``layer_devices`` gives each device under
+    ``weights``, as a ``-ts``: those counts split the layers exactly as the weights do (each split point falls on a
+    layer boundary, computed in float32 the same way), so a seat started with them places its layers as priced,
+    and two loads whose free memory differs but whose layers fall alike share one configuration (one signature,
+    one dry run). () when nothing is offloaded."""
+    layers, out = layer_devices(n_layer, ngl, devices, weights)
+    placed = (*layers, out)
+    counts = tuple(float(sum(1 for d in placed if d == dev)) for dev in devices)
+    return counts if any(counts) else ()
 
 
 def layer_devices(n_layer: int, ngl: int, devices: tuple[str, ...],

@@ -133,5 +133,6 @@ def history_row(ev) -> dict:
                   "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "measured": ev.measured_bytes},
         "sources": history_sources(ev),
         "prediction_error": prediction_error(ev.predicted_bytes, ev.measured_bytes),
+        "engine_timings": ev.details.get("engine_timings") if isinstance(ev.details, dict) else None,
         "details": ev.details,
     }

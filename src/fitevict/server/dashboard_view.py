@@ -219,9 +219,22 @@ def timeline(events: Sequence[Event]) -> str:
             f'<li class="ev {escape(e.event)}"><time>{time.strftime("%H:%M:%S", time.localtime(e.time))}</time>'
             f'<span class="kind">{escape(e.event)}</span><span class="who">{escape(e.model or "")}</span>'
             f'<span class="track">{bar}</span><span class="secs">{"" if d is None else f"{d:.2f} s"}</span>'
-            f'<span class="bytes" title="{escape(source)}">{escape(bytes_)}</span>'
+            f'<span class="bytes" title="{escape(source)}">{escape(bytes_)}</span>{_speed(e)}'
             f'<span class="why" title="{escape(e.reason or "")}">{escape(e.strategy or e.reason or "")}</span></li>')
     return f'<ol class="timeline">{"".join(out)}</ol>'
+
+
+def _speed(e: Event) -> str:
+    """The engine's own timings over a stopped seat's answers: generation and prompt tokens/s, labelled."""
+    t = e.details.get("engine_timings")
+    if not isinstance(t, dict):
+        return ""
+    gen, prompt = t.get("predicted_per_second"), t.get("prompt_per_second")
+    words = (f"{t.get('answers')} answers: gen {'n/a' if gen is None else f'{gen:g}'} tok/s, "
+             f"prompt {'n/a' if prompt is None else f'{prompt:g}'} tok/s")
+    src = t.get("sources") or {}
+    title = f"generation: {src.get('predicted_per_second')}; prompt: {src.get('prompt_per_second')}"
+    return f'<span class="tps" title="{escape(title)}">{escape(words)}</span>'
 
 
 def report_table(rows: Sequence[Row]) -> str:

@@ -344,21 +344,25 @@ class FastPath:
             hangup.disarm()
             raise
         finally:
-            if held is not None:
-                await held.__aexit__(None, None, None)
-        if out is not None:
-            rec.status = out.status if out.error is None else 502
-            self._account(rec, out, body, extra)
+            try:
+                if out is not None:  # the answer has gone out: its figures, and the seat's timing totals
+                    rec.status = out.status if out.error is None else 502
+                    self._account(rec, out, body, extra, seat)
+            finally:
+                if held is not None:
+                    await held.__aexit__(None, None, None)
         self.log.write(rec, extra)
 
-    def _account(self, rec: Record, out: Relayed, body: dict, extra: dict[str, Any]) -> None:
-        """Token counts and embedding shapes for the log line, read after the answer went out."""
+    def _account(self, rec: Record, out: Relayed, body: dict, extra: dict[str, Any], seat: Any) -> None:
+        """Token counts and embedding shapes for the log line, and the engine's timings added to the seat's totals
+        (``seat.timings``, history when the seat ends), read after the answer went out."""
         if out.error is not None:
             extra["error"] = f"upstream broke off: {out.error}"
         content = out.body[0] if len(out.body) == 1 else b"".join(out.body)
         timings = engine_timings(content)
         if timings:  # the engine's own account: prompt and generation time, tokens/s
             extra["engine_timings"] = timings
+            seat.timings.add(timings)
             m = self.door.metrics
             if "prompt_ms" in timings:
                 m.prompt.labels(rec.model or "-").observe(timings["prompt_ms"] / 1000)

@@ -165,6 +165,7 @@ def router(door: Door) -> APIRouter:
         if not stream:
             try:
                 doc = await seatcall.read_json(r)
+                seat.timings.add(doc.get("timings") or {})  # the seat's totals, for its history
             finally:
                 await stack.aclose()
             done = sh.done_fields(finish=sh.finish_of(doc), usage=doc.get("usage"), timings=doc.get("timings"),
@@ -182,6 +183,7 @@ def router(door: Door) -> APIRouter:
                     text = sh.text_of(chunk)
                     if text:
                         yield _line({**shape(text), "done": False})
+                seat.timings.add(timings or {})
                 done = sh.done_fields(finish=finish, usage=usage, timings=timings,
                                       total_s=time.perf_counter() - t0, load_s=timing.get("load_s", 0.0))
                 yield _line({**shape("", calls), **done})

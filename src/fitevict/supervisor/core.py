@@ -36,7 +36,7 @@ from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.errors import Busy
 from fitevict.supervisor.measure import mem_json
 from fitevict.supervisor.orphans import cleanup_orphans
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.supervisor.pricebook import HISTORY_LOADS, PriceBook
 from fitevict.supervisor.release import StopResult
 from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.supervisor.seat import SeatPhase, SeatState, pred_source
@@ -135,6 +135,8 @@ class Supervisor:
         known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
         for dev, n in (known or {}).items():  # what loads have shown since raises it (a lower bound each)
             self.prices.engine_overhead[dev] = max(int(n), self.prices.engine_overhead.get(dev, 0))
+        loads = await asyncio.to_thread(self.store.events, event="load", limit=HISTORY_LOADS)
+        self.prices.learn_history([ev.details for ev in loads])  # each file's error at other settings
         self.prices.forget()
         return await cleanup_orphans(self)
 
@@ -451,11 +453,13 @@ class Supervisor:
             out.append({
                 "key": s.key, "engine": s.engine, "state": str(s.state),
                 "phase": slot.phase.value if slot is not None else None, "placement": placement,
+                **({"split": s.split} if s.split else {}),
                 "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
                 "in_flight": slot.in_flight if slot is not None else 0,
                 "waiting": self.scheduler.waiting(s.key),
                 "last_used": slot.last_used if slot is not None else None, "loaded_at": s.ready_at,
                 "load_seconds": s.load_seconds, "pid": s.pid, "port": s.port, "unload_at": due,
                 "host_pss": mem_json(s.host_mem),
+                "engine_timings": s.timings.to_json(),
             })
         return out

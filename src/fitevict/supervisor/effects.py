@@ -148,7 +148,7 @@ class LiveEffects:
                     id=uuid.uuid4().hex[:12], key=key, entry=entry, engine=entry.engine, config=cfg, model_path=path,
                     port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
                     started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
-                    strategy=plan.action, pinned=entry.pinned,
+                    strategy=plan.action, split=plan.split, pinned=entry.pinned,
                     predicted_overhead=sup.prices.torch_overhead if path.is_dir() else None)
                 spec = sup.launch_spec(entry, path, cfg, seat.port)
                 sup.seats[key] = seat
@@ -248,6 +248,10 @@ class LiveEffects:
         }
         if measured_total:
             details["prediction_error"] = (seat.predicted.total_bytes - measured_total) / measured_total
+        learnable = walk is None and seat.entry.mmproj is None and seat.measured is not None
+        if learnable:  # the file this load measured: its error corrects the same file's price at other settings
+            st = seat.model_path.stat()
+            details["file"] = {"path": str(seat.model_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         if verdict.accepted and seat.measured is not None:
             await asyncio.to_thread(sup.store.put_measurement, Measurement(
                 signature=seat.signature, model=seat.key, engine=seat.engine, measured_at=sup.clock(),
@@ -255,6 +259,8 @@ class LiveEffects:
                 host_committed_bytes=seat.host_mem.committed_bytes if seat.host_mem else None,
                 host_mapped_bytes=seat.host_mem.mapped_bytes if seat.host_mem else None, total_bytes=measured_total))
             sup.prices.forget()  # a new measurement overrides the priced figure for its signature
+            if learnable:
+                sup.prices.learn(seat.model_path, seat.config, seat.measured)
         gpu = sup.gpu_figure(seat)
         reason = plan.reason or None
         if not verdict.accepted:
@@ -289,7 +295,8 @@ class LiveEffects:
             time=sup.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
             host_bytes=seat.bytes_on(HOST), vram_bytes=sup.gpu_figure(seat), reason=reason,
             freed_bytes=res.freed_bytes, request_id=request_id,
-            details={"pid": seat.pid, "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
+            details={"pid": seat.pid, **_timings(seat),
+                     "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details()}))
         await self._record_teardown(seat, request_id)
@@ -321,7 +328,7 @@ class LiveEffects:
         await sup.record(Event(
             time=sup.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
             reason=f"{seat.engine} exited unexpectedly with code {rc}; the next request reloads it",
-            details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path),
+            details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **_timings(seat),
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
         sup.stopped(seat.key, res)
 
@@ -338,10 +345,16 @@ class LiveEffects:
             await self.sup.record(Event(
                 time=self.sup.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
                 reason="adopted seat exited unexpectedly (not a child of this fitevict: exit code unknown)",
-                details={"pid": seat.pid, **res.details()}))
+                details={"pid": seat.pid, **_timings(seat), **res.details()}))
             self.sup.stopped(seat.key, res)
 
         seat.watcher = self._spawn_task(watch(), f"watch-{seat.key}")
+
+
+def _timings(seat: SeatState) -> dict:
+    """The engine's own timings over the seat's answers, for the event that ends it (nothing if none had any)."""
+    t = seat.timings.to_json()
+    return {"engine_timings": t} if t is not None else {}
 
 
 def _report_failure(task: asyncio.Task) -> None:

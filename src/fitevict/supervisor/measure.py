@@ -81,11 +81,15 @@ def footprint_from_json(d: dict) -> Footprint:
     devs = []
     for dv in d.get("devices", []):
         src = dv.get("sources", {})
+        corrections = dv.get("corrections", {})
 
         def term(name: str) -> Term:
             b = dv.get(f"{name}_bytes")
-            s = src.get(name, "measured")
-            return Term(b, s) if b is not None else Term.unavailable(dv.get("unavailable", {}).get(name, "not recorded"))
+            s = str(src.get(name, "measured")).removesuffix("+correction")
+            c = corrections.get(name) or {}
+            if b is None:
+                return Term.unavailable(dv.get("unavailable", {}).get(name, "not recorded"))
+            return Term(b, s, correction=int(c.get("bytes", 0)), correction_from=str(c.get("from", "")))  # type: ignore[arg-type]
 
         adapters = Term(dv["adapter_bytes"], src.get("adapters", "measured")) if "adapter_bytes" in dv else ZERO_FORMULA
         devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output"),

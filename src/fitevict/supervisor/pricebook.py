@@ -1,4 +1,6 @@
-"""What a load costs, as the supervisor knows it: a stored measurement for the signature, else the price.
+"""What a load costs, as the supervisor knows it: a stored measurement for the signature, else the price, corrected
+by what loads of the same file at other settings measured (``pricing.correction``; learned from each accepted load
+and, at start, from the history's load records).
 
 Caches in memory by (file identity, configuration): the planner prices many candidate configurations per
 plan, the engine's dry run is run once per file and configuration, and a stored measurement changes only
@@ -19,18 +21,25 @@ from fitevict.contract import Contract, load_config_for, plan_request
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing import price as pricing
+from fitevict.pricing.correction import Correction, apply_correction, correction
 from fitevict.pricing.footprint import Footprint, as_stored
 from fitevict.engines.torch_engine import hf_config
-from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.hf_kv import training_context
 from fitevict.pricing.hf_price import price_hf
 from fitevict.pricing.safetensors import load_hf_structure
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.logparse import PRECISION_BYTES
 from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
 from fitevict.supervisor.measure import dominant_type, footprint_from_json, with_engine_overhead
+
+
+# a measured term sums at most three logged buffers (KV, SWA KV, recurrent state), each printed to +-0.005 MiB
+LOG_TERM_PRECISION = 3 * PRECISION_BYTES
+HISTORY_LOADS = 1000  # the newest load records a starting supervisor learns each file's error from
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,9 @@ class PriceBook:
         self._hf: dict[tuple[str, int], Any] = {}
         self.torch_overhead: int | None = None  # a transformers seat's own process bytes (measured, first seat)
         self._requests: dict[tuple[str, Contract | None], tuple[pl.PlanRequest, LoadConfig, Path]] = {}
+        # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
+        self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}
+        self._corrections: dict[tuple[str, int, int], Correction | None] = {}
 
     def forget(self) -> None:
         """A measurement or an overhead changed: prices are read again."""
@@ -142,6 +154,7 @@ class PriceBook:
         else:
             fp = pricing.price(self.structure(path), cfg, compute=self._compute.get((str(path), cfg)),
                                context=self._dry_context.get((str(path), cfg.without_placement()))).footprint
+            fp = apply_correction(fp, self.correction(path))
             proj = self._mmproj.get(str(path))
             if proj is not None:
                 estimate = self._projector_estimate.get((str(path), cfg.without_placement()))
@@ -152,6 +165,53 @@ class PriceBook:
             self._footprints.clear()
         self._footprints[key] = fp
         return fp
+
+    def learn(self, path: Path, cfg: LoadConfig, measured: Footprint, ident: tuple[str, int, int] | None = None) -> None:
+        """An accepted load's measured buffers: they correct this file's formula at other settings from now on."""
+        if ident is None:
+            st = Path(path).stat()
+            ident = (str(path), st.st_size, st.st_mtime_ns)
+        self._learned.setdefault(ident, {})[cfg] = measured
+        self._corrections.pop(ident, None)
+        self.forget()
+
+    def learn_history(self, details: Sequence[dict]) -> int:
+        """Learn from stored ``load`` records (their details, newest first): the accepted ones that name their file
+        (``file``: path, size, mtime_ns), configuration and measured buffers. Returns how many were learned."""
+        n = 0
+        for d in details:
+            f, guard = d.get("file"), d.get("guard") or {}
+            if not (isinstance(f, dict) and isinstance(d.get("measured"), dict) and isinstance(d.get("config"), dict)
+                    and guard.get("accepted")):
+                continue
+            ident = (str(f["path"]), int(f["size"]), int(f["mtime_ns"]))
+            cfg = LoadConfig.from_json(d["config"])
+            if cfg not in self._learned.get(ident, {}):
+                self._learned.setdefault(ident, {})[cfg] = footprint_from_json(d["measured"])
+                self._corrections.pop(ident, None)
+                n += 1
+        if n:
+            self.forget()
+        return n
+
+    def correction(self, path: Path) -> Correction | None:
+        """How far this file's formula was from what its accepted loads measured (any settings), per term."""
+        st = Path(path).stat()
+        ident = (str(path), st.st_size, st.st_mtime_ns)
+        if ident in self._corrections:
+            return self._corrections[ident]
+        loads = self._learned.get(ident, {})
+        pairs, seen = [], []
+        s = self.structure(path) if loads else None
+        for c, measured in loads.items():
+            try:
+                pairs.append((pricing.price(s, c).footprint, measured))
+            except PricingError:
+                continue  # priced no more (the rules changed): nothing to learn from it
+            seen.append(f"ctx {c.n_ctx}, " + pl.describe(c, s.n_layer + 1))  # type: ignore[union-attr]
+        origin = "; ".join(seen[:4]) + (" ..." if len(seen) > 4 else "")
+        corr = self._corrections[ident] = correction(pairs, origin, tolerance=LOG_TERM_PRECISION)
+        return corr
 
     def has_dry_run(self, path: Path, cfg: LoadConfig) -> bool:
         return (str(path), cfg) in self._compute

@@ -22,6 +22,7 @@ from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.supervisor.errors import LoadFailed
+from fitevict.supervisor.timings import EngineTimings
 
 BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
 
@@ -58,6 +59,7 @@ class SeatState:
     predicted: Footprint
     signature: str
     strategy: str
+    split: str = ""  # where its split over several GPUs came from (the plan's words); "" on one device
     state: SeatPhase = SeatPhase.STARTING
     proc: asyncio.subprocess.Process | None = None
     pid: int | None = None
@@ -74,6 +76,7 @@ class SeatState:
     predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
     watcher: asyncio.Task | None = None
+    timings: EngineTimings = field(default_factory=EngineTimings)  # the engine's own, summed over its answers
 
     @property
     def base_url(self) -> str:
@@ -117,7 +120,7 @@ def pred_source(fp: Footprint, device: str) -> str:
     d = fp.device(device)
     if d is None:
         return "formula"
-    sources = {d.model.source, d.context.source, d.compute.source, d.output.source}
+    sources = {d.model.label, d.context.label, d.compute.label, d.output.label}
     return sources.pop() if len(sources) == 1 else "+".join(sorted(sources))
 
 
