@@ -67,19 +67,21 @@ class Relayed:
 async def relay(upstream: Upstream, send: Send, port: int, path: str, body: bytes, request_id: str, *,
                 on_chunk: Callable[[bytes], bytes] | None = None, on_finish: Callable[[], bytes] | None = None,
                 on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None,
-                headers: tuple[tuple[bytes, bytes], ...] = ()) -> Relayed:
+                headers: tuple[tuple[bytes, bytes], ...] = (),
+                seat_headers: Callable[[UpstreamConn], tuple[tuple[bytes, bytes], ...]] | None = None) -> Relayed:
     """POST ``body`` to ``path`` on the seat listening on ``port`` and relay the answer to ASGI ``send``.
 
     A streamed answer (no Content-Length) goes out chunk by chunk as it arrives: ``on_chunk`` maps each engine
     chunk (bytes as received: an SSE event can straddle two) to the bytes sent, ``on_finish`` gives the bytes
     sent last. A whole answer goes out as it arrives with its length, or, with ``on_body``, is read whole and
-    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added. Raises UpstreamError if the
+    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added, and
+    ``seat_headers(conn)``'s, made once the engine's answer head has come. Raises UpstreamError if the
     engine does not answer (nothing was sent then). Cancelling the calling task aborts the engine
     connection, which stops the engine's generation."""
     conn = await upstream.open(port, path, body, request_id)
     try:
         head = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode()),
-                *headers]
+                *headers, *(seat_headers(conn) if seat_headers is not None else ())]
         if conn.content_length is None:
             return await _relay_stream(conn, send, head, on_chunk, on_finish)
         return await _relay_whole(conn, send, head, on_body)
@@ -316,8 +318,8 @@ class FastPath:
             if sent is not body:
                 payload = json.dumps(sent).encode()
             assert door.pool is not None
-            out = await relay(door.pool, send, seat.port, path, payload, rec.request_id,
-                              headers=tuple((k.encode(), v.encode()) for k, v in report_headers(rec.waits).items()))
+            out = await relay(door.pool, send, seat.port, path, payload, rec.request_id, seat_headers=lambda conn: tuple(
+                (k.encode(), v.encode()) for k, v in report_headers(rec.waits, conn.adapter).items()))
             hangup.disarm()
         except asyncio.CancelledError:
             hangup.disarm()

@@ -24,6 +24,7 @@ from fitevict.engines.torch_engine import hf_config
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.hf_kv import training_context
 from fitevict.pricing.hf_price import price_hf
+from fitevict.pricing.peft import load_peft_adapter
 from fitevict.pricing.safetensors import load_hf_structure
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
@@ -136,7 +137,8 @@ class PriceBook:
             # a transformers seat: priced from its headers (its walk equals that to the byte), with its own process
             # overhead as measured; a walk has no cache or activations to reuse, so no stored figure stands in
             hf = hf_config(cfg, extra_args=self._extra_args.get(str(path), ()))
-            fp = price_hf(self.structure(path), hf, overhead_bytes=self.torch_overhead).footprint
+            fp = price_hf(self.structure(path), hf, overhead_bytes=self.torch_overhead,
+                          adapters=tuple(load_peft_adapter(a) for a in hf.adapters)).footprint
         elif (m := self.store.last_measurement(self.signature(path, cfg))) is not None:
             fp = as_stored(footprint_from_json(m.footprint))
         else:
