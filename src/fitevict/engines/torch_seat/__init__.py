@@ -42,8 +42,8 @@ def seat_argv(a: SeatArgs) -> list[str]:
         out += ["--max-memory", f"{dev}={b}"]
     if c.embeddings:
         out.append("--embeddings")
-    for a in c.adapters:
-        out += ["--adapter", a]
+    for folder in c.adapters:
+        out += ["--adapter", folder]
     if a.test_keep:
         out += ["--test-keep-tensor", a.test_keep]
     return out
