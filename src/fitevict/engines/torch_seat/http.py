@@ -132,10 +132,16 @@ class Handler(BaseHTTPRequestHandler):
         if act is not None:
             self.send_header(ADAPTER_HEADER, act.header())
         self.send_header("Cache-Control", "no-cache")
+        # chunked, so the end of the answer is a message boundary (the front door's relay sees it complete)
+        self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
         obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def write(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+            self.wfile.flush()
 
         def chunk(delta: str | None, finish: str | None, extra: dict | None = None) -> None:
             if chat:
@@ -145,16 +151,15 @@ class Handler(BaseHTTPRequestHandler):
                 c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
             doc = {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": [c],
                    **(extra or {})}
-            self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
-            self.wfile.flush()
+            write(b"data: " + json.dumps(doc).encode() + b"\n\n")
 
         for p in pieces:
             if isinstance(p, Timings):
                 chunk(None, "stop", {"usage": _usage(p), "timings": p.to_json()})
             else:
                 chunk(p, None)
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+        write(b"data: [DONE]\n\n")
+        write(b"")
 
     def _embeddings(self, body: dict) -> None:
         inp = body["input"]
