@@ -121,3 +121,14 @@ def test_concurrent_requests_for_both_adapters_each_get_their_own(door) -> None:
     assert [text for text, _ in together] == [alone[m] for m in order]  # switches serialized on the seat
     assert all(rep["base_hit"] for _, rep in together)
     assert len([e for e in events(door, event="load") if e["model"] == BASE]) == 1
+
+
+def test_the_ollama_route_switches_adapters_too(door) -> None:
+    def generate(model: str) -> str:
+        r = httpx.post(door.base_url + "/api/generate", timeout=300, json={
+            "model": model, "prompt": PROMPT, "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 8}})
+        assert r.status_code == 200, r.text
+        return r.json()["response"]
+
+    assert {m: generate(m) for m in (SQL, POEM, BASE)} == {m: complete(door, m)[0] for m in (SQL, POEM, BASE)}
