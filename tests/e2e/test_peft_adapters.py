@@ -132,3 +132,29 @@ def test_the_ollama_route_switches_adapters_too(door) -> None:
         return r.json()["response"]
 
     assert {m: generate(m) for m in (SQL, POEM, BASE)} == {m: complete(door, m)[0] for m in (SQL, POEM, BASE)}
+
+
+def test_a_seat_with_adapters_learns_its_own_overhead(models: Path, hf_zoo: dict, tmp_path: Path) -> None:
+    """peft's import is a seat's own overhead too (measured: ~136 MiB committed): a seat with adapters learns its
+    process overhead apart from a plain seat, so on the next run each is priced whole, the process included."""
+    plain = tmp_path / "plain"
+    shutil.copytree(hf_zoo[BASE].path, plain / "hf-plain")  # the same weights, no adapters: a seat without peft
+    dirs = ("--models-dir", str(models), "--models-dir", str(plain))
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        with front_door(tmp_path / run, *dirs, "--data-dir", str(tmp_path / "a" / "data")) as fd:
+            complete(fd, SQL)
+            complete(fd, "hf-plain")
+            loads = {e["model"]: e for e in reversed(events(fd, event="load"))}  # the newest of each
+    figures = {}
+    for key in (BASE, "hf-plain"):
+        d = loads[key]["details"]
+        assert any("seat's own overhead" in n for n in d["predicted"]["notes"]), d["predicted"]["notes"]
+        predicted = d["predicted"]["host"]["committed_bytes"] + d["predicted"]["host"]["mapped_bytes"]
+        measured = d["host_pss"]["committed_bytes"] + d["host_pss"]["mapped_bytes"]  # the seat process's PSS
+        figures[key] = (predicted, measured)
+    print(f"learned overheads, host bytes (predicted, measured): {figures}")
+    # shared library pages are split among every process mapping them (PSS), so a busy machine moves both a few %;
+    # one overhead for both kinds of seat would be off by peft's ~136 MiB, a third of this seat
+    assert all(abs(p - m) / m < 0.08 for p, m in figures.values()), figures
+    assert figures[BASE][0] - figures["hf-plain"][0] > 32 << 20  # the seat with adapters is priced with peft
