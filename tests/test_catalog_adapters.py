@@ -42,7 +42,9 @@ def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     peft = dest / "tiny-hf-chat"
     peft.mkdir()
     (peft / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/tiny-hf", "r": 2}))
-    save_file({"a": np.zeros((2, 8), dtype=np.float16), "b": np.zeros((8, 2), dtype=np.float16)},
+    save_file({"base_model.model.w.lora_A.weight": np.zeros((2, 8), dtype=np.float16),
+               "base_model.model.w.lora_B.weight": np.zeros((8, 2), dtype=np.float16),
+               "base_model.model.head.weight": np.zeros((4, 4), dtype=np.float16)},  # a saved module copy
               str(peft / "adapter_model.safetensors"))
     return dest
 
@@ -63,11 +65,26 @@ def test_a_peft_folder_is_an_adapter_of_the_base_it_names(zoo_dir: Path) -> None
     cat = Catalog.scan([zoo_dir])
     e = cat.resolve("tiny-hf:tiny-hf-chat")
     assert (e.kind, e.base, e.engine) == ("peft", "tiny-hf", "transformers")
-    assert listed_adapter_bytes(e.kind, e.files) == {
-        "bytes": 2 * 16 * 2, "source": "formula", "what": "adapter tensors as stored, from the safetensors header"}
+    listed = listed_adapter_bytes(e.kind, e.files)
+    # LoRA weights held in float32 whatever the file stores (peft's autocast); the module copy as stored
+    assert (listed["bytes"], listed["source"]) == (2 * 16 * 4 + 16 * 2, "formula")
     why = unservable(e, ("llama-server",))
     assert why is not None and "transformers (torch) engine" in why and "tiny-hf" in why
+    assert unservable(e, ("llama-server", "transformers")) is None  # served on its base's transformers seat
+    assert cat.resolve("tiny-hf").loras == (e.path,)  # the base's seat starts with it
     assert unservable(cat.resolve("llama-gqa:sql"), ("llama-server",)) is None
+
+
+def test_a_peft_adapter_of_a_gguf_base_says_to_convert_it(zoo_dir: Path, tmp_path: Path) -> None:
+    peft = tmp_path / "gguf-chat"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "llama-gqa"}))
+    (peft / "adapter_model.safetensors").write_bytes((zoo_dir / "tiny-hf-chat" / "adapter_model.safetensors").read_bytes())
+    cat = Catalog.scan([zoo_dir, tmp_path])
+    e = cat.resolve("llama-gqa:gguf-chat")
+    why = unservable(e, ("llama-server", "transformers"))
+    assert why is not None and "convert_lora_to_gguf.py" in why and "GGUF model" in why
+    assert e.path not in cat.resolve("llama-gqa").loras  # llama-server is never started with a PEFT folder
 
 
 def test_config_names_an_adapter_with_its_base(zoo_dir: Path, tmp_path: Path) -> None:

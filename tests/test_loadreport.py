@@ -44,3 +44,30 @@ def test_a_hit_loads_nothing_and_the_base_notes_its_zero_scales() -> None:
     assert doc["base_hit"] is True and doc["budget_bytes"] == {"CPU": 8_000_000_000}
     assert doc["resident_bytes_after"] == {"CPU": 5_000_000} and doc["resident_source"] == {"CPU": "measured"}
     assert report_headers({}) == {} and isinstance(base, LoadReport)
+
+
+def test_a_transformers_seat_fills_activate_seconds_from_its_answer() -> None:
+    from fitevict.engines.torch_seat import FOOTPRINT_LINE
+    from fitevict.loadreport import seat_adapter_seconds, with_activation
+
+    r = load_report(model="h:sql", base="h", adapter="/m/h.adapters/sql", seat_loras=("/m/h.adapters/poem", "/m/h.adapters/sql"),
+                    loaded=False, load_seconds=1.0, adapter_seconds=None, evicted=(), engine="transformers", **ARGS)
+    assert (r.base_hit, r.adapter_hit, r.adapter, r.activate_seconds) == (True, True, "sql", None)
+    assert not any("llama-server" in n for n in r.notes)
+    seat = b'{"adapter":"sql","scale":1.0,"switched":true,"activate_seconds":0.00042}'
+    doc = json.loads(report_headers({"load_report": r}, seat)[HEADER])
+    assert doc["activate_seconds"] == 0.00042
+    assert any("made adapter sql active" in n and "switching" in n for n in doc["notes"])
+    assert not any(n.startswith("activate_seconds unavailable") for n in doc["notes"])
+    assert with_activation(r, None) is r  # no answer header: the note says why it is unavailable
+    base = load_report(model="h", base="h", adapter=None, seat_loras=("a",), loaded=False, load_seconds=1.0,
+                       adapter_seconds=None, evicted=(), engine="transformers", **ARGS)
+    assert any("adapter(s) disabled" in n for n in base.notes)
+    llama = load_report(model="b:sql", base="b", adapter="x", seat_loras=("x",), loaded=False, load_seconds=1.0,
+                        adapter_seconds=None, evicted=(), **ARGS)
+    assert with_activation(llama, seat) is llama  # llama-server applies adapters inside the request
+    # a transformers seat's adapter seconds: its own account, in the footprint document it logs
+    log = FOOTPRINT_LINE + json.dumps({"adapters": [{"load_seconds": 0.25}, {"load_seconds": 0.5}]}) + "\n"
+    assert seat_adapter_seconds("transformers", log) == 0.75
+    assert seat_adapter_seconds("transformers", FOOTPRINT_LINE + "{}\n") is None
+    assert seat_adapter_seconds("llama-server", LOG) == adapter_load_seconds(LOG)

@@ -66,7 +66,7 @@ class CatalogEntry:
     files: tuple[Path, ...] = ()  # every weight file: split shards, or the HF dir's *.safetensors
     base: str | None = None  # an adapter's base model key: the seat that serves it
     base_path: Path | None = None  # an adapter's base model file (what the seat loads)
-    loras: tuple[Path, ...] = ()  # a GGUF base (and its adapters): every GGUF adapter its seat starts with
+    loras: tuple[Path, ...] = ()  # a base (and its adapters): every adapter its seat starts with (GGUF or PEFT)
 
     @property
     def llama_servable(self) -> bool:

@@ -7,8 +7,9 @@ The convention (one, documented in docs/adapters.md):
   (its key, an alias, ``owner/repo`` or its folder) is ``<base key>:<folder name>``, engine ``transformers``;
 - a ``[models.<key>]`` entry with ``path`` (the adapter file or folder) and ``base`` names any adapter.
 
-A GGUF base's entry lists every GGUF adapter of it (``loras``, in key order): its seat starts with all of them,
-priced together, so that switching adapters never reloads the base.
+A base's entry lists every adapter its engine loads (``loras``, in key order): a GGUF base its GGUF adapters, an
+HF base its PEFT folders. Its seat starts with all of them, priced together, so that switching adapters never
+reloads the base.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from pathlib import Path
 
 from fitevict.config import ConfigError, ModelConfig
 from fitevict.pricing.adapters import is_lora_gguf
+from fitevict.pricing.peft import PEFT_WEIGHTS
 
 ADAPTER_DIR_SUFFIX = ".adapters"
 PEFT_CONFIG = "adapter_config.json"
-PEFT_WEIGHTS = "adapter_model.safetensors"
 
 
 def adapter_folder(base_file: Path, stem: str) -> Path:
@@ -148,7 +149,7 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
         adjust[m.key.lower()] = m
     by_base: dict[str, list[Path]] = {}
     for key, path, base, kind in sorted(found, key=lambda f: f[0].lower()):
-        if kind == "lora" and base.engine == "llama-server":
+        if (kind, base.engine) in (("lora", "llama-server"), ("peft", "transformers")):
             by_base.setdefault(base.key, []).append(path)
     bases = [replace(b, loras=tuple(by_base.get(b.key, ()))) for b in entries]
     out = list(bases)

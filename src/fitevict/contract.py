@@ -18,6 +18,7 @@ from fitevict.catalog import CatalogEntry
 from fitevict.pricing.loadconfig import LoadConfig
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
+ADAPTER_KINDS = ("lora", "peft")  # a GGUF adapter on llama-server, a PEFT folder on a transformers seat
 DEFAULT_CTX = 4096
 
 
@@ -154,7 +155,8 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
                     default_alloc_mode: str) -> tuple[LoadConfig, str, Path]:
     """The LoadConfig a model starts with (model settings, then the request's contract), its
     allocation mode, and the file to load. An adapter starts its base's seat: the base's file, with every
-    GGUF adapter of that base (``--lora``), the same configuration whichever adapter is asked for."""
+    adapter of that base (``loras``: GGUF files for llama-server's ``--lora``, PEFT folders for a transformers
+    seat's ``--adapter``), the same configuration whichever adapter is asked for."""
     c = contract or Contract()
     s = entry.settings
     kv = c.kv_cache_type
@@ -200,7 +202,7 @@ def plan_request(entry: CatalogEntry, cfg: LoadConfig, mode: str, structure, *,
     """
     if fixed is None and contract is not None:
         fixed = fixed_fields(contract)
-    if fixed is not None and entry.kind == "lora":
+    if fixed is not None and entry.kind in ADAPTER_KINDS:
         fixed = fixed | {"loras"}  # an adapter needs a seat that loaded it: a seat with another set restarts
     return pl.PlanRequest(
         key=seat_key(entry), config=cfg, alloc_mode=mode, n_layer=structure.n_layer + 1,  # type: ignore[arg-type]
@@ -216,16 +218,18 @@ def seat_key(entry: CatalogEntry) -> str:
 
 def unservable(entry: CatalogEntry, engines: tuple[str, ...]) -> str | None:
     """Why the adapter ``entry`` cannot be served by this fitevict (whose engines are ``engines``), or None."""
-    if entry.base is None or entry.engine != "transformers":
+    if entry.base is None or entry.kind != "peft":
         return None
     if entry.engine not in engines:
         return (f"model {entry.key!r} is a PEFT adapter of {entry.base!r}; serving it needs the transformers (torch) "
                 f"engine, which this fitevict does not have (engines: {', '.join(engines)}); serve {entry.base!r}, "
                 "or convert the adapter to GGUF (llama.cpp's convert_lora_to_gguf.py) and put it in the base's "
                 "<stem>.adapters/ folder")
-    return (f"model {entry.key!r} is a PEFT adapter of {entry.base!r}; transformers seats do not load PEFT adapters "
-            f"yet: serve {entry.base!r}, or convert the adapter to GGUF (llama.cpp's convert_lora_to_gguf.py) and put "
-            "it in a GGUF base's <stem>.adapters/ folder")
+    if entry.base_path is not None and not Path(entry.base_path).is_dir():
+        return (f"model {entry.key!r} is a PEFT adapter of {entry.base!r}, a GGUF model served by llama-server, which "
+                "loads only GGUF adapters: convert it (llama.cpp's convert_lora_to_gguf.py) and put it in the base's "
+                "<stem>.adapters/ folder, or serve it on the base's Hugging Face folder")
+    return None
 
 
 def lora_field(seat_loras: tuple[str, ...], requested: str | None, scale: float = 1.0) -> list[dict]:
@@ -243,9 +247,10 @@ def lora_field(seat_loras: tuple[str, ...], requested: str | None, scale: float 
 
 def with_lora(body: dict, seat_loras: tuple[str, ...], entry: CatalogEntry, contract: Contract | None) -> dict:
     """``body`` with the ``lora`` field for ``entry`` on a seat with ``seat_loras`` (a client's own ``lora`` is
-    replaced: ids are the seat's); unchanged when the seat has no adapters."""
+    replaced: ids are the seat's); unchanged when the seat has no adapters. Both engine families read it: a
+    transformers seat makes the one adapter with a non-zero scale active, or runs the base with all at 0."""
     if not seat_loras:
         return body
     scale = contract.lora_scale if contract is not None and contract.lora_scale is not None else 1.0
-    requested = str(entry.path) if entry.kind == "lora" else None
+    requested = str(entry.path) if entry.kind in ADAPTER_KINDS else None
     return {**body, "lora": lora_field(seat_loras, requested, scale)}

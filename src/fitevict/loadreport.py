@@ -1,7 +1,7 @@
 """The load report: what serving one request cost in loading, as data. PURE.
 
 Admission is per base: a request for the adapter ``B:X`` is served by ``B``'s seat, which starts with every
-GGUF adapter of ``B`` (at scale 0) and applies ``X`` per request. So a report says whether the base was
+adapter of ``B`` (GGUF at scale 0 on llama-server, PEFT on a transformers seat) and applies ``X`` per request. So a report says whether the base was
 already resident (``base_hit``), whether the adapter was already loaded on it (``adapter_hit``), and how the
 seconds of a load split between the base and its adapters (the engine's own log timestamps). Wherever a saving
 did not happen, ``notes`` says so rather than claim one.
@@ -15,8 +15,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+
+from fitevict.contract import ADAPTER_KINDS
+from fitevict.engines.torch_engine import TransformersEngine
+from fitevict.engines.torch_engine import adapter_load_seconds as torch_adapter_seconds
 
 HEADER = "x-fitevict-load-report"
 
@@ -51,7 +55,7 @@ class LoadReport:
     adapter_hit: bool | None  # the adapter was already loaded on the resident seat; None: no adapter asked for
     base_load_seconds: float | None  # None: nothing loaded for this request
     adapter_load_seconds: float | None
-    activate_seconds: float | None  # None on llama-server: an adapter is applied inside the request itself
+    activate_seconds: float | None  # a transformers seat's measured switch; None on llama-server (inside the request)
     evicted: tuple[str, ...]  # seats stopped to make room for this request's load
     resident_bytes_after: Mapping[str, int]  # per budget device, every seat together
     resident_source: Mapping[str, str]  # per device: "measured", or the sources of the seats' predicted figures
@@ -81,10 +85,11 @@ _FIELDS = tuple(f.name for f in fields(LoadReport))
 def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple[str, ...], loaded: bool,
                 load_seconds: float | None, adapter_seconds: float | None, evicted: tuple[str, ...],
                 resident_bytes: Mapping[str, tuple[int, str]], budget_bytes: Mapping[str, int],
-                budget_source: Mapping[str, str]) -> LoadReport:
+                budget_source: Mapping[str, str], engine: str = "llama-server") -> LoadReport:
     """The report for one request. ``loaded``: the seat was started for this request (it waited for the load);
     ``load_seconds``: that load's wall time (start to ready), of which ``adapter_seconds`` went to the adapters
-    (``adapter_load_seconds`` of its log); ``adapter``: the requested adapter file (None for the base)."""
+    (``seat_adapter_seconds``); ``adapter``: the requested adapter file or folder (None for the base);
+    ``engine``: the seat's engine family, whose way of applying adapters the notes describe."""
     notes: list[str] = []
     name = Path(adapter).name if adapter else None
     took = f" in {load_seconds:.3f} s" if load_seconds is not None else ""
@@ -94,7 +99,7 @@ def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple
             notes.append(f"the base was not resident: loaded it with all {len(seat_loras)} adapter(s) of {base} "
                          f"in one start{took}; later requests for any of them are hits")
             if adapter_seconds is None:
-                notes.append("adapter load seconds unavailable, because the seat log has no adapter timestamps; "
+                notes.append("adapter load seconds unavailable, because the seat reported no adapter load times; "
                              "they are inside base_load_seconds")
         else:
             notes.append(f"the base was not resident: loaded {base}{took}")
@@ -106,11 +111,15 @@ def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple
         base_s = adapter_s = None
         hit = True
         ahit = (adapter in seat_loras) if adapter else None
+    torch = engine == "transformers"
     if adapter is None and seat_loras:
-        notes.append(f"the base itself: all {len(seat_loras)} adapter(s) sent at scale 0 (llama-server applies "
-                     "them when a request omits them)")
+        notes.append(f"the base itself: the seat runs it with its {len(seat_loras)} adapter(s) disabled"
+                     if torch else f"the base itself: all {len(seat_loras)} adapter(s) sent at scale 0 (llama-server "
+                     "applies them when a request omits them)")
     activate = None
-    if adapter:
+    if torch and seat_loras:
+        notes.append(_ACTIVATE_PENDING)
+    elif adapter:
         notes.append("activate_seconds unavailable, because llama-server applies an adapter inside the request "
                      "(a graph re-reservation when the scales change), which is part of the request's own time")
     return LoadReport(model=model, base=base, adapter=name, was_cached=not loaded, base_hit=hit, adapter_hit=ahit,
@@ -119,6 +128,31 @@ def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple
                       resident_source={d: src for d, (_, src) in resident_bytes.items()},
                       budget_bytes=dict(budget_bytes), budget_source=dict(budget_source),
                       adapters_on_seat=len(seat_loras), notes=tuple(notes))
+
+
+_ACTIVATE_PENDING = ("activate_seconds unavailable, because the seat did not answer with its x-fitevict-adapter "
+                     "header (it measures the switch while it serves the request)")
+
+
+def with_activation(report: LoadReport, seat_header: bytes | None) -> LoadReport:
+    """``report`` with what the transformers seat measured activating the request's adapter (or disabling its
+    adapters for the base): its ``x-fitevict-adapter`` answer header. Unchanged without one."""
+    if seat_header is None or _ACTIVATE_PENDING not in report.notes:
+        return report
+    act = json.loads(seat_header)
+    what = f"adapter {act['adapter']}" if act.get("adapter") else "the base (adapters disabled)"
+    note = (f"activate_seconds: the seat made {what} active in {act['activate_seconds']:.6f} s, "
+            f"{'switching from the previous request' if act.get('switched') else 'already active: no switch'}")
+    return replace(report, activate_seconds=float(act["activate_seconds"]),
+                   notes=tuple(note if n == _ACTIVATE_PENDING else n for n in report.notes))
+
+
+def seat_adapter_seconds(engine: str, log_text: str) -> float | None:
+    """Seconds a seat's start spent loading its adapters: a transformers seat's own account (its footprint
+    document), llama-server's log timestamps."""
+    if engine == "transformers":
+        return torch_adapter_seconds(TransformersEngine.document(log_text))
+    return adapter_load_seconds(log_text)
 
 
 def resident_bytes(seats) -> dict[str, tuple[int, str]]:
@@ -151,7 +185,7 @@ async def request_report(sup, entry, seat, arrived: float, request_id: str | Non
     adapter_s = None
     if seat.config.loras:
         text = await asyncio.to_thread(lambda: Path(seat.log_path).read_text(errors="replace"))
-        adapter_s = adapter_load_seconds(text)
+        adapter_s = seat_adapter_seconds(seat.engine, text)
     evicted = tuple(e.model for e in sup._events if e.event == "evict" and e.request_id == request_id
                     ) if request_id else ()
     return _report(sup, entry, seat, loaded=True, adapter_s=adapter_s, evicted=evicted)
@@ -165,33 +199,37 @@ def hit_report(sup, entry, seat) -> LoadReport:
 
 def _report(sup, entry, seat, *, loaded: bool, adapter_s: float | None, evicted: tuple[str, ...]) -> LoadReport:
     budget, source = budget_figures(sup._last_budget)
-    return load_report(model=entry.key, base=seat.key, adapter=str(entry.path) if entry.kind == "lora" else None,
+    return load_report(model=entry.key, base=seat.key,
+                       adapter=str(entry.path) if entry.kind in ADAPTER_KINDS else None,
                        seat_loras=seat.config.loras, loaded=loaded, load_seconds=seat.load_seconds,
                        adapter_seconds=adapter_s, evicted=evicted, resident_bytes=resident_bytes(sup.seats.values()),
-                       budget_bytes=budget, budget_source=source)
+                       budget_bytes=budget, budget_source=source, engine=seat.engine)
 
 
 def seat_load_report(sup, seat, plan) -> LoadReport:
     """The report a seat's ``load`` event carries: the base loaded (with every adapter it has), nothing hit;
     the adapters' seconds from the seat log, which the load has just finished writing."""
     try:
-        adapter_s = adapter_load_seconds(Path(seat.log_path).read_text(errors="replace")) if seat.config.loras else None
+        adapter_s = (seat_adapter_seconds(seat.engine, Path(seat.log_path).read_text(errors="replace"))
+                     if seat.config.loras else None)
     except OSError:
         adapter_s = None
     budget, source = budget_figures(sup._last_budget)
     return load_report(model=seat.key, base=seat.key, adapter=None, seat_loras=seat.config.loras, loaded=True,
                        load_seconds=seat.load_seconds, adapter_seconds=adapter_s,
                        evicted=tuple(e.key for e in plan.evict),
-                       resident_bytes=resident_bytes(sup.seats.values()), budget_bytes=budget, budget_source=source)
+                       resident_bytes=resident_bytes(sup.seats.values()), budget_bytes=budget, budget_source=source,
+                       engine=seat.engine)
 
 
-def report_headers(timing: Mapping) -> dict[str, str]:
+def report_headers(timing: Mapping, seat_header: bytes | None = None) -> dict[str, str]:
     """The response header carrying the request's load report, if the supervisor made one (a hit's report is
-    made here, when it is first asked for: after the request went to the engine)."""
+    made here, when it is first asked for: after the request went to the engine); ``seat_header``: a
+    transformers seat's ``x-fitevict-adapter`` answer, whose activation the report then carries."""
     report = timing.get("load_report")
     if callable(report):
         report = timing["load_report"] = report()
-    return {HEADER: report.header()} if isinstance(report, LoadReport) else {}
+    return {HEADER: with_activation(report, seat_header).header()} if isinstance(report, LoadReport) else {}
 
 
 def plan_hits(entry, plan) -> dict:

@@ -131,14 +131,13 @@ def test_the_plan_says_whether_a_request_would_be_a_base_hit(door) -> None:
     assert plan["base"] == "llama-gqa" and plan["base_hit"] is True and plan["adapter_hit"] is True
 
 
-def test_a_peft_adapter_is_listed_and_its_request_names_the_engine_it_needs(door) -> None:
+def test_a_peft_adapter_is_listed_with_its_hf_base(door) -> None:
+    """Listed and priced here; served on its base's transformers seat in test_peft_adapters.py."""
     data = {m["id"]: m["fitevict"] for m in httpx.get(door.base_url + "/v1/models", timeout=60).json()["data"]}
     peft = data["tiny-hf:tiny-hf-chat"]
     assert peft["base"] == "tiny-hf" and peft["engine"] == "transformers"
     assert peft["adapter_bytes"]["bytes"] == 2 * 4 * 4 and peft["adapter_bytes"]["source"] == "formula"
-    r = httpx.post(door.base_url + "/v1/completions", json={"model": "tiny-hf:tiny-hf-chat", "prompt": "x"}, timeout=60)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "engine_unavailable"
-    assert "PEFT adapter of 'tiny-hf'" in r.json()["error"]["message"] and "serve 'tiny-hf'" in r.json()["error"]["message"]
+    assert data["tiny-hf"]["adapters"] == ["tiny-hf:tiny-hf-chat"]
 
 
 def test_two_adapters_are_served_concurrently_from_one_seat(door) -> None:

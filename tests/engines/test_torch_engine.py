@@ -21,7 +21,7 @@ HEAVY = ("torch", "transformers", "diffusers", "peft", "accelerate", "bitsandbyt
 
 def test_front_door_imports_no_torch() -> None:
     code = ("import sys, fitevict.cli, fitevict.server.app, fitevict.engines.torch_engine, fitevict.zoo_hf, "
-            "fitevict.cli.price_hf; from fitevict.engines import engine_class; engine_class('transformers'); "
+            "fitevict.cli.price_hf, fitevict.zoo_peft, fitevict.loadreport; from fitevict.engines import engine_class; engine_class('transformers'); "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -49,6 +49,15 @@ def test_a_cpu_seat_hides_cuda_and_returns_freed_memory_to_the_kernel(tmp_path: 
     assert hf_config(LoadConfig(devices=("CUDA0",))).device_map == "CUDA0"
 
 
+def test_an_hf_base_seat_is_started_with_its_peft_adapters_in_order(tmp_path: Path) -> None:
+    loras = (str(tmp_path / "b.adapters" / "poem"), str(tmp_path / "b.adapters" / "sql"))
+    spec = TransformersEngine().launch_spec(tmp_path / "b", LoadConfig(n_ctx=512, loras=loras), 7,
+                                            extra_args=("--dtype", "bfloat16"))
+    argv = list(spec.argv)
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--adapter"] == list(loras)  # request ids index these
+    assert parse_seat_argv(spec.argv[3:]).cfg == HfLoadConfig(n_ctx=512, dtype="bfloat16", adapters=loras)
+
+
 def test_model_extra_args_in_the_seats_flags_set_the_priced_config(tmp_path: Path) -> None:
     extra = ("--dtype", "bfloat16", "--quant", "bnb4", "--double-quant")
     cfg = hf_config(LoadConfig(n_ctx=2048), extra_args=extra)
@@ -73,6 +82,15 @@ def test_measured_footprint_from_the_logged_walk() -> None:
     assert fp.devices[0].context.source == "unavailable"  # KV is allocated per request, never 0
     assert (fp.host_committed_bytes, fp.host_mapped_bytes, fp.host_source) == (300, 200, "measured")
     assert TransformersEngine().measured_footprint("no footprint line") is None
+
+
+def test_a_walk_with_adapters_measures_them_as_their_own_term() -> None:
+    doc = {**_doc({"cpu": {"total": 1300, "adapter": 300}}),
+           "adapters": [{"name": "sql", "load_seconds": 0.01, "bytes": 300}]}
+    fp = footprint_from_walk(doc)
+    cpu = fp.devices[0]
+    assert (cpu.model.bytes, cpu.adapters.bytes, cpu.adapters.source) == (1000, 300, "measured")
+    assert footprint_from_walk(_doc({"cpu": {"total": 1000}})).devices[0].to_json().get("adapter_bytes") is None
 
 
 def test_no_weights_is_refused_with_the_seats_reason() -> None:

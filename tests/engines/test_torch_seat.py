@@ -237,3 +237,63 @@ def test_a_load_without_weights_from_the_files_is_refused(tmp_path: Path, hf_zoo
     assert reason is not None and reason.startswith("no weights") and "missing from the files" in reason
     v = check_walk(None, reason=reason)
     assert (v.accepted, v.check) == (False, "no-weights")
+
+
+@pytest.fixture(scope="module")
+def peft_base(hf_zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, ...]]:
+    """A copy of the HF demo base with its two demo PEFT adapters beside it (fitevict.zoo_peft)."""
+    import shutil
+
+    from fitevict.zoo_peft import write_peft_adapters
+
+    base = tmp_path_factory.mktemp("peft") / "hf-llama-gqa"
+    shutil.copytree(hf_zoo["hf-llama-gqa"].path, base)
+    return base, tuple(str(a.path) for a in write_peft_adapters(base, ("sql", "poem")))
+
+
+def test_peft_adapters_are_priced_to_the_byte_and_each_changes_the_output(peft_base: tuple) -> None:
+    """On one resident base, under three load configurations: the walk finds each adapter's bytes as priced from
+    its header (LoRA weights in float32 even on a bf16 or 4-bit base), greedy tokens differ between the adapters
+    and the base, and the base with its adapters disabled is exactly the base loaded alone."""
+    from dataclasses import replace
+
+    from fitevict.engines.torch_seat.seat import Seat as InProcess
+    from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
+
+    base, folders = peft_base
+    adapters = tuple(load_peft_adapter(f) for f in folders)
+    s = load_hf_structure(base)
+    body = {"max_tokens": 8}
+    sql, poem = [{"id": 0, "scale": 1}, {"id": 1, "scale": 0}], [{"id": 0, "scale": 0}, {"id": 1, "scale": 1}]
+    for label in ("auto", "bf16", "bnb4"):
+        alone = InProcess(base, CONFIGS[label])
+        alone.load()
+        plain = alone.runner.generate("the cat sat on", body, special=True)[0]  # type: ignore[union-attr]
+        alone.unload()
+        cfg = replace(CONFIGS[label], adapters=folders)
+        seat = InProcess(base, cfg)
+        seat.load()
+        cpu = price_hf(s, cfg, adapters=adapters).footprint.device("CPU")
+        walked = seat.footprint["walk"]["devices"]["cpu"]
+        assert (walked["adapter"], walked["total"] - walked["adapter"]) == (cpu.adapters.bytes, cpu.model.bytes), label
+        assert [a["bytes"] for a in seat.footprint["adapters"]] == [adapter_held_bytes(a, None) for a in adapters]
+        run = seat.runner
+        assert run is not None
+        texts, acts = {}, {}
+        for name, lora in (("sql", sql), ("poem", poem), ("base", None), ("sql-again", sql), ("sql-again2", sql)):
+            text, _t, _f, act = run.generate("the cat sat on", {**body, **({"lora": lora} if lora else {})},
+                                             special=True)
+            texts[name], acts[name] = text, act
+        assert len({texts["sql"], texts["poem"], texts["base"]}) == 3, (label, texts)
+        assert texts["base"] == plain and texts["sql-again"] == texts["sql"]
+        assert (acts["poem"].adapter, acts["poem"].switched, acts["base"].adapter) == ("poem", True, None)
+        assert acts["sql-again"].switched and not acts["sql-again2"].switched
+        streamed = list(run.stream("the cat sat on", {**body, "lora": poem}, special=True))
+        assert streamed[0].adapter == "poem" and "".join(p for p in streamed[1:-1]) == texts["poem"]  # type: ignore
+        with pytest.raises(ValueError, match="a transformers seat applies one adapter per request"):
+            run.generate("x", {**body, "lora": [{"id": 0, "scale": 1}, {"id": 1, "scale": 1}]}, special=True)
+        with pytest.raises(ValueError, match="id 5 is not an adapter of this seat"):
+            run.generate("x", {**body, "lora": [{"id": 5, "scale": 1}]}, special=True)
+        del run
+        report = seat.unload()
+        assert report["leaks"] == [] and report["watched_tensors"] == seat.footprint["walk"]["tensors"]

@@ -12,6 +12,7 @@ from rich.table import Table
 from fitevict.units import format_size
 from fitevict.zoo import ZOO_NAMES, ZooError, resolve_names, write_zoo
 from fitevict.zoo_adapters import DEMO_BASE, write_adapters
+from fitevict.zoo_peft import DEMO_PEFT_BASE, write_peft_adapters
 from fitevict.zoo_hf import HF_ZOO_NAMES, torch_available, write_hf_zoo
 
 
@@ -28,7 +29,8 @@ def demo_models(
 ) -> None:
     """Write small deterministic GGUF test models (llama, MoE, SWA, quantized, ...) into DIR, and tiny HF folders
     (GQA llama, sliding window, MoE, tied embeddings, a diffusers pipeline) when torch is installed, and LoRA
-    adapters for llama-gqa in DIR/llama-gqa.adapters/."""
+    adapters for llama-gqa in DIR/llama-gqa.adapters/ (and PEFT adapters for hf-llama-gqa in
+    DIR/hf-llama-gqa.adapters/ with the HF folders)."""
     out = Console()
     err = Console(stderr=True)
     wanted = only or None
@@ -37,6 +39,7 @@ def demo_models(
     build_hf = bool(hf_names) and (hf if hf is not None else (torch_available() or bool(wanted)))
     hf_models = []
     adapters = []
+    peft = []
     try:
         names = resolve_names(gguf_wanted) if gguf_wanted is not None or not wanted else []
         with Progress(
@@ -56,6 +59,7 @@ def demo_models(
             bar.update(task, completed=len(names))
             if build_hf:
                 hf_models = write_hf_zoo(dest, only=hf_names, progress=lambda line: bar.console.print(f"  {line}"))
+                peft = write_peft_adapters(dest / DEMO_PEFT_BASE) if DEMO_PEFT_BASE in hf_names else []
     except ZooError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(2) from e
@@ -80,6 +84,9 @@ def demo_models(
     if adapters:
         out.print(f"LoRA adapters of {DEMO_BASE} (served as {DEMO_BASE}:<name>), in "
                   f"{adapters[0].path.parent}: {', '.join(a.name for a in adapters)}", highlight=False)
+    if peft:
+        out.print(f"PEFT adapters of {DEMO_PEFT_BASE} (served as {DEMO_PEFT_BASE}:<name>), in "
+                  f"{peft[0].path.parent}: {', '.join(a.name for a in peft)}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

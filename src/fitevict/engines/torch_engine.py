@@ -37,9 +37,9 @@ def hf_config(config: LoadConfig | HfLoadConfig, *, embeddings: bool = False,
     (``--dtype bfloat16 --quant bnb4`` ...) override, parsed by the seat's parser."""
     if isinstance(config, HfLoadConfig):
         base = config
-    else:
+    else:  # an HF base's LoadConfig names its PEFT adapters in ``loras`` (the catalog's, in key order)
         base = HfLoadConfig(n_ctx=config.n_ctx, device_map=config.devices[0] if config.devices else "cpu",
-                            embeddings=config.embeddings)
+                            embeddings=config.embeddings, adapters=config.loras)
     if embeddings and not base.embeddings:
         base = HfLoadConfig(**{**_fields(base), "embeddings": True})
     if not extra_args:
@@ -68,16 +68,18 @@ def _last_json(log_text: str, prefix: str) -> dict | None:
 
 def footprint_from_walk(doc: dict) -> Footprint:
     """A measured Footprint from the seat's /footprint document: per device, the model term is the object walk's
-    held bytes; KV and activations are allocated per request, so they are unavailable here (the price has them).
+    held bytes, its PEFT adapters' apart (the ``adapters`` term); KV and activations are allocated per request, so they are unavailable here (the price has them).
     Host memory is the seat process's whole PSS after load, its own overhead (the pre-load baseline) included."""
     walk = doc["walk"]
     devices = []
     for dev, d in walk["devices"].items():
         if dev == "declared":
             continue
-        devices.append(DeviceFootprint(_device_name(dev), model=Term(int(d["total"]), "measured"),
+        lora = int(d.get("adapter", 0))  # PEFT adapters' weights: their own term, as priced
+        devices.append(DeviceFootprint(_device_name(dev), model=Term(int(d["total"]) - lora, "measured"),
                                        context=Term.unavailable(_PER_REQUEST), compute=Term.unavailable(_PER_REQUEST),
-                                       output=Term(0, "measured")))
+                                       output=Term(0, "measured"),
+                                       **({"adapters": Term(lora, "measured")} if doc.get("adapters") else {})))
     if not any(d.name == HOST for d in devices):
         devices.insert(0, DeviceFootprint(HOST, model=Term(0, "measured")))
     loaded = doc["process"]["loaded"]
@@ -89,6 +91,13 @@ def footprint_from_walk(doc: dict) -> Footprint:
     return Footprint(devices=tuple(sorted(devices, key=lambda d: d.name != HOST)),
                      host_mapped_bytes=loaded["mapped_bytes"] or 0, host_committed_bytes=loaded["committed_bytes"] or 0,
                      host_source="measured" if ok else "unavailable", notes=tuple(notes))
+
+
+def adapter_load_seconds(doc: dict | None) -> float | None:
+    """Seconds the seat spent loading its PEFT adapters (its own clock, each adapter's load summed), or None when
+    it loaded none (or logged no document)."""
+    adapters = (doc or {}).get("adapters") or []
+    return sum(float(a["load_seconds"]) for a in adapters) if adapters else None
 
 
 def seat_overhead(doc: dict) -> tuple[int, int]:

@@ -50,6 +50,7 @@ class UpstreamConn(asyncio.Protocol):
         self.status = 0
         self.content_type = b"application/json"
         self.content_length: int | None = None
+        self.adapter: bytes | None = None  # a transformers seat's x-fitevict-adapter answer (its activation)
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.complete = False
@@ -86,6 +87,8 @@ class UpstreamConn(asyncio.Protocol):
             self.content_type = value
         elif n == b"content-length":
             self.content_length = int(value)
+        elif n == b"x-fitevict-adapter":
+            self.adapter = value
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()

@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
 from fitevict.pricing.gguf import PricingError, TensorInfo, file_identity
+from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
 from fitevict.pricing.placement import Placement, _gpu_alloc
 
 
@@ -154,41 +155,17 @@ def adapters_bytes(paths: tuple[str, ...], placement: Placement, devices: tuple[
     return out
 
 
-#: bytes per element of the safetensors dtypes
-_ST_SIZES: dict[str, int] = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-                             "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def peft_adapter_bytes(weights: str | Path) -> int:
-    """Bytes of a PEFT adapter's tensors as stored (``adapter_model.safetensors``), from its header alone."""
-    from safetensors import safe_open
-
-    total = 0
-    try:
-        with safe_open(str(weights), framework="numpy") as f:
-            for name in f.keys():
-                sl = f.get_slice(name)
-                n = 1
-                for d in sl.get_shape():
-                    n *= d
-                dtype = sl.get_dtype()
-                if dtype not in _ST_SIZES:
-                    raise PricingError(f"{weights}: tensor {name!r} has dtype {dtype}, which fitevict cannot size")
-                total += n * _ST_SIZES[dtype]
-    except (OSError, ValueError) as err:  # safetensors raises SafetensorError, a ValueError-like, on bad headers
-        raise PricingError(f"{weights}: the safetensors header cannot be read ({err})") from err
-    return total
-
-
 def listed_adapter_bytes(kind: str, files: tuple[Path, ...]) -> dict:
     """An adapter's own bytes for the model list, with their source: a GGUF adapter's LoRA buffer on the CPU
-    (each tensor padded as the engine pads it), a PEFT adapter's tensors as stored."""
+    (each tensor padded as the engine pads it), a PEFT adapter's tensors as a transformers seat holds them
+    (``fitevict.pricing.peft``; a saved module copy as stored, the base's dtype being unknown here)."""
     try:
         if kind == "lora":
             a = load_adapter(files[0])
             n = sum(pad(t.nbytes, CPU_TENSOR_ALIGNMENT) for t in a.tensors)
             return {"bytes": n, "source": "formula", "rank": a.rank, "what": "LoRA buffer on the CPU, from the header"}
-        return {"bytes": peft_adapter_bytes(files[0]), "source": "formula",
-                "what": "adapter tensors as stored, from the safetensors header"}
+        return {"bytes": adapter_held_bytes(load_peft_adapter(files[0].parent), None), "source": "formula",
+                "what": "adapter tensors as a transformers seat holds them (LoRA weights in float32), "
+                        "from the safetensors header"}
     except (PricingError, IndexError) as err:
         return {"bytes": None, "source": "unavailable", "reason": f"unavailable, because {err}"}

@@ -14,7 +14,8 @@ Weights are the safetensors headers' bytes, tensor by tensor, as the load will h
 Beside the weights the model holds its rotary tables (``inv_freq`` and ``original_inv_freq``, f32, always) and a
 diffusers pipeline its scheduler's tables. The KV cache comes from config.json (hf_kv); compute (activations and
 logits) is a labelled formula. A load that keeps the stored dtype on the CPU stays memory-mapped: its weights are
-page cache (mapped), everything else is committed.
+page cache (mapped), everything else is committed. PEFT adapters the seat loads at start (``--adapter``) are
+their own term, ``adapters``, priced from their headers (pricing.peft).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Literal
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.gguf import PricingError
 from fitevict.pricing.hf_kv import HfKv, head_dim, hf_kv, text_config, training_context
+from fitevict.pricing.peft import PeftAdapter, adapted_module, held_bytes
 from fitevict.pricing.safetensors import DTYPE_BYTES, FLOAT_DTYPES, TORCH_DTYPES, HfStructure, StTensor
 
 Quant = Literal["none", "bnb4", "bnb8"]
@@ -52,6 +54,7 @@ class HfLoadConfig:
     max_memory: tuple[tuple[str, int], ...] = ()  # for split: GPU name -> bytes of weights it may take
     n_seq: int = 1  # sequences cached at once (the seat serves one request at a time)
     embeddings: bool = False
+    adapters: tuple[str, ...] = ()  # --adapter DIR per PEFT adapter the seat loads at start, in request-id order
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -72,7 +75,8 @@ class HfLoadConfig:
     def to_json(self) -> dict:
         return {"n_ctx": self.n_ctx, "dtype": self.dtype, "quant": self.quant,
                 "bnb4_double_quant": self.bnb4_double_quant, "device_map": self.device_map,
-                "max_memory": dict(self.max_memory), "n_seq": self.n_seq, "embeddings": self.embeddings}
+                "max_memory": dict(self.max_memory), "n_seq": self.n_seq, "embeddings": self.embeddings,
+                **({"adapters": list(self.adapters)} if self.adapters else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,9 +242,24 @@ def compute_bytes(s: HfStructure, cfg: HfLoadConfig, n_ctx: int) -> tuple[int | 
                            f"2 x f32 logits of {vocab} tokens (SDPA kernels keep scores out of memory)")
 
 
-def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = None) -> HfPricing:
+def adapters_by_device(adapters: tuple[PeftAdapter, ...], s: HfStructure, cfg: HfLoadConfig,
+                       where: Mapping[str, str], first: str) -> dict[str, int]:
+    """The PEFT adapters' bytes per device: each tensor as the seat holds it (pricing.peft), where the module it
+    adapts was placed."""
+    out: dict[str, int] = {}
+    dtype = load_dtype(s, cfg)
+    for a in adapters:
+        for t in a.tensors:
+            d = where.get(group_of(adapted_module(t.name) + ".weight"), first)
+            out[d] = out.get(d, 0) + held_bytes(t, dtype)
+    return out
+
+
+def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = None,
+             adapters: tuple[PeftAdapter, ...] = ()) -> HfPricing:
     """Price ``s`` under ``cfg``. ``overhead_bytes``: the seat process's own host memory, measured once per
-    engine; added to the host's committed bytes with a note (absent: not counted, and said)."""
+    engine; added to the host's committed bytes with a note (absent: not counted, and said). ``adapters``: the
+    PEFT adapters of ``cfg.adapters``, read (``pricing.peft.load_peft_adapter``), priced as their own term."""
     warnings: list[str] = [*s.warnings]
     if s.quant_method and cfg.quant != "none":
         raise PricingError(f"{s.path} is already quantized ({s.quant_method}); --quant {cfg.quant} cannot apply")
@@ -278,9 +297,11 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
             return Term(0, "formula")
         return Term.unavailable(formula) if comp is None else Term(comp, "formula", formula)
 
+    lora_by = adapters_by_device(adapters, s, cfg, where, first)
     dfs = tuple(DeviceFootprint(
         name=d, model=Term(model_by.get(d, 0), "formula"), context=Term(ctx_by.get(d, 0), "formula"),
-        compute=comp_term(d), output=Term(0, "formula")) for d in devices)
+        compute=comp_term(d), output=Term(0, "formula"),
+        **({"adapters": Term(lora_by.get(d, 0), "formula")} if adapters else {})) for d in devices)
     mmaps = cfg.quant == "none" and s.kind == "transformers"  # bnb quantizes into anonymous memory
     mapped = sum(w.bytes for w in weights if mmaps and w.kind == "stored" and where[w.group] == HOST)
     committed = dfs[0].total_bytes - mapped

@@ -67,23 +67,23 @@ class Relayed:
 async def relay(upstream: Upstream, send: Send, port: int, path: str, body: bytes, request_id: str, *,
                 on_chunk: Callable[[bytes], bytes] | None = None, on_finish: Callable[[], bytes] | None = None,
                 on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None,
-                headers: Callable[[], tuple[tuple[bytes, bytes], ...]] | tuple[tuple[bytes, bytes], ...] = ()
-                ) -> Relayed:
+                headers: tuple[tuple[bytes, bytes], ...] = (),
+                seat_headers: Callable[[UpstreamConn], tuple[tuple[bytes, bytes], ...]] | None = None,
+                on_sent: Callable[[], object] | None = None) -> Relayed:
     """POST ``body`` to ``path`` on the seat listening on ``port`` and relay the answer to ASGI ``send``.
 
     A streamed answer (no Content-Length) goes out chunk by chunk as it arrives: ``on_chunk`` maps each engine
     chunk (bytes as received: an SSE event can straddle two) to the bytes sent, ``on_finish`` gives the bytes
     sent last. A whole answer goes out as it arrives with its length, or, with ``on_body``, is read whole and
-    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added (a callable is
-    called once the request went to the engine, so that making them overlaps the engine's work). Raises UpstreamError if the
+    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added, and
+    ``seat_headers(conn)``'s, made once the engine's answer head has come. ``on_sent`` is called as soon as the
+    request went to the engine (work there overlaps the engine's). Raises UpstreamError if the
     engine does not answer (nothing was sent then). Cancelling the calling task aborts the engine
     connection, which stops the engine's generation."""
-    extra: list = [headers] if not callable(headers) else []
-    conn = await upstream.open(port, path, body, request_id,
-                               on_sent=(lambda: extra.append(headers())) if callable(headers) else None)
+    conn = await upstream.open(port, path, body, request_id, on_sent=on_sent)
     try:
         head = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode()),
-                *extra[-1]]
+                *headers, *(seat_headers(conn) if seat_headers is not None else ())]
         if conn.content_length is None:
             return await _relay_stream(conn, send, head, on_chunk, on_finish)
         return await _relay_whole(conn, send, head, on_body)
@@ -319,9 +319,15 @@ class FastPath:
             sent = with_lora(body, seat.config.loras, prep.entry, prep.contract)  # adapters: scales per request
             if sent is not body:
                 payload = json.dumps(sent).encode()
-            out = await relay(door.pool, send, seat.port, path, payload, rec.request_id,
-                              headers=lambda: tuple((k.encode(), v.encode())
-                                                    for k, v in report_headers(rec.waits).items()))
+            report: list = []  # the load report's header, made while the engine works (again if the seat says more)
+
+            def seat_headers(conn: UpstreamConn) -> tuple[tuple[bytes, bytes], ...]:
+                if conn.adapter is not None or not report:
+                    report[:] = [report_headers(rec.waits, conn.adapter)]
+                return tuple((k.encode(), v.encode()) for k, v in report[0].items())
+
+            out = await relay(door.pool, send, seat.port, path, payload, rec.request_id, seat_headers=seat_headers,
+                              on_sent=lambda: report.append(report_headers(rec.waits)))
             hangup.disarm()
         except asyncio.CancelledError:
             hangup.disarm()

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from fitevict import __version__
 from fitevict.catalog import CatalogEntry
-from fitevict.contract import Contract, for_embeddings
+from fitevict.contract import Contract, for_embeddings, with_lora
 from fitevict.server import ollama_shapes as sh
 from fitevict.server import seatcall
 from fitevict.server.door import Door
@@ -158,7 +158,8 @@ def router(door: Door) -> APIRouter:
         stack = contextlib.AsyncExitStack()
         try:
             seat = await stack.enter_async_context(seatcall.held(door, entry, tr.contract, rid, timing))
-            r = await seatcall.send(upstream, seat, path, tr.body, rid)
+            sent = with_lora(tr.body, seat.config.loras, entry, tr.contract)  # adapters: scales per request
+            r = await seatcall.send(upstream, seat, path, sent, rid)
         except BaseException:
             await stack.aclose()
             raise
@@ -237,6 +238,7 @@ def router(door: Door) -> APIRouter:
         if body.get("dimensions") is not None:
             req["dimensions"] = body["dimensions"]
         async with seatcall.held(door, entry, contract, rid, timing) as seat:
+            req = with_lora(req, seat.config.loras, entry, contract)  # adapters: scales per request
             doc = await seatcall.read_json(await seatcall.send(upstream, seat, "/v1/embeddings", req, rid))
         vectors = [d["embedding"] for d in sorted(doc.get("data") or [], key=lambda d: d.get("index", 0))]
         if legacy:

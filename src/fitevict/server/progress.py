@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi.responses import StreamingResponse
 
 from fitevict.catalog import CatalogEntry
-from fitevict.contract import Contract
+from fitevict.contract import Contract, with_lora
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import PricingError
@@ -184,7 +184,9 @@ def openai_stream(door: Door, path: str, body: dict[str, Any], entry: CatalogEnt
             exc = seat_task.exception()
             if exc is not None:
                 raise door.supervisor_error(exc) if isinstance(exc, SupervisorError) else exc
-            r = await seatcall.send(door.pool, seat_task.result(), path, body, request_id)
+            seat = seat_task.result()
+            sent = with_lora(body, seat.config.loras, entry, contract)  # adapters: scales per request
+            r = await seatcall.send(door.pool, seat, path, sent, request_id)
             async for chunk in r.aiter_raw():
                 yield chunk
         except ApiError as e:

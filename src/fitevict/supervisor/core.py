@@ -64,6 +64,7 @@ def sched_policy(config: Config) -> SchedPolicy:
 
 
 TORCH_OVERHEAD_KEY = "engine-overhead:transformers"
+PEFT_OVERHEAD_KEY = "engine-overhead:transformers+peft"  # a seat with PEFT adapters imports peft too
 
 
 def st_ok(binary: Path) -> bool:
@@ -132,6 +133,9 @@ class Supervisor:
         torch_known = await asyncio.to_thread(self.store.compute_get, TORCH_OVERHEAD_KEY)
         if torch_known:
             self.prices.torch_overhead = int(torch_known[HOST])
+        peft_known = await asyncio.to_thread(self.store.compute_get, PEFT_OVERHEAD_KEY)
+        if peft_known:
+            self.prices.peft_overhead = int(peft_known[HOST])
         known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
         for dev, n in (known or {}).items():  # what loads have shown since raises it (a lower bound each)
             self.prices.engine_overhead[dev] = max(int(n), self.prices.engine_overhead.get(dev, 0))
@@ -302,13 +306,19 @@ class Supervisor:
         """The budget snapshot the last plan was made against, with every figure's source."""
         return self._last_budget.to_json() if self._last_budget is not None else None
 
-    async def learn_torch_overhead(self, seen: int) -> None:
+    async def learn_torch_overhead(self, seen: int, *, adapters: bool = False) -> None:
         """A transformers seat's own process (Python, torch, their libraries, the seat server) beyond its priced
-        model: measured (PSS minus the price), the largest seen kept, and added to every transformers price."""
-        if seen > (self.prices.torch_overhead or 0):
-            self.prices.torch_overhead = seen
+        model: measured (PSS minus the price), the largest seen kept, and added to every transformers price. A seat
+        with PEFT adapters (peft imported too) is learned apart."""
+        known = self.prices.peft_overhead if adapters else self.prices.torch_overhead
+        if seen > (known or 0):
+            if adapters:
+                self.prices.peft_overhead = seen
+            else:
+                self.prices.torch_overhead = seen
             self.prices.forget()
-            await asyncio.to_thread(self.store.compute_put, TORCH_OVERHEAD_KEY, {HOST: seen})
+            await asyncio.to_thread(self.store.compute_put, PEFT_OVERHEAD_KEY if adapters else TORCH_OVERHEAD_KEY,
+                                    {HOST: seen})
 
     async def learn_overhead(self, grown: dict[str, int]) -> None:
         self.prices.engine_overhead.update(grown)

@@ -149,7 +149,7 @@ class LiveEffects:
                     port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
                     started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
                     strategy=plan.action, split=plan.split, pinned=entry.pinned,
-                    predicted_overhead=sup.prices.torch_overhead if path.is_dir() else None)
+                    predicted_overhead=sup.prices.torch_overhead_for(cfg.loras) if path.is_dir() else None)
                 spec = sup.launch_spec(entry, path, cfg, seat.port)
                 sup.seats[key] = seat
                 await spawn(seat, spec)
@@ -221,7 +221,7 @@ class LiveEffects:
             # a transformers seat: its own process (Python, torch and their libraries, as the budget counts them:
             # PSS) is what it holds beyond its priced model, cache and activations; the largest seen is kept
             priced = seat.predicted.bytes_on(HOST) - int(seat.predicted_overhead or 0)
-            await sup.learn_torch_overhead(seat.host_mem.host_bytes - priced)
+            await sup.learn_torch_overhead(seat.host_mem.host_bytes - priced, adapters=bool(seat.config.loras))
         else:
             grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat))
             if grown:

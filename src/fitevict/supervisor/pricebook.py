@@ -27,6 +27,7 @@ from fitevict.engines.torch_engine import hf_config
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.hf_kv import training_context
 from fitevict.pricing.hf_price import price_hf
+from fitevict.pricing.peft import load_peft_adapter
 from fitevict.pricing.safetensors import load_hf_structure
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
@@ -73,6 +74,7 @@ class PriceBook:
         self._extra_args: dict[str, tuple[str, ...]] = {}  # HF folder -> the seat's own flags (dtype, quant, ...)
         self._hf: dict[tuple[str, int], Any] = {}
         self.torch_overhead: int | None = None  # a transformers seat's own process bytes (measured, first seat)
+        self.peft_overhead: int | None = None  # the same for a seat with PEFT adapters (peft's import: ~136 MiB more)
         self._requests: dict[tuple[str, Contract | None], tuple[pl.PlanRequest, LoadConfig, Path]] = {}
         # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
         self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}
@@ -148,7 +150,8 @@ class PriceBook:
             # a transformers seat: priced from its headers (its walk equals that to the byte), with its own process
             # overhead as measured; a walk has no cache or activations to reuse, so no stored figure stands in
             hf = hf_config(cfg, extra_args=self._extra_args.get(str(path), ()))
-            fp = price_hf(self.structure(path), hf, overhead_bytes=self.torch_overhead).footprint
+            fp = price_hf(self.structure(path), hf, overhead_bytes=self.torch_overhead_for(cfg.loras),
+                          adapters=tuple(load_peft_adapter(a) for a in hf.adapters)).footprint
         elif (m := self.store.last_measurement(self.signature(path, cfg))) is not None:
             fp = as_stored(footprint_from_json(m.footprint))
         else:
@@ -212,6 +215,11 @@ class PriceBook:
         origin = "; ".join(seen[:4]) + (" ..." if len(seen) > 4 else "")
         corr = self._corrections[ident] = correction(pairs, origin, tolerance=LOG_TERM_PRECISION)
         return corr
+
+    def torch_overhead_for(self, adapters: Sequence[str]) -> int | None:
+        """A transformers seat's own process bytes: with adapters, peft's libraries too (measured apart; until one
+        such seat was measured, the plain seat's figure, a lower bound)."""
+        return (self.peft_overhead or self.torch_overhead) if adapters else self.torch_overhead
 
     def has_dry_run(self, path: Path, cfg: LoadConfig) -> bool:
         return (str(path), cfg) in self._compute

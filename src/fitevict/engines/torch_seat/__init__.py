@@ -1,6 +1,7 @@
 """The transformers seat: a child process that loads one HF model and serves it on loopback.
 
-``python -m fitevict.engines.torch_seat MODEL_DIR --port N [--dtype ...] [--quant ...] [--device-map ...]``
+``python -m fitevict.engines.torch_seat MODEL_DIR --port N [--dtype ...] [--quant ...] [--device-map ...]
+[--adapter PEFT_DIR ...]``
 
 torch, transformers and diffusers are imported only inside that process; this package's ``__init__`` (the argv
 builder and parser shared by the engine adapter and the seat) imports none of them.
@@ -41,6 +42,8 @@ def seat_argv(a: SeatArgs) -> list[str]:
         out += ["--max-memory", f"{dev}={b}"]
     if c.embeddings:
         out.append("--embeddings")
+    for folder in c.adapters:
+        out += ["--adapter", folder]
     if a.test_keep:
         out += ["--test-keep-tensor", a.test_keep]
     return out
@@ -58,10 +61,13 @@ def parse_seat_argv(argv: Sequence[str]) -> SeatArgs:
     p.add_argument("--device-map", default="cpu")
     p.add_argument("--max-memory", action="append", default=[], metavar="GPU=BYTES")
     p.add_argument("--embeddings", action="store_true")
+    p.add_argument("--adapter", action="append", default=[], metavar="DIR",
+                   help="a PEFT adapter folder to load at start (repeatable); a request's lora ids index them")
     p.add_argument("--test-keep-tensor", default=None,
                    help="testing only: keep a reference to this tensor past teardown, a deliberate leak")
     ns = p.parse_args(list(argv))
     mm = tuple((k, int(v)) for k, _, v in (x.partition("=") for x in ns.max_memory))
     cfg = HfLoadConfig(n_ctx=ns.ctx_size, dtype=ns.dtype, quant=ns.quant, bnb4_double_quant=ns.double_quant,
-                       device_map=ns.device_map, max_memory=mm, embeddings=ns.embeddings)
+                       device_map=ns.device_map, max_memory=mm, embeddings=ns.embeddings,
+                       adapters=tuple(ns.adapter))
     return SeatArgs(ns.model, ns.port, cfg, ns.name or ns.model.name, ns.test_keep_tensor)

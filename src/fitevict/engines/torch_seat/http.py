@@ -1,4 +1,7 @@
-"""The seat's HTTP server on loopback (stdlib, threaded): OpenAI routes, /health, /footprint and /unload."""
+"""The seat's HTTP server on loopback (stdlib, threaded): OpenAI routes, /health, /footprint and /unload.
+
+On a seat with PEFT adapters, a request's ``lora`` field chooses the adapter (adapters.choice) and the answer
+carries the ``x-fitevict-adapter`` header: which adapter ran, and what activating it cost."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from fitevict.engines.torch_seat.adapters import HEADER as ADAPTER_HEADER
+from fitevict.engines.torch_seat.adapters import Activation
 from fitevict.engines.torch_seat.model import Timings
 from fitevict.engines.torch_seat.seat import Seat
 
@@ -27,11 +32,13 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's name
         pass
 
-    def _send(self, status: int, body: dict) -> None:
+    def _send(self, status: int, body: dict, act: Activation | None = None) -> None:
         raw = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
+        if act is not None:
+            self.send_header(ADAPTER_HEADER, act.header())
         self.end_headers()
         self.wfile.write(raw)
 
@@ -108,22 +115,33 @@ class Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         if body.get("stream"):
-            self._stream(runner.stream(prompt, body, special=special), rid, created, chat)
+            pieces = runner.stream(prompt, body, special=special)
+            act = next(pieces)  # the adapter is active (or the request is refused) before anything is sent
+            self._stream(pieces, rid, created, chat, act)  # type: ignore[arg-type]
             return
-        text, t, finish = runner.generate(prompt, body, special=special)
+        text, t, finish, act = runner.generate(prompt, body, special=special)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                   if chat else {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
         self._send(200, {"id": rid, "object": obj, "created": created, "model": self.model_name,
-                         "choices": [choice], "usage": _usage(t), "timings": t.to_json()})
+                         "choices": [choice], "usage": _usage(t), "timings": t.to_json()}, act)
 
-    def _stream(self, pieces, rid: str, created: int, chat: bool) -> None:  # type: ignore[no-untyped-def]
+    def _stream(self, pieces, rid: str, created: int, chat: bool,  # type: ignore[no-untyped-def]
+                act: Activation | None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
+        if act is not None:
+            self.send_header(ADAPTER_HEADER, act.header())
         self.send_header("Cache-Control", "no-cache")
+        # chunked, so the end of the answer is a message boundary (the front door's relay sees it complete)
+        self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
         obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def write(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if data else b"0\r\n\r\n")
+            self.wfile.flush()
 
         def chunk(delta: str | None, finish: str | None, extra: dict | None = None) -> None:
             if chat:
@@ -133,24 +151,23 @@ class Handler(BaseHTTPRequestHandler):
                 c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
             doc = {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": [c],
                    **(extra or {})}
-            self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
-            self.wfile.flush()
+            write(b"data: " + json.dumps(doc).encode() + b"\n\n")
 
         for p in pieces:
             if isinstance(p, Timings):
                 chunk(None, "stop", {"usage": _usage(p), "timings": p.to_json()})
             else:
                 chunk(p, None)
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+        write(b"data: [DONE]\n\n")
+        write(b"")
 
     def _embeddings(self, body: dict) -> None:
         inp = body["input"]
         texts = [inp] if isinstance(inp, str) else list(inp)
-        vectors, n = self.seat.runner.embed(texts)  # type: ignore[union-attr]
+        vectors, n, act = self.seat.runner.embed(texts, body)  # type: ignore[union-attr]
         self._send(200, {"object": "list", "model": self.model_name,
                          "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
-                         "usage": {"prompt_tokens": n, "total_tokens": n}})
+                         "usage": {"prompt_tokens": n, "total_tokens": n}}, act)
 
 
 def _usage(t: Timings) -> dict:

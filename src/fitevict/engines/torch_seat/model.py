@@ -10,11 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from fitevict.engines.torch_seat.adapters import Activation, Switch, choice
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.hf_price import HfLoadConfig, place_groups, plan_weights
 from fitevict.pricing.safetensors import load_hf_structure
@@ -89,6 +91,9 @@ def prepare(path: Path, cfg: HfLoadConfig) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(str(path)))]
+    if cfg.adapters:
+        import peft  # noqa: F401
+        from peft.tuners import lora  # noqa: F401
     if cfg.quant != "none":
         import bitsandbytes  # noqa: F401
         import transformers.integrations.bitsandbytes  # noqa: F401
@@ -170,12 +175,22 @@ def _gen_kwargs(body: dict) -> dict:
 
 
 class Runner:
-    """Text routes over one loaded causal LM; one request runs at a time (KV for one sequence, as priced)."""
+    """Text routes over one loaded causal LM; one request runs at a time (KV for one sequence, as priced), with
+    the adapter its ``lora`` field chooses active (adapters.Switch) when the seat holds PEFT adapters."""
 
-    def __init__(self, loaded: Loaded) -> None:
+    def __init__(self, loaded: Loaded, adapter_names: tuple[str, ...] = ()) -> None:
         self.model = loaded.obj
         self.tok = loaded.tokenizer
         self.lock = threading.Lock()
+        self.switch = Switch(self.model, adapter_names) if adapter_names else None
+
+    def _adapter(self, body: dict) -> AbstractContextManager[Activation | None]:
+        """Under the lock: the request's adapter made active for the block (nothing to do on a seat without)."""
+        if self.switch is None:
+            if choice(body, ()) is not None:
+                raise ValueError("lora: this seat holds no adapters")
+            return nullcontext(None)
+        return self.switch.use(choice(body, self.switch.names))
 
     def chat_prompt(self, messages: list[dict]) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)  # type: ignore
@@ -185,12 +200,12 @@ class Runner:
         dev = first_device(self.model)
         return {k: v.to(dev) for k, v in enc.items()}
 
-    def generate(self, text: str, body: dict, *, special: bool) -> tuple[str, Timings, str]:
-        """(text, timings, finish_reason) for one prompt."""
+    def generate(self, text: str, body: dict, *, special: bool) -> tuple[str, Timings, str, Activation | None]:
+        """(text, timings, finish_reason, the adapter's activation) for one prompt."""
         enc = self._encode(text, special)
         n_prompt = int(enc["input_ids"].shape[1])
         kw = _gen_kwargs(body)
-        with self.lock, torch.inference_mode():
+        with self.lock, self._adapter(body) as act, torch.inference_mode():
             if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
             timed = _Timed(None)
@@ -201,10 +216,11 @@ class Runner:
         first = timed.t_first or t1
         finish = "length" if len(new) >= kw["max_new_tokens"] else "stop"
         return (self.tok.decode(new, skip_special_tokens=True),  # type: ignore[attr-defined]
-                Timings(n_prompt, (first - t0) * 1000, len(new), (t1 - first) * 1000), finish)
+                Timings(n_prompt, (first - t0) * 1000, len(new), (t1 - first) * 1000), finish, act)
 
-    def stream(self, text: str, body: dict, *, special: bool) -> Iterator[str | Timings]:
-        """Text pieces as they are generated, then the Timings."""
+    def stream(self, text: str, body: dict, *, special: bool) -> Iterator[Activation | None | str | Timings]:
+        """The adapter's activation first (None on a seat without adapters), once the lock is held and the
+        adapter is active; then text pieces as they are generated; then the Timings."""
         from transformers import TextIteratorStreamer
 
         enc = self._encode(text, special)
@@ -222,7 +238,8 @@ class Runner:
                 errors.append(e)
                 streamer.end()
 
-        with self.lock:
+        with self.lock, self._adapter(body) as act:
+            yield act
             if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
             t0 = time.monotonic()
@@ -238,13 +255,13 @@ class Runner:
         first = timed.t_first or t1
         yield Timings(n_prompt, (first - t0) * 1000, timed.n_new, (t1 - first) * 1000)
 
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        """Mean-pooled last hidden states, one vector per text; and the tokens read."""
+    def embed(self, texts: list[str], body: dict) -> tuple[list[list[float]], int, Activation | None]:
+        """Mean-pooled last hidden states, one vector per text; the tokens read; the adapter's activation."""
         vectors, n = [], 0
-        with self.lock, torch.inference_mode():
+        with self.lock, self._adapter(body) as act, torch.inference_mode():
             for t in texts:
                 enc = self._encode(t, True)
                 n += int(enc["input_ids"].shape[1])
                 out = self.model(**enc, output_hidden_states=True)  # type: ignore[operator]
                 vectors.append(out.hidden_states[-1][0].float().mean(0).tolist())
-        return vectors, n
+        return vectors, n, act

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from fitevict.engines.torch_seat import model as m
+from fitevict.engines.torch_seat.adapters import attach
 from fitevict.engines.torch_seat.walk import Walk, live_referents, walk
 from fitevict.host.procmem import ProcessMemory, read_process
 from fitevict.pricing.hf_price import HfLoadConfig
@@ -85,8 +86,8 @@ class Seat:
         self._baseline = _mem()
         loaded = m.load(self.path, self.cfg)
         w = walk(loaded.obj)
-        w.missing_from_files = loaded.missing_from_files
-        from_files = w.weight_bytes - sum(h.bytes for h in w.held if h.path in set(loaded.missing_from_files))
+        missing = set(loaded.missing_from_files)
+        from_files = w.weight_bytes - sum(h.bytes for h in w.held if h.path in missing)
         if from_files <= 0:
             self.state, self.reason = "failed", (
                 f"no weights: the object walk of {self.path} found {w.weight_bytes} B of parameters, "
@@ -96,14 +97,24 @@ class Seat:
             del loaded, w
             gc.collect()
             return
+        adapters: tuple = ()
+        if self.cfg.adapters:  # the base wrapped once, with every adapter (adapters.attach); walked again with them
+            t0 = time.monotonic()
+            loaded.obj, adapters = attach(loaded.obj, self.cfg.adapters)
+            loaded.load_seconds += time.monotonic() - t0
+            w = walk(loaded.obj)
+        w.missing_from_files = loaded.missing_from_files
         if self.test_keep:
             self._kept += [t for path, _, ref in w.refs if path == self.test_keep and (t := ref()) is not None]
         self.loaded, self._walk = loaded, w
-        self.runner = m.Runner(loaded) if loaded.kind == "causal-lm" else None
+        self.runner = (m.Runner(loaded, tuple(a.name for a in adapters)) if loaded.kind == "causal-lm" else None)
         after = _mem()
+        held = w.adapter_bytes()
         self.footprint = {
             "model": str(self.path), "kind": loaded.kind, "config": self.cfg.to_json(),
             "walk": w.to_json(), "load_seconds": round(loaded.load_seconds, 4),
+            # each adapter's own load inside load_seconds, and the bytes the walk found for it
+            "adapters": [{**a.to_json(), "bytes": held.get(a.name, 0)} for a in adapters],
             # baseline: the seat's own memory before the model (its overhead, measured once per engine)
             "process": {"baseline": _mem_json(self._baseline),
                         "loaded": {**_mem_json(after), "model_files_pss_bytes": files_pss(self.path)}},

@@ -5,7 +5,9 @@ What a ``parameters()`` walk misses, and this one counts:
 - buffers (rotary tables, running statistics);
 - bitsandbytes state outside ``parameters()``: a 4-bit weight's ``quant_state`` (absmax, code, offset and the
   nested ``state2``) and an 8-bit weight's ``SCB`` row scales;
-- diffusers pipelines, which are not ``nn.Module``: each component is walked, schedulers' tensors included.
+- diffusers pipelines, which are not ``nn.Module``: each component is walked, schedulers' tensors included;
+- PEFT adapters on the base: their LoRA weights (and saved module copies) are parameters too, counted as kind
+  ``adapter``, per adapter by name, apart from the base's weights.
 
 Tied weights are counted once: two names that reach the same tensor data (same device, address and size) are one
 entry, the second listed as tied. A tensor on the ``meta`` device (offloaded, or never materialised) is sized from
@@ -20,12 +22,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fitevict.pricing.peft import adapter_of
+
 
 @dataclass(frozen=True, slots=True)
 class Held:
     path: str  # module path, e.g. model.layers.0.self_attn.q_proj.weight.quant_state.absmax
     device: str  # "cpu", "cuda:0", "meta"
-    kind: str  # param | buffer | quant_state | scheduler
+    kind: str  # param | buffer | quant_state | scheduler | adapter
     bytes: int
 
 
@@ -42,11 +46,21 @@ class Walk:
         """Bytes of parameters and quant state actually held (not declared), deduplicated."""
         return sum(h.bytes for h in self.held if h.device != "meta" and h.kind in ("param", "quant_state"))
 
+    def adapter_bytes(self) -> dict[str, int]:
+        """Bytes held per PEFT adapter (by the name the seat loaded it under)."""
+        out: dict[str, int] = {}
+        for h in self.held:
+            if h.kind == "adapter" and h.device != "meta":
+                name = adapter_of(h.path) or "?"
+                out[name] = out.get(name, 0) + h.bytes
+        return out
+
     def to_json(self) -> dict:
         devices: dict[str, dict[str, int]] = {}
         for h in self.held:
             dev = "declared" if h.device == "meta" else h.device
-            d = devices.setdefault(dev, {"param": 0, "buffer": 0, "quant_state": 0, "scheduler": 0, "total": 0})
+            d = devices.setdefault(dev, {"param": 0, "buffer": 0, "quant_state": 0, "scheduler": 0, "adapter": 0,
+                                         "total": 0})
             d[h.kind] += h.bytes
             d["total"] += h.bytes
         return {
@@ -57,6 +71,7 @@ class Walk:
             "tensors": len(self.held),
             "tied": [{"path": p, "same_as": s, "bytes": b} for p, s, b in self.tied],
             "components": self.components,
+            "adapters": self.adapter_bytes(),
             "missing_from_files": list(self.missing_from_files),
             "source": "measured",
         }
@@ -86,7 +101,7 @@ def _state_tensors(prefix: str, qs: object) -> Iterator[tuple[str, torch.Tensor]
 def _module_tensors(prefix: str, m: torch.nn.Module) -> Iterator[tuple[str, str, torch.Tensor]]:
     dot = f"{prefix}." if prefix else ""
     for name, p in m.named_parameters(remove_duplicate=False):
-        yield dot + name, "param", p
+        yield dot + name, "adapter" if adapter_of(name) is not None else "param", p
         for qn, qt in _quant_tensors(dot + name, p):
             yield qn, "quant_state", qt
     for name, b in m.named_buffers(remove_duplicate=False):
