@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 from fitevict.engines.process import free_port, stop_group
 from fitevict.engines.torch_engine import TransformersEngine
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
+from fitevict.engines.torch_seat.model import HUNG_UP
 from fitevict.guard import check_walk
 from fitevict.pricing.hf_price import HfLoadConfig, price_hf
 from fitevict.pricing.safetensors import load_hf_structure
@@ -204,6 +205,33 @@ def test_seat_serves_openai_routes_and_releases_cleanly(hf_zoo: dict, tmp_path: 
         assert report["watched_tensors"] == doc["walk"]["tensors"]
         assert seat.proc.wait(timeout=30) == 0  # the seat exits after its teardown
     assert TransformersEngine.teardown(seat.log_text()) == report
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_stops_its_generation(hf_zoo: dict, tmp_path: Path, stream: bool) -> None:
+    """A long generation whose client closes the connection (mid-stream, or while waiting for a whole answer)
+    stops between two tokens, says so in the seat's log, and frees the seat for the next request."""
+    z = hf_zoo["hf-qwen2-swa"]
+    n = 100_000
+    with running_seat(z.path, HfLoadConfig(n_ctx=n + 64), tmp_path / "seat.log") as seat:
+        body = {"model": z.name, "prompt": "go", "max_tokens": n, "ignore_eos": True, "stream": stream}
+        if stream:
+            with httpx.stream("POST", f"{seat.base}/v1/completions", json=body, timeout=60) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        break  # the first text is in (the streamer sends whole words): hang up
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{seat.base}/v1/completions", json=body, timeout=1.0)
+        # the seat answers the next request (the lock is free), and its log says where the first one stopped
+        r2 = httpx.post(f"{seat.base}/v1/completions", json={"model": z.name, "prompt": "hi", "max_tokens": 2},
+                        timeout=120)
+        assert r2.status_code == 200, r2.text
+        stopped = [line for line in seat.log_text().splitlines() if line.startswith(HUNG_UP)]
+        assert len(stopped) == 1, seat.log_text()[-2000:]
+        assert int(stopped[0].split(" after ")[1].split()[0]) < n
 
 
 @pytest.mark.e2e

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from starlette.datastructures import Headers
 from fitevict.contract import with_lora
 from fitevict.loadreport import report_headers
 from fitevict.server import progress
-from fitevict.server.door import Door, Prepared, parse_json
+from fitevict.server.door import Door, Prepared, new_request_id, parse_json
 from fitevict.server.metrics import Metrics
 from fitevict.server.errors import ApiError
 from fitevict.engines.upstream import Upstream, UpstreamConn, UpstreamError
@@ -251,7 +250,7 @@ class FastPath:
                 rid = value.decode("latin-1")
             elif name == PROGRESS:
                 progress_asked = True
-        rec = Record(rid or os.urandom(8).hex(), endpoint, t0)
+        rec = Record(rid or new_request_id(), endpoint, t0)
         door = self.door
         try:
             if scope["method"] != "POST":

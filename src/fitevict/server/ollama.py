@@ -13,7 +13,6 @@ import contextlib
 import functools
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract, for_embeddings, with_lora
 from fitevict.server import ollama_shapes as sh
 from fitevict.server import seatcall
-from fitevict.server.door import Door
+from fitevict.server.door import Door, new_request_id
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
 
@@ -150,7 +149,7 @@ def router(door: Door) -> APIRouter:
                        shape: Callable[..., dict[str, Any]]) -> Response:
         """Hold a seat, send the translated request, answer in Ollama's shape (NDJSON when streamed)."""
         t0 = time.perf_counter()
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        rid = request.headers.get("x-request-id") or new_request_id()
         headers = {"x-request-id": rid}
         if tr.ignored:
             headers["x-fitevict-ignored-options"] = ",".join(tr.ignored)
@@ -210,7 +209,7 @@ def router(door: Door) -> APIRouter:
 
         tr = sh.chat_request(body, stream)
         if not body.get("messages"):
-            return await load_or_unload(entry, tr.contract, uuid.uuid4().hex[:16], shape)
+            return await load_or_unload(entry, tr.contract, new_request_id(), shape)
         return await complete(request, entry, "/v1/chat/completions", tr, stream, shape)
 
     @app.post("/api/generate", tags=["ollama"], summary="Generate from a prompt (NDJSON stream by default)")
@@ -224,14 +223,14 @@ def router(door: Door) -> APIRouter:
 
         path, tr = sh.generate_request(body, stream)
         if not body.get("prompt") and not body.get("images"):
-            return await load_or_unload(entry, tr.contract, uuid.uuid4().hex[:16], shape)
+            return await load_or_unload(entry, tr.contract, new_request_id(), shape)
         return await complete(request, entry, path, tr, stream, shape)
 
     async def embed_any(request: Request, *, legacy: bool) -> Response:
         body, entry = await body_of(request)
         texts = sh.embed_inputs(body, legacy=legacy)
         contract = for_embeddings(sh.contract_of(body))  # any model: an embeddings seat is loaded for it
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        rid = request.headers.get("x-request-id") or new_request_id()
         t0 = time.perf_counter()
         timing: dict[str, float] = {}
         req: dict[str, Any] = {"input": texts}

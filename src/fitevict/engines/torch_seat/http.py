@@ -6,10 +6,13 @@ carries the ``x-fitevict-adapter`` header: which adapter ran, and what activatin
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fitevict.engines.torch_seat.adapters import HEADER as ADAPTER_HEADER
@@ -21,6 +24,16 @@ from fitevict.engines.torch_seat.seat import Seat
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> tuple[int, dict]:
     return status, {"error": {"message": message, "type": kind, "code": status}}
 
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Whether the client closed its connection (readable, and a peek reads nothing or fails): checked between
+    two generated tokens, so a hung-up request stops using the seat."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "fitevict-torch-seat"
@@ -114,12 +127,16 @@ class Handler(BaseHTTPRequestHandler):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
+        gone = partial(peer_closed, self.connection)
         if body.get("stream"):
-            pieces = runner.stream(prompt, body, special=special)
-            act = next(pieces)  # the adapter is active (or the request is refused) before anything is sent
-            self._stream(pieces, rid, created, chat, act)  # type: ignore[arg-type]
+            pieces = runner.stream(prompt, body, special=special, gone=gone)
+            try:
+                act = next(pieces)  # the adapter is active (or the request is refused) before anything is sent
+                self._stream(pieces, rid, created, chat, act)  # type: ignore[arg-type]
+            finally:
+                pieces.close()  # a write that failed (the client hung up) stops the generation now
             return
-        text, t, finish, act = runner.generate(prompt, body, special=special)
+        text, t, finish, act = runner.generate(prompt, body, special=special, gone=gone)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                   if chat else {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
         self._send(200, {"id": rid, "object": obj, "created": created, "model": self.model_name,

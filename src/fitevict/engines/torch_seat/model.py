@@ -7,9 +7,10 @@ load puts each group where it was priced.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,11 +168,35 @@ class Timings:
 def _gen_kwargs(body: dict) -> dict:
     temp = float(body.get("temperature") if body.get("temperature") is not None else 0.0)
     kw: dict = {"max_new_tokens": int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)}
+    if body.get("ignore_eos"):  # as llama-server: generate max_tokens whatever the model says
+        kw["min_new_tokens"] = kw["max_new_tokens"]
     if temp > 0:
         kw.update(do_sample=True, temperature=temp, top_p=float(body.get("top_p") or 1.0))
     else:
         kw.update(do_sample=False)
     return kw
+
+
+HUNG_UP = "generation stopped: the client hung up"
+
+
+def _stop_on(gone: Callable[[], bool] | None, stop: threading.Event) -> list:
+    """transformers stopping criteria that end a generation between two tokens once ``stop`` is set or the
+    client is ``gone`` (its connection closed): a hung-up request stops using the seat, as llama-server's does."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _HungUp(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
+            if not stop.is_set() and gone is not None and gone():
+                stop.set()
+            return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([_HungUp()])
+
+
+def _say_stopped(stop: threading.Event, n_new: int) -> None:
+    if stop.is_set():
+        print(f"{HUNG_UP} after {n_new} token(s)", file=sys.stderr, flush=True)
 
 
 class Runner:
@@ -200,27 +225,34 @@ class Runner:
         dev = first_device(self.model)
         return {k: v.to(dev) for k, v in enc.items()}
 
-    def generate(self, text: str, body: dict, *, special: bool) -> tuple[str, Timings, str, Activation | None]:
-        """(text, timings, finish_reason, the adapter's activation) for one prompt."""
+    def generate(self, text: str, body: dict, *, special: bool, gone: Callable[[], bool] | None = None
+                 ) -> tuple[str, Timings, str, Activation | None]:
+        """(text, timings, finish_reason, the adapter's activation) for one prompt; ``gone``: whether the client
+        hung up (checked between tokens: the generation then stops)."""
         enc = self._encode(text, special)
         n_prompt = int(enc["input_ids"].shape[1])
         kw = _gen_kwargs(body)
+        stop = threading.Event()
         with self.lock, self._adapter(body) as act, torch.inference_mode():
             if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
             timed = _Timed(None)
             t0 = time.monotonic()
-            out = self.model.generate(**enc, **kw, streamer=timed, pad_token_id=self.tok.pad_token_id)  # type: ignore
+            out = self.model.generate(**enc, **kw, streamer=timed, pad_token_id=self.tok.pad_token_id,  # type: ignore
+                                      stopping_criteria=_stop_on(gone, stop))
             t1 = time.monotonic()
+            _say_stopped(stop, timed.n_new)
         new = out[0, n_prompt:]
         first = timed.t_first or t1
         finish = "length" if len(new) >= kw["max_new_tokens"] else "stop"
         return (self.tok.decode(new, skip_special_tokens=True),  # type: ignore[attr-defined]
                 Timings(n_prompt, (first - t0) * 1000, len(new), (t1 - first) * 1000), finish, act)
 
-    def stream(self, text: str, body: dict, *, special: bool) -> Iterator[Activation | None | str | Timings]:
+    def stream(self, text: str, body: dict, *, special: bool, gone: Callable[[], bool] | None = None
+               ) -> Iterator[Activation | None | str | Timings]:
         """The adapter's activation first (None on a seat without adapters), once the lock is held and the
-        adapter is active; then text pieces as they are generated; then the Timings."""
+        adapter is active; then text pieces as they are generated; then the Timings. Closing the iterator early
+        (the client hung up: writing to it failed) or ``gone`` stops the generation before the lock is let go."""
         from transformers import TextIteratorStreamer
 
         enc = self._encode(text, special)
@@ -229,11 +261,13 @@ class Runner:
         streamer = TextIteratorStreamer(self.tok, skip_prompt=True, skip_special_tokens=True)  # type: ignore
         timed = _Timed(streamer)
         errors: list[BaseException] = []
+        stop = threading.Event()
 
         def run() -> None:
             try:
                 with torch.inference_mode():
-                    self.model.generate(**enc, **kw, streamer=timed, pad_token_id=self.tok.pad_token_id)  # type: ignore
+                    self.model.generate(**enc, **kw, streamer=timed, pad_token_id=self.tok.pad_token_id,  # type: ignore
+                                        stopping_criteria=_stop_on(gone, stop))
             except BaseException as e:  # noqa: BLE001 - handed to the reader below, which raises it
                 errors.append(e)
                 streamer.end()
@@ -245,10 +279,17 @@ class Runner:
             t0 = time.monotonic()
             th = threading.Thread(target=run, name="generate", daemon=True)
             th.start()
-            for piece in streamer:
-                if piece:
-                    yield piece
-            th.join()
+            read_all = False
+            try:
+                for piece in streamer:
+                    if piece:
+                        yield piece
+                read_all = True
+            finally:  # also when the reader stops early: the generation ends before the next request may start
+                if not read_all:
+                    stop.set()
+                th.join()
+                _say_stopped(stop, timed.n_new)
             t1 = time.monotonic()
         if errors:
             raise errors[0]
