@@ -38,7 +38,7 @@ from fitevict.engines.base import Unavailable
 from fitevict.engines.buftrace import buftrace_library, preload_env
 from fitevict.engines.llama_server import load_args as server_args
 from fitevict.pricing.buftrace import STOP_MARK
-from fitevict.engines.process import die_with_parent, free_port, stop_group
+from fitevict.engines.process import free_port, orphan_proof, stop_group
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
@@ -156,8 +156,9 @@ def follow_process(argv: list[str], timeout_s: float, on_line: Callable[[str, in
     verdict ("" = done, anything else = the failure), the process exits, or ``timeout_s`` passes; then call
     ``before_stop(pid)`` and stop the group. Returns the lines, the verdict (a reason when no line gave one)
     and the pid."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=die_with_parent, env=env)
+    spawned, preexec = orphan_proof(argv)
+    proc = subprocess.Popen(spawned, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=preexec, env=env)
     assert proc.stdout is not None
     lines: list[str] = []
     verdict: str | None = None

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 _PR_SET_PDEATHSIG = 1
 
@@ -21,6 +23,29 @@ _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved once here: the fork
 def die_with_parent() -> None:
     """preexec_fn: ask the kernel to SIGKILL this child if fitevict dies, so no engine outlives it."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """util-linux's setpriv, if it can set the parent-death signal (util-linux 2.33 and later)."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return None
+    try:
+        usage = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if "--pdeathsig" in usage else None
+
+
+def orphan_proof(argv: Sequence[str]) -> tuple[tuple[str, ...], Callable[[], None] | None]:
+    """The argv and preexec_fn that start ``argv`` so that the kernel SIGKILLs it if fitevict dies. With setpriv,
+    ``setpriv --pdeathsig KILL -- argv`` (it sets the signal and execs the engine, same pid), so no Python runs in
+    the forked child and the spawn needs no full fork of the front door; without it, ``die_with_parent``."""
+    setpriv = _setpriv()
+    if setpriv is None:
+        return tuple(argv), die_with_parent
+    return (setpriv, "--pdeathsig", "KILL", "--", *argv), None
 
 
 async def stop_process_group(pgid: int | None, grace_s: float, *, proc: asyncio.subprocess.Process | None = None,

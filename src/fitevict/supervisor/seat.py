@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fitevict.catalog import CatalogEntry
 from fitevict.engines.base import LaunchSpec
-from fitevict.engines.process import die_with_parent
+from fitevict.engines.process import orphan_proof
 from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST, Footprint
@@ -134,10 +134,11 @@ def log_tail(path: Path, n: int = 25) -> str:
 
 async def spawn(seat: SeatState, spec: LaunchSpec) -> None:
     """Start the engine process (own process group, own log file)."""
+    argv, preexec = orphan_proof(spec.argv)
     with seat.log_path.open("wb") as log:
         seat.proc = await asyncio.create_subprocess_exec(
-            *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-            env=dict(spec.env), start_new_session=True, preexec_fn=die_with_parent,
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            env=dict(spec.env), start_new_session=True, preexec_fn=preexec,
         )
     seat.pid = seat.pgid = seat.proc.pid
 
