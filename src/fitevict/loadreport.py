@@ -191,18 +191,42 @@ async def request_report(sup, entry, seat, arrived: float, request_id: str | Non
     return _report(sup, entry, seat, loaded=True, adapter_s=adapter_s, evicted=evicted)
 
 
+# hit reports (and their header text) by what they are made of; the budget reading is compared by identity
+_hits: dict[tuple, tuple[object, LoadReport]] = {}
+_headers: dict[int, tuple[LoadReport, str]] = {}
+
+
 def hit_report(sup, entry, seat) -> LoadReport:
     """The report of a request that the resident seat took at once: nothing loaded, nothing evicted (no log to
-    read, no event to scan), so it can be built after the request went to the engine."""
-    return _report(sup, entry, seat, loaded=False, adapter_s=None, evicted=())
+    read, no event to scan), so it can be built after the request went to the engine. Memoized: between two hits
+    it changes only when the residents' bytes, the budget reading or the seat do."""
+    residents = resident_bytes(sup.seats.values())
+    key = (entry.key, seat.key, seat.id, seat.engine, seat.config.loras, seat.load_seconds, tuple(residents.items()))
+    got = _hits.get(key)
+    if got is not None and got[0] is sup._last_budget:
+        return got[1]
+    report = _report(sup, entry, seat, loaded=False, adapter_s=None, evicted=(), residents=residents)
+    if len(_hits) > 256:
+        _hits.clear()
+        _headers.clear()
+    _hits[key] = (sup._last_budget, report)
+    _headers[id(report)] = (report, report.header())
+    return report
 
 
-def _report(sup, entry, seat, *, loaded: bool, adapter_s: float | None, evicted: tuple[str, ...]) -> LoadReport:
+def _header(report: LoadReport) -> str:
+    got = _headers.get(id(report))
+    return got[1] if got is not None and got[0] is report else report.header()
+
+
+def _report(sup, entry, seat, *, loaded: bool, adapter_s: float | None, evicted: tuple[str, ...],
+            residents: Mapping[str, tuple[int, str]] | None = None) -> LoadReport:
     budget, source = budget_figures(sup._last_budget)
     return load_report(model=entry.key, base=seat.key,
                        adapter=str(entry.path) if entry.kind in ADAPTER_KINDS else None,
                        seat_loras=seat.config.loras, loaded=loaded, load_seconds=seat.load_seconds,
-                       adapter_seconds=adapter_s, evicted=evicted, resident_bytes=resident_bytes(sup.seats.values()),
+                       adapter_seconds=adapter_s, evicted=evicted,
+                       resident_bytes=residents if residents is not None else resident_bytes(sup.seats.values()),
                        budget_bytes=budget, budget_source=source, engine=seat.engine)
 
 
@@ -229,7 +253,7 @@ def report_headers(timing: Mapping, seat_header: bytes | None = None) -> dict[st
     report = timing.get("load_report")
     if callable(report):
         report = timing["load_report"] = report()
-    return {HEADER: with_activation(report, seat_header).header()} if isinstance(report, LoadReport) else {}
+    return {HEADER: _header(with_activation(report, seat_header))} if isinstance(report, LoadReport) else {}
 
 
 def plan_hits(entry, plan) -> dict:

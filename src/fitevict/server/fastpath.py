@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -148,7 +149,7 @@ class RequestLog:
         self.metrics = metrics
         self._children: dict[tuple, Any] = {}
 
-    def _child(self, metric: Any, *labels: str) -> Any:
+    def child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
         c = self._children.get(key)
         if c is None:
@@ -167,13 +168,13 @@ class RequestLog:
                     **(extra or {})}
             log.info(json.dumps(line))
         m = self.metrics
-        self._child(m.requests, rec.model or "-", endpoint, str(rec.status)).inc()
-        self._child(m.total, endpoint).observe(end - rec.t0)
+        self.child(m.requests, rec.model or "-", endpoint, str(rec.status)).inc()
+        self.child(m.total, endpoint).observe(end - rec.t0)
         if infer is not None:
-            self._child(m.latency, endpoint).observe(infer)
+            self.child(m.latency, endpoint).observe(infer)
         if waits:
-            self._child(m.queue_wait, endpoint).observe(waits.get("queue_s", 0.0))
-            self._child(m.load_wait, endpoint).observe(waits.get("load_s", 0.0))
+            self.child(m.queue_wait, endpoint).observe(waits.get("queue_s", 0.0))
+            self.child(m.load_wait, endpoint).observe(waits.get("load_s", 0.0))
 
 
 class Record:
@@ -368,15 +369,15 @@ class FastPath:
         if timings:  # the engine's own account: prompt and generation time, tokens/s
             extra["engine_timings"] = timings
             seat.timings.add(timings)
-            m = self.door.metrics
+            m, model, child = self.door.metrics, rec.model or "-", self.log.child
             if "prompt_ms" in timings:
-                m.prompt.labels(rec.model or "-").observe(timings["prompt_ms"] / 1000)
+                child(m.prompt, model).observe(timings["prompt_ms"] / 1000)
             if "predicted_ms" in timings:
-                m.generation.labels(rec.model or "-").observe(timings["predicted_ms"] / 1000)
+                child(m.generation, model).observe(timings["predicted_ms"] / 1000)
             if "predicted_per_second" in timings:
-                m.gen_tps.labels(rec.model or "-").set(timings["predicted_per_second"])
+                child(m.gen_tps, model).set(timings["predicted_per_second"])
             if "prompt_per_second" in timings:
-                m.prompt_tps.labels(rec.model or "-").set(timings["prompt_per_second"])
+                child(m.prompt_tps, model).set(timings["prompt_per_second"])
         if out.streamed:
             tokens = total_tokens(content)
             rec.tokens = tokens if tokens is not None else out.events
@@ -400,6 +401,7 @@ def total_tokens(content: bytes) -> int | None:
 
 
 TIMING_KEYS = ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second")
+_TIMING_FIELDS = tuple((k, f'"{k}":'.encode()) for k in TIMING_KEYS)
 
 
 def engine_timings(content: bytes) -> dict[str, float]:
@@ -410,25 +412,23 @@ def engine_timings(content: bytes) -> dict[str, float]:
         return {}
     tail = content[i:]
     out: dict[str, float] = {}
-    for key in TIMING_KEYS:
-        v = _number_after(tail, f'"{key}":'.encode())
+    for key, field in _TIMING_FIELDS:
+        v = _number_after(tail, field)
         if v is not None:
             out[key] = v
     return out
 
 
+_NUMBER = re.compile(rb"[ \t]*([0-9.eE+-]+)")
+
+
 def _number_after(content: bytes, key: bytes) -> float | None:
     i = content.find(key)
-    if i < 0:
+    m = _NUMBER.match(content, i + len(key)) if i >= 0 else None
+    if m is None:
         return None
-    j = i + len(key)
-    while j < len(content) and content[j] in b" \t":
-        j += 1
-    k = j
-    while k < len(content) and content[k] in b"0123456789.eE+-":
-        k += 1
     try:
-        return float(content[j:k])
+        return float(m[1])
     except ValueError:
         return None
 
