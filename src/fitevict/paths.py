@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -20,3 +23,18 @@ def data_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base).expanduser() / "fitevict"
+
+
+@contextlib.contextmanager
+def fresh_folder(dest: Path) -> Iterator[Path]:
+    """A new empty sibling of ``dest`` to write a whole folder into. When the block ends it replaces ``dest`` in one
+    rename (a reader never sees half a folder); when the block fails it is removed and ``dest`` is left as it was."""
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fitevict.paths import fresh_folder
 from fitevict.zoo import CHAT_TEMPLATE, ZooError
 
 HF_GENERATOR_VERSION = 1
@@ -198,16 +198,9 @@ def _build_ddpm(r: HfRecipe, folder: Path) -> str:
 def build(r: HfRecipe, dest: Path) -> Path:
     """Build one recipe into ``dest/<name>`` (written beside, then renamed into place)."""
     folder = dest / r.name
-    tmp = dest / f".{r.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with fresh_folder(folder) as tmp:
         arch = _build_ddpm(r, tmp) if r.family == "ddpm" else _build_causal(r, tmp)
         (tmp / STAMP).write_text(json.dumps({"fingerprint": fingerprint(r), "arch": arch}) + "\n")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitevict.paths import fresh_folder
 from fitevict.zoo import ZooError
 
 DEMO_PEFT_ADAPTERS: tuple[str, ...] = ("sql", "poem")
@@ -78,8 +78,6 @@ def build(base_dir: Path, name: str) -> Path:
     from transformers import AutoModelForCausalLM
 
     dest = adapters_dir(base_dir) / name
-    tmp = dest.with_name(f".{name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     torch.manual_seed(zlib.crc32(f"{base_dir.name}:{name}".encode()))
     model = AutoModelForCausalLM.from_pretrained(str(base_dir))
     cfg = LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=list(TARGETS), init_lora_weights=False)
@@ -88,16 +86,12 @@ def build(base_dir: Path, name: str) -> Path:
         for n, p in peft_model.named_parameters():
             if ".lora_" in n:
                 p.mul_(_GAIN)
-    try:
+    with fresh_folder(dest) as tmp:
         peft_model.save_pretrained(str(tmp))
         doc = json.loads((tmp / "adapter_config.json").read_text())
         doc["base_model_name_or_path"] = base_dir.name  # the catalog finds the base by its folder name
         (tmp / "adapter_config.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         (tmp / "README.md").unlink(missing_ok=True)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
