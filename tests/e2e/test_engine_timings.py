@@ -47,3 +47,11 @@ def test_history_sums_the_timings_the_answers_carried(tmp_path: Path, llama_serv
     assert t["prompt_per_second"] == pytest.approx(t["prompt_n"] / t["prompt_ms"] * 1000, abs=0.01)
     assert all(src.startswith("measured") for src in t["sources"].values()), t["sources"]
     assert dash.status_code == 200 and f"{t['answers']} answers: gen {t['predicted_per_second']:g} tok/s" in dash.text
+    # `fitevict history` says what the stopped seat served, from the same row
+    from rich.console import Console
+
+    from fitevict.cli.admin import history_table
+
+    con = Console(record=True, width=200)
+    con.print(history_table(rows))
+    assert f"served 4, {t['predicted_per_second']:g} tok/s" in con.export_text()

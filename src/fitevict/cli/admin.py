@@ -259,9 +259,17 @@ def history_table(data: list[dict]) -> Table:
                   f"{e['seconds']:.2f}" if e["seconds"] is not None else "",
                   format_size(b["host"], unavailable="n/a"),
                   format_size(b["freed"], unavailable="n/a") if e["event"] in stops else "",
-                  _short(e["strategy"] or e["reason"] or ""))
-    t.caption = "why: the reason's first words; --json has all of it"
+                  _short(e["strategy"] or e["reason"] or "") + _served(e.get("engine_timings")))
+    t.caption = "why: the reason's first words (a stop adds what the seat served, the engine's timings); --json has all"
     return t
+
+
+def _served(timings: dict | None) -> str:
+    """What a stopped seat served, from the engine's own timings summed over its answers (measured)."""
+    if not timings:
+        return ""
+    tps = timings.get("predicted_per_second")
+    return f"; served {timings['answers']}" + (f", {tps:g} tok/s" if tps is not None else "")
 
 
 def _short(text: str) -> str:
