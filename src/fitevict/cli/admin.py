@@ -260,7 +260,7 @@ def history_table(data: list[dict]) -> Table:
                   format_size(b["host"], unavailable="n/a"),
                   format_size(b["freed"], unavailable="n/a") if e["event"] in stops else "",
                   _short(e["strategy"] or e["reason"] or "") + _served(e.get("engine_timings")))
-    t.caption = "why: the reason's first words (a stop adds what the seat served, the engine's timings); --json has all"
+    t.caption = "why: the reason's first words (a stop: what its seat served); --json has all of it"
     return t
 
 
@@ -269,7 +269,7 @@ def _served(timings: dict | None) -> str:
     if not timings:
         return ""
     tps = timings.get("predicted_per_second")
-    return f"; served {timings['answers']}" + (f", {tps:g} tok/s" if tps is not None else "")
+    return f"\nserved {timings['answers']}" + (f", {tps:g} tok/s" if tps is not None else "")
 
 
 def _short(text: str) -> str:
