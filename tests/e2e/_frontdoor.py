@@ -85,3 +85,11 @@ def engine_pids_of(parent_pid: int) -> list[int]:
         if ppid == parent_pid and cmd.endswith(b"llama-server"):
             out.append(int(d.name))
     return out
+
+
+def history(fd: FrontDoor, *, key: str | None = None, limit: int = 1000, **params) -> list[dict]:
+    """``GET /v1/models/history`` (newest first), with ``key`` as the bearer key where the server wants one."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(fd.base_url + "/v1/models/history", params={"limit": limit, **params}, headers=headers, timeout=60)
+    r.raise_for_status()
+    return r.json()["data"]

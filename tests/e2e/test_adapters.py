@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from _frontdoor import front_door
+from _frontdoor import front_door, history
 from fitevict.loadreport import HEADER
 from fitevict.units import MiB
 from fitevict.zoo import write_zoo
@@ -70,12 +70,6 @@ def complete(fd, model: str, **fitevict) -> tuple[str, dict]:
     return r.json()["choices"][0]["text"], json.loads(r.headers[HEADER])
 
 
-def events(fd, **params) -> list[dict]:
-    r = httpx.get(fd.base_url + "/v1/models/history", params={"limit": 1000, **params}, timeout=60)
-    r.raise_for_status()
-    return r.json()["data"]
-
-
 def test_models_list_each_adapter_with_its_base(door) -> None:
     data = {m["id"]: m["fitevict"] for m in httpx.get(door.base_url + "/v1/models", timeout=60).json()["data"]}
     assert data["llama-gqa:sql"]["base"] == "llama-gqa" and data["llama-gqa:poem"]["base"] == "llama-gqa"
@@ -96,11 +90,11 @@ def test_adapters_change_the_output_and_the_base_equals_a_seat_without_them(door
 
 
 def test_alternating_adapters_load_the_base_once(door) -> None:
-    before = [e for e in events(door, event="load") if e["model"] == "llama-gqa"]
+    before = [e for e in history(door, event="load") if e["model"] == "llama-gqa"]
     reports = [complete(door, m)[1] for m in ["llama-gqa:sql", "llama-gqa:poem"] * 4]
-    loads = [e for e in events(door, event="load") if e["model"] == "llama-gqa"]
+    loads = [e for e in history(door, event="load") if e["model"] == "llama-gqa"]
     assert len(loads) == 1 and len(before) <= 1  # one base load for every adapter, whichever asked first
-    assert not [e for e in events(door) if e["model"] == "llama-gqa" and e["event"] != "load"]  # no reload
+    assert not [e for e in history(door) if e["model"] == "llama-gqa" and e["event"] != "load"]  # no reload
     if not before:  # run alone: the first request loaded the base with both adapters
         first, reports = reports[0], reports[1:]
         assert (first["base_hit"], first["adapter_hit"], first["was_cached"]) == (False, False, False)
@@ -149,4 +143,4 @@ def test_two_adapters_are_served_concurrently_from_one_seat(door) -> None:
         together = list(pool.map(lambda m: complete(door, m), order))
     assert [text for text, _ in together] == [alone[m] for m in order]  # each request got its own scales
     assert all(rep["base_hit"] for _, rep in together)
-    assert len([e for e in events(door, event="load") if e["model"] == "llama-gqa"]) == 1
+    assert len([e for e in history(door, event="load") if e["model"] == "llama-gqa"]) == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _frontdoor import FrontDoor, engine_pids_of, front_door
+from _frontdoor import FrontDoor, engine_pids_of, front_door, history
 from _models import medium_host_bytes, swap_models
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +31,7 @@ def _limit(models_dir: Path) -> str:
 
 
 def _history(door: FrontDoor, **q) -> list[dict]:
-    return httpx.get(door.base_url + "/v1/models/history", params={"limit": 10000, **q}, timeout=30).json()["data"]
+    return history(door, limit=10000, **q)
 
 
 def _request_log(door: FrontDoor) -> list[dict]:

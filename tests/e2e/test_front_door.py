@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from _frontdoor import engine_pids_of, front_door
+from _frontdoor import engine_pids_of, front_door, history as history_of
 from _models import medium_host_bytes, swap_models
 from fitevict.pricing.gguf import load_structure
 
@@ -76,10 +76,7 @@ def idle_resident(fd, key: str, *, within: float) -> dict:
 
 
 def history(fd, **params) -> list[dict]:
-    with admin(fd) as c:
-        r = c.get("/v1/models/history", params={"limit": 1000, **params})
-        r.raise_for_status()
-        return r.json()["data"]
+    return history_of(fd, key=ADMIN, **params)
 
 
 def test_chat_plain_and_streamed(door) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from _frontdoor import front_door
+from _frontdoor import front_door, history
 
 pytestmark = pytest.mark.e2e
 
@@ -43,8 +43,7 @@ def _host(door, key: str) -> int:
 
 
 def _history(door, **q) -> list[dict]:
-    return list(reversed(httpx.get(door.base_url + "/v1/models/history", params={"limit": 1000, **q},
-                                   timeout=30).json()["data"]))
+    return list(reversed(history(door, **q)))
 
 
 def _recorded(door, event: str, model: str, timeout: float = 60.0) -> dict:

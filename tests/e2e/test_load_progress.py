@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from _frontdoor import front_door
+from _frontdoor import front_door, history
 from _models import medium_host_bytes, swap_models
 from fitevict.cli.progress import sse_events
 
@@ -32,10 +32,6 @@ def fitevict(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "100", "FITEVICT_CONFIG": ""}
     return subprocess.run([sys.executable, "-m", "fitevict.cli", *args], capture_output=True, text=True, env=env,
                           timeout=300)
-
-
-def history(fd, **params) -> list[dict]:
-    return httpx.get(fd.base_url + "/v1/models/history", params={"limit": 100, **params}).json()["data"]
 
 
 def test_cli_load_shows_the_phases_in_order(door) -> None:

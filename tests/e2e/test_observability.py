@@ -17,7 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from _frontdoor import front_door
+from _frontdoor import front_door, history as history_of
 from _models import medium_host_bytes, swap_models
 from fitevict.units import MiB, format_size
 
@@ -72,8 +72,7 @@ def chat(fd, model: str, **extra) -> None:
 
 
 def history(fd, **params) -> list[dict]:
-    with admin(fd) as c:
-        return c.get("/v1/models/history", params={"limit": 1000, **params}).json()["data"]
+    return history_of(fd, key=ADMIN, **params)
 
 
 def residents(fd) -> dict[str, dict]:

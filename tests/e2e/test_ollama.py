@@ -11,7 +11,7 @@ import ollama
 import openai
 import pytest
 
-from _frontdoor import front_door
+from _frontdoor import front_door, history as history_of
 from _models import medium_host_bytes, swap_models
 from fitevict.pricing.gguf import load_structure
 
@@ -40,10 +40,7 @@ def client(fd) -> ollama.Client:
 
 
 def history(fd, **params) -> list[dict]:
-    r = httpx.get(fd.base_url + "/v1/models/history", params={"limit": 1000, **params},
-                  headers={"Authorization": f"Bearer {USER}"}, timeout=30)
-    r.raise_for_status()
-    return r.json()["data"]
+    return history_of(fd, key=USER, **params)
 
 
 def residents(fd) -> dict[str, dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _frontdoor import front_door
+from _frontdoor import front_door, history
 from fitevict.loadreport import HEADER
 from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
 from fitevict.zoo_peft import write_peft_adapters
@@ -55,12 +55,6 @@ def complete(fd, model: str, *, stream: bool = False) -> tuple[str, dict]:
         return "".join(d["choices"][0]["text"] for d in docs), json.loads(r.headers[HEADER])
 
 
-def events(fd, **params) -> list[dict]:
-    r = httpx.get(fd.base_url + "/v1/models/history", params={"limit": 1000, **params}, timeout=60)
-    r.raise_for_status()
-    return r.json()["data"]
-
-
 def test_models_list_each_peft_adapter_with_its_base(door) -> None:
     data = {m["id"]: m["fitevict"] for m in httpx.get(door.base_url + "/v1/models", timeout=60).json()["data"]}
     assert data[SQL]["base"] == BASE and data[SQL]["engine"] == "transformers"
@@ -75,9 +69,9 @@ def test_alternating_adapters_load_the_base_once_and_each_changes_the_output(doo
     texts = {m: t for m, (t, _) in zip(order, got)}
     assert all(t == texts[m] for m, (t, _) in zip(order, got))  # greedy: each adapter answers the same each time
     assert len({texts[SQL], texts[POEM], base}) == 3  # the adapters really change the output
-    loads = [e for e in events(door, event="load") if e["model"] == BASE]
+    loads = [e for e in history(door, event="load") if e["model"] == BASE]
     assert len(loads) == 1  # one base load for both adapters
-    assert not [e for e in events(door) if e["model"] == BASE and e["event"] != "load"]  # no reload, no eviction
+    assert not [e for e in history(door) if e["model"] == BASE and e["event"] != "load"]  # no reload, no eviction
 
     first, rest = got[0][1], [r for _, r in got[1:]]
     assert (first["base_hit"], first["adapter_hit"], first["was_cached"]) == (False, False, False)
@@ -120,7 +114,7 @@ def test_concurrent_requests_for_both_adapters_each_get_their_own(door) -> None:
         together = list(pool.map(lambda m: complete(door, m), order))
     assert [text for text, _ in together] == [alone[m] for m in order]  # switches serialized on the seat
     assert all(rep["base_hit"] for _, rep in together)
-    assert len([e for e in events(door, event="load") if e["model"] == BASE]) == 1
+    assert len([e for e in history(door, event="load") if e["model"] == BASE]) == 1
 
 
 def test_the_ollama_route_switches_adapters_too(door) -> None:
@@ -145,7 +139,7 @@ def test_a_seat_with_adapters_learns_its_own_overhead(models: Path, hf_zoo: dict
         with front_door(tmp_path / run, *dirs, "--data-dir", str(tmp_path / "a" / "data")) as fd:
             complete(fd, SQL)
             complete(fd, "hf-plain")
-            loads = {e["model"]: e for e in reversed(events(fd, event="load"))}  # the newest of each
+            loads = {e["model"]: e for e in reversed(history(fd, event="load"))}  # the newest of each
     figures = {}
     for key in (BASE, "hf-plain"):
         d = loads[key]["details"]
