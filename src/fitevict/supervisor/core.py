@@ -351,6 +351,7 @@ class Supervisor:
                                          await request_report(self, entry, seat, w.arrived, request_id))
             yield seat
         finally:
+            seat.answered.set()
             self.scheduler.finished(got)
             if self.closed:
                 await self._notify()

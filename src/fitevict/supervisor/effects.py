@@ -10,6 +10,7 @@ ended the seat (eviction, unload, idle, a failed load, a crash, a cancelled load
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from dataclasses import replace
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fitevict.supervisor")
 
+# A new seat that was handed requests is read (its PSS, its log) once the first of them is answered, or after
+# this long: the reading takes milliseconds of CPU that, on a small machine, would slow the engine's first answer.
+FIRST_ANSWER_WAIT_S = 1.0
+
 
 class LiveEffects:
     def __init__(self, sup: Supervisor) -> None:
@@ -41,6 +46,7 @@ class LiveEffects:
         self.tasks: set[asyncio.Task] = set()
         self.recording: set[asyncio.Future] = set()  # load records still being written (history readers settle)
         self._wake: asyncio.TimerHandle | None = None
+        self.handed = 0  # requests handed a seat by ``dispatch`` (a load reads its seat after the first answer)
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -76,6 +82,7 @@ class LiveEffects:
         fut = self.sup.futures.pop(waiter, None)
         if fut is not None and not fut.done():
             fut.set_result(key)
+            self.handed += waiter.hold
         elif waiter.hold:  # it left in the same instant: give the slot back
             asyncio.get_running_loop().call_soon(self.sup.scheduler.finished, key)
 
@@ -203,9 +210,12 @@ class LiveEffects:
         self.recording.add(recorded)
         recorded.add_done_callback(self.recording.discard)
         try:
+            handed = self.handed
             sup.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=seat.load_seconds,
                                  config=cfg)  # the waiters get the seat now: what follows is off their path
-            await asyncio.sleep(0)  # let them send their first request before the seat is read
+            if self.handed > handed:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(seat.answered.wait(), FIRST_ANSWER_WAIT_S)
             read_seat(seat, engine, sup.nvml)
             await self._record_load(seat, plan, waiter.request_id, spec.notes)
         finally:

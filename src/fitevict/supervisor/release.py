@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fitevict.engines.process import group_alive, stop_process_group
+from fitevict.engines.process import Child, group_alive, stop_process_group
 from fitevict.host import procmem
 from fitevict.host.nvml import read_gpus
 from fitevict.pricing.footprint import HOST
@@ -110,7 +110,7 @@ async def verify_release(before: Mapping[str, int], held: Mapping[str, int | Non
 
 
 async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
-                          proc: asyncio.subprocess.Process | None, grace: float, release_timeout: float,
+                          proc: Child | None, grace: float, release_timeout: float,
                           nvml: Any, clock: Callable[[], float],
                           gpu_held: Mapping[str, int | None] | None = None) -> StopResult:
     """The one stop path: what the seat holds read just before, free memory read, the group stopped (SIGTERM,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fitevict.catalog import CatalogEntry
 from fitevict.engines.base import LaunchSpec
-from fitevict.engines.process import orphan_proof
+from fitevict.engines.process import Child, start_child
 from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST, Footprint
@@ -61,7 +61,7 @@ class SeatState:
     strategy: str
     split: str = ""  # where its split over several GPUs came from (the plan's words); "" on one device
     state: SeatPhase = SeatPhase.STARTING
-    proc: asyncio.subprocess.Process | None = None
+    proc: Child | None = None
     pid: int | None = None
     pgid: int | None = None
     ready_at: float | None = None
@@ -77,6 +77,8 @@ class SeatState:
     expected_exit: bool = False
     watcher: asyncio.Task | None = None
     timings: EngineTimings = field(default_factory=EngineTimings)  # the engine's own, summed over its answers
+    # set when a request it served ended: a new seat is read after its first answer, not while the engine works on it
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def base_url(self) -> str:
@@ -134,12 +136,8 @@ def log_tail(path: Path, n: int = 25) -> str:
 
 async def spawn(seat: SeatState, spec: LaunchSpec) -> None:
     """Start the engine process (own process group, own log file)."""
-    argv, preexec = orphan_proof(spec.argv)
     with seat.log_path.open("wb") as log:
-        seat.proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-            env=dict(spec.env), start_new_session=True, preexec_fn=preexec,
-        )
+        seat.proc = start_child(spec.argv, stdout=log, env=dict(spec.env))
     seat.pid = seat.pgid = seat.proc.pid
 
 
