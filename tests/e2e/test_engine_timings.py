@@ -21,12 +21,12 @@ def test_history_sums_the_timings_the_answers_carried(tmp_path: Path, llama_serv
                                                                              timeout=120) as c:
         seen = []
         for i, n in enumerate((3, 5, 8)):
-            r = c.post("/v1/chat/completions", json={"model": "llama-gqa", "max_tokens": n,
+            r = c.post("/v1/chat/completions", json={"model": "llama-gqa", "max_tokens": n, "ignore_eos": True,
                                                      "messages": [{"role": "user", "content": f"count {i} " * (i + 1)}]})
             assert r.status_code == 200, r.text
             seen.append(r.json()["timings"])
         stream = c.post("/v1/completions", json={"model": "llama-gqa", "prompt": "once", "max_tokens": 4,
-                                                 "stream": True})
+                                                 "stream": True, "ignore_eos": True})
         assert stream.status_code == 200
         last = [line for line in stream.text.splitlines() if '"timings"' in line][-1]
         seen.append(httpx.Response(200, content=last.removeprefix("data: ")).json()["timings"])

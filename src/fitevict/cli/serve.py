@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
+import os
 import sys
 from pathlib import Path
 
@@ -73,7 +73,7 @@ def serve(
         write_zoo(demo, progress=lambda m: err.print(f"  {m}"))
         overrides["models_dirs"] = [str(demo)]
         cfg = build_config(config, overrides)
-    binary = engine_binary(cfg)
+    engine_binary(cfg)  # a missing engine is an error before anything starts
     from fitevict.host.budget import BudgetError, budget_from_config
 
     try:  # a limit above the machine's total, or a reserve that leaves nothing, is a config error now
@@ -87,37 +87,16 @@ def serve(
         err.print(f"[yellow]warning:[/] binding {cfg.server.host} without API keys: anyone who can reach this port "
                   f"can load models and run inference. Set --api-key/--admin-key or server.api_keys.")
 
-    from fitevict.catalog import Catalog
-    from fitevict.config import ConfigError, redact_url
-    from fitevict.server.app import create_app
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        err.print(f"[red]bad --log-level:[/] {log_level!r}; use debug, info, warning or error")
+        raise typer.Exit(2)
+    # serve from a process without the CLI's libraries: same pid, same output (``fitevict.server.main``)
+    from fitevict.server.main import argv_for
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request is fitevict's own
-    # the format above names no source line, thread or process: skip finding them for every request's line
-    # (the "Optimization" table of Python's logging HOWTO)
-    logging._srcfile = None  # type: ignore[attr-defined]
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    try:
-        catalog = Catalog.from_config(cfg)
-    except ConfigError as e:
-        err.print(f"[red]config error:[/] {e}")
-        raise typer.Exit(2) from e
-    for note in catalog.notes:
-        err.print(f"note: {note}")
-    err.print(f"fitevict: {len(catalog)} models, engine {binary}, store {redact_url(cfg.store_url)}")
-    from fitevict.store import Store, StoreError, StoreVersionError
-
-    try:
-        store = Store.open(cfg.store_url)
-    except (StoreError, StoreVersionError, OSError) as e:
-        err.print(f"[red]store error:[/] {redact_url(cfg.store_url)}: {e}")
-        raise typer.Exit(2) from e
-    app = create_app(cfg, engine_binary=binary, catalog=catalog, store=store, own_store=True)
-    from fitevict.server.runner import serve as run_server
-
-    summary = run_server(app, app.state.supervisor, host=cfg.server.host, port=cfg.server.port, log_level=log_level)
-    if summary is not None:
-        err.print(summary.line(), highlight=False)
+    argv = argv_for(config, {k: v for k, v in overrides.items() if v is not None}, log_level.lower())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
 
 
 def register(app: typer.Typer) -> None:

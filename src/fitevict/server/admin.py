@@ -1,4 +1,4 @@
-"""The admin routes: residents, history, plan (dry run), load, unload, /health and /metrics."""
+"""The admin routes: residents, history, plan (dry run), load, unload (/health and /metrics: ``plain``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import StreamingResponse
 
-from fitevict import __version__
 from fitevict.loadreport import plan_hits
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
@@ -22,7 +20,7 @@ from fitevict.units import GiB
 
 def router(door: Door) -> APIRouter:
     app = APIRouter()
-    catalog, sup, metrics, store = door.catalog, door.sup, door.metrics, door.store
+    catalog, sup, store = door.catalog, door.sup, door.store
     check_auth, read_json, resolve = door.check_auth, door.read_json, door.resolve
     check_gguf_file, supervisor_error = door.check_gguf_file, door.supervisor_error
 
@@ -101,20 +99,6 @@ def router(door: Door) -> APIRouter:
         return {"model": entry.key, "unloaded": True, "freed_bytes": res.freed_bytes,
                 "freed_source": freed_source, "release_verified": res.verified,
                 "exit_seconds": res.exit_seconds, "release_seconds": res.release_seconds, "note": res.note}
-
-    @app.get("/health", tags=["admin"])
-    async def health() -> dict:
-        return {"status": "ok", "version": __version__, "residents": len(sup.seats),
-                "models": len(catalog.entries())}
-
-    @app.get("/metrics", tags=["admin"], include_in_schema=True)
-    async def prom(request: Request) -> Response:
-        if not door.config.server.metrics_public:
-            check_auth(request, admin=False)
-        await sup.settle()  # counters include every event of what has already been answered
-        budget = await asyncio.to_thread(sup.budget)
-        metrics.collect(budget, sup.resident_views())
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
+from starlette.requests import Request
 
 from fitevict.catalog import Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import Config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from starlette.responses import JSONResponse
 
 
 class ApiError(Exception):

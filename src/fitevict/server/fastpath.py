@@ -28,7 +28,7 @@ from starlette.datastructures import Headers
 
 from fitevict.contract import with_lora
 from fitevict.loadreport import report_headers
-from fitevict.server import progress
+from fitevict.server import plain, progress
 from fitevict.server.door import Door, Prepared, new_request_id, parse_json
 from fitevict.server.metrics import Metrics
 from fitevict.server.errors import ApiError
@@ -218,23 +218,50 @@ class _Hangup:
 
 
 class FastPath:
-    """ASGI app: ``ROUTES`` here, anything else to ``app`` (the FastAPI app)."""
+    """ASGI app: ``ROUTES`` and ``plain.ROUTES`` here, the ASGI lifespan (``startup``, ``shutdown``), anything
+    else to the app that ``build`` makes on the first request that needs it (the FastAPI app)."""
 
-    def __init__(self, app: Callable, door: Door) -> None:
-        self.app = app
+    def __init__(self, door: Door, *, build: Callable[[], Any], startup: Callable[[], Awaitable[None]],
+                 shutdown: Callable[[], Awaitable[None]], state: Any) -> None:
         self.door = door
+        self.state = state
         self.log = RequestLog(door.metrics)
+        self._build, self._startup, self._shutdown = build, startup, shutdown
+        self._app: Any = None
 
     @property
-    def state(self) -> Any:
-        return self.app.state
+    def app(self) -> Any:
+        """The app behind the fast path, built now if no request needed it yet."""
+        if self._app is None:
+            self._app = self._build()
+        return self._app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            endpoint = ROUTES.get(scope["path"])
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            endpoint = ROUTES.get(path)
             if endpoint is not None:
                 return await self.serve(endpoint, scope, receive, send)
+            if path in plain.ROUTES:
+                return await plain.answer(self.door, path, scope, send)
+        elif kind == "lifespan":
+            return await self._lifespan(receive, send)
         await self.app(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """ASGI's lifespan protocol: start the supervisor and its helpers, and stop them at the end."""
+        while True:
+            msg = await receive()
+            step = msg["type"].rsplit(".", 1)[-1]  # "startup" or "shutdown"
+            try:
+                await (self._startup() if step == "startup" else self._shutdown())
+            except BaseException as e:
+                await send({"type": f"lifespan.{step}.failed", "message": f"{type(e).__name__}: {e}"})
+                raise
+            await send({"type": f"lifespan.{step}.complete"})
+            if step == "shutdown":
+                return
 
     async def serve(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from fastapi.responses import StreamingResponse
+from starlette.responses import StreamingResponse
 
 from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract, with_lora

@@ -1,0 +1,107 @@
+"""The GET routes that clients and monitors poll (``/health``, ``/v1/models``, ``/metrics``), answered as raw ASGI
+ahead of FastAPI like the inference routes, so that a front door that only serves and is watched never builds
+the FastAPI app (FastAPI, pydantic and the route models are about 20 MiB of the process; see
+``docs/benchmarks.md``). The admin API, the Ollama routes and the dashboard build it on their first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from fitevict import __version__
+from fitevict.pricing.adapters import listed_adapter_bytes
+from fitevict.server.door import Door
+from fitevict.server.errors import ApiError
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+JSON = b"application/json"
+
+
+def health(door: Door) -> dict[str, Any]:
+    return {"status": "ok", "version": __version__, "residents": len(door.sup.seats),
+            "models": len(door.catalog.entries())}
+
+
+def model_list(door: Door) -> dict[str, Any]:
+    """``GET /v1/models``: the catalog in OpenAI's format, with fitevict's residency and bytes per model."""
+    catalog, sup = door.catalog, door.sup
+    views = {v["key"]: v for v in sup.resident_views()}
+    adapters: dict[str, list[str]] = {}
+    for e in catalog.entries():
+        if e.base is not None:
+            adapters.setdefault(e.base, []).append(e.key)
+    data = []
+    for e in catalog.entries():
+        v = views.get(e.base or e.key)  # an adapter is resident with its base's seat
+        path = Path(e.path)
+        data.append({
+            "id": e.key, "object": "model", "created": int(path.stat().st_mtime) if path.exists() else 0,
+            "owned_by": "fitevict",
+            "fitevict": {"engine": e.engine, "aliases": list(e.aliases), "pinned": e.pinned,
+                         "file": {"bytes": e.file_bytes, "source": "file-size"},
+                         "resident": v is not None, "state": v["state"] if v else None,
+                         "resident_bytes": v["devices"] if v else None,
+                         **({"base": e.base, "adapter_bytes": listed_adapter_bytes(e.kind, e.files)}
+                            if e.base else {}),
+                         **({"adapters": adapters[e.key]} if e.key in adapters else {})},
+        })
+    return {"object": "list", "data": data}
+
+
+async def metrics_text(door: Door) -> bytes:
+    """``GET /metrics``: Prometheus' text format, the gauges read now."""
+    sup = door.sup
+    await sup.settle()  # counters include every event of what has already been answered
+    budget = await asyncio.to_thread(sup.budget)
+    door.metrics.collect(budget, sup.resident_views())
+    return generate_latest(door.metrics.registry)
+
+
+async def _health(door: Door) -> tuple[bytes, bytes]:
+    return JSON, json.dumps(health(door)).encode()
+
+
+async def _models(door: Door) -> tuple[bytes, bytes]:
+    return JSON, json.dumps(model_list(door)).encode()
+
+
+async def _metrics(door: Door) -> tuple[bytes, bytes]:
+    return CONTENT_TYPE_LATEST.encode(), await metrics_text(door)
+
+
+# path -> (the answer, who may read it: "public", "user", or "metrics" (public when server.metrics_public))
+ROUTES: dict[str, tuple[Callable[[Door], Awaitable[tuple[bytes, bytes]]], str]] = {
+    "/health": (_health, "public"), "/v1/models": (_models, "user"), "/metrics": (_metrics, "metrics"),
+}
+
+
+async def answer(door: Door, path: str, scope: MutableMapping[str, Any], send: Send) -> None:
+    """Answer a plain route (``path`` in ``ROUTES``); errors in OpenAI's envelope, as everywhere."""
+    make, who = ROUTES[path]
+    try:
+        if scope["method"] not in ("GET", "HEAD"):
+            raise ApiError(405, "Method Not Allowed", headers={"Allow": "GET"})
+        if who == "user" or (who == "metrics" and not door.config.server.metrics_public):
+            auth = api_key = ""
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    auth = value.decode("latin-1")
+                elif name == b"x-api-key":
+                    api_key = value.decode("latin-1")
+            door.check_key(auth, api_key, admin=False)
+        content_type, body = await make(door)
+    except ApiError as e:
+        return await e.response()(scope, _no_body, send)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+
+async def _no_body() -> MutableMapping[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
