@@ -18,6 +18,7 @@ from types import FrameType
 
 import uvicorn
 
+from fitevict.server.gathered import GatheredHttpToolsProtocol
 from fitevict.supervisor import ShutdownSummary, Supervisor
 
 
@@ -77,9 +78,9 @@ class _Server(uvicorn.Server):
 def serve(app, sup: Supervisor, *, host: str, port: int, log_level: str) -> ShutdownSummary | None:
     grace = sup.config.policy.shutdown_grace_seconds
     # proxy_headers off: fitevict reads no client address, so X-Forwarded-* need no parsing per request
-    # ws "none": fitevict has no WebSocket route, so no WebSocket library is loaded
+    # ws "none": fitevict has no WebSocket route, so no WebSocket library is loaded; http: one write per answer
     cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, proxy_headers=False,
-                         ws="none", timeout_graceful_shutdown=int(grace + sup.config.engine.stop_grace_seconds + 5))
+                         ws="none", http=GatheredHttpToolsProtocol, timeout_graceful_shutdown=int(grace + sup.config.engine.stop_grace_seconds + 5))
     server = _Server(cfg, sup, getattr(app.state, "catalog_watch", None))
     server.run()
     return sup.summary

@@ -1,0 +1,42 @@
+"""Writes within one event-loop turn leave as one write (``server/gathered.py``), over a real socket pair."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from fitevict.server.gathered import _Gathered
+
+
+class _Recording(asyncio.Protocol):
+    pass
+
+
+def test_writes_in_one_turn_go_out_as_one_and_close_sends_what_is_gathered() -> None:
+    async def run() -> tuple[list[bytes], bytes]:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        transport, _ = await loop.create_connection(_Recording, sock=ours)
+        writes: list[bytes] = []
+        real_write = transport.write
+        transport.write = lambda data: (writes.append(bytes(data)), real_write(data))  # type: ignore[method-assign]
+        g = _Gathered(transport, loop)
+        g.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        g.write(b"body")
+        assert writes == [] and g.get_write_buffer_size() == len(b"HTTP/1.1 200 OK\r\n\r\nbody")
+        await asyncio.sleep(0)  # the turn ends: one write of both
+        assert writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+        g.write(b"last")
+        g.close()  # what was gathered goes before the close
+        assert writes[-1] == b"last"
+        await asyncio.sleep(0)
+        theirs.settimeout(5)
+        got = b""
+        while chunk := theirs.recv(1024):
+            got += chunk
+        theirs.close()
+        return writes, got
+
+    writes, got = asyncio.run(run())
+    assert len(writes) == 2
+    assert got == b"HTTP/1.1 200 OK\r\n\r\nbodylast"
