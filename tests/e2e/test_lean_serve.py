@@ -48,8 +48,10 @@ def test_serving_loads_fastapi_only_for_routes_that_need_it(tmp_path: Path, llam
         assert bad.status_code == 405 and bad.json()["error"]["message"] == "Method Not Allowed"
         assert "pydantic_core" not in _maps(pid)
         before = _rss_kib(pid)
+        assert c.get("/v1/models/residents").json()["data"][0]["key"] == "llama-gqa"  # polled: plain too
+        assert "pydantic_core" not in _maps(pid)
         # an admin route builds the FastAPI app (and its models) then, once
-        assert c.get("/v1/models/residents").json()["data"][0]["key"] == "llama-gqa"
+        assert c.get("/v1/models/history", params={"event": "load"}).json()["data"][0]["model"] == "llama-gqa"
         assert "pydantic_core" in _maps(pid)
         assert _rss_kib(pid) > before
         assert c.get("/v1/models/llama-gqa").json()["id"] == "llama-gqa"

@@ -1,4 +1,4 @@
-"""Writes within one event-loop turn leave as one write (``server/gathered.py``), over a real socket pair."""
+"""A write joins the next one in the same event-loop turn (``server/gathered.py``), over a real socket pair."""
 
 from __future__ import annotations
 
@@ -22,12 +22,15 @@ def test_writes_in_one_turn_go_out_as_one_and_close_sends_what_is_gathered() -> 
         transport.write = lambda data: (writes.append(bytes(data)), real_write(data))  # type: ignore[method-assign]
         g = _Gathered(transport, loop)
         g.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        assert writes == [] and g.get_write_buffer_size() == len(b"HTTP/1.1 200 OK\r\n\r\n")  # held
         g.write(b"body")
-        assert writes == [] and g.get_write_buffer_size() == len(b"HTTP/1.1 200 OK\r\n\r\nbody")
-        await asyncio.sleep(0)  # the turn ends: one write of both
-        assert writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+        assert writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]  # the next write sends both, at once
+        g.write(b"chunk")
+        assert writes[-1] != b"chunk"
+        await asyncio.sleep(0)  # the turn ends: a lone write goes out
+        assert writes[-1] == b"chunk"
         g.write(b"last")
-        g.close()  # what was gathered goes before the close
+        g.close()  # what is held goes before the close
         assert writes[-1] == b"last"
         await asyncio.sleep(0)
         theirs.settimeout(5)
@@ -38,5 +41,5 @@ def test_writes_in_one_turn_go_out_as_one_and_close_sends_what_is_gathered() -> 
         return writes, got
 
     writes, got = asyncio.run(run())
-    assert len(writes) == 2
-    assert got == b"HTTP/1.1 200 OK\r\n\r\nbodylast"
+    assert len(writes) == 3
+    assert got == b"HTTP/1.1 200 OK\r\n\r\nbodychunklast"

@@ -1,4 +1,4 @@
-"""The admin routes: residents, history, plan (dry run), load, unload (/health and /metrics: ``plain``)."""
+"""The admin routes: history, plan (dry run), load, unload (residents, /health and /metrics: ``plain``)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,6 @@ def router(door: Door) -> APIRouter:
     catalog, sup, store = door.catalog, door.sup, door.store
     check_auth, read_json, resolve = door.check_auth, door.read_json, door.resolve
     check_gguf_file, supervisor_error = door.check_gguf_file, door.supervisor_error
-
-    @app.get("/v1/models/residents", tags=["admin"], summary="What is loaded (like `ollama ps`)")
-    async def residents(request: Request) -> dict:
-        check_auth(request, admin=False)
-        return {"object": "list", "data": sup.resident_views(), "waiting": sup.queue_view()}
 
     @app.get("/v1/models/history", tags=["admin"], summary="What fitevict did, and why")
     async def history(request: Request, since: float | None = Query(None, description="unix seconds"),

@@ -1,9 +1,10 @@
 """uvicorn's httptools protocol with its writes gathered per event-loop turn.
 
 An ASGI answer is at least two messages (the head, then the body), and uvicorn writes each at once: two system
-calls, and two wake-ups of the client, for every answer. Here the writes made in one turn of the event loop go
-out as one (a call scheduled with ``call_soon`` joins them), so a whole answer is one write, and a stream's chunks
-still go out in the turn they were relayed. Closing writes what is gathered first.
+calls, and two wake-ups of the client, for every answer. Here a write is held until the next write or the end of
+the event loop's turn (``call_soon``), whichever comes first: a whole answer (head and body) is one write, made
+when its body is sent, so what the handler does after its last ``send`` (the log line, the metrics) is not in the
+client's wait; a stream's chunk goes out in the turn it was relayed. Closing writes what is held first.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class _Gathered:
-    """A transport whose ``write``s within one loop turn become one write of the real transport."""
+    """A transport that joins a write to the one after it, when that comes in the same loop turn."""
 
     __slots__ = ("_transport", "_loop", "_parts")
 
@@ -23,9 +24,13 @@ class _Gathered:
         self._transport, self._loop, self._parts = transport, loop, []
 
     def write(self, data: bytes) -> None:
-        if not self._parts:
+        parts = self._parts
+        if not parts:  # held until the next write or the end of this turn, whichever comes first
+            parts.append(data)
             self._loop.call_soon(self.flush)
-        self._parts.append(data)
+            return
+        parts.append(data)  # the next write: both go now, so an answer's last bytes never wait for the turn
+        self.flush()
 
     def flush(self) -> None:
         parts = self._parts

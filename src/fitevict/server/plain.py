@@ -1,4 +1,5 @@
-"""The GET routes that clients and monitors poll (``/health``, ``/v1/models``, ``/metrics``), answered as raw ASGI
+"""The GET routes that clients and monitors poll (``/health``, ``/v1/models``, ``/v1/models/residents``,
+``/metrics``), answered as raw ASGI
 ahead of FastAPI like the inference routes, so that a front door that only serves and is watched never builds
 the FastAPI app (FastAPI, pydantic and the route models are about 20 MiB of the process; see
 ``docs/benchmarks.md``). The admin API, the Ollama routes and the dashboard build it on their first request.
@@ -63,6 +64,15 @@ async def metrics_text(door: Door) -> bytes:
     return generate_latest(door.metrics.registry)
 
 
+def residents(door: Door) -> dict[str, Any]:
+    """``GET /v1/models/residents``: what is loaded (like ``ollama ps``) and who waits for what."""
+    return {"object": "list", "data": door.sup.resident_views(), "waiting": door.sup.queue_view()}
+
+
+async def _residents(door: Door) -> tuple[bytes, bytes]:
+    return JSON, json.dumps(residents(door)).encode()
+
+
 async def _health(door: Door) -> tuple[bytes, bytes]:
     return JSON, json.dumps(health(door)).encode()
 
@@ -77,7 +87,8 @@ async def _metrics(door: Door) -> tuple[bytes, bytes]:
 
 # path -> (the answer, who may read it: "public", "user", or "metrics" (public when server.metrics_public))
 ROUTES: dict[str, tuple[Callable[[Door], Awaitable[tuple[bytes, bytes]]], str]] = {
-    "/health": (_health, "public"), "/v1/models": (_models, "user"), "/metrics": (_metrics, "metrics"),
+    "/health": (_health, "public"), "/v1/models": (_models, "user"), "/v1/models/residents": (_residents, "user"),
+    "/metrics": (_metrics, "metrics"),
 }
 
 
