@@ -68,3 +68,16 @@ def test_plain_routes_keep_the_keys_rule(tmp_path: Path, llama_server: Path) -> 
         ok = httpx.get(fd.base_url + "/v1/models", headers={"Authorization": "Bearer k1"})
         assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "llama-gqa"
         assert httpx.get(fd.base_url + "/metrics", headers={"x-api-key": "k1"}).status_code == 200
+
+
+def test_the_readme_first_command_serves_the_demo_zoo_from_the_lean_process(tmp_path: Path,
+                                                                           llama_server: Path) -> None:
+    """``./run.sh serve`` is ``fitevict serve --demo-if-empty``: with no models configured the demo zoo is written,
+    and its models are served by the serving process that ``serve`` execs into (the overrides survive the exec)."""
+    with front_door(tmp_path, "--demo-if-empty") as fd, httpx.Client(base_url=fd.base_url, timeout=120) as c:
+        assert b"fitevict.server.main" in Path(f"/proc/{fd.proc.pid}/cmdline").read_bytes()
+        ids = {m["id"] for m in c.get("/v1/models").json()["data"]}
+        assert {"llama-gqa", "llama-medium", "mamba"} <= ids
+        r = c.post("/v1/completions", json={"model": "llama-gqa", "prompt": "hi", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    assert (fd.data_dir / "demo-models" / "llama-gqa.gguf").is_file()
