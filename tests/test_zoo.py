@@ -255,7 +255,7 @@ def test_medium_is_about_200_mb(zoo: dict[str, ZooModel]) -> None:
     m = zoo["llama-medium"]
     assert 150e6 <= m.file_bytes <= 260e6
     assert m.quant == "F16"
-    assert max(zoo[n].file_bytes for n in SMALL) < 3e6
+    assert max(zoo[n].file_bytes for n in SMALL) < 20e6  # the rest are small (zoo v2: 1 to 17 MB)
 
 
 def _cli() -> typer.Typer:

@@ -17,6 +17,8 @@ model that a config entry points at keeps its discovered key as an alias.
 
 from __future__ import annotations
 
+import dataclasses
+
 import difflib
 import os
 import re
@@ -316,7 +318,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _entry(f: _Found, settings: ModelConfig) -> CatalogEntry:
+def _entry(f: _Found, settings: ModelConfig, engine_args: tuple[str, ...] = ()) -> CatalogEntry:
     where = f"models.{settings.key}"
     engine = settings.engine or ("llama-server" if f.kind == "gguf" else "transformers")
     if f.kind == "hf" and engine == "llama-server":
@@ -324,6 +326,8 @@ def _entry(f: _Found, settings: ModelConfig) -> CatalogEntry:
             f"{where}.engine = 'llama-server': {f.path} is a Hugging Face safetensors model, which llama-server "
             "cannot load; use engine 'transformers' or 'vllm', or convert it to GGUF"
         )
+    if engine == "llama-server" and engine_args:
+        settings = dataclasses.replace(settings, extra_args=(*engine_args, *settings.extra_args))
     mmproj = f.mmproj
     if settings.mmproj is not None:
         if not settings.mmproj.is_file():
@@ -372,8 +376,10 @@ class Catalog:
         self.notes: tuple[str, ...] = tuple(notes)
 
     @classmethod
-    def scan(cls, models_dirs: Sequence[Path], models: Mapping[str, ModelConfig] | None = None) -> "Catalog":
-        """Walk ``models_dirs`` (in order; the first wins a tie) and apply ``[models.<key>]`` entries."""
+    def scan(cls, models_dirs: Sequence[Path], models: Mapping[str, ModelConfig] | None = None,
+             engine_args: Sequence[str] = ()) -> "Catalog":
+        """Walk ``models_dirs`` (in order; the first wins a tie) and apply ``[models.<key>]`` entries.
+        ``engine_args`` (``engine.extra_args``) go on every llama-server model's command line, before its own."""
         notes: list[str] = []
         found: list[_Found] = []
         peft: list[Path] = []
@@ -409,12 +415,13 @@ class Catalog:
                     )
             f.chain, f.level = (m.key,), 0
             settings[id(f)] = m
-        entries = [_entry(f, settings.get(id(f)) or ModelConfig(key=f.key)) for f in by_key.values()]
+        entries = [_entry(f, settings.get(id(f)) or ModelConfig(key=f.key), tuple(engine_args))
+                   for f in by_key.values()]
         return cls(add_adapters(entries, peft, adapter_settings, notes), notes)
 
     @classmethod
     def from_config(cls, config: Config) -> "Catalog":
-        return cls.scan(config.models_dirs, config.models)
+        return cls.scan(config.models_dirs, config.models, config.engine.extra_args)
 
     def entries(self) -> tuple[CatalogEntry, ...]:
         return self._entries

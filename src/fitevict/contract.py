@@ -15,6 +15,7 @@ from typing import Any
 
 from fitevict import planner as pl
 from fitevict.catalog import CatalogEntry
+from fitevict.pricing.cmdline import absorb_memory_flags
 from fitevict.pricing.loadconfig import LoadConfig
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
@@ -172,6 +173,8 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
         embeddings=c.embeddings if c.embeddings is not None else bool(s.embeddings),
         loras=tuple(str(p) for p in entry.loras),
     )
+    if entry.engine == "llama-server":
+        cfg = absorb_memory_flags(cfg, s.extra_args)[0]  # -nr among the extra arguments is priced
     mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
     path = Path(entry.base_path if entry.base_path is not None else entry.path)
     if c.gguf_file:
@@ -179,6 +182,14 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
 
         path = resolve_gguf_file(entry, c.gguf_file)
     return cfg, mode, path
+
+
+def passthrough_args(entry: CatalogEntry) -> tuple[str, ...]:
+    """A model's extra arguments (``engine.extra_args`` first) less those its LoadConfig carries: what goes on the
+    engine's command line as given, after the flags the argv builder spells from the LoadConfig."""
+    if entry.engine != "llama-server":
+        return tuple(entry.settings.extra_args)
+    return absorb_memory_flags(LoadConfig(), entry.settings.extra_args)[1]
 
 
 def fixed_fields(contract: Contract | None) -> frozenset[str]:

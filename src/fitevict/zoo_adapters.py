@@ -23,7 +23,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from fitevict.zoo import _BY_NAME, ZooError, _tensor_shapes
+from fitevict.pricing.gguf import load_structure
+from fitevict.zoo import _BY_NAME, ZooError
 
 ADAPTER_DIR_SUFFIX = ".adapters"
 DEMO_ADAPTERS: tuple[str, ...] = ("sql", "poem", "math", "chat")
@@ -48,15 +49,16 @@ def adapter_dir(base_file: Path) -> Path:
     return base_file.with_name(base_file.name[: -len(".gguf")] + ADAPTER_DIR_SUFFIX)
 
 
-def _pairs(base: str, rank: int) -> list[tuple[str, tuple[int, int], tuple[int, int]]]:
-    """(weight name, numpy shape of lora_a, numpy shape of lora_b) per adapted weight.
+def _pairs(base_file: Path, rank: int) -> list[tuple[str, tuple[int, int], tuple[int, int]]]:
+    """(weight name, numpy shape of lora_a, numpy shape of lora_b) per adapted weight of the base file as written
+    (whichever zoo version wrote it).
 
     Numpy shapes are ggml's ``ne`` reversed: ``lora_a`` ne ``[n_in, r]`` is ``(r, n_in)``."""
     out = []
-    for name, shape, kind in _tensor_shapes(_BY_NAME[base]):
-        if kind == "weight" and len(shape) == 2 and name.endswith(_TARGETS):
-            n_out, n_in = shape
-            out.append((name, (rank, n_in), (n_out, rank)))
+    for t in load_structure(base_file).tensors:
+        if len(t.shape) == 2 and t.name.endswith(_TARGETS):
+            n_in, n_out = t.shape
+            out.append((t.name, (rank, n_in), (n_out, rank)))
     return out
 
 
@@ -70,7 +72,7 @@ def write_adapter(base_file: Path, base: str, name: str, *, rank: int = 8) -> Zo
     recipe = _BY_NAME.get(base)
     if recipe is None:
         raise ZooError(f"unknown zoo model {base!r}; adapters can be written for: {', '.join(sorted(_BY_NAME))}")
-    pairs = _pairs(base, rank)
+    pairs = _pairs(base_file, rank)
     if not pairs:
         raise ZooError(f"zoo model {base!r} has no 2-D weights named *{', *'.join(_TARGETS)} to adapt")
     folder = adapter_dir(base_file)

@@ -43,19 +43,20 @@ def _cfg(**kw: object) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(kw.items()))
 
 
-_BASE = dict(vocab_size=VOCAB, hidden_size=96, intermediate_size=250, num_hidden_layers=2, num_attention_heads=6,
+# realistic shapes: 64-wide heads, hidden and FFN sizes multiples of 64 (the kernels' blocks, bitsandbytes' 64)
+_BASE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 HF_ZOO: tuple[HfRecipe, ...] = (
-    HfRecipe("hf-llama-gqa", "llama", "Llama, GQA (6 heads, 2 KV heads)",
+    HfRecipe("hf-llama-gqa", "llama", "Llama, GQA (4 heads, 2 KV heads)",
              _cfg(**_BASE, num_key_value_heads=2, tie_word_embeddings=False), 11),
     HfRecipe("hf-qwen2-swa", "qwen2", "Qwen2, sliding window 64 on layers 1-2 (use_sliding_window, max_window_layers)",
-             _cfg(**{**_BASE, "num_hidden_layers": 3}, num_key_value_heads=3, use_sliding_window=True,
+             _cfg(**{**_BASE, "num_hidden_layers": 3}, num_key_value_heads=1, use_sliding_window=True,
                   sliding_window=64, max_window_layers=1, tie_word_embeddings=False), 12),
     HfRecipe("hf-mixtral-moe", "mixtral", "Mixtral MoE, 4 experts, 2 per token",
-             _cfg(**{**_BASE, "intermediate_size": 120}, num_key_value_heads=2, num_local_experts=4,
+             _cfg(**{**_BASE, "intermediate_size": 256}, num_key_value_heads=2, num_local_experts=4,
                   num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False), 13),
     HfRecipe("hf-llama-tied", "llama", "Llama with tied input/output embeddings",
-             _cfg(**_BASE, num_key_value_heads=6, tie_word_embeddings=True), 14),
+             _cfg(**_BASE, num_key_value_heads=4, tie_word_embeddings=True), 14),
     HfRecipe("hf-ddpm", "ddpm", "diffusers DDPM pipeline: a tiny UNet2D and a DDPM scheduler (100 steps)",
              _cfg(sample_size=8, block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4,
                   num_train_timesteps=100), 15),

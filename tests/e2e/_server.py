@@ -22,6 +22,16 @@ from pathlib import Path
 import httpx
 
 STOP_GRACE_S = 10.0
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGABRT)
+
+
+class EngineCrashed(AssertionError):
+    """The engine died by a crash signal before it was healthy (the pinned build does, on Intel AMX, with quantized
+    weights and repacking on)."""
+
+    def __init__(self, why: str, signal_name: str) -> None:
+        super().__init__(why)
+        self.signal_name = signal_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +102,10 @@ def _wait_healthy(proc: subprocess.Popen[bytes], base_url: str, log_path: Path, 
                 rc = proc.wait(timeout=min(0.1, remaining))
             except subprocess.TimeoutExpired:
                 continue
-            raise AssertionError(
-                f"llama-server exited with code {rc} before becoming healthy; log {log_path}:\n{log_tail(log_path)}"
-            )
+            why = f"llama-server exited with code {rc} before becoming healthy; log {log_path}:\n{log_tail(log_path)}"
+            if -rc in CRASH_SIGNALS:
+                raise EngineCrashed(why, signal.Signals(-rc).name)
+            raise AssertionError(why)
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.engines import install as inst
+from fitevict.host.machine import this_cpu
 
 
 def _exe(path: Path, body: str = "#!/bin/sh\necho fake\n") -> Path:
@@ -20,12 +21,21 @@ def _exe(path: Path, body: str = "#!/bin/sh\necho fake\n") -> Path:
     return path
 
 
-def _fake_cache_install(base: Path) -> Path:
+def _fake_cache_install(base: Path, cpu: str | None = None) -> Path:
     bin_dir = inst.installed_bin_dir(base)
     for b in inst.BINARIES:
         _exe(bin_dir / b)
-    (bin_dir / inst.STAMP).write_text(f'{{"version": "{inst.SDIST_VERSION}"}}')
+    cpu = this_cpu().fingerprint if cpu is None else cpu
+    (bin_dir / inst.STAMP).write_text(f'{{"version": "{inst.SDIST_VERSION}", "cpu": "{cpu}"}}')
     return bin_dir
+
+
+def test_a_build_for_another_cpu_is_not_an_install_here(tmp_path: Path) -> None:
+    # a native build records the CPU it was built on; another CPU (or a stamp without one) builds again
+    _fake_cache_install(tmp_path / "other", cpu="0123456789ab")
+    assert inst.read_stamp(tmp_path / "other") is None
+    _fake_cache_install(tmp_path / "here")
+    assert inst.read_stamp(tmp_path / "here") is not None
 
 
 def test_lookup_order_config_env_path_cache(tmp_path: Path) -> None:
@@ -138,7 +148,7 @@ def test_cache_prefers_an_installed_cuda_build(tmp_path: Path) -> None:
     cuda = inst.installed_bin_dir(base, "cuda")
     for b in inst.BINARIES:
         _exe(cuda / b)
-    (cuda / inst.STAMP).write_text(f'{{"version": "{inst.SDIST_VERSION}", "variant": "cuda"}}')
+    (cuda / inst.STAMP).write_text(f'{{"version": "{inst.SDIST_VERSION}", "variant": "cuda", "cpu": "{this_cpu().fingerprint}"}}')
     r = inst.resolve_binary(env={"PATH": ""}, base=base)
     assert r.path == cuda / "llama-server" and "CUDA build" in r.why
     # a stamp written for another variant does not count as this one

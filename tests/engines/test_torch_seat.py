@@ -189,7 +189,8 @@ def test_seat_serves_openai_routes_and_releases_cleanly(hf_zoo: dict, tmp_path: 
         comp = client.completions.create(model=z.name, prompt="the model fits", max_tokens=3)
         assert comp.usage is not None and comp.usage.completion_tokens == 3
         emb = client.embeddings.create(model=z.name, input=["hello", "world"])
-        assert len(emb.data) == 2 and len(emb.data[0].embedding) == 96
+        hidden = json.loads((z.path / "config.json").read_text())["hidden_size"]
+        assert len(emb.data) == 2 and len(emb.data[0].embedding) == hidden
 
         doc = TransformersEngine.fetch_footprint(seat.port)
         assert doc["walk"]["held_bytes"] == price_hf(load_hf_structure(z.path), cfg).model_bytes
@@ -242,7 +243,8 @@ def test_leak_breaker_names_a_leaked_tensor(hf_zoo: dict, tmp_path: Path) -> Non
                       test_keep_tensor=leaked) as seat:
         report = TransformersEngine.unload(seat.port)
     assert report["verdict"] == "leak"
-    assert report["leaks"] == [{"path": leaked, "bytes": 250 * 96 * 2}]
+    c = json.loads((z.path / "config.json").read_text())
+    assert report["leaks"] == [{"path": leaked, "bytes": c["intermediate_size"] * c["hidden_size"] * 2}]  # bf16
 
 
 @pytest.mark.e2e

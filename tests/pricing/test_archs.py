@@ -12,8 +12,11 @@ from fitevict.pricing.ggml_types import row_size
 from fitevict.pricing.gguf import SWA_RULES, GgufStructure, load_structure, swa_layout
 from fitevict.pricing.kv import kv_layers, resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.hostbufs import rule_table
 from fitevict.pricing.placement import place
 from fitevict.pricing.price import price
+
+X86_AVX512 = rule_table({"avx2", "avx512f"})  # the rules of an x86 CPU with AVX-512 and no AMX
 
 ARCHS = ("qwen3-headdim", "gemma3-swa", "deepseek2-mla", "bloom-alibi", "qwen2moe-shexp", "phi-fusedqkv")
 
@@ -23,7 +26,7 @@ def arch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, GgufStructure]:
     from fitevict.zoo import write_zoo
 
     dest = tmp_path_factory.mktemp("arch-zoo")
-    return {m.name: load_structure(m.path) for m in write_zoo(dest, only=ARCHS)}
+    return {m.name: load_structure(m.path) for m in write_zoo(dest, only=ARCHS, version=1)}  # figures from v1
 
 
 # ---------------------------------------------------------------------------------------------- SWA rules
@@ -116,7 +119,7 @@ def test_mla_caches_one_latent_row_and_no_v(arch: dict[str, GgufStructure]) -> N
 
 def test_mtp_block_weights_are_not_loaded(arch: dict[str, GgufStructure]) -> None:
     s = arch["deepseek2-mla"]
-    pl = place(s, LoadConfig(n_ctx=1000))
+    pl = place(s, LoadConfig(n_ctx=1000), X86_AVX512)
     placed = {name for name, _ in pl.tensor_buffer}
     assert not any(n.startswith("blk.3.") for n in placed)
     trunk = [t for t in s.tensors if t.layer is None or t.layer < 3]
@@ -130,7 +133,7 @@ def test_mtp_block_weights_are_not_loaded(arch: dict[str, GgufStructure]) -> Non
 
 def test_token_embd_norm_goes_with_layer_zero(arch: dict[str, GgufStructure]) -> None:
     s = arch["bloom-alibi"]
-    pl = place(s, LoadConfig(n_ctx=1000, devices=("CUDA0",), n_gpu_layers=-1))
+    pl = place(s, LoadConfig(n_ctx=1000, devices=("CUDA0",), n_gpu_layers=-1), X86_AVX512)
     where = dict(pl.tensor_buffer)
     assert where["token_embd.weight"] == "CPU_Mapped"  # the input layer stays on the CPU
     assert where["token_embd_norm.weight"] == where["blk.0.attn_norm.weight"] == "CUDA0"

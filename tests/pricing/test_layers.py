@@ -64,18 +64,21 @@ def test_state_widths_follow_llama_hparams() -> None:
 
 
 def test_zoo_hybrids_price_their_states_per_slot(zoo: dict) -> None:
-    """lfm2: 3 short-conv layers of f32 [192, 4 slots] (3072 B, already 32-aligned) and an empty scan state;
-    granitehybrid: 3 mamba2 layers of [768, 4] + [3072, 4] f32."""
+    """lfm2: 3 short-conv layers of f32 [(l_cache - 1) * n_embd, 4 slots] and an empty scan state;
+    granitehybrid: 3 mamba2 layers of [(d_conv - 1) * (d_inner + 2 * n_group * d_state), 4] + [d_state * d_inner, 4]
+    f32 (zoo v2: [2 * 384, 4] and [3 * (768 + 64), 4] + [12288, 4])."""
     cfg = LoadConfig(n_ctx=1000)
     lfm2 = load_structure(zoo["lfm2-shortconv"].path)
     kv = kv_layers(lfm2, resolve_context(lfm2, cfg), cfg)
     assert [(x.il, x.kind) for x in kv.layers] == [(0, "recurrent"), (1, "recurrent"), (2, "full"),
                                                      (3, "recurrent"), (4, "full")]
-    assert kv.bytes_of("recurrent") == 3 * 192 * 4 * 4
+    assert kv.bytes_of("recurrent") == 3 * (lfm2.shortconv_l_cache - 1) * lfm2.n_embd * 4 * 4
     granite = load_structure(zoo["granitehybrid-moe"].path)
     kv = kv_layers(granite, resolve_context(granite, cfg), cfg)
     assert kv.layers_recurrent == 3 and kv.layers_full == 1
-    assert kv.bytes_of("recurrent") == 3 * (768 + 3072) * 4 * 4
+    g = granite
+    conv = (g.ssm_d_conv - 1) * (g.ssm_d_inner + 2 * g.ssm_n_group * g.ssm_d_state)
+    assert kv.bytes_of("recurrent") == 3 * (conv + g.ssm_d_state * g.ssm_d_inner) * 4 * 4
 
 
 def test_price_json_lists_each_layer_kind(zoo: dict) -> None:

@@ -12,15 +12,18 @@ from fitevict.engines.dryrun import server_args
 from fitevict.pricing.cmdline import parse_overrides, parse_server_argv
 from fitevict.pricing.gguf import GgufStructure, PricingError
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.hostbufs import rule_table
 from fitevict.pricing.placement import place
 from fitevict.pricing.price import price
+
+X86_AVX512 = rule_table({"avx2", "avx512f"})  # the rules of an x86 CPU with AVX-512 and no AMX
 
 GPU = ("CUDA0",)
 EXPERT = 96 * 136 * 4 * 2  # llama-moe: one f16 ffn_{gate,down,up}_exps of 96 x 136 x 4 experts = 104448 B
 
 
 def _sizes(s: GgufStructure, cfg: LoadConfig) -> dict[str, int]:
-    return {b.name: b.bytes for b in place(s, cfg).buffers}
+    return {b.name: b.bytes for b in place(s, cfg, X86_AVX512).buffers}
 
 
 def test_ot_value_splits_like_arg_cpp() -> None:
@@ -81,7 +84,7 @@ def test_overrides_to_cpu_on_a_cpu_only_load_change_nothing(structures: dict[str
     """Without a GPU every weight already comes from the CPU list, so -ot .=CPU (repack included) is a no-op."""
     for s in structures.values():
         cfg = LoadConfig(n_ctx=1000)
-        assert place(s, cfg.with_(tensor_overrides=((".", "CPU"),))).buffers == place(s, cfg).buffers
+        assert place(s, cfg.with_(tensor_overrides=((".", "CPU"),)), X86_AVX512).buffers == place(s, cfg, X86_AVX512).buffers
 
 
 def test_experts_to_cpu_equals_n_cpu_moe(structures: dict[str, GgufStructure]) -> None:

@@ -10,21 +10,25 @@ from __future__ import annotations
 
 from fitevict.pricing.gguf import GgufStructure
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.pricing.placement import X86_AVX2, place
+from fitevict.pricing.hostbufs import rule_table
+from fitevict.pricing.placement import place
 from fitevict.pricing.price import price
+
+X86_AVX2 = rule_table({"avx2"})
+X86_AVX512 = rule_table({"avx2", "avx512f"})  # an AMD EPYC with AVX-512: no AMX
 
 LAYER = 2 * 384 + 2 * 18432 + 2 * 6144 + 3 * 48000  # 193920
 OUTPUT_GPU = 192640 + 384  # output.weight padded to 128 + output_norm
 
 
 def _gpu(s: GgufStructure, **kw: object) -> dict[str, int]:
-    p = place(s, LoadConfig(devices=("CUDA0",), **kw))  # type: ignore[arg-type]
+    p = place(s, LoadConfig(devices=("CUDA0",), **kw), X86_AVX512)  # type: ignore[arg-type]
     return {b.name: b.bytes for b in p.buffers}
 
 
 def test_ngl_1_offloads_only_the_output_layer(structures: dict[str, GgufStructure]) -> None:
     s = structures["llama-gqa"]
-    p = place(s, LoadConfig(devices=("CUDA0",), n_gpu_layers=1))
+    p = place(s, LoadConfig(devices=("CUDA0",), n_gpu_layers=1), X86_AVX512)
     assert p.output_device == "CUDA0" and p.layer_device == ("CPU", "CPU", "CPU")
     assert _gpu(s, n_gpu_layers=1)["CUDA0"] == OUTPUT_GPU == 193024
 
@@ -32,7 +36,7 @@ def test_ngl_1_offloads_only_the_output_layer(structures: dict[str, GgufStructur
 def test_ngl_counts_layers_from_the_end(structures: dict[str, GgufStructure]) -> None:
     s = structures["llama-gqa"]
     # layers il >= n_layer + 1 - ngl go to the GPU: -ngl 2 -> output + layer 2
-    assert place(s, LoadConfig(devices=("CUDA0",), n_gpu_layers=2)).layer_device == ("CPU", "CPU", "CUDA0")
+    assert place(s, LoadConfig(devices=("CUDA0",), n_gpu_layers=2), X86_AVX512).layer_device == ("CPU", "CPU", "CUDA0")
     assert _gpu(s, n_gpu_layers=2)["CUDA0"] == OUTPUT_GPU + LAYER == 386944
     assert _gpu(s, n_gpu_layers=4)["CUDA0"] == OUTPUT_GPU + 3 * LAYER == 774784
     assert _gpu(s, n_gpu_layers=-1) == _gpu(s, n_gpu_layers=4)
@@ -64,7 +68,7 @@ def test_tied_embedding_is_duplicated_when_the_output_is_offloaded(structures: d
     assert "CUDA0" not in _gpu(s, n_gpu_layers=0)
     assert _gpu(s, n_gpu_layers=1)["CUDA0"] == 385152 + 384  # duplicate + output_norm
     # on the CPU the loader reuses token_embd itself: no second copy without mmap either
-    cpu = {b.name: b.bytes for b in place(s, LoadConfig(mmap=False)).buffers}
+    cpu = {b.name: b.bytes for b in place(s, LoadConfig(mmap=False), X86_AVX512).buffers}
     assert cpu == {"CPU": sum(t.nbytes for t in s.tensors)}
 
 
@@ -97,7 +101,7 @@ def test_repack_copies_q4_0_matrices_on_avx2_cpus(structures: dict[str, GgufStru
     te = s.tensor("token_embd.weight")
     assert norm is not None and te is not None
     assert bufs["CPU_Mapped"] == norm.end - te.offset
-    assert "CPU_REPACK" not in {b.name for b in place(s, LoadConfig(), frozenset()).buffers}
+    assert "CPU_REPACK" not in {b.name for b in place(s, LoadConfig(), rule_table(())).buffers}
     # with a GPU in the list, CPU weights take its host buffer type first (then plain CPU under mmap)
     assert "CPU_REPACK" not in _gpu(s, n_gpu_layers=0)
 
@@ -114,6 +118,6 @@ def test_kv_follows_the_layer_device(structures: dict[str, GgufStructure]) -> No
 
 def test_two_gpus_split_layers_evenly(structures: dict[str, GgufStructure]) -> None:
     s = structures["llama-gqa"]
-    p = place(s, LoadConfig(devices=("CUDA0", "CUDA1"), n_gpu_layers=-1))
+    p = place(s, LoadConfig(devices=("CUDA0", "CUDA1"), n_gpu_layers=-1), X86_AVX512)
     # 4 offloaded layers over split points [0.5, 1.0]: il/4 = 0, .25 -> CUDA0; .5, .75 (output) -> CUDA1
     assert p.layer_device == ("CUDA0", "CUDA0", "CUDA1") and p.output_device == "CUDA1"

@@ -6,6 +6,7 @@ from fitevict.engines.dryrun import server_args
 from fitevict.pricing.footprint import HOST, Term
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.hostbufs import rule_table
 from fitevict.pricing.placement import default_split, layer_devices, split_points
 from fitevict.pricing.price import price
 from fitevict.units import GiB
@@ -53,10 +54,10 @@ def test_lfm2_final_norm_goes_with_the_output_layer(zoo: dict) -> None:
     from fitevict.pricing.placement import place
 
     s = load_structure(zoo["lfm2-shortconv"].path)
-    pl = place(s, LoadConfig(n_ctx=512, n_gpu_layers=1, devices=("CUDA0",)))
+    pl = place(s, LoadConfig(n_ctx=512, n_gpu_layers=1, devices=("CUDA0",)), rule_table({"avx2", "avx512f"}))
     assert dict(pl.tensor_buffer)["token_embd_norm.weight"] == "CUDA0"
     bloom = load_structure(zoo["bloom-alibi"].path)  # bloom's token_embd_norm is a first-layer tensor
-    assert dict(place(bloom, LoadConfig(n_ctx=512, n_gpu_layers=1, devices=("CUDA0",))).tensor_buffer)[
+    assert dict(place(bloom, LoadConfig(n_ctx=512, n_gpu_layers=1, devices=("CUDA0",)), rule_table(())).tensor_buffer)[
         "token_embd_norm.weight"] != "CUDA0"
 
 

@@ -77,6 +77,41 @@ def install_cmd(
             console.print(f"process overhead: {format_size(got['overhead'][HOST])} "
                           f"(measured: PSS {format_size(got['pss_bytes'])} minus buffers "
                           f"{format_size(got['buffer_bytes'])})")
+    _probe(server, again=False)
+
+
+def _probe(server: Path, *, again: bool) -> None:
+    """Learn this machine's extra host buffers from the engine (once per build and CPU, unless ``again``)."""
+    from fitevict.engines.probe import probe
+    from fitevict.host.machine import stored_probe, this_cpu
+
+    table = None if again else stored_probe(server)
+    if table is None:
+        got = probe(server, say=lambda m: err.print(f"  {m}"))
+        if isinstance(got, Unavailable):
+            err.print(f"[yellow]host buffers not probed:[/] {got.reason}; pricing uses the rule table for this CPU")
+            return
+        table = got
+    console.print(f"host buffers on {this_cpu().describe()}: {table.label()}")
+    for e in table.extras:
+        kinds = ", ".join(f"{t} (rows % {r.row_multiple}{', packed' if r.bytes_per_block else ''})"
+                          for t, r in e.types)
+        console.print(f"  {e.name}: {kinds or 'no weight kind probed'}")
+    for note in table.notes:
+        err.print(f"[yellow]  note:[/] {note}")
+
+
+@engine_app.command("probe")
+def probe_cmd(
+    config: Path | None = typer.Option(None, "--config", help="fitevict TOML config (engine.llama_server)."),
+) -> None:
+    """Ask the engine which extra host buffer (AMX, CPU_REPACK, ...) each kind of weight lands in on this machine,
+    and store the answer for pricing (``engine install`` does this once per build and CPU)."""
+    r = inst.resolve_binary(configured=_configured_llama_server(config))
+    if r.path is None:
+        err.print(f"[red]no llama-server:[/] {r.why}")
+        raise typer.Exit(1)
+    _probe(r.path, again=True)
 
 
 @engine_app.command("list")

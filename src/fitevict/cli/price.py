@@ -53,6 +53,7 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "config": p.config_json(cfg),
         "devices": [d.to_json() for d in fp.devices],
         "buffers": [{"name": b.name, "device": b.device, "bytes": b.bytes, "mapped": b.mapped} for b in p.buffers],
+        "host_buffers": p.host_buffers,  # where the extra host buffer rules (AMX, CPU_REPACK, ...) came from
         "kv": {**p.kv.to_json(), "source": p.context_source} if p.kv else None,
         "output_at_load_bytes": p.output_at_load,
         "host": {"mapped_bytes": fp.host_mapped_bytes, "committed_bytes": fp.host_committed_bytes},
@@ -152,6 +153,7 @@ def price_cmd(
     for b in p.buffers:
         bt.add_row(b.name, b.device, str(b.bytes), format_size(b.bytes), "mapped (page cache)" if b.mapped else "committed")
     con.print(bt)
+    con.print(f"host buffer rules: {p.host_buffers}", highlight=False)
     if p.kv:
         k = p.kv
         con.print(f"KV: {k.cells} cells x {k.layers_full} layers, SWA {k.cells_swa} cells x {k.layers_swa} layers, "

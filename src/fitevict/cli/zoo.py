@@ -10,7 +10,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fitevict.units import format_size
-from fitevict.zoo import ZOO_NAMES, ZooError, resolve_names, write_zoo
+from fitevict.zoo import ZOO_NAMES, ZOO_VERSION, ZooError, resolve_names, write_zoo
 from fitevict.zoo_adapters import DEMO_BASE, write_adapters
 from fitevict.zoo_peft import DEMO_PEFT_BASE, write_peft_adapters
 from fitevict.zoo_hf import HF_ZOO_NAMES, torch_available, write_hf_zoo
@@ -26,6 +26,9 @@ def demo_models(
     ),
     hf: bool | None = typer.Option(None, "--hf/--no-hf",
                                    help="Also build the HF folders (default: when the torch extra is installed)."),
+    zoo_version: int = typer.Option(ZOO_VERSION, "--zoo-version", min=1, max=ZOO_VERSION,
+                                    help="2: realistic shapes (64-wide heads, FFN multiples of 64); 1: the first "
+                                         "zoo's files, byte for byte (the known answers' models)."),
 ) -> None:
     """Write small deterministic GGUF test models (llama, MoE, SWA, quantized, ...) into DIR, and tiny HF folders
     (GQA llama, sliding window, MoE, tied embeddings, a diffusers pipeline) when torch is installed, and LoRA
@@ -41,7 +44,7 @@ def demo_models(
     adapters = []
     peft = []
     try:
-        names = resolve_names(gguf_wanted) if gguf_wanted is not None or not wanted else []
+        names = resolve_names(gguf_wanted, zoo_version) if gguf_wanted is not None or not wanted else []
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True
         ) as bar:
@@ -54,7 +57,7 @@ def demo_models(
                 bar.update(task, description=line, completed=done)
                 done += 1
 
-            models = write_zoo(dest, only=names, progress=step) if names else []
+            models = write_zoo(dest, only=names, progress=step, version=zoo_version) if names else []
             adapters = write_adapters(dest) if DEMO_BASE in names else []
             bar.update(task, completed=len(names))
             if build_hf:

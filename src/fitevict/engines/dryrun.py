@@ -39,6 +39,7 @@ from fitevict.engines.buftrace import buftrace_library, preload_env
 from fitevict.engines.llama_server import load_args as server_args
 from fitevict.pricing.buftrace import STOP_MARK
 from fitevict.engines.process import free_port, orphan_proof, stop_group
+from fitevict.host.machine import this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
@@ -55,7 +56,8 @@ def _key(binary: Path, model: Path, args: list[str], loras: tuple[str, ...] = ()
     bst = binary.stat()
     adapters = [(str(Path(f).resolve()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in loras]
     blob = json.dumps([CACHE_VERSION, str(model.resolve()), st.st_size, st.st_mtime_ns,
-                       str(binary.resolve()), bst.st_size, bst.st_mtime_ns, args[2:], *([adapters] if loras else [])])
+                       str(binary.resolve()), bst.st_size, bst.st_mtime_ns, args[2:], *([adapters] if loras else []),
+                       this_cpu().fingerprint])  # the same build on another CPU sizes other buffers
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fitevict.host.machine import this_cpu
 from fitevict.paths import cache_dir
 
 ENGINE = "llama.cpp"
@@ -108,6 +109,8 @@ def read_stamp(base: Path | None = None, variant: str = "cpu") -> dict | None:
         return None
     if stamp.get("version") != SDIST_VERSION or stamp.get("variant", "cpu") != variant:
         return None
+    if stamp.get("cpu") != this_cpu().fingerprint:
+        return None  # a native build for another CPU (or one that did not record its CPU): built again here
     if not all(_is_executable(bin_dir / b) for b in BINARIES):
         return None
     return stamp
@@ -328,6 +331,8 @@ def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_pat
             "version": SDIST_VERSION,
             "llama_cpp_commit": LLAMA_CPP_COMMIT,
             "variant": variant,
+            "cpu": this_cpu().fingerprint,
+            "cpu_model": this_cpu().model,
             "cmake_flags": list(flags),
             "binaries": list(BINARIES),
             "version_output": version_text[-400:],

@@ -76,6 +76,8 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
         a += ["--embeddings", *pooling_args(model, extra_args)]
     if not cfg.mmap:
         a += ["-lm", "none"]
+    if not cfg.repack:
+        a += ["-nr"]
     a += lora_args(cfg)
     if mmproj is not None:  # the catalog's projector: priced by pricing.projector
         a += ["--mmproj", str(mmproj)]

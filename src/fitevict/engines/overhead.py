@@ -27,6 +27,7 @@ from fitevict.engines.dryrun import follow_process
 from fitevict.engines.llama_server import LlamaServerEngine
 from fitevict.engines.process import free_port
 from fitevict.host import procmem
+from fitevict.host.machine import this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.footprint import HOST
@@ -42,7 +43,8 @@ def _record_path(binary: Path) -> Path:
     st = binary.stat()
     ident = hashlib.sha256(str(binary.resolve()).encode()).hexdigest()[:12]
     # v2: measured as if the seat were alone (its binary's pages counted whole, not split with other seats)
-    return cache_dir() / "overhead" / f"{binary.name}-{ident}-{st.st_size}-{st.st_mtime_ns}-v2.json"
+    cpu = this_cpu().fingerprint  # the same binary on another CPU holds other pages
+    return cache_dir() / "overhead" / f"{binary.name}-{ident}-{st.st_size}-{st.st_mtime_ns}-{cpu}-v2.json"
 
 
 def calibrated_overhead(binary: str | Path) -> dict[str, int] | None:

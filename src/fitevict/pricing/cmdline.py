@@ -67,6 +67,21 @@ def _int(flag: str, v: str) -> int:
         raise PricingError(f"{flag} {v!r} is not a whole number") from None
 
 
+NO_REPACK_FLAGS = ("-nr", "--no-repack")
+
+
+def absorb_memory_flags(cfg: "LoadConfig", args: tuple[str, ...] | list[str]) -> tuple["LoadConfig", tuple[str, ...]]:
+    """Flags among a model's or the engine's extra arguments that LoadConfig carries (``-nr``): they move into
+    ``cfg``, so they are priced and spelt once by the argv builder; every other flag passes through as given."""
+    rest: list[str] = []
+    for a in args:
+        if a in NO_REPACK_FLAGS:
+            cfg = cfg.with_(repack=False)
+        else:
+            rest.append(a)
+    return cfg, tuple(rest)
+
+
 def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
     """Parse ``llama-server -m X.gguf -c 4096 ...`` (the program name itself is optional)."""
     args = list(argv)
@@ -152,6 +167,8 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
             kw["kv_unified"] = False
         elif a == "--swa-full":
             kw["swa_full"] = True
+        elif a in NO_REPACK_FLAGS:
+            kw["repack"] = False
         elif a in ("-dev", "--device"):
             v = value(a)
             kw["devices"] = () if v == "none" else tuple(d for d in v.split(",") if d)

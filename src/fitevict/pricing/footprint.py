@@ -150,7 +150,9 @@ class Footprint:
 
     @property
     def gpu_names(self) -> tuple[str, ...]:
-        return tuple(d.name for d in self.devices if d.name != HOST and not d.name.startswith("CPU"))
+        from fitevict.pricing.hostbufs import is_host_buffer
+
+        return tuple(d.name for d in self.devices if d.name != HOST and not is_host_buffer(d.name))
 
     @property
     def total_bytes(self) -> int:

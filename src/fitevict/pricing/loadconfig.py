@@ -38,6 +38,7 @@ class LoadConfig:
     # layers llama.cpp's default split by free memory gives each (placement.default_split, layers_per_device);
     # () = no -ts (one device; or priced as an even split when the free memory is unknown)
     tensor_split: tuple[float, ...] = ()
+    repack: bool = True  # False = -nr (--no-repack): no extra CPU buffer types (AMX, CPU_REPACK, ...)
 
     def without_placement(self) -> "LoadConfig":
         """This configuration on the CPU alone: the key under which a dry run's context caches serve every
@@ -58,6 +59,8 @@ class LoadConfig:
             d["tensor_split"] = list(self.tensor_split)
         else:
             del d["tensor_split"]  # absent when unset, so signatures of earlier configurations stay the same
+        if self.repack:
+            del d["repack"]
         return d
 
     @staticmethod

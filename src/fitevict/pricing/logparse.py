@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from fitevict.pricing.hostbufs import is_host_buffer
 from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.units import MiB
 
@@ -131,10 +132,9 @@ class LoadLog:
 
 
 def device_of(buffer_name: str) -> str:
-    """The budget device a buffer counts against: host buffers (CPU*, *_Host) are "CPU"."""
-    if buffer_name.startswith("CPU") or buffer_name.endswith("_Host"):
-        return HOST
-    return buffer_name
+    """The budget device a buffer counts against: a device's own buffer (CUDA0, Vulkan1, ...) is that device;
+    every other name (CPU, CPU_Mapped, CPU_REPACK, AMX, CUDA_Host, KleidiAI's, ...) is host memory, "CPU"."""
+    return HOST if is_host_buffer(buffer_name) else buffer_name
 
 
 def _sum(pairs: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:

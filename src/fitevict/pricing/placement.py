@@ -17,12 +17,12 @@ Rules:
   it too. A buffer type the machine does not have is refused when the flag is parsed. Overrides move weights
   only: the KV cache follows its layer's device.
 - A CPU weight takes the first buffer type that supports its op, in the order: the first GPU's host
-  buffer (``CUDA_Host``, only when a GPU is in use), the CPU repack buffer (``CPU_REPACK``: x86 with AVX2
-  repacks Q4_0 / Q4_K / IQ4_NL / MXFP4 matrices whose ne[1] % 8 == 0, AVX-512 adds Q2_K), then ``CPU``.
+  buffer (``CUDA_Host``, only when a GPU is in use), this machine's extra buffer types (``pricing/hostbufs``:
+  ``AMX``, ``CPU_REPACK``, ..., learned from the engine or from the rule table; none with ``-nr``), then ``CPU``.
   With mmap a host-buffer weight falls back to ``CPU``.
 - With mmap the ``CPU`` weights are not copied: their buffer is the file-offset span from the first to
-  the last such tensor (``CPU_Mapped``), page cache rather than committed memory; a repacked weight in
-  the middle of the span is counted twice (mapped pages plus its ``CPU_REPACK`` copy).
+  the last such tensor (``CPU_Mapped``), page cache rather than committed memory; an extra-buffer weight in
+  the middle of the span is counted twice (mapped pages plus its copy).
 - Several GPUs split the offloaded layers in proportion to ``-ts`` or, by default, to each device's free memory
   when the model loads (float32 split points, ``upper_bound`` of ``(il - i_gpu_start) / n_gpu_layers``). Pricing
   takes the weights from ``LoadConfig.tensor_split``: the planner applies this rule to the free memory NVML
@@ -46,15 +46,10 @@ from gguf import GGMLQuantizationType as QT
 
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, is_quantized, pad, row_size
+from fitevict.pricing.hostbufs import NO_EXTRAS, HostBuffers, is_host_buffer
 from fitevict.pricing.gguf import EXPERT_RE, MTP_SKIP_ARCHS, GgufStructure, PricingError, TensorInfo
 from fitevict.pricing.loadconfig import LoadConfig
 
-X86_AVX2: frozenset[str] = frozenset({"avx2"})
-X86_AVX512: frozenset[str] = frozenset({"avx2", "avx512f"})
-# ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type on x86: type -> CPU feature that enables it
-REPACK_TYPES: dict[QT, str] = {QT.Q4_0: "avx2", QT.Q4_K: "avx2", QT.IQ4_NL: "avx2", QT.MXFP4: "avx2",
-                               QT.Q2_K: "avx512f"}
-REPACK_ROW_MULTIPLE = 8
 GPU_ALIGNMENT: dict[str, int] = {"CUDA": 128, "ROCm": 128, "Vulkan": 128, "Metal": 32, "SYCL": 128}
 CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized rows padded to this many elements
 # Unnumbered tensors that llama.cpp places with the repeating layers (LLM_TENSOR_LAYER_REPEATING in
@@ -77,7 +72,7 @@ REPEATING_UNNUMBERED: dict[str, str] = {
 class Buffer:
     """One llama.cpp model buffer, named as the log names it."""
 
-    name: str  # "CPU_Mapped", "CPU_REPACK", "CPU", "CUDA0", "CUDA_Host"
+    name: str  # "CPU_Mapped", "CPU_REPACK", "AMX", "CPU", "CUDA0", "CUDA_Host"
     device: str  # the budget device it counts against: "CPU" for host memory
     bytes: int
     mapped: bool = False  # file-backed (page cache), not committed
@@ -106,23 +101,6 @@ def _gpu_alloc(t: TensorInfo, dev: str) -> int:
     if fam in ("CUDA", "ROCm") and is_quantized(t.ggml_type) and t.shape and t.shape[0] % CUDA_MATRIX_ROW_PADDING:
         size += row_size(t.ggml_type, CUDA_MATRIX_ROW_PADDING - t.shape[0] % CUDA_MATRIX_ROW_PADDING)
     return pad(size, GPU_ALIGNMENT.get(fam, 128))
-
-
-def _matmul_dims(t: TensorInfo) -> int:
-    """2 for a MUL_MAT weight, 3 for a MUL_MAT_ID expert weight, 0 otherwise (norms, biases, GET_ROWS)."""
-    if not t.name.endswith(".weight") or t.name == "token_embd.weight":
-        return 0
-    if len(t.shape) == 2:
-        return 2
-    if len(t.shape) == 3 and t.expert:
-        return 3
-    return 0
-
-
-def repackable(t: TensorInfo, cpu_features: frozenset[str]) -> bool:
-    need = REPACK_TYPES.get(t.ggml_type)
-    return (need is not None and need in cpu_features and _matmul_dims(t) > 0
-            and len(t.shape) > 1 and t.shape[1] % REPACK_ROW_MULTIPLE == 0)
 
 
 def host_buffer_name(devices: tuple[str, ...]) -> str:
@@ -217,8 +195,11 @@ def override_for(name: str, layer: int | None, expert: bool, n_cpu_moe: int,
     return None
 
 
-def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_AVX512) -> Placement:
-    """Assign every weight to a buffer and size the buffers."""
+def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> Placement:
+    """Assign every weight to a buffer and size the buffers; ``host`` is this machine's extra host buffer types
+    (ignored under ``-nr``, ``cfg.repack`` False)."""
+    if not cfg.repack:
+        host = NO_EXTRAS
     warnings: list[str] = []
     rules = compile_overrides(cfg.tensor_overrides, tuple(cfg.devices))
     n_all = s.n_layer + 1
@@ -238,11 +219,15 @@ def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_
 
     host_buft = host_buffer_name(devices) if devices else None
 
+    extra_bytes: dict[int, int] = {}  # id(tensor) -> bytes its extra buffer allocates for it
+
     def cpu_buffer(t: TensorInfo) -> str:
         if host_buft is not None:
             return "CPU_Mapped" if cfg.mmap else host_buft
-        if repackable(t, cpu_features):
-            return "CPU_REPACK"
+        got = host.place(t.name, t.ggml_type, t.shape, t.nbytes)
+        if got is not None:
+            extra_bytes[id(t)] = got[1]
+            return got[0]
         return "CPU_Mapped" if cfg.mmap else "CPU"
 
     def buffer_of(t: TensorInfo, dev: str, name: str | None = None) -> tuple[str, str]:
@@ -300,12 +285,12 @@ def place(s: GgufStructure, cfg: LoadConfig, cpu_features: frozenset[str] = X86_
         elif dev != HOST:
             sizes[buf] = sizes.get(buf, 0) + _gpu_alloc(t, dev)
         else:
-            sizes[buf] = sizes.get(buf, 0) + pad(t.nbytes, CPU_TENSOR_ALIGNMENT)
+            sizes[buf] = sizes.get(buf, 0) + pad(extra_bytes.get(id(t), t.nbytes), CPU_TENSOR_ALIGNMENT)
     buffers: list[Buffer] = []
     if mapped_first is not None:
         buffers.append(Buffer("CPU_Mapped", HOST, mapped_last - mapped_first, mapped=True))
     for name in sorted(sizes):
-        dev = name if name in devices else HOST
+        dev = HOST if is_host_buffer(name, devices) else name
         buffers.append(Buffer(name, dev, sizes[name]))
     return Placement(
         n_gpu_layers=ngl,

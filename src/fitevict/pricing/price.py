@@ -19,7 +19,8 @@ from fitevict.pricing.gguf import GgufStructure, PricingError
 from fitevict.pricing.kv import KvInfo, KvLayer, ResolvedContext, kv_layers, output_bytes, resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import DryContext, split_evenly
-from fitevict.pricing.placement import X86_AVX512, Buffer, Placement, place
+from fitevict.pricing.hostbufs import HostBuffers
+from fitevict.pricing.placement import Buffer, Placement, place
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class Pricing:
     warnings: tuple[str, ...] = ()
     output_at_load: int = 0  # the output buffer the load reserves (the log's line); the footprint holds its peak
     context_source: str = "formula"  # "dry-run" when the caches come from the engine's dry run
+    host_buffers: str = ""  # where the extra host buffer rules came from (probe or rule table, and on what)
 
     def config_json(self, cfg: LoadConfig) -> dict:
         return {
@@ -111,14 +113,19 @@ def price(
     *,
     compute: Mapping[str, int] | None = None,
     context: DryContext | None = None,
-    cpu_features: frozenset[str] = X86_AVX512,
+    host: HostBuffers | None = None,
 ) -> Pricing:
     """Price ``s`` under ``cfg``. ``compute`` (device -> bytes, e.g. from ``dry_run_compute``) overrides the
     compute term with source "dry-run". ``context`` (the caches the same dry run sized) prices the context of an
     architecture fitevict has no KV rules for, with source "dry-run"; for a known architecture the exact rules
-    win. Raises PricingError for a configuration llama.cpp refuses."""
+    win. ``host`` is the machine's extra host buffer table (default: this machine's, ``host.machine``).
+    Raises PricingError for a configuration llama.cpp refuses."""
+    if host is None:
+        from fitevict.host.machine import host_buffers
+
+        host = host_buffers()
     rc = resolve_context(s, cfg)
-    pl: Placement = place(s, cfg, cpu_features)
+    pl: Placement = place(s, cfg, host)
     warnings = [*rc.warnings, *pl.warnings]
     if cfg.n_cpu_moe and not s.is_moe:
         warnings.append(f"--n-cpu-moe {cfg.n_cpu_moe} has no effect: {s.arch} has no experts")
@@ -170,8 +177,8 @@ def price(
             adapters=Term(lora_by_dev.get(d, 0), "formula") if cfg.loras else ZERO_FORMULA,
         ))
     mapped = sum(b.bytes for b in pl.buffers if b.mapped)
-    host = dfs[0]
-    committed = host.total_bytes - mapped
+    host_df = dfs[0]
+    committed = host_df.total_bytes - mapped
     fp = Footprint(devices=tuple(dfs), host_mapped_bytes=mapped, host_committed_bytes=committed,
                    host_source="formula", notes=tuple(warnings))
     return Pricing(
@@ -179,4 +186,5 @@ def price(
         n_gpu_layers=pl.n_gpu_layers if cfg.devices else 0, flash_attn=rc.flash_attn, n_ubatch=rc.n_ubatch,
         n_batch=rc.n_batch, kv=kv, buffers=pl.buffers, warnings=tuple(warnings),
         output_at_load=output_bytes(s, rc, cfg.embeddings, at_load=True), context_source=ctx_source,
+        host_buffers="none (-nr)" if not cfg.repack else host.label(),
     )

@@ -147,7 +147,7 @@ class Seat:
 
 
 def measurement_signature(
-    *, path: str, size: int, mtime_ns: int, quantization: str, config: Mapping[str, Any]
+    *, path: str, size: int, mtime_ns: int, quantization: str, config: Mapping[str, Any], machine: str = ""
 ) -> str:
     """A stable key for "this file, measured under this configuration".
 
@@ -157,5 +157,7 @@ def measurement_signature(
     Returns ``"sha256:<hex>"`` of the canonical JSON (sorted keys, no whitespace).
     """
     doc = {"path": path, "size": size, "mtime_ns": mtime_ns, "quantization": quantization, "config": dict(config)}
+    if machine:  # the engine build and CPU (host.machine.machine_key): another machine's measurement never matches
+        doc["machine"] = machine
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=list)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()

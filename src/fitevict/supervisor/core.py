@@ -21,7 +21,7 @@ from typing import Any
 from fitevict import planner as pl
 from fitevict.catalog import Catalog, CatalogEntry
 from fitevict.config import Config
-from fitevict.contract import Contract, seat_key
+from fitevict.contract import Contract, passthrough_args, seat_key
 from fitevict.engines import engine_class
 from fitevict.engines.base import Engine
 from fitevict.engines.base import Unavailable as DryRunUnavailable
@@ -251,7 +251,7 @@ class Supervisor:
     def launch_spec(self, entry: CatalogEntry, path: Path, cfg, port: int):
         """The argv and environment that start ``entry`` under ``cfg`` (the engine's one builder)."""
         engine = self.engine_for(entry)
-        kw: dict[str, Any] = {"extra_args": tuple(entry.settings.extra_args),
+        kw: dict[str, Any] = {"extra_args": passthrough_args(entry),
                               "embeddings": bool(entry.settings.embeddings)}
         if entry.engine == "llama-server":
             kw["mmproj"] = entry.mmproj
@@ -361,7 +361,8 @@ class Supervisor:
             raise Busy(f"{w.key}: fitevict is shutting down; retry later", retry_after=5)
         if entry.engine == "llama-server" and w.key not in self.seats:
             # the compute buffer from the engine's own dry run (once per file and configuration, cached)
-            await self.prices.dry_run(entry, w.request.config, self.path_for(w.request), entry.settings.extra_args)
+            await self.prices.dry_run(entry, w.request.config, self.path_for(w.request),
+                                    passthrough_args(entry))
         fut = asyncio.get_running_loop().create_future()
         self.futures[w] = fut
         t0 = self.clock()

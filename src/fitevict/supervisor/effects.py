@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
+from fitevict.contract import passthrough_args
 from fitevict.loadreport import seat_load_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event, Measurement
+from fitevict.supervisor.crash import RepackCrash, retry_without_repack
 from fitevict.supervisor.errors import LoadFailed, Refused, SupervisorError
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
@@ -142,13 +144,14 @@ class LiveEffects:
         cfg, path = plan.config, sup.path_for(waiter.request)
         if cfg.devices and entry.engine == "llama-server" and not sup.prices.has_dry_run(path, cfg):
             # a GPU placement: its compute buffers come from the engine's own dry run of that placement (cached)
-            await sup.prices.dry_run(entry, cfg, path, entry.settings.extra_args)
+            await sup.prices.dry_run(entry, cfg, path, passthrough_args(entry))
         predicted = sup.prices.footprint(path, cfg)
         engine = sup.engine_for(entry)
         t0 = sup.clock()
         seat: SeatState | None = None
+        crash: RepackCrash | None = None
         try:
-            for attempt in (1, 2):
+            for attempt in (1, 2, 3):
                 # The port is free when chosen but another process may take it first; the engine then fails to
                 # bind at once, before it reads a weight, and one retry on a new port is enough.
                 seat = SeatState(
@@ -167,10 +170,24 @@ class LiveEffects:
                                      stall_seconds=sup.config.engine.stall_seconds, health_path=spec.health_path)
                     break
                 except LoadFailed as e:
+                    code = seat.proc.returncode if seat.proc is not None else None
                     res = await self._end(seat, SeatPhase.FAILED)
                     if attempt == 1 and BIND_FAILED in log_tail(seat.log_path, 200):
                         continue
+                    sig = retry_without_repack(entry.engine, cfg, code) if crash is None else None
+                    if sig is not None:  # once, with no extra CPU buffer types, priced for that configuration
+                        crash = RepackCrash(sig, sup.clock() - t0, str(seat.log_path), predicted.total_bytes,
+                                            res.freed_bytes, sup.prices.host.label())
+                        log.warning("%s: llama-server died by %s with repacking on; loading it again with -nr", key, sig)
+                        cfg = cfg.with_(repack=False)
+                        sup.prices.no_repack(path)
+                        predicted = sup.prices.footprint(path, cfg)
+                        continue
                     details = {"log": str(seat.log_path), "argv": list(spec.argv), "pid": seat.pid, **res.details()}
+                    if crash is not None:  # both attempts named
+                        details["repack_crash"] = crash.to_json()
+                        e = LoadFailed(f"{key}: llama-server died by {crash.signal} with repacking on, and the retry "
+                                       f"with -nr failed too: {e}")
                     why = _engine_failure(engine, seat.log_path)
                     if why is not None:  # the seat's own account (a transformers walk that found no weights, ...)
                         no_weights = seat.proc is not None and seat.proc.returncode == EXIT_NO_WEIGHTS
@@ -200,6 +217,7 @@ class LiveEffects:
         assert seat is not None
         self.loads.pop(key, None)
         seat.load_seconds = sup.clock() - t0
+        seat.repack_crash = crash
         seat.ready_at = sup.clock()
         seat.state = SeatPhase.READY
         seat.overhead = sup.prices.engine_overhead.get(HOST, 0)
@@ -256,6 +274,11 @@ class LiveEffects:
             "previous_measured_bytes": previous.total_bytes if previous else None,
             "load_report": seat_load_report(sup, seat, plan).to_json(),
         }
+        if seat.repack_crash is not None:  # kept with the file and machine: the next load starts with -nr
+            st = seat.model_path.stat()
+            details["repack_crash"] = {**seat.repack_crash.to_json(), "machine": sup.prices.machine,
+                                       "file": {"path": str(seat.model_path), "size": st.st_size,
+                                                "mtime_ns": st.st_mtime_ns}}
         if measured_total:
             details["prediction_error"] = (seat.predicted.total_bytes - measured_total) / measured_total
         learnable = walk is None and seat.entry.mmproj is None and seat.measured is not None
@@ -273,6 +296,8 @@ class LiveEffects:
                 sup.prices.learn(seat.model_path, seat.config, seat.measured)
         gpu = sup.gpu_figure(seat)
         reason = plan.reason or None
+        if seat.repack_crash is not None:
+            reason = "; ".join(r for r in (seat.repack_crash.reason(seat.key), reason) if r)
         if not verdict.accepted:
             reason = (f"loaded, but its measurement was rejected by the {verdict.check} check and not stored: "
                       f"{verdict.reason}")

@@ -24,6 +24,7 @@ from fitevict.pricing import price as pricing
 from fitevict.pricing.correction import Correction, apply_correction, correction
 from fitevict.pricing.footprint import Footprint, as_stored
 from fitevict.engines.torch_engine import hf_config
+from fitevict.host.machine import host_buffers, machine_key
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.hf_kv import training_context
 from fitevict.pricing.hf_price import price_hf
@@ -63,6 +64,8 @@ class PriceBook:
         self.store = store
         self.engine_dir = engine_dir
         self.default_alloc_mode = default_alloc_mode
+        self.machine = machine_key(engine_dir / "llama-server")  # engine build @ CPU: keys stored measurements
+        self.host = host_buffers(engine_dir / "llama-server")  # this machine's extra host buffer types
         self.engine_overhead: dict[str, int] = {}  # bytes a seat's process holds beyond its buffers, per device
         self._footprints: dict[tuple, Footprint] = {}
         self._quant: dict[tuple[str, int, int], str] = {}
@@ -79,6 +82,8 @@ class PriceBook:
         # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
         self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}
         self._corrections: dict[tuple[str, int, int], Correction | None] = {}
+        # files whose load crashed the engine with repacking on, on this machine: they load with -nr (supervisor/crash)
+        self._no_repack: set[tuple[str, int, int]] = set()
 
     def forget(self) -> None:
         """A measurement or an overhead changed: prices are read again."""
@@ -103,6 +108,8 @@ class PriceBook:
 
     def config_for(self, entry: CatalogEntry, contract: Contract | None) -> tuple[LoadConfig, str, Path]:
         cfg, mode, path = load_config_for(entry, contract, self.default_alloc_mode)
+        if entry.engine == "llama-server" and cfg.repack and _ident(path) in self._no_repack:
+            cfg = cfg.with_(repack=False)
         if cfg.n_ctx == 0 and Path(path).is_dir():
             cfg = cfg.with_(n_ctx=training_context(self.structure(path).config) or cfg.n_ctx)
         elif cfg.n_ctx == 0:
@@ -136,7 +143,7 @@ class PriceBook:
             quant = self._quant[ident] = (_hf_dtype(self.structure(path)) if path.is_dir()
                                           else dominant_type(self.structure(path)))
         return measurement_signature(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
-                                     quantization=quant, config=cfg.to_json())
+                                     quantization=quant, config=cfg.to_json(), machine=self.machine)
 
     def footprint(self, path: Path, cfg: LoadConfig) -> Footprint:
         """Measured footprint for this signature if one was accepted (labelled stored-measurement), else the priced
@@ -155,7 +162,8 @@ class PriceBook:
         elif (m := self.store.last_measurement(self.signature(path, cfg))) is not None:
             fp = as_stored(footprint_from_json(m.footprint))
         else:
-            fp = pricing.price(self.structure(path), cfg, compute=self._compute.get((str(path), cfg)),
+            fp = pricing.price(self.structure(path), cfg, host=self.host,
+                               compute=self._compute.get((str(path), cfg)),
                                context=self._dry_context.get((str(path), cfg.without_placement()))).footprint
             fp = apply_correction(fp, self.correction(path))
             proj = self._mmproj.get(str(path))
@@ -168,6 +176,12 @@ class PriceBook:
             self._footprints.clear()
         self._footprints[key] = fp
         return fp
+
+    def no_repack(self, path: Path) -> None:
+        """``path`` crashed the engine with repacking on, here: from now on it is planned and started with -nr."""
+        self._no_repack.add(_ident(path))
+        self._requests.clear()
+        self.forget()
 
     def learn(self, path: Path, cfg: LoadConfig, measured: Footprint, ident: tuple[str, int, int] | None = None) -> None:
         """An accepted load's measured buffers: they correct this file's formula at other settings from now on."""
@@ -183,6 +197,10 @@ class PriceBook:
         (``file``: path, size, mtime_ns), configuration and measured buffers. Returns how many were learned."""
         n = 0
         for d in details:
+            crash = d.get("repack_crash")
+            if isinstance(crash, dict) and crash.get("machine") == self.machine and isinstance(crash.get("file"), dict):
+                cf = crash["file"]
+                self._no_repack.add((str(cf["path"]), int(cf["size"]), int(cf["mtime_ns"])))
             f, guard = d.get("file"), d.get("guard") or {}
             if not (isinstance(f, dict) and isinstance(d.get("measured"), dict) and isinstance(d.get("config"), dict)
                     and guard.get("accepted")):
@@ -208,7 +226,7 @@ class PriceBook:
         s = self.structure(path) if loads else None
         for c, measured in loads.items():
             try:
-                pairs.append((pricing.price(s, c).footprint, measured))
+                pairs.append((pricing.price(s, c, host=self.host).footprint, measured))
             except PricingError:
                 continue  # priced no more (the rules changed): nothing to learn from it
             seen.append(f"ctx {c.n_ctx}, " + pl.describe(c, s.n_layer + 1))  # type: ignore[union-attr]
@@ -248,3 +266,8 @@ class PriceBook:
             if got.projector_estimate is not None:
                 self._projector_estimate[(str(path), cfg.without_placement())] = got.projector_estimate
             self.forget()
+
+
+def _ident(path: Path) -> tuple[str, int, int]:
+    st = Path(path).stat()
+    return (str(path), st.st_size, st.st_mtime_ns)

@@ -13,6 +13,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fitevict.catalog import CatalogEntry
 from fitevict.engines.base import LaunchSpec
@@ -23,6 +24,9 @@ from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.supervisor.errors import LoadFailed
 from fitevict.supervisor.timings import EngineTimings
+
+if TYPE_CHECKING:
+    from fitevict.supervisor.crash import RepackCrash
 
 BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
 
@@ -79,6 +83,7 @@ class SeatState:
     timings: EngineTimings = field(default_factory=EngineTimings)  # the engine's own, summed over its answers
     # set when a request it served ended: a new seat is read after its first answer, not while the engine works on it
     answered: asyncio.Event = field(default_factory=asyncio.Event)
+    repack_crash: RepackCrash | None = None  # crash.RepackCrash: this seat is the -nr retry of a load that crashed with repacking
 
     @property
     def base_url(self) -> str:

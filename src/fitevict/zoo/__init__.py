@@ -2,8 +2,11 @@
 
 Every model has random weights (fixed seeds, ``normal * 0.02`` so inference stays numerically sane), a tiny
 SentencePiece-style ("llama") vocabulary with byte tokens, and a ChatML chat template, so llama-server loads it
-and answers ``/v1/chat/completions``. Dimensions are deliberately uneven (n_embd 96, n_ff 250, n_vocab 1003) so
-that pricing code cannot lean on round numbers.
+and answers ``/v1/chat/completions``. Zoo v2 (the default) has the shapes real models have: 64-wide heads, FFN
+and state widths that are multiples of 64, since CPU kernels choose their paths by shape; the vocabulary (1003)
+stays uneven so that pricing code cannot lean on round numbers, and ``llama-odd`` keeps the uneven shapes of zoo
+v1 (n_embd 96, n_ff 250). Zoo v1 (``version=1``) writes the first zoo's files byte for byte: known answers
+measured on other machines were made with them.
 
 Same code, same bytes: a file depends only on its recipe, ``GENERATOR_VERSION`` and the ``gguf`` package
 version. ``write_zoo`` records each file's sha256 in a manifest next to the files and skips a model whose file
@@ -15,9 +18,10 @@ on disk still matches it. Files are written to a temporary name and renamed, so 
 """
 
 from fitevict.zoo.recipes import (_BY_NAME, _RECIPES, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME, ZOO_NAMES,
-                                  ZooError, ZooModel)
+                                  ZOO_VERSION, ZooError, ZooModel, recipe, recipes)
 from fitevict.zoo.tensors import _tensor_shapes
 from fitevict.zoo.write import _write_gguf, resolve_names, rewrite_arch, write_zoo
 
-__all__ = ["CHAT_TEMPLATE", "GENERATOR_VERSION", "MANIFEST_NAME", "ZOO_NAMES", "ZooError", "ZooModel", "_BY_NAME",
-           "_RECIPES", "_tensor_shapes", "_write_gguf", "resolve_names", "rewrite_arch", "write_zoo"]
+__all__ = ["CHAT_TEMPLATE", "GENERATOR_VERSION", "MANIFEST_NAME", "ZOO_NAMES", "ZOO_VERSION", "ZooError", "ZooModel",
+           "_BY_NAME", "_RECIPES", "_tensor_shapes", "_write_gguf", "recipe", "recipes", "resolve_names", "rewrite_arch",
+           "write_zoo"]

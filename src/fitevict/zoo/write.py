@@ -16,8 +16,8 @@ from gguf import GGMLQuantizationType as QT
 
 from fitevict import zoo_hybrid
 from fitevict.zoo.recipes import (BOS_ID, EOS_ID, IM_END_ID, UNK_ID, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME,
-                                  ZOO_NAMES, ZooError, ZooModel, _BY_NAME, _FILE_TYPE, _LATER_FIELDS, _LAYOUTS,
-                                  _Recipe)
+                                  ZOO_VERSION, ZooError, ZooModel, _FILE_TYPE, _LATER_FIELDS, _LAYOUTS, _Recipe,
+                                  recipe, recipes)
 from fitevict.zoo.tensors import _tensor_data, _tensor_shapes, _vocab
 
 
@@ -173,15 +173,16 @@ def _check_dest(dest: Path) -> None:
         )
 
 
-def resolve_names(only: Iterable[str] | None) -> list[str]:
+def resolve_names(only: Iterable[str] | None, version: int = ZOO_VERSION) -> list[str]:
     """The zoo names to write, in zoo order; an unknown name raises ZooError listing the allowed ones."""
+    names = [r.name for r in recipes(version)]
     if only is None:
-        return list(ZOO_NAMES)
+        return names
     wanted = list(dict.fromkeys(only))
-    unknown = [n for n in wanted if n not in _BY_NAME]
+    unknown = [n for n in wanted if n not in names]
     if unknown:
-        raise ZooError(f"unknown zoo model {', '.join(unknown)}; allowed: {', '.join(ZOO_NAMES)}")
-    return [n for n in ZOO_NAMES if n in wanted]
+        raise ZooError(f"unknown zoo model {', '.join(unknown)} in zoo v{version}; allowed: {', '.join(names)}")
+    return [n for n in names if n in wanted]
 
 
 def write_zoo(
@@ -189,19 +190,21 @@ def write_zoo(
     *,
     only: Iterable[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    version: int = ZOO_VERSION,
 ) -> list[ZooModel]:
-    """Write the zoo's models (all, or those in ``only``) as ``<name>.gguf`` under ``dest``.
+    """Write the zoo's models (all, or those in ``only``) as ``<name>.gguf`` under ``dest``. ``version`` 2 (the
+    default) has realistic shapes; 1 writes the first zoo's files byte for byte (the known answers' models).
 
     A model whose file already matches the manifest (same recipe fingerprint, size and sha256) is not rewritten.
     ``progress`` receives one line per model ("writing NAME" / "up to date NAME").
     """
     dest = Path(dest)
-    names = resolve_names(only)
+    names = resolve_names(only, version)
     _check_dest(dest)
     manifest = _read_manifest(dest)
     written: list[ZooModel] = []
     for name in names:
-        r = _BY_NAME[name]
+        r = recipe(name, version)
         path = dest / f"{name}.gguf"
         fp = _fingerprint(r)
         entry = manifest.get(name)

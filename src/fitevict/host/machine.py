@@ -1,0 +1,125 @@
+"""This machine, as the engine's memory rules see it: the CPU's fingerprint, the engine build, and the host buffer
+table that follows from both.
+
+A measurement, a dry run, a calibrated overhead or a crash record is true of one engine build on one CPU: the
+extra host buffer types (AMX, CPU_REPACK, KleidiAI) and the kernels a native build was compiled for depend on both.
+``machine_key`` names that pair; every cache and stored figure is keyed by it, so a figure taken on another machine
+is never trusted as this one's.
+
+``host_buffers`` is the table pricing uses: the engine's own answer on this machine (``engines/probe.py``, stored
+under ``cache_dir()/probe``) when a probe has run, else the rule table for this CPU's flags, labelled ``rule-table``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from fitevict.paths import cache_dir
+from fitevict.pricing.hostbufs import HostBuffers, rule_table
+
+CPUINFO = Path("/proc/cpuinfo")
+PROBE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Cpu:
+    model: str  # "AMD EPYC 9B14", "Intel(R) Xeon(R) Platinum 8481C"
+    arch: str  # platform.machine(): x86_64, aarch64, arm64
+    flags: frozenset[str]  # /proc/cpuinfo "flags" (x86) or "Features" (ARM)
+
+    @property
+    def fingerprint(self) -> str:
+        """12 hex digits over the model name, architecture and every flag: two CPUs that differ in any of them
+        (a native build's kernels, the extra buffer types) get different fingerprints."""
+        blob = json.dumps([self.model, self.arch, sorted(self.flags)])
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        return f"{self.model} ({self.arch}, cpu {self.fingerprint})"
+
+
+def read_cpu(cpuinfo: Path = CPUINFO) -> Cpu:
+    """The CPU from /proc/cpuinfo (its first processor); elsewhere the platform's own words and no flags."""
+    model, flags = "", ""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Model", "Hardware", "cpu model") and not model:
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = value.strip()
+            if model and flags:
+                break
+    except OSError:
+        pass
+    return Cpu(model or platform.processor() or "unknown CPU", platform.machine() or "unknown",
+               frozenset(flags.split()))
+
+
+@functools.cache
+def this_cpu() -> Cpu:
+    return read_cpu()
+
+
+def engine_build(binary: Path | str | None) -> str:
+    """The engine build's identity: its install stamp's commit and variant where fitevict built it, else the
+    binary's path, size and modification time (a rebuilt binary is another build)."""
+    if binary is None:
+        return "no-engine"
+    b = Path(binary)
+    try:
+        stamp = json.loads((b.parent / "INSTALLED.json").read_text())
+        commit, variant = stamp.get("llama_cpp_commit"), stamp.get("variant", "cpu")
+        if commit:
+            return f"llama.cpp-{commit}-{variant}-{int(stamp.get('installed_at', 0))}"
+    except (OSError, ValueError):
+        pass
+    try:
+        st = b.resolve().stat()
+    except OSError:
+        return f"missing:{b}"
+    h = hashlib.sha256(f"{b.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return f"{b.name}-{h}"
+
+
+def machine_key(binary: Path | str | None = None, cpu: Cpu | None = None) -> str:
+    """``<engine build>@<cpu fingerprint>``: the key every measured or cached figure is stored under."""
+    return f"{engine_build(binary)}@{(cpu or this_cpu()).fingerprint}"
+
+
+def probe_path(binary: Path | str, cpu: Cpu | None = None) -> Path:
+    key = hashlib.sha256(machine_key(binary, cpu).encode()).hexdigest()[:20]
+    return cache_dir() / "probe" / f"host-buffers-{key}-v{PROBE_VERSION}.json"
+
+
+def stored_probe(binary: Path | str | None, cpu: Cpu | None = None) -> HostBuffers | None:
+    """The probe's table for this engine build on this CPU, or None when it never ran here."""
+    if binary is None:
+        return None
+    try:
+        d = json.loads(probe_path(binary, cpu).read_text())
+        if d.get("machine") != machine_key(binary, cpu):
+            return None
+        return HostBuffers.from_json(d["table"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def host_buffers(binary: Path | str | None = None) -> HostBuffers:
+    """The extra host buffer table pricing uses on this machine: the probe's where it ran for ``binary`` (by
+    default the engine fitevict would run), else the rule table for this CPU's flags."""
+    if binary is None:
+        binary = default_binary()
+    return stored_probe(binary) or rule_table(this_cpu().flags, this_cpu().arch)
+
+
+def default_binary() -> Path | None:
+    from fitevict.engines.install import resolve_binary
+
+    return resolve_binary().path

@@ -1,0 +1,59 @@
+"""An engine that crashes while loading with its extra CPU buffer types on is loaded again without them.
+
+The pinned llama-server dies by SIGSEGV during warm-up on Intel AMX with quantized weights and repacking on
+(``ggml_backend_amx_mul_mat``); with ``-nr`` the same file loads and serves. A seat that dies by one of
+``CRASH_SIGNALS`` before it is ready, started with repacking on, is retried once with ``-nr``: priced again for that
+configuration, and the fact is kept with the load's history (``repack_crash``, the file and the machine), so the
+next load of the file on this engine build and CPU starts with ``-nr`` at once. An exit by SIGKILL (the OOM killer,
+or fitevict itself) or any other failure is not retried. Pure.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from fitevict.pricing.loadconfig import LoadConfig
+
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGABRT})
+
+
+@dataclass(frozen=True, slots=True)
+class RepackCrash:
+    """The first attempt of a load that crashed with repacking on, as history keeps it."""
+
+    signal: str  # "SIGSEGV"
+    seconds: float  # from the start of the load to the crash, stop included
+    log: str
+    predicted_bytes: int  # what the crashed configuration was priced at
+    freed_bytes: int | None
+    host_buffers: str  # the extra buffer types that were on
+
+    def to_json(self) -> dict:
+        return {"signal": self.signal, "seconds": round(self.seconds, 3), "log": self.log,
+                "predicted_bytes": self.predicted_bytes, "freed_bytes": self.freed_bytes,
+                "host_buffers": self.host_buffers}
+
+    def reason(self, key: str) -> str:
+        return (f"{key} loaded without repacking (-nr): llama-server died by {self.signal} while loading with its "
+                f"extra CPU buffer types on ({self.host_buffers}); the retry cost {self.seconds:.2f} s, and this "
+                "file now loads with -nr on this engine build and CPU")
+
+
+def crash_signal(returncode: int | None) -> str | None:
+    """The crash signal's name when an engine process ended by one of ``CRASH_SIGNALS``, else None."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        sig = signal.Signals(-returncode)
+    except ValueError:
+        return None
+    return sig.name if sig in CRASH_SIGNALS else None
+
+
+def retry_without_repack(engine: str, cfg: LoadConfig, returncode: int | None) -> str | None:
+    """The signal that makes this failed load worth one retry with ``-nr``, or None: a llama-server seat, started
+    with repacking on, that crashed (not one killed by SIGKILL or one that exited)."""
+    if engine != "llama-server" or not cfg.repack:
+        return None
+    return crash_signal(returncode)
