@@ -104,3 +104,21 @@ def _placement(s) -> tuple[tuple[str, str], ...]:
 
 def _placement_of(s, name: str) -> str:
     return dict(_placement(s))[name]
+
+
+def test_the_engines_dry_run_rows_check_the_table(zoo_v1: Path) -> None:
+    # the AMX machine's fit step printed "- AMX | 37 = 37 + 0 + 0" for llama-medium: the table that prices 37.5 MiB
+    # there agrees with it; a table without AMX is caught by it, with both figures named
+    import gzip
+
+    from fitevict.engines.dryrun import parse_dry_model_rows
+    from fitevict.pricing.hostbufs import dry_run_check
+
+    log = gzip.open(DATA / "llama-medium__c4096_np1.log.gz", "rt").read()
+    rows = parse_dry_model_rows(log)
+    assert rows == {"Host": 158, "AMX": 37}
+    s = load_structure(zoo_v1 / "llama-medium.gguf")
+    cfg = parse_server_argv(["-m", "x", "-c", "4096", "-np", "1"]).config
+    assert dry_run_check(((b.name, b.bytes) for b in pricing.price(s, cfg, host=AMX).buffers), rows) == ()
+    wrong = dry_run_check(((b.name, b.bytes) for b in pricing.price(s, cfg, host=rule_table({"avx2"})).buffers), rows)
+    assert len(wrong) == 1 and "37 MiB of weights in AMX" in wrong[0] and "0.00 MiB" in wrong[0]

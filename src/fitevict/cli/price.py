@@ -19,6 +19,7 @@ from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.safetensors import is_hf_folder
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.hostbufs import dry_run_check
 from fitevict.pricing.price import Pricing, price
 from fitevict.units import format_size
 
@@ -135,6 +136,8 @@ def price_cmd(
     sources = {d.compute.source for d in p.footprint.devices}
     label = "compute from a formula" if "formula" in sources else "compute unavailable"
     warnings = [*notes, *p.warnings, *([f"{label}: {why}"] if compute is None and why else [])]
+    if dry is not None and dry.model_mib and cfg.repack:  # the engine's own whole-MiB rows check the table
+        warnings += dry_run_check(((b.name, b.bytes) for b in p.buffers), dry.model_mib)
     if as_json:
         out = to_json(s, cfg, p)
         out["warnings"] = warnings

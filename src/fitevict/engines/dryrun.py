@@ -31,7 +31,7 @@ import selectors
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fitevict.engines.base import Unavailable
@@ -48,7 +48,7 @@ from fitevict.pricing.projector import parse_projector_estimate
 from fitevict.units import MiB
 
 SERVER = "llama-server"
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def _key(binary: Path, model: Path, args: list[str], loras: tuple[str, ...] = ()) -> str:
@@ -68,6 +68,8 @@ class DryRun:
     compute: dict[str, int]
     context: DryContext | None
     projector_estimate: int | None = None  # with --mmproj: the engine's projector weights + compute (2-decimal MiB)
+    # the fit step's memory breakdown: whole MiB of weights per row ("Host", "AMX", "CPU_REPACK", "CUDA0", ...)
+    model_mib: dict[str, int] = field(default_factory=dict)
 
 
 def dry_run_compute(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig,
@@ -106,7 +108,8 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
             cached = json.loads(cfile.read_text())
             ctx = cached["context"]
             return DryRun({str(k): int(v) for k, v in cached["compute"].items()},
-                          DryContext.from_json(ctx) if ctx else None, cached.get("projector_estimate"))
+                          DryContext.from_json(ctx) if ctx else None, cached.get("projector_estimate"),
+                          {str(k): int(v) for k, v in cached.get("model_mib", {}).items()})
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError):
@@ -122,15 +125,16 @@ def dry_run(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *, 
     found.setdefault(HOST, 0)
     context = parse_dry_context(text)
     estimate = parse_projector_estimate(text) if mmproj is not None else None
+    model_mib = parse_dry_model_rows(text)
     try:
         cdir.mkdir(parents=True, exist_ok=True)
         tmp = cfile.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"argv": args, "compute": found, "context": context.to_json() if context else None,
-                                   "projector_estimate": estimate}))
+                                   "projector_estimate": estimate, "model_mib": model_mib}))
         os.replace(tmp, cfile)
     except OSError:
         pass  # caching is an optimisation; the figure itself is still returned
-    return DryRun(found, context, estimate)
+    return DryRun(found, context, estimate, model_mib)
 
 
 FIT_DONE = re.compile(r"fitting params to free memory took|failed to fit params")
@@ -146,6 +150,22 @@ def parse_dry_compute(text: str) -> dict[str, int]:
             out = {}
         elif m := _DRY_COMPUTE.search(line):
             out[device_of(m.group(1))] = out.get(device_of(m.group(1)), 0) + round(float(m.group(2)) * MiB)
+        elif FIT_DONE.search(line):
+            break
+    return out
+
+
+_BREAKDOWN_ROW = re.compile(r"common_memory_breakdown_print: \|\s+- (\S+).*?\|\s+(\d+) =\s+(\d+) \+\s+(\d+) \+\s+(\d+)")
+
+
+def parse_dry_model_rows(text: str) -> dict[str, int]:
+    """The fit step's first memory breakdown: whole MiB of weights per row (``Host``, ``AMX``, ``CUDA0``, ...)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if m := _BREAKDOWN_ROW.search(line):
+            if m.group(1) in out:
+                break  # the next breakdown begins
+            out[m.group(1)] = int(m.group(3))
         elif FIT_DONE.search(line):
             break
     return out

@@ -186,3 +186,21 @@ def rule_table(flags: Iterable[str], machine: str = "x86_64") -> HostBuffers:
         notes.append(f"no rules for {machine}: extra buffer types (KleidiAI, repack) are known only from a probe")
     shown = sorted(x for x in f if x in ("avx2", "avx512f", "avx512_vnni", "amx_int8"))
     return HostBuffers(tuple(extras), "rule-table", f"{machine} with {' '.join(shown) or 'no AVX2'}", tuple(notes))
+
+
+def dry_run_check(priced: Iterable[tuple[str, int]], model_mib: Mapping[str, int]) -> tuple[str, ...]:
+    """Where the engine's dry run (its fit step's memory breakdown: whole MiB of weights per row) disagrees with the
+    priced extra host buffers by more than its rounding: one sentence each, naming both figures. ``priced`` is
+    (buffer name, bytes) per model buffer."""
+    mib = 1 << 20
+    mine: dict[str, int] = {}
+    for name, n in priced:
+        if name not in ("CPU", "CPU_Mapped") and not name.endswith("_Host") and is_host_buffer(name):
+            mine[name] = mine.get(name, 0) + n
+    out = []
+    for name in sorted(set(mine) | {r for r in model_mib if r != "Host" and is_host_buffer(r)}):
+        engine, ours = model_mib.get(name, 0), mine.get(name, 0)
+        if abs(ours / mib - engine) > 1:
+            out.append(f"the engine's dry run puts {engine} MiB of weights in {name}, the host buffer table "
+                       f"{ours / mib:.2f} MiB: the table is wrong for this model here (run: fitevict engine probe)")
+    return tuple(out)
