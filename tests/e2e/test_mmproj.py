@@ -30,7 +30,8 @@ CFG = LoadConfig(n_ctx=1000, n_parallel=1)
 def vision(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("vision")
     (model,) = write_zoo(d, only=["llama-gqa"])
-    return model.path, write_mmproj(d / "mmproj-llama-gqa-f16.gguf", n_embd_text=96)
+    n_embd = load_structure(model.path).n_embd  # the projection ends in the text model's width
+    return model.path, write_mmproj(d / "mmproj-llama-gqa-f16.gguf", n_embd_text=n_embd)
 
 
 def test_the_catalog_attaches_the_projector_and_the_seat_passes_it(vision: tuple[Path, Path], llama_server: Path,

@@ -212,6 +212,8 @@ def test_guard_rejects_a_collapsed_measurement_of_the_same_signature(tmp_path: P
     wrapped.parent.mkdir()
     wrapped.write_text(f"#!/bin/sh\n{llama_server} \"$@\" 2>&1 | sed -u 's/buffer size = *[0-9.]*/buffer size = 0.01/'\n")
     wrapped.chmod(0o755)
+    # it claims to be the same engine build (its install record beside it), so its loads get the same signature
+    shutil.copyfile(llama_server.parent / "INSTALLED.json", wrapped.parent / "INSTALLED.json")
     cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
 
     async def scenario() -> tuple[str, object]:

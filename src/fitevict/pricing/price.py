@@ -62,7 +62,8 @@ def compute_formula(s: GgufStructure, rc: ResolvedContext, kv: KvInfo | None) ->
     The graph allocator reuses memory, so the peak is a handful of activations: a few n_embd / n_ff rows
     per token, the logits of the outputs, an f16 KQ mask per KV cache (base and SWA) and, without flash
     attention, the f32 KQ scores (cells x ubatch x heads); recurrent layers add their in-projection's rows
-    (mamba's ssm_in, lfm2's short-conv in_proj) and the conv / scan rows; a pure recurrent model has no FFN
+    (mamba's ssm_in, lfm2's short-conv in_proj) and the conv / scan rows, MoE the tokens' rows gathered per expert
+    used and the router's logits; a pure recurrent model has no FFN
     rows. The FFN rows are the widest of the dense FFN, the routed experts (n_ff_exp x experts used) and the
     shared expert; the attention rows are q over all heads (explicit head sizes and MLA's latent heads can exceed n_embd). Used only when no
     dry run is available; on the demo zoo it lands between the engine's dry run and twice it.
@@ -81,12 +82,15 @@ def compute_formula(s: GgufStructure, rc: ResolvedContext, kv: KvInfo | None) ->
     acts = 4 * ub * (4 * width + 3 * ff)
     logits = 4 * s.n_vocab * (min(ub, rc.n_parallel) + 2)
     masks = 2 * ub * (cells + cells_swa)
-    scores = 0 if rc.flash_attn else 4 * max(cells, cells_swa) * ub * n_head
+    # without flash attention the f32 KQ scores of a base and an SWA layer may be live together
+    scores = 0 if rc.flash_attn else 4 * (cells + cells_swa) * ub * n_head
+    # MoE: each token's input is gathered once per expert used, beside the router's logits
+    moe = 4 * ub * (s.n_embd * used + s.expert_count) if any(t.expert for t in s.tensors) else 0
     # recurrent layers: the in-projection's rows (mamba's ssm_in, lfm2's shortconv in_proj), the conv and scan rows
     proj = max((t.shape[1] for t in s.tensors if len(t.shape) > 1
                 and t.name.endswith(("ssm_in.weight", "shortconv.in_proj.weight"))), default=0)
     ssm = 4 * ub * (proj + 3 * s.ssm_d_inner) if kv and kv.layers_recurrent else 0
-    return int((acts + logits + masks + scores + ssm) * FORMULA_MARGIN)
+    return int((acts + logits + masks + scores + moe + ssm) * FORMULA_MARGIN)
 
 
 def kv_from_dry_run(dry: DryContext) -> KvInfo:
