@@ -370,3 +370,20 @@ def test_the_reference_documents_every_key_and_variable() -> None:
         assert f"`{dotted.rsplit('.', 1)[-1]}`" in doc, dotted
     for var in env_variables():
         assert f"`{var}`" in doc, var
+
+
+def test_one_default_per_knob() -> None:
+    # the planner's and the scheduler's policies and the budget take their defaults from the config's records
+    from dataclasses import fields
+
+    from fitevict import planner as pl
+    from fitevict.config.records import ALLOC_MODES, BudgetConfig, PolicyConfig
+    from fitevict.host.budget import DEFAULT_GPU_RESERVE, DEFAULT_RAM_RESERVE
+    from fitevict.supervisor.scheduler import SchedPolicy
+
+    cfg, sched, plan = PolicyConfig(), SchedPolicy(), pl.Policy()
+    for f in fields(SchedPolicy):
+        assert getattr(sched, f.name) == getattr(cfg, f.name), f.name
+    assert (plan.eviction, plan.exclusive_fraction) == (cfg.eviction, cfg.exclusive_fraction)
+    assert (DEFAULT_RAM_RESERVE, DEFAULT_GPU_RESERVE) == (BudgetConfig().ram_reserve, BudgetConfig().gpu_reserve)
+    assert pl.ALLOC_MODES is ALLOC_MODES

@@ -35,6 +35,8 @@ CASES = [
     ("growth", 12 * GiB, FILE, 8 * GiB, 0.5, True, None),
     # stricter guard: 6 GiB < 0.8 * 8 GiB = 6.4 GiB
     ("strict-fraction", 6 * GiB, FILE, 8 * GiB, 0.8, False, "collapse"),
+    # the file's size could not be read: its check cannot run, so nothing is stored (never a 0 that skips it)
+    ("file-size-unavailable", 5 * GiB, None, None, 0.5, False, "implausible"),
     # implausible fires before collapse: 0 B is both under the floor and under half of 8 GiB
     ("implausible-first", 0, FILE, 8 * GiB, 0.5, False, "implausible"),
     # a different signature means the caller passes previous=None: 1 GiB after 8 GiB elsewhere passes
@@ -48,7 +50,7 @@ CASES = [
     ids=[c[0] for c in CASES],
 )
 def test_known_answers(
-    total: int | None, file_bytes: int, previous: int | None, min_fraction: float, accepted: bool, check: str | None
+    total: int | None, file_bytes: int | None, previous: int | None, min_fraction: float, accepted: bool, check: str | None
 ) -> None:
     v = check_measurement(total, file_bytes=file_bytes, previous=previous, min_fraction=min_fraction)
     assert isinstance(v, Verdict)

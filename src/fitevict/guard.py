@@ -52,15 +52,15 @@ def _b(n: int | float) -> str:
 def check_measurement(
     total_bytes: int | None,
     *,
-    file_bytes: int,
+    file_bytes: int | None,
     previous: int | None,
     min_fraction: float = COLLAPSE_MIN_FRACTION,
     floor_bytes: int = IMPLAUSIBLE_FLOOR_BYTES,
     min_file_fraction: float = IMPLAUSIBLE_FILE_FRACTION,
 ) -> Verdict:
     """Accept or reject a measured total. ``previous`` is the last accepted total for the same signature."""
-    if isinstance(file_bytes, bool) or not isinstance(file_bytes, int) or file_bytes < 0:
-        raise ValueError(f"file_bytes must be an int >= 0, got {file_bytes!r}")
+    if file_bytes is not None and (isinstance(file_bytes, bool) or not isinstance(file_bytes, int) or file_bytes < 0):
+        raise ValueError(f"file_bytes must be an int >= 0 or None, got {file_bytes!r}")
     if previous is not None and (isinstance(previous, bool) or not isinstance(previous, int) or previous < 0):
         raise ValueError(f"previous must be an int >= 0 or None, got {previous!r}")
     for name, frac in (("min_fraction", min_fraction), ("min_file_fraction", min_file_fraction)):
@@ -80,6 +80,9 @@ def check_measurement(
             f"implausible: measured total {_b(total_bytes)} is under the {_b(floor_bytes)} floor that any loaded "
             "model exceeds; the measurement failed, not stored — check the seat's log and remeasure",
         )
+    if file_bytes is None:
+        return Verdict(False, "implausible", f"implausible until checked: measured total {_b(total_bytes)}, but the "
+                       "model file's size could not be read, so the file check cannot run; not stored — check the file")
     file_floor = file_bytes * min_file_fraction
     if file_bytes > 0 and total_bytes < file_floor:
         return Verdict(

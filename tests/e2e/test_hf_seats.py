@@ -105,5 +105,7 @@ def test_hf_and_gguf_seats_swap_each_other_under_one_budget(tmp_path: Path, mixe
     assert [(e["model"], e["engine"]) for e in evicts[-2:]] == [(HF, "transformers"), ("med", "llama-server")]
     assert "evicted for med" in evicts[-2]["reason"] and f"evicted for {HF}" in evicts[-1]["reason"]
     assert all(e["freed_gb"] is not None and e["freed_gb"] > 0 for e in evicts[-2:])
-    assert leaks == []  # clean teardowns: nothing named
+    assert leaks == []  # clean teardowns: nothing named ...
+    assert evicts[-2]["details"]["leak_check"] == "clean"  # ... because the leak breaker ran and found nothing
+    assert "leak_check" not in evicts[-1]["details"]  # llama-server has no leak breaker
     print(f"hf/gguf swap: sizes {json.dumps(sizes)}, limit {limit}")

@@ -20,10 +20,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from fitevict.engines.process import free_port, stop_group
-from fitevict.engines.torch_engine import TransformersEngine
-from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
-from fitevict.engines.torch_seat.model import HUNG_UP
+pytest.importorskip("torch", reason="the torch extra is not installed (pip install -e '.[torch]'): "
+                    "transformers seats cannot run; ./run.sh installs it where a CPU torch wheel is at hand")
+
+from fitevict.engines.process import free_port, stop_group  # noqa: E402
+from fitevict.engines.torch_engine import TransformersEngine  # noqa: E402
+from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS  # noqa: E402
+from fitevict.engines.torch_seat.model import HUNG_UP  # noqa: E402
 from fitevict.guard import check_walk
 from fitevict.pricing.hf_price import HfLoadConfig, price_hf
 from fitevict.pricing.safetensors import load_hf_structure

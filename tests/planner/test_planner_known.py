@@ -24,7 +24,7 @@ from .tables import TableModel, footprint_fn
 GiB = 1024**3
 MiB = 1024**2
 NOW = 1000.0
-POLICY = Policy(exclusive_fraction=1.0)  # exclusivity off unless a test is about it
+POLICY = Policy(exclusive_fraction=1.0, eviction="lru")  # exclusivity off unless a test is about it; LRU order
 
 
 def gpu_model(key: str, gib: int) -> TableModel:
@@ -92,14 +92,24 @@ def test_pinned_protected_and_busy_are_never_evicted() -> None:
 def test_exclusive_model_evicts_everything_evictable() -> None:
     m = gpu_model("m", 6)
     residents = [res("a", 1, t=1), res("b", 1, t=2), res("pin", 1, t=3, pinned=True)]
-    p = run(m, m.request(mode="gpu-only"), residents, B10, Policy(exclusive_fraction=0.5))
+    p = run(m, m.request(mode="gpu-only"), residents, B10, Policy(exclusive_fraction=0.5, eviction="lru"))
     # free 10 - 3 = 7 >= 6 would fit, but 6 > 0.5 * 10: exclusive -> a and b go, the pinned one stays
     assert p.exclusive and p.evict_keys == ("a", "b")
-    assert all(e.reason.startswith("exclusive: m needs 6.00 GiB of 10.0 GiB on CUDA0") for e in p.evict)
+    assert all(e.reason.startswith("exclusive on CUDA0: m needs 6.00 GiB of 10.0 GiB there") for e in p.evict)
     small = gpu_model("s", 5)
-    q = run(small, small.request(mode="gpu-only"), residents, B10, Policy(exclusive_fraction=0.5))
+    q = run(small, small.request(mode="gpu-only"), residents, B10, Policy(exclusive_fraction=0.5, eviction="lru"))
     # 5 is not > 0.5 * 10: not exclusive, and it fits in the 7 free
     assert not q.exclusive and q.evict == ()
+
+
+def test_exclusive_on_one_device_leaves_the_others_alone() -> None:
+    # m takes 6 of the 10 GiB GPU (exclusive there) and 1 GiB of the 64 GiB host: the GPU residents go, a
+    # host-only resident (nothing on CUDA0) stays, because the host has room
+    m = gpu_model("m", 6)
+    ram_only = Resident("ram", LoadConfig(), {HOST: 8 * GiB, "CUDA0": 0}, last_used=0.5)
+    residents = [res("a", 1, t=1), ram_only]
+    p = run(m, m.request(mode="gpu-only"), residents, B10, Policy(exclusive_fraction=0.5, eviction="lru"))
+    assert p.exclusive and p.evict_keys == ("a",)
 
 
 def test_both_budgets_binding() -> None:

@@ -69,7 +69,8 @@ def scenes(draw: st.DrawFn) -> tuple[TableModel, PlanRequest, list[Resident], Bu
         base = base.with_(n_gpu_layers=draw(st.integers(0, m.n_blocks + 1)),
                           n_cpu_moe=draw(st.integers(0, m.n_blocks)) if m.experts else 0)
     req = m.request(n_ctx=base.n_ctx, mode=mode, config=base)
-    policy = Policy(exclusive_fraction=draw(st.sampled_from([0.5, 0.8, 1.0])))
+    policy = Policy(exclusive_fraction=draw(st.sampled_from([0.5, 0.8, 1.0])),
+                    eviction=draw(st.sampled_from(["cost", "lru"])))
     return m, req, residents, budget, policy
 
 
@@ -105,8 +106,15 @@ def test_loads_fit_and_spare_the_unevictable(scene) -> None:
     kept = [r for r in residents if r.key not in set(p.evict_keys)]
     assert over(kept, need, budget) == [], "resident bytes exceed the budget after the plan"
     victims = [keys[k] for k in p.evict_keys]
-    if p.exclusive:
-        assert set(p.evict_keys) == {r.key for r in residents if r.evictable}
+    if p.exclusive:  # everything evictable on the exclusive devices goes; minimality holds for the rest
+        excl = {d for d, n in need.items()
+                if n > 0 and budget.budget_bytes(d) > 0 and n > policy.exclusive_fraction * budget.budget_bytes(d)}
+        there = {r.key for r in residents if r.evictable and any(r.bytes.get(d, 0) > 0 for d in excl)}
+        assert there <= set(p.evict_keys)
+        victims = [v for v in victims if v.key not in there]
+        kept_there = [r for r in residents if r.key not in set(p.evict_keys)]
+        for v in victims:
+            assert over(kept_there + [v], need, budget), f"evicting {v.key} was not needed"
         return
     for v in victims:  # minimal: keeping any single victim makes it not fit
         assert over(kept + [v], need, budget), f"evicting {v.key} was not needed"

@@ -153,3 +153,46 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
         assert asyncio.run(scenario()) == {HOST: 8 * MiB, "CUDA0": 350 * MiB}
     finally:
         store.close()
+
+
+def test_a_stop_with_nothing_measured_is_unverified_with_its_reason() -> None:
+    # a seat that died before it could be read (a crash): its group is gone, but what it held was never measured,
+    # so its release is not "verified" and has no release time (the histogram never gets a 0 for it)
+    import asyncio
+    import subprocess
+    import time
+
+    from fitevict.supervisor.release import stop_and_verify
+
+    p = subprocess.Popen(["true"], start_new_session=True)
+    p.wait()
+    res = asyncio.run(stop_and_verify("crashed", p.pid, (), proc=None, grace=1.0, release_timeout=1.0, nvml=None,
+                                      clock=time.monotonic))
+    assert res.verified is False and res.release_seconds is None and res.freed_bytes is None
+    assert res.note.startswith("unverified: the process tree could not be read") and "never measured" in res.note
+    assert res.details()["release_verified"] is False and res.details()["release_seconds"] is None
+
+
+def test_the_shutdown_summary_counts_what_happened() -> None:
+    from fitevict.supervisor.core import _summary
+    from fitevict.supervisor.release import StopResult
+
+    ok = StopResult("a", {HOST: HELD}, HELD, {HOST: HELD}, 0.1, 0.02, True, "verified")
+    unread = StopResult("b", {HOST: None}, None, {}, 0.1, None, False, "unverified: never measured")
+    s = _summary(0, 0, 1.5, ["a", "b", "c"], [ok, unread, RuntimeError("stop raised")])
+    assert (s.stopped, s.verified, s.unverified, s.failed) == (2, 1, ("b: unverified: never measured",),
+                                                               ("c: RuntimeError: stop raised",))
+    line = s.line()
+    assert "2 seat(s) stopped, 1 release(s) verified, 1 not verified, 1 failed" in line
+    assert "not verified: b: unverified" in line and "failed: c: RuntimeError" in line
+
+
+def test_a_missing_teardown_report_is_not_a_clean_one() -> None:
+    from fitevict.supervisor.effects import leak_check
+    from fitevict.supervisor.release import StopResult
+
+    res = StopResult("hf", {HOST: HELD}, HELD, {HOST: HELD}, 10.2, 0.1, True, "verified")
+    assert leak_check({"verdict": "clean", "leaks": []}, res) == "clean"
+    assert leak_check({"leaks": [{"path": "w", "bytes": 4}]}, res).startswith("1 tensor(s) still alive")
+    missing = leak_check(None, res)
+    assert missing.startswith("did not run:") and "10.20 s" in missing

@@ -166,7 +166,8 @@ def plan_cmd(
             raise typer.Exit(2) from e
     the_plan = pl.plan(plan_request(entry, load_cfg, mode, structure), res, budget,
                        lambda _k, c: price(structure, c).footprint,
-                       pl.Policy(exclusive_fraction=cfg.policy.exclusive_fraction), time.time())
+                       pl.Policy(exclusive_fraction=cfg.policy.exclusive_fraction,
+                                 eviction=cfg.policy.eviction), time.time())  # type: ignore[arg-type]
     _show_plan(the_plan.to_json(), budget.to_json(), as_json)
 
 

@@ -159,3 +159,13 @@ def _jsonable(v: Any) -> Any:
 def redact_url(url: str) -> str:
     """``postgresql://user:secret@host/db`` -> ``postgresql://user:<redacted>@host/db``."""
     return re.sub(r"^([a-z0-9+]+://[^:/@]*):[^@]*@", rf"\1:{REDACTED}@", url, flags=re.I)
+
+
+def default(section: type, name: str) -> Any:
+    """The one default of a knob: the field default of its config section (``default(PolicyConfig, "eviction")``).
+    Records elsewhere that carry the same knob (the planner's and the scheduler's policies, the budget) take their
+    defaults from here, so no two copies drift apart."""
+    for f in fields(section):
+        if f.name == name:
+            return f.default
+    raise KeyError(f"{section.__name__} has no field {name!r}")

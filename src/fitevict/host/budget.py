@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
 
+from fitevict.config.records import BudgetConfig, default
 from fitevict.host.nvml import NvmlLike, read_gpus
 from fitevict.host.procmem import PROC, read_meminfo
 from fitevict.pricing.footprint import HOST
 from fitevict.units import GiB, SizeError, format_size, parse_size
 
-DEFAULT_RAM_RESERVE = 2 * GiB  # kept free for the OS, the page cache of everything else, and the front door
-DEFAULT_GPU_RESERVE = 1 * GiB  # llama.cpp's own --fit margin per device (fit_params_target, 1024 MiB)
+# kept free for the OS, the page cache of everything else and the front door; and on each GPU: the config's defaults
+DEFAULT_RAM_RESERVE: int = default(BudgetConfig, "ram_reserve")
+DEFAULT_GPU_RESERVE: int = default(BudgetConfig, "gpu_reserve")
 
 
 class BudgetError(ValueError):

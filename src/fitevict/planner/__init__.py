@@ -24,7 +24,8 @@ are evicted; in ``victim_order`` (GreedyDual-Size priority or least recently use
 bytes on the devices that are short), only as
 many as needed, then every victim whose removal was not needed is dropped again (so removing any
 one victim from the set makes the load not fit). A model whose footprint exceeds
-``policy.exclusive_fraction`` of a device's budget is *exclusive* and evicts everything evictable.
+``policy.exclusive_fraction`` of a device's budget is *exclusive* there: it evicts everything evictable that holds
+bytes on that device, and on the other devices only what it must.
 When a load would fit only once busy residents are gone, the plan is ``wait`` with their keys.
 
     records.py  the frozen inputs and the Plan

@@ -128,19 +128,26 @@ def plan(
         config = rungs[found]
         fp, need = price(config)
         devs = devices + [d for d in need if d not in devices]
-        exclusive = any(
-            n > 0 and budget_b.get(d, 0) > 0 and n > policy.exclusive_fraction * budget_b[d] for d, n in need.items()
-        )
-        short = {d: n - free_before.get(d, 0) - freed_forced.get(d, 0) for d, n in need.items() if n > 0}
+        # exclusive: on a device where the load takes more than exclusive_fraction of the budget, everything
+        # evictable there goes; on every other device only what must
+        excl = [d for d, n in need.items()
+                if n > 0 and budget_b.get(d, 0) > 0 and n > policy.exclusive_fraction * budget_b[d]]
+        exclusive = bool(excl)
+        on_excl = [r for r in pool if any(r.bytes.get(d, 0) > 0 for d in excl)]
+        freed_excl = _sum(on_excl, list(need))
+        short = {d: n - free_before.get(d, 0) - freed_forced.get(d, 0) - freed_excl.get(d, 0)
+                 for d, n in need.items() if n > 0}
         short = {d: s for d, s in short.items() if s > 0}
-        victims = list(pool) if exclusive else _choose(short, pool, policy.eviction)
+        rest = [r for r in pool if r not in on_excl]
+        victims = on_excl + (_choose(short, rest, policy.eviction) if short else [])
         evict: list[Eviction] = []
         for r in forced:
             evict.append(Eviction(r.key, r.bytes, "replace: resident with a different configuration"))
         for r in sorted(victims, key=lambda r: (r.last_used, r.key)):
-            if exclusive:
-                top = max((d for d in need if budget_b.get(d, 0) > 0), key=lambda d: need[d] / budget_b[d])
-                why = (f"exclusive: {request.key} needs {_gib(need[top])} of {_gib(budget_b[top])} on {top} "
+            mine = [d for d in excl if r.bytes.get(d, 0) > 0]
+            if mine:
+                top = max(mine, key=lambda d: need[d] / budget_b[d])
+                why = (f"exclusive on {top}: {request.key} needs {_gib(need[top])} of {_gib(budget_b[top])} there "
                        f"(> {policy.exclusive_fraction:.0%})")
             else:
                 why = _victim_words(r, [d for d in short if r.bytes.get(d, 0) > 0], policy.eviction, now)

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
+from fitevict.config.records import ALLOC_MODES, PolicyConfig, default
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 
 
 Action = Literal["hit", "load", "partial", "ram", "wait", "refuse"]
 AllocMode = Literal["gpu-only", "max-gpu", "max-ram", "ram-only", "explicit"]
-ALLOC_MODES: tuple[str, ...] = ("gpu-only", "max-gpu", "max-ram", "ram-only", "explicit")
 LOADING_ACTIONS: tuple[str, ...] = ("load", "partial", "ram")
 
 FootprintFn = Callable[[str, LoadConfig], Footprint]
@@ -118,10 +118,11 @@ class Resident:
 class Policy:
     """Knobs of the planner. ``min_ctx`` is the smallest context a refusal suggests."""
 
-    exclusive_fraction: float = 0.5
+    exclusive_fraction: float = default(PolicyConfig, "exclusive_fraction")
     min_ctx: int = 512
     ctx_step: int = 256  # llama.cpp pads n_ctx to 256
-    eviction: Literal["cost", "lru"] = "lru"  # victim order: GreedyDual-Size priority, or least recently used
+    # victim order: GreedyDual-Size priority ("cost"), or least recently used ("lru"); the config's default
+    eviction: Literal["cost", "lru"] = default(PolicyConfig, "eviction")
 
     def __post_init__(self) -> None:
         if not 0 < self.exclusive_fraction <= 1:

@@ -406,9 +406,9 @@ class FastPath:
             if "prompt_per_second" in timings:
                 child(m.prompt_tps, model).set(timings["prompt_per_second"])
         if out.streamed:
-            tokens = total_tokens(content)
-            rec.tokens = tokens if tokens is not None else out.events
+            rec.tokens = total_tokens(content)  # None when the answer says nothing: never a count of events
             extra["stream"] = True
+            extra["events"] = out.events
         elif rec.endpoint == "embeddings":
             _embeddings_extra(content, rec, extra)
         else:

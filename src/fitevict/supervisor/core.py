@@ -9,6 +9,7 @@ One event loop owns everything here; the scheduler is called synchronously from 
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import os
 import time
@@ -42,17 +43,41 @@ from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.supervisor.seat import SeatPhase, SeatState, pred_source
 
 
+log = logging.getLogger("fitevict.supervisor")
+
 @dataclass(frozen=True, slots=True)
 class ShutdownSummary:
     answered: int  # queued or loading requests answered 503 "shutting down"
     cut: int  # requests still in flight when the grace period ended
-    stopped: int  # seats stopped (each release-verified)
+    stopped: int  # seats whose stop ran to its end
     seconds: float
+    verified: int = 0  # of those, releases verified
+    unverified: tuple[str, ...] = ()  # "<model>: <why>" for each stop whose release was not verified
+    failed: tuple[str, ...] = ()  # "<model>: <error>" for each stop that raised
 
     def line(self) -> str:
-        return (f"fitevict stopped in {self.seconds:.2f} s: {self.answered} waiting request(s) answered 503 "
+        text = (f"fitevict stopped in {self.seconds:.2f} s: {self.answered} waiting request(s) answered 503 "
                 f"(shutting down), {self.cut} in-flight request(s) cut after the grace period, "
-                f"{self.stopped} seat(s) stopped")
+                f"{self.stopped} seat(s) stopped, {self.verified} release(s) verified, "
+                f"{len(self.unverified)} not verified, {len(self.failed)} failed")
+        details = [*(f"not verified: {u}" for u in self.unverified), *(f"failed: {f}" for f in self.failed)]
+        return text + "".join(f"\n  {d}" for d in details)
+
+
+def _summary(answered: int, cut: int, seconds: float, keys: list[str], results: list[Any]) -> ShutdownSummary:
+    """The shutdown as it went: each stop's result or the error it raised (logged once, with its traceback)."""
+    failed: list[str] = []
+    unverified: list[str] = []
+    verified = 0
+    for key, r in zip(keys, results):
+        if isinstance(r, BaseException):
+            log.error("stopping %s at shutdown failed", key, exc_info=r)
+            failed.append(f"{key}: {type(r).__name__}: {r}")
+        elif r.verified:
+            verified += 1
+        else:
+            unverified.append(f"{key}: {r.note}")
+    return ShutdownSummary(answered, cut, len(keys) - len(failed), seconds, verified, tuple(unverified), tuple(failed))
 
 
 def sched_policy(config: Config) -> SchedPolicy:
@@ -176,12 +201,12 @@ class Supervisor:
         cut = sum(s.in_flight for s in self.scheduler.slots.values())
         for task in list(self.fx.loads.values()):
             task.cancel("fitevict is shutting down")
-        stops = [self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
-                 for s in list(self.seats.values()) if s.state is SeatPhase.READY]
-        await asyncio.gather(*stops, return_exceptions=True)
+        seats = [s for s in list(self.seats.values()) if s.state is SeatPhase.READY]
+        results = await asyncio.gather(*(self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
+                                         for s in seats), return_exceptions=True)
         while self.fx.tasks:  # records and stops that those started: all written before the store closes
             await asyncio.gather(*list(self.fx.tasks), return_exceptions=True)
-        self.summary = ShutdownSummary(answered, cut, len(stops), self.clock() - t0)
+        self.summary = _summary(answered, cut, self.clock() - t0, [s.key for s in seats], results)
         return self.summary
 
     def _measure_budget(self) -> Budget:

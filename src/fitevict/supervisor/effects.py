@@ -326,6 +326,8 @@ class LiveEffects:
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         sup = self.sup
         res = await self._end(seat, SeatPhase.STOPPED)
+        engine = sup.engine_for(seat.entry)
+        report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
         await sup.record(Event(
             time=sup.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
             host_bytes=seat.bytes_on(HOST), vram_bytes=sup.gpu_figure(seat), reason=reason,
@@ -333,16 +335,15 @@ class LiveEffects:
             details={"pid": seat.pid, **_timings(seat),
                      "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
-                                     if seat.config.devices else None), **res.details()}))
-        await self._record_teardown(seat, request_id)
+                                     if seat.config.devices else None), **res.details(),
+                     **({"leak_check": leak_check(report, res)} if hasattr(engine, "teardown") else {})}))
+        await self._record_teardown(seat, report, request_id)
         sup.stopped(seat.key, res)
         return res
 
-    async def _record_teardown(self, seat: SeatState, request_id: str | None) -> None:
+    async def _record_teardown(self, seat: SeatState, report: dict | None, request_id: str | None) -> None:
         """A transformers seat's leak breaker reports on its way out: every tensor still alive after its model was
         deleted is named as this model's leak (memory glibc kept, with every tensor gone, is retention, not a leak)."""
-        engine = self.sup.engine_for(seat.entry)
-        report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
         if not report or not report.get("leaks"):
             return
         leaks = report["leaks"]
@@ -386,6 +387,16 @@ class LiveEffects:
         seat.watcher = self._spawn_task(watch(), f"watch-{seat.key}")
 
 
+def leak_check(report: dict | None, res: StopResult) -> str:
+    """What a transformers seat's leak breaker said on its way out: "clean", how many tensors it found alive, or
+    that it did not run and why (a missing report is never "no leak")."""
+    if report is None:
+        return (f"did not run: the seat wrote no teardown report before it exited ({res.note}; exit after "
+                f"{res.exit_seconds:.2f} s: killed after the grace period, or its teardown failed; see its log)")
+    leaks = report.get("leaks") or []
+    return f"{len(leaks)} tensor(s) still alive after the model was deleted" if leaks else "clean"
+
+
 def _timings(seat: SeatState) -> dict:
     """The engine's own timings over the seat's answers, for the event that ends it (nothing if none had any)."""
     t = seat.timings.to_json()
@@ -414,11 +425,13 @@ def _engine_failure(engine: Any, log_path: Path) -> str | None:
         return None
 
 
-def _file_bytes(path: Path) -> int:
+def _file_bytes(path: Path) -> int | None:
+    """The model's bytes on disk, or None when they cannot be read (the guard then says its file check could not
+    run; never a 0 that turns the check off)."""
     try:
         return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     except OSError:
-        return 0
+        return None
 
 
 def _strategy(plan: pl.Plan) -> str:

@@ -115,7 +115,8 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
                           gpu_held: Mapping[str, int | None] | None = None) -> StopResult:
     """The one stop path: what the seat holds read just before, free memory read, the group stopped (SIGTERM,
     grace, SIGKILL), the release verified. A seat that already exited on its own (a crash) has nothing left
-    to read: its release is checked as "no process of the group remains", with freed bytes unavailable."""
+    to read: no process of the group remaining is all that can be said, and its release is unverified (freed
+    bytes and release seconds unavailable, the reason named), never "verified" with nothing measured."""
     tree = procmem.read_tree(pgid) if pgid is not None else None
     host_held = tree.committed_bytes if tree is not None and tree.source != "unavailable" else None
     held: dict[str, int | None] = {HOST: host_held, **{d: (gpu_held or {}).get(d) for d in devices}}
@@ -123,8 +124,11 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
     exit_s = await stop_process_group(pgid, grace, proc=proc, clock=clock)
     if host_held is None:
         gone = pgid is None or not group_alive(pgid)
-        note = ("verified: no process of the group remains (it had exited before a reading could be taken, "
-                "so the freed bytes are unavailable)" if gone else "unverified: the group is still alive")
-        return StopResult(key, held, None, {}, exit_s, 0.0 if gone else None, gone, note)
+        why = ("the process tree could not be read before the stop"
+               + (f" ({tree.reason})" if tree is not None and tree.reason else " (it had already exited)"))
+        note = (f"unverified: {why}; no process of the group remains, but what it held was never measured, so "
+                "the freed bytes and the release time are unavailable" if gone
+                else f"unverified: {why}, and the group is still alive")
+        return StopResult(key, held, None, {}, exit_s, None, False, note)
     r = await verify_release(before, held, devices, nvml=nvml, timeout=release_timeout, clock=clock)
     return StopResult(key, held, r.freed_bytes, r.freed_by_device, exit_s, r.release_seconds, r.verified, r.note)

@@ -36,6 +36,7 @@ from typing import Literal, Protocol
 
 from fitevict import planner as pl
 from fitevict.config import EVICTION_POLICIES
+from fitevict.config.records import PolicyConfig, default
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.supervisor.errors import Busy, Refused, SupervisorError
 from fitevict.units import GiB
@@ -55,13 +56,14 @@ class Phase(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SchedPolicy:
-    max_turn_seconds: float = 30.0
-    max_wait_seconds: float = 10.0
-    min_residency_seconds: float = 0.0
-    queue_timeout_seconds: float = 300.0
-    max_queue: int = 64
-    engine_queue_depth: int | None = None  # None: one batch, as many as the seat's slots
-    eviction: Eviction = "cost"
+    # every default is the config's (config.records.PolicyConfig): one default per knob
+    max_turn_seconds: float = default(PolicyConfig, "max_turn_seconds")
+    max_wait_seconds: float = default(PolicyConfig, "max_wait_seconds")
+    min_residency_seconds: float = default(PolicyConfig, "min_residency_seconds")
+    queue_timeout_seconds: float = default(PolicyConfig, "queue_timeout_seconds")
+    max_queue: int = default(PolicyConfig, "max_queue")
+    engine_queue_depth: int | None = default(PolicyConfig, "engine_queue_depth")  # None: one batch (the slots)
+    eviction: Eviction = default(PolicyConfig, "eviction")
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:

@@ -146,14 +146,14 @@ class Seat:
                 torch.cuda.empty_cache()
             after = _mem()
             base = self._baseline
-            held = (after.committed_bytes or 0) - (base.committed_bytes or 0) if base else None
+            held = _minus(after.committed_bytes, base.committed_bytes if base else None)
             report = {
                 "leaks": [{"path": p, "bytes": b} for p, b in leaks],
                 "leaked_bytes": sum(b for _, b in leaks),
                 "watched_tensors": len(refs),
                 "committed_before": before.committed_bytes, "committed_after_gc": after_gc.committed_bytes,
                 "committed_after_trim": after.committed_bytes,
-                "returned_bytes": (before.committed_bytes or 0) - (after.committed_bytes or 0),
+                "returned_bytes": _minus(before.committed_bytes, after.committed_bytes),  # None: not measured
                 "held_above_baseline_bytes": held, "malloc_trim": trimmed,
                 "seconds": round(time.monotonic() - t0, 4),
                 "verdict": ("leak" if leaks else "allocator-retention" if held is not None and held > LEAK_FLOOR_BYTES
@@ -163,3 +163,8 @@ class Seat:
             self.footprint["teardown"] = report
             self.state = "unloaded"
             return report
+
+
+def _minus(a: int | None, b: int | None) -> int | None:
+    """a - b, or None when either reading is unavailable (never a stand-in 0)."""
+    return None if a is None or b is None else a - b
