@@ -1,4 +1,5 @@
-"""`fitevict plan MODEL --json`: the planner through the CLI, on declared machines and residents."""
+"""`fitevict plan MODEL --json`: the planner through the CLI, on declared machines and residents, priced by the
+server's own price book (the same store, the same learned overheads and measurements) and the same policy."""
 
 from __future__ import annotations
 
@@ -27,8 +28,29 @@ def zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A store of each test's own (the offline plan reads what was learned from it, as the server does)."""
+    d = tmp_path / "plan-data"
+    monkeypatch.setenv("FITEVICT_DATA_DIR", str(d))
+    return d
+
+
 def host_bytes(path: Path, ctx: int) -> int:
-    return price(load_structure(path), LoadConfig(n_ctx=ctx, n_parallel=1)).footprint.bytes_on(HOST)
+    """What the server's price book asks on the host for ``path`` at ``ctx`` (-np 1): the formula plus the engine
+    process's own calibrated overhead, as ``fitevict plan`` prices it."""
+    from fitevict.cli.serve import engine_binary
+    from fitevict.config import load_config
+    from fitevict.store import Store
+    from fitevict.supervisor.learned import prime_price_book
+    from fitevict.supervisor.pricebook import PriceBook
+
+    cfg = load_config(None, env={"FITEVICT_DATA_DIR": os.environ["FITEVICT_DATA_DIR"]})
+    binary = engine_binary(cfg)
+    with Store.open(cfg.store_url) as store:
+        book = PriceBook(store, binary.parent, cfg.policy.default_alloc_mode)
+        prime_price_book(book, store, binary, calibrate=False)
+        return book.footprint(path, LoadConfig(n_ctx=ctx, n_parallel=1)).bytes_on(HOST)
 
 
 def plan(*args: str) -> dict:
@@ -91,7 +113,7 @@ def test_plan_fits_an_80_column_terminal(zoo_dir: Path) -> None:
     ram = host_bytes(med, 4096) - 1 * MiB
     r = subprocess.run([sys.executable, "-m", "fitevict.cli", "plan", "llama-medium", "--models-dir", str(zoo_dir),
                         "--ram", str(ram), "--ctx", "4096"], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "COLUMNS": "80", "FITEVICT_CONFIG": ""})
+                       env={**os.environ, "COLUMNS": "80", "FITEVICT_CONFIG": ""})  # FITEVICT_DATA_DIR: ours
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80 and "…" not in r.stdout, r.stdout
@@ -100,3 +122,52 @@ def test_plan_fits_an_80_column_terminal(zoo_dir: Path) -> None:
     assert header.split() == ["device", "needed", "budget", "free", "now", "free", "after", "avail."]
     cpu = lines[lines.index(header) + 2]  # the row under the header's rule
     assert format_size(host_bytes(med, 4096)) in cpu  # the figure in full, not cut
+
+
+def test_the_offline_plan_is_the_servers_plan(zoo_dir: Path, tmp_path: Path) -> None:
+    """The same state (store with a measurement, config, declared machine, no residents) gives the same verdict and
+    the same numbers from ``fitevict plan`` and from the server's supervisor."""
+    import asyncio
+
+    from fitevict.catalog import Catalog
+    from fitevict.cli.serve import engine_binary
+    from fitevict.config import load_config
+    from fitevict.contract import Contract
+    from fitevict.host.budget import Budget
+    from fitevict.store import Store
+    from fitevict.supervisor import Supervisor
+
+    med = zoo_dir / "llama-medium.gguf"
+    before = host_bytes(med, 4096)
+    ram = before + 64 * MiB
+    cfg = load_config(None, env={"FITEVICT_DATA_DIR": os.environ["FITEVICT_DATA_DIR"]},
+                      overrides={"models_dirs": [str(zoo_dir)]})
+    declared = Budget.declared({HOST: {"total": ram, "reserve": 0}})
+
+    async def server_plan() -> dict:
+        with Store.open(cfg.store_url) as store:
+            sup = Supervisor(config=cfg, catalog=Catalog.from_config(cfg), store=store,
+                             engine_binary=engine_binary(cfg), budget_fn=lambda: declared)
+            # a measurement stored by an earlier load of the same signature: both must price by it
+            sig = sup.prices.signature(med, sup.prices.request(sup.catalog.resolve("llama-medium"), Contract())[1])
+            fp = sup.prices.footprint(med, sup.prices.request(sup.catalog.resolve("llama-medium"), Contract())[1])
+            doc = json.loads(json.dumps(fp.to_json()).replace('"formula"', '"measured"'))
+            extra = 5 * MiB  # measured 5 MiB above the formula: a plan that reads the store says so
+            doc["devices"][0]["model_bytes"] += extra
+            doc["devices"][0]["total_bytes"] += extra
+            doc["host"]["committed_bytes"] += extra
+            doc["total_bytes"] += extra
+            store.put_measurement(sig, "llama-medium", "llama-server", doc, total=doc["total_bytes"])
+            await sup.start()
+            try:
+                return sup.plan("llama-medium").to_json()
+            finally:
+                await sup.shutdown()
+
+    server = asyncio.run(server_plan())
+    offline = plan("llama-medium", "--models-dir", str(zoo_dir), "--ram", str(ram))
+    offline.pop("budget", None)
+    assert server["action"] == offline["action"] == "ram"
+    assert offline["needed_bytes"][HOST] == before + 5 * MiB  # priced by the stored measurement, not the formula
+    for k in ("needed_bytes", "free_bytes_after", "placement", "evict", "reason"):
+        assert offline[k] == server[k], k

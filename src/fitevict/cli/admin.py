@@ -102,73 +102,88 @@ def plan_cmd(
         _show_plan(out["plan"], out.get("budget"), as_json)
         return
 
-    from fitevict import planner as pl
-    from fitevict.catalog import Catalog, UnknownModel
     from fitevict.cli.serve import build_config
-    from fitevict.host.budget import Budget, BudgetError, budget_from_config
-    from fitevict.pricing.gguf import PricingError, load_structure
-    from fitevict.pricing.loadconfig import LoadConfig
-    from fitevict.pricing.price import price
-    from fitevict.contract import ContractError, load_config_for, parse_contract, plan_request
 
     cfg = build_config(config, {"models_dirs": [str(p) for p in models_dir] or None,
                                 "budget.ram_limit": ram_limit, "budget.gpu_limit": gpu_limit})
-    try:
-        catalog = Catalog.from_config(cfg)
-        entry = catalog.resolve(model)
-        contract = parse_contract(contract_json or None)
-        load_cfg, mode, path = load_config_for(entry, contract, cfg.policy.default_alloc_mode)
-        structure = load_structure(path)
-    except UnknownModel as e:
-        err.print(f"[red]{e}[/]")
-        raise typer.Exit(2) from e
-    except ContractError as e:
-        err.print(f"[red]{e}[/]")
-        raise typer.Exit(2) from e
-    except PricingError as e:
-        err.print(f"[red]{e}[/]")
-        raise typer.Exit(2) from e
-    try:
-        if ram is not None or gpu:
-            from fitevict.units import parse_size
+    budget = _offline_budget(cfg, ram, gpu)
+    res = _declared_residents(residents) if residents is not None else []
+    the_plan = _offline_plan(cfg, model, contract_json, budget, res)
+    _show_plan(the_plan.to_json(), budget.to_json(), as_json)
 
-            spec: dict[str, Any] = {}
-            if ram is not None:
-                spec["CPU"] = {"total": parse_size(ram, name="--ram"), "reserve": 0,
-                               **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
-            for name, size in _parse_sizes(gpu, "--gpu").items():
-                spec[name] = {"total": size, "reserve": 0,
-                              **({"limit": cfg.budget.gpu_limit} if cfg.budget.gpu_limit else {})}
-            if "CPU" not in spec:
-                from fitevict.host.procmem import read_meminfo
 
-                m = read_meminfo()
-                spec["CPU"] = {"total": m.total_bytes, "free": m.available_bytes, "reserve": cfg.budget.ram_reserve,
-                               **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
-            budget = Budget.declared(spec)
-        else:
-            budget = budget_from_config(cfg.budget)
+def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list):
+    """The server's plan for ``model`` without a server: the same price book, primed from the same store (stored
+    measurements, corrections, the engine's and the transformers seats' overheads), and the same policy."""
+    from fitevict import planner as pl
+    from fitevict.catalog import Catalog, UnknownModel
+    from fitevict.contract import Contract, ContractError, parse_contract
+    from fitevict.engines.install import resolve_binary
+    from fitevict.pricing.gguf import PricingError
+    from fitevict.store import Store
+    from fitevict.supervisor.learned import plan_policy, prime_price_book
+    from fitevict.supervisor.pricebook import PriceBook
+
+    try:
+        entry = Catalog.from_config(cfg).resolve(model)
+        contract = parse_contract(contract_json or None) or Contract()
+        # without an engine here the plan is priced without its process overhead, as a first load would be
+        binary = resolve_binary("llama-server", configured=cfg.engine.llama_server).path or Path("llama-server")
+        with Store.open(cfg.store_url) as store:
+            book = PriceBook(store, binary.parent, cfg.policy.default_alloc_mode)
+            prime_price_book(book, store, binary, calibrate=False)
+            request, _load_cfg, path = book.request(entry, contract)
+            return pl.plan(request, residents, budget, lambda _k, c: book.footprint(path, c), plan_policy(cfg),
+                           time.time())
+    except (UnknownModel, ContractError, PricingError) as e:
+        err.print(f"[red]{e}[/]")
+        raise typer.Exit(2) from e
+
+
+def _offline_budget(cfg, ram: str | None, gpu: list[str]):
+    """This machine's budget under the config, or a declared machine (``--ram``, ``--gpu NAME=SIZE``)."""
+    from fitevict.host.budget import Budget, BudgetError, budget_from_config
+
+    try:
+        if ram is None and not gpu:
+            return budget_from_config(cfg.budget)
+        from fitevict.units import parse_size
+
+        spec: dict[str, Any] = {}
+        if ram is not None:
+            spec["CPU"] = {"total": parse_size(ram, name="--ram"), "reserve": 0,
+                           **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
+        for name, size in _parse_sizes(gpu, "--gpu").items():
+            spec[name] = {"total": size, "reserve": 0,
+                          **({"limit": cfg.budget.gpu_limit} if cfg.budget.gpu_limit else {})}
+        if "CPU" not in spec:
+            from fitevict.host.procmem import read_meminfo
+
+            m = read_meminfo()
+            spec["CPU"] = {"total": m.total_bytes, "free": m.available_bytes, "reserve": cfg.budget.ram_reserve,
+                           **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
+        return Budget.declared(spec)
     except BudgetError as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
-    res: list[pl.Resident] = []
-    if residents is not None:
-        try:
-            for r in json.loads(residents.read_text()):
-                res.append(pl.Resident(key=r["key"], config=LoadConfig.from_json(r.get("config", {})),
-                                       bytes={k: int(v) for k, v in r["bytes"].items()},
-                                       last_used=float(r.get("last_used", 0.0)), bytes_source="declared",
-                                       pinned=bool(r.get("pinned")), protected=bool(r.get("protected")),
-                                       in_flight=int(r.get("in_flight", 0))))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            err.print(f"[red]--residents {residents}:[/] {e!r}; expected a JSON list of "
-                      '{"key": str, "bytes": {"CPU": int, ...}, "last_used": float, "pinned": bool, "in_flight": int}')
-            raise typer.Exit(2) from e
-    the_plan = pl.plan(plan_request(entry, load_cfg, mode, structure), res, budget,
-                       lambda _k, c: price(structure, c).footprint,
-                       pl.Policy(exclusive_fraction=cfg.policy.exclusive_fraction,
-                                 eviction=cfg.policy.eviction), time.time())  # type: ignore[arg-type]
-    _show_plan(the_plan.to_json(), budget.to_json(), as_json)
+
+
+def _declared_residents(path: Path) -> list:
+    """``--residents FILE``: a JSON list of residents, each figure labelled declared."""
+    from fitevict import planner as pl
+    from fitevict.pricing.loadconfig import LoadConfig
+
+    try:
+        return [pl.Resident(key=r["key"], config=LoadConfig.from_json(r.get("config", {})),
+                            bytes={k: int(v) for k, v in r["bytes"].items()},
+                            last_used=float(r.get("last_used", 0.0)), bytes_source="declared",
+                            pinned=bool(r.get("pinned")), protected=bool(r.get("protected")),
+                            in_flight=int(r.get("in_flight", 0)))
+                for r in json.loads(path.read_text())]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        err.print(f"[red]--residents {path}:[/] {e!r}; expected a JSON list of "
+                  '{"key": str, "bytes": {"CPU": int, ...}, "last_used": float, "pinned": bool, "in_flight": int}')
+        raise typer.Exit(2) from e
 
 
 def compact_table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ()) -> Table:

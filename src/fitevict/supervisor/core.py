@@ -25,8 +25,6 @@ from fitevict.config import Config
 from fitevict.contract import Contract, passthrough_args, seat_key
 from fitevict.engines import engine_class
 from fitevict.engines.base import Engine
-from fitevict.engines.base import Unavailable as DryRunUnavailable
-from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
 from fitevict.engines.process import free_port
 from fitevict.host.budget import Budget, budget_from_config
 from fitevict.loadreport import hit_report, request_report
@@ -37,7 +35,9 @@ from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.errors import Busy
 from fitevict.supervisor.measure import mem_json
 from fitevict.supervisor.orphans import cleanup_orphans
-from fitevict.supervisor.pricebook import HISTORY_LOADS, PriceBook
+from fitevict.supervisor.learned import (PEFT_OVERHEAD_KEY, TORCH_OVERHEAD_KEY, overhead_key, plan_policy,
+                                        prime_price_book)
+from fitevict.supervisor.pricebook import PriceBook
 from fitevict.supervisor.release import StopResult
 from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.supervisor.seat import SeatPhase, SeatState, pred_source
@@ -88,15 +88,6 @@ def sched_policy(config: Config) -> SchedPolicy:
                        eviction=p.eviction)  # type: ignore[arg-type]
 
 
-TORCH_OVERHEAD_KEY = "engine-overhead:transformers"
-PEFT_OVERHEAD_KEY = "engine-overhead:transformers+peft"  # a seat with PEFT adapters imports peft too
-
-
-def st_ok(binary: Path) -> bool:
-    """A real engine build to calibrate: an executable file named llama-server."""
-    return binary.name == "llama-server" and binary.is_file() and os.access(binary, os.X_OK)
-
-
 class Supervisor:
     def __init__(
         self,
@@ -130,8 +121,7 @@ class Supervisor:
         self._events: list[Event] = []
         self.on_event: list[Callable[[Event], None]] = []  # called with each event once it is recorded
         self._last_budget: Budget | None = None
-        st = self.engine_binary.stat() if self.engine_binary.exists() else None
-        self._overhead_key = f"engine-overhead:{self.engine_binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
+        self._overhead_key = overhead_key(self.engine_binary)
         self.log_dir = Path(config.data_dir) / "seats"
         self.closed = False
         self.summary: ShutdownSummary | None = None
@@ -147,26 +137,7 @@ class Supervisor:
     async def start(self) -> list[Event]:
         """Load what was learned about the engine, and deal with the seats a previous run left."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        calibrated = await asyncio.to_thread(calibrated_overhead, self.engine_binary) if st_ok(self.engine_binary) \
-            else None
-        if calibrated is None and st_ok(self.engine_binary):
-            # first serve with this build: measure its own process overhead once, on the smallest model
-            got = await asyncio.to_thread(calibrate_overhead, self.engine_binary, timeout_s=60.0)
-            calibrated = None if isinstance(got, DryRunUnavailable) else {k: int(v) for k, v in got["overhead"].items()}
-        if calibrated:
-            self.prices.engine_overhead.update(calibrated)
-        torch_known = await asyncio.to_thread(self.store.compute_get, TORCH_OVERHEAD_KEY)
-        if torch_known:
-            self.prices.torch_overhead = int(torch_known[HOST])
-        peft_known = await asyncio.to_thread(self.store.compute_get, PEFT_OVERHEAD_KEY)
-        if peft_known:
-            self.prices.peft_overhead = int(peft_known[HOST])
-        known = await asyncio.to_thread(self.store.compute_get, self._overhead_key)
-        for dev, n in (known or {}).items():  # what loads have shown since raises it (a lower bound each)
-            self.prices.engine_overhead[dev] = max(int(n), self.prices.engine_overhead.get(dev, 0))
-        loads = await asyncio.to_thread(self.store.events, event="load", limit=HISTORY_LOADS)
-        self.prices.learn_history([ev.details for ev in loads])  # each file's error at other settings
-        self.prices.forget()
+        await asyncio.to_thread(prime_price_book, self.prices, self.store, self.engine_binary, calibrate=True)
         return await cleanup_orphans(self)
 
     async def shutdown(self, grace: float | None = None) -> ShutdownSummary:
@@ -306,8 +277,7 @@ class Supervisor:
     def plan_now(self, request: pl.PlanRequest, residents: list[pl.Resident]) -> pl.Plan:
         """The planner over a fresh budget reading (what ``Effects.plan`` does)."""
         path = self.path_for(request)
-        policy = pl.Policy(exclusive_fraction=self.config.policy.exclusive_fraction,
-                           eviction=self.config.policy.eviction)  # type: ignore[arg-type]
+        policy = plan_policy(self.config)
         budget = self._budget_fn()
         self._last_budget = budget
         return pl.plan(request, residents, budget, lambda _k, c: self.prices.footprint(path, c), policy, self.clock())

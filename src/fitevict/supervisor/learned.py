@@ -1,0 +1,62 @@
+"""What fitevict has learned about its engines, read into a price book: one path for the server and the CLI.
+
+A price book prices a model as the server will: with the engine process's own overhead (calibrated once per build,
+raised by what loads have shown since), the transformers seats' overheads, every file's correction from its
+accepted loads, and the stored measurements of the same signatures. ``prime_price_book`` reads all of it from the
+store and the cache, so ``fitevict plan`` offline and the server's plan price the same state alike, and
+``plan_policy`` gives both the same policy from the same config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fitevict import planner as pl
+from fitevict.config import Config
+from fitevict.engines.base import Unavailable
+from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
+from fitevict.pricing.footprint import HOST
+from fitevict.store import Store
+from fitevict.supervisor.pricebook import HISTORY_LOADS, PriceBook
+
+TORCH_OVERHEAD_KEY = "engine-overhead:transformers"
+PEFT_OVERHEAD_KEY = "engine-overhead:transformers+peft"  # a seat with PEFT adapters imports peft too
+
+
+def st_ok(binary: Path) -> bool:
+    """A real engine build to calibrate: an executable file named llama-server."""
+    return binary.name == "llama-server" and binary.is_file() and os.access(binary, os.X_OK)
+
+
+def overhead_key(binary: Path) -> str:
+    """The store key of what loads have shown of ``binary``'s process overhead."""
+    st = binary.stat() if binary.exists() else None
+    return f"engine-overhead:{binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
+
+
+def plan_policy(config: Config) -> pl.Policy:
+    """The planner's policy from the config: the server's plans and ``fitevict plan`` use this one."""
+    return pl.Policy(exclusive_fraction=config.policy.exclusive_fraction,
+                     eviction=config.policy.eviction)  # type: ignore[arg-type]
+
+
+def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: bool) -> None:
+    """Read what was learned into ``book`` (blocking I/O: run it off the event loop). ``calibrate``: measure the
+    engine's process overhead now when this build was never calibrated (the server does; a dry ``plan`` does not,
+    and then prices without it, as a first load would before calibration)."""
+    calibrated = calibrated_overhead(binary) if st_ok(binary) else None
+    if calibrated is None and calibrate and st_ok(binary):
+        # first serve with this build: measure its own process overhead once, on the smallest model
+        got = calibrate_overhead(binary, timeout_s=60.0)
+        calibrated = None if isinstance(got, Unavailable) else {k: int(v) for k, v in got["overhead"].items()}
+    if calibrated:
+        book.engine_overhead.update(calibrated)
+    if torch_known := store.compute_get(TORCH_OVERHEAD_KEY):
+        book.torch_overhead = int(torch_known[HOST])
+    if peft_known := store.compute_get(PEFT_OVERHEAD_KEY):
+        book.peft_overhead = int(peft_known[HOST])
+    for dev, n in (store.compute_get(overhead_key(binary)) or {}).items():  # loads since raise it (lower bounds)
+        book.engine_overhead[dev] = max(int(n), book.engine_overhead.get(dev, 0))
+    book.learn_history([ev.details for ev in store.events(event="load", limit=HISTORY_LOADS)])
+    book.forget()
