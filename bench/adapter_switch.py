@@ -26,6 +26,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 BASE = "llama-medium"
 NAMES = ("a", "b", "c", "d")
@@ -100,7 +103,7 @@ def main() -> None:
         copies.mkdir()
         for n in NAMES:
             shutil.copyfile(shared / f"{BASE}.gguf", copies / f"{BASE}-{n}.gguf")
-        one = price(load_structure(shared / f"{BASE}.gguf"), LoadConfig(n_ctx=4096, n_parallel=1)).footprint
+        one = price(load_structure(shared / f"{BASE}.gguf"), LoadConfig(n_ctx=4096, n_parallel=1), host=HERE).footprint
         limit = int(1.5 * one.bytes_on(HOST))  # one full model (with its adapters) fits, two do not
         order = [n for _ in range(args.rounds) for n in NAMES]
         load_before = os.getloadavg()[0]

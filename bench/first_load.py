@@ -14,6 +14,9 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "first_load.md"
@@ -50,7 +53,7 @@ def main() -> None:
         dry = dry_run(found.path.parent, m.path, cfg)
         if isinstance(dry, Unavailable):
             raise SystemExit(dry.reason)
-        priced = price(load_structure(m.path), cfg, compute=dry.compute).footprint.bytes_on(HOST)
+        priced = price(load_structure(m.path), cfg, compute=dry.compute, host=HERE).footprint.bytes_on(HOST)
         seat = measure_seat(found.path, m.path, cfg)
         if isinstance(seat, Unavailable):
             raise SystemExit(seat.reason)

@@ -2,7 +2,7 @@
 
 For each demo-zoo model and -ngl / --n-cpu-moe / -lm setting it starts llama-server on CUDA0, reads the
 buffers the load log reports (CUDA0 / CUDA_Host / CPU_Mapped model buffers, KV per device, output,
-compute) and prints them beside ``price(..., LoadConfig(devices=("CUDA0",), ...))``, exiting 1 on any
+compute) and prints them beside ``price(..., LoadConfig(devices=("CUDA0",), ...), host=HERE)``, exiting 1 on any
 model, context or output buffer that differs at the log's printed precision (compute is reported only:
 without a dry run for CUDA here, it is a formula).
 
@@ -23,6 +23,9 @@ from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
 from fitevict.zoo import write_zoo
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 DEFAULT_MODELS = ("llama-gqa", "llama-tied", "llama-moe", "llama-q4_0", "gemma2-swa", "llama-medium")
 
@@ -55,7 +58,7 @@ def main() -> int:
     for name, m in zoo.items():
         s = load_structure(m.path)
         for label, cfg in configs(s.n_layer, s.is_moe):
-            p = price(s, cfg)
+            p = price(s, cfg, host=HERE)
             cap = capture_load_log(args.bin_dir, m.path, cfg)
             if not cap.ok:
                 print(f"{name:14s} {label:24s} server failed: {cap.reason}")

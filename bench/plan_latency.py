@@ -29,6 +29,9 @@ from fitevict.host.budget import Budget
 from fitevict.planner import FootprintFn, PlanRequest, Policy, Resident, plan
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -55,7 +58,7 @@ def real_catalog(tmp: Path) -> tuple[FootprintFn, dict[str, Facts], str]:
     facts = {k: Facts(s.n_layer + 1, s.n_layer if s.is_moe else 0, s.n_ctx_train) for k, s in by_key.items()}
 
     def fn(key: str, cfg: LoadConfig) -> Footprint:
-        return price(by_key[key], cfg).footprint
+        return price(by_key[key], cfg, host=HERE).footprint
 
     return fn, facts, f"fitevict.pricing.price on {len(structures)} demo-zoo GGUF structures ({', '.join(ZOO_SUBSET)})"
 

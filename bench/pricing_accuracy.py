@@ -33,6 +33,9 @@ from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
 from fitevict.zoo import ZOO_NAMES, rewrite_arch, write_zoo
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "accuracy.md"
@@ -84,7 +87,7 @@ def beyond_the_matrix(bin_dir: Path, models: dict[str, Path], zoo_dir: Path) -> 
             continue
         s = load_structure(models[name])
         comp = dry_run_compute(bin_dir, models[name], cfg, use_cache=False, extra_args=extra)
-        p = price(s, cfg, compute=comp if isinstance(comp, dict) else None)
+        p = price(s, cfg, compute=comp if isinstance(comp, dict) else None, host=HERE)
         log = parse_load_log(capture_load_log(bin_dir, models[name], cfg, extra_args=extra).text)
         meas = log.to_footprint().device("CPU")
         pred = p.footprint.device("CPU")
@@ -100,7 +103,7 @@ def beyond_the_matrix(bin_dir: Path, models: dict[str, Path], zoo_dir: Path) -> 
         if name not in models:
             continue
         cfg = LoadConfig(n_ctx=1000, tensor_overrides=ots)
-        p = price(load_structure(models[name]), cfg)
+        p = price(load_structure(models[name]), cfg, host=HERE)
         with_ot = parse_load_log(capture_load_log(bin_dir, models[name], cfg).text).model_buffers
         plain = parse_load_log(capture_load_log(bin_dir, models[name], cfg.with_(tensor_overrides=())).text)
 
@@ -124,11 +127,11 @@ def beyond_the_matrix(bin_dir: Path, models: dict[str, Path], zoo_dir: Path) -> 
             if not isinstance(dr, DryRun):
                 out.append(f"| `{label}` | dry run unavailable: {dr.reason} | | | |")
                 continue
-            p = price(s, cfg, compute=dr.compute, context=dr.context)
+            p = price(s, cfg, compute=dr.compute, context=dr.context, host=HERE)
             log = parse_load_log(capture_load_log(bin_dir, path, cfg).text)
             meas = log.to_footprint().device("CPU")
             pred = p.footprint.device("CPU")
-            rules = price(load_structure(models[src]), cfg).footprint.device("CPU")
+            rules = price(load_structure(models[src]), cfg, host=HERE).footprint.device("CPU")
             assert meas is not None and pred is not None and rules is not None and p.kv is not None
             out.append(f"| `{label}` | {log.kv_cells} / {p.kv.cells} | {mib(meas.context.bytes)} / "
                        f"{mib(pred.context.bytes)} ({pred.context.source}) | {mib(meas.compute.bytes)} / "
@@ -202,7 +205,7 @@ def main() -> None:
                 continue
             try:
                 comp = dry_run_compute(bin_dir, path, cfg, use_cache=False)
-                p = price(s, cfg, compute=comp if isinstance(comp, dict) else None)
+                p = price(s, cfg, compute=comp if isinstance(comp, dict) else None, host=HERE)
             except PricingError as e:
                 cap = capture_load_log(bin_dir, path, cfg)
                 by_arch.setdefault(s.arch, [0, 0, 0])[2] += 1

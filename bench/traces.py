@@ -29,6 +29,9 @@ from fitevict.pricing.price import price
 from fitevict.supervisor.pricebook import PriceBook
 
 from tracesim import ModelSpec, Req, Trace
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -75,7 +78,7 @@ def zoo_specs(zoo_dir: Path, contract: Contract, *, only: Sequence[str] | None =
                                      f"rerun bench/seat_lifecycle.py over this zoo")
         req, _cfg, path = book.request(entry, contract)
         cfg = req.config.with_(n_gpu_layers=0, n_cpu_moe=0, devices=())  # the rung a host-only budget offers
-        fp = price(load_structure(path), cfg).footprint
+        fp = price(load_structure(path), cfg, host=HERE).footprint
         load_s, release_s = times[entry.key]
         out[entry.key] = ModelSpec(
             key=entry.key, request=req, config=cfg, footprint=fp, bytes={HOST: fp.bytes_on(HOST)},

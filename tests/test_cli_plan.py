@@ -19,6 +19,9 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.price import price
 from fitevict.units import MiB, format_size
 from fitevict.zoo import write_zoo
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,7 @@ def test_lru_evicts_only_what_it_must(zoo_dir: Path, tmp_path: Path) -> None:
 
 def test_moe_spills_experts_before_layers(zoo_dir: Path) -> None:
     moe = load_structure(zoo_dir / "llama-moe.gguf")
-    full = price(moe, LoadConfig(n_ctx=4096, n_parallel=1, n_gpu_layers=moe.n_layer + 1, devices=("CUDA0",)))
+    full = price(moe, LoadConfig(n_ctx=4096, n_parallel=1, n_gpu_layers=moe.n_layer + 1, devices=("CUDA0",)), host=HERE)
     gpu_all = full.footprint.bytes_on("CUDA0")
     # a GPU a little too small for everything: the plan keeps every layer and moves experts to the CPU
     out = plan("llama-moe", "--models-dir", str(zoo_dir), "--ram", "4GiB", "--gpu", f"CUDA0={gpu_all - 1}")

@@ -1,4 +1,7 @@
-"""The per-request load contract, PURE: parse it, turn it into a LoadConfig, and into the planner's request.
+"""The per-request load contract: parse it, turn it into a LoadConfig, and into the planner's request.
+
+Pure (no I/O) but for one step: a contract that names a GGUF file (``gguf_file``) is resolved against the model's
+folder on disk (``catalog.resolve_gguf_file``) by ``load_config_for``.
 
 One module for the HTTP front door and the CLI alike: a request's optional ``fitevict`` object
 (``{"ctx": 8192, "kv_cache_type": "q8_0", ...}``) is validated here, and the model's settings plus the

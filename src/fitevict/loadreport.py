@@ -1,4 +1,7 @@
-"""The load report: what serving one request cost in loading, as data. PURE.
+"""The load report: what serving one request cost in loading, as data.
+
+Built from the supervisor's state; the seconds an adapter's load took come from the seat's own log, which the report
+reads (off the event loop where it is awaited). The decisions in it are pure functions of those figures.
 
 Admission is per base: a request for the adapter ``B:X`` is served by ``B``'s seat, which starts with every
 adapter of ``B`` (GGUF at scale 0 on llama-server, PEFT on a transformers seat) and applies ``X`` per request. So a report says whether the base was

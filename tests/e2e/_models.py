@@ -10,6 +10,9 @@ from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.price import price
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 
 def swap_models(zoo: dict, dest: Path) -> Path:
@@ -23,4 +26,4 @@ def swap_models(zoo: dict, dest: Path) -> Path:
 
 def medium_host_bytes(models: Path) -> int:
     """The priced host bytes of one medium copy at ctx 4096, -np 1: the unit the swap budgets are sized in."""
-    return price(load_structure(models / "med-a.gguf"), LoadConfig(n_ctx=4096, n_parallel=1)).footprint.bytes_on(HOST)
+    return price(load_structure(models / "med-a.gguf"), LoadConfig(n_ctx=4096, n_parallel=1), host=HERE).footprint.bytes_on(HOST)

@@ -21,6 +21,9 @@ from fitevict.pricing.price import price
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
 from fitevict.zoo import write_zoo
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +46,7 @@ def test_a_load_at_one_ctx_corrects_the_plan_at_another(tmp_path: Path, llama_se
             seat = await sup.load("llama-gqa", Contract(ctx=512))
             assert seat.measured is not None
             measured = seat.measured.device(HOST).compute.bytes  # type: ignore[union-attr]
-            formula_512 = price(s, seat.config).footprint.device(HOST).compute.bytes  # type: ignore[union-attr]
+            formula_512 = price(s, seat.config, host=HERE).footprint.device(HOST).compute.bytes  # type: ignore[union-attr]
             figures["error"] = measured - formula_512  # type: ignore[operator]
             assert figures["error"] != 0  # the formula is not exact for compute: there is something to correct
             assert await sup.unload("llama-gqa") is not None
@@ -64,7 +67,7 @@ def test_a_load_at_one_ctx_corrects_the_plan_at_another(tmp_path: Path, llama_se
         plan = figures["plan"]
         assert plan.config is not None and plan.config.n_ctx == 1024 and plan.footprint is not None  # type: ignore
         compute = plan.footprint.device(HOST).compute  # type: ignore[union-attr]
-        formula = price(s, plan.config).footprint.device(HOST).compute  # type: ignore[union-attr]
+        formula = price(s, plan.config, host=HERE).footprint.device(HOST).compute  # type: ignore[union-attr]
         assert formula.source == "formula" and compute.source == "formula"
         assert compute.correction == figures["error"] and compute.bytes == formula.bytes + figures["error"]
         assert compute.label == "formula+correction" and "ctx 512" in compute.correction_from

@@ -20,6 +20,9 @@ from fitevict.pricing.price import price
 from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.zoo import write_zoo
 from fitevict.zoo_mmproj import write_mmproj
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +63,7 @@ def test_projector_priced_against_the_allocator(vision: tuple[Path, Path], engin
     assert pp.weights.bytes == weights and pp.weights.source == "formula"
     assert pp.compute.source == "dry-run" and abs(pp.compute.value - compute) <= PRECISION_BYTES
     # the seat's footprint carries it as committed host memory
-    base = price(load_structure(model), CFG, compute=dry.compute).footprint
+    base = price(load_structure(model), CFG, compute=dry.compute, host=HERE).footprint
     both = with_projector(base, pp)
     assert both.host_committed_bytes == base.host_committed_bytes + weights + pp.compute.value
     host = both.device(HOST)

@@ -17,6 +17,9 @@ from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.price import price
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 pytestmark = pytest.mark.e2e
 
@@ -44,7 +47,7 @@ def test_first_load_host_price_includes_the_process(zoo: dict, llama_server: Pat
     path = zoo[model].path
     dry = dry_run(llama_server.parent, path, SEAT)
     assert not hasattr(dry, "reason"), dry
-    priced = price(load_structure(path), SEAT, compute=dry.compute)  # type: ignore[union-attr]
+    priced = price(load_structure(path), SEAT, compute=dry.compute, host=HERE)  # type: ignore[union-attr]
     buffers_priced = priced.footprint.bytes_on(HOST)
     predicted = buffers_priced + overhead
     seat = measure_seat(llama_server, path, SEAT)

@@ -25,6 +25,9 @@ from fitevict.pricing.logparse import PRECISION_BYTES, parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
 from fitevict.zoo import ZOO_NAMES, rewrite_arch
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +78,7 @@ def test_price_matches_the_load_log(models: dict[str, Path], engine_bin_dir: Pat
     s = load_structure(path)
     try:
         compute = dry_run_compute(engine_bin_dir, path, cfg, use_cache=False)
-        p = price(s, cfg, compute=compute if isinstance(compute, dict) else None)
+        p = price(s, cfg, compute=compute if isinstance(compute, dict) else None, host=HERE)
     except PricingError as refused:
         cap = capture_load_log(engine_bin_dir, path, cfg)
         assert not cap.ok, f"pricing refused ({refused}) but llama-server loaded {model} under {config}"
@@ -180,7 +183,7 @@ def test_formula_fallback_envelope(zoo: dict, engine_bin_dir: Path, model: str) 
         cfg = CONFIGS[name]
         dry = dry_run_compute(engine_bin_dir, path, cfg)
         assert isinstance(dry, dict)
-        cpu = price(s, cfg).footprint.device("CPU")
+        cpu = price(s, cfg, host=HERE).footprint.device("CPU")
         assert cpu is not None and cpu.compute.source == "formula" and cpu.compute.bytes is not None
         assert dry["CPU"] <= cpu.compute.bytes <= 2 * dry["CPU"], (name, cpu.compute.bytes, dry)
 
@@ -197,7 +200,7 @@ def test_embeddings_seat_matches_the_load_log(models: dict[str, Path], engine_bi
     s = load_structure(path)
     dry = dry_run_compute(engine_bin_dir, path, EMBEDDINGS, use_cache=False, extra_args=POOLING)
     assert isinstance(dry, dict), dry
-    p = price(s, EMBEDDINGS, compute=dry)
+    p = price(s, EMBEDDINGS, compute=dry, host=HERE)
     cap = capture_load_log(engine_bin_dir, path, EMBEDDINGS, extra_args=POOLING)
     assert cap.ok, cap.reason
     log = parse_load_log(cap.text)
@@ -234,7 +237,7 @@ def test_overrides_to_cpu_match_the_load_log(models: dict[str, Path], engine_bin
     cfg = LoadConfig(n_ctx=1000, tensor_overrides=overrides)
     dry = dry_run_compute(engine_bin_dir, path, cfg, use_cache=False)
     assert isinstance(dry, dict), dry
-    p = price(load_structure(path), cfg, compute=dry)
+    p = price(load_structure(path), cfg, compute=dry, host=HERE)
     cap = capture_load_log(engine_bin_dir, path, cfg)
     assert cap.ok, cap.reason
     log = parse_load_log(cap.text)
@@ -251,7 +254,7 @@ def test_override_to_a_missing_buffer_type_is_refused_by_both(zoo: dict, engine_
     path = zoo["llama-moe"].path
     cfg = LoadConfig(n_ctx=1000, tensor_overrides=(("_exps", "NOSUCHDEV0"),))
     with pytest.raises(PricingError, match="unknown buffer type 'NOSUCHDEV0'; available buffer types: CPU"):
-        price(load_structure(path), cfg)
+        price(load_structure(path), cfg, host=HERE)
     cap = capture_load_log(engine_bin_dir, path, cfg)
     assert not cap.ok and "unknown buffer type" in cap.text
 
@@ -270,10 +273,10 @@ def test_unknown_arch_context_comes_from_the_dry_run(xverse: Path, zoo: dict, en
     cfg = CONFIGS[config]
     s = load_structure(xverse)
     assert s.unsupported  # fitevict has no KV rules for xverse
-    assert not price(s, cfg).footprint.device("CPU").complete  # type: ignore[union-attr]
+    assert not price(s, cfg, host=HERE).footprint.device("CPU").complete  # type: ignore[union-attr]
     dry = dry_run(engine_bin_dir, xverse, cfg, use_cache=False)
     assert isinstance(dry, DryRun) and dry.context is not None
-    p = price(s, cfg, compute=dry.compute, context=dry.context)
+    p = price(s, cfg, compute=dry.compute, context=dry.context, host=HERE)
     cpu = p.footprint.device("CPU")
     assert cpu is not None and cpu.complete and cpu.context.source == "dry-run" and p.context_source == "dry-run"
     log = parse_load_log(capture_load_log(engine_bin_dir, xverse, cfg).text)
@@ -283,7 +286,7 @@ def test_unknown_arch_context_comes_from_the_dry_run(xverse: Path, zoo: dict, en
     assert {name: _mib2(n) for name, n in log.model_buffers} == {b.name: _mib2(b.bytes) for b in p.buffers}
     assert _mib2(cpu.output.bytes) == _mib2(log.to_footprint().device("CPU").output.bytes)  # type: ignore[union-attr]
     # the same geometry priced by the rules (llama-gqa) agrees to the log's printed precision
-    rules = price(load_structure(zoo["llama-gqa"].path), cfg).footprint.device("CPU")
+    rules = price(load_structure(zoo["llama-gqa"].path), cfg, host=HERE).footprint.device("CPU")
     assert rules is not None and _mib2(rules.context.bytes) == _mib2(cpu.context.bytes)
 
 

@@ -17,6 +17,9 @@ from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.zoo import write_zoo
 from fitevict.zoo_adapters import write_adapters
+from fitevict.pricing.hostbufs import rule_table
+
+X86_AVX512 = rule_table({"avx2", "avx512f"})  # a fixed CPU (AVX-512, no AMX): these figures hold on any machine
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +47,15 @@ def test_the_demo_adapter_has_the_loader_s_layout(zoo_dir: Path) -> None:
 
 def test_adapters_are_priced_per_device_apart_from_the_model(zoo_dir: Path) -> None:
     s = load_structure(zoo_dir / "llama-gqa.gguf")
-    plain = price(s, LoadConfig(n_ctx=512, n_parallel=1)).footprint
-    two = price(s, LoadConfig(n_ctx=512, n_parallel=1, loras=adapters(zoo_dir))).footprint
+    plain = price(s, LoadConfig(n_ctx=512, n_parallel=1), host=X86_AVX512).footprint
+    two = price(s, LoadConfig(n_ctx=512, n_parallel=1, loras=adapters(zoo_dir)), host=X86_AVX512).footprint
     want = sum(pad(t.nbytes, 32) for p in adapters(zoo_dir) for t in load_adapter(p).tensors)
     cpu = two.device(HOST)
     assert cpu.adapters.bytes == want and cpu.adapters.source == "formula"
     assert two.total_bytes == plain.total_bytes + want and two.host_committed_bytes == plain.host_committed_bytes + want
     assert cpu.model == plain.device(HOST).model
     gpu = price(s, LoadConfig(n_ctx=512, n_parallel=1, devices=("CUDA0",), n_gpu_layers=-1,
-                              loras=adapters(zoo_dir))).footprint
+                              loras=adapters(zoo_dir)), host=X86_AVX512).footprint
     assert gpu.device("CUDA0").adapters.bytes == sum(pad(t.nbytes, 128) for p in adapters(zoo_dir)
                                                     for t in load_adapter(p).tensors)
     assert gpu.device(HOST).adapters.bytes == 0
@@ -70,7 +73,7 @@ def test_the_log_s_lora_buffers_are_the_measured_adapter_term() -> None:
 def test_an_adapter_the_engine_refuses_is_refused_with_its_reason(zoo_dir: Path) -> None:
     gemma = load_structure(zoo_dir / "gemma2-swa.gguf")
     with pytest.raises(PricingError, match="arch mismatch"):
-        price(gemma, LoadConfig(n_ctx=512, loras=adapters(zoo_dir)[:1]))
+        price(gemma, LoadConfig(n_ctx=512, loras=adapters(zoo_dir)[:1]), host=X86_AVX512)
     # a tied output is token_embd itself: llama.cpp has no "output.weight" for an adapter to name
     path = zoo_dir / "tied-output.gguf"
     w = gguf.GGUFWriter(path, "llama")
@@ -80,16 +83,16 @@ def test_an_adapter_the_engine_refuses_is_refused_with_its_reason(zoo_dir: Path)
     w.add_tensor("output.weight.lora_b", np.zeros((1003, 8), dtype=np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     with pytest.raises(PricingError, match="'output.weight' does not exist in the base"):
-        price(load_structure(zoo_dir / "llama-tied.gguf"), LoadConfig(n_ctx=512, loras=(str(path),)))
+        price(load_structure(zoo_dir / "llama-tied.gguf"), LoadConfig(n_ctx=512, loras=(str(path),)), host=X86_AVX512)
 
 
 def test_a_stored_measurement_keeps_its_adapter_term(zoo_dir: Path) -> None:
     from fitevict.supervisor.measure import footprint_from_json
 
-    fp = price(load_structure(zoo_dir / "llama-gqa.gguf"), LoadConfig(n_ctx=512, loras=adapters(zoo_dir))).footprint
+    fp = price(load_structure(zoo_dir / "llama-gqa.gguf"), LoadConfig(n_ctx=512, loras=adapters(zoo_dir)), host=X86_AVX512).footprint
     back = footprint_from_json(fp.to_json())
     assert back.device(HOST).adapters == fp.device(HOST).adapters and back.total_bytes == fp.total_bytes
-    plain = price(load_structure(zoo_dir / "llama-gqa.gguf"), LoadConfig(n_ctx=512)).footprint
+    plain = price(load_structure(zoo_dir / "llama-gqa.gguf"), LoadConfig(n_ctx=512), host=X86_AVX512).footprint
     assert "adapter_bytes" not in plain.to_json()["devices"][0]  # a seat without adapters keeps its old record
 
 

@@ -152,6 +152,6 @@ def test_fused_and_shared_expert_tensors_are_priced_by_their_own_shapes(arch: di
 
 def test_every_new_architecture_prices_its_context(arch: dict[str, GgufStructure]) -> None:
     for name, s in arch.items():
-        cpu = price(s, LoadConfig(n_ctx=1000)).footprint.device("CPU")
+        cpu = price(s, LoadConfig(n_ctx=1000), host=X86_AVX512).footprint.device("CPU")
         assert cpu is not None and cpu.context.source == "formula" and cpu.context.bytes, name
 

@@ -13,6 +13,9 @@ from fitevict.pricing.ggml_types import nbytes, row_size
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure, parse_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.price import price
+from fitevict.pricing.hostbufs import rule_table
+
+X86_AVX512 = rule_table({"avx2", "avx512f"})  # a fixed CPU (AVX-512, no AMX): these figures hold on any machine
 
 
 def test_llama_gqa_hyperparameters(structures: dict[str, GgufStructure]) -> None:
@@ -105,7 +108,7 @@ def test_unknown_arch_prices_the_weights_and_marks_the_rest_unavailable(tmp_path
     _write_unknown_arch(p)
     s = load_structure(p)
     assert s.unsupported and "frobnicator" in s.unsupported
-    pr = price(s, LoadConfig(n_ctx=512))
+    pr = price(s, LoadConfig(n_ctx=512), host=X86_AVX512)
     cpu = pr.footprint.device("CPU")
     assert cpu is not None
     # weights: token_embd 10 x 32 f32 (1280 B, a multiple of the 32-byte file alignment, so no gap)

@@ -77,7 +77,7 @@ def test_argv_round_trip(cfg: LoadConfig) -> None:
 def test_refused_overrides_name_the_problem(structures: dict[str, GgufStructure], overrides: tuple,
                                             match: str) -> None:
     with pytest.raises(PricingError, match=match):
-        price(structures["llama-moe"], LoadConfig(n_ctx=1000, tensor_overrides=overrides))
+        price(structures["llama-moe"], LoadConfig(n_ctx=1000, tensor_overrides=overrides), host=X86_AVX512)
 
 
 def test_overrides_to_cpu_on_a_cpu_only_load_change_nothing(structures: dict[str, GgufStructure]) -> None:
@@ -109,7 +109,7 @@ def test_first_matching_rule_wins_and_n_cpu_moe_comes_first(structures: dict[str
     b = parse_server_argv(["-m", "x", "-dev", "CUDA0", "-ngl", "0", "-ot", "exps=CUDA0", "--n-cpu-moe", "1"])
     assert _sizes(s, b.config)["CUDA0"] == 6 * EXPERT
     # the KV cache stays with its layer: overrides move weights only
-    pa, pn = price(s, a.config), price(s, LoadConfig(devices=GPU))
+    pa, pn = price(s, a.config, host=X86_AVX512), price(s, LoadConfig(devices=GPU), host=X86_AVX512)
     assert pa.kv == pn.kv and pa.footprint.device("CUDA0").context.bytes == 0  # type: ignore[union-attr]
 
 

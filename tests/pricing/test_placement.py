@@ -44,7 +44,7 @@ def test_ngl_counts_layers_from_the_end(structures: dict[str, GgufStructure]) ->
 
 def test_ngl_above_the_layer_count_is_clamped_with_a_note(structures: dict[str, GgufStructure]) -> None:
     s = structures["llama-gqa"]
-    p = price(s, LoadConfig(devices=("CUDA0",), n_gpu_layers=99))
+    p = price(s, LoadConfig(devices=("CUDA0",), n_gpu_layers=99), host=X86_AVX512)
     assert p.n_gpu_layers == 4
     assert any("-ngl 99" in w and "clamped to 4" in w for w in p.warnings)
 
@@ -108,7 +108,7 @@ def test_repack_copies_q4_0_matrices_on_avx2_cpus(structures: dict[str, GgufStru
 
 def test_kv_follows_the_layer_device(structures: dict[str, GgufStructure]) -> None:
     s = structures["llama-gqa"]
-    p = price(s, LoadConfig(n_ctx=1024, n_parallel=1, devices=("CUDA0",), n_gpu_layers=2))
+    p = price(s, LoadConfig(n_ctx=1024, n_parallel=1, devices=("CUDA0",), n_gpu_layers=2), host=X86_AVX512)
     per_layer = 2 * 64 * 1024  # K + V, 32 f16 per cell
     cpu, gpu = p.footprint.device("CPU"), p.footprint.device("CUDA0")
     assert cpu is not None and gpu is not None

@@ -11,6 +11,9 @@ from fitevict.pricing.placement import default_split, layer_devices, split_point
 from fitevict.pricing.price import price
 from fitevict.units import GiB
 
+
+X86_AVX512 = rule_table({"avx2", "avx512f"})  # a fixed CPU (AVX-512, no AMX): these figures hold on any machine
+
 TWO = ("CUDA0", "CUDA1")
 
 
@@ -38,8 +41,8 @@ def test_split_points_are_float32_like_llama_cpp() -> None:
 def test_priced_buffers_follow_the_split_and_the_argv_carries_it(zoo: dict) -> None:
     path = zoo["llama-medium"].path  # 8 blocks
     s = load_structure(path)
-    even = price(s, LoadConfig(n_ctx=512, n_gpu_layers=-1, devices=TWO))
-    skew = price(s, LoadConfig(n_ctx=512, n_gpu_layers=-1, devices=TWO, tensor_split=(3.0, 1.0)))
+    even = price(s, LoadConfig(n_ctx=512, n_gpu_layers=-1, devices=TWO), host=X86_AVX512)
+    skew = price(s, LoadConfig(n_ctx=512, n_gpu_layers=-1, devices=TWO, tensor_split=(3.0, 1.0)), host=X86_AVX512)
     e0, e1 = (even.footprint.device(d).model.bytes for d in TWO)  # type: ignore[union-attr]
     k0, k1 = (skew.footprint.device(d).model.bytes for d in TWO)  # type: ignore[union-attr]
     assert k0 > e0 and k1 < e1 and k0 + k1 == e0 + e1  # same weights, moved toward CUDA0
@@ -76,6 +79,6 @@ def test_a_cpu_dry_runs_caches_price_any_placement(zoo: dict, tmp_path) -> None:
                                tuple((il, "CPU") for il in range(3))),))
     gpu_cfg = cpu_cfg.with_(devices=("CUDA0",), n_gpu_layers=2)  # output + block 2 on the GPU
     assert gpu_cfg.without_placement() == cpu_cfg
-    fp = price(s, gpu_cfg, context=dry).footprint
+    fp = price(s, gpu_cfg, context=dry, host=X86_AVX512).footprint
     assert fp.device("CUDA0").context == Term(per_layer, "dry-run")  # type: ignore[union-attr]
     assert fp.device(HOST).context.bytes == 2 * per_layer  # type: ignore[union-attr]

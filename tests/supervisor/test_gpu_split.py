@@ -19,6 +19,9 @@ from fitevict.supervisor import Supervisor
 from fitevict.units import GiB
 from fitevict.zoo import write_zoo
 from host.fake_nvml import FakeGpu, FakeNvml
+from fitevict.host.machine import host_buffers
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
 ENGINE = """#!/bin/sh
 case " $* " in
@@ -68,7 +71,7 @@ def test_the_split_follows_free_memory_in_price_and_argv(setup) -> None:
         assert fp is not None
         model = tuple(fp.device(d).model.bytes for d in TWO)  # type: ignore[union-attr]
         exact = price(load_structure(sup.path_for(sup._request(sup.catalog.resolve("llama-gqa"), None))),
-                      plan.config.with_(tensor_split=want)).footprint
+                      plan.config.with_(tensor_split=want), host=HERE).footprint
         assert model == tuple(exact.device(d).model.bytes for d in TWO)  # type: ignore[union-attr]
         per_free[free] = model
         # the seat's argv carries the very split that was priced
@@ -88,7 +91,7 @@ def test_an_even_split_is_not_what_is_priced(setup) -> None:
     plan = _supervisor(cfg, engine, store, (60, 20)).plan("llama-gqa")
     assert plan.config is not None and plan.footprint is not None
     even = price(load_structure(Path(Catalog.from_config(cfg).resolve("llama-gqa").path)),
-                 LoadConfig(**{**plan.config.to_json(), "devices": TWO, "tensor_split": ()})).footprint
+                 LoadConfig(**{**plan.config.to_json(), "devices": TWO, "tensor_split": ()}), host=HERE).footprint
     assert even.device("CUDA0").model.bytes != plan.footprint.device("CUDA0").model.bytes  # type: ignore[union-attr]
 
 
@@ -112,7 +115,7 @@ def test_a_resident_split_by_free_memory_still_serves_when_free_memory_moved(set
     budget = Budget.declared({"CPU": "64GiB", "CUDA0": {"total": "80GiB", "free": "60GiB"},
                               "CUDA1": {"total": "80GiB", "free": "20GiB"}})
     req = pl.PlanRequest("m", LoadConfig(n_ctx=512), n_layer=s.n_layer + 1)
-    price_fn = lambda _k, c: price(s, c).footprint  # noqa: E731
+    price_fn = lambda _k, c: price(s, c, host=HERE).footprint  # noqa: E731
     first = pl.plan(req, [], budget, price_fn, pl.Policy(), 0.0)
     assert first.config is not None and first.config.tensor_split == (3.0, 1.0)
     moved = Budget.declared({"CPU": "64GiB", "CUDA0": {"total": "80GiB", "free": "20GiB"},

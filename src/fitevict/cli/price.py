@@ -19,6 +19,7 @@ from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.safetensors import is_hf_folder
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.host.machine import host_buffers
 from fitevict.pricing.hostbufs import dry_run_check
 from fitevict.pricing.price import Pricing, price
 from fitevict.units import format_size
@@ -129,7 +130,7 @@ def price_cmd(
         # the engine's dry run sizes the compute buffer, and the caches of an architecture fitevict has no rules for
         dry, why = _dry_run(path, cfg, dry_run, cmd.dry_run_args)
         compute = dry.compute if dry else None
-        p = price(s, cfg, compute=compute, context=dry.context if dry else None)
+        p = price(s, cfg, compute=compute, context=dry.context if dry else None, host=host_buffers())
     except PricingError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(2) from e

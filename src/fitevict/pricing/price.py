@@ -117,17 +117,13 @@ def price(
     *,
     compute: Mapping[str, int] | None = None,
     context: DryContext | None = None,
-    host: HostBuffers | None = None,
+    host: HostBuffers,
 ) -> Pricing:
     """Price ``s`` under ``cfg``. ``compute`` (device -> bytes, e.g. from ``dry_run_compute``) overrides the
     compute term with source "dry-run". ``context`` (the caches the same dry run sized) prices the context of an
     architecture fitevict has no KV rules for, with source "dry-run"; for a known architecture the exact rules
-    win. ``host`` is the machine's extra host buffer table (default: this machine's, ``host.machine``).
+    win. ``host`` is the machine's extra host buffer table (``host.machine.host_buffers()`` reads this one's).
     Raises PricingError for a configuration llama.cpp refuses."""
-    if host is None:
-        from fitevict.host.machine import host_buffers
-
-        host = host_buffers()
     rc = resolve_context(s, cfg)
     pl: Placement = place(s, cfg, host)
     warnings = [*rc.warnings, *pl.warnings]
