@@ -23,7 +23,7 @@ from fitevict.paths import cache_dir
 from fitevict.pricing.hostbufs import HostBuffers, rule_table
 
 CPUINFO = Path("/proc/cpuinfo")
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # the probe's cases or reading changed: a table stored by an older one is not read
 
 
 @dataclass(frozen=True, slots=True)
