@@ -333,3 +333,18 @@ def test_two_gpus_each_checked() -> None:
     assert p.action == "partial" and p.config.n_gpu_layers == 8  # type: ignore[union-attr]
     assert p.config.devices == ("CUDA0", "CUDA1")  # type: ignore[union-attr]
     assert p.needed_bytes == {HOST: GiB, "CUDA0": 4 * GiB, "CUDA1": 4 * GiB}
+
+
+@pytest.mark.parametrize("low,high,tie", [(1.0, 1.25, True), (1.0, 1.2501, False), (1.249, 1.251, True),
+                                          (2.0, 2.5, True), (2.0, 2.5001, False)])
+def test_greedy_dual_size_band_is_25_percent_from_its_lowest(low: float, high: float, tie: bool) -> None:
+    # "low" was used more recently than "high": within one band recency decides (the older, "high", goes);
+    # in two bands the lower priority goes whatever its recency
+    m = gpu_model("m", 4)
+    older = Resident("high", LoadConfig(devices=("CUDA0",), n_gpu_layers=-1), {"CUDA0": 4 * GiB, HOST: 0},
+                     last_used=1.0, priority=high)
+    newer = Resident("low", LoadConfig(devices=("CUDA0",), n_gpu_layers=-1), {"CUDA0": 4 * GiB, HOST: 0},
+                     last_used=2.0, priority=low)
+    filler = res("pin", 2, t=0.0, pinned=True)  # 4 + 4 + 2 of 10: one of the two must go for m's 4
+    p = run(m, m.request(mode="gpu-only"), [older, newer, filler], B10, Policy(exclusive_fraction=1.0, eviction="cost"))
+    assert p.evict_keys == (("high",) if tie else ("low",))

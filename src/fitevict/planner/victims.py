@@ -29,14 +29,26 @@ def _covers(victims: Iterable[Resident], short: Mapping[str, int]) -> bool:
     return all(got[d] >= s for d, s in short.items())
 
 
-def victim_order(r: Resident, short: Mapping[str, int], eviction: str) -> tuple:
-    """The order victims are taken in. ``cost``: GreedyDual-Size, lowest H first (cheap to reload per byte
-    and not used lately; H within 25% counts as equal), then least recently used; ``lru``: least recently used
-    first. Ties: most bytes on the short devices, then the key."""
+def priority_bands(pool: Iterable[Resident]) -> dict[str, int]:
+    """GreedyDual-Size bands: the lowest priority opens band 0, and every priority within 25% of it
+    (``<= lowest * PRIORITY_BAND``) ties with it; the lowest priority left opens the next band. Load times are
+    measured, so noisy: a band keeps noise from deciding, and recency decides within it."""
+    bands: dict[str, int] = {}
+    band, top = -1, -math.inf
+    for r in sorted(pool, key=lambda r: (r.priority, r.key)):
+        if r.priority > top:
+            band, top = band + 1, r.priority * PRIORITY_BAND if r.priority > 0 else r.priority
+        bands[r.key] = band
+    return bands
+
+
+def victim_order(r: Resident, short: Mapping[str, int], eviction: str, bands: Mapping[str, int] | None = None) -> tuple:
+    """The order victims are taken in. ``cost``: GreedyDual-Size, the lowest band of H first (cheap to reload per
+    byte and not used lately; ``priority_bands``), then least recently used; ``lru``: least recently used first.
+    Ties: most bytes on the short devices, then the key."""
     freed = -sum(r.bytes.get(d, 0) for d in short)
     if eviction == "cost":
-        # load times are noisy: priorities within PRIORITY_BAND of each other count as equal, then recency decides
-        band = math.floor(math.log(r.priority) / math.log(PRIORITY_BAND)) if r.priority > 0 else -math.inf
+        band = (bands or priority_bands([r]))[r.key]
         return (band, r.last_used, freed, r.key)
     return (r.last_used, freed, r.key)
 
@@ -45,7 +57,8 @@ def _choose(short: Mapping[str, int], pool: list[Resident], eviction: str = "lru
     """Victims from ``pool`` in ``victim_order`` covering every shortfall, then pruned to a minimal set."""
     if not short:
         return []
-    order = sorted(pool, key=lambda r: victim_order(r, short, eviction))
+    bands = priority_bands(pool) if eviction == "cost" else None
+    order = sorted(pool, key=lambda r: victim_order(r, short, eviction, bands))
     left = dict(short)
     chosen: list[Resident] = []
     for r in order:
