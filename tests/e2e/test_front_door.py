@@ -140,6 +140,13 @@ def test_models_list_and_residents(door) -> None:
     assert r["state"] == "ready" and r["placement"] == "100% CPU" and r["in_flight"] == 0
     cpu = r["devices"]["CPU"]
     assert cpu["measured_bytes"] > 0 and cpu["predicted_bytes"] > 0 and cpu["predicted_source"]
+    # four figures, each under its own name: measured is PSS as read, allocated the engine's buffers, planned the
+    # larger of allocated + the process overhead and measured; none stands in for another
+    assert cpu["measured_source"].startswith("measured: PSS") and cpu["measured_bytes"] == (
+        r["host_pss"]["committed_bytes"] + r["host_pss"]["mapped_bytes"])
+    assert cpu["allocated_source"].startswith("engine-reported") and cpu["allocated_bytes"] > 0
+    assert cpu["planned_bytes"] == max(cpu["allocated_bytes"] + cpu["overhead_bytes"], cpu["measured_bytes"])
+    assert cpu["measured_peak_bytes"] >= cpu["measured_bytes"]
     assert r["last_used"] is not None and r["unload_at"] > r["last_used"]
 
 

@@ -99,7 +99,8 @@ class Metrics:
                                 "(the engine's timings)", ["model"], registry=r)
         # gauges, set at scrape time
         self.resident = Gauge("fitevict_resident_bytes", "Bytes held by resident models, by device and source "
-                              "(predicted, measured)", ["model", "device", "source"], registry=r)
+                              "(predicted, allocated: engine-reported, measured: PSS or NVML, planned: what the "
+                              "planner counts)", ["model", "device", "source"], registry=r)
         self.budget = Gauge("fitevict_budget_bytes", "The most fitevict's residents may hold on a device "
                             "(source: how it was derived)", ["device", "source"], registry=r)
         self.free = Gauge("fitevict_free_bytes", "Free memory on a device now (source: meminfo MemAvailable, "
@@ -157,6 +158,6 @@ class Metrics:
             self.total_bytes.labels(d.name, d.total.source).set(d.total.bytes)
         for v in residents:
             for dev, d in v["devices"].items():
-                if d["measured_bytes"] is not None:
-                    self.resident.labels(v["key"], dev, "measured").set(d["measured_bytes"])
-                self.resident.labels(v["key"], dev, "predicted").set(d["predicted_bytes"])
+                for figure in ("predicted", "allocated", "measured", "planned"):  # each under its own name
+                    if d.get(f"{figure}_bytes") is not None:
+                        self.resident.labels(v["key"], dev, figure).set(d[f"{figure}_bytes"])

@@ -171,6 +171,7 @@ class MemorySampler:
                            "the first reading, taken with the seat already running" if first else
                            "the host reading just before the seat was first seen")
             self.windows[seat_id] = fold(w, readings[seat_id], available, why, len(live) - 1)
+            s.observe("CPU", readings[seat_id].pss_bytes)  # the seat's peak over its life (the residents view)
         if available is not None:
             self._last_available = available
 

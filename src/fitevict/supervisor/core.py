@@ -447,10 +447,7 @@ class Supervisor:
         for s in self.seats.values():
             slot = self.scheduler.slots.get(s.key)
             devices = [HOST, *s.config.devices]
-            per_dev = {d: {"predicted_bytes": s.predicted.bytes_on(d), "predicted_source": pred_source(s.predicted, d),
-                           "measured_bytes": s.bytes_on(d) if s.source_on(d) == "measured" else None,
-                           "measured_source": s.source_on(d) if s.source_on(d) == "measured" else
-                           "unavailable, because it was not measured yet"} for d in devices}
+            per_dev = {d: s.figures(d) for d in devices}
             gpu = sum(s.bytes_on(d) for d in s.config.devices)
             host = s.bytes_on(HOST)
             total = gpu + host

@@ -26,12 +26,14 @@ def read_seat(seat: SeatState, engine: Any, nvml: Any) -> None:
         seat.measured, seat.measured_note = None, f"unavailable, because the load log could not be parsed: {e}"
     if seat.pid is not None:
         seat.host_mem = procmem.read_tree(seat.pid)
+        seat.observe(HOST, seat.host_mem.host_bytes)
     if seat.config.devices and seat.pid is not None:
         gpus = read_gpus(nvml)
         pids = set(seat.host_mem.pids) if seat.host_mem is not None else set()
         for dev, n in gpus.used_by(pids or {seat.pid}).items():
             if n is not None and dev in seat.config.devices:
                 seat.gpu_bytes[dev] = n
+                seat.observe(dev, n)
 
 
 def overhead_seen(seat: SeatState) -> dict[str, int]:

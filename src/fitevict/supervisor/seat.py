@@ -83,6 +83,7 @@ class SeatState:
     timings: EngineTimings = field(default_factory=EngineTimings)  # the engine's own, summed over its answers
     # set when a request it served ended: a new seat is read after its first answer, not while the engine works on it
     answered: asyncio.Event = field(default_factory=asyncio.Event)
+    peak_bytes: dict[str, int] = field(default_factory=dict)  # the largest reading per device over its life
     repack_crash: RepackCrash | None = None  # crash.RepackCrash: this seat is the -nr retry of a load that crashed with repacking
 
     @property
@@ -113,6 +114,40 @@ class SeatState:
         if device in self.gpu_bytes or (self.measured is not None and self.measured.device(device)):
             return "measured"
         return pred_source(self.predicted, device)
+
+    def figures(self, device: str) -> dict:
+        """The seat's figures on ``device``, each named for what it is: ``predicted`` (the price, with its sources),
+        ``allocated`` (engine-reported buffers, with the calibrated process overhead apart), ``measured`` (PSS of its
+        process tree, or NVML, at the last reading, and the peak seen over its life) and ``planned`` (what the
+        planner counts: the larger of allocated + overhead and measured). A figure not read is None, with why."""
+        alloc = self.measured.bytes_on(device) if self.measured is not None and (
+            device == HOST or self.measured.device(device) is not None) else None
+        overhead = self.overhead if device == HOST else self.gpu_overhead.get(device, 0)
+        if device == HOST:
+            now = self.host_mem.host_bytes if self.host_mem is not None else None
+            how = "PSS of the process tree (/proc/PID/smaps_rollup)"
+            why_not = (self.host_mem.reason if self.host_mem is not None and self.host_mem.reason
+                       else "the process was not read yet")
+        else:
+            now, how, why_not = self.gpu_bytes.get(device), "NVML bytes of the process", "no NVML reading yet"
+        return {
+            "predicted_bytes": self.predicted.bytes_on(device), "predicted_source": pred_source(self.predicted, device),
+            "allocated_bytes": alloc,
+            "allocated_source": ("engine-reported: its buffers (load log, to 0.01 MiB)" if alloc is not None else
+                                 f"unavailable, because {self.measured_note or 'the load log was not read yet'}"),
+            "overhead_bytes": overhead, "overhead_source": "measured: the engine process's own, calibrated",
+            "measured_bytes": now,
+            "measured_source": f"measured: {how}" if now is not None else f"unavailable, because {why_not}",
+            "measured_peak_bytes": self.peak_bytes.get(device),
+            "planned_bytes": self.bytes_on(device),
+            "planned_source": ("planned: the larger of allocated + overhead and measured"
+                               if alloc is not None or now is not None else "planned: the prediction, nothing read yet"),
+        }
+
+    def observe(self, device: str, n: int | None) -> None:
+        """A reading of ``device`` (PSS or NVML): the peak over the seat's life follows it."""
+        if n is not None and n > self.peak_bytes.get(device, -1):
+            self.peak_bytes[device] = n
 
     def held_bytes(self) -> dict[str, int | None]:
         """What a stop should give back, per device: committed host memory and GPU bytes, as measured."""
