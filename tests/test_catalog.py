@@ -324,3 +324,37 @@ def test_two_entries_may_share_one_file(tmp_path: Path) -> None:
                                 '[models.long]\npath = "models/m.gguf"\nctx = 32768', tmp_path / "models")
     assert [(e.key, e.path, e.settings.ctx) for e in cat.entries()] == [("long", f, 32768), ("short", f, 512)]
     assert cat.resolve("m").key == "short"  # the discovered key is an alias of the first entry that claims it
+
+
+def test_symlinked_folders_and_files_are_followed(tmp_path: Path) -> None:
+    # a symlinked HF folder and a symlinked folder of GGUF files are listed as if they were there
+    elsewhere = tmp_path / "elsewhere"
+    make_hf(elsewhere / "hf-model")
+    make_gguf(elsewhere / "gguf-folder" / "tiny.gguf")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "hf-linked").symlink_to(elsewhere / "hf-model", target_is_directory=True)
+    (models / "gguf-linked").symlink_to(elsewhere / "gguf-folder", target_is_directory=True)
+    cat = Catalog.scan([models])
+    assert {"hf-linked", "gguf-linked"} <= set(cat.names())
+    assert cat.resolve("hf-linked").kind == "hf" and cat.resolve("gguf-linked").kind == "gguf"
+
+
+def test_a_symlink_loop_is_refused_with_its_path(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    make_gguf(models / "a" / "tiny.gguf")
+    (models / "a" / "loop").symlink_to(models / "a", target_is_directory=True)
+    cat = Catalog.scan([models])  # terminates: the loop is read once
+    assert [e.key for e in cat.entries()] == ["a"]
+    assert any(str(models / "a" / "loop") in n and "symlink loop" in n for n in cat.notes), cat.notes
+
+
+def test_two_keys_for_one_file_are_one_model_with_aliases(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    (real,) = make_gguf(models / "real.gguf")
+    (models / "nickname.gguf").symlink_to(real)
+    cat = Catalog.scan([models])
+    (entry,) = cat.entries()
+    assert {entry.key, *entry.aliases} == {"real", "nickname"}
+    assert cat.resolve("nickname") is entry
+    assert any("the same file" in n for n in cat.notes), cat.notes

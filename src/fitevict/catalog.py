@@ -213,9 +213,20 @@ def _hf_found(folder: Path, names: Sequence[str], chain: tuple[str, ...]) -> _Fo
 
 
 def _scan_dir(root: Path, notes: list[str], peft: list[Path]) -> list[_Found]:
+    """Every model under ``root``. Symlinked folders and files are followed; a folder reached twice (a symlink
+    loop, or a second link to it) is read once, and the second path is named in the notes."""
     found: list[_Found] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    visited: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         folder = Path(dirpath)
+        real = os.path.realpath(folder)
+        if real in visited:
+            loop = real == os.path.commonpath([real, os.path.realpath(folder.parent)])
+            notes.append(f"{folder}: {'a symlink loop back to' if loop else 'a second link to'} {visited[real]} "
+                         f"({real}); not read again")
+            dirnames.clear()
+            continue
+        visited[real] = folder
         dirnames[:] = sorted(d for d in dirnames if not _hidden(d) and not is_adapter_folder(folder / d, filenames))
         if is_peft_folder(filenames):  # an adapter, listed on its base (catalog_adapters)
             peft.append(folder)
@@ -245,6 +256,23 @@ def _scan_dir(root: Path, notes: list[str], peft: list[Path]) -> list[_Found]:
             chain = _chain(names, None) if len(models) == 1 else _chain(names, m.stem)
             found.append(_Found("gguf", m.files[0], folder, m.files, m.stem, chain, proj, listed))
     return found
+
+
+def _one_per_file(found: list[_Found], notes: list[str]) -> list[_Found]:
+    """Two keys for the same file (a symlink beside its target, two links to one file) are one model: the first
+    key found, with the others as its aliases."""
+    first: dict[str, _Found] = {}
+    out: list[_Found] = []
+    for f in found:
+        real = os.path.realpath(f.path)
+        if real in first:
+            first[real].implicit_aliases.append(f.key)
+            notes.append(f"{f.path}: the same file as {first[real].path}; served as {first[real].key!r}, "
+                         f"with {f.key!r} as an alias")
+            continue
+        first[real] = f
+        out.append(f)
+    return out
 
 
 def _settle_keys(found: list[_Found], notes: list[str]) -> list[_Found]:
@@ -387,7 +415,7 @@ class Catalog:
             if not root.is_dir():
                 raise ConfigError(f"models_dirs: {str(root)!r} is not a folder; create it or remove it from models_dirs")
             found.extend(_scan_dir(root, notes, peft))
-        found = _settle_keys(found, notes)
+        found = _one_per_file(_settle_keys(found, notes), notes)
         by_key = {f.key.lower(): f for f in found}
         settings: dict[int, ModelConfig] = {}
         adapter_settings = adapter_entries(models or {}, by_key)
