@@ -111,7 +111,8 @@ def test_ps_reports_measured_bytes_and_expiry(door) -> None:
     assert ps["llama-gqa"].context_length == view["ctx"]
     assert abs(ps["llama-gqa"].expires_at.timestamp() - view["unload_at"]) < 0.01
     raw = httpx.get(door.base_url + "/api/ps", headers={"Authorization": f"Bearer {USER}"}).json()
-    assert next(m for m in raw["models"] if m["name"] == "llama-gqa")["fitevict"]["sources"]["CPU"] == "measured"
+    source = next(m for m in raw["models"] if m["name"] == "llama-gqa")["fitevict"]["sources"]["CPU"]
+    assert source == cpu["measured_source"] and source.startswith("measured: PSS")
 
 
 def test_num_ctx_is_the_load_contract(door) -> None:
