@@ -103,6 +103,10 @@ def test_chat_generate_and_ps_with_swaps(door) -> None:
 def test_ps_reports_measured_bytes_and_expiry(door) -> None:
     c = client(door)
     c.chat(model="llama-gqa", messages=[{"role": "user", "content": "x"}], options={"num_predict": 1})
+    deadline = time.monotonic() + 30  # a new seat is read just after its first answer: until then, not measured
+    while residents(door)["llama-gqa"]["devices"]["CPU"]["measured_bytes"] is None:
+        assert time.monotonic() < deadline, "llama-gqa was not measured within 30 s"
+        time.sleep(0.05)  # another process's state: there is no event to await from here
     ps = {m.model: m for m in c.ps().models}
     view = residents(door)["llama-gqa"]
     cpu = view["devices"]["CPU"]
