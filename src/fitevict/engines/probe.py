@@ -256,14 +256,21 @@ def probe(binary: Path, *, types: Sequence[QT] = PROBE_TYPES, store: bool = True
         if not baseline.order:
             return Unavailable(f"{binary} placed no weight under the allocator trace (was it built by fitevict?)")
         todo = cases(types)
+        failed: list[str] = []
         for i, case in enumerate(todo):
             path = Path(tmp) / f"{case.name}.gguf"
-            write_model(case, path)
-            seen[case] = read_trace(run_engine(binary, path, lib))
-            path.unlink()
+            try:  # one kind of weight that cannot be written or loaded leaves that kind unprobed, not the rest
+                write_model(case, path)
+                seen[case] = read_trace(run_engine(binary, path, lib))
+            except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+                failed.append(f"{case.name}: {type(e).__name__}: {e}")
+            path.unlink(missing_ok=True)
             if say is not None and (i + 1) % 10 == 0:
                 say(f"probed {i + 1}/{len(todo)} weight kinds")
     table = learn(seen, baseline, cpu, machine_key(binary, cpu))
+    if failed:
+        table = HostBuffers(table.extras, table.source, table.detail,
+                            (*table.notes, *(f"not probed: {f}" for f in failed)))
     if store:
         out = probe_path(binary, cpu)
         out.parent.mkdir(parents=True, exist_ok=True)
