@@ -42,8 +42,10 @@ def test_cli_load_shows_the_phases_in_order(door) -> None:
     second = fitevict("load", "med-b", "--url", door.base_url)
     assert second.returncode == 0, second.stderr
     out = second.stdout
-    order = [out.index(s) for s in ("plan: ", "will evict med-a", "evicted med-a: freed", "engine started:",
-                                    "ready: ready in")]
+    # med-a is within its minimum residency (1 s) if this comes quickly: the plan then waits for it, and evicts it
+    # when that has passed; later the plan evicts it at once. Either way the phases come in this order:
+    evicting = "will evict med-a" if "will evict med-a" in out else "it fits once med-a"
+    order = [out.index(s) for s in ("plan: ", evicting, "evicted med-a: freed", "engine started:", "ready: ready in")]
     assert order == sorted(order), out
     freed = history(door, model="med-a", event="evict")[0]["bytes"]["freed"]
     from fitevict.units import format_size
