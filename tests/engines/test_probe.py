@@ -103,3 +103,10 @@ def test_the_probe_stores_its_table_for_this_machine(llama_server: Path, tmp_pat
     got = probe(llama_server, types=(QT.Q4_0,))
     assert isinstance(got, HostBuffers)
     assert stored_probe(llama_server) == got and host_buffers(llama_server).source == "probe"
+    # stored with the CPU's flags and the engine build it came from
+    import json
+
+    from fitevict.host.machine import machine_key, probe_path, this_cpu
+
+    doc = json.loads(probe_path(llama_server).read_text())
+    assert doc["cpu_flags"] == sorted(this_cpu().flags) and doc["machine"] == machine_key(llama_server)

@@ -274,7 +274,8 @@ def probe(binary: Path, *, types: Sequence[QT] = PROBE_TYPES, store: bool = True
     if store:
         out = probe_path(binary, cpu)
         out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"machine": machine_key(binary, cpu), "cpu": cpu.model, "seconds": round(time.monotonic() - t0, 2),
+        doc = {"machine": machine_key(binary, cpu), "cpu": cpu.model, "cpu_flags": sorted(cpu.flags),
+               "engine": str(binary), "seconds": round(time.monotonic() - t0, 2),
                "cases": {c.name: {"chain": list(s.chain), "extra_bytes": s.extra_bytes} for c, s in seen.items()},
                "table": table.to_json()}
         tmp_out = out.with_suffix(f".tmp{os.getpid()}")
