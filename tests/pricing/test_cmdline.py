@@ -41,3 +41,51 @@ def test_defaults_long_spellings_and_unknown_flags() -> None:
 def test_bad_command_lines(argv: list[str], match: str) -> None:
     with pytest.raises(PricingError, match=match):
         parse_server_argv(argv)
+
+
+# --- one rule both ways: a LoadConfig written as argv by the seat's builder reads back as the same LoadConfig --------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fitevict.engines.llama_server import load_args  # noqa: E402
+
+
+@st.composite
+def load_configs(draw) -> LoadConfig:
+    devices = draw(st.sampled_from([(), ("CUDA0",), ("CUDA0", "CUDA1")]))
+    n_parallel = draw(st.none() | st.integers(1, 8))
+    overrides = tuple(draw(st.lists(st.tuples(st.sampled_from(["exps", r"blk\.1\.", "ffn_up"]),
+                                              st.sampled_from(["CPU", *devices])), max_size=2)))
+    return LoadConfig(
+        n_ctx=draw(st.sampled_from([0, 512, 1000, 4096])), n_parallel=n_parallel,
+        kv_unified=draw(st.none() | st.booleans()) if n_parallel is not None else None,
+        n_gpu_layers=draw(st.integers(-1, 40)) if devices else 0, n_cpu_moe=draw(st.integers(0, 4)),
+        cache_type_k=draw(st.sampled_from(["f16", "q8_0", "q4_0"])), cache_type_v=draw(st.sampled_from(["f16", "q8_0"])),
+        flash_attn=draw(st.sampled_from(["auto", "on", "off"])), n_batch=draw(st.sampled_from([512, 2048])),
+        n_ubatch=draw(st.sampled_from([128, 512])), mmap=draw(st.booleans()), swa_full=draw(st.booleans()),
+        devices=devices, tensor_overrides=overrides, embeddings=draw(st.booleans()),
+        loras=tuple(draw(st.lists(st.sampled_from(["/a/x.gguf", "/b/y.gguf"]), max_size=2, unique=True))),
+        tensor_split=(tuple(float(x) for x in draw(st.lists(st.integers(1, 40), min_size=2, max_size=2)))
+                      if len(devices) == 2 and draw(st.booleans()) else ()),
+        repack=draw(st.booleans()),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(load_configs())
+def test_the_argv_builder_and_the_parser_are_one_rule(cfg: LoadConfig) -> None:
+    argv = load_args("/models/x.gguf", cfg, ["--pooling", "mean"] if cfg.embeddings else [])
+    back = parse_server_argv(argv)
+    assert back.model == "/models/x.gguf"
+    assert back.config == cfg, (argv, back.config)
+
+
+def test_flash_attn_values_are_spelt_once() -> None:
+    from typing import get_args
+
+    from fitevict.config.records import FLASH_ATTN
+    from fitevict.pricing.flags import FLASH_ATTN_VALUES
+    from fitevict.pricing.loadconfig import FlashAttn
+
+    assert get_args(FlashAttn) == FLASH_ATTN_VALUES == FLASH_ATTN

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from fitevict.pricing.flags import switch_args, value_args
 from fitevict.engines.base import LaunchSpec
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
@@ -61,8 +62,7 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
         a += ["-np", str(cfg.n_parallel)]
         if cfg.kv_unified is not None:
             a += ["-kvu"] if cfg.kv_unified else ["-no-kvu"]
-    a += ["-ctk", cfg.cache_type_k, "-ctv", cfg.cache_type_v, "-fa", cfg.flash_attn,
-          "-b", str(cfg.n_batch), "-ub", str(cfg.n_ubatch)]
+    a += value_args(cfg)  # -ctk -ctv -fa -b -ub, from the one flag table
     a += ["-dev", ",".join(cfg.devices) if cfg.devices else "none"]
     if cfg.devices:
         a += ["-ngl", str(cfg.n_gpu_layers)]
@@ -70,14 +70,11 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
         a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
     a += override_args(cfg)
     a += split_args(cfg)
-    if cfg.swa_full:
-        a += ["--swa-full"]
     if cfg.embeddings:
         a += ["--embeddings", *pooling_args(model, extra_args)]
     if not cfg.mmap:
         a += ["-lm", "none"]
-    if not cfg.repack:
-        a += ["-nr"]
+    a += switch_args(cfg)  # --swa-full, -nr
     a += lora_args(cfg)
     if mmproj is not None:  # the catalog's projector: priced by pricing.projector
         a += ["--mmproj", str(mmproj)]

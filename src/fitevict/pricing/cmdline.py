@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fitevict.pricing.flags import SWITCHES, Switch, ValueFlag
+from fitevict.pricing.flags import flag as flag_spec
 from fitevict.pricing.gguf import PricingError
-from fitevict.pricing.loadconfig import CACHE_TYPES, LoadConfig
+from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import CPU_BUFT, FFN_DENSE_REGEX, FFN_EXPS_REGEX
 
 _VALUE_FLAGS_IGNORED = frozenset({
@@ -67,7 +69,18 @@ def _int(flag: str, v: str) -> int:
         raise PricingError(f"{flag} {v!r} is not a whole number") from None
 
 
-NO_REPACK_FLAGS = ("-nr", "--no-repack")
+def _split(flag: str, v: str) -> tuple[float, ...]:
+    """``-ts 3,1`` (or ``3/1``): each device's share of the offloaded layers."""
+    try:
+        shares = tuple(float(x) for x in v.replace("/", ",").split(",") if x)
+    except ValueError:
+        raise PricingError(f"{flag} {v!r}: give one number per device, e.g. {flag} 3,1") from None
+    if not shares or any(x < 0 for x in shares):
+        raise PricingError(f"{flag} {v!r}: give one share >= 0 per device, e.g. {flag} 3,1")
+    return shares
+
+
+NO_REPACK_FLAGS = next(s.names for s in SWITCHES if s.field == "repack")
 
 
 def absorb_memory_flags(cfg: "LoadConfig", args: tuple[str, ...] | list[str]) -> tuple["LoadConfig", tuple[str, ...]]:
@@ -142,20 +155,10 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
             if a == "--pooling" and v not in POOLING_TYPES:
                 raise PricingError(f"{a} {v!r}: use one of {', '.join(POOLING_TYPES)}")
             graph_args += [a, v]
-        elif a in ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
-            t = value(a).lower()
-            if t not in CACHE_TYPES:
-                raise PricingError(f"{a} {t!r} is not a cache type; allowed: {', '.join(CACHE_TYPES)}")
-            kw["cache_type_k" if a in ("-ctk", "--cache-type-k") else "cache_type_v"] = t
-        elif a in ("-fa", "--flash-attn"):
-            v = value(a)
-            if v not in ("on", "off", "auto"):
-                raise PricingError(f"{a} {v!r}: use on, off or auto")
-            kw["flash_attn"] = v
-        elif a in ("-b", "--batch-size"):
-            kw["n_batch"] = _int(a, value(a))
-        elif a in ("-ub", "--ubatch-size"):
-            kw["n_ubatch"] = _int(a, value(a))
+        elif isinstance(spec := flag_spec(a), ValueFlag):  # -ctk -ctv -fa -b -ub: the one flag table
+            kw[spec.field] = spec.parse(a, value(a))
+        elif isinstance(spec, Switch):  # --swa-full, -nr
+            kw[spec.field] = spec.value
         elif a in ("-lm", "--load-mode"):
             v = value(a)
             if v not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
@@ -165,10 +168,8 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
             kw["kv_unified"] = True
         elif a in ("-no-kvu", "--no-kv-unified"):
             kw["kv_unified"] = False
-        elif a == "--swa-full":
-            kw["swa_full"] = True
-        elif a in NO_REPACK_FLAGS:
-            kw["repack"] = False
+        elif a in ("-ts", "--tensor-split"):
+            kw["tensor_split"] = _split(a, value(a))
         elif a in ("-dev", "--device"):
             v = value(a)
             kw["devices"] = () if v == "none" else tuple(d for d in v.split(",") if d)
