@@ -34,7 +34,7 @@ from fitevict.engines.torch_engine import TransformersEngine  # noqa: E402
 from fitevict.pricing.hf_price import HfLoadConfig, price_hf  # noqa: E402
 from fitevict.pricing.safetensors import load_hf_structure  # noqa: E402
 from fitevict.units import MiB  # noqa: E402
-from fitevict.zoo_hf import HfRecipe, build, write_hf_zoo  # noqa: E402
+from fitevict.zoo.hf import HfRecipe, build, write_hf_zoo  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
 CONFIGS = {"auto": HfLoadConfig(n_ctx=512), "bf16": HfLoadConfig(n_ctx=512, dtype="bfloat16"),

@@ -40,7 +40,7 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture(scope="session")
 def hf_zoo(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The HF demo folders, built once per session (needs the torch extra): {name: HfZooModel}."""
-    from fitevict.zoo_hf import torch_available, write_hf_zoo
+    from fitevict.zoo.hf import torch_available, write_hf_zoo
 
     if not torch_available():
         pytest.skip("the torch extra is not installed (pip install 'fitevict[torch]' with a CPU torch wheel)")

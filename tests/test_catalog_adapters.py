@@ -27,7 +27,7 @@ from fitevict.engines.llama_server import load_args
 from fitevict.pricing.adapters import listed_adapter_bytes
 from fitevict.pricing.gguf import load_structure
 from fitevict.zoo import write_zoo
-from fitevict.zoo_adapters import write_adapters
+from fitevict.zoo.adapters import write_adapters
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from _frontdoor import front_door, history
 from fitevict.loadreport import HEADER
 from fitevict.units import MiB
 from fitevict.zoo import write_zoo
-from fitevict.zoo_adapters import write_adapters
+from fitevict.zoo.adapters import write_adapters
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ from fitevict.pricing.logparse import PRECISION_BYTES
 from fitevict.pricing.price import price
 from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.zoo import write_zoo
-from fitevict.zoo_mmproj import write_mmproj
+from fitevict.zoo.mmproj import write_mmproj
 from fitevict.host.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places

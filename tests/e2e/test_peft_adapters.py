@@ -1,5 +1,5 @@
 """PEFT adapters end to end: a real `fitevict serve`, a real transformers seat, the HF demo base and its two demo
-PEFT adapters (fitevict.zoo_peft), real HTTP on loopback.
+PEFT adapters (fitevict.zoo.peft), real HTTP on loopback.
 
 An adapter ``hf-llama-gqa:X`` is served by hf-llama-gqa's seat, started once with both adapters; each request makes
 its adapter active on the seat (one at a time), and the base runs with them disabled.
@@ -18,7 +18,7 @@ import pytest
 from _frontdoor import front_door, history
 from fitevict.loadreport import HEADER
 from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
-from fitevict.zoo_peft import write_peft_adapters
+from fitevict.zoo.peft import write_peft_adapters
 
 pytestmark = pytest.mark.e2e
 

@@ -274,10 +274,10 @@ def test_a_load_without_weights_from_the_files_is_refused(tmp_path: Path, hf_zoo
 
 @pytest.fixture(scope="module")
 def peft_base(hf_zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, ...]]:
-    """A copy of the HF demo base with its two demo PEFT adapters beside it (fitevict.zoo_peft)."""
+    """A copy of the HF demo base with its two demo PEFT adapters beside it (fitevict.zoo.peft)."""
     import shutil
 
-    from fitevict.zoo_peft import write_peft_adapters
+    from fitevict.zoo.peft import write_peft_adapters
 
     base = tmp_path_factory.mktemp("peft") / "hf-llama-gqa"
     shutil.copytree(hf_zoo["hf-llama-gqa"].path, base)

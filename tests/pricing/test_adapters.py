@@ -16,7 +16,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.zoo import write_zoo
-from fitevict.zoo_adapters import write_adapters
+from fitevict.zoo.adapters import write_adapters
 from fitevict.pricing.hostbufs import rule_table
 
 X86_AVX512 = rule_table({"avx2", "avx512f"})  # a fixed CPU (AVX-512, no AMX): these figures hold on any machine

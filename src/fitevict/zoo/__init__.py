@@ -12,9 +12,14 @@ Same code, same bytes: a file depends only on its recipe, ``GENERATOR_VERSION`` 
 version. ``write_zoo`` records each file's sha256 in a manifest next to the files and skips a model whose file
 on disk still matches it. Files are written to a temporary name and renamed, so a crash never leaves half a file.
 
-    recipes.py  the recipes and layouts
+    recipes.py  the recipes and layouts (zoo v1 frozen, v2 realistic)
     tensors.py  vocabulary, tensor shapes and data
     write.py    GGUF writing, the manifest, ``write_zoo`` and ``rewrite_arch``
+    hybrid.py   the recurrent and hybrid architectures' metadata and tensors
+    adapters.py LoRA adapters (GGUF) for a zoo model
+    mmproj.py   a projector (mmproj) for a zoo text model
+    hf.py       Hugging Face folders (needs the torch extra)
+    peft.py     PEFT adapters for an HF folder (needs the torch extra)
 """
 
 from fitevict.zoo.recipes import (_BY_NAME, _RECIPES, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME, ZOO_NAMES,

@@ -9,7 +9,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
-from fitevict import zoo_hybrid
+from fitevict.zoo import hybrid as zoo_hybrid
 from fitevict.zoo.recipes import ZooError, _CONTROL, _EXTRA_CHARS, _LAYOUTS, _LETTERS, _Recipe, _SPACE
 
 

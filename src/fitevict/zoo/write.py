@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from fitevict import zoo_hybrid
+from fitevict.zoo import hybrid as zoo_hybrid
 from fitevict.zoo.recipes import (BOS_ID, EOS_ID, IM_END_ID, UNK_ID, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME,
                                   ZOO_VERSION, ZooError, ZooModel, _FILE_TYPE, _LATER_FIELDS, _LAYOUTS, _Recipe,
                                   recipe, recipes)

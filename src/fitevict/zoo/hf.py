@@ -2,7 +2,7 @@
 
 Each folder is built locally, with no downloads: ``from_config`` with a fixed seed, ``save_pretrained`` to
 safetensors, a ~300-token BPE tokenizer trained with ``tokenizers`` on a built-in corpus, and a ChatML chat
-template. Building needs torch, so it runs in a child process (``python -m fitevict.zoo_hf DEST``): importing this
+template. Building needs torch, so it runs in a child process (``python -m fitevict.zoo.hf DEST``): importing this
 module imports no torch. A folder whose recipe stamp matches is not rebuilt.
 """
 
@@ -123,7 +123,7 @@ def write_hf_zoo(dest: Path, *, only: Iterable[str] | None = None,
             raise ZooError("building the HF demo models needs the torch extra: pip install 'fitevict[torch]'")
         dest.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile("w+") as errf:  # a file, not a pipe: a full stderr pipe would stall the child
-            proc = subprocess.Popen([sys.executable, "-m", "fitevict.zoo_hf", str(dest), *todo],
+            proc = subprocess.Popen([sys.executable, "-m", "fitevict.zoo.hf", str(dest), *todo],
                                     stdout=subprocess.PIPE, stderr=errf, text=True,
                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
             assert proc.stdout is not None

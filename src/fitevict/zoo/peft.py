@@ -5,7 +5,7 @@ that it changes the output from the first token: rank 4 on the attention q and v
 weights scaled up so greedy decoding follows each adapter) and saved with ``save_pretrained`` to
 ``<base>.adapters/X/`` beside the base folder; its ``base_model_name_or_path`` is the base's folder name, so the
 catalog serves it as ``<base>:X`` wherever the two folders are copied together. Building needs torch and peft, so
-it runs in a child process (``python -m fitevict.zoo_peft BASE_DIR NAME...``): importing this module imports
+it runs in a child process (``python -m fitevict.zoo.peft BASE_DIR NAME...``): importing this module imports
 neither.
 """
 
@@ -55,7 +55,7 @@ def write_peft_adapters(base_dir: Path, names: Iterable[str] = DEMO_PEFT_ADAPTER
         raise ZooError(f"{base_dir}: not an HF model folder (no config.json); write it first "
                        f"(fitevict demo-models DIR --only {DEMO_PEFT_BASE})")
     with tempfile.TemporaryFile("w+") as errf:  # a file, not a pipe: a full stderr pipe would stall the child
-        proc = subprocess.run([sys.executable, "-m", "fitevict.zoo_peft", str(base_dir), *names],
+        proc = subprocess.run([sys.executable, "-m", "fitevict.zoo.peft", str(base_dir), *names],
                               stdout=subprocess.DEVNULL, stderr=errf, text=True,
                               env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         if proc.returncode != 0:
