@@ -25,7 +25,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from fitevict.host.budget import Budget
+from fitevict.budget import Budget
 from fitevict.planner import FootprintFn, PlanRequest, Policy, Resident, plan
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig

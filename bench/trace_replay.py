@@ -27,7 +27,7 @@ from tracesim import FitevictPolicy, ModelSpec, Policy, Result, Sim, Trace  # no
 
 from fitevict.config import Config, load_config  # noqa: E402
 from fitevict.contract import Contract  # noqa: E402
-from fitevict.host.budget import Budget  # noqa: E402
+from fitevict.budget import Budget  # noqa: E402
 from fitevict.pricing.footprint import HOST  # noqa: E402
 from fitevict.supervisor.core import sched_policy  # noqa: E402
 

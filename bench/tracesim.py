@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fitevict import planner as pl
-from fitevict.host.budget import Budget
+from fitevict.budget import Budget
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.supervisor.errors import SupervisorError

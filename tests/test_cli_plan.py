@@ -136,7 +136,7 @@ def test_the_offline_plan_is_the_servers_plan(zoo_dir: Path, tmp_path: Path) -> 
     from fitevict.cli.serve import engine_binary
     from fitevict.config import load_config
     from fitevict.contract import Contract
-    from fitevict.host.budget import Budget
+    from fitevict.budget import Budget
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor
 

@@ -11,7 +11,7 @@ from pathlib import Path
 CHECK = textwrap.dedent('''
     import sys
     from fitevict import guard, planner as pl
-    from fitevict.host.budget import Budget
+    from fitevict.budget import Budget
     from fitevict.pricing import placement, price as pricing
     from fitevict.pricing.buftrace import parse_exact_log
     from fitevict.pricing.cmdline import parse_server_argv

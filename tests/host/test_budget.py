@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.host.budget import Budget, BudgetError, measure_budget
+from fitevict.budget import Budget, BudgetError
+from fitevict.host.budget import measure_budget
 from fitevict.host.procmem import read_meminfo
 from fitevict.pricing.footprint import HOST
 

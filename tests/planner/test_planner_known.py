@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fitevict.host.budget import Budget
+from fitevict.budget import Budget
 from fitevict.planner import (
     Plan,
     PlanInvariantError,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fitevict.host.budget import Budget
+from fitevict.budget import Budget
 from fitevict.planner import LOADING_ACTIONS, PlanRequest, Policy, Resident, plan
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig

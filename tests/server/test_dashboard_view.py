@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fitevict.host.budget import Budget
+from fitevict.budget import Budget
 from fitevict.server.dashboard_view import device_card, plan_verdict
 from fitevict.units import GiB, MiB
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fitevict import planner as pl
-from fitevict.host.budget import Budget
+from fitevict.budget import Budget
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.supervisor.errors import SupervisorError

@@ -107,7 +107,7 @@ def test_a_resident_split_by_free_memory_still_serves_when_free_memory_moved(set
     """Once loaded, its own bytes change what is free, so a new plan would split otherwise: the resident still serves
     (the split is part of the placement, which any placement serves under max-gpu); an explicit -ts must match."""
     from fitevict import planner as pl
-    from fitevict.host.budget import Budget
+    from fitevict.budget import Budget
 
     cfg, _engine, _store = setup
     path = Path(Catalog.from_config(cfg).resolve("llama-gqa").path)

@@ -19,7 +19,7 @@ from traces import adversarial_trace, zipf_trace, zoo_specs  # noqa: E402
 from tracesim import FitevictPolicy, Req, Sim, Trace  # noqa: E402
 
 from fitevict.contract import Contract  # noqa: E402
-from fitevict.host.budget import Budget  # noqa: E402
+from fitevict.budget import Budget  # noqa: E402
 from fitevict.pricing.footprint import HOST  # noqa: E402
 from fitevict.supervisor.scheduler import SchedPolicy  # noqa: E402
 from fitevict.zoo import write_zoo  # noqa: E402

@@ -142,7 +142,8 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
 
 def _offline_budget(cfg, ram: str | None, gpu: list[str]):
     """This machine's budget under the config, or a declared machine (``--ram``, ``--gpu NAME=SIZE``)."""
-    from fitevict.host.budget import Budget, BudgetError, budget_from_config
+    from fitevict.budget import Budget, BudgetError
+    from fitevict.host.budget import budget_from_config
 
     try:
         if ram is None and not gpu:

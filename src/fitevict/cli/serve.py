@@ -74,7 +74,8 @@ def serve(
         overrides["models_dirs"] = [str(demo)]
         cfg = build_config(config, overrides)
     engine_binary(cfg)  # a missing engine is an error before anything starts
-    from fitevict.host.budget import BudgetError, budget_from_config
+    from fitevict.budget import BudgetError
+    from fitevict.host.budget import budget_from_config
 
     try:  # a limit above the machine's total, or a reserve that leaves nothing, is a config error now
         budget = budget_from_config(cfg.budget)

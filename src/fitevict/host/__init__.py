@@ -1,14 +1,7 @@
-"""Measurement I/O: what the machine has (NVML, /proc) and what fitevict may use of it (budgets)."""
+"""Measurement I/O: what the machine has (NVML, /proc, the CPU) and what fitevict may use of it (the budget
+records themselves are pure: ``fitevict.budget``)."""
 
-from fitevict.host.budget import (
-    DEFAULT_GPU_RESERVE,
-    DEFAULT_RAM_RESERVE,
-    Budget,
-    BudgetError,
-    DeviceBudget,
-    Figure,
-    measure_budget,
-)
+from fitevict.host.budget import DEFAULT_GPU_RESERVE, DEFAULT_RAM_RESERVE, measure_budget
 from fitevict.host.nvml import GpuDevice, GpuProcess, GpuReading, NvmlLike, read_gpus
 from fitevict.host.procmem import (
     HostMemory,
@@ -23,10 +16,6 @@ from fitevict.host.procmem import (
 __all__ = [
     "DEFAULT_GPU_RESERVE",
     "DEFAULT_RAM_RESERVE",
-    "Budget",
-    "BudgetError",
-    "DeviceBudget",
-    "Figure",
     "GpuDevice",
     "GpuProcess",
     "GpuReading",

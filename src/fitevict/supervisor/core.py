@@ -26,7 +26,8 @@ from fitevict.contract import Contract, passthrough_args, seat_key
 from fitevict.engines import engine_class
 from fitevict.engines.base import Engine
 from fitevict.engines.process import free_port
-from fitevict.host.budget import Budget, budget_from_config
+from fitevict.budget import Budget
+from fitevict.host.budget import budget_from_config
 from fitevict.loadreport import hit_report, request_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
