@@ -228,3 +228,20 @@ def test_health_status_reads_the_code_or_none_when_nothing_listens() -> None:
         assert await health_status(port) is None
 
     asyncio.run(scenario())
+
+
+def test_a_stream_without_usage_logs_no_token_count() -> None:
+    # a stream whose tail carries neither usage nor timings: its tokens are unknown (None), never the number of SSE
+    # events relayed (which counts chunks, not tokens); the events are logged under their own name
+    from types import SimpleNamespace
+
+    from fitevict.server.fastpath import FastPath, Record, Relayed
+
+    door = SimpleNamespace(config=SimpleNamespace(server=SimpleNamespace(debug_log_prompts=False)))
+    rec, extra = Record("r1", "chat", 0.0), {}
+    out = Relayed(200, True, 7, (b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n', b"data: [DONE]\n\n"))
+    FastPath._account(SimpleNamespace(door=door), rec, out, {}, extra, SimpleNamespace())
+    assert rec.tokens is None and extra["events"] == 7 and extra["stream"] is True
+    with_usage = Relayed(200, True, 7, (b'data: {"usage":{"total_tokens":12}}\n\n', b"data: [DONE]\n\n"))
+    FastPath._account(SimpleNamespace(door=door), rec, with_usage, {}, extra, SimpleNamespace())
+    assert rec.tokens == 12
