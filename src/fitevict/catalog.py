@@ -27,12 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from fitevict.catalog_adapters import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
+from fitevict.catalog_files import SPLIT_RE, attach_in_flat_dir, gguf_models, is_mmproj, pick_projector
 from fitevict.config import Config, ConfigError, ModelConfig
 
-_SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 _HF_CACHE_RE = re.compile(r"^models--(?P<name>.+)$")
-#: Projector precisions, most preferred first, when a folder holds several mmproj files.
-_MMPROJ_PREFERENCE: tuple[str, ...] = ("f16", "bf16", "q8_0", "f32")
 
 
 class UnknownModel(LookupError):
@@ -101,81 +99,8 @@ class _Found:
         return self.chain[self.level]
 
 
-def _is_mmproj(name: str) -> bool:
-    return "mmproj" in name.lower()
-
-
 def _hidden(name: str) -> bool:
     return name.startswith(".")
-
-
-@dataclass(frozen=True, slots=True)
-class _GgufModel:
-    stem: str
-    files: tuple[Path, ...]  # one file, or the shards in order
-
-
-def _gguf_models(folder: Path, names: Iterable[str], notes: list[str]) -> tuple[list[_GgufModel], list[Path]]:
-    """Group a folder's GGUF file names into models (splits merged) and projectors."""
-    models: list[_GgufModel] = []
-    projectors: list[Path] = []
-    splits: dict[tuple[str, int], dict[int, Path]] = {}
-    for name in sorted(names):
-        if _hidden(name) or not name.lower().endswith(".gguf") or not (folder / name).is_file():
-            continue
-        if _is_mmproj(name):
-            projectors.append(folder / name)
-        elif m := _SPLIT_RE.match(name):
-            splits.setdefault((m["base"], int(m["n"])), {})[int(m["i"])] = folder / name
-        else:
-            models.append(_GgufModel(name[: -len(".gguf")], (folder / name,)))
-    for (base, n), shards in splits.items():
-        missing = [i for i in range(1, n + 1) if i not in shards]
-        if missing:
-            notes.append(
-                f"{folder / base}: split GGUF of {n} files lacks part(s) "
-                f"{', '.join(f'{i:05d}' for i in missing)}; skipped until complete"
-            )
-            continue
-        models.append(_GgufModel(base, tuple(shards[i] for i in range(1, n + 1))))
-    models.sort(key=lambda m: m.stem)
-    return models, projectors
-
-
-def _pick_projector(projectors: Sequence[Path]) -> Path | None:
-    def rank(p: Path) -> tuple[int, str]:
-        low = p.name.lower()
-        for i, tag in enumerate(_MMPROJ_PREFERENCE):
-            if re.search(rf"(^|[^a-z0-9]){re.escape(tag)}([^a-z0-9]|$)", low):
-                return (i, p.name)
-        return (len(_MMPROJ_PREFERENCE), p.name)
-
-    return min(projectors, key=rank) if projectors else None
-
-
-def _mmproj_core(p: Path) -> str:
-    stem = p.name[: -len(".gguf")]
-    return re.sub(r"[-_.]?mmproj[-_.]?", "", stem, flags=re.IGNORECASE).lower()
-
-
-def _common_prefix(a: str, b: str) -> int:
-    return len(os.path.commonprefix([a, b]))
-
-
-def _attach_in_flat_dir(models: list[_GgufModel], projectors: list[Path]) -> dict[str, Path]:
-    """In a flat models dir, a projector goes to the model(s) whose stem shares its longest name prefix."""
-    out: dict[str, Path] = {}
-    for proj in projectors:
-        core = _mmproj_core(proj)
-        scores = {m.stem: _common_prefix(core, m.stem.lower()) for m in models}
-        best = max(scores.values(), default=0)
-        if best < 4:
-            continue
-        for stem, score in scores.items():
-            if score == best:
-                prev = out.get(stem)
-                out[stem] = proj if prev is None else _pick_projector([prev, proj]) or proj
-    return out
 
 
 def _repo_names(root: Path, folder: Path) -> list[str]:
@@ -237,20 +162,20 @@ def _scan_dir(root: Path, notes: list[str], peft: list[Path]) -> list[_Found]:
         if _is_hf_dir(folder, filenames):
             found.append(_hf_found(folder, filenames, _chain(names, None)))
             dirnames[:] = []  # its subfolders belong to it
-        models, projectors = _gguf_models(folder, filenames, notes)
+        models, projectors = gguf_models(folder, filenames, notes)
         if not models:
             if projectors:
                 notes.append(f"{folder}: projector(s) {', '.join(p.name for p in projectors)} without a model beside them")
             continue
         if flat:
-            attached = _attach_in_flat_dir(models, projectors)
+            attached = attach_in_flat_dir(models, projectors)
             for m in models:
                 found.append(
                     _Found("gguf", m.files[0], folder, m.files, m.stem, (m.stem,), attached.get(m.stem),
                            (m.files[0].name,))
                 )
             continue
-        proj = _pick_projector(projectors)
+        proj = pick_projector(projectors)
         listed = tuple(m.files[0].name for m in models)
         for m in models:
             chain = _chain(names, None) if len(models) == 1 else _chain(names, m.stem)
@@ -310,31 +235,31 @@ def _model_from_path(m: ModelConfig, roots: Sequence[Path], notes: list[str]) ->
         names = os.listdir(p)
         if _is_hf_dir(p, names):
             return _hf_found(p, names, (m.key,))
-        models, projectors = _gguf_models(p, names, notes)
+        models, projectors = gguf_models(p, names, notes)
         if len(models) != 1:
             what = "no GGUF model" if not models else f"{len(models)} GGUF models ({', '.join(x.files[0].name for x in models)})"
             raise ConfigError(f"{where}: the folder holds {what}; point path at one .gguf file or a folder with one model")
         g = models[0]
-        return _Found("gguf", g.files[0], p, g.files, g.stem, (m.key,), _pick_projector(projectors), (g.files[0].name,))
+        return _Found("gguf", g.files[0], p, g.files, g.stem, (m.key,), pick_projector(projectors), (g.files[0].name,))
     if not p.is_file():
         raise ConfigError(f"{where}: no such file or folder; fix the path or remove the entry")
     if not p.name.lower().endswith(".gguf"):
         raise ConfigError(f"{where}: not a .gguf file; give a GGUF file or a model folder")
-    if _is_mmproj(p.name):
+    if is_mmproj(p.name):
         raise ConfigError(f"{where}: this is a projector (mmproj); set it as models.{m.key}.mmproj and path to the model")
     folder = p.parent
-    models, projectors = _gguf_models(folder, os.listdir(folder), notes)
-    split = _SPLIT_RE.match(p.name)
+    models, projectors = gguf_models(folder, os.listdir(folder), notes)
+    split = SPLIT_RE.match(p.name)
     own = next((g for g in models if g.files[0] == p), None)
     if split and own is None:
         raise ConfigError(f"{where}: give the first part of the split (…-00001-of-{split['n']}.gguf), with every part present")
     files = own.files if own else (p,)
     in_root = any(folder.resolve() == r.resolve() for r in roots)
     if in_root:
-        proj = _attach_in_flat_dir(models, projectors).get(own.stem if own else p.stem)
+        proj = attach_in_flat_dir(models, projectors).get(own.stem if own else p.stem)
         listed: tuple[str, ...] = (p.name,)
     else:
-        proj = _pick_projector(projectors)
+        proj = pick_projector(projectors)
         listed = tuple(g.files[0].name for g in models)
     return _Found("gguf", p, folder, files, p.stem, (m.key,), proj, listed)
 
@@ -514,7 +439,7 @@ def resolve_gguf_file(entry: CatalogEntry, filename: str) -> Path:
         raise GgufFileError(f"{said}: '..' is refused; the file must be inside the model's folder; choices: {choices}")
     if not filename.lower().endswith(".gguf"):
         raise GgufFileError(f"{said}: not a .gguf file; choices: {choices}")
-    if _is_mmproj(PurePosixPath(filename).name):
+    if is_mmproj(PurePosixPath(filename).name):
         raise GgufFileError(f"{said}: that is a projector (mmproj), not a model; choices: {choices}")
     candidate = entry.model_dir.joinpath(*parts)
     try:
@@ -525,7 +450,7 @@ def resolve_gguf_file(entry: CatalogEntry, filename: str) -> Path:
     if not real.is_relative_to(root):
         raise GgufFileError(f"{said}: it is a link to {real}, outside the model's folder {root}; refused")
     if PurePosixPath(*parts).as_posix() not in entry.gguf_files:
-        split = _SPLIT_RE.match(PurePosixPath(filename).name)
+        split = SPLIT_RE.match(PurePosixPath(filename).name)
         fix = " (name the first part, -00001-of-…)" if split and split["i"] != "00001" else ""
         raise GgufFileError(f"{said}: not one of this model's files{fix}; choices: {choices}")
     return candidate

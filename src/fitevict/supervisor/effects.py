@@ -183,23 +183,7 @@ class LiveEffects:
                         sup.prices.no_repack(path)
                         predicted = sup.prices.footprint(path, cfg)
                         continue
-                    details = {"log": str(seat.log_path), "argv": list(spec.argv), "pid": seat.pid, **res.details()}
-                    if crash is not None:  # both attempts named
-                        details["repack_crash"] = crash.to_json()
-                        e = LoadFailed(f"{key}: llama-server died by {crash.signal} with repacking on, and the retry "
-                                       f"with -nr failed too: {e}")
-                    why = _engine_failure(engine, seat.log_path)
-                    if why is not None:  # the seat's own account (a transformers walk that found no weights, ...)
-                        no_weights = seat.proc is not None and seat.proc.returncode == EXIT_NO_WEIGHTS
-                        verdict = guard_mod.check_walk(None, reason=why) if no_weights else None
-                        details["guard"] = ({"accepted": False, "check": verdict.check, "reason": verdict.reason}
-                                            if verdict is not None else None)
-                        e = LoadFailed(f"{key}: {verdict.reason if verdict is not None else why}")
-                    await sup.record(Event(
-                        time=sup.clock(), event="fail", model=key, engine=entry.engine, seconds=sup.clock() - t0,
-                        strategy=plan.action, reason=str(e), request_id=waiter.request_id,
-                        predicted_bytes=predicted.total_bytes, freed_bytes=res.freed_bytes, details=details))
-                    sup.scheduler.load_failed(key, e)
+                    await self._fail_load(waiter, plan, seat, list(spec.argv), res, e, crash, t0)
                     return
         except asyncio.CancelledError as e:
             # nobody waits for this load any more (every client left), or fitevict is shutting down
@@ -239,6 +223,29 @@ class LiveEffects:
         finally:
             recorded.set_result(None)
 
+
+    async def _fail_load(self, waiter: Waiter, plan: pl.Plan, seat: SeatState, argv: list[str], res: StopResult,
+                         e: LoadFailed, crash: RepackCrash | None, t0: float) -> None:
+        """A load that failed for good: recorded with the seat's own account of why (both attempts named after a
+        repack-crash retry), and its waiters told."""
+        sup, key = self.sup, waiter.key
+        details = {"log": str(seat.log_path), "argv": argv, "pid": seat.pid, **res.details()}
+        if crash is not None:
+            details["repack_crash"] = crash.to_json()
+            e = LoadFailed(f"{key}: llama-server died by {crash.signal} with repacking on, and the retry "
+                           f"with -nr failed too: {e}")
+        why = _engine_failure(sup.engine_for(seat.entry), seat.log_path)
+        if why is not None:  # the seat's own account (a transformers walk that found no weights, ...)
+            no_weights = seat.proc is not None and seat.proc.returncode == EXIT_NO_WEIGHTS
+            verdict = guard_mod.check_walk(None, reason=why) if no_weights else None
+            details["guard"] = ({"accepted": False, "check": verdict.check, "reason": verdict.reason}
+                                if verdict is not None else None)
+            e = LoadFailed(f"{key}: {verdict.reason if verdict is not None else why}")
+        await sup.record(Event(
+            time=sup.clock(), event="fail", model=key, engine=seat.engine, seconds=sup.clock() - t0,
+            strategy=plan.action, reason=str(e), request_id=waiter.request_id,
+            predicted_bytes=seat.predicted.total_bytes, freed_bytes=res.freed_bytes, details=details))
+        sup.scheduler.load_failed(key, e)
 
     async def _record_load(self, seat: SeatState, plan: pl.Plan, request_id: str | None, notes: Any) -> None:
         """Learn the overhead, guard the measurement, store it if accepted, record a ``load`` (or ``reject``)."""

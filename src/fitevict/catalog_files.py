@@ -1,0 +1,91 @@
+"""The GGUF files of one folder: models (single files and complete splits) and projectors, and which projector
+goes with which model. Used by the catalog's scan; reads the folder's listing only."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
+#: Projector precisions, most preferred first, when a folder holds several mmproj files.
+_MMPROJ_PREFERENCE: tuple[str, ...] = ("f16", "bf16", "q8_0", "f32")
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def is_mmproj(name: str) -> bool:
+    return "mmproj" in name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class GgufModel:
+    stem: str
+    files: tuple[Path, ...]  # one file, or the shards in order
+
+
+def gguf_models(folder: Path, names: Iterable[str], notes: list[str]) -> tuple[list[GgufModel], list[Path]]:
+    """Group a folder's GGUF file names into models (splits merged) and projectors."""
+    models: list[GgufModel] = []
+    projectors: list[Path] = []
+    splits: dict[tuple[str, int], dict[int, Path]] = {}
+    for name in sorted(names):
+        if _hidden(name) or not name.lower().endswith(".gguf") or not (folder / name).is_file():
+            continue
+        if is_mmproj(name):
+            projectors.append(folder / name)
+        elif m := SPLIT_RE.match(name):
+            splits.setdefault((m["base"], int(m["n"])), {})[int(m["i"])] = folder / name
+        else:
+            models.append(GgufModel(name[: -len(".gguf")], (folder / name,)))
+    for (base, n), shards in splits.items():
+        missing = [i for i in range(1, n + 1) if i not in shards]
+        if missing:
+            notes.append(
+                f"{folder / base}: split GGUF of {n} files lacks part(s) "
+                f"{', '.join(f'{i:05d}' for i in missing)}; skipped until complete"
+            )
+            continue
+        models.append(GgufModel(base, tuple(shards[i] for i in range(1, n + 1))))
+    models.sort(key=lambda m: m.stem)
+    return models, projectors
+
+
+def pick_projector(projectors: Sequence[Path]) -> Path | None:
+    def rank(p: Path) -> tuple[int, str]:
+        low = p.name.lower()
+        for i, tag in enumerate(_MMPROJ_PREFERENCE):
+            if re.search(rf"(^|[^a-z0-9]){re.escape(tag)}([^a-z0-9]|$)", low):
+                return (i, p.name)
+        return (len(_MMPROJ_PREFERENCE), p.name)
+
+    return min(projectors, key=rank) if projectors else None
+
+
+def _mmproj_core(p: Path) -> str:
+    stem = p.name[: -len(".gguf")]
+    return re.sub(r"[-_.]?mmproj[-_.]?", "", stem, flags=re.IGNORECASE).lower()
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return len(os.path.commonprefix([a, b]))
+
+
+def attach_in_flat_dir(models: list[GgufModel], projectors: list[Path]) -> dict[str, Path]:
+    """In a flat models dir, a projector goes to the model(s) whose stem shares its longest name prefix."""
+    out: dict[str, Path] = {}
+    for proj in projectors:
+        core = _mmproj_core(proj)
+        scores = {m.stem: _common_prefix(core, m.stem.lower()) for m in models}
+        best = max(scores.values(), default=0)
+        if best < 4:
+            continue
+        for stem, score in scores.items():
+            if score == best:
+                prev = out.get(stem)
+                out[stem] = proj if prev is None else pick_projector([prev, proj]) or proj
+    return out
