@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from fitevict.pricing.loadconfig import CACHE_TYPES
+from fitevict.config.records import CACHE_TYPES
 from fitevict.config.records import ALLOC_MODES, ENGINES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
 from fitevict.config.parsers import (Parser, _alias, _args, _bool, _choice, _fraction, _int, _int_or, _origin_url,
                                      _path, _positive_size, _request_defaults, _seconds, _secret, _size, _store_url,

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
+from fitevict.config.records import CACHE_TYPES  # the config's one list of KV cache types (re-exported)
+
 FlashAttn = Literal["on", "off", "auto"]
-CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+__all__ = ["CACHE_TYPES", "FlashAttn", "LoadConfig"]
 
 
 @dataclass(frozen=True, slots=True)
