@@ -134,16 +134,28 @@ def price_cmd(
     except PricingError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(2) from e
-    sources = {d.compute.source for d in p.footprint.devices}
-    label = "compute from a formula" if "formula" in sources else "compute unavailable"
-    warnings = [*notes, *p.warnings, *([f"{label}: {why}"] if compute is None and why else [])]
-    if dry is not None and dry.model_mib and cfg.repack:  # the engine's own whole-MiB rows check the table
-        warnings += dry_run_check(((b.name, b.bytes) for b in p.buffers), dry.model_mib)
+    warnings = _warnings(notes, p, cfg, dry, why)
     if as_json:
         out = to_json(s, cfg, p)
         out["warnings"] = warnings
         typer.echo(json.dumps(out, indent=2))
         return
+    _show(s, cfg, p, warnings)
+
+
+def _warnings(notes: list[str], p: Pricing, cfg: LoadConfig, dry: DryRun | None, why: str) -> list[str]:
+    """What the price's reader should know: the command line's notes, pricing's, why compute is a formula, and where
+    the engine's own dry run disagrees with the host buffer table."""
+    sources = {d.compute.source for d in p.footprint.devices}
+    label = "compute from a formula" if "formula" in sources else "compute unavailable"
+    out = [*notes, *p.warnings, *([f"{label}: {why}"] if dry is None and why else [])]
+    if dry is not None and dry.model_mib and cfg.repack:  # the engine's own whole-MiB rows check the table
+        out += dry_run_check(((b.name, b.bytes) for b in p.buffers), dry.model_mib)
+    return out
+
+
+def _show(s: GgufStructure, cfg: LoadConfig, p: Pricing, warnings: list[str]) -> None:
+    """The price as text: the configuration, the footprint per device and term, the model buffers and the notes."""
     con = Console()
     c = p.config_json(cfg)
     con.print(f"[bold]{s.path}[/bold]  {s.arch}, {s.n_layer} layers, file {format_size(s.file_bytes)}", highlight=False)

@@ -72,9 +72,11 @@ def engine_build(binary: Path | str | None) -> str:
     binary's path, size and modification time (a rebuilt binary is another build)."""
     if binary is None:
         return "no-engine"
+    from fitevict.engines.install import STAMP  # the install record's one name (install imports this module)
+
     b = Path(binary)
     try:
-        stamp = json.loads((b.parent / "INSTALLED.json").read_text())
+        stamp = json.loads((b.parent / STAMP).read_text())
         commit, variant = stamp.get("llama_cpp_commit"), stamp.get("variant", "cpu")
         if commit:
             return f"llama.cpp-{commit}-{variant}-{int(stamp.get('installed_at', 0))}"

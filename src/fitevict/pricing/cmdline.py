@@ -95,6 +95,57 @@ def absorb_memory_flags(cfg: "LoadConfig", args: tuple[str, ...] | list[str]) ->
     return cfg, tuple(rest)
 
 
+_RULE_FLAGS = frozenset({"-ncmoe", "--n-cpu-moe", "-cmoe", "--cpu-moe", "-ncffn", "--n-cpu-ffn", "-ot",
+                         "--override-tensor"})
+
+
+def _rules_of(a: str, v: str) -> list[tuple[str, str] | tuple[str, int]]:
+    """The tensor-override rules one flag adds, in order; ``("ncmoe", N)`` marks where a --n-cpu-moe put its own."""
+    if a in ("-cmoe", "--cpu-moe"):
+        return [(FFN_EXPS_REGEX, CPU_BUFT)]
+    if a in ("-ot", "--override-tensor"):
+        return list(parse_overrides(v))
+    n = _int(a, v)
+    if n < 0:
+        raise PricingError(f"{a} {n}: use 0 or more layers")
+    return [("ncmoe", n)] if a in ("-ncmoe", "--n-cpu-moe") else list(_per_layer_rules(a, n, FFN_DENSE_REGEX))
+
+
+def _placement_rules(rules: list[tuple[str, str] | tuple[str, int]]) -> dict[str, object]:
+    """LoadConfig's n_cpu_moe and tensor_overrides from the rules in command-line order: a leading --n-cpu-moe stays
+    a count (its rules come first anyway); one after other rules is spelled out per layer."""
+    kw: dict[str, object] = {}
+    lead = 0
+    while lead < len(rules) and rules[lead][0] == "ncmoe":
+        lead += 1
+    if lead:
+        kw["n_cpu_moe"] = max(int(r[1]) for r in rules[:lead])
+    overrides: list[tuple[str, str]] = []
+    for r in rules[lead:]:
+        if r[0] == "ncmoe":
+            overrides.extend(_per_layer_rules("--n-cpu-moe", int(r[1]), FFN_EXPS_REGEX))
+        else:
+            overrides.append((str(r[0]), str(r[1])))
+    if overrides:
+        kw["tensor_overrides"] = tuple(overrides)
+    return kw
+
+
+def _skipped(a: str, nxt: str | None, warnings: list[str]) -> int:
+    """A flag that does not change memory: how many values it takes with it (an unknown one is named)."""
+    if a in _VALUE_FLAGS_IGNORED:
+        if nxt is None:
+            raise PricingError(f"{a} needs a value")
+        return 1
+    if a in _BOOL_FLAGS_IGNORED:
+        return 0
+    if nxt is not None and not nxt.startswith("-"):
+        warnings.append(f"{a} {nxt}: not a memory flag fitevict knows; ignored")
+        return 1
+    warnings.append(f"{a}: not a memory flag fitevict knows; ignored")
+    return 0
+
+
 def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
     """Parse ``llama-server -m X.gguf -c 4096 ...`` (the program name itself is optional)."""
     args = list(argv)
@@ -131,20 +182,8 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
         elif a in ("-ngl", "--gpu-layers", "--n-gpu-layers"):
             v = value(a)
             kw["n_gpu_layers"] = -1 if v in ("all", "auto") else max(_int(a, v), -1)
-        elif a in ("-ncmoe", "--n-cpu-moe"):
-            n = _int(a, value(a))
-            if n < 0:
-                raise PricingError(f"{a} {n}: use 0 or more layers")
-            rules.append(("ncmoe", n))
-        elif a in ("-cmoe", "--cpu-moe"):
-            rules.append((FFN_EXPS_REGEX, CPU_BUFT))
-        elif a in ("-ncffn", "--n-cpu-ffn"):
-            n = _int(a, value(a))
-            if n < 0:
-                raise PricingError(f"{a} {n}: use 0 or more layers")
-            rules.extend(_per_layer_rules(a, n, FFN_DENSE_REGEX))
-        elif a in ("-ot", "--override-tensor"):
-            rules.extend(parse_overrides(value(a)))
+        elif a in _RULE_FLAGS:
+            rules.extend(_rules_of(a, value(a) if a not in ("-cmoe", "--cpu-moe") else ""))
         elif a in ("--embedding", "--embeddings"):
             kw["embeddings"] = True
         elif a in ("--lora", "--lora-scaled"):  # FNAME[,FNAME...] / FNAME:SCALE[,...]: each adapter's LoRA buffer
@@ -173,16 +212,8 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
         elif a in ("-dev", "--device"):
             v = value(a)
             kw["devices"] = () if v == "none" else tuple(d for d in v.split(",") if d)
-        elif a in _VALUE_FLAGS_IGNORED:
-            value(a)
-        elif a in _BOOL_FLAGS_IGNORED:
-            pass
         elif a.startswith("-"):
-            if i + 1 < len(args) and not args[i + 1].startswith("-"):
-                warnings.append(f"{a} {args[i + 1]}: not a memory flag fitevict knows; ignored")
-                i += 1
-            else:
-                warnings.append(f"{a}: not a memory flag fitevict knows; ignored")
+            i += _skipped(a, args[i + 1] if i + 1 < len(args) else None, warnings)
         elif not model:
             model = a
         else:
@@ -190,20 +221,7 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
         i += 1
     if not model:
         raise PricingError("the command line has no -m MODEL.gguf")
-    # a leading --n-cpu-moe stays a count (its rules come first anyway); one after other rules is spelled out
-    lead = 0
-    while lead < len(rules) and rules[lead][0] == "ncmoe":
-        lead += 1
-    if lead:
-        kw["n_cpu_moe"] = max(int(r[1]) for r in rules[:lead])
-    overrides: list[tuple[str, str]] = []
-    for r in rules[lead:]:
-        if r[0] == "ncmoe":
-            overrides.extend(_per_layer_rules("--n-cpu-moe", int(r[1]), FFN_EXPS_REGEX))
-        else:
-            overrides.append((str(r[0]), str(r[1])))
-    if overrides:
-        kw["tensor_overrides"] = tuple(overrides)
+    kw.update(_placement_rules(rules))
     if "devices" not in kw and kw.get("n_gpu_layers", 0) != 0:
         warnings.append("no -dev: priced for the CPU only; pass -dev CUDA0 (...) to price GPU placement")
     return ServerCommand(model, LoadConfig(**kw), tuple(warnings), tuple(graph_args))  # type: ignore[arg-type]

@@ -200,44 +200,30 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> Placement:
     (ignored under ``-nr``, ``cfg.repack`` False)."""
     if not cfg.repack:
         host = NO_EXTRAS
-    warnings: list[str] = []
     rules = compile_overrides(cfg.tensor_overrides, tuple(cfg.devices))
-    n_all = s.n_layer + 1
-    ngl = cfg.n_gpu_layers
-    if ngl < 0:
-        ngl = n_all
-    elif ngl > n_all:
-        warnings.append(f"-ngl {cfg.n_gpu_layers} is more than the {n_all} offloadable layers "
-                        f"({s.n_layer} + output); clamped to {n_all}")
-        ngl = n_all
+    ngl, warnings = _clamped_ngl(s, cfg)
     devices = tuple(cfg.devices)
-    if not devices:
-        ngl_eff = 0
-    else:
-        ngl_eff = ngl
-    layer_dev, out_dev = layer_devices(s.n_layer, ngl_eff, devices, cfg.tensor_split)
-
+    layer_dev, out_dev = layer_devices(s.n_layer, ngl if devices else 0, devices, cfg.tensor_split)
     host_buft = host_buffer_name(devices) if devices else None
 
-    extra_bytes: dict[int, int] = {}  # id(tensor) -> bytes its extra buffer allocates for it
-
-    def cpu_buffer(t: TensorInfo) -> str:
+    def cpu_buffer(t: TensorInfo) -> tuple[str, int]:
+        """(buffer, bytes it allocates for ``t``) for a weight on the host."""
         if host_buft is not None:
-            return "CPU_Mapped" if cfg.mmap else host_buft
+            return ("CPU_Mapped" if cfg.mmap else host_buft), t.nbytes
         got = host.place(t.name, t.ggml_type, t.shape, t.nbytes)
         if got is not None:
-            extra_bytes[id(t)] = got[1]
-            return got[0]
-        return "CPU_Mapped" if cfg.mmap else "CPU"
+            return got
+        return ("CPU_Mapped" if cfg.mmap else "CPU"), t.nbytes
 
-    def buffer_of(t: TensorInfo, dev: str, name: str | None = None) -> tuple[str, str]:
-        """(buffer, budget device) for ``t`` in a layer on ``dev``, after the overrides that match ``name``."""
+    def buffer_of(t: TensorInfo, dev: str, name: str | None = None) -> tuple[TensorInfo, str, str, int]:
+        """(t, buffer, budget device, bytes) for ``t`` in a layer on ``dev``, after the overrides matching ``name``."""
         buft = override_for(name or t.name, t.layer, t.expert, cfg.n_cpu_moe, rules)
         if buft is not None:
             dev = HOST if buft == CPU_BUFT else buft
-        return (cpu_buffer(t) if dev == HOST else dev), dev
+        buf, n = cpu_buffer(t) if dev == HOST else (dev, t.nbytes)
+        return t, buf, dev, n
 
-    assigned: list[tuple[TensorInfo, str, str]] = []  # (tensor, buffer, device)
+    assigned: list[tuple[TensorInfo, str, str, int]] = []  # (tensor, buffer, device, bytes allocated)
     for t in s.tensors:
         if s.n_layer_nextn and s.arch in MTP_SKIP_ARCHS and t.layer is not None and t.layer >= s.n_layer_trunk:
             continue  # MTP blocks: llama-server loads them only for MTP speculative decoding (TENSOR_SKIP)
@@ -248,10 +234,10 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> Placement:
             copies = (layer_dev[0],) if with_layers == "first" else tuple(dict.fromkeys(layer_dev))
             placed: set[str] = set()
             for dev in copies:  # one copy per buffer: a duplicate in a buffer already holding it is reused
-                buf, bdev = buffer_of(t, dev)
-                if buf not in placed:
-                    placed.add(buf)
-                    assigned.append((t, buf, bdev))
+                got = buffer_of(t, dev)
+                if got[1] not in placed:
+                    placed.add(got[1])
+                    assigned.append(got)
             continue
         if role == "layer":
             dev = layer_dev[t.layer] if t.layer is not None and t.layer < s.n_layer else HOST
@@ -259,23 +245,39 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> Placement:
             dev = out_dev
         else:
             dev = HOST
-        buf, bdev = buffer_of(t, dev)
-        assigned.append((t, buf, bdev))
+        assigned.append(buffer_of(t, dev))
     if s.tied_output:
         te = s.tensor("token_embd.weight")
         if te is not None:
             dup = TensorInfo("output.weight", te.ggml_type, te.shape, te.nbytes, te.offset, None, False)
             # the copy is created as token_embd.weight (TENSOR_DUPLICATED) in the output layer's buffer list
-            dup_buf, dup_dev = buffer_of(dup, out_dev, "token_embd.weight")
-            te_buf = next(buf for t, buf, _ in assigned if t is te)
-            if dup_buf != te_buf:  # in the same buffer the loader reuses token_embd itself
-                assigned.append((dup, dup_buf, dup_dev))
+            got = buffer_of(dup, out_dev, "token_embd.weight")
+            te_buf = next(buf for t, buf, _, _ in assigned if t is te)
+            if got[1] != te_buf:  # in the same buffer the loader reuses token_embd itself
+                assigned.append(got)
+    return Placement(n_gpu_layers=ngl, layer_device=layer_dev, output_device=out_dev,
+                     tensor_buffer=tuple((t.name, buf) for t, buf, _, _ in assigned),
+                     buffers=_buffers(assigned, devices), warnings=tuple(warnings))
 
+
+def _clamped_ngl(s: GgufStructure, cfg: LoadConfig) -> tuple[int, list[str]]:
+    """-ngl as llama.cpp applies it: -1 is every layer, more than the layers plus output is clamped (said)."""
+    n_all = s.n_layer + 1
+    if cfg.n_gpu_layers < 0:
+        return n_all, []
+    if cfg.n_gpu_layers > n_all:
+        return n_all, [f"-ngl {cfg.n_gpu_layers} is more than the {n_all} offloadable layers "
+                       f"({s.n_layer} + output); clamped to {n_all}"]
+    return cfg.n_gpu_layers, []
+
+
+def _buffers(assigned: list[tuple[TensorInfo, str, str, int]], devices: tuple[str, ...]) -> tuple[Buffer, ...]:
+    """The model buffers the assigned weights make: the mapped file span, and each other buffer's padded sum."""
     sizes: dict[str, int] = {}
     mapped_first: int | None = None
     mapped_last = 0
     seen_mapped: set[int] = set()
-    for t, buf, dev in assigned:
+    for t, buf, dev, n in assigned:
         if buf == "CPU_Mapped":
             if t.offset in seen_mapped:
                 continue
@@ -285,18 +287,10 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> Placement:
         elif dev != HOST:
             sizes[buf] = sizes.get(buf, 0) + _gpu_alloc(t, dev)
         else:
-            sizes[buf] = sizes.get(buf, 0) + pad(extra_bytes.get(id(t), t.nbytes), CPU_TENSOR_ALIGNMENT)
+            sizes[buf] = sizes.get(buf, 0) + pad(n, CPU_TENSOR_ALIGNMENT)
     buffers: list[Buffer] = []
     if mapped_first is not None:
         buffers.append(Buffer("CPU_Mapped", HOST, mapped_last - mapped_first, mapped=True))
     for name in sorted(sizes):
-        dev = HOST if is_host_buffer(name, devices) else name
-        buffers.append(Buffer(name, dev, sizes[name]))
-    return Placement(
-        n_gpu_layers=ngl,
-        layer_device=layer_dev,
-        output_device=out_dev,
-        tensor_buffer=tuple((t.name, buf) for t, buf, _ in assigned),
-        buffers=tuple(buffers),
-        warnings=tuple(warnings),
-    )
+        buffers.append(Buffer(name, HOST if is_host_buffer(name, devices) else name, sizes[name]))
+    return tuple(buffers)

@@ -154,12 +154,7 @@ class LiveEffects:
             for attempt in (1, 2, 3):
                 # The port is free when chosen but another process may take it first; the engine then fails to
                 # bind at once, before it reads a weight, and one retry on a new port is enough.
-                seat = SeatState(
-                    id=uuid.uuid4().hex[:12], key=key, entry=entry, engine=entry.engine, config=cfg, model_path=path,
-                    port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
-                    started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
-                    strategy=plan.action, split=plan.split, pinned=entry.pinned,
-                    predicted_overhead=sup.prices.torch_overhead_for(cfg.loras) if path.is_dir() else None)
+                seat = self._new_seat(key, entry, cfg, path, predicted, plan)
                 spec = sup.launch_spec(entry, path, cfg, seat.port)
                 sup.seats[key] = seat
                 await spawn(seat, spec)
@@ -223,6 +218,16 @@ class LiveEffects:
         finally:
             recorded.set_result(None)
 
+
+    def _new_seat(self, key: str, entry: Any, cfg: Any, path: Path, predicted: Any, plan: pl.Plan) -> SeatState:
+        """The record of a seat about to start: a fresh port and log, its price and signature."""
+        sup = self.sup
+        return SeatState(
+            id=uuid.uuid4().hex[:12], key=key, entry=entry, engine=entry.engine, config=cfg, model_path=path,
+            port=sup.ports(), log_path=sup.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log",
+            started_at=sup.clock(), predicted=predicted, signature=sup.prices.signature(path, cfg),
+            strategy=plan.action, split=plan.split, pinned=entry.pinned,
+            predicted_overhead=sup.prices.torch_overhead_for(cfg.loras) if path.is_dir() else None)
 
     async def _fail_load(self, waiter: Waiter, plan: pl.Plan, seat: SeatState, argv: list[str], res: StopResult,
                          e: LoadFailed, crash: RepackCrash | None, t0: float) -> None:
