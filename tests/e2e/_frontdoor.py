@@ -93,3 +93,17 @@ def history(fd: FrontDoor, *, key: str | None = None, limit: int = 1000, **param
     r = httpx.get(fd.base_url + "/v1/models/history", params={"limit": limit, **params}, headers=headers, timeout=60)
     r.raise_for_status()
     return r.json()["data"]
+
+
+def poll(fn, what: str, timeout: float = 60.0):
+    """Wait for an observable condition of a server we do not own (its state over HTTP): the first truthy result."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _frontdoor import FrontDoor, engine_pids_of, front_door, history
+from _frontdoor import poll, FrontDoor, engine_pids_of, front_door, history
 from _models import medium_host_bytes, swap_models
 
 pytestmark = pytest.mark.e2e
@@ -41,18 +41,6 @@ def _request_log(door: FrontDoor) -> list[dict]:
         if i >= 0:
             out.append(json.loads(line[i:]))
     return out
-
-
-def _poll(fn, what: str, timeout: float = 60.0):
-    """Wait for an observable condition of a server we do not own (its state over HTTP)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = fn()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_eight_clients_three_models_no_thrash(tmp_path: Path, models_dir: Path) -> None:
@@ -109,12 +97,12 @@ def test_clients_killed_while_queued_cause_no_further_loads(tmp_path: Path, mode
         assert httpx.post(door.base_url + "/v1/models/med-a/load", timeout=300).status_code == 200
         clients = [subprocess.Popen([sys.executable, "-c", CLIENT, door.base_url, "med-b"]) for _ in range(4)]
         try:
-            _poll(lambda: _waiting(door).get("med-b") == 4, "4 requests queued for med-b")
+            poll(lambda: _waiting(door).get("med-b") == 4, "4 requests queued for med-b")
         finally:
             for c in clients:
                 c.kill()
                 c.wait()
-        _poll(lambda: not _waiting(door), "the queue to empty once its clients are gone")
+        poll(lambda: not _waiting(door), "the queue to empty once its clients are gone")
         # med-a leaves; had any med-b request stayed queued, its load would now come first (one placement at a
         # time, oldest request first) and precede the small model's
         assert httpx.post(door.base_url + "/v1/models/med-a/unload", timeout=300).status_code == 200
@@ -141,11 +129,11 @@ def test_sigterm_with_queued_and_in_flight_requests_stops_cleanly(tmp_path: Path
             return r, time.monotonic()
 
         in_flight = [pool.submit(call, "med-a", 24) for _ in range(2)]
-        _poll(lambda: any(r["in_flight"] == 2 for r in
+        poll(lambda: any(r["in_flight"] == 2 for r in
                           httpx.get(door.base_url + "/v1/models/residents", timeout=30).json()["data"]),
               "2 requests in flight on med-a")
         queued = [pool.submit(call, "med-b", 2) for _ in range(16)]
-        _poll(lambda: _waiting(door).get("med-b") == 16, "16 requests queued for med-b")
+        poll(lambda: _waiting(door).get("med-b") == 16, "16 requests queued for med-b")
         t0 = time.monotonic()
         door.proc.send_signal(signal.SIGTERM)
         rc = door.proc.wait(timeout=grace + 60)

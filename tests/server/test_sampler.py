@@ -53,11 +53,11 @@ def test_a_gone_seat_is_unavailable_with_its_reason(holder) -> None:
 
 def test_peaks_only_grow_and_the_drop_is_from_the_baseline() -> None:
     w = Window("s1", "m", "llama-server", {"n_ctx": 4096}, 10.0, 1000 * MiB, "the host reading before")
-    w = fold(w, SeatReading(100 * MiB, 110 * MiB, "smaps_rollup", "", None, "unavailable, because no GPU"),
+    w = fold(w, SeatReading(100 * MiB, 110 * MiB, 60 * MiB, "smaps_rollup", "", None, "unavailable, because no GPU"),
              900 * MiB, "", 0)
-    w = fold(w, SeatReading(None, None, "unavailable", "unavailable, because it exited", None, "no GPU"),
+    w = fold(w, SeatReading(None, None, None, "unavailable", "unavailable, because it exited", None, "no GPU"),
              700 * MiB, "", 1)
-    w = fold(w, SeatReading(90 * MiB, 95 * MiB, "smaps_rollup", "", None, "no GPU"), 950 * MiB, "", 0)
+    w = fold(w, SeatReading(90 * MiB, 95 * MiB, 50 * MiB, "smaps_rollup", "", None, "no GPU"), 950 * MiB, "", 0)
     p = close(w, 20.0)
     assert p.samples == 3 and p.peak_pss_bytes == 100 * MiB and p.peak_rss_bytes == 110 * MiB
     assert p.peak_available_drop_bytes == 300 * MiB  # 1000 before the seat, 700 at the lowest

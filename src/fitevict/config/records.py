@@ -67,6 +67,8 @@ class BudgetConfig:
     gpu_limit: int | None = None  # bytes per GPU; None = the device's
     ram_reserve: int = 1 * GiB
     gpu_reserve: int = 512 * MiB
+    yield_to_others: bool = True  # stop idle seats when other programs take the reserve (fitevict.pressure)
+    pressure_margin: int = 256 * MiB  # hysteresis: under pressure below reserve, calm again at reserve + margin
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,10 @@ class PolicyConfig:
     min_residency_seconds: float = 1.0  # never evicted this soon after its load
     engine_queue_depth: int | None = None  # handed to a seat beyond its slots (None: one batch); the rest wait here
     shutdown_grace_seconds: float = 10.0  # SIGTERM: in-flight requests get this long, then are cut
+    shrink_ctx: bool = False  # load with the largest context that fits when the asked one does not, if the request fits
+    prompt_cache: bool = True  # llama-server seats: save long prompts' KV before a stop, restore it on the next load
+    prompt_cache_min_tokens: int = 1024  # a slot's prompt is saved only from this many tokens
+    prompt_cache_disk: int = 4 * GiB  # saved prompts kept on disk, all models together (never past free disk - 1 GiB)
 
 
 def _empty_mapping() -> Mapping[str, Any]:

@@ -50,6 +50,8 @@ _KEYS: tuple[_Key, ...] = (
     _Key("budget.gpu_limit", _size(optional=True), env="FITEVICT_GPU_LIMIT"),
     _Key("budget.ram_reserve", _size(optional=False)),
     _Key("budget.gpu_reserve", _size(optional=False)),
+    _Key("budget.yield_to_others", _bool, env="FITEVICT_YIELD_TO_OTHERS"),
+    _Key("budget.pressure_margin", _size(optional=False)),
     _Key("policy.idle_unload_seconds", _seconds(positive=False), env="FITEVICT_IDLE_UNLOAD_SECONDS"),
     _Key("policy.max_queue", _int(1)),
     _Key("policy.queue_timeout_seconds", _seconds(positive=True)),
@@ -61,6 +63,10 @@ _KEYS: tuple[_Key, ...] = (
     _Key("policy.min_residency_seconds", _seconds(positive=False)),
     _Key("policy.engine_queue_depth", _int_or("slots", 0)),
     _Key("policy.shutdown_grace_seconds", _seconds(positive=False)),
+    _Key("policy.shrink_ctx", _bool, env="FITEVICT_SHRINK_CTX"),
+    _Key("policy.prompt_cache", _bool, env="FITEVICT_PROMPT_CACHE"),
+    _Key("policy.prompt_cache_min_tokens", _int(1)),
+    _Key("policy.prompt_cache_disk", _size(optional=False)),
 )
 _BY_KEY: dict[str, _Key] = {k.key: k for k in _KEYS}
 _SECTIONS = ("server", "engine", "budget", "policy")

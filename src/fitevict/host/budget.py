@@ -84,8 +84,9 @@ def measure_budget(
     return Budget(tuple(devices), tuple(notes))
 
 
-def budget_from_config(b: Any, nvml: NvmlLike | None = None, *, held: Mapping[str, int] | None = None) -> Budget:
+def budget_from_config(b: Any, nvml: NvmlLike | None = None, *, held: Mapping[str, int] | None = None,
+                       held_source: str = "measured residents") -> Budget:
     """The machine now under the config's ``[budget]`` section (a ``BudgetConfig``): the one way every caller
     (the supervisor, ``fitevict serve``'s start check, ``fitevict plan``) turns the config into a Budget."""
     return measure_budget(ram_limit=b.ram_limit, gpu_limit=b.gpu_limit, ram_reserve=b.ram_reserve,
-                          gpu_reserve=b.gpu_reserve, nvml=nvml, held=held)
+                          gpu_reserve=b.gpu_reserve, nvml=nvml, held=held, held_source=held_source)

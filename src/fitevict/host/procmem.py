@@ -163,3 +163,34 @@ def read_tree(pid: int, *, proc: Path = PROC) -> ProcessMemory:
         source,  # type: ignore[arg-type]
         "; ".join(reasons),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class OtherProcess:
+    """One process that is not fitevict's, by the host memory it holds (PSS: committed + mapped)."""
+
+    pid: int
+    name: str
+    bytes: int
+    source: MemSource
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "name": self.name, "bytes": self.bytes, "source": self.source}
+
+
+def largest_processes(exclude: set[int], n: int = 5, *, proc: Path = PROC) -> list[OtherProcess]:
+    """The ``n`` processes holding most host memory, leaving out ``exclude`` (fitevict and its seats). A process
+    whose memory cannot be read (another user's, or gone) is skipped: it is not counted as 0."""
+    out: list[OtherProcess] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) in exclude:
+            continue
+        m = read_process(int(entry.name), proc=proc)
+        if m.host_bytes is None or m.host_bytes == 0:
+            continue
+        try:
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            name = "?"
+        out.append(OtherProcess(int(entry.name), name, m.host_bytes, m.source))
+    return sorted(out, key=lambda p: -p.bytes)[:n]

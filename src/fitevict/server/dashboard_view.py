@@ -20,7 +20,7 @@ from fitevict.store.records import Event
 from fitevict.server.labels import history_sources
 from fitevict.units import format_size
 
-TIMELINE_EVENTS = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan", "leak")
+TIMELINE_EVENTS = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan", "leak", "pressure")
 
 
 _PALETTE: dict[str, str] = {}
@@ -212,7 +212,8 @@ def timeline(events: Sequence[Event]) -> str:
                if d is not None else "")
         src = history_sources(e)  # every figure's label follows the event's own data
         bytes_, source = (
-            (f"freed {_size(e.freed_bytes)}", src["freed"]) if e.event in ("evict", "unload", "idle-unload", "crash")
+            (f"freed {_size(e.freed_bytes)}", src["freed"]) if e.event in ("evict", "unload", "idle-unload", "crash",
+                                                                            "pressure")
             else (f"host {_size(e.host_bytes)}", src["host"]) if e.event == "load"
             else (f"needs {_size(e.predicted_bytes)}", src["predicted"]) if e.event == "refuse" else ("", ""))
         out.append(

@@ -123,6 +123,13 @@ class Metrics:
                                registry=r)
         self.leaks = Counter("fitevict_leaks_total", "Stops whose memory was not verified to come back",
                              ["model", "reason"], registry=r)
+        self.pressure = Counter("fitevict_pressure_events_total", "Times free memory fell below a device's reserve "
+                                "because of other programs (or the residents), by whether idle seats were stopped",
+                                ["reason"], registry=r)
+        self.others = Gauge("fitevict_others_bytes", "Memory held by programs that are not fitevict's, by device "
+                            "(total - free - held)", ["device"], registry=r)
+        self.under_pressure = Gauge("fitevict_under_pressure", "1 while a device is under memory pressure",
+                                    ["device"], registry=r)
         self.load_seconds = Histogram("fitevict_load_seconds", "Seconds from starting an engine to its seat being "
                                       "ready", ["model", "engine"], buckets=LOAD_BUCKETS, registry=r)
         self.release_seconds = Histogram("fitevict_release_seconds", "Seconds from a seat's exit until its memory "
@@ -141,6 +148,8 @@ class Metrics:
         leak = leak_reason(ev)
         if leak is not None and ev.event != "leak":
             self.leaks.labels(model, leak).inc()
+        if ev.event == "pressure":
+            self.pressure.labels("stopped idle seats" if ev.details.get("stopped") else "nothing idle").inc()
         if ev.event == "load" and ev.seconds is not None:
             self.load_seconds.labels(model, ev.engine or "-").observe(ev.seconds)
         released = ev.details.get("release_seconds")
@@ -149,9 +158,12 @@ class Metrics:
 
     def collect(self, budget: Any, residents: list[dict]) -> None:
         """Set the gauges from a budget reading (``Supervisor.budget()``) and ``Supervisor.resident_views()``."""
-        for g in (self.budget, self.free, self.reserve, self.total_bytes, self.resident):
+        for g in (self.budget, self.free, self.reserve, self.total_bytes, self.resident, self.others,
+                  self.under_pressure):
             g.clear()
         for d in budget.devices:
+            self.others.labels(d.name).set(d.others_bytes)
+            self.under_pressure.labels(d.name).set(1 if "pressure" in d.reserve.source else 0)
             self.budget.labels(d.name, d.budget_source).set(d.budget_bytes)
             self.free.labels(d.name, d.free.source).set(d.free.bytes)
             self.reserve.labels(d.name, d.reserve.source).set(d.reserve.bytes)

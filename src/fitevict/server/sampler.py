@@ -34,6 +34,7 @@ class SeatReading:
 
     pss_bytes: int | None
     rss_bytes: int | None
+    committed_bytes: int | None  # Pss_Anon + Pss_Shmem: what the host gets back when the seat stops
     pss_source: str
     pss_reason: str
     gpu_bytes: int | None
@@ -114,13 +115,14 @@ def _read(seats: list[tuple[str, int]], nvml: Any) -> tuple[int | None, str, dic
             why = f"unavailable, because {tree.reason}"
         else:
             pss, rss, why = tree.host_bytes, tree.rss_bytes, ""
+        committed = tree.committed_bytes
         if gpus is None or not gpus.available:
             gpu, gpu_why = None, f"unavailable, because {gpus.reason if gpus else 'no reading'}"
         else:
             used = gpus.used_by(set(tree.pids))
             gpu = None if any(v is None for v in used.values()) else sum(v or 0 for v in used.values())
             gpu_why = "" if gpu is not None else "unavailable, because NVML does not attribute memory to the seat"
-        out[seat_id] = SeatReading(pss, rss, tree.source, why, gpu, gpu_why)
+        out[seat_id] = SeatReading(pss, rss, committed, tree.source, why, gpu, gpu_why)
     return available, available_reason, out
 
 
@@ -174,6 +176,8 @@ class MemorySampler:
             s.observe("CPU", readings[seat_id].pss_bytes)  # the seat's peak over its life (the residents view)
         if available is not None:
             self._last_available = available
+        # memory pressure from other programs: the seats' committed bytes now are what fitevict holds
+        await self.sup.pressure.check({s.key: readings[i].committed_bytes for i, s in live.items()})
 
     async def _store(self, w: Window, now: float) -> None:
         await self.store.awrite(op_put_peaks(close(w, now)))

@@ -117,9 +117,22 @@ def _m0001_initial(conn: Connection) -> None:
 V1_EVENTS: tuple[str, ...] = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan")
 
 
+V2_EVENTS: tuple[str, ...] = (*V1_EVENTS[:5], "reject", *V1_EVENTS[5:], "leak")
+
+
 def _m0002_events_vocabulary(conn: Connection) -> None:
     """``reject`` (a measurement the guard refused) and ``leak`` join the history vocabulary."""
-    vocabulary = ", ".join(f"'{e}'" for e in EVENTS)  # constants, not user input
+    _events_vocabulary(conn, V2_EVENTS)
+
+
+def _m0004_pressure_event(conn: Connection) -> None:
+    """``pressure`` (memory given back to other programs) joins the history vocabulary."""
+    _events_vocabulary(conn, EVENTS)
+
+
+def _events_vocabulary(conn: Connection, events: Sequence[str]) -> None:
+    """Replace the events table's CHECK with one for ``events``."""
+    vocabulary = ", ".join(f"'{e}'" for e in events)  # constants, not user input
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("ALTER TABLE events DROP CONSTRAINT ck_events_event"))
         conn.execute(sa.text(f"ALTER TABLE events ADD CONSTRAINT ck_events_event CHECK (event IN ({vocabulary}))"))
@@ -168,6 +181,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", _m0001_initial),
     Migration(2, "events vocabulary: reject, leak", _m0002_events_vocabulary),
     Migration(3, "seat_peaks", _m0003_seat_peaks),
+    Migration(4, "events vocabulary: pressure", _m0004_pressure_event),
 )
 
 _md = sa.MetaData()

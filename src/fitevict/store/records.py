@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EVENTS: tuple[str, ...] = ("load", "evict", "unload", "idle-unload", "fail", "reject", "refuse", "crash", "orphan",
-                           "leak")
+                           "leak", "pressure")
 """The history vocabulary. Anything else is refused, by the record and by the table's CHECK."""
 
 _EVENT_BYTE_FIELDS: tuple[str, ...] = (

@@ -35,6 +35,7 @@ from fitevict.store.records import Event, Seat as SeatRecord
 from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.errors import Busy
 from fitevict.supervisor.measure import mem_json
+from fitevict.supervisor.neighbours import PressureWatch
 from fitevict.supervisor.orphans import cleanup_orphans
 from fitevict.supervisor.learned import (PEFT_OVERHEAD_KEY, TORCH_OVERHEAD_KEY, overhead_key, plan_policy,
                                         prime_price_book)
@@ -128,6 +129,7 @@ class Supervisor:
         self.summary: ShutdownSummary | None = None
         self._shutdown: asyncio.Future | None = None
         self._hurry = asyncio.Event()
+        self.pressure = PressureWatch(self)
 
     @property
     def engine_overhead(self) -> dict[str, int]:
@@ -279,7 +281,7 @@ class Supervisor:
         """The planner over a fresh budget reading (what ``Effects.plan`` does)."""
         path = self.path_for(request)
         policy = plan_policy(self.config)
-        budget = self._budget_fn()
+        budget = self.budget()
         self._last_budget = budget
         return pl.plan(request, residents, budget, lambda _k, c: self.prices.footprint(path, c), policy, self.clock())
 
@@ -295,8 +297,8 @@ class Supervisor:
         return self.fx.plan(req, self.scheduler._residents(now if now is not None else self.clock()))
 
     def budget(self) -> Budget:
-        """The budget as the planner would see it now (a fresh reading)."""
-        return self._budget_fn()
+        """The budget as the planner would see it now (a fresh reading; under memory pressure, with the margin)."""
+        return self.pressure.planning_budget(self._budget_fn())
 
     def last_budget_json(self) -> dict | None:
         """The budget snapshot the last plan was made against, with every figure's source."""
@@ -391,12 +393,20 @@ class Supervisor:
     async def unload(self, key: str, *, reason: str = "unloaded on request") -> StopResult | None:
         """Stop ``key`` once its requests in flight finish; returns the verified stop, or None if not resident."""
         target = seat_key(self.catalog.resolve(key))  # an adapter's seat is its base's
-        fut = asyncio.get_running_loop().create_future()
-        self._stop_waiters.setdefault(target, []).append(fut)
+        fut = self.stop_future(target)
         if not self.scheduler.unload(target, reason):
-            self._stop_waiters[target].remove(fut)
+            self.forget_stop_future(target, fut)
             return None
         return await fut
+
+    def stop_future(self, key: str) -> asyncio.Future:
+        """A future that gets ``key``'s StopResult when its next stop finishes."""
+        fut = asyncio.get_running_loop().create_future()
+        self._stop_waiters.setdefault(key, []).append(fut)
+        return fut
+
+    def forget_stop_future(self, key: str, fut: asyncio.Future) -> None:
+        self._stop_waiters.get(key, []).remove(fut)
 
     def stopped(self, key: str, result: StopResult) -> None:
         """A seat's stop finished (effects call this): tell the scheduler, and whoever waits for it."""

@@ -24,7 +24,7 @@ from fitevict.loadreport import seat_load_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.crash import RepackCrash, retry_without_repack
-from fitevict.supervisor.errors import LoadFailed, Refused, SupervisorError
+from fitevict.supervisor.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
 from fitevict.supervisor.release import StopResult, stop_and_verify
@@ -89,17 +89,24 @@ class LiveEffects:
             asyncio.get_running_loop().call_soon(self.sup.scheduler.finished, key)
 
     def reject(self, waiter: Waiter, error: SupervisorError) -> None:
+        refused = error if isinstance(error, Refused) else None
+        if refused is not None and self.sup.pressure.under:  # it may fit once other programs let go: 503, retry
+            relief = self.sup.pressure.last
+            error = Busy(f"{refused.plan.reason}; under memory pressure from other programs "
+                         f"({relief.reason() if relief else 'free memory below the reserve'}): retry once they let "
+                         f"go of it", retry_after=10)
         fut = self.sup.futures.pop(waiter, None)
         if fut is not None and not fut.done():
             fut.set_exception(error)
             fut.exception()  # retrieved here: a waiter that already left must not log "never retrieved"
-        if isinstance(error, Refused):
-            plan = error.plan
+        if refused is not None:
+            plan = refused.plan
             needed = sum(plan.needed_bytes.values()) if plan.needed_bytes else None
             task = self._spawn_task(self.sup.record(Event(
                 time=self.sup.clock(), event="refuse", model=waiter.key, engine=self.sup.engine_name(waiter.key),
                 reason=plan.reason, request_id=waiter.request_id, predicted_bytes=needed,
-                details={"plan": plan.to_json()})), "record-refuse")
+                details={"plan": plan.to_json(), "under_pressure": sorted(self.sup.pressure.under)})),
+                "record-refuse")
             self.recording.add(task)  # history and metrics readers settle it
             task.add_done_callback(self.recording.discard)
 

@@ -248,6 +248,17 @@ class Scheduler:
         self._pump()
         return True
 
+    def relieve(self, key: str, reason: str) -> bool:
+        """Stop ``key`` now to give memory back to other programs (``fitevict.pressure``), only when it is idle:
+        ready, nothing in flight or queued for it, not pinned. False when it is not (it is left alone)."""
+        s = self.slots.get(key)
+        if s is None or s not in self.idle():
+            return False
+        s.phase = Phase.STOPPING
+        self.fx.stop(key, "evict", reason, None)
+        self._pump()
+        return True
+
     def close(self, reason: str = "shutting down") -> list[Waiter]:
         """Take no new work: every queued request is answered busy, every load is cancelled."""
         self.closed = reason
@@ -270,6 +281,11 @@ class Scheduler:
 
     def waiting(self, key: str | None = None) -> int:
         return sum(1 for w in self.queue if key is None or w.key == key)
+
+    def idle(self) -> list[Slot]:
+        """Seats that serve nobody now and may be stopped: ready, nothing in flight or queued, not pinned."""
+        return [s for s in self.slots.values() if s.phase is Phase.READY and not s.in_flight and not s.pinned
+                and not any(self._serves(s, w) for w in self.queue)]
 
     def idle_due_at(self, s: Slot) -> float | None:
         """When ``s`` falls due for an idle unload (None: never)."""

@@ -1,0 +1,96 @@
+"""Memory pressure from another program, with real processes: a hog that allocates and touches memory makes a real
+``fitevict serve`` stop its idle seat (not the one serving a request), answer a load that would not fit with 503
+and the reason, record a ``pressure`` event with the figures, and load normally again once the hog exits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _frontdoor import poll, front_door, history
+from _models import swap_models
+
+from fitevict.host.procmem import read_meminfo
+from fitevict.units import GiB
+
+pytestmark = pytest.mark.e2e
+
+ROOM = 1 * GiB  # what fitevict may fill when the test starts: free memory above the reserve
+HOG = 2 * GiB  # more than the room: free memory falls below the reserve
+
+HOG_CODE = """
+import mmap, sys, time
+n = int(sys.argv[1])
+print(time.time(), flush=True)
+m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)  # every page touched now
+print(time.time(), flush=True)
+sys.stdin.read()
+"""
+
+
+def _residents(base: str) -> dict[str, dict]:
+    return {r["key"]: r for r in httpx.get(base + "/v1/models/residents", timeout=30).json()["data"]}
+
+
+def _chat(base: str, model: str, max_tokens: int = 2, **extra) -> httpx.Response:
+    return httpx.post(base + "/v1/chat/completions", timeout=300, json={
+        "model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}], **extra})
+
+
+def test_a_hog_makes_fitevict_give_back_its_idle_seat(zoo: dict, tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    models = swap_models(zoo, tmp_path / "models")
+    reserve = read_meminfo().available_bytes - ROOM
+    cfg = tmp_path / "f.toml"
+    cfg.write_text(f"[budget]\nram_reserve = {reserve}\npressure_margin = \"128MiB\"\n[server]\nsample_seconds = 0.2\n"
+                   "[policy]\nmin_residency_seconds = 0\nidle_unload_seconds = 0\n")
+    with front_door(tmp_path, "--models-dir", str(models), env={"FITEVICT_CONFIG": str(cfg)}) as door:
+        base = door.base_url
+        assert _chat(base, "llama-gqa").status_code == 200
+        busy: dict = {}
+
+        def long_request() -> None:  # in flight for many seconds: about 20 s of generation on this medium model
+            busy["response"] = _chat(base, "med-a", 3000, ignore_eos=True, fitevict={"ctx": 4096})
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        poll(lambda: _residents(base).get("med-a", {}).get("in_flight") == 1, "a request in flight on med-a", 300)
+        hog = subprocess.Popen([sys.executable, "-c", HOG_CODE, str(HOG)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            started = float(hog.stdout.readline())
+            grown = float(hog.stdout.readline())
+            ev = poll(lambda: history(door, event="pressure"), "a pressure event", 120)[0]
+            evicts = history(door, event="evict")
+            assert [e["model"] for e in evicts] == ["llama-gqa"]  # the idle seat, not the one in use
+            assert "memory pressure" in evicts[0]["reason"]
+            assert _residents(base)["med-a"]["in_flight"] == 1
+            during = _chat(base, "llama-gqa")
+            assert during.status_code == 503 and during.headers.get("retry-after")
+            assert "memory pressure" in during.json()["error"]["message"]
+            host = next(d for d in ev["details"]["devices"] if d["device"] == "CPU")
+            assert host["under"] and host["free_bytes"] < host["reserve_bytes"]
+            assert host["others_grew_bytes"] is not None and host["others_grew_bytes"] > ROOM // 2
+            assert "med-a" in ev["details"]["kept_in_use"]
+            assert [s["model"] for s in ev["details"]["stopped"]] == ["llama-gqa"]
+            assert any(p["pid"] == hog.pid for p in ev["details"]["largest_others"])
+            print(f"pressure: the hog grew {HOG} B in {grown - started:.2f} s; the decision came "
+                  f"{ev['details']['detected_at'] - grown:+.2f} s after it had grown; "
+                  f"{ev['time'] - grown:.2f} s to the stop's end; freed {ev['bytes']['freed']} B; {ev['reason']}; "
+                  f"release: {evicts[0]['details'].get('release_note')}; stopped {ev['details']['stopped']}")
+        finally:
+            hog.stdin.close()
+            hog.wait(30)
+        t.join(300)
+        assert busy["response"].status_code == 200  # the request in flight was never cut
+        poll(lambda: _chat(base, "llama-gqa").status_code == 200, "llama-gqa loading again after the hog", 60)
+        loads = [e["model"] for e in history(door, event="load")]
+        assert loads.count("llama-gqa") == 2
+        metrics = httpx.get(base + "/metrics", timeout=30).text
+        assert 'fitevict_pressure_events_total' in metrics

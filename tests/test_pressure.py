@@ -1,0 +1,111 @@
+"""The memory-pressure rule (fitevict.pressure): when a device is under pressure, with hysteresis, and which idle
+seats give memory back, cheapest first; and the scheduler's side (only idle seats are stopped)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fitevict.budget import Budget
+from fitevict.pressure import Idle, assess, strained
+from fitevict.pricing.footprint import HOST
+from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
+from fitevict.units import GiB, MiB
+
+from tests.supervisor.schedsim import Recorder, request
+
+MARGIN = {HOST: 256 * MiB}
+
+
+def host(free: int, held: int = 0, reserve: int = 1 * GiB) -> Budget:
+    return Budget.declared({HOST: {"total": 16 * GiB, "free": free, "reserve": reserve, "held": held}})
+
+
+def idle(key: str, mib: int, priority: float = 1.0, last_used: float = 0.0) -> Idle:
+    return Idle(key, {HOST: mib * MiB}, priority, last_used)
+
+
+def test_calm_above_the_reserve_and_nothing_stops() -> None:
+    r = assess(host(2 * GiB), MARGIN, frozenset(), [idle("a", 500)], "cost")
+    assert r.under == frozenset() and r.victims == () and "no memory pressure" in r.reason()
+
+
+def test_below_the_reserve_stops_cheapest_idle_until_reserve_plus_margin() -> None:
+    # free 700 MiB, reserve 1 GiB, margin 256 MiB: 580 MiB to free
+    seats = [idle("dear", 400, priority=9.0), idle("cheap", 300, priority=1.0), idle("mid", 300, priority=5.0)]
+    r = assess(host(700 * MiB, held=1000 * MiB), MARGIN, frozenset(), seats, "cost")
+    assert r.under == {HOST}
+    assert [v.key for v in r.victims] == ["cheap", "mid"]
+    assert r.strain(HOST).need == 1024 * MiB + 256 * MiB - 700 * MiB
+    assert r.short == {}
+
+
+def test_lru_orders_by_last_use() -> None:
+    seats = [idle("old", 300, priority=9.0, last_used=1.0), idle("new", 300, priority=1.0, last_used=5.0)]
+    r = assess(host(1000 * MiB), MARGIN, frozenset(), seats, "lru")
+    assert [v.key for v in r.victims] == ["old"]
+
+
+def test_hysteresis_enter_below_reserve_leave_at_reserve_plus_margin() -> None:
+    edge = 1 * GiB + 100 * MiB  # above the reserve, below reserve + margin
+    assert assess(host(edge), MARGIN, frozenset(), [], "cost").under == frozenset()  # calm stays calm
+    r = assess(host(edge), MARGIN, frozenset({HOST}), [idle("a", 500)], "cost")
+    assert r.under == {HOST} and [v.key for v in r.victims] == ["a"]  # pressure stays until reserve + margin
+    assert assess(host(1 * GiB + 256 * MiB), MARGIN, frozenset({HOST}), [], "cost").under == frozenset()
+
+
+def test_bytes_already_stopping_count_and_nothing_more_goes() -> None:
+    r = assess(host(900 * MiB), MARGIN, frozenset(), [idle("a", 500)], "cost", pending={HOST: 400 * MiB})
+    assert r.under == {HOST} and r.victims == ()
+
+
+def test_short_when_nothing_idle_is_left() -> None:
+    r = assess(host(500 * MiB), MARGIN, frozenset(), [idle("a", 100)], "cost")
+    assert [v.key for v in r.victims] == ["a"]
+    assert r.short == {HOST: 1024 * MiB + 256 * MiB - 500 * MiB - 100 * MiB}
+    assert "nothing idle left" in r.reason()
+
+
+def test_a_seat_holding_nothing_on_the_device_in_need_is_not_stopped() -> None:
+    b = Budget.declared({HOST: {"total": 16 * GiB, "free": 8 * GiB, "reserve": 1 * GiB},
+                         "CUDA0": {"total": 24 * GiB, "free": 100 * MiB, "reserve": 512 * MiB}})
+    gpu = Idle("gpu", {"CUDA0": 2 * GiB}, 5.0, 0.0)
+    r = assess(b, {HOST: 256 * MiB, "CUDA0": 256 * MiB}, frozenset(), [idle("ram", 900, 1.0), gpu], "cost")
+    assert r.under == {"CUDA0"} and [v.key for v in r.victims] == ["gpu"]
+
+
+def test_planning_budget_raises_the_reserve_only_under_pressure() -> None:
+    b = host(900 * MiB, held=2 * GiB)
+    assert b.device(HOST).budget_bytes > 256 * MiB
+    assert strained(b, frozenset(), MARGIN) is b
+    s = strained(b, frozenset({HOST}), MARGIN).device(HOST)
+    assert s.reserve.bytes == 1 * GiB + 256 * MiB and "pressure_margin" in s.reserve.source
+    assert s.budget_bytes == b.device(HOST).budget_bytes - 256 * MiB
+
+
+@given(free=st.integers(0, 4 * 1024), sizes=st.lists(st.integers(1, 2048), max_size=8), under=st.booleans())
+def test_victims_are_enough_or_all_and_never_more_than_needed(free: int, sizes: list[int], under: bool) -> None:
+    seats = [idle(f"s{i}", n, priority=float(i)) for i, n in enumerate(sizes)]
+    r = assess(host(free * MiB), MARGIN, frozenset({HOST}) if under else frozenset(), seats, "cost")
+    need = r.strain(HOST).need
+    got = sum(v.bytes[HOST] for v in r.victims)
+    if r.short:
+        assert len(r.victims) == len(seats) and got < need
+    else:
+        assert got >= need
+        if r.victims:  # the last victim was needed: without it the need was not met
+            assert got - r.victims[-1].bytes[HOST] < need
+
+
+def test_the_scheduler_stops_only_idle_seats() -> None:
+    fx = Recorder({"busy": 100 * MiB, "idle": 100 * MiB, "pinned": 100 * MiB}, 1 * GiB)
+    s = Scheduler(fx, SchedPolicy(min_residency_seconds=0))
+    for key in ("busy", "idle", "pinned"):
+        s.submit(Waiter(request(key, pinned=key == "pinned"), fx.t, key))
+        s.loaded(key, bytes={HOST: 100 * MiB}, bytes_source="measured", load_seconds=1.0)
+    s.finished("idle")
+    s.finished("pinned")
+    assert sorted(x.key for x in s.idle()) == ["idle"]
+    assert not s.relieve("busy", "pressure") and not s.relieve("pinned", "pressure")
+    assert s.relieve("idle", "memory pressure") and not s.relieve("idle", "again")
+    assert [c[1:4] for c in fx.kinds("stop")] == [("idle", "evict", "memory pressure")]
