@@ -18,7 +18,7 @@ STAGES: dict[str, int] = {
     "": 0, "units": 0, "paths": 0, "config": 0,
     "pricing": 1,
     "budget": 2, "planner": 2, "guard": 2,
-    "host": 3, "engines": 3, "store": 3, "zoo": 3, "catalog": 3, "catalog_adapters": 3, "catalog_files": 3,
+    "host": 3, "engines": 3, "store": 3, "stores": 3, "zoo": 3, "catalog": 3, "catalog_adapters": 3, "catalog_files": 3,
     "contract": 3, "report": 3,
     "loadreport": 4, "supervisor": 4,
     "server": 5, "cli": 5,
