@@ -133,3 +133,15 @@ def test_a_rescan_sees_a_new_store_model(home: Path) -> None:
     added, removed = cat.replace_with(catalog(home))
     assert added == ["third:latest"] and removed[0].startswith("sha256-")
     assert cat.resolve("lonely:v1").base == "third:latest"
+
+
+def test_defaults_and_the_system_message_fill_what_a_request_lacks(home: Path) -> None:
+    from fitevict.server.door import with_defaults
+
+    sql = catalog(home).resolve("sql")
+    body = {"messages": [{"role": "user", "content": "x"}], "temperature": 1}
+    assert with_defaults(sql, body)
+    assert body == {"messages": [{"role": "system", "content": "Answer in SQL."}, {"role": "user", "content": "x"}],
+                    "temperature": 1, "stop": ["```"]}
+    own = {"messages": [{"role": "system", "content": "mine"}], "stop": [], "temperature": 0}
+    assert not with_defaults(sql, own) and own["messages"] == [{"role": "system", "content": "mine"}]
