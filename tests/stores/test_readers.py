@@ -47,6 +47,7 @@ def test_ollama_names_layers_and_aliases(tmp_path: Path, files: dict[str, Path],
     assert [a.read_bytes() for a in sql.adapters] == [files["lora"].read_bytes()]
     assert dict(sql.params) == {"num_ctx": 2048, "stop": ["</s>"], "temperature": 0.2}
     assert sql.system == "Answer in SQL." and all(m.store == "ollama" and m.kind == "gguf" for m in scan.models)
+    assert any("llava:latest" in n and "GGUF's own chat template" in n for n in scan.notes), scan.notes
     assert tree(root) == before
 
 

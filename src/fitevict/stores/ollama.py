@@ -128,4 +128,9 @@ def read(root: Path) -> StoreScan:
             m = read_manifest(root, Path(dirpath) / tag, served_name(*parts, tag), notes)
             if m is not None:
                 models.append(m)
+    templated = [m.name for m in models if m.template]
+    if templated:
+        notes.append(f"{root}: {len(templated)} ollama model(s) carry a template layer ({', '.join(templated[:3])}"
+                     f"{', ...' if len(templated) > 3 else ''}), a Go template llama-server cannot use; each is served "
+                     "with its GGUF's own chat template")
     return StoreScan(STORE, root, tuple(models), tuple(notes))
