@@ -6,26 +6,16 @@ import json
 import os
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 
 from fitevict.catalog import Catalog, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import ConfigError, load_config
+from fitevict.zoo.stores import tiny_gguf
 
 
 def make_gguf(path: Path, *, tensors: int = 1, split_max_tensors: int = 0) -> list[Path]:
     """Write a valid GGUF (or a split of ``tensors`` parts); returns the files written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    before = set(path.parent.iterdir())
-    w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
-    for i in range(tensors):
-        w.add_tensor(f"blk.{i}.w", np.zeros((4, 8), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return sorted(set(path.parent.iterdir()) - before)
+    return tiny_gguf(path, tensors=tensors, split_max_tensors=split_max_tensors)
 
 
 def make_hf(folder: Path) -> Path:
@@ -36,11 +26,14 @@ def make_hf(folder: Path) -> Path:
     return folder
 
 
+NO_STORES = "ollama = false\nhf_cache = false\nlmstudio = false"  # this machine's own stores stay out
+
+
 def catalog_for(tmp_path: Path, toml: str = "", *dirs: Path) -> Catalog:
     """The catalog of a real config file (with models_dirs) read the way the server reads it."""
     cfg = tmp_path / "fitevict.toml"
     listed = ", ".join(json.dumps(str(d)) for d in dirs)
-    cfg.write_text(f"models_dirs = [{listed}]\n{toml}")
+    cfg.write_text(f"models_dirs = [{listed}]\n[stores]\n{NO_STORES}\n{toml}")
     return Catalog.from_config(load_config(cfg, env={}))
 
 

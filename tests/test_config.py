@@ -330,8 +330,22 @@ def test_alias_collisions_name_both(tmp_path, clean_env, toml, message) -> None:
 
 
 def test_bad_model_key(tmp_path, clean_env) -> None:
-    with pytest.raises(ConfigError, match=r"models\.'a/b'.*without whitespace or slashes"):
-        load_config(write(tmp_path, '[models."a/b"]\nctx = 1'), env=clean_env)
+    with pytest.raises(ConfigError, match=r"models\.'a b'.*without whitespace or backslashes"):
+        load_config(write(tmp_path, '[models."a b"]\nctx = 1'), env=clean_env)
+    # a store's names have slashes (org/name): such a key adjusts that model
+    assert load_config(write(tmp_path, '[models."Qwen/Qwen3-0.6B:Q8_0"]\nctx = 1'), env=clean_env).models
+
+
+def test_stores_are_on_by_default_and_set_by_file_or_variable(tmp_path, clean_env) -> None:
+    from fitevict.config import StoresConfig
+
+    assert load_config(env=clean_env).stores == StoresConfig(True, True, True)
+    c = load_config(write(tmp_path, '[stores]\nollama = false\nhf_cache = "hub"'),
+                    env={**clean_env, "FITEVICT_LMSTUDIO": "off"})
+    assert c.stores == StoresConfig(False, tmp_path / "hub", False)
+    assert load_config(env={**clean_env, "FITEVICT_HF_CACHE": "/x/hub"}).stores.hf_cache == Path("/x/hub")
+    with pytest.raises(ConfigError, match=r"stores\.ollama = 3 .*true .*false .*folder path"):
+        load_config(write(tmp_path, "[stores]\nollama = 3"), env=clean_env)
 
 
 def test_to_json_redacts_secrets(tmp_path, clean_env) -> None:

@@ -19,6 +19,7 @@ STAGES: dict[str, int] = {
     "pricing": 1,
     "budget": 2, "planner": 2, "guard": 2, "pressure": 2,
     "host": 3, "engines": 3, "store": 3, "zoo": 3, "catalog": 3, "catalog_adapters": 3, "catalog_files": 3,
+    "catalog_names": 3, "catalog_stores": 3, "stores": 3,
     "contract": 3, "report": 3,
     "loadreport": 4, "supervisor": 4,
     "server": 5, "cli": 5,

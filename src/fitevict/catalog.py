@@ -11,6 +11,11 @@ Keys (matched case-insensitively, spelled as found):
 - a Hugging Face hub cache (``models--owner--repo/snapshots/<rev>/``) is named ``repo`` / ``owner~repo``;
 - LoRA adapters (``<stem>.adapters/*.gguf`` beside a base, PEFT folders) are ``<base key>:<name>`` (catalog_adapters).
 
+The stores other tools keep (Ollama, the Hugging Face cache, LM Studio; fitevict.stores) follow the models dirs,
+under the names those tools use (``qwen2.5:7b``, ``org/name``, ``org/name:Q4_K_M``); what their stores say is used
+(catalog_stores), and a name one source already holds is reported in the notes. The naming rule for ``/`` and
+``:``, and what an unknown or ambiguous name answers, are in catalog_names.
+
 ``[models.<key>]`` config entries add models (``path``) or adjust discovered ones (by key); a discovered
 model that a config entry points at keeps its discovered key as an alias.
 """
@@ -21,34 +26,17 @@ import dataclasses
 
 import difflib
 import os
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 
 from fitevict.catalog_adapters import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
-from fitevict.catalog_files import SPLIT_RE, attach_in_flat_dir, gguf_models, is_mmproj, pick_projector
+from fitevict.catalog_files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models, is_mmproj,
+                                    pick_projector, resolve_gguf_file)
+from fitevict.catalog_names import AmbiguousModel, UnknownModel, candidates
+from fitevict.catalog_stores import adapter_models, digest_key, drop_clashing_aliases, store_settings, with_store_fields
 from fitevict.config import Config, ConfigError, ModelConfig
-
-_HF_CACHE_RE = re.compile(r"^models--(?P<name>.+)$")
-
-
-class UnknownModel(LookupError):
-    """No model has this key or alias."""
-
-    def __init__(self, name: str, close_matches: Sequence[str] = ()) -> None:
-        self.name = name
-        self.close_matches = tuple(close_matches)
-        hint = f"; did you mean {', '.join(self.close_matches)}?" if self.close_matches else ""
-        super().__init__(f"no model named {name!r}{hint} (GET /v1/models or `fitevict ps` lists the models)")
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class GgufFileError(ValueError):
-    """A requested ``gguf_file`` that is not one of the model's own files."""
-
+from fitevict.stores import StoreModel, StoreScan, read_stores
 
 @dataclass(frozen=True, slots=True)
 class CatalogEntry:
@@ -67,6 +55,8 @@ class CatalogEntry:
     base: str | None = None  # an adapter's base model key: the seat that serves it
     base_path: Path | None = None  # an adapter's base model file (what the seat loads)
     loras: tuple[Path, ...] = ()  # a base (and its adapters): every adapter its seat starts with (GGUF or PEFT)
+    store: str = "models-dir"  # where it was found: "models-dir", "ollama", "hf-cache", "lmstudio"
+    system: str | None = None  # a default system message (Ollama's system layer), for requests that bring none
 
     @property
     def llama_servable(self) -> bool:
@@ -93,6 +83,8 @@ class _Found:
     gguf_files: tuple[str, ...] = ()
     level: int = 0
     implicit_aliases: list[str] = field(default_factory=list)
+    store: str = "models-dir"
+    record: StoreModel | None = None  # a store's model: what its store says about it
 
     @property
     def key(self) -> str:
@@ -106,7 +98,7 @@ def _hidden(name: str) -> bool:
 def _repo_names(root: Path, folder: Path) -> list[str]:
     """Name parts of a folder below a models dir, most specific last; HF hub caches unwrapped."""
     parts = list(folder.relative_to(root).parts)
-    if len(parts) >= 3 and parts[-2] == "snapshots" and (m := _HF_CACHE_RE.match(parts[-3])):
+    if len(parts) >= 3 and parts[-2] == "snapshots" and (m := HF_CACHE_RE.match(parts[-3])):
         return parts[:-3] + m["name"].split("--")
     if not parts:
         return [root.name]
@@ -224,6 +216,41 @@ def _settle_keys(found: list[_Found], notes: list[str]) -> list[_Found]:
     return list(kept.values())
 
 
+def _with_stores(found: list[_Found], scans: Sequence[StoreScan], notes: list[str]) -> tuple[list[_Found],
+                                                                                             list[StoreModel]]:
+    """The stores' models after the models directories' (stores in order): a name already taken is reported and
+    not listed. Models that are adapters on a blob (Ollama) come back apart."""
+    taken = {f.key.lower(): f for f in found}
+    adapters: list[StoreModel] = []
+    for scan in scans:
+        notes.extend(scan.notes)
+        for r in scan.models:
+            if r.adapters:
+                adapters.append(r)
+                continue
+            if (first := taken.get(r.name.lower())) is not None:
+                notes.append(f"{r.store} model {r.name!r} ({r.path}) is shadowed by the {first.store} model of that "
+                             f"name ({first.path}); not listed. Name it with [models.<key>] path to serve it too")
+                continue
+            f = _Found(r.kind, r.path, r.model_dir, r.files, r.path.stem, (r.name,), r.mmproj, r.gguf_files,
+                       implicit_aliases=list(r.aliases), store=r.store, record=r)
+            taken[r.name.lower()] = f
+            found.append(f)
+    return found, adapters
+
+
+def _adapter_bases(adapters: Sequence[StoreModel], found: list[_Found]) -> list[_Found]:
+    """A base for each store adapter whose model file no listed model serves: keyed by the blob's digest."""
+    served = {os.path.realpath(f.path) for f in found}
+    out = []
+    for r in adapters:
+        if (real := os.path.realpath(r.path)) not in served:
+            served.add(real)
+            out.append(_Found("gguf", r.path, r.model_dir, r.files, r.path.name, (digest_key(r.path),), r.mmproj,
+                              store=r.store))
+    return out
+
+
 # ----------------------------------------------------------------------------- config entries
 
 
@@ -272,6 +299,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _entry(f: _Found, settings: ModelConfig, engine_args: tuple[str, ...] = ()) -> CatalogEntry:
+    """The catalog entry of a found model under its settings (``[models.<key>]``, or an empty one)."""
     where = f"models.{settings.key}"
     engine = settings.engine or ("llama-server" if f.kind == "gguf" else "transformers")
     if f.kind == "hf" and engine == "llama-server":
@@ -300,7 +328,42 @@ def _entry(f: _Found, settings: ModelConfig, engine_args: tuple[str, ...] = ()) 
         model_dir=f.model_dir,
         kind=f.kind,
         files=f.files,
+        store=f.store,
+        system=f.record.system if f.record is not None else None,
     )
+
+
+def _apply_config(by_key: dict[str, _Found], models: Mapping[str, ModelConfig], adapter_settings: Mapping[str, object],
+                  models_dirs: Sequence[Path], notes: list[str]) -> dict[int, ModelConfig]:
+    """Apply the ``[models.<key>]`` entries that are no adapters to the found models (``by_key``, changed in
+    place): an entry with ``path`` adds a model (or takes over the found one of that file), one without adjusts the
+    found model of its key. Returns the settings by ``id`` of the found model."""
+    settings: dict[int, ModelConfig] = {}
+    for m in models.values():
+        if m.key in adapter_settings:
+            continue
+        if m.path is not None:
+            f = _model_from_path(m, models_dirs, notes)
+            for other in [o for o in by_key.values() if id(o) not in settings and _same_file(o.path, f.path)]:
+                del by_key[other.key.lower()]
+                if other.key.lower() != m.key.lower():
+                    f.implicit_aliases.append(other.key)
+            if (shadowed := by_key.pop(m.key.lower(), None)) is not None:
+                notes.append(f"{shadowed.path}: key {shadowed.key!r} is taken by models.{m.key}; not listed")
+            by_key[m.key.lower()] = f
+        else:
+            f = by_key.get(m.key.lower())
+            if f is None:
+                close = difflib.get_close_matches(m.key.lower(), list(by_key), n=3, cutoff=0.5)
+                hint = f"; did you mean {', '.join(by_key[c].key for c in close)}?" if close else ""
+                dirs = ", ".join(str(d) for d in models_dirs) or "(no models_dirs set)"
+                raise ConfigError(
+                    f"models.{m.key}: no path given and no model with that key in models_dirs {dirs} or the "
+                    f"stores{hint} Set models.{m.key}.path or use a discovered key"
+                )
+        f.chain, f.level = (m.key,), 0
+        settings[id(f)] = m
+    return settings
 
 
 # ----------------------------------------------------------------------------- the catalog
@@ -330,9 +393,10 @@ class Catalog:
 
     @classmethod
     def scan(cls, models_dirs: Sequence[Path], models: Mapping[str, ModelConfig] | None = None,
-             engine_args: Sequence[str] = ()) -> "Catalog":
-        """Walk ``models_dirs`` (in order; the first wins a tie) and apply ``[models.<key>]`` entries.
-        ``engine_args`` (``engine.extra_args``) go on every llama-server model's command line, before its own."""
+             engine_args: Sequence[str] = (), stores: Sequence[StoreScan] = ()) -> "Catalog":
+        """Walk ``models_dirs`` (in order; the first wins a tie), add the ``stores``' models (fitevict.stores) and
+        apply ``[models.<key>]`` entries. ``engine_args`` (``engine.extra_args``) go on every llama-server model's
+        command line, before its own."""
         notes: list[str] = []
         found: list[_Found] = []
         peft: list[Path] = []
@@ -340,41 +404,25 @@ class Catalog:
             if not root.is_dir():
                 raise ConfigError(f"models_dirs: {str(root)!r} is not a folder; create it or remove it from models_dirs")
             found.extend(_scan_dir(root, notes, peft))
-        found = _one_per_file(_settle_keys(found, notes), notes)
+        found, store_adapters = _with_stores(_settle_keys(found, notes), stores, notes)
+        found = _one_per_file(found, notes)
+        found += _adapter_bases(store_adapters, found)
         by_key = {f.key.lower(): f for f in found}
-        settings: dict[int, ModelConfig] = {}
-        adapter_settings = adapter_entries(models or {}, by_key)
-        for m in (models or {}).values():
-            if m.key in adapter_settings:
-                continue
-            if m.path is not None:
-                f = _model_from_path(m, models_dirs, notes)
-                for other in [o for o in by_key.values() if id(o) not in settings and _same_file(o.path, f.path)]:
-                    del by_key[other.key.lower()]
-                    if other.key.lower() != m.key.lower():
-                        f.implicit_aliases.append(other.key)
-                if (shadowed := by_key.pop(m.key.lower(), None)) is not None:
-                    notes.append(f"{shadowed.path}: key {shadowed.key!r} is taken by models.{m.key}; not listed")
-                by_key[m.key.lower()] = f
-            else:
-                f = by_key.get(m.key.lower())
-                if f is None:
-                    close = difflib.get_close_matches(m.key.lower(), list(by_key), n=3, cutoff=0.5)
-                    hint = f"; did you mean {', '.join(by_key[c].key for c in close)}?" if close else ""
-                    dirs = ", ".join(str(d) for d in models_dirs) or "(no models_dirs set)"
-                    raise ConfigError(
-                        f"models.{m.key}: no path given and no model with that key in models_dirs {dirs}{hint} "
-                        f"Set models.{m.key}.path or use a discovered key"
-                    )
-            f.chain, f.level = (m.key,), 0
-            settings[id(f)] = m
-        entries = [_entry(f, settings.get(id(f)) or ModelConfig(key=f.key), tuple(engine_args))
+        user = dict(models or {})
+        base_key_of = {os.path.realpath(f.path): f.key for f in found}
+        from_stores = adapter_models(store_adapters, base_key_of, user, notes)
+        adapter_settings = adapter_entries(user | from_stores, by_key)
+        settings = _apply_config(by_key, user | from_stores, adapter_settings, models_dirs, notes)
+        entries = [_entry(f, store_settings(f.record, f.key, settings.get(id(f)), notes) if f.record is not None
+                          else settings.get(id(f)) or ModelConfig(key=f.key), tuple(engine_args))
                    for f in by_key.values()]
-        return cls(add_adapters(entries, peft, adapter_settings, notes), notes)
+        entries = add_adapters(entries, peft, adapter_settings, notes)
+        entries = with_store_fields(entries, {r.name: r for r in store_adapters}, from_stores)
+        return cls(drop_clashing_aliases(entries, notes), notes)
 
     @classmethod
     def from_config(cls, config: Config) -> "Catalog":
-        return cls.scan(config.models_dirs, config.models, config.engine.extra_args)
+        return cls.scan(config.models_dirs, config.models, config.engine.extra_args, read_stores(config.stores))
 
     def entries(self) -> tuple[CatalogEntry, ...]:
         return self._entries
@@ -389,12 +437,16 @@ class Catalog:
         return self._index.get(name.lower())
 
     def resolve(self, name: str) -> CatalogEntry:
-        """The model with this key or alias (case-insensitive); ``UnknownModel`` with close matches if none."""
+        """The model with this key or alias (case-insensitive); none: ``AmbiguousModel`` when the name shortens
+        several models' names (catalog_names), else ``UnknownModel`` with close matches."""
         entry = self._index.get(name.lower())
         if entry is None:
+            shortened = candidates(name, ((e.key, e.names) for e in self._entries))
+            if len(shortened) > 1:
+                raise AmbiguousModel(name, shortened)
             spelled = {n.lower(): n for e in self._entries for n in e.names}
             close = difflib.get_close_matches(name.lower(), list(spelled), n=3, cutoff=0.5)
-            raise UnknownModel(name, [spelled[c] for c in close])
+            raise UnknownModel(name, list(dict.fromkeys([*shortened, *(spelled[c] for c in close)]))[:3])
         return entry
 
     def names(self) -> tuple[str, ...]:
@@ -408,52 +460,4 @@ class Catalog:
         return iter(self._entries)
 
 
-# ----------------------------------------------------------------------------- gguf_file
-
-
-def _containment_root(model_dir: Path) -> Path:
-    """Where a model's files may live: its folder, or a whole HF cache repo (snapshots link into blobs/)."""
-    if model_dir.parent.name == "snapshots" and _HF_CACHE_RE.match(model_dir.parent.parent.name):
-        return model_dir.parent.parent
-    return model_dir
-
-
-def resolve_gguf_file(entry: CatalogEntry, filename: str) -> Path:
-    """The path of ``filename`` (a request's ``gguf_file``) inside ``entry``'s own folder.
-
-    Refuses absolute paths, ``..``, names outside ``entry.gguf_files`` and symlinks that lead out of the
-    model's folder, with a ``GgufFileError`` that lists the files one may pick.
-    """
-    choices = ", ".join(entry.gguf_files) or "(none)"
-    said = f"gguf_file {filename!r} for model {entry.key!r}"
-    if entry.kind != "gguf":
-        raise GgufFileError(f"{said}: this model is {entry.engine} safetensors, not GGUF; drop gguf_file")
-    if not isinstance(filename, str) or not filename.strip() or "\x00" in filename:
-        raise GgufFileError(f"{said}: give one of the model's files: {choices}")
-    if filename.startswith(("/", "\\")) or PureWindowsPath(filename).drive or PurePosixPath(filename).is_absolute():
-        raise GgufFileError(f"{said}: absolute paths are refused; give a file name from {entry.model_dir.name}/: {choices}")
-    if "\\" in filename:
-        raise GgufFileError(f"{said}: use '/' between folder names; choices: {choices}")
-    parts = PurePosixPath(filename).parts
-    if ".." in parts:
-        raise GgufFileError(f"{said}: '..' is refused; the file must be inside the model's folder; choices: {choices}")
-    if not filename.lower().endswith(".gguf"):
-        raise GgufFileError(f"{said}: not a .gguf file; choices: {choices}")
-    if is_mmproj(PurePosixPath(filename).name):
-        raise GgufFileError(f"{said}: that is a projector (mmproj), not a model; choices: {choices}")
-    candidate = entry.model_dir.joinpath(*parts)
-    try:
-        real = candidate.resolve(strict=True)
-    except (FileNotFoundError, RuntimeError):
-        raise GgufFileError(f"{said}: no such file in {entry.model_dir}; choices: {choices}") from None
-    root = _containment_root(entry.model_dir).resolve()
-    if not real.is_relative_to(root):
-        raise GgufFileError(f"{said}: it is a link to {real}, outside the model's folder {root}; refused")
-    if PurePosixPath(*parts).as_posix() not in entry.gguf_files:
-        split = SPLIT_RE.match(PurePosixPath(filename).name)
-        fix = " (name the first part, -00001-of-…)" if split and split["i"] != "00001" else ""
-        raise GgufFileError(f"{said}: not one of this model's files{fix}; choices: {choices}")
-    return candidate
-
-
-__all__ = ["Catalog", "CatalogEntry", "GgufFileError", "UnknownModel", "resolve_gguf_file"]
+__all__ = ["AmbiguousModel", "Catalog", "CatalogEntry", "GgufFileError", "UnknownModel", "resolve_gguf_file"]

@@ -144,7 +144,7 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
         if kind == "lora" and base.kind != "gguf":
             raise ConfigError(f"{where}: {m.path} is a GGUF LoRA adapter, which needs a GGUF base on llama-server; "
                               f"{m.base!r} is {base.engine} ({base.kind}); name a GGUF base or use a PEFT adapter")
-        found = [f for f in found if f[1].resolve() != m.path.resolve()]
+        found = [f for f in found if f[1].resolve() != m.path.resolve() or f[2].key != base.key]  # named anew
         found.append((m.key, m.path, base, kind))
         adjust[m.key.lower()] = m
     by_base: dict[str, list[Path]] = {}

@@ -1,5 +1,6 @@
 """The GGUF files of one folder: models (single files and complete splits) and projectors, and which projector
-goes with which model. Used by the catalog's scan; reads the folder's listing only."""
+goes with which model (the catalog's scan; reads the folder's listing only); and which of a model's files a
+request may pick (``gguf_file``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
+HF_CACHE_RE = re.compile(r"^models--(?P<name>.+)$")  # a repository folder of a Hugging Face hub cache
 SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 #: Projector precisions, most preferred first, when a folder holds several mmproj files.
 _MMPROJ_PREFERENCE: tuple[str, ...] = ("f16", "bf16", "q8_0", "f32")
+
+
+class GgufFileError(ValueError):
+    """A requested ``gguf_file`` that is not one of the model's own files."""
 
 
 def _hidden(name: str) -> bool:
@@ -89,3 +95,51 @@ def attach_in_flat_dir(models: list[GgufModel], projectors: list[Path]) -> dict[
                 prev = out.get(stem)
                 out[stem] = proj if prev is None else pick_projector([prev, proj]) or proj
     return out
+
+
+# ----------------------------------------------------------------------------- gguf_file
+
+
+def _containment_root(model_dir: Path) -> Path:
+    """Where a model's files may live: its folder, or a whole HF cache repo (snapshots link into blobs/)."""
+    if model_dir.parent.name == "snapshots" and HF_CACHE_RE.match(model_dir.parent.parent.name):
+        return model_dir.parent.parent
+    return model_dir
+
+
+def resolve_gguf_file(entry: CatalogEntry, filename: str) -> Path:
+    """The path of ``filename`` (a request's ``gguf_file``) inside ``entry``'s own folder.
+
+    Refuses absolute paths, ``..``, names outside ``entry.gguf_files`` and symlinks that lead out of the
+    model's folder, with a ``GgufFileError`` that lists the files one may pick.
+    """
+    choices = ", ".join(entry.gguf_files) or "(none)"
+    said = f"gguf_file {filename!r} for model {entry.key!r}"
+    if entry.kind != "gguf":
+        raise GgufFileError(f"{said}: this model is {entry.engine} safetensors, not GGUF; drop gguf_file")
+    if not isinstance(filename, str) or not filename.strip() or "\x00" in filename:
+        raise GgufFileError(f"{said}: give one of the model's files: {choices}")
+    if filename.startswith(("/", "\\")) or PureWindowsPath(filename).drive or PurePosixPath(filename).is_absolute():
+        raise GgufFileError(f"{said}: absolute paths are refused; give a file name from {entry.model_dir.name}/: {choices}")
+    if "\\" in filename:
+        raise GgufFileError(f"{said}: use '/' between folder names; choices: {choices}")
+    parts = PurePosixPath(filename).parts
+    if ".." in parts:
+        raise GgufFileError(f"{said}: '..' is refused; the file must be inside the model's folder; choices: {choices}")
+    if not filename.lower().endswith(".gguf"):
+        raise GgufFileError(f"{said}: not a .gguf file; choices: {choices}")
+    if is_mmproj(PurePosixPath(filename).name):
+        raise GgufFileError(f"{said}: that is a projector (mmproj), not a model; choices: {choices}")
+    candidate = entry.model_dir.joinpath(*parts)
+    try:
+        real = candidate.resolve(strict=True)
+    except (FileNotFoundError, RuntimeError):
+        raise GgufFileError(f"{said}: no such file in {entry.model_dir}; choices: {choices}") from None
+    root = _containment_root(entry.model_dir).resolve()
+    if not real.is_relative_to(root):
+        raise GgufFileError(f"{said}: it is a link to {real}, outside the model's folder {root}; refused")
+    if PurePosixPath(*parts).as_posix() not in entry.gguf_files:
+        split = SPLIT_RE.match(PurePosixPath(filename).name)
+        fix = " (name the first part, -00001-of-…)" if split and split["i"] != "00001" else ""
+        raise GgufFileError(f"{said}: not one of this model's files{fix}; choices: {choices}")
+    return candidate

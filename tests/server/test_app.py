@@ -111,3 +111,25 @@ def test_dashboard_needs_a_key_when_keys_are_configured(make_client) -> None:
     assert user.status_code == 200 and "meminfo" in user.text and "data-act=" not in user.text
     admin = c.get("/dashboard/live", headers={"Authorization": "Bearer a1"})
     assert 'data-act="load"' in admin.text
+
+
+def test_store_models_by_name_slashes_included_and_ambiguous_names(make_client, tmp_path: Path) -> None:
+    from fitevict.zoo.stores import write_lmstudio_repo
+
+    gqa = tmp_path / "models" / "llama-gqa.gguf"
+    write_lmstudio_repo(tmp_path / "lms", "pub/Two-GGUF", {"Two-Q4_0.gguf": gqa, "Two-Q8_0.gguf": gqa})
+    c = make_client(**{"stores.lmstudio": str(tmp_path / "lms")})
+    listed = {m["id"]: m["fitevict"]["store"] for m in c.get("/v1/models").json()["data"]}
+    assert listed == {"llama-gqa": "models-dir", "pub/Two-GGUF:Q4_0": "lmstudio", "pub/Two-GGUF:Q8_0": "lmstudio"}
+    assert c.get("/v1/models/pub/Two-GGUF:Q8_0").json()["id"] == "pub/Two-GGUF:Q8_0"  # a slash in a route's id
+    tags = {m["name"]: m["fitevict"]["store"] for m in c.get("/api/tags").json()["models"]}
+    assert tags["pub/Two-GGUF:Q4_0"] == "lmstudio"
+    chat = {"model": "pub/Two-GGUF", "messages": [{"role": "user", "content": "hi"}]}
+    r = c.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "ambiguous_model"
+    assert r.json()["error"]["candidates"] == ["pub/Two-GGUF:Q4_0", "pub/Two-GGUF:Q8_0"]
+    r = c.post("/api/chat", json=chat)
+    assert r.status_code == 400 and "pub/Two-GGUF:Q4_0, pub/Two-GGUF:Q8_0" in r.json()["error"]
+    assert c.post("/v1/models/Two-GGUF/unload").status_code == 400
+    assert c.post("/v1/models/pub/Two-GGUF:Q4_0/unload").json() == {"model": "pub/Two-GGUF:Q4_0", "unloaded": False,
+                                                                     "reason": "not resident"}

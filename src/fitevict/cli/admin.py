@@ -238,7 +238,7 @@ def _where(placement: str) -> str:
 
 def ps_table(data: list[dict], now: float, url: str) -> Table:
     t = compact_table(f"residents of {url}",
-                      ["model", "state", "where", "host", "pred.", "ctx", "busy", "unload in"],
+                      ["model", "store", "state", "where", "host", "pred.", "ctx", "busy", "unload in"],
                       right=("host", "pred.", "ctx", "busy"))
     for r in data:
         cpu = r["devices"].get("CPU", {})
@@ -246,7 +246,7 @@ def ps_table(data: list[dict], now: float, url: str) -> Table:
                   "unused" if r["last_used"] is None else "off")
         ts = (r.get("config") or {}).get("tensor_split")
         where = _where(r["placement"]) + (f" split {'/'.join(f'{w:g}' for w in ts)}" if ts else "")
-        t.add_row(r["key"], r["state"], where, format_size(cpu.get("measured_bytes")),
+        t.add_row(r["key"], r.get("store") or "", r["state"], where, format_size(cpu.get("measured_bytes")),
                   format_size(cpu.get("predicted_bytes")), str(r["ctx"]),
                   f"{r['in_flight']}+{r.get('waiting', 0)}", unload)
     return t

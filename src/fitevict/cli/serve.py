@@ -42,6 +42,18 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _store_models(cfg) -> bool:
+    """Whether a model store (Ollama, the Hugging Face cache, LM Studio) holds a model to serve."""
+    from fitevict.config import ConfigError
+    from fitevict.stores import read_stores
+
+    try:
+        return any(scan.models for scan in read_stores(cfg.stores))
+    except ConfigError as e:
+        err.print(f"[red]config error:[/] {e}")
+        raise typer.Exit(2) from e
+
+
 def serve(
     config: Path | None = typer.Option(None, "--config", help="TOML config file (default: $FITEVICT_CONFIG or ~/.config/fitevict/config.toml)."),
     host: str | None = typer.Option(None, "--host", help="Bind address (default 127.0.0.1)."),
@@ -65,7 +77,7 @@ def serve(
         "server.api_keys": list(api_key) or None, "server.admin_keys": list(admin_key) or None,
     }
     cfg = build_config(config, overrides)
-    if demo_if_empty and not cfg.models_dirs and not cfg.models:
+    if demo_if_empty and not cfg.models_dirs and not cfg.models and not _store_models(cfg):
         from fitevict.zoo import write_zoo
 
         demo = Path(cfg.data_dir) / "demo-models"

@@ -12,7 +12,7 @@ from typing import Any
 
 from fitevict import paths
 from fitevict.config.records import (BudgetConfig, Config, ConfigError, EngineConfig, ModelConfig, PolicyConfig,
-                                     ServerConfig)
+                                     ServerConfig, StoresConfig)
 from fitevict.config.schema import OTHER_ENV, _BY_KEY, _KEYS, _MODEL_FIELDS, _SECTIONS, _TOP_LEVEL, env_variables
 from fitevict.config.parsers import Parser, _Bad, _KEY_RE, _Origin
 
@@ -126,7 +126,8 @@ def _parse(key: str, value: Any, origin: _Origin, parser: Parser) -> Any:
 def _build_model(key: str, raw: _Raw) -> ModelConfig:
     if not _KEY_RE.fullmatch(key):
         origin = next(iter(raw.values()))[1].text if raw else "config"
-        raise ConfigError(f"models.{key!r} (from {origin}): a model key must be non-empty, without whitespace or slashes")
+        raise ConfigError(f"models.{key!r} (from {origin}): a model key must be non-empty, without whitespace or "
+                          "backslashes")
     got = {name: _parse(f"models.{key}.{name}", v, o, _MODEL_FIELDS[name]) for name, (v, o) in raw.items()}
     kv = got.pop("kv_cache_type", None)
     got.setdefault("cache_type_k", kv)
@@ -205,6 +206,7 @@ def load_config(
         engine=section(EngineConfig, "engine"),
         budget=section(BudgetConfig, "budget"),
         policy=policy,
+        stores=section(StoresConfig, "stores"),
         models=MappingProxyType(models),
         models_dirs=values.get("models_dirs", ()),
         data_dir=data_dir,

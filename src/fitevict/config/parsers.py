@@ -194,6 +194,18 @@ def _path(v: Any, o: _Origin) -> Path:
     return p
 
 
+def _store_source(v: Any, o: _Origin) -> bool | Path:
+    """A model store's setting: true (its default location), false (off) or the folder to read."""
+    if isinstance(v, str) and o.textual and v.strip().lower() in _TRUE | _FALSE:
+        return v.strip().lower() in _TRUE
+    if isinstance(v, bool):
+        return v
+    try:
+        return _path(v, o)
+    except _Bad:
+        raise _Bad("true (the store's default location, when it exists), false (off) or a folder path") from None
+
+
 def _optional_path(v: Any, o: _Origin) -> Path | None:
     return None if v is None else _path(v, o)
 
@@ -221,7 +233,7 @@ def _request_defaults(v: Any, o: _Origin) -> Mapping[str, Any]:
     return MappingProxyType(dict(v))
 
 
-_KEY_RE = re.compile(r"[^\s/\\]+")
+_KEY_RE = re.compile(r"[^\s\\]+")
 
 
 def _alias(v: Any, o: _Origin) -> str:

@@ -90,6 +90,16 @@ class PolicyConfig:
     prompt_cache_disk: int = 4 * GiB  # saved prompts kept on disk, all models together (never past free disk - 1 GiB)
 
 
+@dataclass(frozen=True, slots=True)
+class StoresConfig:
+    """The model stores read beside ``models_dirs`` (fitevict.stores): ``True`` reads a store at its own default
+    location when that folder exists, ``False`` leaves it out, a path reads the store there."""
+
+    ollama: bool | Path = True  # $OLLAMA_MODELS, else ~/.ollama/models
+    hf_cache: bool | Path = True  # $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub
+    lmstudio: bool | Path = True  # ~/.lmstudio/models (older installs: ~/.cache/lm-studio/models)
+
+
 def _empty_mapping() -> Mapping[str, Any]:
     return MappingProxyType({})
 
@@ -127,6 +137,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    stores: StoresConfig = field(default_factory=StoresConfig)
     models: Mapping[str, ModelConfig] = field(default_factory=_empty_mapping)
     models_dirs: tuple[Path, ...] = ()
     data_dir: Path = field(default_factory=paths.data_dir)
@@ -146,6 +157,7 @@ class Config:
             "engine": {f.name: _jsonable(getattr(self.engine, f.name)) for f in fields(self.engine)},
             "budget": {f.name: getattr(self.budget, f.name) for f in fields(self.budget)},
             "policy": {f.name: getattr(self.policy, f.name) for f in fields(self.policy)},
+            "stores": {f.name: _jsonable(getattr(self.stores, f.name)) for f in fields(self.stores)},
             "models_dirs": [str(p) for p in self.models_dirs],
             "data_dir": str(self.data_dir),
             "store_url": redact_url(self.store_url),

@@ -9,7 +9,7 @@ from fitevict.config.records import CACHE_TYPES
 from fitevict.config.records import ALLOC_MODES, ENGINES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
 from fitevict.config.parsers import (Parser, _alias, _args, _bool, _choice, _fraction, _int, _int_or, _origin_url,
                                      _path, _positive_size, _request_defaults, _seconds, _secret, _size, _store_url,
-                                     _str_list, _text)
+                                     _store_source, _str_list, _text)
 
 
 # ----------------------------------------------------------------------------- the schema
@@ -67,10 +67,13 @@ _KEYS: tuple[_Key, ...] = (
     _Key("policy.prompt_cache", _bool, env="FITEVICT_PROMPT_CACHE"),
     _Key("policy.prompt_cache_min_tokens", _int(1)),
     _Key("policy.prompt_cache_disk", _size(optional=False)),
+    _Key("stores.ollama", _store_source, env="FITEVICT_OLLAMA"),
+    _Key("stores.hf_cache", _store_source, env="FITEVICT_HF_CACHE"),
+    _Key("stores.lmstudio", _store_source, env="FITEVICT_LMSTUDIO"),
 )
 _BY_KEY: dict[str, _Key] = {k.key: k for k in _KEYS}
-_SECTIONS = ("server", "engine", "budget", "policy")
-_TOP_LEVEL = ("server", "engine", "budget", "policy", "models", "models_dirs", "data_dir", "store_url")
+_SECTIONS = ("server", "engine", "budget", "policy", "stores")
+_TOP_LEVEL = ("server", "engine", "budget", "policy", "stores", "models", "models_dirs", "data_dir", "store_url")
 
 _MODEL_FIELDS: dict[str, Parser] = {
     "path": _path,

@@ -52,7 +52,7 @@ def router(door: Door) -> APIRouter:
             raise ApiError(400, f"rescan failed, the catalog is unchanged: {watch.last_error}", code="rescan_failed")
         return {"models": len(catalog), "added": added, "removed": removed}
 
-    @app.post("/v1/models/{model_id}/plan", tags=["admin"], summary="Dry run: the Plan a load would follow now")
+    @app.post("/v1/models/{model_id:path}/plan", tags=["admin"], summary="Dry run: the Plan a load would follow now")
     async def plan(model_id: str, request: Request) -> dict:
         check_auth(request, admin=True)
         entry = resolve(model_id)
@@ -62,7 +62,7 @@ def router(door: Door) -> APIRouter:
         return {"model": entry.key, **plan_hits(entry, the_plan), "plan": the_plan.to_json(),
                 "budget": sup.last_budget_json()}
 
-    @app.post("/v1/models/{model_id}/load", tags=["admin"], summary="Load a model (with an optional contract)")
+    @app.post("/v1/models/{model_id:path}/load", tags=["admin"], summary="Load a model (with an optional contract)")
     async def load(model_id: str, request: Request,
                    stream: bool = Query(False, description="SSE: the load's phases as they happen")) -> Any:
         check_auth(request, admin=True)
@@ -79,7 +79,8 @@ def router(door: Door) -> APIRouter:
         view = next((v for v in sup.resident_views() if v["key"] == entry.key), None)
         return {"model": entry.key, "resident": view}
 
-    @app.post("/v1/models/{model_id}/unload", tags=["admin"], summary="Unload a model and verify its memory came back")
+    @app.post("/v1/models/{model_id:path}/unload", tags=["admin"],
+              summary="Unload a model and verify its memory came back")
     async def unload(model_id: str, request: Request) -> dict:
         check_auth(request, admin=True)
         entry = resolve(model_id)

@@ -172,19 +172,21 @@ def catalog_table(rows: Sequence[tuple[Any, dict | None, str]], resident_keys: s
             act = "unload" if entry.key in resident_keys else "load"
             btn = f'<button class="act" data-act="{act}" data-model="{escape(entry.key)}">{act}</button>'
         if plan is None:
-            out.append(f'<tr data-model="{escape(entry.key)}"><td>{escape(entry.key)}</td><td>{escape(entry.engine)}'
-                       f'</td><td colspan=3 class="err">unpriced: {escape(error)}</td><td>{btn}</td></tr>')
+            out.append(f'<tr data-model="{escape(entry.key)}"><td>{escape(entry.key)}</td>'
+                       f'<td>{escape(entry.store)}</td><td>{escape(entry.engine)}</td>'
+                       f'<td colspan=3 class="err">unpriced: {escape(error)}</td><td>{btn}</td></tr>')
             continue
         words, cls = plan_verdict(plan)
         needed = ", ".join(f"{d} {_size(n)}" for d, n in plan["needed_bytes"].items() if n) or "-"
         ctx = (plan.get("placement") or {}).get("ctx")
         out.append(
             f'<tr data-model="{escape(entry.key)}" data-action="{escape(plan["action"])}"><td><i class="dot" style='
-            f'"background:{colour(entry.key)}"></i>{escape(entry.key)}</td><td>{escape(entry.engine)}</td>'
+            f'"background:{colour(entry.key)}"></i>{escape(entry.key)}</td><td>{escape(entry.store)}</td>'
+            f'<td>{escape(entry.engine)}</td>'
             f'<td title="{escape(_price_title(plan))}">{escape(needed)}</td><td>{escape(str(ctx))}</td>'
             f'<td><span class="pill {cls}" title="{escape(plan["reason"])}">{escape(words)}</span></td>'
             f"<td>{btn}</td></tr>")
-    return ('<table><thead><tr><th>model</th><th>engine</th><th>price (default ctx)</th><th>ctx</th>'
+    return ('<table><thead><tr><th>model</th><th>store</th><th>engine</th><th>price (default ctx)</th><th>ctx</th>'
             f'<th>loading it now</th><th></th></tr></thead><tbody>{"".join(out)}</tbody></table>')
 
 

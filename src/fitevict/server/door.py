@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from fitevict.catalog import Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
+from fitevict.catalog import AmbiguousModel, Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import Config
 from fitevict.engines import REGISTRY
 from fitevict.server.errors import ApiError
@@ -128,10 +128,7 @@ class Door:
             raise ApiError(400, why, param="model", code="engine_unavailable")
         if endpoint == "embeddings":
             contract = for_embeddings(contract)  # any model: an embeddings seat is loaded for it
-        for k, v in entry.settings.request_defaults.items():
-            if k not in body:  # only when the request lacks the field
-                body[k] = v
-                changed = True
+        changed = with_defaults(entry, body) or changed
         return Prepared(entry, contract, changed)
 
     def resolve(self, name: Any) -> CatalogEntry:
@@ -140,6 +137,9 @@ class Door:
                            code="missing_model")
         try:
             return self.catalog.resolve(name)
+        except AmbiguousModel as e:
+            raise ApiError(400, f"{e} (GET /v1/models lists them)", param="model", code="ambiguous_model",
+                           extra={"candidates": list(e.candidates)}) from None
         except UnknownModel as e:
             hint = f"; did you mean {', '.join(e.close_matches)}?" if e.close_matches else ""
             raise ApiError(404, f"model {name!r} does not exist{hint} (GET /v1/models lists them)",
@@ -164,6 +164,23 @@ class Door:
         if isinstance(e, LoadFailed):
             return ApiError(502, str(e), type="engine_error", code="load_failed", headers={"x-should-retry": "false"})
         return ApiError(500, str(e), type="server_error")
+
+
+def with_defaults(entry: CatalogEntry, body: dict[str, Any]) -> bool:
+    """Fill in what the request lacks from the model's own settings: its request defaults (``[models.<key>]
+    request_defaults``, a store's params) and, for a chat that brings no system message, its default system message
+    (a store's). Returns whether the body changed."""
+    changed = False
+    for k, v in entry.settings.request_defaults.items():
+        if k not in body:  # only when the request lacks the field
+            body[k] = v
+            changed = True
+    messages = body.get("messages")
+    if entry.system and isinstance(messages, list) and not any(
+            isinstance(m, dict) and m.get("role") == "system" for m in messages):
+        body["messages"] = [{"role": "system", "content": entry.system}, *messages]
+        changed = True
+    return changed
 
 
 def _key_in(key: str, keys: tuple[str, ...]) -> bool:

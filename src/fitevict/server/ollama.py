@@ -25,7 +25,7 @@ from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract, for_embeddings, with_lora
 from fitevict.server import ollama_shapes as sh
 from fitevict.server import seatcall
-from fitevict.server.door import Door, new_request_id
+from fitevict.server.door import Door, new_request_id, with_defaults
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
 
@@ -100,7 +100,8 @@ def router(door: Door) -> APIRouter:
             mtime = path.stat().st_mtime if path.exists() else None
             models.append({"name": e.key, "model": e.key, "modified_at": sh.iso(mtime) if mtime else None,
                            "size": e.file_bytes, "digest": sh.identity_digest(path), "details": described(e),
-                           "fitevict": {"size_source": "file-size", "aliases": list(e.aliases), "engine": e.engine}})
+                           "fitevict": {"size_source": "file-size", "aliases": list(e.aliases), "engine": e.engine,
+                                        "store": e.store}})
         return JSONResponse({"models": models})
 
     @app.get("/api/ps", tags=["ollama"], summary="What is loaded, with fitevict's measured bytes")
@@ -126,7 +127,7 @@ def router(door: Door) -> APIRouter:
             "modelfile": f"FROM {path}\n", "parameters": "", "template": "", "license": "",
             "details": sh.details_of(s, entry.kind), "model_info": sh.model_info(s), "capabilities": caps,
             "modified_at": sh.iso(path.stat().st_mtime) if path.exists() else None,
-            "fitevict": {"key": entry.key, "aliases": list(entry.aliases), "engine": entry.engine,
+            "fitevict": {"key": entry.key, "aliases": list(entry.aliases), "engine": entry.engine, "store": entry.store,
                          "file_bytes": entry.file_bytes, "file_bytes_source": "file-size", "pinned": entry.pinned},
         })
 
@@ -157,6 +158,7 @@ def router(door: Door) -> APIRouter:
         stack = contextlib.AsyncExitStack()
         try:
             seat = await stack.enter_async_context(seatcall.held(door, entry, tr.contract, rid, timing))
+            with_defaults(entry, tr.body)  # the model's request defaults and default system message
             sent = with_lora(tr.body, seat.config.loras, entry, tr.contract)  # adapters: scales per request
             r = await seatcall.send(upstream, seat, path, sent, rid)
         except BaseException:

@@ -12,7 +12,7 @@ def router(door: Door) -> APIRouter:
     app = APIRouter()
     check_auth, resolve = door.check_auth, door.resolve
 
-    @app.get("/v1/models/{model_id}", tags=["openai"], summary="One model, OpenAI's format")
+    @app.get("/v1/models/{model_id:path}", tags=["openai"], summary="One model, OpenAI's format")
     async def get_model(model_id: str, request: Request) -> dict:
         check_auth(request, admin=False)
         e = resolve(model_id)

@@ -44,7 +44,7 @@ def model_list(door: Door) -> dict[str, Any]:
         data.append({
             "id": e.key, "object": "model", "created": int(path.stat().st_mtime) if path.exists() else 0,
             "owned_by": "fitevict",
-            "fitevict": {"engine": e.engine, "aliases": list(e.aliases), "pinned": e.pinned,
+            "fitevict": {"engine": e.engine, "store": e.store, "aliases": list(e.aliases), "pinned": e.pinned,
                          "file": {"bytes": e.file_bytes, "source": "file-size"},
                          "resident": v is not None, "state": v["state"] if v else None,
                          "resident_bytes": v["devices"] if v else None,
@@ -66,7 +66,11 @@ async def metrics_text(door: Door) -> bytes:
 
 def residents(door: Door) -> dict[str, Any]:
     """``GET /v1/models/residents``: what is loaded (like ``ollama ps``) and who waits for what."""
-    return {"object": "list", "data": door.sup.resident_views(), "waiting": door.sup.queue_view()}
+    views = door.sup.resident_views()
+    for v in views:  # where each model came from (the catalog's, so a model rescanned away says none)
+        entry = door.catalog.get(v["key"])
+        v["store"] = entry.store if entry is not None else None
+    return {"object": "list", "data": views, "waiting": door.sup.queue_view()}
 
 
 async def _residents(door: Door) -> tuple[bytes, bytes]:
