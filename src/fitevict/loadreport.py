@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from fitevict.contract import ADAPTER_KINDS
 from fitevict.engines.torch_engine import TransformersEngine
@@ -66,6 +67,8 @@ class LoadReport:
     budget_source: Mapping[str, str]
     adapters_on_seat: int
     notes: tuple[str, ...] = ()
+    # a saved prompt restored for this request (kvkeep.Restored.to_json): measured tokens and seconds, the estimate
+    kv_restore: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict:
         d = {f: getattr(self, f) for f in _FIELDS}  # flat: no deep copy on the hot path
@@ -75,6 +78,7 @@ class LoadReport:
         d["resident_source"] = dict(self.resident_source)
         d["budget_bytes"] = dict(self.budget_bytes)
         d["budget_source"] = dict(self.budget_source)
+        d["kv_restore"] = dict(self.kv_restore) if self.kv_restore is not None else None
         return d
 
     def header(self) -> str:
@@ -256,6 +260,8 @@ def report_headers(timing: Mapping, seat_header: bytes | None = None) -> dict[st
     report = timing.get("load_report")
     if callable(report):
         report = timing["load_report"] = report()
+    if isinstance(report, LoadReport) and timing.get("kv_restore") is not None and report.kv_restore is None:
+        report = timing["load_report"] = replace(report, kv_restore=timing["kv_restore"])
     return {HEADER: _header(with_activation(report, seat_header))} if isinstance(report, LoadReport) else {}
 
 

@@ -125,7 +125,7 @@ class LlamaServerEngine:
 
     def launch_spec(self, model_path: Path, config: LoadConfig, port: int, *,
                     extra_args: Sequence[str] = (), embeddings: bool = False,
-                    mmproj: Path | None = None) -> LaunchSpec:
+                    mmproj: Path | None = None, slot_save_path: Path | None = None) -> LaunchSpec:
         c = config
         notes: list[str] = []
         if embeddings and not c.embeddings:
@@ -142,6 +142,8 @@ class LlamaServerEngine:
         if self._has("--cache-ram") and not ({"-cram", "--cache-ram"} & set(extra_args)):
             argv += ["-cram", "0"]
             notes.append("host prompt cache disabled (-cram 0) so host memory stays as priced")
+        if slot_save_path is not None and self._has("--slot-save-path"):
+            argv += ["--slot-save-path", str(slot_save_path)]  # the prompt cache kept across swaps (kvkeep)
         if self._has("--no-webui"):
             argv.append("--no-webui")
         if self._has("--log-verbosity"):

@@ -30,6 +30,7 @@ from fitevict.contract import with_lora
 from fitevict.loadreport import report_headers
 from fitevict.server import plain, progress
 from fitevict.server.door import Door, Prepared, new_request_id, parse_json
+from fitevict.server.kvrestore import restore_for
 from fitevict.server.metrics import Metrics
 from fitevict.server.errors import ApiError
 from fitevict.engines.upstream import Upstream, UpstreamConn, UpstreamError
@@ -344,6 +345,11 @@ class FastPath:
             held = cm
             rec.t_seat = time.perf_counter()
             sent = with_lora(body, seat.config.loras, prep.entry, prep.contract)  # adapters: scales per request
+            if seat.kv_candidates:  # a saved prompt of this seat's signature may spare the prefill
+                sent, restored = await restore_for(door.sup, seat, rec.endpoint, sent, rec.request_id)
+                if restored is not None:
+                    extra["kv_restore"] = restored.to_json()
+                    rec.waits["kv_restore"] = restored.to_json()
             if sent is not body:
                 payload = json.dumps(sent).encode()
             report: list = []  # the load report's header, made while the engine works (again if the seat says more)

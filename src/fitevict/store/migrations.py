@@ -126,7 +126,8 @@ def _m0002_events_vocabulary(conn: Connection) -> None:
 
 
 def _m0004_pressure_event(conn: Connection) -> None:
-    """``pressure`` (memory given back to other programs) joins the history vocabulary."""
+    """``pressure`` (memory given back to other programs) and ``kv-restore`` (a saved prompt restored) join the
+    history vocabulary."""
     _events_vocabulary(conn, EVENTS)
 
 
@@ -181,7 +182,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", _m0001_initial),
     Migration(2, "events vocabulary: reject, leak", _m0002_events_vocabulary),
     Migration(3, "seat_peaks", _m0003_seat_peaks),
-    Migration(4, "events vocabulary: pressure", _m0004_pressure_event),
+    Migration(4, "events vocabulary: pressure, kv-restore", _m0004_pressure_event),
 )
 
 _md = sa.MetaData()

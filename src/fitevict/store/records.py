@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EVENTS: tuple[str, ...] = ("load", "evict", "unload", "idle-unload", "fail", "reject", "refuse", "crash", "orphan",
-                           "leak", "pressure")
+                           "leak", "pressure",
+                           "kv-restore")
 """The history vocabulary. Anything else is refused, by the record and by the table's CHECK."""
 
 _EVENT_BYTE_FIELDS: tuple[str, ...] = (

@@ -35,6 +35,7 @@ from fitevict.store.records import Event, Seat as SeatRecord
 from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.errors import Busy
 from fitevict.supervisor.measure import mem_json
+from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.neighbours import PressureWatch
 from fitevict.supervisor.orphans import cleanup_orphans
 from fitevict.supervisor.learned import (PEFT_OVERHEAD_KEY, TORCH_OVERHEAD_KEY, overhead_key, plan_policy,
@@ -130,6 +131,8 @@ class Supervisor:
         self._shutdown: asyncio.Future | None = None
         self._hurry = asyncio.Event()
         self.pressure = PressureWatch(self)
+        self.kv = PromptKeep(Path(config.data_dir) / "kv", min_tokens=config.policy.prompt_cache_min_tokens,
+                             disk_budget=config.policy.prompt_cache_disk)
 
     @property
     def engine_overhead(self) -> dict[str, int]:
@@ -254,6 +257,8 @@ class Supervisor:
                               "embeddings": bool(entry.settings.embeddings)}
         if entry.engine == "llama-server":
             kw["mmproj"] = entry.mmproj
+            if self.config.policy.prompt_cache:
+                kw["slot_save_path"] = self.kv.prepare()
         return engine.launch_spec(path, cfg, port, **kw)
 
     def engine_name(self, key: str) -> str:

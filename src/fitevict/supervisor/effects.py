@@ -206,6 +206,8 @@ class LiveEffects:
         seat.repack_crash = crash
         seat.ready_at = sup.clock()
         seat.state = SeatPhase.READY
+        if entry.engine == "llama-server" and sup.config.policy.prompt_cache:
+            seat.kv_candidates = await asyncio.to_thread(sup.kv.matching, seat.signature)
         seat.overhead = sup.prices.engine_overhead.get(HOST, 0)
         seat.gpu_overhead = {d: n for d, n in sup.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{key}")
@@ -344,6 +346,7 @@ class LiveEffects:
 
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         sup = self.sup
+        kept = await self._keep_prompts(seat, event)
         res = await self._end(seat, SeatPhase.STOPPED)
         engine = sup.engine_for(seat.entry)
         report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
@@ -355,10 +358,27 @@ class LiveEffects:
                      "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details(),
-                     **({"leak_check": leak_check(report, res)} if hasattr(engine, "teardown") else {})}))
+                     **({"leak_check": leak_check(report, res)} if hasattr(engine, "teardown") else {}), **kept}))
         await self._record_teardown(seat, report, request_id)
         sup.stopped(seat.key, res)
         return res
+
+    async def _keep_prompts(self, seat: SeatState, event: str) -> dict[str, Any]:
+        """Save the seat's long prompts before an eviction or idle unload (kvkeep); the stop event's details."""
+        sup = self.sup
+        if event not in ("evict", "idle-unload") or seat.engine != "llama-server" or not sup.config.policy.prompt_cache:
+            return {}
+        t0 = sup.clock()
+        try:
+            saved, notes = await sup.kv.save(seat.port, seat.key, seat.signature, sup.prices.machine,
+                                             (seat.timings.to_json() or {}).get("prompt_per_second"))
+        except Exception as e:  # noqa: BLE001 - a failed save costs the cache, never the stop
+            log.warning("%s: saving its prompts before the stop failed: %s", seat.key, e)
+            saved, notes = [], [f"saving failed: {type(e).__name__}: {e}"]
+        return {"kv_saved": [{"file": s.file, "tokens": s.tokens, "bytes": s.bytes, "signature": s.signature,
+                              "save_seconds": s.save_seconds} for s in saved],
+                "kv_save_seconds": sup.clock() - t0, "kv_save_notes": notes,
+                "kv_save_source": "measured: the time the saves added to this stop; tokens and bytes engine-reported"}
 
     async def _record_teardown(self, seat: SeatState, report: dict | None, request_id: str | None) -> None:
         """A transformers seat's leak breaker reports on its way out: every tensor still alive after its model was

@@ -1,0 +1,88 @@
+"""Restoring a saved prompt for a request on a freshly loaded llama-server seat (see ``supervisor.kvkeep``).
+
+Called by the fast path with the seat held, before the body goes to the engine. While the seat has saved prompts of
+its own signature not yet tried (and for its first few requests only), the request is tokenized by the engine, the
+saved prompt sharing the longest prefix is restored into an idle slot, and the body is sent to that slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from fitevict.store.records import Event
+from fitevict.supervisor.kvkeep import Restored, SavedPrompt
+
+log = logging.getLogger("fitevict.kvkeep")
+MAX_CHECKS = 4  # requests a new seat compares with its saved prompts before it stops looking
+
+
+async def _prompt_tokens(c: httpx.AsyncClient, endpoint: str, body: dict) -> list[int] | None:
+    """The request's prompt as the engine tokenizes it (chat template applied, special tokens as the server adds)."""
+    if endpoint == "chat":
+        if not isinstance(body.get("messages"), list):
+            return None
+        extra = {k: body[k] for k in ("tools", "chat_template_kwargs") if k in body}
+        r = await c.post("/apply-template", json={"messages": body["messages"], **extra})
+        r.raise_for_status()
+        text = r.json()["prompt"]
+    elif endpoint == "completions" and isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    else:
+        return None
+    r = await c.post("/tokenize", json={"content": text, "add_special": True, "parse_special": True})
+    r.raise_for_status()
+    return [int(t) for t in r.json()["tokens"]]
+
+
+async def _idle_slot(c: httpx.AsyncClient) -> int:
+    r = await c.get("/slots")
+    if r.status_code == 200:
+        for s in r.json():
+            if not s.get("is_processing"):
+                return int(s["id"])
+    return 0
+
+
+async def _restore(c: httpx.AsyncClient, slot: int, saved: SavedPrompt, shared: int) -> Restored:
+    r = await c.post(f"/slots/{slot}", params={"action": "restore"}, json={"filename": saved.file})
+    r.raise_for_status()
+    doc = r.json()
+    rate = saved.prompt_per_second
+    return Restored(file=saved.file, slot=slot, shared_tokens=shared, kv_restored_tokens=int(doc["n_restored"]),
+                    kv_restore_seconds=float(doc.get("timings", {}).get("restore_ms", 0.0)) / 1000,
+                    prefill_seconds_saved=round(shared / rate, 3) if rate else None)
+
+
+async def restore_for(sup: Any, seat: Any, endpoint: str, body: dict, request_id: str) -> tuple[dict, Restored | None]:
+    """The body to send (with ``id_slot`` when a saved prompt was restored for it) and what was restored."""
+    if not seat.kv_candidates or seat.engine != "llama-server":
+        return body, None
+    seat.kv_checks += 1
+    if seat.kv_checks > MAX_CHECKS:
+        seat.kv_candidates = []
+        return body, None
+    try:
+        async with httpx.AsyncClient(base_url=seat.base_url, timeout=60) as c:
+            tokens = await _prompt_tokens(c, endpoint, body)
+            got = None if tokens is None else await asyncio.to_thread(sup.kv.best, seat.kv_candidates, tokens)
+            if got is None:
+                return body, None
+            saved, shared = got
+            seat.kv_candidates = [s for s in seat.kv_candidates if s.file != saved.file]
+            done = await _restore(c, await _idle_slot(c), saved, shared)
+    except (httpx.HTTPError, KeyError, ValueError) as e:
+        log.warning("%s: restoring a saved prompt failed, the request runs cold: %s", seat.key, e)
+        return body, None
+    await sup.record(Event(time=sup.clock(), event="kv-restore", model=seat.key, engine=seat.engine,
+                           seconds=done.kv_restore_seconds, request_id=request_id,
+                           reason=f"restored {done.kv_restored_tokens} saved tokens into slot {done.slot}; the "
+                                  f"request shares {done.shared_tokens} of them",
+                           details={**done.to_json(), "signature": seat.signature}))
+    return {**body, "id_slot": done.slot}, done
+
+
+__all__ = ["restore_for"]

@@ -1,0 +1,82 @@
+"""Saved prompts on disk: the slot file's tokens, the choice of the longest shared prefix, the disk budget, and a
+newer prompt replacing one it extends. The files are written in the pinned llama-server's layout."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
+from fitevict.supervisor.kvkeep import PromptKeep, SavedPrompt
+
+
+def slot_file(path: Path, tokens: list[int], *, packed: bool = True, state: bytes = b"\0" * 64) -> Path:
+    words = [-1, 1, len(tokens), *tokens, 0] if packed else tokens
+    path.write_bytes(struct.pack("<III", 0x67677371, 3, len(words)) + struct.pack(f"<{len(words)}i", *words) + state)
+    return path
+
+
+def saved(keep: PromptKeep, name: str, tokens: list[int], *, sig: str = "sig", at: float = 0.0,
+          size: int = 100) -> SavedPrompt:
+    slot_file(keep.root / name, tokens)
+    s = SavedPrompt(file=name, model="m", signature=sig, engine="build@cpu", tokens=len(tokens), bytes=size,
+                    saved_at=at, save_seconds=0.01, prompt_per_second=500.0)
+    (keep.root / f"{name}.json").write_text(json.dumps(asdict(s)))
+    return s
+
+
+def test_tokens_are_read_from_both_layouts(tmp_path: Path) -> None:
+    assert read_tokens(slot_file(tmp_path / "a", [1, 5, 9])) == [1, 5, 9]
+    assert read_tokens(slot_file(tmp_path / "b", [1, 5, 9], packed=False)) == [1, 5, 9]
+    (tmp_path / "c").write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(SlotFileError, match="not a llama-server slot file"):
+        read_tokens(tmp_path / "c")
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([1], []) == 0
+
+
+def test_the_longest_shared_prefix_wins_and_short_ones_do_not_count(tmp_path: Path) -> None:
+    keep = PromptKeep(tmp_path, min_tokens=8, disk_budget=10_000)
+    system = list(range(100, 120))
+    a = saved(keep, "a.bin", [*system[:6], 1, 2])  # shares 6
+    b = saved(keep, "b.bin", [*system, 7, 7])  # shares 20
+    c = saved(keep, "c.bin", [9, 9, 9, 9, 9])  # shares nothing
+    request = [*system, 3, 3, 3]
+    assert keep.best([a, b, c], request) == (b, 20)
+    assert keep.best([a], request) == (a, 6)  # 6 >= half of min_tokens
+    assert keep.best([a], [*system[:3], 0]) is None  # 3 < 4
+
+
+def test_an_unreadable_saved_prompt_is_dropped_not_used(tmp_path: Path) -> None:
+    keep = PromptKeep(tmp_path, min_tokens=2, disk_budget=10_000)
+    bad = saved(keep, "bad.bin", [1, 2, 3])
+    (tmp_path / "bad.bin").write_bytes(b"junk")
+    assert keep.best([bad], [1, 2, 3]) is None
+    assert keep.index() == []
+
+
+def test_matching_is_by_signature_and_a_record_without_its_file_goes(tmp_path: Path) -> None:
+    keep = PromptKeep(tmp_path, min_tokens=2, disk_budget=10_000)
+    saved(keep, "a.bin", [1, 2], sig="one")
+    saved(keep, "b.bin", [1, 2], sig="two")
+    assert [s.file for s in keep.matching("one")] == ["a.bin"]
+    (tmp_path / "b.bin").unlink()
+    assert [s.file for s in keep.index()] == ["a.bin"] and not (tmp_path / "b.bin.json").exists()
+
+
+def test_the_disk_budget_drops_the_oldest_and_a_newer_prompt_replaces_one_it_extends(tmp_path: Path) -> None:
+    keep = PromptKeep(tmp_path, min_tokens=2, disk_budget=250)
+    saved(keep, "old.bin", [5, 5], sig="x", at=1.0)
+    saved(keep, "mid.bin", [6, 6], sig="y", at=2.0)
+    new = saved(keep, "new.bin", [7, 7], sig="z", at=3.0)
+    assert keep._fit(new)
+    assert sorted(s.file for s in keep.index()) == ["mid.bin", "new.bin"]
+    longer = saved(keep, "longer.bin", [6, 6, 8], sig="y", at=4.0)
+    keep._file(longer)  # extends mid.bin's prompt under the same signature: mid goes
+    assert sorted(s.file for s in keep.index()) == ["longer.bin", "new.bin"]
+    huge = saved(keep, "huge.bin", [1, 1], sig="w", at=5.0, size=1000)
+    assert not keep._fit(huge)  # larger than the whole budget: dropped, and nothing else for it
+    assert sorted(s.file for s in keep.index()) == ["longer.bin", "new.bin"]
