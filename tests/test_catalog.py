@@ -26,14 +26,11 @@ def make_hf(folder: Path) -> Path:
     return folder
 
 
-NO_STORES = "ollama = false\nhf_cache = false\nlmstudio = false"  # this machine's own stores stay out
-
-
 def catalog_for(tmp_path: Path, toml: str = "", *dirs: Path) -> Catalog:
     """The catalog of a real config file (with models_dirs) read the way the server reads it."""
     cfg = tmp_path / "fitevict.toml"
     listed = ", ".join(json.dumps(str(d)) for d in dirs)
-    cfg.write_text(f"models_dirs = [{listed}]\n[stores]\n{NO_STORES}\n{toml}")
+    cfg.write_text(f"models_dirs = [{listed}]\n{toml}")
     return Catalog.from_config(load_config(cfg, env={}))
 
 

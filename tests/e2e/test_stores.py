@@ -25,6 +25,8 @@ from stores.conftest import set_writable, tree
 pytestmark = pytest.mark.e2e
 
 STORES = (".ollama", ".cache/huggingface", ".lmstudio")
+UNSET = ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "FITEVICT_OLLAMA", "FITEVICT_HF_CACHE",
+         "FITEVICT_LMSTUDIO", "XDG_CONFIG_HOME")
 ONE_OF_EACH = ("sql", "zoo/tiny-GGUF:F16", "pub/tiny-GGUF")
 
 
@@ -56,7 +58,7 @@ def home(zoo: dict, tmp_path_factory: pytest.TempPathFactory):
 def door(home: Path, llama_server: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("stores-door")
     env = {"HOME": str(home), "FITEVICT_CACHE_DIR": str(cache_dir()), "FITEVICT_LLAMA_SERVER": str(llama_server),
-           **{v: "" for v in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}}  # the defaults here
+           **dict.fromkeys(UNSET)}  # no store variable and no switch: the stores' default places under HOME
     before = {s: tree(home / s) for s in STORES}
     with front_door(tmp, env=env) as fd:
         yield fd

@@ -17,12 +17,9 @@ from .conftest import tree
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def home(tmp_path: Path, store_defaults: Path) -> Path:
     """A HOME with the three stores in their default places (the stores' own variables unset)."""
-    src, home = tmp_path / "src", tmp_path / "home"
-    monkeypatch.setenv("HOME", str(home))
-    for var in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(var, raising=False)
+    src, home = tmp_path / "src", store_defaults
     (base,) = tiny_gguf(src / "base.gguf")
     (other,) = tiny_gguf(src / "other.gguf", tensors=2)
     (third,) = tiny_gguf(src / "third.gguf", tensors=3)
