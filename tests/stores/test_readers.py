@@ -155,6 +155,24 @@ def test_default_locations_follow_the_stores_own_variables(tmp_path: Path, files
         store_roots(StoresConfig(hf_cache=tmp_path / "nowhere"), env)
 
 
+def test_the_stores_own_variables_point_elsewhere(tmp_path: Path, files: dict[str, Path],
+                                                  store_defaults: Path) -> None:
+    """OLLAMA_MODELS; HF_HUB_CACHE over HF_HOME over XDG_CACHE_HOME, as the hub library reads them."""
+    write_ollama_model(store_defaults / ".ollama" / "models", "home", files["base"])
+    write_ollama_model(tmp_path / "ollama", "moved", files["base"])
+    for where in ("hub", "hfhome/hub", "xdg/huggingface/hub"):
+        write_hf_repo(tmp_path / where, f"o/{where.replace('/', '-')}", {"n.gguf": files["base"]})
+    env = {"HOME": str(store_defaults), "OLLAMA_MODELS": str(tmp_path / "ollama"),
+           "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+
+    def names(**more: str) -> list[str]:
+        return [m.name for s in read_stores(StoresConfig(lmstudio=False), {**env, **more}) for m in s.models]
+
+    assert names() == ["moved:latest", "o/xdg-huggingface-hub"]
+    assert names(HF_HOME=str(tmp_path / "hfhome")) == ["moved:latest", "o/hfhome-hub"]
+    assert names(HF_HOME=str(tmp_path / "hfhome"), HF_HUB_CACHE=str(tmp_path / "hub")) == ["moved:latest", "o/hub"]
+
+
 def test_the_tests_read_no_store_of_the_machine_running_them(tmp_path: Path, files: dict[str, Path],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A HOME holding all three stores (as a developer's might) is not read: not in this process, not in a
