@@ -417,7 +417,7 @@ class Catalog:
                           else settings.get(id(f)) or ModelConfig(key=f.key), tuple(engine_args))
                    for f in by_key.values()]
         entries = add_adapters(entries, peft, adapter_settings, notes)
-        entries = with_store_fields(entries, {r.name: r for r in store_adapters}, from_stores)
+        entries = with_store_fields(entries, store_adapters, from_stores)
         return cls(drop_clashing_aliases(entries, notes), notes)
 
     @classmethod
