@@ -8,7 +8,8 @@
   (``sha256-<12 hex>``). A request applies one adapter: a manifest with several adapter layers is one adapter model
   per layer, the first under the manifest's name, layer n as ``<name>:<n>`` (``layer_names``).
 - A model's implicit aliases (a store's older names, ``name`` for ``name:latest``) that another model already
-  answers to are dropped with a note; the other model keeps the name.
+  answers to are dropped with a note; the other model keeps the name. One that several models have implicitly is
+  none of theirs (a note says so).
 """
 
 from __future__ import annotations
@@ -99,17 +100,29 @@ def with_store_fields(entries: list, store_adapters: Iterable[StoreModel],
 
 
 def drop_clashing_aliases(entries: list, notes: list[str]) -> list:
-    """Drop implicit aliases (not ``[models.<key>] aliases``) that another model's key or an earlier alias holds."""
+    """Drop implicit aliases (not ``[models.<key>] aliases``) that another model's key or an earlier alias holds;
+    one that several models have implicitly (``x`` for ``alice/x`` and ``bob/x``) answers none of them: it is
+    ambiguous (catalog_names)."""
     keys = {e.key.lower(): e for e in entries}
+    implicit: dict[str, list[str]] = {}
+    for e in entries:
+        for a in e.aliases:
+            if a not in e.settings.aliases and a.lower() not in keys:
+                implicit.setdefault(a.lower(), []).append(e.key)
     claimed: dict[str, Any] = {}
     out = []
     for e in entries:
         keep = []
         for a in e.aliases:
             other = keys.get(a.lower()) or claimed.get(a.lower())
-            if other is not None and other is not e and a not in e.settings.aliases:
+            mine = a in e.settings.aliases
+            if other is not None and other is not e and not mine:
                 notes.append(f"{e.key}: the name {a!r} is already {other.key!r}'s ({other.store}); "
                              f"not an alias of {e.key!r} ({e.store})")
+                continue
+            if not mine and len(several := implicit.get(a.lower(), [])) > 1:
+                if several[0] == e.key:
+                    notes.append(f"the name {a!r} would be an alias of {', '.join(several)}; it is none of theirs")
                 continue
             claimed[a.lower()] = e
             keep.append(a)
