@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.catalog import Catalog, GgufFileError, UnknownModel, resolve_gguf_file
+from fitevict.catalog import AmbiguousModel, Catalog, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import ConfigError, load_config
-from fitevict.zoo.stores import tiny_gguf
+from fitevict.zoo.stores import tiny_gguf, write_hf_repo
 
 
 def make_gguf(path: Path, *, tensors: int = 1, split_max_tensors: int = 0) -> list[Path]:
@@ -26,14 +26,11 @@ def make_hf(folder: Path) -> Path:
     return folder
 
 
-NO_STORES = "ollama = false\nhf_cache = false\nlmstudio = false"  # this machine's own stores stay out
-
-
 def catalog_for(tmp_path: Path, toml: str = "", *dirs: Path) -> Catalog:
     """The catalog of a real config file (with models_dirs) read the way the server reads it."""
     cfg = tmp_path / "fitevict.toml"
     listed = ", ".join(json.dumps(str(d)) for d in dirs)
-    cfg.write_text(f"models_dirs = [{listed}]\n[stores]\n{NO_STORES}\n{toml}")
+    cfg.write_text(f"models_dirs = [{listed}]\n{toml}")
     return Catalog.from_config(load_config(cfg, env={}))
 
 
@@ -145,11 +142,23 @@ def test_hf_hub_cache_layout(tmp_path: Path) -> None:
     snap = repo / "snapshots" / "0123abcd"
     snap.mkdir(parents=True)
     (snap / "Qwen3-0.6B-Q4_K_M.gguf").symlink_to(os.path.relpath(blob, snap))
+    (q4,) = make_gguf(tmp_path / "src" / "M-Q4_K_M.gguf")
+    (q8,) = make_gguf(tmp_path / "src" / "M-Q8_0.gguf", tensors=2)
+    write_hf_repo(tmp_path / "hub", "bob/M-GGUF", {"M-Q4_K_M.gguf": q4}, revision="1" * 40)
+    write_hf_repo(tmp_path / "hub", "bob/M-GGUF", {"M-Q4_K_M.gguf": q4, "M-Q8_0.gguf": q8}, revision="2" * 40)
     cat = catalog_for(tmp_path, "", tmp_path / "hub")
-    e = cat.resolve("Qwen3-0.6B-GGUF")
+    e = cat.resolve("unsloth/Qwen3-0.6B-GGUF")  # the name the store reader gives, in a models dir too
+    assert e.aliases == ("Qwen3-0.6B-GGUF", "unsloth~Qwen3-0.6B-GGUF") and e.store == "models-dir"  # older keys
     assert e.model_dir == snap and e.file_bytes == blob.stat().st_size
     # the snapshot's link into blobs/ stays inside the cached repo, so it may be picked
     assert resolve_gguf_file(e, "Qwen3-0.6B-Q4_K_M.gguf") == snap / "Qwen3-0.6B-Q4_K_M.gguf"
+    q8e = cat.resolve("bob/M-GGUF:Q8_0")  # refs/main's snapshot, one model per quantization
+    assert q8e.model_dir.name == "2" * 40 and cat.resolve("M-Q8_0") is q8e and cat.resolve("bob~M-GGUF~M-Q8_0") is q8e
+    assert sorted(x.key for x in cat.entries()) == ["bob/M-GGUF:Q4_K_M", "bob/M-GGUF:Q8_0", "unsloth/Qwen3-0.6B-GGUF"]
+    write_hf_repo(tmp_path / "hub", "alice/Qwen3-0.6B-GGUF", {"x.gguf": q8})  # two repos of one name
+    with pytest.raises(AmbiguousModel) as err:
+        catalog_for(tmp_path, "", tmp_path / "hub").resolve("Qwen3-0.6B-GGUF")  # the older key is neither's
+    assert err.value.candidates == ("alice/Qwen3-0.6B-GGUF", "unsloth/Qwen3-0.6B-GGUF")
 
 
 def test_config_entries_add_and_adjust(tmp_path: Path) -> None:

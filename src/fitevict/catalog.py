@@ -8,7 +8,9 @@ Keys (matched case-insensitively, spelled as found):
 - files with ``mmproj`` in the name are projectors: attached to the models beside them, never listed;
 - a folder with ``config.json`` and ``*.safetensors`` is a Hugging Face model (engine ``transformers``),
   listed but not servable by llama-server;
-- a Hugging Face hub cache (``models--owner--repo/snapshots/<rev>/``) is named ``repo`` / ``owner~repo``;
+- a Hugging Face hub cache's repository (``models--org--name/``) is read as the store reader reads it
+  (fitevict.stores.hfcache): ``refs/main``'s snapshot, named ``org/name`` (``org/name:<QUANT>`` for several
+  quantizations), with the older keys ``name`` / ``org~name`` (a file's stem, ``org~name~stem``) as aliases;
 - LoRA adapters (``<stem>.adapters/*.gguf`` beside a base, PEFT folders) are ``<base key>:<name>`` (catalog_adapters).
 
 The stores other tools keep (Ollama, the Hugging Face cache, LM Studio; fitevict.stores) follow the models dirs,
@@ -31,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fitevict.catalog_adapters import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
-from fitevict.catalog_files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models, is_mmproj,
-                                    pick_projector, resolve_gguf_file)
+from fitevict.catalog_files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models, hf_files,
+                                    is_hf_dir, is_mmproj, pick_projector, resolve_gguf_file)
 from fitevict.catalog_names import AmbiguousModel, UnknownModel, candidates
 from fitevict.catalog_stores import adapter_models, digest_key, drop_clashing_aliases, store_settings, with_store_fields
 from fitevict.config import Config, ConfigError, ModelConfig
-from fitevict.stores import StoreModel, StoreScan, read_stores
+from fitevict.stores import StoreModel, StoreScan, hfcache, read_stores
 
 @dataclass(frozen=True, slots=True)
 class CatalogEntry:
@@ -96,10 +98,8 @@ def _hidden(name: str) -> bool:
 
 
 def _repo_names(root: Path, folder: Path) -> list[str]:
-    """Name parts of a folder below a models dir, most specific last; HF hub caches unwrapped."""
+    """Name parts of a folder below a models dir, most specific last."""
     parts = list(folder.relative_to(root).parts)
-    if len(parts) >= 3 and parts[-2] == "snapshots" and (m := HF_CACHE_RE.match(parts[-3])):
-        return parts[:-3] + m["name"].split("--")
     if not parts:
         return [root.name]
     return parts
@@ -116,17 +116,14 @@ def _chain(names: list[str], stem: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _is_hf_dir(folder: Path, names: Sequence[str]) -> bool:
-    """A transformers folder (config.json beside *.safetensors) or a diffusers pipeline (model_index.json)."""
-    return ("config.json" in names and any(n.endswith(".safetensors") for n in names)) or "model_index.json" in names
-
-
 def _hf_found(folder: Path, names: Sequence[str], chain: tuple[str, ...]) -> _Found:
-    if "model_index.json" in names:  # a pipeline: its components' weights live in subfolders
-        files = tuple(sorted(p for p in folder.glob("*/*.safetensors") if not _hidden(p.name)))
-    else:
-        files = tuple(folder / n for n in sorted(names) if n.endswith(".safetensors") and not _hidden(n))
-    return _Found("hf", folder, folder, files, folder.name, chain)
+    return _Found("hf", folder, folder, hf_files(folder, names), folder.name, chain)
+
+
+def _record_found(r: StoreModel, store: str) -> _Found:
+    """A model a store reader found (its name the key, its older names implicit aliases), listed as ``store``'s."""
+    return _Found(r.kind, r.path, r.model_dir, r.files, r.path.stem, (r.name,), r.mmproj, r.gguf_files,
+                  implicit_aliases=list(r.aliases), store=store, record=r)
 
 
 def _scan_dir(root: Path, notes: list[str], peft: list[Path]) -> list[_Found]:
@@ -151,7 +148,11 @@ def _scan_dir(root: Path, notes: list[str], peft: list[Path]) -> list[_Found]:
             continue
         flat = folder == root
         names = _repo_names(root, folder)
-        if _is_hf_dir(folder, filenames):
+        if HF_CACHE_RE.match(folder.name) and "snapshots" in dirnames:  # a hub cache's repository: as the store
+            found.extend(_record_found(r, "models-dir") for r in hfcache.read_repo(folder, notes, "models-dir"))
+            dirnames.clear()
+            continue
+        if is_hf_dir(filenames):
             found.append(_hf_found(folder, filenames, _chain(names, None)))
             dirnames[:] = []  # its subfolders belong to it
         models, projectors = gguf_models(folder, filenames, notes)
@@ -232,8 +233,7 @@ def _with_stores(found: list[_Found], scans: Sequence[StoreScan], notes: list[st
                 notes.append(f"{r.store} model {r.name!r} ({r.path}) is shadowed by the {first.store} model of that "
                              f"name ({first.path}); not listed. Name it with [models.<key>] path to serve it too")
                 continue
-            f = _Found(r.kind, r.path, r.model_dir, r.files, r.path.stem, (r.name,), r.mmproj, r.gguf_files,
-                       implicit_aliases=list(r.aliases), store=r.store, record=r)
+            f = _record_found(r, r.store)
             taken[r.name.lower()] = f
             found.append(f)
     return found, adapters
@@ -260,7 +260,7 @@ def _model_from_path(m: ModelConfig, roots: Sequence[Path], notes: list[str]) ->
     p = m.path
     if p.is_dir():
         names = os.listdir(p)
-        if _is_hf_dir(p, names):
+        if is_hf_dir(names):
             return _hf_found(p, names, (m.key,))
         models, projectors = gguf_models(p, names, notes)
         if len(models) != 1:
@@ -417,7 +417,7 @@ class Catalog:
                           else settings.get(id(f)) or ModelConfig(key=f.key), tuple(engine_args))
                    for f in by_key.values()]
         entries = add_adapters(entries, peft, adapter_settings, notes)
-        entries = with_store_fields(entries, {r.name: r for r in store_adapters}, from_stores)
+        entries = with_store_fields(entries, store_adapters, from_stores)
         return cls(drop_clashing_aliases(entries, notes), notes)
 
     @classmethod

@@ -123,6 +123,7 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
                          f"(put the base in models_dirs or name it with [models.<key>] base)")
             continue
         found.append((f"{base.key}:{folder.name}", folder, base, "peft"))
+    discovered = {id(f) for f in found}  # two entries may name one file (two store models of one adapter)
     adjust: dict[str, ModelConfig] = {}
     for m in models.values():
         if m.base is None:
@@ -144,13 +145,15 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
         if kind == "lora" and base.kind != "gguf":
             raise ConfigError(f"{where}: {m.path} is a GGUF LoRA adapter, which needs a GGUF base on llama-server; "
                               f"{m.base!r} is {base.engine} ({base.kind}); name a GGUF base or use a PEFT adapter")
-        found = [f for f in found if f[1].resolve() != m.path.resolve() or f[2].key != base.key]  # named anew
+        found = [f for f in found if id(f) not in discovered  # a discovered adapter named anew
+                 or f[1].resolve() != m.path.resolve() or f[2].key != base.key]
         found.append((m.key, m.path, base, kind))
         adjust[m.key.lower()] = m
     by_base: dict[str, list[Path]] = {}
     for key, path, base, kind in sorted(found, key=lambda f: f[0].lower()):
-        if (kind, base.engine) in (("lora", "llama-server"), ("peft", "transformers")):
-            by_base.setdefault(base.key, []).append(path)
+        held = by_base.setdefault(base.key, [])
+        if (kind, base.engine) in (("lora", "llama-server"), ("peft", "transformers")) and path not in held:
+            held.append(path)  # one file under two keys (two store names of one adapter) is loaded once
     bases = [replace(b, loras=tuple(by_base.get(b.key, ()))) for b in entries]
     out = list(bases)
     base_by_key = {b.key: b for b in bases}

@@ -24,6 +24,18 @@ def _hidden(name: str) -> bool:
     return name.startswith(".")
 
 
+def is_hf_dir(names: Sequence[str]) -> bool:
+    """A transformers folder (config.json beside *.safetensors) or a diffusers pipeline (model_index.json)."""
+    return ("config.json" in names and any(n.endswith(".safetensors") for n in names)) or "model_index.json" in names
+
+
+def hf_files(folder: Path, names: Sequence[str]) -> tuple[Path, ...]:
+    """The weight files of an HF folder: its *.safetensors; a pipeline's are in its components' subfolders."""
+    if "model_index.json" in names:
+        return tuple(sorted(p for p in folder.glob("*/*.safetensors") if not _hidden(p.name)))
+    return tuple(folder / n for n in sorted(names) if n.endswith(".safetensors") and not _hidden(n))
+
+
 def is_mmproj(name: str) -> bool:
     return "mmproj" in name.lower()
 

@@ -5,9 +5,11 @@
   note. A ``[models.<key>]`` entry for the same key wins field by field.
 - Ollama's ``adapter`` layers make the model an adapter served on the seat of its base (the model blob): the base is
   the store's model of that blob, or, when no manifest serves the blob bare, a model keyed by the blob's digest
-  (``sha256-<12 hex>``).
+  (``sha256-<12 hex>``). A request applies one adapter: a manifest with several adapter layers is one adapter model
+  per layer, the first under the manifest's name, layer n as ``<name>:<n>`` (``layer_names``).
 - A model's implicit aliases (a store's older names, ``name`` for ``name:latest``) that another model already
-  answers to are dropped with a note; the other model keeps the name.
+  answers to are dropped with a note; the other model keeps the name. One that several models have implicitly is
+  none of theirs (a note says so).
 """
 
 from __future__ import annotations
@@ -53,30 +55,38 @@ def digest_key(blob: Path) -> str:
     return blob.name[: len("sha256-") + 12]
 
 
+def layer_names(record: StoreModel) -> list[str]:
+    """The keys of a store model's adapter layers: its own name for the first; ``<name>:<n>`` for layer n of
+    several (the first is also ``<name>:1``)."""
+    return [record.name if n == 1 else f"{record.name}:{n}" for n in range(1, len(record.adapters) + 1)]
+
+
 def adapter_models(records: Iterable[StoreModel], base_key_of: Mapping[str, str], user: Mapping[str, ModelConfig],
                    notes: list[str]) -> dict[str, ModelConfig]:
-    """``[models.<key>]``-style entries for the store models that are adapters (``base``, ``path`` set), keyed by
-    their names; ``base_key_of`` maps a model file's real path to its base's key."""
+    """``[models.<key>]``-style entries for the store models that are adapters (``base``, ``path`` set), one per
+    adapter layer (keys: ``layer_names``); ``base_key_of`` maps a model file's real path to its base's key."""
     out: dict[str, ModelConfig] = {}
     for r in records:
-        first, *rest = r.adapters
-        if rest:
-            notes.append(f"{r.store} model {r.name!r}: {len(r.adapters)} adapter layers; fitevict applies one "
-                         f"adapter per model, the first ({first.name}); the others are not applied")
-        if not is_lora_gguf(first):
-            notes.append(f"{r.store} model {r.name!r}: adapter {first} is not a GGUF LoRA adapter; not listed")
-            continue
-        own = user.get(r.name) or ModelConfig(key=r.name)
+        several = len(r.adapters) > 1
         base = base_key_of[os.path.realpath(r.path)]
-        settings = store_settings(r, r.name, own, notes)
-        out[r.name] = dataclasses.replace(settings, path=first, base=base,
-                                          aliases=tuple(dict.fromkeys([*own.aliases, *r.aliases])))
+        for n, (key, layer) in enumerate(zip(layer_names(r), r.adapters), 1):
+            if not is_lora_gguf(layer):
+                notes.append(f"{r.store} model {r.name!r}: adapter {layer} is not a GGUF LoRA adapter; {key!r} is "
+                             "not listed")
+                continue
+            own = user.get(key) or ModelConfig(key=key)
+            implicit = [*r.aliases, f"{r.name}:1"] if several and n == 1 else r.aliases if n == 1 else ()
+            settings = store_settings(r, key, own, notes)
+            out[key] = dataclasses.replace(settings, path=layer, base=base,
+                                           aliases=tuple(dict.fromkeys([*own.aliases, *implicit])))
     return out
 
 
-def with_store_fields(entries: list, records: Mapping[str, StoreModel], adapters: Mapping[str, ModelConfig]) -> list:
-    """Entries with the store they came from and its default system message (``records``: by key); a store's
-    adapter with its own request defaults over its base's (``adapters``: from ``adapter_models``)."""
+def with_store_fields(entries: list, store_adapters: Iterable[StoreModel],
+                      adapters: Mapping[str, ModelConfig]) -> list:
+    """Entries of the stores' adapter models with the store they came from and its default system message, and
+    their own request defaults over their base's (``adapters``: from ``adapter_models``)."""
+    records = {key: r for r in store_adapters for key in layer_names(r)}
     out = []
     for e in entries:
         r = records.get(e.key)
@@ -90,17 +100,29 @@ def with_store_fields(entries: list, records: Mapping[str, StoreModel], adapters
 
 
 def drop_clashing_aliases(entries: list, notes: list[str]) -> list:
-    """Drop implicit aliases (not ``[models.<key>] aliases``) that another model's key or an earlier alias holds."""
+    """Drop implicit aliases (not ``[models.<key>] aliases``) that another model's key or an earlier alias holds;
+    one that several models have implicitly (``x`` for ``alice/x`` and ``bob/x``) answers none of them: it is
+    ambiguous (catalog_names)."""
     keys = {e.key.lower(): e for e in entries}
+    implicit: dict[str, list[str]] = {}
+    for e in entries:
+        for a in e.aliases:
+            if a not in e.settings.aliases and a.lower() not in keys:
+                implicit.setdefault(a.lower(), []).append(e.key)
     claimed: dict[str, Any] = {}
     out = []
     for e in entries:
         keep = []
         for a in e.aliases:
             other = keys.get(a.lower()) or claimed.get(a.lower())
-            if other is not None and other is not e and a not in e.settings.aliases:
+            mine = a in e.settings.aliases
+            if other is not None and other is not e and not mine:
                 notes.append(f"{e.key}: the name {a!r} is already {other.key!r}'s ({other.store}); "
                              f"not an alias of {e.key!r} ({e.store})")
+                continue
+            if not mine and len(several := implicit.get(a.lower(), [])) > 1:
+                if several[0] == e.key:
+                    notes.append(f"the name {a!r} would be an alias of {', '.join(several)}; it is none of theirs")
                 continue
             claimed[a.lower()] = e
             keep.append(a)

@@ -49,11 +49,13 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeou
 
 @contextmanager
 def front_door(tmp: Path, *args: str, env: dict | None = None) -> Iterator[FrontDoor]:
+    """``fitevict serve`` with this process's environment, ``env`` over it (a value of None unsets a variable):
+    no config file and, as for every test, no store unless ``env`` turns one on (tests/conftest.py)."""
     port = free_port()
     data = tmp / "data"
     log_path = tmp / f"serve-{port}.log"
     argv = [sys.executable, "-m", "fitevict.cli", "serve", "--port", str(port), "--data-dir", str(data), *args]
-    full_env = {**os.environ, "FITEVICT_CONFIG": "", **(env or {})}
+    full_env = {k: v for k, v in {**os.environ, "FITEVICT_CONFIG": "", **(env or {})}.items() if v is not None}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=full_env)
     url = f"http://127.0.0.1:{port}"

@@ -1,8 +1,9 @@
 """The stores people already have, served by a real ``fitevict serve`` with real llama-server seats: an Ollama
-store (a model with a projector and params, an adapter on it with a system message), a Hugging Face hub cache with
-two quantizations in one snapshot, and an LM Studio folder, all in their default places under a temporary HOME,
-made read-only. Each answers through the openai client and the ollama API under its tool's name; an ambiguous name
-answers 400 with the candidates; nothing is written to any store."""
+store (a model with a projector and params; a manifest with two adapter layers on it and a system message), a
+Hugging Face hub cache with two quantizations in one snapshot, and an LM Studio folder, all in their default places
+under a temporary HOME (no store variable, no config file, no models dir), made read-only. Each answers through the
+openai client and the ollama API under its tool's name; an ambiguous name answers 400 with the candidates; nothing
+is written to any store."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from stores.conftest import set_writable, tree
 pytestmark = pytest.mark.e2e
 
 STORES = (".ollama", ".cache/huggingface", ".lmstudio")
+UNSET = ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "FITEVICT_OLLAMA", "FITEVICT_HF_CACHE",
+         "FITEVICT_LMSTUDIO", "XDG_CONFIG_HOME")
 ONE_OF_EACH = ("sql", "zoo/tiny-GGUF:F16", "pub/tiny-GGUF")
 
 
@@ -35,12 +38,12 @@ def home(zoo: dict, tmp_path_factory: pytest.TempPathFactory):
     gqa, tied = zoo["llama-gqa"].path, zoo["llama-tied"].path
     base = src / "llama-gqa.gguf"
     shutil.copyfile(gqa, base)
-    lora = write_adapter(base, "llama-gqa", "sql").path
+    lora, lora2 = (write_adapter(base, "llama-gqa", n).path for n in ("sql", "chat"))
     proj = write_mmproj(src / "mmproj-f16.gguf", n_embd_text=load_structure(gqa).n_embd)
     models = home / ".ollama" / "models"
     write_ollama_model(models, "tiny", gqa, projector=proj, template="{{ .Prompt }}",
                        params={"num_ctx": 1024, "temperature": 0, "num_predict": 4})
-    write_ollama_model(models, "sql", gqa, projector=proj, adapters=(lora,), system="You write SQL.",
+    write_ollama_model(models, "sql", gqa, projector=proj, adapters=(lora, lora2), system="You write SQL.",
                        params={"num_ctx": 1024, "temperature": 0})
     write_hf_repo(home / ".cache" / "huggingface" / "hub", "zoo/tiny-GGUF",
                   {"tiny-F16.gguf": gqa, "tiny-F32.gguf": tied})
@@ -56,7 +59,7 @@ def home(zoo: dict, tmp_path_factory: pytest.TempPathFactory):
 def door(home: Path, llama_server: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("stores-door")
     env = {"HOME": str(home), "FITEVICT_CACHE_DIR": str(cache_dir()), "FITEVICT_LLAMA_SERVER": str(llama_server),
-           **{v: "" for v in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}}  # the defaults here
+           **dict.fromkeys(UNSET)}  # no store variable and no switch: the stores' default places under HOME
     before = {s: tree(home / s) for s in STORES}
     with front_door(tmp, env=env) as fd:
         yield fd
@@ -66,7 +69,8 @@ def door(home: Path, llama_server: Path, tmp_path_factory: pytest.TempPathFactor
 def test_each_store_is_listed_under_its_tools_names(door) -> None:
     data = httpx.get(door.base_url + "/v1/models", timeout=30).json()["data"]
     listed = {m["id"]: m["fitevict"]["store"] for m in data}
-    assert listed == {"tiny:latest": "ollama", "sql:latest": "ollama", "zoo/tiny-GGUF:F16": "hf-cache",
+    assert listed == {"tiny:latest": "ollama", "sql:latest": "ollama", "sql:latest:2": "ollama",
+                      "zoo/tiny-GGUF:F16": "hf-cache",
                       "zoo/tiny-GGUF:F32": "hf-cache", "pub/tiny-GGUF": "lmstudio"}
     tags = {m.model: m for m in ollama.Client(host=door.base_url, timeout=60).list().models}
     assert set(tags) == set(listed)
@@ -92,6 +96,10 @@ def test_ollama_layers_are_used(door) -> None:
     assert seat["ctx"] == 1024 and seat["store"] == "ollama"  # num_ctx is the load contract's ctx
     sql = c.chat(model="sql", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 3})
     assert sql.done and sql.model == "sql:latest"  # the adapter, on the base's seat with its projector
+    second = c.chat(model="sql:latest:2", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 3})
+    assert second.done and second.model == "sql:latest:2"  # the manifest's second adapter layer, on the same seat
+    residents = httpx.get(door.base_url + "/v1/models/residents", timeout=30).json()["data"]
+    assert [v["key"] for v in residents].count("tiny:latest") == 1  # one seat for the base and both adapters
 
 
 def test_an_ambiguous_name_answers_400_with_the_candidates(door) -> None:

@@ -13,8 +13,6 @@ from fitevict.server.app import create_app
 from fitevict.zoo import write_zoo
 
 
-NO_STORES = {"stores.ollama": False, "stores.hf_cache": False, "stores.lmstudio": False}  # none of this machine's
-
 
 @pytest.fixture()
 def make_client(tmp_path: Path):
@@ -27,7 +25,7 @@ def make_client(tmp_path: Path):
 
     def make(**overrides) -> TestClient:
         cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": [str(models)],
-                                                   **NO_STORES, **overrides})
+                                                   **overrides})
         c = TestClient(create_app(cfg, engine_binary=engine, catalog=Catalog.from_config(cfg)))
         c.__enter__()
         clients.append(c)

@@ -17,22 +17,21 @@ from .conftest import tree
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def home(tmp_path: Path, store_defaults: Path) -> Path:
     """A HOME with the three stores in their default places (the stores' own variables unset)."""
-    src, home = tmp_path / "src", tmp_path / "home"
-    monkeypatch.setenv("HOME", str(home))
-    for var in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(var, raising=False)
+    src, home = tmp_path / "src", store_defaults
     (base,) = tiny_gguf(src / "base.gguf")
     (other,) = tiny_gguf(src / "other.gguf", tensors=2)
     (third,) = tiny_gguf(src / "third.gguf", tensors=3)
     (proj,) = tiny_gguf(src / "mmproj-f16.gguf")
     (lora,) = tiny_gguf(src / "sql.gguf", adapter=True)
+    (lora2,) = tiny_gguf(src / "sql2.gguf", adapter=True, tensors=2)
     ollama = home / ".ollama" / "models"
     write_ollama_model(ollama, "llama", base, projector=proj, params={"num_ctx": 2048, "temperature": 0.1})
     write_ollama_model(ollama, "sql", base, adapters=(lora,), system="Answer in SQL.",
                        params={"temperature": 0, "stop": ["```"], "num_thread": 4})
     write_ollama_model(ollama, "lonely", third, tag="v1", adapters=(lora,))
+    write_ollama_model(ollama, "duo", base, adapters=(lora, lora2), system="Two at once.")
     hub = home / ".cache" / "huggingface" / "hub"
     write_hf_repo(hub, "unsloth/M-GGUF", {"M-Q4_K_M.gguf": base, "M-Q8_0.gguf": other})
     write_hf_repo(hub, "bob/One-GGUF", {"One-Q4_0.gguf": other})
@@ -53,7 +52,8 @@ def test_every_store_is_listed_under_its_own_names(home: Path, freeze) -> None:
     before = {s: freeze(home / s) for s in (".ollama", ".cache", ".lmstudio")}
     cat = catalog(home)
     stores = {e.key: e.store for e in cat.entries()}
-    assert stores == {"llama:latest": "ollama", "sql:latest": "ollama", "lonely:v1": "ollama",
+    assert stores == {"llama:latest": "ollama", "sql:latest": "ollama", "lonely:v1": "ollama", "duo:latest": "ollama",
+                      "duo:latest:2": "ollama",
                       "sha256-" + cat.resolve("lonely:v1").base[7:]: "ollama",
                       "unsloth/M-GGUF:Q4_K_M": "hf-cache", "unsloth/M-GGUF:Q8_0": "hf-cache",
                       "bob/One-GGUF": "hf-cache", "alice/M-GGUF": "lmstudio"}
@@ -68,13 +68,24 @@ def test_ollama_layers_become_mmproj_adapters_ctx_defaults_and_system(home: Path
     assert llama.mmproj is not None and llama.mmproj.name.startswith("sha256-")
     assert llama.settings.ctx == 2048 and dict(llama.settings.request_defaults) == {"temperature": 0.1}
     assert (sql.kind, sql.base, sql.base_path) == ("lora", "llama:latest", llama.path)  # the adapter, on its base
-    assert llama.loras == (sql.path,)  # the base's seat starts with it
+    assert llama.loras == (sql.path, cat.resolve("duo:latest:2").path)  # the base's seat starts with each adapter once
     assert dict(sql.settings.request_defaults) == {"temperature": 0, "stop": ["```"]}
     assert sql.system == "Answer in SQL." and llama.system is None
     assert any("'sql:latest'" in n and "num_thread" in n and "not applied" in n for n in cat.notes), cat.notes
     lonely = cat.resolve("lonely:v1")  # no manifest serves its model bare: the base is keyed by the blob's digest
     assert lonely.base.startswith("sha256-") and len(lonely.base) == len("sha256-") + 12
     assert cat.resolve(lonely.base).path == lonely.base_path
+
+
+def test_each_adapter_layer_of_a_manifest_is_an_adapter_of_its_base(home: Path) -> None:
+    cat = catalog(home)
+    first, second = cat.resolve("duo"), cat.resolve("duo:latest:2")
+    assert cat.resolve("duo:latest:1") is first and first.key == "duo:latest"  # the first under the manifest's name
+    assert first.path == cat.resolve("sql").path and first.path != second.path  # one blob for sql's and duo's first
+    assert {e.kind for e in (first, second)} == {"lora"} and first.base == second.base == "llama:latest"
+    assert first.system == second.system == "Two at once." and first.store == second.store == "ollama"
+    assert first.loras == second.loras == cat.resolve("llama").loras
+    assert not any("duo" in n and "not applied" in n for n in cat.notes), cat.notes
 
 
 def test_a_name_in_two_stores_is_reported_not_dropped_silently(home: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.config import ConfigError, StoresConfig
+from fitevict.config import ConfigError, StoresConfig, load_config
 from fitevict.stores import quant_of, read_stores, store_roots
 from fitevict.stores import hfcache, lmstudio, ollama
 from fitevict.zoo.stores import tiny_gguf, write_hf_repo, write_lmstudio_repo, write_ollama_model
@@ -133,8 +133,9 @@ def test_quant_of(stem: str, quant: str | None) -> None:
     assert quant_of(stem) == quant
 
 
-def test_default_locations_follow_the_stores_own_variables(tmp_path: Path, files: dict[str, Path]) -> None:
-    home = tmp_path / "home"
+def test_default_locations_follow_the_stores_own_variables(tmp_path: Path, files: dict[str, Path],
+                                                          store_defaults: Path) -> None:
+    home = store_defaults
     env = {"HOME": str(home)}
     assert store_roots(StoresConfig(), env) == []  # no store where none exists
     write_ollama_model(home / ".ollama" / "models", "m", files["base"])
@@ -152,3 +153,44 @@ def test_default_locations_follow_the_stores_own_variables(tmp_path: Path, files
         ("ollama", ["m:latest"]), ("hf-cache", ["o/n"]), ("lmstudio", ["p/r"])]
     with pytest.raises(ConfigError, match=r"stores\.hf_cache = '.*nowhere': not a folder"):
         store_roots(StoresConfig(hf_cache=tmp_path / "nowhere"), env)
+
+
+def test_the_stores_own_variables_point_elsewhere(tmp_path: Path, files: dict[str, Path],
+                                                  store_defaults: Path) -> None:
+    """OLLAMA_MODELS; HF_HUB_CACHE over HF_HOME over XDG_CACHE_HOME, as the hub library reads them."""
+    write_ollama_model(store_defaults / ".ollama" / "models", "home", files["base"])
+    write_ollama_model(tmp_path / "ollama", "moved", files["base"])
+    for where in ("hub", "hfhome/hub", "xdg/huggingface/hub"):
+        write_hf_repo(tmp_path / where, f"o/{where.replace('/', '-')}", {"n.gguf": files["base"]})
+    env = {"HOME": str(store_defaults), "OLLAMA_MODELS": str(tmp_path / "ollama"),
+           "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+
+    def names(**more: str) -> list[str]:
+        return [m.name for s in read_stores(StoresConfig(lmstudio=False), {**env, **more}) for m in s.models]
+
+    assert names() == ["moved:latest", "o/xdg-huggingface-hub"]
+    assert names(HF_HOME=str(tmp_path / "hfhome")) == ["moved:latest", "o/hfhome-hub"]
+    assert names(HF_HOME=str(tmp_path / "hfhome"), HF_HUB_CACHE=str(tmp_path / "hub")) == ["moved:latest", "o/hub"]
+
+
+def test_the_tests_read_no_store_of_the_machine_running_them(tmp_path: Path, files: dict[str, Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A HOME holding all three stores (as a developer's might) is not read: not in this process, not in a
+    process the tests start (tests/conftest.py)."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    write_ollama_model(home / ".ollama" / "models", "m", files["base"])
+    write_hf_repo(home / ".cache" / "huggingface" / "hub", "o/n", {"n.gguf": files["base"]})
+    write_lmstudio_repo(home / ".lmstudio" / "models", "p/r", {"r.gguf": files["base"]})
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    assert read_stores(StoresConfig()) == [] and read_stores(load_config(None, env={}).stores) == []
+    child = ("from fitevict.config import load_config; from fitevict.stores import read_stores; "
+             "print(len(read_stores(load_config().stores)))")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True,
+                         env={**os.environ, "FITEVICT_CONFIG": ""}).stdout
+    assert out.strip() == "0"

@@ -10,14 +10,13 @@ Nothing is written to the cache.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from fitevict.catalog_files import HF_CACHE_RE as REPO_RE
 from fitevict.stores.record import StoreModel, StoreScan, folder_models
 
 STORE = "hf-cache"
-REPO_RE = re.compile(r"^models--(?P<name>.+)$")
 
 
 def default_root(env: Mapping[str, str]) -> Path:

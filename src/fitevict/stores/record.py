@@ -12,7 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fitevict.catalog_files import GgufModel, gguf_models, pick_projector
+from fitevict.catalog_files import GgufModel, gguf_models, hf_files, is_hf_dir, pick_projector
 
 #: a quantization at the end of a GGUF file stem: Q4_K_M, IQ4_XS, Q8_0, TQ1_0, F16, BF16, UD-Q4_K_XL, MXFP4 ...
 _QUANT_RE = re.compile(r"(?:^|[-_.])((?:UD-)?(?:[IT]?Q\d+(?:_[A-Z0-9]+)*|BF16|F16|F32|FP16|FP32|MXFP4(?:_MOE)?))$",
@@ -68,21 +68,15 @@ def variant_names(name: str, models: Sequence[GgufModel]) -> list[str]:
             for m, q in zip(models, quants)]
 
 
-def is_hf_folder(names: Sequence[str]) -> bool:
-    """config.json beside *.safetensors: a transformers model folder."""
-    return "config.json" in names and any(n.endswith(".safetensors") for n in names)
-
-
 def folder_models(store: str, name: str, folder: Path, notes: list[str],
                   old_keys: Callable[[str, bool], Sequence[str]] | None = None) -> list[StoreModel]:
     """The models of one repository folder (its subfolders included, as split quantizations often live in
-    ``Q4_K_M/``): a safetensors model, or its GGUF models named by ``variant_names``. ``old_keys(stem, several)``:
-    the names older versions gave a model (kept as aliases)."""
+    ``Q4_K_M/``): a safetensors model or pipeline, or its GGUF models named by ``variant_names``.
+    ``old_keys(stem, several)``: the names older versions gave a model (kept as aliases)."""
     names = sorted(os.listdir(folder))
-    if is_hf_folder(names):
-        files = tuple(folder / n for n in names if n.endswith(".safetensors") and not n.startswith("."))
+    if is_hf_dir(names):
         old = tuple(old_keys(folder.name, False)) if old_keys else ()
-        return [StoreModel(store, name, "hf", folder, files, folder, aliases=old)]
+        return [StoreModel(store, name, "hf", folder, hf_files(folder, names), folder, aliases=old)]
     found: list[tuple[str, GgufModel]] = []
     projectors: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
