@@ -17,7 +17,7 @@ SRC = Path(fitevict.__file__).parent
 STAGES: dict[str, int] = {
     "": 0, "units": 0, "paths": 0, "config": 0,
     "pricing": 1,
-    "budget": 2, "planner": 2, "guard": 2, "pressure": 2,
+    "budget": 2, "planner": 2, "guard": 2, "pressure": 2, "shrink": 1,
     "host": 3, "engines": 3, "store": 3, "zoo": 3, "catalog": 3, "catalog_adapters": 3, "catalog_files": 3,
     "catalog_names": 3, "catalog_stores": 3, "stores": 3,
     "contract": 3, "report": 3,

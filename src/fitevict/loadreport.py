@@ -27,6 +27,8 @@ from fitevict.engines.torch_engine import TransformersEngine
 from fitevict.engines.torch_engine import adapter_load_seconds as torch_adapter_seconds
 
 HEADER = "x-fitevict-load-report"
+SHRUNK_HEADER = "x-fitevict-ctx-shrunk"  # "<asked>-><loaded>": policy.shrink_ctx loaded a smaller context
+SHRUNK = "ctx shrunk"
 
 _STAMP = r"^\s*(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) \S "
 _LORA_START = re.compile(_STAMP + r"llama_adapter_lora_init: loading lora adapter")
@@ -262,7 +264,19 @@ def report_headers(timing: Mapping, seat_header: bytes | None = None) -> dict[st
         report = timing["load_report"] = report()
     if isinstance(report, LoadReport) and timing.get("kv_restore") is not None and report.kv_restore is None:
         report = timing["load_report"] = replace(report, kv_restore=timing["kv_restore"])
+    shrunk = timing.get("ctx_shrunk")
+    if isinstance(report, LoadReport) and shrunk is not None and not any(n.startswith(SHRUNK) for n in report.notes):
+        report = timing["load_report"] = replace(report, notes=(*report.notes, shrunk_note(shrunk)))
+    if shrunk is not None:
+        extra = {SHRUNK_HEADER: f"{shrunk['asked_ctx']}->{shrunk['loaded_ctx']}"}
+        return ({HEADER: _header(with_activation(report, seat_header))} if isinstance(report, LoadReport) else {}) | extra
     return {HEADER: _header(with_activation(report, seat_header))} if isinstance(report, LoadReport) else {}
+
+
+def shrunk_note(shrunk: Mapping) -> str:
+    need = shrunk.get("need") or {}
+    return (f"{SHRUNK}: ctx {shrunk['asked_ctx']} does not fit; loaded at ctx {shrunk['loaded_ctx']}, the largest "
+            f"that fits, which holds this request ({need.get('why', 'its tokens counted')}); policy.shrink_ctx")
 
 
 def plan_hits(entry, plan) -> dict:

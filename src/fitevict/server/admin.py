@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from fitevict import shrink
 from fitevict.loadreport import plan_hits
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
@@ -59,8 +60,10 @@ def router(door: Door) -> APIRouter:
         contract = await contract_from_body(request)
         check_gguf_file(entry, contract)
         the_plan = sup.plan(entry.key, contract)
+        shrunk = (shrink.dry_run(the_plan.largest_ctx, the_plan.config.n_parallel if the_plan.config else None)
+                  if sup.config.policy.shrink_ctx and the_plan.action == "refuse" else None)
         return {"model": entry.key, **plan_hits(entry, the_plan), "plan": the_plan.to_json(),
-                "budget": sup.last_budget_json()}
+                "budget": sup.last_budget_json(), **({"shrink_ctx": shrunk} if shrunk else {})}
 
     @app.post("/v1/models/{model_id:path}/load", tags=["admin"], summary="Load a model (with an optional contract)")
     async def load(model_id: str, request: Request,

@@ -26,6 +26,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
+from fitevict import shrink
 from fitevict.contract import with_lora
 from fitevict.loadreport import report_headers
 from fitevict.server import plain, progress
@@ -340,7 +341,9 @@ class FastPath:
         out: Relayed | None = None
         extra: dict[str, Any] = {}
         try:
-            cm = door.sup.acquire(prep.entry.key, prep.contract, request_id=rec.request_id, timing=rec.waits)
+            need = shrink.need(body, prep.entry.settings.request_defaults) if door.config.policy.shrink_ctx else None
+            cm = door.sup.acquire(prep.entry.key, prep.contract, request_id=rec.request_id, timing=rec.waits,
+                                  need=need)
             seat = await cm.__aenter__()
             held = cm
             rec.t_seat = time.perf_counter()

@@ -20,6 +20,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from fitevict.loadreport import SHRUNK_HEADER
+from fitevict import shrink
 from fitevict import __version__
 from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract, for_embeddings, with_lora
@@ -154,10 +156,13 @@ def router(door: Door) -> APIRouter:
         headers = {"x-request-id": rid}
         if tr.ignored:
             headers["x-fitevict-ignored-options"] = ",".join(tr.ignored)
-        timing: dict[str, float] = {}
+        timing: dict[str, Any] = {}
         stack = contextlib.AsyncExitStack()
         try:
-            seat = await stack.enter_async_context(seatcall.held(door, entry, tr.contract, rid, timing))
+            need = shrink.need(tr.body, entry.settings.request_defaults) if door.config.policy.shrink_ctx else None
+            seat = await stack.enter_async_context(seatcall.held(door, entry, tr.contract, rid, timing, need))
+            if "ctx_shrunk" in timing:  # policy.shrink_ctx loaded a smaller context for it
+                headers[SHRUNK_HEADER] = f"{timing['ctx_shrunk']['asked_ctx']}->{timing['ctx_shrunk']['loaded_ctx']}"
             with_defaults(entry, tr.body)  # the model's request defaults and default system message
             sent = with_lora(tr.body, seat.config.loras, entry, tr.contract)  # adapters: scales per request
             r = await seatcall.send(upstream, seat, path, sent, rid)

@@ -17,6 +17,7 @@ from typing import Any
 from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract
 from fitevict.engines.upstream import Upstream, UpstreamConn, UpstreamError
+from fitevict.shrink import Need
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
@@ -58,10 +59,11 @@ class SeatResponse:
 
 @contextlib.asynccontextmanager
 async def held(door: Door, entry: CatalogEntry, contract: Contract | None, request_id: str,
-               timing: dict | None = None) -> AsyncIterator[SeatState]:
-    """A seat of ``entry`` for the block (loading it if needed); the supervisor's refusals as ``ApiError``."""
+               timing: dict | None = None, need: Need | None = None) -> AsyncIterator[SeatState]:
+    """A seat of ``entry`` for the block (loading it if needed); the supervisor's refusals as ``ApiError``.
+    ``need``: the request's tokens, for ``policy.shrink_ctx``."""
     try:
-        async with door.sup.acquire(entry.key, contract, request_id=request_id, timing=timing) as seat:
+        async with door.sup.acquire(entry.key, contract, request_id=request_id, timing=timing, need=need) as seat:
             yield seat
     except SupervisorError as e:
         raise door.supervisor_error(e) from None

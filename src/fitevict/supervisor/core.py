@@ -33,11 +33,13 @@ from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
 from fitevict.store.records import Event, Seat as SeatRecord
 from fitevict.supervisor.effects import LiveEffects
-from fitevict.supervisor.errors import Busy
-from fitevict.supervisor.measure import mem_json
+from fitevict.shrink import Need
+from fitevict.supervisor.errors import Busy, Refused
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.neighbours import PressureWatch
 from fitevict.supervisor.orphans import cleanup_orphans
+from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
+from fitevict.supervisor.views import resident_views
 from fitevict.supervisor.learned import (PEFT_OVERHEAD_KEY, TORCH_OVERHEAD_KEY, overhead_key, plan_policy,
                                         prime_price_book)
 from fitevict.supervisor.pricebook import PriceBook
@@ -131,6 +133,7 @@ class Supervisor:
         self._shutdown: asyncio.Future | None = None
         self._hurry = asyncio.Event()
         self.pressure = PressureWatch(self)
+        self.shrinks: dict[tuple[str, int], dict] = {}  # (model, ctx loaded) -> what policy.shrink_ctx decided
         self.kv = PromptKeep(Path(config.data_dir) / "kv", min_tokens=config.policy.prompt_cache_min_tokens,
                              disk_budget=config.policy.prompt_cache_disk)
 
@@ -277,7 +280,7 @@ class Supervisor:
     def path_for(self, request: pl.PlanRequest) -> Path:
         return self._paths.get(request) or Path(self.catalog.resolve(request.key).path)
 
-    def _request(self, entry: CatalogEntry, contract: Contract | None) -> pl.PlanRequest:
+    def request_for(self, entry: CatalogEntry, contract: Contract | None) -> pl.PlanRequest:
         req, _cfg, path = self.prices.request(entry, contract)
         self._paths[req] = path
         return req
@@ -293,7 +296,7 @@ class Supervisor:
     def plan(self, key: str, contract: Contract | None = None, *, now: float | None = None) -> pl.Plan:
         """A dry run: the Plan a load would follow now. Changes nothing."""
         entry = self.catalog.resolve(key)
-        req = self._request(entry, contract)
+        req = self.request_for(entry, contract)
         if contract is not None and contract != Contract():
             # a dry run with a contract asks for exactly this configuration, as a load for it would
             path = self.path_for(req)
@@ -332,19 +335,27 @@ class Supervisor:
 
     @contextlib.asynccontextmanager
     async def acquire(self, key: str, contract: Contract | None = None, *, request_id: str | None = None,
-                      timing: dict | None = None) -> AsyncIterator[SeatState]:
+                      timing: dict | None = None, need: Need | None = None) -> AsyncIterator[SeatState]:
         """Hold a seat of ``key`` (loading it if needed) for the block. ``timing`` (if given) gets
         ``queue_s`` and ``load_s``: the wait, split into queueing and waiting for a load of this model.
+        ``need``: the tokens the request may need (``fitevict.shrink``); with ``policy.shrink_ctx`` a contract
+        whose context does not fit loads at the largest context that does when one slot of it holds them
+        (``timing["ctx_shrunk"]`` says so).
 
         Cancelling the task while it waits takes the request out of the queue at once; a load that nobody
         waits for any more is cancelled (see ``Scheduler.cancel``)."""
         entry = self.catalog.resolve(key)
-        w = Waiter(self._request(entry, contract), self.clock(), request_id,
+        contract = resident_shrunk(self, entry, contract, need, timing)
+        w = Waiter(self.request_for(entry, contract), self.clock(), request_id,
                    keep_alive=contract.keep_alive if contract is not None else None)
         got = self.scheduler.fast(w)
         hit = got is not None
         if got is None:
-            got = await self._wait(w, entry, timing)
+            try:
+                got = await self._wait(w, entry, timing)
+            except Refused as e:
+                w = shrunk_waiter(self, e, w, entry, contract, need, timing)
+                got = await self._wait(w, entry, timing)
         elif timing is not None:
             timing["queue_s"], timing["load_s"] = 0.0, 0.0
         seat = self.seats[got]
@@ -389,7 +400,7 @@ class Supervisor:
     async def load(self, key: str, contract: Contract | None = None, *, request_id: str | None = None) -> SeatState:
         """Make ``key`` resident (an admin load): queued like a request, but it holds nothing once ready."""
         entry = self.catalog.resolve(key)
-        w = Waiter(self._request(entry, contract), self.clock(), request_id, hold=False,
+        w = Waiter(self.request_for(entry, contract), self.clock(), request_id, hold=False,
                    keep_alive=contract.keep_alive if contract is not None else None)
         got = await self._wait(w, entry)
         await self.settle()  # an admin load answers with the seat measured and its load recorded
@@ -459,27 +470,5 @@ class Supervisor:
         return out
 
     def resident_views(self) -> list[dict]:
-        out = []
-        for s in self.seats.values():
-            slot = self.scheduler.slots.get(s.key)
-            devices = [HOST, *s.config.devices]
-            per_dev = {d: s.figures(d) for d in devices}
-            gpu = sum(s.bytes_on(d) for d in s.config.devices)
-            host = s.bytes_on(HOST)
-            total = gpu + host
-            placement = (f"{100 * host / total:.0f}%/{100 * gpu / total:.0f}% CPU/GPU" if gpu and total
-                         else "100% CPU")
-            due = self.scheduler.idle_due_at(slot) if slot is not None else None
-            out.append({
-                "key": s.key, "engine": s.engine, "state": str(s.state),
-                "phase": slot.phase.value if slot is not None else None, "placement": placement,
-                **({"split": s.split} if s.split else {}),
-                "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
-                "in_flight": slot.in_flight if slot is not None else 0,
-                "waiting": self.scheduler.waiting(s.key),
-                "last_used": slot.last_used if slot is not None else None, "loaded_at": s.ready_at,
-                "load_seconds": s.load_seconds, "pid": s.pid, "port": s.port, "unload_at": due,
-                "host_pss": mem_json(s.host_mem),
-                "engine_timings": s.timings.to_json(),
-            })
-        return out
+        """Every seat as the API, dashboard and ``ps`` show it (supervisor.views)."""
+        return resident_views(self)

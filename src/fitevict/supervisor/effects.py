@@ -206,6 +206,7 @@ class LiveEffects:
         seat.repack_crash = crash
         seat.ready_at = sup.clock()
         seat.state = SeatPhase.READY
+        seat.shrunk_from = sup.shrinks.pop((key, cfg.n_ctx), None)
         if entry.engine == "llama-server" and sup.config.policy.prompt_cache:
             seat.kv_candidates = await asyncio.to_thread(sup.kv.matching, seat.signature)
         seat.overhead = sup.prices.engine_overhead.get(HOST, 0)
