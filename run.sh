@@ -41,9 +41,9 @@ ensure_venv() {
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # The torch extra (transformers seats) only with a CPU build of torch at hand: a torch-2.13.0+cpu wheel in a
   # PIP_FIND_LINKS directory, or PIP_INDEX_URL naming a CPU wheel index. Never CUDA wheels on a CPU machine.
-  local extras=test
+  local extras=test,ray
   if compgen -G "${PIP_FIND_LINKS:-/nonexistent}/torch-2.13.0+cpu-*.whl" >/dev/null || [ -n "${PIP_INDEX_URL:-}" ]; then
-    extras=test,torch
+    extras=test,ray,torch
   else
     say "no CPU torch wheel (PIP_FIND_LINKS) or index (PIP_INDEX_URL): skipping the torch extra; transformers seats and their tests need it"
   fi
