@@ -253,24 +253,18 @@ def _largest_ctx(
 ) -> int | None:
     """The largest multiple of ``ctx_step`` below ``asked`` (and >= min_ctx) at which some rung fits.
 
-    Bisection over ctx. A larger ctx needs more everywhere, so the boundary rung only moves one way
-    (max-gpu: later, max-ram: earlier) as ctx grows; each probe narrows the rung range of the next.
+    Bisection over ctx; each probe runs the very search ``plan`` runs at that ctx, so a suggested ctx is one the
+    plan for it finds (a probe narrowed by an earlier one's boundary rung could find a rung the plan's own search
+    does not reach on ladders whose needs are not monotonic, such as experts split over several GPUs).
     """
     step = policy.ctx_step
     lo = max(1, -(-policy.min_ctx // step))
     hi = (asked - 1) // step
     if hi < lo:
         return None
-    r_lo, r_hi = 0, len(_Rungs(request, gpus, lo * step, free)) - 1
 
     def fits(k: int) -> bool:
-        nonlocal r_lo, r_hi
-        found, edge = _search(_Rungs(request, gpus, k * step, free), price, room, prefer_gpu, r_lo, r_hi)
-        if (found is not None) == prefer_gpu:  # fits under max-gpu / misses under max-ram: edge is a floor
-            r_lo = edge
-        else:
-            r_hi = edge
-        return found is not None
+        return _search(_Rungs(request, gpus, k * step, free), price, room, prefer_gpu)[0] is not None
 
     if not fits(lo):
         return None
