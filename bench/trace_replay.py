@@ -131,8 +131,6 @@ def cases(zoo: Path, *, quick: bool = False) -> list[Case]:
     small_budget = 9 * total_bytes(small) // len(small) // MiB * MiB  # room for about 9 of the mean size
     burst = {k: zoo_all[k] for k in BURSTY_MODELS}
     burst_budget = 4 * total_bytes(burst) // len(burst) // MiB * MiB  # room for about 4 of the mean size
-    mixed = mixed_specs()
-    mixed_budget = 22 * GiB
     return [
         Case(zipf_trace(list(zoo_all), n=3000 // scale, rate=2.0, service=0.25, s=1.0, seed=1), zoo_all, zipf_budget,
              f"{zipf_budget / MiB:.0f} MiB: the largest model ({big / MiB:.1f} MiB) plus "
@@ -154,15 +152,22 @@ def cases(zoo: Path, *, quick: bool = False) -> list[Case]:
              small, small_budget,
              f"{small_budget / MiB:.0f} MiB: about 9 of the {len(small)} small models "
              f"(all {len(small)} need {total_bytes(small) / MiB:.1f} MiB)"),
-        Case(replace(zipf_trace(list(mixed), n=3000 // scale, rate=0.1, service=1.0, s=1.0, seed=4), name="zipf-mixed"),
-             mixed, mixed_budget,
-             f"{mixed_budget / GiB:.0f} GiB (a 24 GiB card less its reserve): about a third of the "
-             f"{total_bytes(mixed) / GiB:.1f} GiB the {len(mixed)} models need. Sizes and load seconds declared: "
-             + "; ".join(f"{e} models load in {a:g} s + bytes at {r:g} GiB/s" for e, (a, r) in MIXED_ENGINES.items())),
+        mixed_case(scale),
         Case(bursty_trace(BURSTY_MODELS, bursts=120 // scale, size=(5, 30), gap=3.0, spacing=0.1, service=0.25,
                           seed=3), burst, burst_budget,
              f"{burst_budget / MiB:.0f} MiB: about 4 of the 8 models; all 8 need {total_bytes(burst) / MiB:.1f} MiB"),
     ]
+
+
+def mixed_case(scale: int = 1) -> Case:
+    """The Zipf trace over the declared models of mixed sizes (``traces.mixed_specs``), under 22 GiB."""
+    mixed, budget = mixed_specs(), 22 * GiB
+    return Case(
+        replace(zipf_trace(list(mixed), n=3000 // scale, rate=0.1, service=1.0, s=1.0, seed=4), name="zipf-mixed"),
+        mixed, budget,
+        f"{budget / GiB:.0f} GiB (a 24 GiB card less its reserve): about a third of the "
+        f"{total_bytes(mixed) / GiB:.1f} GiB the {len(mixed)} models need. Sizes and load seconds declared: "
+        + "; ".join(f"{e} models load in {a:g} s + bytes at {r:g} GiB/s" for e, (a, r) in MIXED_ENGINES.items()))
 
 
 def fmt_s(x: float) -> str:
