@@ -12,6 +12,10 @@ Traces (each from its own seeded ``random.Random``):
 - ``adversarial``: closed-loop clients, each asking for the models of a list round-robin (client ``i``
   begins at model ``i mod len``), its next request sent when the previous is answered;
 - ``bursty``: bursts of requests for one model at a time, the bursts' starts Poisson, overlapping.
+
+``mixed_specs``: a declared set of models of mixed sizes (0.4 to 15 GiB, the sizes of common quantized models)
+whose reload times differ beyond their size: two engines, each with its own declared start time and read rate.
+Nothing in it is measured; the zipf trace runs over it as over the zoo.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from pathlib import Path
 
 from fitevict.catalog import Catalog
 from fitevict.contract import Contract
-from fitevict.pricing.footprint import HOST
+from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict import planner as pl
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.price import price
 from fitevict.supervisor.pricebook import PriceBook
@@ -83,6 +89,35 @@ def zoo_specs(zoo_dir: Path, contract: Contract, *, only: Sequence[str] | None =
         out[entry.key] = ModelSpec(
             key=entry.key, request=req, config=cfg, footprint=fp, bytes={HOST: fp.bytes_on(HOST)},
             bytes_source=fp.host_source, load_seconds=load_s, release_seconds=release_s, time_source=time_source)
+    return out
+
+
+GiB = 2**30
+MIXED_ENGINES = {  # engine: (start seconds, read GiB/s), declared
+    "gguf": (0.5, 2.0),  # a llama-server seat reading a GGUF from the page cache
+    "hf": (6.0, 0.5),  # a transformers seat: imports, then reading and converting safetensors
+}
+MIXED_MODELS = (  # (key, GiB, engine), declared
+    ("qwen-0.5b-q8", 0.5, "gguf"), ("llama-1b-q8", 1.3, "gguf"), ("llama-3b-q4", 2.0, "gguf"),
+    ("qwen-7b-q4", 4.4, "gguf"), ("llama-8b-q4", 4.9, "gguf"), ("llama-8b-q8", 8.5, "gguf"),
+    ("qwen-14b-q6", 12.1, "gguf"), ("mistral-24b-q4", 14.3, "gguf"), ("embed-small-hf", 0.4, "hf"),
+    ("phi-mini-hf", 7.6, "hf"), ("whisper-hf", 3.1, "hf"), ("rerank-hf", 1.1, "hf"),
+)
+
+
+def mixed_specs() -> dict[str, ModelSpec]:
+    """``MIXED_MODELS`` as the simulator needs them: host bytes declared, load seconds = the engine's start plus
+    the bytes at its read rate, release 0.2 s. Every figure is declared (see the module docstring)."""
+    out: dict[str, ModelSpec] = {}
+    for key, gib, engine in MIXED_MODELS:
+        n = int(gib * GiB)
+        start, rate = MIXED_ENGINES[engine]
+        cfg = LoadConfig(n_ctx=4096, n_parallel=1)
+        fp = Footprint((DeviceFootprint(HOST, Term(n, "declared"), Term(0, "declared")),), host_mapped_bytes=n)
+        out[key] = ModelSpec(
+            key=key, request=pl.PlanRequest(key, cfg, "max-gpu"), config=cfg, footprint=fp, bytes={HOST: n},
+            bytes_source="declared", load_seconds=round(start + gib / rate, 2), release_seconds=0.2,
+            time_source="declared (start + bytes / read rate per engine)")
     return out
 
 

@@ -28,11 +28,13 @@ from typing import Any, Protocol
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
+from fitevict.config.records import PolicyConfig, default
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.supervisor.errors import SupervisorError
 from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
 
+EXCLUSIVE_FRACTION = default(PolicyConfig, "exclusive_fraction")  # the configuration's
 MAX_EVENTS = 5_000_000  # a policy that keeps waking itself without progress stops the run here
 
 
@@ -148,7 +150,7 @@ class Sim:
     """The simulated world; implements ``fitevict.supervisor.scheduler.Effects``."""
 
     def __init__(self, models: Mapping[str, ModelSpec], budget: Budget, *, eviction: str = "cost",
-                 exclusive_fraction: float = 0.5) -> None:
+                 exclusive_fraction: float = EXCLUSIVE_FRACTION) -> None:
         self.models = dict(models)
         self.budget = budget
         self.plan_policy = pl.Policy(exclusive_fraction=exclusive_fraction, eviction=eviction)  # type: ignore[arg-type]
@@ -400,7 +402,8 @@ class FitevictPolicy:
 
 
 def replay(models: Mapping[str, ModelSpec], budget: Budget, trace: Trace,
-           make: Callable[[Sim], Policy], *, eviction: str = "cost", exclusive_fraction: float = 0.5) -> Result:
+           make: Callable[[Sim], Policy], *, eviction: str = "cost",
+           exclusive_fraction: float = EXCLUSIVE_FRACTION) -> Result:
     """Run ``trace`` once through the policy ``make`` builds over a fresh ``Sim``."""
     sim = Sim(models, budget, eviction=eviction, exclusive_fraction=exclusive_fraction)
     return sim.run(make(sim), trace)

@@ -40,7 +40,7 @@ def test_defaults_without_file(clean_env: dict[str, str]) -> None:
     assert c.server.max_body_bytes == 16 * MiB
     assert c.budget.ram_reserve == 1 * GiB and c.budget.gpu_reserve == 512 * MiB
     assert c.budget.ram_limit is None and c.budget.gpu_limit is None
-    assert c.policy.idle_unload_seconds == 1800 and c.policy.exclusive_fraction == 0.5
+    assert c.policy.idle_unload_seconds == 1800 and c.policy.exclusive_fraction == 1.0
     assert c.policy.default_alloc_mode == "max-gpu"
     assert c.engine.orphans == "stop" and c.engine.llama_server is None
     assert c.models == {} and c.models_dirs == ()

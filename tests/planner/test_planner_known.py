@@ -112,6 +112,31 @@ def test_exclusive_on_one_device_leaves_the_others_alone() -> None:
     assert p.exclusive and p.evict_keys == ("a",)
 
 
+B2 = Budget.declared({HOST: "64GiB", "CUDA0": "10GiB", "CUDA1": "10GiB"})
+
+
+def on(key: str, t: float, **gib: int) -> Resident:
+    devices = tuple(d for d in ("CUDA0", "CUDA1") if gib.get(d))
+    return Resident(key, LoadConfig(devices=devices, n_gpu_layers=-1), {d: n * GiB for d, n in gib.items()},
+                    last_used=t)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "cost"])
+def test_exclusive_on_one_gpu_never_empties_the_other(eviction: str) -> None:
+    # m is placed on CUDA0 alone and takes 6 of its 10 GiB (> 0.5): exclusive there. Everything evictable that holds
+    # bytes on CUDA0 goes (a, and the split seat c); b, on CUDA1 only, stays: CUDA1 is not short and m is not
+    # exclusive there. Free on CUDA0 before: 10 - 1 - 1 = 8, so m would fit without the rule.
+    m = gpu_model("m", 6)
+    req = m.request(mode="explicit", config=LoadConfig(devices=("CUDA0",), n_gpu_layers=-1))
+    residents = [on("a", 1, CUDA0=1), on("b", 2, CUDA1=2), on("c", 3, CUDA0=1, CUDA1=1)]
+    p = run(m, req, residents, B2, Policy(exclusive_fraction=0.5, eviction=eviction))  # type: ignore[arg-type]
+    assert p.action == "load" and p.exclusive
+    assert p.evict_keys == ("a", "c")
+    assert p.free_bytes_after["CUDA1"] == 10 * GiB - 2 * GiB - GiB + GiB  # only c's CUDA1 GiB came back
+    q = run(m, req, residents, B2, Policy(exclusive_fraction=1.0, eviction=eviction))  # type: ignore[arg-type]
+    assert not q.exclusive and q.evict == ()  # the rule off (the default): m fits in CUDA0's 8 free GiB
+
+
 def test_both_budgets_binding() -> None:
     # gpu-only model: 4 GiB on CUDA0 plus 4 GiB of token embeddings on the host (mapped)
     m = TableModel("m", dense=(GiB,) * 3, output=GiB, embd=4 * GiB)

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from fitevict.pricing.footprint import HOST
 from fitevict.supervisor.errors import Busy, Refused
-from fitevict.supervisor.scheduler import Phase, SchedPolicy, Scheduler, Waiter, seat_room
+from fitevict.supervisor.scheduler import USE_HALF_LIFE, Phase, SchedPolicy, Scheduler, Waiter, seat_room
+from fitevict.units import GiB
 
 from .schedsim import Recorder, World, request
 
@@ -97,12 +98,27 @@ def test_max_turn_ends_a_turn_too() -> None:
 def test_minimum_residency_keeps_a_fresh_seat() -> None:
     s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB, min_residency_seconds=3)
     s.submit(Waiter(request("a"), 0.0, "a0", hold=False))  # an admin load: holds nothing once ready
-    ready(s, fx, "a")
+    ready(s, fx, "a")  # loaded in 1 s, but it has served nothing yet: the full 3 s of residency
     s.submit(Waiter(request("b"), 0.0, "b0"))
     assert not fx.kinds("stop") and fx.wake == 3.0
     fx.t = 3.0
     s.tick()
     assert fx.kinds("stop")[0][1] == "a"
+
+
+@pytest.mark.parametrize("load_s,until", [(0.25, 0.25), (3.0, 3.0), (7.0, 3.0)])
+def test_minimum_residency_is_never_longer_than_the_load(load_s: float, until: float) -> None:
+    """Once a seat has served a request, the guard against thrash keeps it idle min(min_residency_seconds, its own
+    load time): a request waiting for its room never waits longer for it than reloading that seat would take."""
+    s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB, min_residency_seconds=3)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    ready(s, fx, "a", load_s=load_s)
+    s.finished("a")  # served: idle now, and young
+    s.submit(Waiter(request("b"), 0.0, "b0"))
+    assert not fx.kinds("stop") and fx.wake == until
+    fx.t = until
+    s.tick()
+    assert [c[1:3] for c in fx.kinds("stop")] == [("a", "evict")]
 
 
 def test_a_load_nobody_waits_for_is_cancelled() -> None:
@@ -238,6 +254,54 @@ def test_victims_by_greedydual_size_or_lru(eviction: str, victim: str) -> None:
     stops = fx.kinds("stop")
     assert [c[1] for c in stops] == [victim]
     assert ("GreedyDual-Size" in stops[0][3]) == (eviction == "cost")
+
+
+@pytest.mark.parametrize("inflation", [0.0, 1000.0])
+def test_cost_stays_greedydual_size_however_far_l_has_risen(inflation: float) -> None:
+    """L (the last victim's priority) grows with every eviction of a long-running server. The planner's band is
+    measured on the priority above L, so L never makes every seat tie (then cost would be LRU): the cheap one to
+    reload per byte still goes, though the dear one is older."""
+    fx = Recorder({"cheap": 100 * MB, "dear": 100 * MB, "new": 100 * MB}, 250 * MB, eviction="cost")
+    s = Scheduler(fx, SchedPolicy(eviction="cost", min_residency_seconds=0))
+    s.inflation = inflation
+    for key, load_s in (("dear", 20.0), ("cheap", 0.5)):
+        s.submit(Waiter(request(key), fx.t, key))
+        ready(s, fx, key, load_s)
+        s.finished(key)
+        fx.t += 1
+    s.submit(Waiter(request("new"), fx.t, "n"))
+    assert [c[1] for c in fx.kinds("stop")] == ["cheap"]
+
+
+def test_a_model_used_more_is_kept_over_a_more_recent_one() -> None:
+    """GreedyDual-Size counts uses: equal size and reload time, the one asked for three times stays, the one asked
+    for once goes, though it was used last."""
+    fx = Recorder({"often": 100 * MB, "once": 100 * MB, "new": 100 * MB}, 250 * MB, eviction="cost")
+    s = Scheduler(fx, SchedPolicy(eviction="cost", min_residency_seconds=0))
+    for key, uses in (("often", 3), ("once", 1)):  # often at t = 0, 1, 2; once at t = 3
+        for i in range(uses):
+            s.submit(Waiter(request(key), fx.t, f"{key}{i}"))
+            if i == 0:
+                ready(s, fx, key, 2.0)
+            s.finished(key)
+            fx.t += 1
+    s.submit(Waiter(request("new"), fx.t, "n"))
+    assert [c[1] for c in fx.kinds("stop")] == ["once"]  # least recently used would have been "often"
+
+
+def test_uses_count_half_after_the_half_life() -> None:
+    fx = Recorder({"a": 1024 * MB}, 2048 * MB)
+    s = Scheduler(fx, SchedPolicy(min_residency_seconds=0))
+    for i in range(4):  # four uses at t=0
+        s.submit(Waiter(request("a"), 0.0, f"a{i}"))
+        if i == 0:
+            ready(s, fx, "a", 1.0)
+        s.finished("a")
+    fx.t = 2 * USE_HALF_LIFE  # two half-lives later the four count as one; with this use, two
+    s.submit(Waiter(request("a"), fx.t, "late"))
+    per_byte = 1.0 * GiB / (1024 * MB)
+    assert s.uses["a"] == (pytest.approx(2.0), fx.t)
+    assert s.slots["a"].priority == pytest.approx(s.inflation + 2.0 * per_byte)
 
 
 # -- properties ------------------------------------------------------------------------------------

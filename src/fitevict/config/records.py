@@ -76,7 +76,7 @@ class PolicyConfig:
     idle_unload_seconds: float = 1800.0  # 0 = never unload for idleness
     max_queue: int = 64  # waiting requests per model
     queue_timeout_seconds: float = 300.0
-    exclusive_fraction: float = 0.5  # in (0, 1]
+    exclusive_fraction: float = 1.0  # in (0, 1]; 1: no load is exclusive (docs/benchmarks.md, trace replay)
     default_alloc_mode: str = "max-gpu"  # one of ALLOC_MODES
     eviction: str = "cost"  # one of EVICTION_POLICIES: GreedyDual-Size ("cost") or least recently used ("lru")
     max_turn_seconds: float = 30.0  # a seat's turn: serves what arrives for it this long while others wait

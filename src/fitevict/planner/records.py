@@ -96,7 +96,9 @@ class Resident:
     in_flight: int = 0
     loading: bool = False
     source: str = ""  # the file or folder it was loaded from
-    priority: float = 0.0  # GreedyDual-Size H (the ``cost`` eviction order): lowest goes first
+    # GreedyDual-Size H above the scheduler's L (the ``cost`` eviction order): lowest goes first. Given above L, so
+    # that a band of 25% measures the reload-cost term, not how far L has risen (then every seat would tie)
+    priority: float = 0.0
     reload_seconds: float | None = None  # measured load time (None: never loaded here)
 
     def __post_init__(self) -> None:

@@ -32,7 +32,8 @@ def _covers(victims: Iterable[Resident], short: Mapping[str, int]) -> bool:
 def priority_bands(pool: Iterable[Resident]) -> dict[str, int]:
     """GreedyDual-Size bands: the lowest priority opens band 0, and every priority within 25% of it
     (``<= lowest * PRIORITY_BAND``) ties with it; the lowest priority left opens the next band. Load times are
-    measured, so noisy: a band keeps noise from deciding, and recency decides within it."""
+    measured, so noisy: a band keeps noise from deciding, and recency decides within it. Priorities are H above L
+    (``Resident.priority``): on H itself, L's growth would soon put every seat in one band."""
     bands: dict[str, int] = {}
     band, top = -1, -math.inf
     for r in sorted(pool, key=lambda r: (r.priority, r.key)):
@@ -86,7 +87,7 @@ def _victim_words(r: Resident, helps: list[str], eviction: str, now: float) -> s
     if eviction == "cost":
         reload = (f"reload {r.reload_seconds:.2f} s measured" if r.reload_seconds is not None
                   else "reload time not measured yet")
-        return f"lowest GreedyDual-Size priority H={r.priority:.3g} ({reload}, {idle}); {frees}"
+        return f"lowest GreedyDual-Size priority (H - L = {r.priority:.3g}: {reload}, {idle}); {frees}"
     return f"least recently used ({idle}); {frees}"
 
 

@@ -19,7 +19,8 @@ The rules (docs/scheduling.md says the same in prose):
   request of another model has waited ``max_wait_seconds``. Only then may it be drained (it takes no
   new requests, finishes those in flight) and evicted. The next placement is for the model whose oldest
   request has waited longest. Requests grouped this way turn ABCABC into AABBCC, with a bound.
-- **Minimum residency.** A seat is not evicted within ``min_residency_seconds`` of becoming ready.
+- **Minimum residency.** A seat is not evicted within ``min_residency_seconds`` of becoming ready; once it has
+  served a request, not longer than its own load took (a guard against thrash, not a tax on every request).
 - **Victims** come from the planner, ordered by GreedyDual-Size priority (``cost``) or by recency
   (``lru``); pinned seats, seats with requests in flight and seats within their turn are never victims.
 - **Nobody waits for a ghost.** A request that leaves while queued is forgotten at once; a load that
@@ -43,6 +44,7 @@ from fitevict.units import GiB
 
 Eviction = Literal["cost", "lru"]
 DEFAULT_RELOAD_RATE = 1.0 * GiB  # bytes/s assumed for a seat never loaded here (reload cost before measuring)
+USE_HALF_LIFE = 600.0  # seconds: a model's use counts half this long after it (GreedyDual-Size's frequency)
 
 
 class Phase(enum.Enum):
@@ -155,6 +157,7 @@ class Scheduler:
         self.slots: dict[str, Slot] = {}
         self.closed: str | None = None
         self.inflation = 0.0  # GreedyDual-Size's L: the priority of the last victim
+        self.uses: dict[str, tuple[float, float]] = {}  # per model: (decayed count of requests handed, when)
         self._pumping = False
         self._again = False
 
@@ -439,8 +442,12 @@ class Scheduler:
         return max(end, self._young_until(s))
 
     def _young_until(self, s: Slot) -> float:
-        """The end of ``s``'s minimum residency: the one place it is computed (no rounding can disagree)."""
-        return (s.ready_at if s.ready_at is not None else s.since) + self.policy.min_residency_seconds
+        """The end of ``s``'s minimum residency; once it has served a request, never longer than its own load took.
+        The one place it is computed (no rounding can disagree)."""
+        guard = self.policy.min_residency_seconds
+        if s.reload_seconds is not None and s.last_used is not None:
+            guard = min(guard, s.reload_seconds)
+        return (s.ready_at if s.ready_at is not None else s.since) + guard
 
     def _residents(self, now: float) -> list[pl.Resident]:
         out = []
@@ -448,13 +455,14 @@ class Scheduler:
             if s.phase is Phase.STOPPING:
                 continue
             young = s.ready_at is not None and now < self._young_until(s)
-            # a seat within its minimum residency is busy for the planner: not a victim, but worth waiting for
+            # a seat within its minimum residency is busy for the planner: not a victim, but worth waiting for.
+            # Its priority goes over as credit above L, so that the planner's band measures the cost term, not L.
             in_flight = s.in_flight or (1 if young and s.phase is Phase.READY else 0)
             out.append(pl.Resident(
                 key=s.key, config=s.config, bytes=s.bytes, source=s.source,
                 last_used=s.last_used if s.last_used is not None else (s.ready_at or s.since),
                 bytes_source=s.bytes_source, pinned=s.pinned, in_flight=in_flight,
-                loading=s.phase is Phase.LOADING, priority=s.priority, reload_seconds=s.reload_seconds,
+                loading=s.phase is Phase.LOADING, priority=s.priority - self.inflation, reload_seconds=s.reload_seconds,
             ))
         return out
 
@@ -463,13 +471,18 @@ class Scheduler:
         s.last_used = now
         if w.keep_alive is not None:
             s.keep_alive = w.keep_alive
+        n, then = self.uses.get(s.key, (0.0, now))
+        self.uses[s.key] = (n * 0.5 ** ((now - then) / USE_HALF_LIFE) + 1.0, now)
         self._touch(s)
 
     def _touch(self, s: Slot) -> None:
-        """GreedyDual-Size: H = L + reload cost / size, renewed on every use."""
+        """GreedyDual-Size with frequency: H = L + uses x reload cost / size, renewed on every use; uses is the
+        model's count of requests handed, each counting half after USE_HALF_LIFE seconds (at least 1)."""
         size = max(1, sum(s.bytes.values()) or 1)
         cost = s.reload_seconds if s.reload_seconds is not None else size / DEFAULT_RELOAD_RATE
-        s.priority = self.inflation + cost * GiB / size
+        n, then = self.uses.get(s.key, (1.0, self.fx.now()))
+        uses = max(1.0, n * 0.5 ** ((self.fx.now() - then) / USE_HALF_LIFE))
+        s.priority = self.inflation + uses * cost * GiB / size
 
     def _serves(self, s: Slot, w: Waiter) -> bool:
         return s.key == w.key and pl.compatible(s.config, w.request, source=s.source)
