@@ -424,9 +424,11 @@ class Supervisor:
     def forget_stop_future(self, key: str, fut: asyncio.Future) -> None:
         self._stop_waiters.get(key, []).remove(fut)
 
-    def stopped(self, key: str, result: StopResult) -> None:
-        """A seat's stop finished (effects call this): tell the scheduler, and whoever waits for it."""
-        self.scheduler.stopped(key)
+    def stopped(self, key: str, result: StopResult, *, slot_freed: bool = False) -> None:
+        """A seat's stop finished (effects call this): tell the scheduler (unless it was told when the processes
+        exited: a new seat of the same model may be loading by now), and whoever waits for it."""
+        if not slot_freed:
+            self.scheduler.stopped(key)
         for fut in self._stop_waiters.pop(key, []):
             if not fut.done():
                 fut.set_result(result)

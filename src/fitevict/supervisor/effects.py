@@ -330,15 +330,26 @@ class LiveEffects:
             offloaded_bytes=sup.spilled(seat), strategy=_strategy(plan), request_id=request_id, reason=reason,
             predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total, details=details))
 
-    async def _end(self, seat: SeatState, final: SeatPhase) -> StopResult:
-        """Stop ``seat``'s process group, verify the release, and forget the seat."""
+    async def _end(self, seat: SeatState, final: SeatPhase, *, free_slot: bool = False) -> StopResult:
+        """Stop ``seat``'s process group, verify the release, and forget the seat. ``free_slot``: tell the scheduler
+        the seat is gone as soon as its processes have exited, so that the next placement need not wait for the
+        release to be verified (``Supervisor.stopped`` then leaves the scheduler alone)."""
         sup = self.sup
         seat.expected_exit = True
         seat.state = SeatPhase.STOPPING
+
+        def exited() -> None:
+            if sup.seats.get(seat.key) is seat:
+                sup.seats.pop(seat.key)
+            if free_slot:
+                seat.slot_freed = True
+                sup.scheduler.stopped(seat.key)
+            self._spawn_task(sup.changed(), "seat-exited")
+
         res = await stop_and_verify(seat.key, seat.pgid, seat.config.devices, proc=seat.proc,
                                     grace=sup.config.engine.stop_grace_seconds,
                                     release_timeout=sup.config.engine.release_timeout_seconds, nvml=sup.nvml,
-                                    clock=sup.clock, gpu_held=seat.gpu_bytes)
+                                    clock=sup.clock, gpu_held=seat.gpu_bytes, on_exit=exited)
         seat.state = final
         if sup.seats.get(seat.key) is seat:
             sup.seats.pop(seat.key)
@@ -348,7 +359,7 @@ class LiveEffects:
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         sup = self.sup
         kept = await self._keep_prompts(seat, event)
-        res = await self._end(seat, SeatPhase.STOPPED)
+        res = await self._end(seat, SeatPhase.STOPPED, free_slot=True)
         engine = sup.engine_for(seat.entry)
         report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
         await sup.record(Event(
@@ -361,7 +372,7 @@ class LiveEffects:
                                      if seat.config.devices else None), **res.details(),
                      **({"leak_check": leak_check(report, res)} if hasattr(engine, "teardown") else {}), **kept}))
         await self._record_teardown(seat, report, request_id)
-        sup.stopped(seat.key, res)
+        sup.stopped(seat.key, res, slot_freed=seat.slot_freed)
         return res
 
     async def _keep_prompts(self, seat: SeatState, event: str) -> dict[str, Any]:
@@ -372,7 +383,7 @@ class LiveEffects:
         t0 = sup.clock()
         try:
             saved, notes = await sup.kv.save(seat.port, seat.key, seat.signature, sup.prices.machine,
-                                             (seat.timings.to_json() or {}).get("prompt_per_second"))
+                                             seat.timings.bulk_prefill_rate())
         except Exception as e:  # noqa: BLE001 - a failed save costs the cache, never the stop
             log.warning("%s: saving its prompts before the stop failed: %s", seat.key, e)
             saved, notes = [], [f"saving failed: {type(e).__name__}: {e}"]

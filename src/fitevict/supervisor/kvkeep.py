@@ -36,7 +36,8 @@ from fitevict.units import GiB, format_size
 
 log = logging.getLogger("fitevict.kvkeep")
 DISK_FLOOR = 1 * GiB  # saved prompts never take the data dir's disk below this much free
-ESTIMATE = "estimate: shared prefix tokens / the engine's prefill rate on this model's last seat (its timings)"
+ESTIMATE = ("estimate: shared prefix tokens / the prefill rate the model's last seat measured over its prefills of "
+            "256 tokens or more (its engine timings)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class Restored:
             "shared_tokens": "compared token by token with the engine's own tokenization of the request",
             "kv_restored_tokens": "engine-reported: n_restored", "kv_restore_seconds": "measured by the engine: "
             "restore_ms", "prefill_seconds_saved": ESTIMATE if self.prefill_seconds_saved is not None else
-            "unavailable, because the model's last seat reported no prefill rate"}}
+            "unavailable, because the model's last seat prefilled no long prompt"}}
 
 
 class PromptKeep:

@@ -24,7 +24,6 @@ from fitevict.host.procmem import largest_processes
 from fitevict.pressure import Idle, Relief, assess, strained
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event
-from fitevict.supervisor.release import FREED_SOURCE
 from fitevict.units import format_size
 
 if TYPE_CHECKING:
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fitevict.pressure")
 GROWTH_WINDOW = 60.0  # seconds of calm readings that growth is measured against
+EXIT_SLACK = 10.0  # seconds beyond engine.stop_grace_seconds that a stopped seat's processes may take to go
 HELD_SOURCE = "sampled residents: committed bytes (Pss_Anon + Pss_Shmem) read this tick"
 
 
@@ -120,23 +120,24 @@ class PressureWatch:
         return out
 
     async def _relieve(self, relief: Relief, detected: float) -> None:
-        """Stop the victims, wait for their verified stops, and record the ``pressure`` event."""
+        """Stop the victims, wait until their processes are gone, and record the ``pressure`` event (each stop's
+        release is verified and recorded in its own ``evict`` event, which may come later)."""
         sup = self.sup
         grew = self._grew(relief)
-        victims = [v for v in relief.victims if v.key in sup.seats]
-        waits: dict[str, asyncio.Future] = {}
-        for v in victims:
-            fut = sup.stop_future(v.key)
-            if sup.scheduler.relieve(v.key, _victim_reason(relief, grew)):
-                waits[v.key] = fut
-            else:
-                sup.forget_stop_future(v.key, fut)
+        stopping = {}
+        for v in relief.victims:
+            seat = sup.seats.get(v.key)
+            if seat is not None and sup.scheduler.relieve(v.key, _victim_reason(relief, grew)):
+                stopping[v.key] = seat
         exclude = {os.getpid(), *(p for s in sup.seats.values() for p in (s.pid, s.pgid) if p)}
         top = await asyncio.to_thread(largest_processes, exclude)
-        results = dict(zip(waits, await asyncio.gather(*waits.values(), return_exceptions=True)))
+        gone = "every stopped seat's processes exited"
+        try:
+            await sup.wait_until(lambda: all(sup.seats.get(k) is not s for k, s in stopping.items()),
+                                 sup.config.engine.stop_grace_seconds + EXIT_SLACK)
+        except TimeoutError:
+            gone = "not every stopped seat had exited when this was recorded"
         after = await asyncio.to_thread(sup.budget)
-        freed = [r.freed_bytes for r in results.values() if not isinstance(r, BaseException)]
-        in_use = sorted(k for k in sup.scheduler.slots if k not in waits)
         devices = []
         for s in relief.strains:
             d = after.device(s.device)
@@ -146,14 +147,13 @@ class PressureWatch:
         self.events += 1
         await sup.record(Event(
             time=sup.clock(), event="pressure", seconds=max(0.0, sup.clock() - detected), reason=relief.reason(),
-            freed_bytes=sum(f for f in freed if f is not None) if freed and all(f is not None for f in freed) else None,
+            host_bytes=sum(v.bytes.get(HOST, 0) for v in relief.victims if v.key in stopping) or None,
             details={"devices": devices, "largest_others": [p.to_json() for p in top],
-                     "stopped": [{"model": k, "held": relief_bytes(relief, k),
-                                  "freed_bytes": None if isinstance(r, BaseException) else r.freed_bytes,
-                                  "verified": False if isinstance(r, BaseException) else r.verified}
-                                 for k, r in results.items()],
-                     "kept_in_use": in_use, "short_bytes": dict(relief.short), "detected_at": detected,
-                     "held_source": HELD_SOURCE, "freed_source": f"the stopped seats' releases, summed: {FREED_SOURCE}",
+                     "stopped": [{"model": k, "held": relief_bytes(relief, k)} for k in stopping],
+                     "stopped_note": f"{gone}; each release is verified and recorded in its own evict event",
+                     "kept_in_use": sorted(k for k in sup.scheduler.slots if k not in stopping),
+                     "short_bytes": dict(relief.short), "detected_at": detected, "held_source": HELD_SOURCE,
+                     "host_source": f"what the stopped seats held: {HELD_SOURCE}",
                      "others_source": "total - free - held, where free is meminfo MemAvailable or NVML free"}))
         log.warning("%s", relief.reason())
 

@@ -112,16 +112,20 @@ async def verify_release(before: Mapping[str, int], held: Mapping[str, int | Non
 async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
                           proc: Child | None, grace: float, release_timeout: float,
                           nvml: Any, clock: Callable[[], float],
-                          gpu_held: Mapping[str, int | None] | None = None) -> StopResult:
+                          gpu_held: Mapping[str, int | None] | None = None,
+                          on_exit: Callable[[], None] | None = None) -> StopResult:
     """The one stop path: what the seat holds read just before, free memory read, the group stopped (SIGTERM,
     grace, SIGKILL), the release verified. A seat that already exited on its own (a crash) has nothing left
     to read: no process of the group remaining is all that can be said, and its release is unverified (freed
-    bytes and release seconds unavailable, the reason named), never "verified" with nothing measured."""
+    bytes and release seconds unavailable, the reason named), never "verified" with nothing measured. ``on_exit`` is
+    called once the group has exited, before the release is verified (which may take up to ``release_timeout``)."""
     tree = procmem.read_tree(pgid) if pgid is not None else None
     host_held = tree.committed_bytes if tree is not None and tree.source != "unavailable" else None
     held: dict[str, int | None] = {HOST: host_held, **{d: (gpu_held or {}).get(d) for d in devices}}
     before = free_now(devices, nvml)
     exit_s = await stop_process_group(pgid, grace, proc=proc, clock=clock)
+    if on_exit is not None:  # the group is gone: what it held is the kernel's again, verified or not
+        on_exit()
     if host_held is None:
         gone = pgid is None or not group_alive(pgid)
         why = ("the process tree could not be read before the stop"

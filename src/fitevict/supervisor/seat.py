@@ -84,6 +84,7 @@ class SeatState:
     # set when a request it served ended: a new seat is read after its first answer, not while the engine works on it
     answered: asyncio.Event = field(default_factory=asyncio.Event)
     peak_bytes: dict[str, int] = field(default_factory=dict)  # the largest reading per device over its life
+    slot_freed: bool = False  # the scheduler was told this seat is gone when its processes exited
     shrunk_from: dict | None = None  # policy.shrink_ctx loaded this seat for a larger asked context: what and why
     kv_candidates: list = field(default_factory=list)  # kvkeep.SavedPrompt of this signature, not yet tried
     kv_checks: int = 0  # requests compared with the saved prompts so far

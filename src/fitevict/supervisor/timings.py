@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 MEASURED = "measured: the engine's own timings of each answer"
+BULK_PROMPT = 256  # prompt tokens from which an answer's prefill counts for the seat's bulk prefill rate
 
 
 @dataclass(eq=False)
@@ -23,6 +24,8 @@ class EngineTimings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    bulk_prompt_n: int = 0  # answers that prefilled at least BULK_PROMPT tokens: a cold prefill's rate
+    bulk_prompt_ms: float = 0.0
 
     def add(self, t: Mapping[str, float]) -> None:
         """One answer's ``timings`` (as ``fastpath.engine_timings`` reads them); an answer without them is not
@@ -34,6 +37,14 @@ class EngineTimings:
         self.prompt_ms += float(t.get("prompt_ms", 0.0))
         self.predicted_n += int(t.get("predicted_n", 0))
         self.predicted_ms += float(t.get("predicted_ms", 0.0))
+        if int(t.get("prompt_n", 0)) >= BULK_PROMPT:
+            self.bulk_prompt_n += int(t["prompt_n"])
+            self.bulk_prompt_ms += float(t.get("prompt_ms", 0.0))
+
+    def bulk_prefill_rate(self) -> float | None:
+        """Tokens per second over the answers that prefilled at least BULK_PROMPT tokens (short prefills, such as
+        the rest of a restored prompt, run far slower per token); None when there was none."""
+        return round(self.bulk_prompt_n / self.bulk_prompt_ms * 1000, 2) if self.bulk_prompt_ms > 0 else None
 
     def to_json(self) -> dict | None:
         """The totals with each figure's source; None when no answer carried timings."""
