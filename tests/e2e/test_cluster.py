@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _frontdoor import FrontDoor, front_door, poll
+from _frontdoor import FrontDoor, engine_pids_of, front_door, poll
 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
@@ -133,6 +135,32 @@ def test_repeated_requests_hit_the_resident_node(fleet: Fleet) -> None:
     assert [fleet.name_of(e["node"]) for e in loads(door, "llama-medium")] == ["b"]
 
 
+def _p50s(direct: tuple[str, str], routed: str, n: int = 40) -> tuple[float, float]:
+    """Median seconds of a one-token chat at the node's door and through the front door, alternated so that the
+    machine's other load falls on both alike."""
+    body = {"model": "llama-medium", "messages": CHAT, "max_tokens": 1}
+    took: dict[str, list[float]] = {"direct": [], "routed": []}
+    with httpx.Client(headers={"Authorization": f"Bearer {direct[1]}"}, timeout=60) as c:
+        for _ in range(n):
+            for how, url in (("direct", direct[0]), ("routed", routed)):
+                t0 = time.perf_counter()
+                assert c.post(url + "/v1/chat/completions", json=body).status_code == 200
+                took[how].append(time.perf_counter() - t0)
+    return statistics.median(took["direct"]), statistics.median(took["routed"])
+
+
+def test_routing_overhead_over_the_node_door(fleet: Fleet) -> None:
+    ray.init(address=fleet.cluster.address, namespace="fitevict", logging_level="WARNING")
+    try:
+        node_door = ray.get(ray.get_actor(f"fitevict-agent-{fleet.id_of('b')}").door.remote())
+    finally:
+        ray.shutdown()
+    direct, routed = _p50s((node_door["url"], node_door["key"]), fleet.doors[0].base_url)
+    print(f"cluster: a hit's p50 {1000 * routed:.1f} ms through the cluster's front door, {1000 * direct:.1f} ms at "
+          f"the node's door: {1000 * (routed - direct):+.1f} ms for routing")
+    assert routed < direct + 0.25
+
+
 def test_adapters_route_to_their_base_node(fleet: Fleet) -> None:
     door = fleet.doors[0]
     first, why = chat(door, "llama-gqa:sql")
@@ -168,3 +196,26 @@ def test_a_killed_node_leaves_routing_and_its_models_load_elsewhere(fleet: Fleet
     assert all(r["node"] != b for r in residents(door))
     assert detected < 15.0
     poll(lambda: not Path(f"/proc/{pid}").exists(), "b's door to stop with its agent", timeout=60)
+
+
+def test_a_request_in_flight_on_a_lost_node_gets_a_502_naming_it(fleet: Fleet) -> None:
+    """The node's door dies as a machine does (SIGKILL, no goodbye) while it generates an answer."""
+    door, c = fleet.doors[0], fleet.id_of("c")
+    pid = next(r["pid"] for r in nodes(door) if r["node"] == c)
+    engines = engine_pids_of(pid)
+    assert engines
+    body = {"model": "llama-medium", "messages": CHAT, "max_tokens": 900, "ignore_eos": True}
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(httpx.post, door.base_url + "/v1/chat/completions", json=body, timeout=300)
+            poll(lambda: any(r["in_flight"] for r in residents(door) if r["node"] == c), "a request in flight on c")
+            os.kill(pid, signal.SIGKILL)
+            r = answer.result(timeout=120)
+    finally:
+        for e in engines:  # the door's seats, orphaned by its SIGKILL
+            os.kill(e, signal.SIGKILL)
+    assert r.status_code == 502, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["node"], r.headers["x-fitevict-node"]) == ("node_lost", c, c)
+    assert c in err["message"]
+    poll(lambda: all(row["node"] != c or not row["routable"] for row in nodes(door)), "c to leave routing")
