@@ -9,6 +9,7 @@ small models about 30 MiB each):
     a      200      llama-medium, llama-gqa (+ adapters sql, poem), llama-q8_0
     b      400      llama-medium, llama-q8_0
     c      360      llama-medium, llama-gqa (+ adapters sql, poem)
+    d      100      llama-q4_0 (joins later)
 
 The nodes share this machine, so each door runs with ``budget.yield_to_others = false``: the other nodes' seats
 are other programs' memory to it, and yielding to them would stop its own idle seats for memory that its budget
@@ -36,15 +37,19 @@ openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.e2e
 
-BUDGETS_MIB = {"a": 200, "b": 400, "c": 360}
+BUDGETS_MIB = {"a": 200, "b": 400, "c": 360, "d": 100}
 FILES = {"a": ("llama-medium", "llama-gqa", "llama-q8_0"), "b": ("llama-medium", "llama-q8_0"),
-         "c": ("llama-medium", "llama-gqa")}
+         "c": ("llama-medium", "llama-gqa"), "d": ("llama-q4_0",)}
 CHAT = [{"role": "user", "content": "hi"}]
 
 
+def _resources(name: str) -> dict[str, float]:
+    return {"fitevict_ram_limit_mib": BUDGETS_MIB[name], f"node_{name}": 1}
+
+
 class Fleet:
-    def __init__(self, cluster, nodes: dict[str, object], doors: list[FrontDoor]) -> None:
-        self.cluster, self.nodes, self.doors = cluster, nodes, doors
+    def __init__(self, cluster, nodes: dict[str, object], doors: list[FrontDoor], root: Path, zoo: dict) -> None:
+        self.cluster, self.nodes, self.doors, self.root, self.zoo = cluster, nodes, doors, root, zoo
 
     def id_of(self, name: str) -> str:
         return self.nodes[name].node_id  # type: ignore[attr-defined]
@@ -75,18 +80,17 @@ def fleet(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet
     from ray.cluster_utils import Cluster
 
     root = tmp_path_factory.mktemp("cluster")
-    res = lambda n: {"fitevict_ram_limit_mib": BUDGETS_MIB[n], f"node_{n}": 1}  # noqa: E731
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": res("a"), "env_vars": _node_env(zoo, root, "a"), "include_dashboard": False})
+        "num_cpus": 1, "resources": _resources("a"), "env_vars": _node_env(zoo, root, "a"), "include_dashboard": False})
     nodes = {"a": cluster.head_node}
     for n in ("b", "c"):
-        nodes[n] = cluster.add_node(num_cpus=1, resources=res(n), env_vars=_node_env(zoo, root, n))
+        nodes[n] = cluster.add_node(num_cpus=1, resources=_resources(n), env_vars=_node_env(zoo, root, n))
     cluster.wait_for_nodes()
     try:
         (root / "door").mkdir()
         with front_door(root / "door", "--ray", cluster.address, env={"FITEVICT_CONFIG": ""}) as door:
             poll(lambda: _routable(door) == 3, "three routable nodes", timeout=180)
-            yield Fleet(cluster, nodes, [door])
+            yield Fleet(cluster, nodes, [door], root, zoo)
     finally:
         cluster.shutdown()
 
@@ -196,6 +200,15 @@ def test_a_killed_node_leaves_routing_and_its_models_load_elsewhere(fleet: Fleet
     assert all(r["node"] != b for r in residents(door))
     assert detected < 15.0
     poll(lambda: not Path(f"/proc/{pid}").exists(), "b's door to stop with its agent", timeout=60)
+
+
+def test_a_node_that_joins_is_used_without_a_restart(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    fleet.nodes["d"] = fleet.cluster.add_node(num_cpus=1, resources=_resources("d"),
+                                              env_vars=_node_env(fleet.zoo, fleet.root, "d"))
+    poll(lambda: _routable(door) == 3, "d to join routing (a, c and d)", timeout=120)
+    node, why = chat(door, "llama-q4_0")  # only d has its files
+    assert (fleet.name_of(node), why) == ("d", "load")
 
 
 def test_a_request_in_flight_on_a_lost_node_gets_a_502_naming_it(fleet: Fleet) -> None:
