@@ -22,7 +22,7 @@ STAGES: dict[str, int] = {
     "catalog_names": 3, "catalog_stores": 3, "stores": 3,
     "contract": 3, "report": 3,
     "loadreport": 4, "supervisor": 4,
-    "server": 5, "cli": 5,
+    "server": 5, "cluster": 5, "cli": 5,
 }
 
 

@@ -67,6 +67,7 @@ def serve(
     admin_key: list[str] = typer.Option([], "--admin-key", help="An admin key (load, unload, plan); repeatable."),
     demo_if_empty: bool = typer.Option(False, "--demo-if-empty", help="With no models configured, serve the generated demo zoo."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    ray_address: str | None = typer.Option(None, "--ray", help="Serve a Ray cluster (its address, or auto): a node agent on every node runs that node's own door; requests go to the node where their model is, or fits best (docs/cluster.md)."),
 ) -> None:
     """Serve the OpenAI-compatible API: load on demand, evict only what must go, record why."""
     overrides: dict = {
@@ -77,6 +78,8 @@ def serve(
         "server.api_keys": list(api_key) or None, "server.admin_keys": list(admin_key) or None,
     }
     cfg = build_config(config, overrides)
+    if ray_address is not None:
+        _serve_cluster(ray_address, config, overrides, log_level)
     if demo_if_empty and not cfg.models_dirs and not cfg.models and not _store_models(cfg):
         from fitevict.zoo import write_zoo
 
@@ -107,6 +110,21 @@ def serve(
     from fitevict.server.main import argv_for
 
     argv = argv_for(config, {k: v for k, v in overrides.items() if v is not None}, log_level.lower())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
+
+
+def _serve_cluster(address: str, config: Path | None, overrides: dict, log_level: str) -> None:
+    """``--ray``: the cluster's front door (``fitevict.cluster.main``); each node's door loads the models."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        err.print("[red]--ray needs the ray extra:[/] pip install 'fitevict[ray]'")
+        raise typer.Exit(2) from None
+    from fitevict.cluster.main import argv_for
+
+    argv = argv_for(address, config, {k: v for k, v in overrides.items() if v is not None}, log_level.lower())
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(argv[0], argv)

@@ -32,6 +32,10 @@ def resident_views(sup: "Supervisor") -> list[dict]:
             "waiting": sup.scheduler.waiting(s.key),
             "last_used": slot.last_used if slot is not None else None, "loaded_at": s.ready_at,
             "load_seconds": s.load_seconds, "pid": s.pid, "port": s.port, "unload_at": due,
+            # GreedyDual-Size: H, and L (the floor H falls back to): H - L is what evicting it costs, comparable
+            # between machines (each has its own L)
+            "greedy_dual": ({"priority": slot.priority, "floor": sup.scheduler.inflation,
+                             "reload_seconds": slot.reload_seconds} if slot is not None else None),
             "host_pss": mem_json(s.host_mem),
             "engine_timings": s.timings.to_json(),
         })

@@ -1,0 +1,13 @@
+"""One endpoint for several machines, on Ray (the ``ray`` extra): a node agent per Ray node runs that node's own
+door, and the cluster's front door routes each request to the node where its model is, or fits best.
+
+    route.py   PURE: the routing rule over the nodes' facts and dry runs
+    facts.py   PURE: a node's answers (JSON) as routing records
+    merge.py   PURE: the nodes' lists, residents and history as one view
+    agent.py   the node agent: runs the node's door, reports its facts and dry runs
+    fleet.py   Ray's membership, an agent per node, the facts polled with their age
+    front.py   the cluster's front door (ASGI): relays inference to the chosen node, merges the views
+    main.py    ``fitevict serve --ray ADDRESS``'s serving process
+
+Ray is imported only by ``fleet`` and ``main``: the rest runs, and is tested, without it.
+"""

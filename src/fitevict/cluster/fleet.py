@@ -1,0 +1,177 @@
+"""The fleet as a front door sees it: Ray's alive nodes, one node agent on each (started here when missing), and
+each node's latest facts with their age.
+
+Ray is the membership: ``ray.nodes()`` says which nodes are alive, and a node agent is a named, detached actor per
+node (``fitevict-agent-<node id>`` in the ``fitevict`` namespace), pinned to it by node affinity, so every front
+door on the cluster finds the same agents. The fleet polls, every ``poll_s``: the node list (a node that joins
+gets an agent; a node Ray declares dead leaves), and each agent's facts, with a deadline (``call_timeout_s``).
+A node whose facts cannot be read leaves routing at once, as does one whose door refuses connections
+(``lost``); it comes back when it reports again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fitevict.cluster.agent import NodeAgent, budget_from_resources
+from fitevict.cluster.facts import node_facts, verdict_of
+from fitevict.cluster.route import NodeFacts, Verdict
+
+log = logging.getLogger("fitevict.cluster")
+
+NAMESPACE = "fitevict"
+AGENT_PREFIX = "fitevict-agent-"
+
+
+def agent_name(node_id: str) -> str:
+    return AGENT_PREFIX + node_id
+
+
+def ensure_agent(node: dict[str, Any], options: dict[str, Any]) -> Any:
+    """The agent of a Ray node (``ray.nodes()`` row), started pinned to it unless one runs there already."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_id = node["NodeID"]
+    opts = {**budget_from_resources(node.get("Resources") or {}), **options}
+    actor = ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)(NodeAgent)
+    return actor.options(name=agent_name(node_id), namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
+                         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                         ).remote(node_id, node["NodeManagerAddress"], opts)
+
+
+@dataclass
+class Member:
+    """One node: its agent, its door (url, key) once known, and its latest facts."""
+
+    node: str
+    agent: Any
+    url: str = ""
+    key: str = ""
+    pid: int | None = None  # the door's process, on its node
+    facts: NodeFacts | None = None
+    lost_since: float | None = None  # when the fleet saw it fail (facts, connection), until it reports again
+    why_lost: str = ""
+    joined: float = field(default_factory=time.time)
+
+
+class Fleet:
+    """Membership and facts, refreshed by ``run()``; ``snapshot()`` for routing, ``verdicts()`` for a miss."""
+
+    def __init__(self, *, poll_s: float = 0.5, call_timeout_s: float = 2.0, max_age_s: float = 5.0,
+                 options: dict[str, Any] | None = None, start_timeout_s: float = 180.0) -> None:
+        self.poll_s, self.call_timeout_s, self.max_age_s = poll_s, call_timeout_s, max_age_s
+        self.start_timeout_s = start_timeout_s
+        self.options = options or {}
+        self.members: dict[str, Member] = {}
+        self._starting: dict[str, asyncio.Task] = {}
+        self._wake = asyncio.Event()
+
+    # -- membership ---------------------------------------------------------------------------------
+
+    async def sync_nodes(self) -> None:
+        """Agents for Ray's alive nodes; nodes Ray declares dead leave."""
+        import ray
+
+        nodes = await asyncio.to_thread(ray.nodes)
+        alive = {n["NodeID"]: n for n in nodes if n.get("Alive")}
+        for node_id in list(self.members):
+            if node_id not in alive:
+                log.warning("node %s left the cluster (Ray: not alive)", node_id)
+                del self.members[node_id]
+        for node_id, n in alive.items():
+            if node_id not in self.members and node_id not in self._starting:
+                self._starting[node_id] = asyncio.create_task(self._join(n))
+
+    async def _join(self, node: dict[str, Any]) -> None:
+        node_id = node["NodeID"]
+        try:
+            agent = ensure_agent(node, self.options)
+            door = await asyncio.wait_for(agent.door.remote(), self.start_timeout_s)
+            m = Member(node_id, agent, door["url"], door["key"], door.get("pid"))
+            self.members[node_id] = m
+            await self._refresh(m)
+            log.info("node %s joined: door %s", node_id, m.url)
+        except Exception as e:  # a node whose agent cannot start stays out, and is retried next poll
+            log.warning("node %s: no agent: %r", node_id, e)
+        finally:
+            self._starting.pop(node_id, None)
+
+    async def wait_started(self) -> None:
+        """Until every agent being started has answered (or failed)."""
+        while self._starting:
+            await asyncio.gather(*self._starting.values(), return_exceptions=True)
+
+    # -- facts --------------------------------------------------------------------------------------
+
+    async def _refresh(self, m: Member) -> None:
+        try:
+            raw = await asyncio.wait_for(m.agent.facts.remote(), self.call_timeout_s)
+        except Exception as e:  # the agent is dead or late: its node leaves routing until it reports again
+            self.mark_lost(m.node, f"facts not read within {self.call_timeout_s:g} s: {type(e).__name__}")
+            return
+        f = node_facts(raw)
+        m.facts = f
+        if f.error is None:
+            m.lost_since, m.why_lost = None, ""
+        else:
+            self.mark_lost(m.node, f.error)
+
+    def mark_lost(self, node: str, why: str) -> None:
+        m = self.members.get(node)
+        if m is not None and m.lost_since is None:
+            m.lost_since, m.why_lost = time.time(), why
+            log.warning("node %s leaves routing: %s", node, why)
+
+    async def refresh(self, nodes: list[str] | None = None) -> None:
+        ms = [m for n, m in self.members.items() if nodes is None or n in nodes]
+        await asyncio.gather(*(self._refresh(m) for m in ms))
+
+    def poke(self) -> None:
+        """Poll now (after a load or a failure), not at the next period."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sync_nodes()
+                await self.refresh()
+            except Exception:
+                log.exception("fleet poll failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def snapshot(self) -> list[NodeFacts]:
+        """Every member's facts; a lost member's as an error, so routing leaves it out and says why."""
+        out = []
+        for m in self.members.values():
+            if m.lost_since is not None:
+                out.append(NodeFacts(m.node, m.url, m.lost_since, error=f"lost: {m.why_lost}"))
+            elif m.facts is not None:
+                out.append(m.facts)
+        return out
+
+    async def verdicts(self, model: str, nodes: list[str], contract: dict | None) -> list[Verdict]:
+        """The dry runs of ``nodes`` for ``model``, asked at once; a node that does not answer in time refuses."""
+        async def one(node: str) -> Verdict:
+            m = self.members.get(node)
+            if m is None:
+                return Verdict(node, "refuse", "left the cluster")
+            try:
+                got = await asyncio.wait_for(m.agent.plan.remote(model, contract), self.call_timeout_s * 5)
+            except Exception as e:
+                return Verdict(node, "refuse", f"dry run failed: {type(e).__name__}: {e}")
+            return verdict_of(node, got["status"], got["body"])
+
+        return list(await asyncio.gather(*(one(n) for n in nodes)))
+
+    def door(self, node: str) -> tuple[str, str] | None:
+        m = self.members.get(node)
+        return (m.url, m.key) if m is not None else None

@@ -1,0 +1,234 @@
+"""One endpoint over a real Ray cluster of three nodes on this machine (``ray.cluster_utils.Cluster``), each node
+with its own declared RAM budget, its own models folder and its own door with real llama-server seats; the
+cluster's front door is a real ``fitevict serve --ray ADDRESS``, driven through the openai SDK.
+
+The budgets (MiB), against the priced host bytes at the default context (the ~200 MB medium about 280 MiB, the
+small models about 30 MiB each):
+
+    node   budget   files
+    a      200      llama-medium, llama-gqa (+ adapters sql, poem), llama-q8_0
+    b      400      llama-medium, llama-q8_0
+    c      360      llama-medium, llama-gqa (+ adapters sql, poem)
+    d      100      llama-q4_0 (joins later)
+
+The nodes share this machine, so each door runs with ``budget.yield_to_others = false``: the other nodes' seats
+are other programs' memory to it, and yielding to them would stop its own idle seats for memory that its budget
+already leaves to them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _frontdoor import FrontDoor, engine_pids_of, front_door, poll
+
+ray = pytest.importorskip("ray")
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.e2e
+
+BUDGETS_MIB = {"a": 200, "b": 400, "c": 360, "d": 100}
+FILES = {"a": ("llama-medium", "llama-gqa", "llama-q8_0"), "b": ("llama-medium", "llama-q8_0"),
+         "c": ("llama-medium", "llama-gqa"), "d": ("llama-q4_0",)}
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def _resources(name: str) -> dict[str, float]:
+    return {"fitevict_ram_limit_mib": BUDGETS_MIB[name], f"node_{name}": 1}
+
+
+class Fleet:
+    def __init__(self, cluster, nodes: dict[str, object], doors: list[FrontDoor], root: Path, zoo: dict) -> None:
+        self.cluster, self.nodes, self.doors, self.root, self.zoo = cluster, nodes, doors, root, zoo
+
+    def id_of(self, name: str) -> str:
+        return self.nodes[name].node_id  # type: ignore[attr-defined]
+
+    def name_of(self, node_id: str) -> str:
+        return next(n for n in self.nodes if self.id_of(n) == node_id)
+
+
+def _models(zoo: dict, root: Path, name: str) -> Path:
+    from fitevict.zoo.adapters import write_adapters
+
+    dest = root / f"models-{name}"
+    dest.mkdir()
+    for model in FILES[name]:
+        shutil.copyfile(zoo[model].path, dest / f"{model}.gguf")
+    if "llama-gqa" in FILES[name]:
+        write_adapters(dest, names=("sql", "poem"))
+    return dest
+
+
+def _node_env(zoo: dict, root: Path, name: str) -> dict[str, str]:
+    return {"FITEVICT_MODELS_DIRS": str(_models(zoo, root, name)), "FITEVICT_DATA_DIR": str(root / f"data-{name}"),
+            "FITEVICT_YIELD_TO_OTHERS": "false", "FITEVICT_CONFIG": ""}
+
+
+@pytest.fixture(scope="module")
+def fleet(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    from ray.cluster_utils import Cluster
+
+    root = tmp_path_factory.mktemp("cluster")
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": _resources("a"), "env_vars": _node_env(zoo, root, "a"), "include_dashboard": False})
+    nodes = {"a": cluster.head_node}
+    for n in ("b", "c"):
+        nodes[n] = cluster.add_node(num_cpus=1, resources=_resources(n), env_vars=_node_env(zoo, root, n))
+    cluster.wait_for_nodes()
+    try:
+        (root / "door").mkdir()
+        with front_door(root / "door", "--ray", cluster.address, env={"FITEVICT_CONFIG": ""}) as door:
+            poll(lambda: _routable(door) == 3, "three routable nodes", timeout=180)
+            yield Fleet(cluster, nodes, [door], root, zoo)
+    finally:
+        cluster.shutdown()
+
+
+def _routable(door: FrontDoor) -> int:
+    return httpx.get(door.base_url + "/health", timeout=10).json()["routable"]
+
+
+def _client(door: FrontDoor) -> openai.OpenAI:
+    return openai.OpenAI(base_url=door.base_url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def chat(door: FrontDoor, model: str, **kw) -> tuple[str, str]:
+    """One chat through the SDK: the node that answered (its name in the fixture) and the route taken."""
+    raw = _client(door).chat.completions.with_raw_response.create(model=model, messages=CHAT, max_tokens=2, **kw)
+    assert raw.parse().choices[0].message is not None
+    return raw.headers["x-fitevict-node"], raw.headers["x-fitevict-route"]
+
+
+def residents(door: FrontDoor) -> list[dict]:
+    return httpx.get(door.base_url + "/v1/models/residents", timeout=60).json()["data"]
+
+
+def nodes(door: FrontDoor) -> list[dict]:
+    return httpx.get(door.base_url + "/v1/cluster/nodes", timeout=60).json()["data"]
+
+
+def loads(door: FrontDoor, model: str) -> list[dict]:
+    got = httpx.get(door.base_url + "/v1/models/history", params={"event": "load", "model": model, "limit": 1000},
+                    timeout=60)
+    return got.json()["data"]
+
+
+def test_a_model_that_does_not_fit_on_a_loads_on_b(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    node, why = chat(door, "llama-medium")
+    assert (fleet.name_of(node), why) == ("b", "load")  # a: too big; b: fits with the most room left
+    rows = [r for r in residents(door) if r["key"] == "llama-medium"]
+    assert [fleet.name_of(r["node"]) for r in rows] == ["b"]
+
+
+def test_repeated_requests_hit_the_resident_node(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    got = [chat(door, "llama-medium") for _ in range(3)]
+    assert {(fleet.name_of(n), why) for n, why in got} == {("b", "hit")}
+    assert [fleet.name_of(e["node"]) for e in loads(door, "llama-medium")] == ["b"]
+
+
+def _p50s(direct: tuple[str, str], routed: str, n: int = 40) -> tuple[float, float]:
+    """Median seconds of a one-token chat at the node's door and through the front door, alternated so that the
+    machine's other load falls on both alike."""
+    body = {"model": "llama-medium", "messages": CHAT, "max_tokens": 1}
+    took: dict[str, list[float]] = {"direct": [], "routed": []}
+    with httpx.Client(headers={"Authorization": f"Bearer {direct[1]}"}, timeout=60) as c:
+        for _ in range(n):
+            for how, url in (("direct", direct[0]), ("routed", routed)):
+                t0 = time.perf_counter()
+                assert c.post(url + "/v1/chat/completions", json=body).status_code == 200
+                took[how].append(time.perf_counter() - t0)
+    return statistics.median(took["direct"]), statistics.median(took["routed"])
+
+
+def test_routing_overhead_over_the_node_door(fleet: Fleet) -> None:
+    ray.init(address=fleet.cluster.address, namespace="fitevict", logging_level="WARNING")
+    try:
+        node_door = ray.get(ray.get_actor(f"fitevict-agent-{fleet.id_of('b')}").door.remote())
+    finally:
+        ray.shutdown()
+    direct, routed = _p50s((node_door["url"], node_door["key"]), fleet.doors[0].base_url)
+    print(f"cluster: a hit's p50 {1000 * routed:.1f} ms through the cluster's front door, {1000 * direct:.1f} ms at "
+          f"the node's door: {1000 * (routed - direct):+.1f} ms for routing")
+    assert routed < direct + 0.25
+
+
+def test_adapters_route_to_their_base_node(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    first, why = chat(door, "llama-gqa:sql")
+    assert (fleet.name_of(first), why) == ("c", "load")  # a and c have the files; c has more room left
+    assert chat(door, "llama-gqa:poem") == (first, "hit")  # the base's seat serves every adapter of it
+    assert [fleet.name_of(e["node"]) for e in loads(door, "llama-gqa")] == ["c"]
+
+
+def test_two_front_doors_route_alike_and_load_once(fleet: Fleet, tmp_path: Path) -> None:
+    with front_door(tmp_path, "--ray", fleet.cluster.address, env={"FITEVICT_CONFIG": ""}) as second:
+        poll(lambda: _routable(second) == 3, "the second front door's three nodes", timeout=120)
+        doors = [fleet.doors[0], second, fleet.doors[0], second]
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda d: chat(d, "llama-q8_0"), doors))
+    assert len({n for n, _why in got}) == 1, got
+    assert fleet.name_of(got[0][0]) == "a"  # a and b have it; a has more room left after it
+    assert len(loads(fleet.doors[0], "llama-q8_0")) == 1
+
+
+def test_a_killed_node_leaves_routing_and_its_models_load_elsewhere(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    assert [fleet.name_of(r["node"]) for r in residents(door) if r["key"] == "llama-medium"] == ["b"]
+    b = fleet.id_of("b")
+    pid = next(r["pid"] for r in nodes(door) if r["node"] == b)
+    t0 = time.monotonic()
+    fleet.cluster.remove_node(fleet.nodes["b"], allow_graceful=False)  # SIGKILL: b's raylet and its processes
+    poll(lambda: _routable(door) == 2, "b to leave routing", timeout=60)
+    detected = time.monotonic() - t0
+    print(f"cluster: a killed node left routing {detected:.2f} s after its raylet was killed")
+    node, why = chat(door, "llama-medium")
+    # a: too big; c: fits once its small base goes (the medium is exclusive there: > policy.exclusive_fraction)
+    assert (fleet.name_of(node), why) == ("c", "evict")
+    assert all(r["node"] != b for r in residents(door))
+    assert detected < 15.0
+    poll(lambda: not Path(f"/proc/{pid}").exists(), "b's door to stop with its agent", timeout=60)
+
+
+def test_a_node_that_joins_is_used_without_a_restart(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    fleet.nodes["d"] = fleet.cluster.add_node(num_cpus=1, resources=_resources("d"),
+                                              env_vars=_node_env(fleet.zoo, fleet.root, "d"))
+    poll(lambda: _routable(door) == 3, "d to join routing (a, c and d)", timeout=120)
+    node, why = chat(door, "llama-q4_0")  # only d has its files
+    assert (fleet.name_of(node), why) == ("d", "load")
+
+
+def test_a_request_in_flight_on_a_lost_node_gets_a_502_naming_it(fleet: Fleet) -> None:
+    """The node's door dies as a machine does (SIGKILL, no goodbye) while it generates an answer."""
+    door, c = fleet.doors[0], fleet.id_of("c")
+    pid = next(r["pid"] for r in nodes(door) if r["node"] == c)
+    engines = engine_pids_of(pid)
+    assert engines
+    body = {"model": "llama-medium", "messages": CHAT, "max_tokens": 900, "ignore_eos": True}
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(httpx.post, door.base_url + "/v1/chat/completions", json=body, timeout=300)
+            poll(lambda: any(r["in_flight"] for r in residents(door) if r["node"] == c), "a request in flight on c")
+            os.kill(pid, signal.SIGKILL)
+            r = answer.result(timeout=120)
+    finally:
+        for e in engines:  # the door's seats, orphaned by its SIGKILL
+            os.kill(e, signal.SIGKILL)
+    assert r.status_code == 502, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["node"], r.headers["x-fitevict-node"]) == ("node_lost", c, c)
+    assert c in err["message"]
+    poll(lambda: all(row["node"] != c or not row["routable"] for row in nodes(door)), "c to leave routing")
