@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.config import ConfigError, StoresConfig, load_config
-from fitevict.stores import quant_of, read_stores, store_roots
+from fitevict.stores import quant_of, read_stores, store_lines, store_roots
 from fitevict.stores import hfcache, lmstudio, ollama
 from fitevict.zoo.stores import tiny_gguf, write_hf_repo, write_lmstudio_repo, write_ollama_model
 
@@ -194,3 +194,13 @@ def test_the_tests_read_no_store_of_the_machine_running_them(tmp_path: Path, fil
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True,
                          env={**os.environ, "FITEVICT_CONFIG": ""}).stdout
     assert out.strip() == "0"
+
+
+def test_serve_says_where_each_store_was_read_or_why_not(tmp_path: Path, files: dict[str, Path]) -> None:
+    root = tmp_path / "lms"
+    write_lmstudio_repo(root, "bartowski/Phi-GGUF", {"Phi.gguf": files["base"]})
+    cfg = StoresConfig(ollama=False, hf_cache=True, lmstudio=str(root))
+    off, absent, read = store_lines(cfg, read_stores(cfg))
+    assert off == "ollama store: off (stores.ollama = false)"
+    assert absent.startswith("hf-cache store: none at ")  # its default location (none in the tests)
+    assert read == f"lmstudio store at {root}: 1 model(s)"

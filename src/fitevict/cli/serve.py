@@ -43,12 +43,16 @@ def _loopback(host: str) -> bool:
 
 
 def _store_models(cfg) -> bool:
-    """Whether a model store (Ollama, the Hugging Face cache, LM Studio) holds a model to serve."""
+    """Whether a model store (Ollama, the Hugging Face cache, LM Studio) holds a model to serve; says, per store,
+    where it was read and how many models it holds, or why it was not read."""
     from fitevict.config import ConfigError
-    from fitevict.stores import read_stores
+    from fitevict.stores import read_stores, store_lines
 
     try:
-        return any(scan.models for scan in read_stores(cfg.stores))
+        scans = read_stores(cfg.stores)
+        for line in store_lines(cfg.stores, scans):
+            err.print(line)
+        return any(scan.models for scan in scans)
     except ConfigError as e:
         err.print(f"[red]config error:[/] {e}")
         raise typer.Exit(2) from e
@@ -80,7 +84,7 @@ def serve(
     cfg = build_config(config, overrides)
     if ray_address is not None:
         _serve_cluster(ray_address, config, overrides, log_level)
-    if demo_if_empty and not cfg.models_dirs and not cfg.models and not _store_models(cfg):
+    if not _store_models(cfg) and demo_if_empty and not cfg.models_dirs and not cfg.models:
         from fitevict.zoo import write_zoo
 
         demo = Path(cfg.data_dir) / "demo-models"

@@ -53,4 +53,22 @@ def read_stores(config: StoresConfig, env: Mapping[str, str] | None = None) -> l
     return [readers[store](root) for store, root in store_roots(config, env)]
 
 
-__all__ = ["READERS", "StoreModel", "StoreScan", "quant_of", "read_stores", "store_roots"]
+def store_lines(config: StoresConfig, scans: list[StoreScan], env: Mapping[str, str] | None = None) -> list[str]:
+    """One line per store for the start of ``serve``: where it was read and how many models it holds, or why not."""
+    env = os.environ if env is None else env
+    read = {scan.store: scan for scan in scans}
+    lines = []
+    for key, (store, default_root, _read) in READERS.items():
+        setting = getattr(config, key)
+        if store in read:
+            scan = read[store]
+            lines.append(f"{store} store at {scan.root}: {len(scan.models)} model(s)"
+                         + (f"; {len(scan.notes)} note(s)" if scan.notes else ""))
+        elif setting is False:
+            lines.append(f"{store} store: off (stores.{key} = false)")
+        else:
+            lines.append(f"{store} store: none at {default_root(env)}")
+    return lines
+
+
+__all__ = ["READERS", "store_lines", "StoreModel", "StoreScan", "quant_of", "read_stores", "store_roots"]
