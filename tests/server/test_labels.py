@@ -29,7 +29,7 @@ def _load(predicted: Footprint, **details: object) -> Event:
 def test_a_priced_load_names_each_source_it_used() -> None:
     src = history_sources(_load(PRICED))
     assert src["predicted"] == "dry-run+formula"
-    assert src["measured"] == "measured: the engine's own buffers"
+    assert src["measured"] == "engine-reported: the engine's own buffers (its load log or allocator trace)"
     assert src["host"] == "measured: the larger of PSS (smaps_rollup) and logged buffers + engine overhead"
     assert src["vram"] == NA and src["freed"] == NA  # a CPU load frees nothing and has no GPU figure
 
@@ -71,7 +71,12 @@ def test_a_refusal_labels_its_prediction_from_the_plan() -> None:
 
 def test_history_rows_carry_the_labels_and_the_error() -> None:
     row = history_row(_load(PRICED))
-    assert row["sources"] == history_sources(_load(PRICED))
+    src = history_sources(_load(PRICED))
+    assert row["sources"]["allocated"] == src["measured"] and row["sources"]["predicted"] == src["predicted"]
+    # three figures, each under its own name: the price, the engine's buffers, the PSS reading
+    assert row["bytes"]["predicted"] == PRICED.total_bytes and row["bytes"]["allocated"] == MEASURED.total_bytes
+    assert row["bytes"]["measured"] == 25 * MiB and row["sources"]["measured"].startswith("measured: PSS")
+    assert row["prediction_error_against"] == "allocated (engine-reported)"
     err = row["prediction_error"]
     assert err["bytes"] == PRICED.total_bytes - MEASURED.total_bytes == 0 and err["fraction"] == 0.0
     assert history_row(Event(time=1.0, event="fail", model="m"))["prediction_error"] is None

@@ -13,7 +13,7 @@ from fitevict.loadreport import plan_hits
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError
-from fitevict.server.labels import history_sources, prediction_error
+from fitevict.server.labels import history_sources, prediction_error, pss_bytes
 from fitevict.store.records import EVENTS
 from fitevict.supervisor import Contract, SupervisorError
 from fitevict.units import GiB
@@ -107,15 +107,31 @@ def _gb(b: int | None) -> float | None:
 
 
 def history_row(ev) -> dict:
+    """One history row. A load names three figures apart: ``predicted`` (the price), ``allocated`` (the engine's own
+    buffers: engine-reported) and ``measured`` (PSS of the seat's processes when it was read); ``measured_bytes`` of
+    the store keeps the engine's figure, shown here as ``allocated``."""
+    d = ev.details if isinstance(ev.details, dict) else {}
+    engine = isinstance(d.get("measured"), dict)
+    allocated = ev.measured_bytes if engine else None
+    measured = pss_bytes(d) if engine else ev.measured_bytes
+    sources = history_sources(ev)
+    if engine:
+        sources["allocated"] = sources.pop("measured")
+        sources["measured"] = (f"measured: PSS of the seat's processes ({d['host_pss'].get('source')}) when it was "
+                               f"read, engine overhead included" if measured is not None else
+                               "unavailable: the seat's processes were not read")
     return {
         "id": ev.id, "time": ev.time, "event": ev.event, "model": ev.model, "engine": ev.engine,
         "seconds": ev.seconds, "vram_gb": _gb(ev.vram_bytes), "offloaded_gb": _gb(ev.offloaded_bytes),
         "host_gb": _gb(ev.host_bytes), "strategy": ev.strategy, "reason": ev.reason, "freed_gb": _gb(ev.freed_bytes),
-        "request_id": ev.request_id, "predicted_gb": _gb(ev.predicted_bytes), "measured_gb": _gb(ev.measured_bytes),
+        "request_id": ev.request_id, "predicted_gb": _gb(ev.predicted_bytes), "allocated_gb": _gb(allocated),
+        "measured_gb": _gb(measured),
         "bytes": {"vram": ev.vram_bytes, "offloaded": ev.offloaded_bytes, "host": ev.host_bytes,
-                  "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "measured": ev.measured_bytes},
-        "sources": history_sources(ev),
-        "prediction_error": prediction_error(ev.predicted_bytes, ev.measured_bytes),
+                  "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "allocated": allocated,
+                  "measured": measured},
+        "sources": sources,
+        "prediction_error": prediction_error(ev.predicted_bytes, allocated if engine else measured),
+        "prediction_error_against": "allocated (engine-reported)" if engine else "measured",
         "engine_timings": ev.details.get("engine_timings") if isinstance(ev.details, dict) else None,
         "details": ev.details,
     }

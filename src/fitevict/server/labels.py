@@ -30,6 +30,17 @@ def footprint_sources(fp: Any) -> str | None:
     return "+".join(sorted(found)) or None
 
 
+ENGINE_REPORTED = "engine-reported: the engine's own buffers (its load log or allocator trace)"
+
+
+def pss_bytes(d: dict) -> int | None:
+    """A load's PSS reading of the seat's process tree (committed + mapped), or None when it was not read."""
+    pss = d.get("host_pss")
+    if not isinstance(pss, dict) or pss.get("committed_bytes") is None or pss.get("mapped_bytes") is None:
+        return None
+    return int(pss["committed_bytes"]) + int(pss["mapped_bytes"])
+
+
 def _predicted(d: dict) -> str | None:
     src = footprint_sources(d.get("predicted"))
     if src is None and isinstance(d.get("plan"), dict):
@@ -42,7 +53,9 @@ def _measured(d: dict) -> str | None:
     if isinstance(m, str):
         return f"unavailable: {m}"
     src = footprint_sources(m)
-    return None if src is None else f"{src}: the engine's own buffers"
+    if src is None:
+        return None
+    return ENGINE_REPORTED if src == "measured" else f"{src}: the engine's own buffers"
 
 
 def _host(ev: Any, d: dict) -> str | None:
