@@ -83,4 +83,12 @@ def dry_run(largest_ctx: int | None, n_parallel: int | None) -> dict[str, Any] |
                     f"plus max_tokens fits {per_slot} tokens loads at ctx {largest_ctx}; a larger one is refused"}
 
 
-__all__ = ["dry_run", "MAX_TOKEN_KEYS", "Need", "TEMPLATE_ALLOWANCE", "need", "prompt_bound", "shrunk_ctx"]
+def dry_run_of(plan: Any, enabled: bool) -> dict[str, Any]:
+    """``{"shrink_ctx": ...}`` for a refused plan's dry run under ``policy.shrink_ctx``; ``{}`` otherwise."""
+    if not enabled or plan.action != "refuse":
+        return {}
+    got = dry_run(plan.largest_ctx, plan.config.n_parallel if plan.config is not None else None)
+    return {"shrink_ctx": got} if got else {}
+
+
+__all__ = ["dry_run", "dry_run_of", "MAX_TOKEN_KEYS", "Need", "TEMPLATE_ALLOWANCE", "need", "prompt_bound", "shrunk_ctx"]

@@ -60,10 +60,8 @@ def router(door: Door) -> APIRouter:
         contract = await contract_from_body(request)
         check_gguf_file(entry, contract)
         the_plan = sup.plan(entry.key, contract)
-        shrunk = (shrink.dry_run(the_plan.largest_ctx, the_plan.config.n_parallel if the_plan.config else None)
-                  if sup.config.policy.shrink_ctx and the_plan.action == "refuse" else None)
         return {"model": entry.key, **plan_hits(entry, the_plan), "plan": the_plan.to_json(),
-                "budget": sup.last_budget_json(), **({"shrink_ctx": shrunk} if shrunk else {})}
+                "budget": sup.last_budget_json(), **shrink.dry_run_of(the_plan, sup.config.policy.shrink_ctx)}
 
     @app.post("/v1/models/{model_id:path}/load", tags=["admin"], summary="Load a model (with an optional contract)")
     async def load(model_id: str, request: Request,

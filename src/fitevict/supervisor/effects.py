@@ -202,16 +202,7 @@ class LiveEffects:
             return
         assert seat is not None
         self.loads.pop(key, None)
-        seat.load_seconds = sup.clock() - t0
-        seat.repack_crash = crash
-        seat.ready_at = sup.clock()
-        seat.state = SeatPhase.READY
-        seat.shrunk_from = sup.shrinks.pop((key, cfg.n_ctx), None)
-        if entry.engine == "llama-server" and sup.config.policy.prompt_cache:
-            seat.kv_candidates = await asyncio.to_thread(sup.kv.matching, seat.signature)
-        seat.overhead = sup.prices.engine_overhead.get(HOST, 0)
-        seat.gpu_overhead = {d: n for d, n in sup.prices.engine_overhead.items() if d in cfg.devices}
-        seat.watcher = self._spawn_task(self._watch(seat), f"watch-{key}")
+        await self._ready(seat, crash, t0)
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
         recorded = asyncio.get_running_loop().create_future()  # readers that settle wait for the record below
         self.recording.add(recorded)
@@ -228,6 +219,21 @@ class LiveEffects:
         finally:
             recorded.set_result(None)
 
+
+    async def _ready(self, seat: SeatState, crash: RepackCrash | None, t0: float) -> None:
+        """A seat that answered its health check: ready, with what it starts with (its saved prompts, its shrink, the
+        engine overhead it is counted with) and a watcher for its exit."""
+        sup, cfg = self.sup, seat.config
+        seat.load_seconds = sup.clock() - t0
+        seat.repack_crash = crash
+        seat.ready_at = sup.clock()
+        seat.state = SeatPhase.READY
+        seat.shrunk_from = sup.shrinks.pop((seat.key, cfg.n_ctx), None)
+        if seat.engine == "llama-server" and sup.config.policy.prompt_cache:
+            seat.kv_candidates = await asyncio.to_thread(sup.kv.matching, seat.signature)
+        seat.overhead = sup.prices.engine_overhead.get(HOST, 0)
+        seat.gpu_overhead = {d: n for d, n in sup.prices.engine_overhead.items() if d in cfg.devices}
+        seat.watcher = self._spawn_task(self._watch(seat), f"watch-{seat.key}")
 
     def _new_seat(self, key: str, entry: Any, cfg: Any, path: Path, predicted: Any, plan: pl.Plan) -> SeatState:
         """The record of a seat about to start: a fresh port and log, its price and signature."""
