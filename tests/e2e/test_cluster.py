@@ -18,10 +18,13 @@ already leaves to them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -139,6 +142,25 @@ def test_repeated_requests_hit_the_resident_node(fleet: Fleet) -> None:
     assert [fleet.name_of(e["node"]) for e in loads(door, "llama-medium")] == ["b"]
 
 
+def test_metrics_ps_and_the_dashboard_name_the_node(fleet: Fleet) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    door, b = fleet.doors[0], fleet.id_of("b")
+    text = httpx.get(door.base_url + "/metrics", timeout=60).text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {fleet.name_of(s.labels["node"]) for s in fams["fitevict_budget_bytes"].samples} == {"a", "b", "c"}
+    held = {(fleet.name_of(s.labels["node"]), s.labels["model"]) for s in fams["fitevict_resident_bytes"].samples}
+    assert ("b", "llama-medium") in held
+    assert sum(s.value for s in fams["fitevict_cluster_node_routable"].samples) == 3
+    ps = subprocess.run([sys.executable, "-m", "fitevict.cli", "ps", "--url", door.base_url], capture_output=True,
+                        text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert ps.returncode == 0, ps.stderr
+    assert any(line.split()[:2] == [b[:8], "llama-medium"] for line in ps.stdout.splitlines()), ps.stdout
+    html = httpx.get(door.base_url + "/dashboard", timeout=60).text
+    row = html.split('<tr class="resident" data-model="llama-medium">')[1].split("</tr>")[0]
+    assert f'title="{b}">{b[:8]}<' in row
+
+
 def _p50s(direct: tuple[str, str], routed: str, n: int = 40) -> tuple[float, float]:
     """Median seconds of a one-token chat at the node's door and through the front door, alternated so that the
     machine's other load falls on both alike."""
@@ -171,6 +193,26 @@ def test_adapters_route_to_their_base_node(fleet: Fleet) -> None:
     assert (fleet.name_of(first), why) == ("c", "load")  # a and c have the files; c has more room left
     assert chat(door, "llama-gqa:poem") == (first, "hit")  # the base's seat serves every adapter of it
     assert [fleet.name_of(e["node"]) for e in loads(door, "llama-gqa")] == ["c"]
+
+
+def test_admin_routes_reach_the_node_they_concern(fleet: Fleet) -> None:
+    door, c = fleet.doors[0], fleet.id_of("c")
+
+    def post(act: str) -> httpx.Response:
+        return httpx.post(f"{door.base_url}/v1/models/llama-gqa/{act}", timeout=300)
+
+    plan = post("plan").json()
+    assert (fleet.name_of(plan["node"]), plan["route"], plan["plan"]["action"]) == ("c", "hit", "hit")
+    assert sorted(fleet.name_of(n["node"]) for n in plan["nodes"]) == ["a", "c"]  # the nodes with its files
+    gone = post("unload").json()
+    assert [fleet.name_of(n) for n in gone["unloaded_on"]] == ["c"]
+    assert not [r for r in residents(door) if r["key"] == "llama-gqa"]
+    again = poll(lambda: (p := post("plan").json())["route"] != "hit" and p, "the unload in c's facts")
+    assert (fleet.name_of(again["node"]), again["route"], again["plan"]["action"]) == ("c", "load", "ram")
+    r = post("load")
+    assert r.status_code == 200, r.text
+    assert (r.json()["node"], r.json()["route"], r.headers["x-fitevict-node"]) == (c, "load", c)
+    assert r.json()["resident"]["state"] == "ready"
 
 
 def test_two_front_doors_route_alike_and_load_once(fleet: Fleet, tmp_path: Path) -> None:

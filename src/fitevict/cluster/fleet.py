@@ -172,6 +172,22 @@ class Fleet:
 
         return list(await asyncio.gather(*(one(n) for n in nodes)))
 
+    def rows(self, now: float) -> list[dict[str, Any]]:
+        """Each member as ``GET /v1/cluster/nodes`` shows it: its door, whether it is routable, since when it is
+        lost and why, the age of its facts, its residents, budget, room and models."""
+        rows = []
+        for m in self.members.values():
+            f = m.facts
+            rows.append({"node": m.node, "url": m.url, "pid": m.pid,
+                         "routable": m.lost_since is None and f is not None and f.error is None,
+                         "lost_since": m.lost_since, "why_lost": m.why_lost or None,
+                         "facts_age_s": round(f.age(now), 3) if f is not None else None,
+                         "residents": [s.key for s in f.seats] if f is not None else [],
+                         "budget_bytes": dict(f.budget_bytes) if f is not None else {},
+                         "room_bytes": dict(f.room_bytes) if f is not None else {},
+                         "models": sorted(f.models) if f is not None else []})
+        return sorted(rows, key=lambda r: r["node"])
+
     def door(self, node: str) -> tuple[str, str] | None:
         m = self.members.get(node)
         return (m.url, m.key) if m is not None else None
