@@ -142,6 +142,21 @@ def test_repeated_requests_hit_the_resident_node(fleet: Fleet) -> None:
     assert [fleet.name_of(e["node"]) for e in loads(door, "llama-medium")] == ["b"]
 
 
+def test_streams_relay_through_the_cluster_door_and_name_the_node(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    body = {"model": "llama-medium", "messages": CHAT, "stream": True, "options": {"num_predict": 3}}
+    with httpx.stream("POST", door.base_url + "/api/chat", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert (fleet.name_of(r.headers["x-fitevict-node"]), r.headers["x-fitevict-route"]) == ("b", "hit")
+    assert len(lines) >= 2 and lines[-1]["done"] and not any(line["done"] for line in lines[:-1])
+    raw = _client(door).chat.completions.with_raw_response.create(model="llama-medium", messages=CHAT,
+                                                                  max_tokens=3, stream=True)
+    chunks = list(raw.parse())
+    assert (fleet.name_of(raw.headers["x-fitevict-node"]), raw.headers["x-fitevict-route"]) == ("b", "hit")
+    assert len(chunks) >= 2 and chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_metrics_ps_and_the_dashboard_name_the_node(fleet: Fleet) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
