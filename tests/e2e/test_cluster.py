@@ -44,6 +44,7 @@ BUDGETS_MIB = {"a": 200, "b": 400, "c": 360, "d": 100}
 FILES = {"a": ("llama-medium", "llama-gqa", "llama-q8_0"), "b": ("llama-medium", "llama-q8_0"),
          "c": ("llama-medium", "llama-gqa"), "d": ("llama-q4_0",)}
 CHAT = [{"role": "user", "content": "hi"}]
+KEY = "ck-test-cluster"  # the nodes' server.cluster_key, and the front door's
 
 
 def _resources(name: str) -> dict[str, float]:
@@ -75,7 +76,7 @@ def _models(zoo: dict, root: Path, name: str) -> Path:
 
 def _node_env(zoo: dict, root: Path, name: str) -> dict[str, str]:
     return {"FITEVICT_MODELS_DIRS": str(_models(zoo, root, name)), "FITEVICT_DATA_DIR": str(root / f"data-{name}"),
-            "FITEVICT_YIELD_TO_OTHERS": "false", "FITEVICT_CONFIG": ""}
+            "FITEVICT_YIELD_TO_OTHERS": "false", "FITEVICT_CONFIG": "", "FITEVICT_CLUSTER_KEY": KEY}
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,8 @@ def fleet(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet
     cluster.wait_for_nodes()
     try:
         (root / "door").mkdir()
-        with front_door(root / "door", "--ray", cluster.address, env={"FITEVICT_CONFIG": ""}) as door:
+        with front_door(root / "door", "--ray", cluster.address,
+                        env={"FITEVICT_CONFIG": "", "FITEVICT_CLUSTER_KEY": KEY}) as door:
             poll(lambda: _routable(door) == 3, "three routable nodes", timeout=180)
             yield Fleet(cluster, nodes, [door], root, zoo)
     finally:
@@ -196,6 +198,7 @@ def test_routing_overhead_over_the_node_door(fleet: Fleet) -> None:
         node_door = ray.get(ray.get_actor(f"fitevict-agent-{fleet.id_of('b')}").door.remote())
     finally:
         ray.shutdown()
+    assert node_door["key"] == KEY  # the node's own server.cluster_key
     direct, routed = _p50s((node_door["url"], node_door["key"]), fleet.doors[0].base_url)
     print(f"cluster: a hit's p50 {1000 * routed:.1f} ms through the cluster's front door, {1000 * direct:.1f} ms at "
           f"the node's door: {1000 * (routed - direct):+.1f} ms for routing")
@@ -289,3 +292,19 @@ def test_a_request_in_flight_on_a_lost_node_gets_a_502_naming_it(fleet: Fleet) -
     assert (err["code"], err["node"], r.headers["x-fitevict-node"]) == ("node_lost", c, c)
     assert c in err["message"]
     poll(lambda: all(row["node"] != c or not row["routable"] for row in nodes(door)), "c to leave routing")
+
+
+def test_cluster_stop_stops_every_agent_and_its_door(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    pids = {r["node"]: r["pid"] for r in nodes(door)}
+    got = subprocess.run([sys.executable, "-m", "fitevict.cli", "cluster", "stop", "--ray", fleet.cluster.address,
+                          "--json"], capture_output=True, text=True, timeout=180)
+    assert got.returncode == 0, got.stdout + got.stderr
+    rows = {r["node"]: r for r in json.loads(got.stdout)}
+    # b's agent went with its node (Ray may still list its name: then it is reported gone); c's door was killed
+    ended = rows.pop(fleet.id_of("b"), {"gone": "unlisted"})
+    assert "gone" in ended, ended
+    assert {fleet.name_of(n): r.get("door_exit") for n, r in rows.items()} == {"a": 0, "c": -signal.SIGKILL, "d": 0}
+    for node in (fleet.id_of(n) for n in "acd"):
+        poll(lambda n=node: not Path(f"/proc/{pids[n]}").exists(), f"{fleet.name_of(node)}'s door to end")
+    poll(lambda: _routable(door) == 0, "every node to leave routing")

@@ -10,6 +10,10 @@ resource (``fitevict_ram_limit_mib``, ``fitevict_gpu_limit_mib``) over it.
 
 The door is the agent's child: it gets SIGTERM when the agent's process ends (``PR_SET_PDEATHSIG``), however it
 ends, so a node whose Ray processes die takes its door and seats with it.
+
+The key the door admits: the node's own ``server.cluster_key`` (its config file, or ``FITEVICT_CLUSTER_KEY`` for
+``ray start``), else the one the front door that started the agent offers (its own ``server.cluster_key``), else
+a random one. Front doors read it from the agent.
 """
 
 from __future__ import annotations
@@ -38,6 +42,17 @@ PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def node_key() -> str | None:
+    """This node's own ``server.cluster_key`` (its config file or ``FITEVICT_CLUSTER_KEY``), or None (a config that
+    does not load counts as none: the node's door reports it)."""
+    from fitevict.config import ConfigError, load_config
+
+    try:
+        return load_config(None).server.cluster_key
+    except ConfigError:
+        return None
 
 
 def free_port(host: str) -> int:
@@ -85,12 +100,12 @@ def budget_of(metrics_text: str) -> dict[str, int]:
 
 class NodeAgent:
     """Runs the node's door and reports on it. ``options``: ``data_dir``, ``models_dirs``, ``ram_limit``,
-    ``gpu_limit``, ``key`` (the cluster key; a random one when absent), ``env`` (variables for the door),
+    ``gpu_limit``, ``key`` (the cluster key offered, when the node names none), ``env`` (variables for the door),
     ``start_timeout`` (seconds)."""
 
     def __init__(self, node_id: str, host: str, options: dict[str, Any]) -> None:
         self.node_id, self.host = node_id, host
-        self.key = options.get("key") or secrets.token_urlsafe(24)
+        self.key = node_key() or options.get("key") or secrets.token_urlsafe(24)
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
         data = Path(options.get("data_dir") or os.environ.get("FITEVICT_DATA_DIR") or _default_data(node_id))
