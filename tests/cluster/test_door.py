@@ -98,6 +98,8 @@ def node_door(refuse: set[str], calls: list[tuple[str, str, str]]):
         if path == "/v1/models/history":
             return httpx.Response(200, json={"data": [{"id": 1, "time": 5.0, "event": "load", "model": "m",
                                                        "seconds": 1.5, "strategy": "ram-only"}] if node == N1 else []})
+        if path == "/v1/models/rescan":
+            return httpx.Response(200, json={"models": 3, "added": ["new"] if node == N2 else [], "removed": []})
         if path == "/metrics":
             return httpx.Response(200, text='# HELP fitevict_budget_bytes b\n# TYPE fitevict_budget_bytes gauge\n'
                                              f'fitevict_budget_bytes{{device="CPU",source="limit"}} {len(node)}\n')
@@ -154,6 +156,12 @@ def test_a_plan_is_every_nodes_dry_run_led_by_the_node_routing_picks() -> None:
     assert {n["node"]: n["action"] for n in got["nodes"]} == {N1: "ram", N2: "ram"}
     hit = call(door, "POST", "/v1/models/m/plan").json()
     assert (hit["node"], hit["route"], hit["plan"]["action"]) == (N1, "hit", "hit")
+
+
+def test_a_rescan_reaches_every_node() -> None:
+    door, calls = cluster()
+    got = call(door, "POST", "/v1/models/rescan").json()["data"]
+    assert [(r["node"], r["status"], r["added"]) for r in got] == [(N1, 200, []), (N2, 200, ["new"])]
 
 
 def test_the_admin_routes_want_an_admin_key() -> None:
