@@ -352,18 +352,26 @@ def test_to_json_redacts_secrets(tmp_path, clean_env) -> None:
     f = write(
         tmp_path,
         'store_url = "postgresql+psycopg://fe:hunter2@db:5432/fe"\n'
-        '[server]\napi_keys = ["sk-user-123"]\nadmin_keys = ["sk-admin-456"]\n'
+        '[server]\napi_keys = ["sk-user-123"]\nadmin_keys = ["sk-admin-456"]\ncluster_key = "ck-789"\n'
         '[models.m]\npath = "m.gguf"',
     )
     c = load_config(f, env=clean_env)
     text = json.dumps(c.to_json())
-    for secret in ("sk-user-123", "sk-admin-456", "hunter2"):
+    for secret in ("sk-user-123", "sk-admin-456", "hunter2", "ck-789"):
         assert secret not in text
     j = c.to_json()
     assert j["server"]["api_keys"] == ["<redacted>"] and j["server"]["admin_keys"] == ["<redacted>"]
     assert j["store_url"] == "postgresql+psycopg://fe:<redacted>@db:5432/fe"
     assert j["models"]["m"]["path"] == str(tmp_path / "m.gguf")
     assert c.server.api_keys == ("sk-user-123",)  # the object itself keeps them
+    assert c.server.cluster_key == "ck-789"
+
+
+def test_the_cluster_key_comes_from_the_file_or_its_variable(tmp_path, clean_env) -> None:
+    assert load_config(env=clean_env).server.cluster_key is None
+    assert load_config(env={**clean_env, "FITEVICT_CLUSTER_KEY": "ck-env"}).server.cluster_key == "ck-env"
+    with pytest.raises(ConfigError, match="cluster_key"):
+        load_config(write(tmp_path, '[server]\ncluster_key = "two words"\n'), env=clean_env)
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,10 +18,13 @@ already leaves to them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +44,7 @@ BUDGETS_MIB = {"a": 200, "b": 400, "c": 360, "d": 100}
 FILES = {"a": ("llama-medium", "llama-gqa", "llama-q8_0"), "b": ("llama-medium", "llama-q8_0"),
          "c": ("llama-medium", "llama-gqa"), "d": ("llama-q4_0",)}
 CHAT = [{"role": "user", "content": "hi"}]
+KEY = "ck-test-cluster"  # the nodes' server.cluster_key, and the front door's
 
 
 def _resources(name: str) -> dict[str, float]:
@@ -72,7 +76,7 @@ def _models(zoo: dict, root: Path, name: str) -> Path:
 
 def _node_env(zoo: dict, root: Path, name: str) -> dict[str, str]:
     return {"FITEVICT_MODELS_DIRS": str(_models(zoo, root, name)), "FITEVICT_DATA_DIR": str(root / f"data-{name}"),
-            "FITEVICT_YIELD_TO_OTHERS": "false", "FITEVICT_CONFIG": ""}
+            "FITEVICT_YIELD_TO_OTHERS": "false", "FITEVICT_CONFIG": "", "FITEVICT_CLUSTER_KEY": KEY}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +92,8 @@ def fleet(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet
     cluster.wait_for_nodes()
     try:
         (root / "door").mkdir()
-        with front_door(root / "door", "--ray", cluster.address, env={"FITEVICT_CONFIG": ""}) as door:
+        with front_door(root / "door", "--ray", cluster.address,
+                        env={"FITEVICT_CONFIG": "", "FITEVICT_CLUSTER_KEY": KEY}) as door:
             poll(lambda: _routable(door) == 3, "three routable nodes", timeout=180)
             yield Fleet(cluster, nodes, [door], root, zoo)
     finally:
@@ -139,6 +144,40 @@ def test_repeated_requests_hit_the_resident_node(fleet: Fleet) -> None:
     assert [fleet.name_of(e["node"]) for e in loads(door, "llama-medium")] == ["b"]
 
 
+def test_streams_relay_through_the_cluster_door_and_name_the_node(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    body = {"model": "llama-medium", "messages": CHAT, "stream": True, "options": {"num_predict": 3}}
+    with httpx.stream("POST", door.base_url + "/api/chat", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert (fleet.name_of(r.headers["x-fitevict-node"]), r.headers["x-fitevict-route"]) == ("b", "hit")
+    assert len(lines) >= 2 and lines[-1]["done"] and not any(line["done"] for line in lines[:-1])
+    raw = _client(door).chat.completions.with_raw_response.create(model="llama-medium", messages=CHAT,
+                                                                  max_tokens=3, stream=True)
+    chunks = list(raw.parse())
+    assert (fleet.name_of(raw.headers["x-fitevict-node"]), raw.headers["x-fitevict-route"]) == ("b", "hit")
+    assert len(chunks) >= 2 and chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_metrics_ps_and_the_dashboard_name_the_node(fleet: Fleet) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    door, b = fleet.doors[0], fleet.id_of("b")
+    text = httpx.get(door.base_url + "/metrics", timeout=60).text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {fleet.name_of(s.labels["node"]) for s in fams["fitevict_budget_bytes"].samples} == {"a", "b", "c"}
+    held = {(fleet.name_of(s.labels["node"]), s.labels["model"]) for s in fams["fitevict_resident_bytes"].samples}
+    assert ("b", "llama-medium") in held
+    assert sum(s.value for s in fams["fitevict_cluster_node_routable"].samples) == 3
+    ps = subprocess.run([sys.executable, "-m", "fitevict.cli", "ps", "--url", door.base_url], capture_output=True,
+                        text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert ps.returncode == 0, ps.stderr
+    assert any(line.split()[:2] == [b[:8], "llama-medium"] for line in ps.stdout.splitlines()), ps.stdout
+    html = httpx.get(door.base_url + "/dashboard", timeout=60).text
+    row = html.split('<tr class="resident" data-model="llama-medium">')[1].split("</tr>")[0]
+    assert f'title="{b}">{b[:8]}<' in row
+
+
 def _p50s(direct: tuple[str, str], routed: str, n: int = 40) -> tuple[float, float]:
     """Median seconds of a one-token chat at the node's door and through the front door, alternated so that the
     machine's other load falls on both alike."""
@@ -159,6 +198,7 @@ def test_routing_overhead_over_the_node_door(fleet: Fleet) -> None:
         node_door = ray.get(ray.get_actor(f"fitevict-agent-{fleet.id_of('b')}").door.remote())
     finally:
         ray.shutdown()
+    assert node_door["key"] == KEY  # the node's own server.cluster_key
     direct, routed = _p50s((node_door["url"], node_door["key"]), fleet.doors[0].base_url)
     print(f"cluster: a hit's p50 {1000 * routed:.1f} ms through the cluster's front door, {1000 * direct:.1f} ms at "
           f"the node's door: {1000 * (routed - direct):+.1f} ms for routing")
@@ -171,6 +211,26 @@ def test_adapters_route_to_their_base_node(fleet: Fleet) -> None:
     assert (fleet.name_of(first), why) == ("c", "load")  # a and c have the files; c has more room left
     assert chat(door, "llama-gqa:poem") == (first, "hit")  # the base's seat serves every adapter of it
     assert [fleet.name_of(e["node"]) for e in loads(door, "llama-gqa")] == ["c"]
+
+
+def test_admin_routes_reach_the_node_they_concern(fleet: Fleet) -> None:
+    door, c = fleet.doors[0], fleet.id_of("c")
+
+    def post(act: str) -> httpx.Response:
+        return httpx.post(f"{door.base_url}/v1/models/llama-gqa/{act}", timeout=300)
+
+    plan = post("plan").json()
+    assert (fleet.name_of(plan["node"]), plan["route"], plan["plan"]["action"]) == ("c", "hit", "hit")
+    assert sorted(fleet.name_of(n["node"]) for n in plan["nodes"]) == ["a", "c"]  # the nodes with its files
+    gone = post("unload").json()
+    assert [fleet.name_of(n) for n in gone["unloaded_on"]] == ["c"]
+    assert not [r for r in residents(door) if r["key"] == "llama-gqa"]
+    again = poll(lambda: (p := post("plan").json())["route"] != "hit" and p, "the unload in c's facts")
+    assert (fleet.name_of(again["node"]), again["route"], again["plan"]["action"]) == ("c", "load", "ram")
+    r = post("load")
+    assert r.status_code == 200, r.text
+    assert (r.json()["node"], r.json()["route"], r.headers["x-fitevict-node"]) == (c, "load", c)
+    assert r.json()["resident"]["state"] == "ready"
 
 
 def test_two_front_doors_route_alike_and_load_once(fleet: Fleet, tmp_path: Path) -> None:
@@ -232,3 +292,19 @@ def test_a_request_in_flight_on_a_lost_node_gets_a_502_naming_it(fleet: Fleet) -
     assert (err["code"], err["node"], r.headers["x-fitevict-node"]) == ("node_lost", c, c)
     assert c in err["message"]
     poll(lambda: all(row["node"] != c or not row["routable"] for row in nodes(door)), "c to leave routing")
+
+
+def test_cluster_stop_stops_every_agent_and_its_door(fleet: Fleet) -> None:
+    door = fleet.doors[0]
+    pids = {r["node"]: r["pid"] for r in nodes(door)}
+    got = subprocess.run([sys.executable, "-m", "fitevict.cli", "cluster", "stop", "--ray", fleet.cluster.address,
+                          "--json"], capture_output=True, text=True, timeout=180)
+    assert got.returncode == 0, got.stdout + got.stderr
+    rows = {r["node"]: r for r in json.loads(got.stdout)}
+    # b's agent went with its node (Ray may still list its name: then it is reported gone); c's door was killed
+    ended = rows.pop(fleet.id_of("b"), {"gone": "unlisted"})
+    assert "gone" in ended, ended
+    assert {fleet.name_of(n): r.get("door_exit") for n, r in rows.items()} == {"a": 0, "c": -signal.SIGKILL, "d": 0}
+    for node in (fleet.id_of(n) for n in "acd"):
+        poll(lambda n=node: not Path(f"/proc/{pids[n]}").exists(), f"{fleet.name_of(node)}'s door to end")
+    poll(lambda: _routable(door) == 0, "every node to leave routing")

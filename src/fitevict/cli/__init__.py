@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fitevict.cli.serve",
     "fitevict.cli.admin",
     "fitevict.cli.report",
+    "fitevict.cli.cluster",
 )
 
 # commands whose module alone serves them: ``fitevict serve`` does not import what only the other commands

@@ -99,6 +99,11 @@ def plan_cmd(
     contract_json = {k: v for k, v in contract_fields.items() if v is not None}
     if server:
         out = _call(server, key, "POST", f"/v1/models/{model}/plan", json=contract_json)
+        if out.get("node") and not as_json:  # a cluster's front door: the node its routing picks
+            console.print(f"node {escape(out['node'])} ({escape(str(out.get('route')))})")
+        if out.get("plan") is None:
+            err.print(f"[red]no node answered a dry run for {escape(model)}[/]")
+            raise typer.Exit(1)
         _show_plan(out["plan"], out.get("budget"), as_json)
         return
 
@@ -237,8 +242,11 @@ def _where(placement: str) -> str:
 
 
 def ps_table(data: list[dict], now: float, url: str) -> Table:
+    """The residents; from a cluster's front door (rows that name their node), the node first (its id's head)."""
+    nodes = any("node" in r for r in data)
     t = compact_table(f"residents of {url}",
-                      ["model", "store", "state", "where", "host", "pred.", "ctx", "busy", "unload in"],
+                      ["node"] * nodes + ["model", "store", "state", "where", "host", "pred.", "ctx", "busy",
+                                          "unload in"],
                       right=("host", "pred.", "ctx", "busy"))
     for r in data:
         cpu = r["devices"].get("CPU", {})
@@ -246,7 +254,8 @@ def ps_table(data: list[dict], now: float, url: str) -> Table:
                   "unused" if r["last_used"] is None else "off")
         ts = (r.get("config") or {}).get("tensor_split")
         where = _where(r["placement"]) + (f" split {'/'.join(f'{w:g}' for w in ts)}" if ts else "")
-        t.add_row(r["key"], r.get("store") or "", r["state"], where, format_size(cpu.get("measured_bytes")),
+        t.add_row(*[str(r.get("node") or "")[:8]] * nodes, r["key"], r.get("store") or "", r["state"], where,
+                  format_size(cpu.get("measured_bytes")),
                   format_size(cpu.get("predicted_bytes")), str(r["ctx"]),
                   f"{r['in_flight']}+{r.get('waiting', 0)}", unload)
     return t

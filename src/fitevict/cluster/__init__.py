@@ -7,6 +7,10 @@ door, and the cluster's front door routes each request to the node where its mod
     agent.py   the node agent: runs the node's door, reports its facts and dry runs
     fleet.py   Ray's membership, an agent per node, the facts polled with their age
     front.py   the cluster's front door (ASGI): relays inference to the chosen node, merges the views
+    admin.py   load, unload, plan and rescan, each sent to the nodes it concerns
+    metrics.py PURE: the nodes' /metrics as one, each sample with its node
+    page.py    /metrics and the dashboard over every node
+    wire.py    the front door's ASGI plumbing
     main.py    ``fitevict serve --ray ADDRESS``'s serving process
 
 Ray is imported only by ``fleet`` and ``main``: the rest runs, and is tested, without it.

@@ -9,7 +9,13 @@ seats stay on the node's loopback. It reads the node's own config and environmen
 resource (``fitevict_ram_limit_mib``, ``fitevict_gpu_limit_mib``) over it.
 
 The door is the agent's child: it gets SIGTERM when the agent's process ends (``PR_SET_PDEATHSIG``), however it
-ends, so a node whose Ray processes die takes its door and seats with it.
+ends, so a node whose Ray processes die takes its door and seats with it. That signal fires when the *thread*
+that forked the child ends, not only the process: the door is forked from a thread of its own, which lives as
+long as the door (it waits for it), so no thread of the agent's can take the door with it (``spawn_tied``).
+
+The key the door admits: the node's own ``server.cluster_key`` (its config file, or ``FITEVICT_CLUSTER_KEY`` for
+``ray start``), else the one the front door that started the agent offers (its own ``server.cluster_key``), else
+a random one. Front doors read it from the agent.
 """
 
 from __future__ import annotations
@@ -36,8 +42,49 @@ MODELS_EVERY_S = 5.0  # the node's model list changes rarely: read it at most th
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def spawn_tied(argv: list[str], **popen: Any) -> subprocess.Popen:
+    """Start ``argv`` as a child that gets SIGTERM when this process ends, however it ends.
+
+    The child is forked from a thread started for it, which then waits for it: ``PR_SET_PDEATHSIG`` follows the
+    forking thread, and this one ends only after the child has. The child arms the signal, then checks that its
+    parent is still this process (it may have ended in between) before it runs ``argv``."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+
+    def tie() -> None:  # pragma: no cover - runs in the child between fork and exec
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    got: dict[str, Any] = {}
+    started = threading.Event()
+
+    def parent_thread() -> None:
+        try:
+            got["proc"] = subprocess.Popen(argv, preexec_fn=tie, **popen)
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            got["error"] = e
+        finally:
+            started.set()
+        if "proc" in got:
+            got["proc"].wait()
+
+    threading.Thread(target=parent_thread, name=f"fitevict-parent-of-{Path(argv[0]).name}", daemon=True).start()
+    started.wait()
+    if "error" in got:
+        raise got["error"]
+    return got["proc"]
+
+
+def node_key() -> str | None:
+    """This node's own ``server.cluster_key`` (its config file or ``FITEVICT_CLUSTER_KEY``), or None (a config that
+    does not load counts as none: the node's door reports it)."""
+    from fitevict.config import ConfigError, load_config
+
+    try:
+        return load_config(None).server.cluster_key
+    except ConfigError:
+        return None
 
 
 def free_port(host: str) -> int:
@@ -85,12 +132,12 @@ def budget_of(metrics_text: str) -> dict[str, int]:
 
 class NodeAgent:
     """Runs the node's door and reports on it. ``options``: ``data_dir``, ``models_dirs``, ``ram_limit``,
-    ``gpu_limit``, ``key`` (the cluster key; a random one when absent), ``env`` (variables for the door),
+    ``gpu_limit``, ``key`` (the cluster key offered, when the node names none), ``env`` (variables for the door),
     ``start_timeout`` (seconds)."""
 
     def __init__(self, node_id: str, host: str, options: dict[str, Any]) -> None:
         self.node_id, self.host = node_id, host
-        self.key = options.get("key") or secrets.token_urlsafe(24)
+        self.key = node_key() or options.get("key") or secrets.token_urlsafe(24)
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
         data = Path(options.get("data_dir") or os.environ.get("FITEVICT_DATA_DIR") or _default_data(node_id))
@@ -100,8 +147,7 @@ class NodeAgent:
         env.update(options.get("env") or {})
         argv = door_argv(host, self.port, self.key, {**options, "data_dir": str(data)})
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            self.proc = spawn_tied(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30.0)
         self._lock = threading.Lock()
         self._models: tuple[float, dict] | None = None

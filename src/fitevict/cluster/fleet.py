@@ -7,6 +7,10 @@ door on the cluster finds the same agents. The fleet polls, every ``poll_s``: th
 gets an agent; a node Ray declares dead leaves), and each agent's facts, with a deadline (``call_timeout_s``).
 A node whose facts cannot be read leaves routing at once, as does one whose door refuses connections
 (``lost``); it comes back when it reports again.
+
+With a cluster key of its own (``server.cluster_key``), a front door offers it to the agents it starts and uses
+only nodes whose doors admit it: a node whose agent runs with another key stays out (``refused``, asked again
+every ``REFUSED_RETRY_S``). ``stop_agents`` stops every agent on a cluster, and its door.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ log = logging.getLogger("fitevict.cluster")
 
 NAMESPACE = "fitevict"
 AGENT_PREFIX = "fitevict-agent-"
+REFUSED_RETRY_S = 30.0
 
 
 def agent_name(node_id: str) -> str:
@@ -63,11 +68,14 @@ class Fleet:
     """Membership and facts, refreshed by ``run()``; ``snapshot()`` for routing, ``verdicts()`` for a miss."""
 
     def __init__(self, *, poll_s: float = 0.5, call_timeout_s: float = 2.0, max_age_s: float = 5.0,
-                 options: dict[str, Any] | None = None, start_timeout_s: float = 180.0) -> None:
+                 options: dict[str, Any] | None = None, start_timeout_s: float = 180.0,
+                 key: str | None = None) -> None:
         self.poll_s, self.call_timeout_s, self.max_age_s = poll_s, call_timeout_s, max_age_s
         self.start_timeout_s = start_timeout_s
-        self.options = options or {}
+        self.key = key
+        self.options = {**(options or {}), **({"key": key} if key else {})}
         self.members: dict[str, Member] = {}
+        self.refused: dict[str, tuple[float, str]] = {}  # node -> (when, why): its door does not admit our key
         self._starting: dict[str, asyncio.Task] = {}
         self._wake = asyncio.Event()
 
@@ -83,7 +91,10 @@ class Fleet:
             if node_id not in alive:
                 log.warning("node %s left the cluster (Ray: not alive)", node_id)
                 del self.members[node_id]
+        now = time.time()
         for node_id, n in alive.items():
+            if node_id in self.refused and now - self.refused[node_id][0] < REFUSED_RETRY_S:
+                continue
             if node_id not in self.members and node_id not in self._starting:
                 self._starting[node_id] = asyncio.create_task(self._join(n))
 
@@ -92,6 +103,12 @@ class Fleet:
         try:
             agent = ensure_agent(node, self.options)
             door = await asyncio.wait_for(agent.door.remote(), self.start_timeout_s)
+            if self.key is not None and door["key"] != self.key:
+                why = "its door admits another cluster key (server.cluster_key): restart its agent with this one"
+                self.refused[node_id] = (time.time(), why)
+                log.warning("node %s stays out: %s", node_id, why)
+                return
+            self.refused.pop(node_id, None)
             m = Member(node_id, agent, door["url"], door["key"], door.get("pid"))
             self.members[node_id] = m
             await self._refresh(m)
@@ -172,6 +189,57 @@ class Fleet:
 
         return list(await asyncio.gather(*(one(n) for n in nodes)))
 
+    def rows(self, now: float) -> list[dict[str, Any]]:
+        """Each member as ``GET /v1/cluster/nodes`` shows it: its door, whether it is routable, since when it is
+        lost and why, the age of its facts, its residents, budget, room and models."""
+        rows = []
+        for m in self.members.values():
+            f = m.facts
+            rows.append({"node": m.node, "url": m.url, "pid": m.pid,
+                         "routable": m.lost_since is None and f is not None and f.error is None,
+                         "lost_since": m.lost_since, "why_lost": m.why_lost or None,
+                         "facts_age_s": round(f.age(now), 3) if f is not None else None,
+                         "residents": [s.key for s in f.seats] if f is not None else [],
+                         "budget_bytes": dict(f.budget_bytes) if f is not None else {},
+                         "room_bytes": dict(f.room_bytes) if f is not None else {},
+                         "models": sorted(f.models) if f is not None else []})
+        rows += [{"node": n, "url": "", "pid": None, "routable": False, "lost_since": t, "why_lost": why,
+                  "facts_age_s": None, "residents": [], "budget_bytes": {}, "room_bytes": {}, "models": []}
+                 for n, (t, why) in self.refused.items() if n not in self.members]
+        return sorted(rows, key=lambda r: r["node"])
+
     def door(self, node: str) -> tuple[str, str] | None:
         m = self.members.get(node)
         return (m.url, m.key) if m is not None else None
+
+
+def stop_agents(address: str, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """Stop every node agent on the Ray cluster at ``address`` (``auto``: this machine's), each after its door
+    (SIGTERM: the door stops its seats and verifies their memory came back). Each agent's node with its door's exit
+    status (``door_exit``), ``gone`` for an agent that had ended (its node died, say: its door went with it), or
+    ``error``: why it could not be stopped (it is killed all the same, and its door with it)."""
+    import ray
+
+    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        names = sorted(n for n in ray.util.list_named_actors() if n.startswith(AGENT_PREFIX))
+        agents = {n: ray.get_actor(n, namespace=NAMESPACE) for n in names}
+        asked = {n: a.stop.remote() for n, a in agents.items() if n[len(AGENT_PREFIX):] in alive}  # all at once
+        out = []
+        for name, agent in agents.items():
+            row: dict[str, Any] = {"node": name[len(AGENT_PREFIX):]}
+            try:
+                if name in asked:
+                    row["door_exit"] = ray.get(asked[name], timeout=timeout_s)
+                else:
+                    row["gone"] = "its node is no longer alive"
+            except ray.exceptions.ActorDiedError:  # it died before (its node, say): its door went with it
+                row["gone"] = "the agent had ended, its door with it"
+            except Exception as e:  # the agent is unreachable or late
+                row["error"] = f"{type(e).__name__}: {e}"
+            ray.kill(agent, no_restart=True)
+            out.append(row)
+        return out
+    finally:
+        ray.shutdown()

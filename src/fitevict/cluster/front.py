@@ -7,7 +7,9 @@ busy) or cannot be reached sends the request to the next candidate, with the rea
 the request was on it (the answer had not begun) gets the client a 502 naming the node; an answer cut after it
 began ends with an error event naming the node (streams) or a closed connection.
 
-The list, residents and history routes merge every node's (``merge``), each row naming its node.
+The admin routes (load, unload, plan, rescan) go to the nodes they concern (``admin``). The list, residents and
+history routes merge every node's (``merge``), each row naming its node; ``/metrics`` and the dashboard too
+(``page``).
 """
 
 from __future__ import annotations
@@ -16,29 +18,25 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl
 
 import httpx
 
-from fitevict.cluster import merge
+from fitevict.cluster import admin, merge, page
 from fitevict.cluster.fleet import Fleet
 from fitevict.cluster.route import Candidate, Route, resolve, route, usable
+from fitevict.cluster.wire import Receive, Scope, Send, query, read_body, send_error, send_json
 from fitevict.config import Config
 from fitevict.server.door import Door, new_request_id
 from fitevict.server.errors import ApiError
 
 log = logging.getLogger("fitevict.cluster")
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
 INFERENCE = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate",
              "/api/embed", "/api/embeddings")
 REFUSALS = (503, 507)  # the node's door does not take it now: the next candidate may
-PASSED_HEADERS = (b"content-type", b"content-length", b"retry-after", b"x-request-id")
+PASSED_HEADERS = (b"content-type", b"content-length", b"retry-after", b"x-request-id", b"cache-control")
 
 
 class _Keys:
@@ -54,13 +52,15 @@ class _Keys:
 
 
 class ClusterDoor:
-    """ASGI app over a ``Fleet``: relays inference, merges the lists, and runs the fleet's poll."""
+    """ASGI app over a ``Fleet``: relays inference and the admin routes, merges the lists, and runs the fleet's
+    poll."""
 
     def __init__(self, config: Config, fleet: Fleet) -> None:
         self.config, self.fleet = config, fleet
         self.keys = _Keys(config)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=None),
                                         limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+        self.routed: dict[tuple[str, str], int] = {}  # (node, route) -> requests served there
         self._poll: asyncio.Task | None = None
 
     # -- ASGI -------------------------------------------------------------------------------------------
@@ -72,6 +72,10 @@ class ClusterDoor:
         try:
             if path in INFERENCE:
                 return await self.infer(scope, receive, send)
+            if admin.is_admin(scope["method"], path):
+                return await admin.answer(self, scope, receive, send)
+            if path in page.PAGES:
+                return await page.answer(self, scope, send)
             answer = GETS.get(path)
             if answer is None:
                 raise ApiError(404, f"no route {path} at the cluster's front door", type="not_found_error")
@@ -81,8 +85,8 @@ class ClusterDoor:
                 self.keys.check(scope, admin=path == "/v1/cluster/nodes")
             doc = await answer(self, scope)
         except ApiError as e:
-            return await self._error(e, path, scope, receive, send)
-        await _send_json(send, 200, doc)
+            return await send_error(e, path, scope, receive, send)
+        await send_json(send, 200, doc)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -99,45 +103,50 @@ class ClusterDoor:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    @staticmethod
-    async def _error(e: ApiError, path: str, scope: Scope, receive: Receive, send: Send) -> None:
-        if path.startswith("/api/"):  # Ollama's shape
-            await _send_json(send, e.status, {"error": e.message}, e.headers)
-        else:
-            await e.response()(scope, receive, send)
-
     # -- inference ----------------------------------------------------------------------------------
 
     async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
-        t0 = time.perf_counter()
         path = scope["path"]
-        rid = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1") or new_request_id()
         try:
             if scope["method"] != "POST":
                 raise ApiError(405, "Method Not Allowed", headers={"Allow": "POST"})
             self.keys.check(scope)
-            raw = await _read_body(receive, self.config.server.max_body_bytes)
+            raw = await read_body(receive, self.config.server.max_body_bytes)
             key, contract = self._model_of(raw)
+        except ApiError as e:
+            return await send_error(e, path, scope, receive, send)
+        await self.relay(key, contract, raw, scope, receive, send)
+
+    async def relay(self, key: str, contract: dict | None, raw: bytes, scope: Scope, receive: Receive, send: Send,
+                    *, name_node: bool = False) -> None:
+        """Route ``key`` and relay the request as received (its path, query and body ``raw``) to the first
+        candidate node that takes it. ``name_node``: a JSON answer gets the node's id as ``node``."""
+        t0 = time.perf_counter()
+        path = scope["path"]
+        rid = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1") or new_request_id()
+        try:
             plan = await self.route(key, contract)
             if not plan.candidates:
                 raise _no_node(key, plan)
         except ApiError as e:
-            return await self._error(e, path, scope, receive, send)
+            return await send_error(e, path, scope, receive, send)
         tried: list[str] = []
         seen: set[str] = set()
         for attempt in range(2):  # a node found lost on the way: route again, without it, once
             for cand in (c for c in plan.candidates if c.node not in seen):
                 seen.add(cand.node)
-                if await self._try(cand, path, raw, rid, scope, receive, send, tried):
-                    log.info(json.dumps({"request_id": rid, "model": key, "node": cand.node, "route": cand.why,
-                                         "tried": tried, "total_s": round(time.perf_counter() - t0, 4)}))
+                if await self._try(cand, raw, rid, scope, receive, send, tried, name_node):
+                    self.routed[cand.node, cand.why] = self.routed.get((cand.node, cand.why), 0) + 1
+                    log.info(json.dumps({"request_id": rid, "model": key, "path": path, "node": cand.node,
+                                         "route": cand.why, "tried": tried,
+                                         "total_s": round(time.perf_counter() - t0, 4)}))
                     return
             if attempt or not any("unreachable" in t for t in tried):
                 break
             plan = await self.route(key, contract)
         err = ApiError(507, f"no node took {key}: " + "; ".join(tried), type="insufficient_memory",
                        code="no_node", headers={"x-should-retry": "false"})
-        await self._error(err, path, scope, receive, send)
+        await send_error(err, path, scope, receive, send)
 
     def _model_of(self, raw: bytes) -> tuple[str, dict | None]:
         try:
@@ -150,12 +159,16 @@ class ClusterDoor:
         if not isinstance(name, str) or not name:
             raise ApiError(400, "'model' is required: name a model from GET /v1/models", param="model",
                            code="missing_model")
+        contract = body.get("fitevict")
+        return self.resolve(name), contract if isinstance(contract, dict) else None
+
+    def resolve(self, name: str) -> str:
+        """The model key ``name`` means on the nodes, or a 404."""
         key = resolve(name, self.fleet.snapshot())
         if key is None:
             raise ApiError(404, f"model {name!r} does not exist on any node (GET /v1/models lists them)",
                            type="not_found_error", param="model", code="model_not_found")
-        contract = body.get("fitevict")
-        return key, contract if isinstance(contract, dict) else None
+        return key
 
     async def route(self, key: str, contract: dict | None) -> Route:
         """The routing rule over the fleet's facts; without a hit, with the dry runs of the nodes that may load."""
@@ -168,8 +181,8 @@ class ClusterDoor:
         verdicts = await self.fleet.verdicts(key, [f.node for f in nodes], contract)
         return route(key, facts, verdicts, time.time(), max_age) if verdicts else route(key, facts, [], now, max_age)
 
-    async def _try(self, cand: Candidate, path: str, raw: bytes, rid: str, scope: Scope, receive: Receive,
-                   send: Send, tried: list[str]) -> bool:
+    async def _try(self, cand: Candidate, raw: bytes, rid: str, scope: Scope, receive: Receive, send: Send,
+                   tried: list[str], name_node: bool) -> bool:
         """Relay to ``cand``'s door. True when the client got its answer (or an error naming a lost node); False
         when the node refused or could not be reached (``tried`` says why): the next candidate's turn."""
         door = self.fleet.door(cand.node)
@@ -177,11 +190,12 @@ class ClusterDoor:
             tried.append(f"{cand.node}: left the cluster")
             return False
         url, key = door
+        path, qs = scope["path"], scope.get("query_string", b"").decode("latin-1")
         headers = {"authorization": f"Bearer {key}", "content-type": "application/json", "x-request-id": rid}
         for name, value in scope["headers"]:
             if name.startswith(b"x-fitevict-"):
                 headers[name.decode("latin-1")] = value.decode("latin-1")
-        req = self.client.build_request("POST", url + path, content=raw, headers=headers)
+        req = self.client.build_request("POST", url + path + (f"?{qs}" if qs else ""), content=raw, headers=headers)
         try:
             resp = await self.client.send(req, stream=True)
         except httpx.ConnectError as e:  # nothing reached the node: another may take it
@@ -192,23 +206,25 @@ class ClusterDoor:
         except httpx.TransportError as e:  # the node went while the request was on it
             self.fleet.mark_lost(cand.node, f"lost with a request in flight: {e!r}")
             self.fleet.poke()
-            await self._error(_lost(cand.node, path, e), path, scope, receive, send)
+            await send_error(_lost(cand.node, path, e), path, scope, receive, send)
             return True
         if resp.status_code in REFUSALS:
             why = (await resp.aread()).decode(errors="replace")[:500]
             await resp.aclose()
             tried.append(f"{cand.node}: answered {resp.status_code}: {why}")
             return False
-        await self._stream(cand, resp, path, send)
+        await self._stream(cand, resp, path, send, name_node)
         if cand.why != "hit":
             self.fleet.poke()  # it loaded (or evicted) there: fresh facts now
         return True
 
-    async def _stream(self, cand: Candidate, resp: httpx.Response, path: str, send: Send) -> None:
+    async def _stream(self, cand: Candidate, resp: httpx.Response, path: str, send: Send, name_node: bool) -> None:
         head = [(k, v) for k, v in resp.headers.raw if k.lower() in PASSED_HEADERS or k.lower().startswith(b"x-fitevict")]
         head += [(b"x-fitevict-node", cand.node.encode()), (b"x-fitevict-route", cand.why.encode())]
+        ctype = resp.headers.get("content-type", "")
+        if name_node and ctype.startswith("application/json"):  # a whole JSON answer: it names its node
+            return await self._named(cand, resp, head, send)
         await send({"type": "http.response.start", "status": resp.status_code, "headers": head})
-        sse = resp.headers.get("content-type", "").startswith("text/event-stream")
         try:
             async for chunk in resp.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -217,34 +233,69 @@ class ClusterDoor:
             self.fleet.poke()
             err = _lost(cand.node, path, e)
             tail = (b"data: " + json.dumps({"error": {"message": err.message, "type": err.type, "code": err.code,
-                                                      "node": cand.node}}).encode() + b"\n\n") if sse else b""
+                                                      "node": cand.node}}).encode() + b"\n\n"
+                    ) if ctype.startswith("text/event-stream") else b""
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             return
         finally:
             await resp.aclose()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    # -- merged views -------------------------------------------------------------------------------
+    async def _named(self, cand: Candidate, resp: httpx.Response, head: list, send: Send) -> None:
+        try:
+            doc = json.loads(await resp.aread())
+        except (httpx.TransportError, ValueError) as e:
+            self.fleet.mark_lost(cand.node, f"lost during an answer: {e!r}")
+            err = _lost(cand.node, "", e)
+            return await send_json(send, 502, {"error": {"message": err.message, "type": err.type, "param": None,
+                                                         "code": err.code, "node": cand.node}}, err.headers)
+        finally:
+            await resp.aclose()
+        if isinstance(doc, dict):
+            doc = {**doc, "node": cand.node, "route": cand.why}
+        body = json.dumps(doc).encode()
+        head = [(k, v) for k, v in head if k.lower() != b"content-length"]
+        head.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": head})
+        await send({"type": "http.response.body", "body": body})
 
-    async def each_node(self, path: str, params: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
-        """``GET path`` on every routable node's door, at once; a node that fails is left out (and logged)."""
-        nodes = [f.node for f in self.fleet.snapshot() if f.error is None]
+    # -- the nodes' own answers -----------------------------------------------------------------------
 
-        async def one(node: str) -> tuple[str, dict[str, Any] | None]:
+    async def ask_each(self, method: str, path: str, *, nodes: list[str] | None = None,
+                       params: dict[str, str] | None = None, content: bytes | None = None,
+                       timeout: float = 30.0) -> dict[str, httpx.Response]:
+        """``method path`` on every routable node's door (or on ``nodes``), at once: each node's answer, read. A
+        node that cannot be reached is left out (and logged)."""
+        if nodes is None:
+            nodes = [f.node for f in self.fleet.snapshot() if f.error is None]
+
+        async def one(node: str) -> tuple[str, httpx.Response | None]:
             door = self.fleet.door(node)
             if door is None:
                 return node, None
+            headers = {"authorization": f"Bearer {door[1]}", **({"content-type": "application/json"}
+                                                                 if content else {})}
             try:
-                r = await self.client.get(door[0] + path, params=params, timeout=30.0,
-                                          headers={"authorization": f"Bearer {door[1]}"})
-                r.raise_for_status()
-                return node, r.json()
-            except (httpx.HTTPError, ValueError) as e:
-                log.warning("node %s: %s failed: %r", node, path, e)
+                return node, await self.client.request(method, door[0] + path, params=params, content=content,
+                                                       headers=headers, timeout=timeout)
+            except httpx.HTTPError as e:
+                log.warning("node %s: %s %s failed: %r", node, method, path, e)
                 return node, None
 
         got = await asyncio.gather(*(one(n) for n in nodes))
-        return {n: doc for n, doc in got if doc is not None}
+        return {n: r for n, r in got if r is not None}
+
+    async def each_node(self, path: str, params: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """``GET path`` on every routable node's door, at once, as JSON; a node that fails is left out (and
+        logged)."""
+        out = {}
+        for node, r in (await self.ask_each("GET", path, params=params)).items():
+            try:
+                r.raise_for_status()
+                out[node] = r.json()
+            except (httpx.HTTPError, ValueError) as e:
+                log.warning("node %s: %s failed: %r", node, path, e)
+        return out
 
 
 def _lost(node: str, path: str, e: Exception) -> ApiError:
@@ -262,34 +313,7 @@ def _no_node(key: str, plan: Route) -> ApiError:
                     extra={"nodes": [{"node": n, "reason": why} for n, why in plan.refused]})
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks, size = [], 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise ApiError(499, "client disconnected")
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds {limit} bytes (server.max_body_bytes)", code="body_too_large")
-        chunks.append(chunk)
-        if not msg.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _send_json(send: Send, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(doc).encode()
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items())]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body})
-
-
 # -- the merged GET routes -------------------------------------------------------------------------------
-
-def _query(scope: Scope) -> dict[str, str]:
-    return dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-
 
 async def _models(door: ClusterDoor, scope: Scope) -> dict[str, Any]:
     lists, res = await asyncio.gather(door.each_node("/v1/models"), door.each_node("/v1/models/residents"))
@@ -301,7 +325,7 @@ async def _residents(door: ClusterDoor, scope: Scope) -> dict[str, Any]:
 
 
 async def _history(door: ClusterDoor, scope: Scope) -> dict[str, Any]:
-    q = _query(scope)
+    q = query(scope)
     limit = int(q.get("limit") or 100)
     return merge.history(await door.each_node("/v1/models/history", q), limit)
 
@@ -316,18 +340,7 @@ async def _health(door: ClusterDoor, scope: Scope) -> dict[str, Any]:
 
 
 async def _nodes(door: ClusterDoor, scope: Scope) -> dict[str, Any]:
-    now = time.time()
-    rows = []
-    for m in door.fleet.members.values():
-        f = m.facts
-        rows.append({"node": m.node, "url": m.url, "pid": m.pid, "routable": m.lost_since is None and f is not None,
-                     "lost_since": m.lost_since, "why_lost": m.why_lost or None,
-                     "facts_age_s": round(f.age(now), 3) if f is not None else None,
-                     "residents": [s.key for s in f.seats] if f is not None else [],
-                     "budget_bytes": dict(f.budget_bytes) if f is not None else {},
-                     "room_bytes": dict(f.room_bytes) if f is not None else {},
-                     "models": sorted(f.models) if f is not None else []})
-    return {"object": "list", "data": rows}
+    return {"object": "list", "data": door.fleet.rows(time.time())}
 
 
 GETS: dict[str, Callable[[ClusterDoor, Scope], Awaitable[dict[str, Any]]]] = {

@@ -44,7 +44,7 @@ def main(args: list[str] | None = None) -> int:
     ray.init(address=spec["ray"], namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     print(f"fitevict: Ray cluster at {spec['ray']}: {len(nodes)} node(s) alive", file=sys.stderr, flush=True)
-    app = ClusterDoor(cfg, Fleet())
+    app = ClusterDoor(cfg, Fleet(key=cfg.server.cluster_key))
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=level.lower(),
                 access_log=False, lifespan="on")
     return 0

@@ -64,3 +64,8 @@ def resident_nodes(per_node: Mapping[str, dict[str, Any]]) -> dict[str, list[str
         for row in got.get("data") or ():
             out.setdefault(row["key"], []).append(node)
     return out
+
+
+def short(node: str) -> str:
+    """A node id's head, as tables show it (Ray's node ids are 56 hex digits; 8 tell a fleet's nodes apart)."""
+    return node[:8]

@@ -42,6 +42,7 @@ class ServerConfig:
     metrics_public: bool = False  # True: /metrics answers without a key even when keys are configured
     sample_seconds: float = 1.0  # how often the memory sampler reads each seat and the host while serving
     rescan_seconds: float = 0.0  # rescan the models directories this often while serving (0: only on SIGHUP)
+    cluster_key: str | None = None  # on a Ray cluster: the key every node's door admits (None: a random one)
 
     @property
     def auth_enabled(self) -> bool:
@@ -151,6 +152,7 @@ class Config:
         server = {f.name: _jsonable(getattr(self.server, f.name)) for f in fields(self.server)}
         server["api_keys"] = [REDACTED] * len(self.server.api_keys)
         server["admin_keys"] = [REDACTED] * len(self.server.admin_keys)
+        server["cluster_key"] = REDACTED if self.server.cluster_key else None
         return {
             "config_path": _jsonable(self.config_path),
             "server": server,

@@ -35,6 +35,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("server.metrics_public", _bool, env="FITEVICT_METRICS_PUBLIC"),
     _Key("server.sample_seconds", _seconds(positive=True)),
     _Key("server.rescan_seconds", _seconds(positive=False), env="FITEVICT_RESCAN_SECONDS"),
+    _Key("server.cluster_key", _secret, env="FITEVICT_CLUSTER_KEY"),
     _Key("models_dirs", _str_list(_path, "a list of directory paths"), env="FITEVICT_MODELS_DIRS", env_split=os.pathsep),
     _Key("data_dir", _path, env="FITEVICT_DATA_DIR"),
     _Key("store_url", _store_url, env="FITEVICT_STORE_URL"),

@@ -1,0 +1,68 @@
+"""The fleet's cluster key, without Ray: a front door with a key of its own offers it to the agents it starts,
+and leaves out a node whose door admits another."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from fitevict.cluster import fleet as fleet_mod
+from fitevict.cluster.fleet import Fleet
+
+
+class Remote:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def remote(self, *args: Any) -> Any:
+        async def answer() -> Any:
+            return self.value
+        return answer()
+
+
+class Agent:
+    def __init__(self, key: str) -> None:
+        self.door = Remote({"node": "n1", "url": "http://n1", "key": key, "pid": 7})
+        self.facts = Remote({"node": "n1", "url": "http://n1", "taken_at": time.time(), "budget_bytes": {"CPU": 1},
+                             "residents": {"data": []}, "models": {"data": [{"id": "m"}]}})
+
+
+@pytest.fixture
+def started(monkeypatch) -> list[dict]:
+    calls: list[dict] = []
+
+    def ensure_agent(node: dict, options: dict) -> Agent:
+        calls.append(options)
+        return Agent(node["agent_key"])
+
+    monkeypatch.setattr(fleet_mod, "ensure_agent", ensure_agent)
+    return calls
+
+
+def join(fleet: Fleet, agent_key: str) -> None:
+    asyncio.run(fleet._join({"NodeID": "n1", "NodeManagerAddress": "127.0.0.1", "agent_key": agent_key}))
+
+
+def test_a_front_door_offers_its_key_and_uses_the_nodes_that_admit_it(started: list[dict]) -> None:
+    f = Fleet(key="ck")
+    join(f, "ck")
+    assert started == [{"key": "ck"}]
+    assert list(f.members) == ["n1"] and f.door("n1") == ("http://n1", "ck")
+    assert [r["routable"] for r in f.rows(time.time())] == [True]
+
+
+def test_a_node_whose_door_admits_another_key_stays_out_and_says_why(started: list[dict]) -> None:
+    f = Fleet(key="ck")
+    join(f, "random-from-another-front-door")
+    assert f.members == {} and f.snapshot() == []
+    (row,) = f.rows(time.time())
+    assert row["node"] == "n1" and not row["routable"] and "another cluster key" in row["why_lost"]
+
+
+def test_without_a_key_a_front_door_uses_the_agents_key(started: list[dict]) -> None:
+    f = Fleet()
+    join(f, "whatever-the-agent-has")
+    assert started == [{}] and f.door("n1") == ("http://n1", "whatever-the-agent-has")
