@@ -242,11 +242,13 @@ def _where(placement: str) -> str:
 
 
 def ps_table(data: list[dict], now: float, url: str) -> Table:
-    """The residents; from a cluster's front door (rows that name their node), the node first (its id's head)."""
+    """The residents; from a cluster's front door (rows that name their node), the node first (its id's head); the
+    store a model came from when any came from another tool's store than a models dir."""
     nodes = any("node" in r for r in data)
+    stores = any(r.get("store") not in (None, "models-dir") for r in data)
     t = compact_table(f"residents of {url}",
-                      ["node"] * nodes + ["model", "store", "state", "where", "host", "pred.", "ctx", "busy",
-                                          "unload in"],
+                      ["node"] * nodes + ["model"] + ["store"] * stores + ["state", "where", "host", "pred.", "ctx",
+                                                                          "busy", "unload in"],
                       right=("host", "pred.", "ctx", "busy"))
     for r in data:
         cpu = r["devices"].get("CPU", {})
@@ -254,7 +256,8 @@ def ps_table(data: list[dict], now: float, url: str) -> Table:
                   "unused" if r["last_used"] is None else "off")
         ts = (r.get("config") or {}).get("tensor_split")
         where = _where(r["placement"]) + (f" split {'/'.join(f'{w:g}' for w in ts)}" if ts else "")
-        t.add_row(*[str(r.get("node") or "")[:8]] * nodes, r["key"], r.get("store") or "", r["state"], where,
+        t.add_row(*[str(r.get("node") or "")[:8]] * nodes, r["key"], *[r.get("store") or ""] * stores, r["state"],
+                  where,
                   format_size(cpu.get("measured_bytes")),
                   format_size(cpu.get("predicted_bytes")), str(r["ctx"]),
                   f"{r['in_flight']}+{r.get('waiting', 0)}", unload)
