@@ -1,0 +1,121 @@
+"""The docs/benchmarks.md section of ``cluster_vs_serve.py``: the simulated tables, the routing cost per fleet size,
+and the real run's figures from ``cluster_real.json``."""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from trace_replay import cpu_words
+
+MiB = 2**20
+
+
+def real_table(real: dict[str, Any]) -> list[str]:
+    out = ["| policy | requests | served | lost | loads | reload MiB | reload vs fitevict | loaded MiB | "
+           "over-budget events | max over MiB | p50 latency s | p99 latency s | loads per node |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = real["rows"]
+    base = rows[0]["reload_bytes"]
+    for r in rows:
+        ratio = "1.00x" if r is rows[0] else (f"{r['reload_bytes'] / base:.2f}x" if base else
+                                            ("-" if not r["reload_bytes"] else "inf"))
+        per = "/".join(str(v) for _k, v in sorted(r.get("loads_per_node", {}).items()))
+        out.append(f"| {r['policy']} | {r['requests']} | {r['served']} | {r['lost']} | {r['loads']} | "
+                   f"{r['reload_bytes'] / MiB:.1f} | {ratio} | {r['loaded_bytes'] / MiB:.1f} | {r['over_events']} | "
+                   f"{r['max_over_bytes'] / MiB:.1f} | {_s(r['p50_s'])} | {_s(r['p99_s'])} | {per} |")
+    return out
+
+
+def _s(x: Any) -> str:
+    return "-" if x is None or x != x else f"{x:.2f}"
+
+
+def real_part(real: dict[str, Any] | None) -> list[str]:
+    if real is None:
+        return ["### Real run", "", "Not run yet: `bench/cluster_real.py` writes `bench/cluster_real.json`."]
+    sizes = ", ".join(f"{k} {v:.1f}" for k, v in real["sizes_mib"].items())
+    table = ", ".join(f"{v:.1f}" for v in real.get("table_sizes_mib", {}).values())
+    return [
+        "### Real run (`bench/cluster_real.py`, measured)",
+        "",
+        f"Run {real['date']} ({real['took_s']:.0f} s with the clusters' starts). Each side on its own real 3-node Ray "
+        "cluster on this machine (`ray.cluster_utils.Cluster`, one CPU per node), with a budget of "
+        f"{real['budget_mib']} MiB per node; both serve with real llama-server processes, one request at a time "
+        "per model (max_tokens 1). Trace: " + real["trace"] + ". Models and their bytes as a node's door plans them "
+        "(`fitevict plan`, MiB: ctx 4096, -np 1, the llama-server process's own overhead included), the one ruler "
+        "of both sides' loads, reload bytes, over-budget events and Serve's N: " + sizes + " (the simulated tables' "
+        f"prices, without the process's overhead: {table}).",
+        "",
+        "- fitevict: a real `fitevict serve --ray ADDRESS` over a door per node (`fitevict_ram_limit_mib` declared); "
+        "requests as OpenAI chat completions to the front door. Over-budget events from the doors' own planned bytes "
+        "in `/v1/models/residents`, sampled every 0.1 s.",
+        "- Serve: a deployment of one replica per node (`bench/serve_zoo.py`) whose `@serve.multiplexed` load "
+        "function starts a llama-server for the model (`-c 4096 -np 1`, CPU); the model object has no `__del__`, so "
+        "a model dropped from the cache stops its process when its last request finishes. Requests through Serve's "
+        "HTTP proxy with the `serve_multiplexed_model_id` header. Over-budget events from the replicas' loads and "
+        "releases.",
+        "- Latency = send to answer, loads included; lost = any answer but 200.",
+        "",
+        *real_table(real),
+    ]
+
+
+def doc_body(config: Any, rows: Sequence[tuple[Any, list[Any]]], scaled: Sequence[Any], real: dict | None,
+             took: tuple[float, float], table: str, scale_table: str, goal: Sequence[str]) -> str:
+    p = config.policy
+    lines = [
+        "## Cluster placement against Ray Serve multiplexing (`bench/cluster_vs_serve.py`)",
+        "",
+        f"Simulated {time.strftime('%Y-%m-%d')} on {cpu_words()} (`lscpu`: {cpu_words().split(',')[0]}), Python "
+        f"{platform.python_version()}, Ray 2.60; the 3-node tables took {took[0]:.0f} s, the fleets {took[1]:.0f} s. "
+        "Rerun: `.venv/bin/python bench/cluster_real.py` (real run, about 5 minutes, writes `bench/cluster_real.json`), "
+        "then `.venv/bin/python bench/cluster_vs_serve.py` (simulations, then this section).",
+        "",
+        "### Simulated (`bench/clustersim.py`, `bench/servesim.py`)",
+        "",
+        "Simulated time, the traces, models, measured load times and single-node budgets of the trace replay above, on "
+        "3 nodes with that budget each. Nothing is loaded: the figures are the simulated world's.",
+        "",
+        "- **fitevict**: the real routing rule (`fitevict.cluster.route`) over facts polled from every node every "
+        "0.5 s (as the front door polls its agents), and on a miss over each node's fresh dry run: the real planner "
+        "(`fitevict.planner.plan`) over that node's real `Scheduler` residents, each resident with its seat's bytes "
+        "(a loading seat its priced bytes, as the supervisor gives them). Each node runs the real `Scheduler` with "
+        f"the configuration's defaults (eviction `{p.eviction}`, queue_timeout_seconds {p.queue_timeout_seconds:g}) "
+        "over a declared budget.",
+        "- **Serve**: a model of `@serve.multiplexed(max_num_models_per_replica=N)` with one replica per node, from "
+        "Ray 2.60's `multiplex.py` and `request_router` source (see `bench/servesim.py`): an LRU cache of N models "
+        "per replica, one load at a time under the replica's lock, a model dropped from the cache kept (and its bytes "
+        "held) until its requests in flight finish; routing to replicas that hold or load the model, else to those "
+        "with the fewest models, by power of two choices on queue length with `max_ongoing_requests` 5 and Serve's "
+        "retry backoff. N at two values: the largest N whose N biggest models fit a node's budget (**largest safe**) "
+        "and the budget over the mean model size (**mean fits**).",
+        "- Columns: loads = loads started on all nodes; reload = bytes of loads of a model loaded before on any node; "
+        "over-budget events = a node's resident bytes (a seat counts from the start of its load to the end of its "
+        "release) going from within its budget to over it; wait = arrival at the front door to the start of "
+        "service; lost = refused or timed out (Serve has no request timeout: waits over queue_timeout_seconds are "
+        "counted apart). The adversarial trace over 4 models is added here: on 3 nodes, the pair and the trio of the "
+        "trace replay get a node per model, so nothing contends.",
+        "",
+        table,
+        "",
+        "Goal for fitevict: at most half the reload bytes of Serve at the largest safe N, 0 over-budget events, 0 lost:",
+        "",
+        *goal,
+        "",
+        "Routing cost per fleet size (simulated traces, wall time of the real routing code on this CPU; fitevict "
+        "only). A hit is decided from the facts alone; a miss asks every node's dry run (on a real cluster they run "
+        "at once, each on its own node, so a miss waits for one dry run and the slowest round trip, not the sum):",
+        "",
+        scale_table,
+        "",
+        *real_part(real),
+        "",
+        *NOTES,
+    ]
+    return "\n".join(lines)
+
+
+NOTES: list[str] = []
