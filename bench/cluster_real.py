@@ -274,7 +274,8 @@ def main() -> int:
         t0 = time.time()
         result = {"date": time.strftime("%Y-%m-%d"), "took_s": 0.0, "budget_mib": BUDGET_MIB, "models": list(MODELS),
                   "sizes_mib": {k: round(v / MiB, 2) for k, v in sizes.items()},
-                  "table_sizes_mib": {k: round(v / MiB, 2) for k, v in table_sizes.items()}, "trace": trace.about.replace("service 0 s each", "each served for real (max_tokens 1)"), "rows": []}
+                  "table_sizes_mib": {k: round(v / MiB, 2) for k, v in table_sizes.items()},
+                  "trace": trace.about.replace("service 0 s each", "each served for real (max_tokens 1)"), "rows": []}
         runs = [lambda: run_fitevict(root, root / "zoo", trace, sizes)]
         runs += [lambda n=n, why=why: run_serve(root, root / "zoo", trace, sizes, n, why, binary)
                  for n, why in ((safe, "largest safe"), (fill, "mean fits"))]
