@@ -16,7 +16,7 @@ from fitevict.zoo.recipes import ZooError, _CONTROL, _EXTRA_CHARS, _LAYOUTS, _LE
 # ---------------------------------------------------------------------------------------------- vocabulary
 
 
-def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+def spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     """Tokens, scores and token types of a small SPM vocabulary with exactly ``n_vocab`` entries."""
     tokens: list[str] = list(_CONTROL)
     types: list[int] = [int(gguf.TokenType.UNKNOWN)] + [int(gguf.TokenType.CONTROL)] * (len(_CONTROL) - 1)
