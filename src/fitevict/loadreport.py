@@ -195,7 +195,7 @@ async def request_report(sup, entry, seat, arrived: float, request_id: str | Non
     if seat.config.loras:
         text = await asyncio.to_thread(lambda: Path(seat.log_path).read_text(errors="replace"))
         adapter_s = seat_adapter_seconds(seat.engine, text)
-    evicted = tuple(e.model for e in sup._events if e.event == "evict" and e.request_id == request_id
+    evicted = tuple(e.model for e in sup.recent_events if e.event == "evict" and e.request_id == request_id
                     ) if request_id else ()
     return _report(sup, entry, seat, loaded=True, adapter_s=adapter_s, evicted=evicted)
 
@@ -212,13 +212,13 @@ def hit_report(sup, entry, seat) -> LoadReport:
     residents = resident_bytes(sup.seats.values())
     key = (entry.key, seat.key, seat.id, seat.engine, seat.config.loras, seat.load_seconds, tuple(residents.items()))
     got = _hits.get(key)
-    if got is not None and got[0] is sup._last_budget:
+    if got is not None and got[0] is sup.last_budget:
         return got[1]
     report = _report(sup, entry, seat, loaded=False, adapter_s=None, evicted=(), residents=residents)
     if len(_hits) > 256:
         _hits.clear()
         _headers.clear()
-    _hits[key] = (sup._last_budget, report)
+    _hits[key] = (sup.last_budget, report)
     _headers[id(report)] = (report, report.header())
     return report
 
@@ -230,7 +230,7 @@ def _header(report: LoadReport) -> str:
 
 def _report(sup, entry, seat, *, loaded: bool, adapter_s: float | None, evicted: tuple[str, ...],
             residents: Mapping[str, tuple[int, str]] | None = None) -> LoadReport:
-    budget, source = budget_figures(sup._last_budget)
+    budget, source = budget_figures(sup.last_budget)
     return load_report(model=entry.key, base=seat.key,
                        adapter=str(entry.path) if entry.kind in ADAPTER_KINDS else None,
                        seat_loras=seat.config.loras, loaded=loaded, load_seconds=seat.load_seconds,
@@ -247,7 +247,7 @@ def seat_load_report(sup, seat, plan) -> LoadReport:
                      if seat.config.loras else None)
     except OSError:
         adapter_s = None
-    budget, source = budget_figures(sup._last_budget)
+    budget, source = budget_figures(sup.last_budget)
     return load_report(model=seat.key, base=seat.key, adapter=None, seat_loras=seat.config.loras, loaded=True,
                        load_seconds=seat.load_seconds, adapter_seconds=adapter_s,
                        evicted=tuple(e.key for e in plan.evict),

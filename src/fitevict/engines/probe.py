@@ -36,7 +36,7 @@ from fitevict.engines.process import free_port
 from fitevict.host.machine import Cpu, machine_key, probe_path, this_cpu
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, block_size, nbytes, pad
 from fitevict.pricing.hostbufs import MUL_MAT, MUL_MAT_ID, ExtraBuffer, HostBuffers, TypeRule, rule_table
-from fitevict.zoo.tensors import _vocab
+from fitevict.zoo.tensors import spm_vocab
 
 PROBE_TYPES: tuple[QT, ...] = (QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K,
                                QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4)
@@ -107,7 +107,7 @@ def write_model(case: Case | None, path: Path) -> None:
         if expert:
             w.add_expert_count(N_EXPERT)
             w.add_expert_used_count(2)
-        tokens, scores, types = _vocab(300)
+        tokens, scores, types = spm_vocab(300)
         w.add_tokenizer_model("llama")
         w.add_token_list(tokens)
         w.add_token_scores(scores)

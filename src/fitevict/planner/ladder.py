@@ -157,7 +157,7 @@ class _Prices:
         fp = self.fn(self.key, c)
         if fp.host_source == "unavailable" or not all(d.complete for d in fp.devices):
             missing = [
-                f"{d.name} {name}: {t.reason}" for d in fp.devices for name, t in d._terms() if t.bytes is None
+                f"{d.name} {name}: {t.reason}" for d in fp.devices for name, t in d.terms() if t.bytes is None
             ]
             if fp.host_source == "unavailable":
                 missing.append("host mapped/committed split unavailable")

@@ -1,8 +1,14 @@
-"""plan(): the decision, and the numbers that decided it. Pure: no I/O, logging or clock."""
+"""plan(): the decision, and the numbers that decided it. Pure: no I/O, logging or clock.
+
+The steps: the snapshot (``_Scene``: what is free and what may go), a hit or the same key under another
+configuration (``_same_key``), the placement search, then one of three plans: the found rung's (``_found``), a
+wait for busy residents (``_wait``) or a refusal (``_refusal``). ``_Scene.plan`` builds every ``Plan``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from fitevict.budget import Budget
@@ -28,188 +34,223 @@ def plan(
     now: float,
 ) -> Plan:
     """Decide how to serve ``request`` (see the module docstring). Pure; ``now`` dates the LRU reasons."""
-    res = tuple(residents)
-    seen: set[str] = set()
-    for r in res:
-        if r.key in seen:
-            raise PlanInvariantError(f"resident key {r.key!r} appears twice in the snapshot")
-        seen.add(r.key)
-
-    budget_b = {d: budget.budget_bytes(d) for d in budget.names}
-    held = dict.fromkeys(budget_b, 0)
-    for r in res:
-        for d, n in r.bytes.items():
-            held[d] = held.get(d, 0) + n
-    devices: list[str] = list(held)
-    for d in devices:
-        budget_b.setdefault(d, 0)
-    free_before = {d: budget_b[d] - held[d] for d in devices}
-    price = _Prices(request.key, footprints)
-
-    def fill(m: Mapping[str, int], devs: list[str]) -> Mapping[str, int]:
-        return MappingProxyType({d: m.get(d, 0) for d in devs})
-
-    # -- hit, or the same key resident under another configuration
-    same = next((r for r in res if r.key == request.key), None)
-    forced: list[Resident] = []
-    if same is not None:
-        fits_now = compatible(same.config, request, same.source)
-        if same.loading or fits_now:
-            # a hit (or a load of it under way): nothing moves; needed_bytes is what it holds
-            before = fill(free_before, devices)
-            if same.loading:
-                action: Action = "wait"
-                reason = f"{request.key} is loading; wait for it"
-            else:
-                action = "hit"
-                reason = (f"{request.key} is resident ({describe(same.config, request.n_layer)}, "
-                          f"{_ctx_words(same.config, request.n_ctx_train)})")
-            return Plan(
-                action, request.key, request.alloc_mode, same.config, reason,
-                wait_for=(same.key,) if same.loading else (), needed_bytes=fill(same.bytes, devices),
-                free_bytes_before=before, free_bytes_after=before, available_bytes=before,
-                budget_bytes=fill(budget_b, devices),
-            )
-        if same.in_flight:
-            before = fill(free_before, devices)
-            return Plan(
-                "wait", request.key, request.alloc_mode, None,
-                f"{request.key} is serving {same.in_flight} request(s) under another configuration; "
-                "it can be replaced once they finish",
-                wait_for=(same.key,), needed_bytes=fill(_EMPTY, devices), free_bytes_before=before,
-                free_bytes_after=before, available_bytes=before, budget_bytes=fill(budget_b, devices),
-            )
-        forced = [same]
-
-    others = [r for r in res if r is not same]
-    pool = [r for r in others if r.evictable]
-    busy = [r for r in others if r.busy]
-    blockers = [r for r in others if r.pinned or r.protected]
-    freed_forced = _sum(forced, devices)
-    avail = {d: free_before[d] + freed_forced[d] for d in devices}
-    for r in pool:
-        for d, n in r.bytes.items():
-            avail[d] += n
-    avail_wait = dict(avail)
-    for r in busy:
-        for d, n in r.bytes.items():
-            avail_wait[d] += n
-    prefer_gpu = request.alloc_mode != "max-ram"
-    n_ctx = request.config.n_ctx
-
-    def refusal(reason: str, remedy: str, config: LoadConfig | None = None, need: Mapping[str, int] = _EMPTY,
-                fp: Footprint | None = None, largest: int | None = None) -> Plan:
-        devs = devices + [d for d in need if d not in devices]
-        return Plan(
-            "refuse", request.key, request.alloc_mode, config, reason, remedy,
-            needed_bytes=fill(need, devs), free_bytes_before=fill(free_before, devs),
-            free_bytes_after=fill(free_before, devs), available_bytes=fill(avail_wait, devs),
-            budget_bytes=fill(budget_b, devs), largest_ctx=largest,
-            host_mapped_bytes=fp.host_mapped_bytes if fp else 0,
-            host_committed_bytes=fp.host_committed_bytes if fp else 0, footprint=fp,
-        )
-
+    s = _Scene.of(request, residents, budget, footprints, policy, now)
+    if s.same is not None and (early := _same_key(s, s.same)) is not None:
+        return early
     gpu_free = {g: d.free.bytes for g in budget.gpu_names if (d := budget.device(g)) is not None}
-    rungs = _Rungs(request, budget.gpu_names, n_ctx, gpu_free)
+    rungs = _Rungs(request, budget.gpu_names, request.config.n_ctx, gpu_free)
     if request.alloc_mode == "gpu-only" and not rungs.gpus:
-        return refusal(
+        return s.plan(
+            "refuse", None,
             f"{request.key}: alloc mode gpu-only but the budget has no GPU ({', '.join(budget.names) or 'no devices'})",
-            "use alloc mode max-gpu or ram-only, or run where a GPU is visible",
+            "use alloc mode max-gpu or ram-only, or run where a GPU is visible", avail=s.avail_wait,
         )
     found_w: int | None = None
     try:
-        found, shown = _search(rungs, price, avail, prefer_gpu)
-        if found is None and busy:
-            found_w = _search(rungs, price, avail_wait, prefer_gpu)[0]
+        found, shown = _search(rungs, s.price, s.avail, s.prefer_gpu)
+        if found is None and s.busy:
+            found_w = _search(rungs, s.price, s.avail_wait, s.prefer_gpu)[0]
     except _Unpriced as e:
-        return refusal(f"{request.key} cannot be priced: {e}", "run a dry run to measure the missing terms")
-
+        return s.plan("refuse", None, f"{request.key} cannot be priced: {e}", "run a dry run to measure the missing terms",
+                      avail=s.avail_wait)
     if found is not None:
-        config = rungs[found]
-        fp, need = price(config)
-        devs = devices + [d for d in need if d not in devices]
-        # exclusive: on a device where the load takes more than exclusive_fraction of the budget, everything
-        # evictable there goes; on every other device only what must
-        excl = [d for d, n in need.items()
-                if n > 0 and budget_b.get(d, 0) > 0 and n > policy.exclusive_fraction * budget_b[d]]
-        exclusive = bool(excl)
-        on_excl = [r for r in pool if any(r.bytes.get(d, 0) > 0 for d in excl)]
-        freed_excl = _sum(on_excl, list(need))
-        short = {d: n - free_before.get(d, 0) - freed_forced.get(d, 0) - freed_excl.get(d, 0)
-                 for d, n in need.items() if n > 0}
-        short = {d: s for d, s in short.items() if s > 0}
-        rest = [r for r in pool if r not in on_excl]
-        victims = on_excl + (_choose(short, rest, policy.eviction) if short else [])
-        evict: list[Eviction] = []
-        for r in forced:
-            evict.append(Eviction(r.key, r.bytes, "replace: resident with a different configuration"))
-        for r in sorted(victims, key=lambda r: (r.last_used, r.key)):
-            mine = [d for d in excl if r.bytes.get(d, 0) > 0]
-            if mine:
-                top = max(mine, key=lambda d: need[d] / budget_b[d])
-                why = (f"exclusive on {top}: {request.key} needs {_gib(need[top])} of {_gib(budget_b[top])} there "
-                       f"(> {policy.exclusive_fraction:.0%})")
-            else:
-                why = _victim_words(r, [d for d in short if r.bytes.get(d, 0) > 0], policy.eviction, now)
-            evict.append(Eviction(r.key, r.bytes, why))
-        gone = _sum([*forced, *victims], devs)
-        after = {d: free_before.get(d, 0) + gone[d] - need.get(d, 0) for d in devs}
-        action = action_of(config, request.n_layer)
-        reason = (f"{request.key}: {describe(config, request.n_layer)}, {_ctx_words(config, request.n_ctx_train)}; "
-                  f"needs {_per_device(need, [d for d in devs if need.get(d, 0)])}")
-        if evict:
-            reason += f"; evicts {'[' + ', '.join(e.key for e in evict) + ']'}"
-        split = split_words(config, request, budget)
-        if split:
-            reason += f"; {split}"
-        if action != "load" and prefer_gpu and rungs.kind == "ladder" and found > 0:
-            top_need = price(rungs[0])[1]
-            reason += f" (all layers on the GPU would need {_per_device(top_need, [d for d in top_need if d != HOST])})"
-        return Plan(
-            action, request.key, request.alloc_mode, config, reason,
-            evict=tuple(evict), needed_bytes=fill(need, devs), free_bytes_before=fill(free_before, devs),
-            free_bytes_after=MappingProxyType(after), available_bytes=fill(avail, devs),
-            budget_bytes=fill(budget_b, devs), host_mapped_bytes=fp.host_mapped_bytes,
-            host_committed_bytes=fp.host_committed_bytes, exclusive=exclusive, footprint=fp, split=split,
-        )
-
+        return _found(s, rungs, found)
     if found_w is not None:
-        config = rungs[found_w]
-        fp, need = price(config)
-        devs = devices + [d for d in need if d not in devices]
-        short = {d: n - free_before.get(d, 0) - freed_forced.get(d, 0) for d, n in need.items() if n > 0}
-        short = {d: s for d, s in short.items() if s > 0}
-        chosen = _choose(short, pool + busy, policy.eviction)
-        waits = tuple(r.key for r in chosen if r.busy)
-        also = [r for r in chosen if not r.busy]
-        reason = (f"{request.key} needs {_per_device(need, [d for d in short])} at "
-                  f"{_ctx_words(config, request.n_ctx_train)}; it fits once {', '.join(waits)} "
-                  f"finish{'es' if len(waits) == 1 else ''} serving or loading"
-                  + (f" (then evicting {_keys(also)})" if also else ""))
+        return _wait(s, rungs[found_w])
+    return _refusal(s, rungs, shown, gpu_free)
+
+
+def _fill(m: Mapping[str, int], devs: list[str]) -> Mapping[str, int]:
+    return MappingProxyType({d: m.get(d, 0) for d in devs})
+
+
+@dataclass
+class _Scene:
+    """One call's snapshot: the budgets and free bytes per device, the resident of the same key, and what may go.
+
+    ``forced`` is the resident of the same key under another configuration (replaced by a load); ``pool`` the
+    evictable others, ``busy`` those serving or loading, ``blockers`` the pinned or protected. ``avail`` is free after
+    evicting ``forced`` and ``pool``; ``avail_wait`` after ``busy`` too (once their requests finish)."""
+
+    request: PlanRequest
+    budget: Budget
+    policy: Policy
+    now: float
+    price: _Prices
+    devices: list[str]
+    budget_b: dict[str, int]
+    free_before: dict[str, int]
+    same: Resident | None
+    forced: list[Resident]
+    pool: list[Resident]
+    busy: list[Resident]
+    blockers: list[Resident]
+    freed_forced: dict[str, int]
+    avail: dict[str, int]
+    avail_wait: dict[str, int]
+
+    @classmethod
+    def of(cls, request: PlanRequest, residents: Iterable[Resident], budget: Budget, footprints: FootprintFn,
+           policy: Policy, now: float) -> _Scene:
+        res = tuple(residents)
+        seen: set[str] = set()
+        for r in res:
+            if r.key in seen:
+                raise PlanInvariantError(f"resident key {r.key!r} appears twice in the snapshot")
+            seen.add(r.key)
+        budget_b = {d: budget.budget_bytes(d) for d in budget.names}
+        held = dict.fromkeys(budget_b, 0)
+        for r in res:
+            for d, n in r.bytes.items():
+                held[d] = held.get(d, 0) + n
+        devices: list[str] = list(held)
+        for d in devices:
+            budget_b.setdefault(d, 0)
+        free_before = {d: budget_b[d] - held[d] for d in devices}
+        same = next((r for r in res if r.key == request.key), None)
+        forced = [same] if same is not None else []
+        others = [r for r in res if r is not same]
+        pool = [r for r in others if r.evictable]
+        busy = [r for r in others if r.busy]
+        freed_forced = _sum(forced, devices)
+        avail = {d: free_before[d] + freed_forced[d] for d in devices}
+        for r in pool:
+            for d, n in r.bytes.items():
+                avail[d] += n
+        avail_wait = dict(avail)
+        for r in busy:
+            for d, n in r.bytes.items():
+                avail_wait[d] += n
+        return cls(request, budget, policy, now, _Prices(request.key, footprints), devices, budget_b, free_before,
+                   same, forced, pool, busy, [r for r in others if r.pinned or r.protected], freed_forced, avail,
+                   avail_wait)
+
+    @property
+    def prefer_gpu(self) -> bool:
+        return self.request.alloc_mode != "max-ram"
+
+    def devs(self, need: Mapping[str, int]) -> list[str]:
+        """The snapshot's devices, then any other that ``need`` names."""
+        return self.devices + [d for d in need if d not in self.devices]
+
+    def short(self, need: Mapping[str, int], *freed: Mapping[str, int]) -> dict[str, int]:
+        """What ``need`` lacks per device after the free bytes, the forced replacement and ``freed``."""
+        short = {d: n - self.free_before.get(d, 0) - self.freed_forced.get(d, 0) - sum(f.get(d, 0) for f in freed)
+                 for d, n in need.items() if n > 0}
+        return {d: s for d, s in short.items() if s > 0}
+
+    def plan(self, action: Action, config: LoadConfig | None, reason: str, remedy: str = "", *,
+             need: Mapping[str, int] = _EMPTY, avail: Mapping[str, int] | None = None,
+             after: Mapping[str, int] | None = None, fp: Footprint | None = None, **more: object) -> Plan:
+        """A ``Plan`` over ``devs(need)``: free after defaults to free before (nothing executed), available too."""
+        devs = self.devs(need)
         return Plan(
-            "wait", request.key, request.alloc_mode, config, reason, "retry when they are idle",
-            wait_for=waits, needed_bytes=fill(need, devs), free_bytes_before=fill(free_before, devs),
-            free_bytes_after=fill(free_before, devs), available_bytes=fill(avail, devs),
-            budget_bytes=fill(budget_b, devs), host_mapped_bytes=fp.host_mapped_bytes,
-            host_committed_bytes=fp.host_committed_bytes, footprint=fp,
+            action, self.request.key, self.request.alloc_mode, config, reason, remedy,
+            needed_bytes=_fill(need, devs), free_bytes_before=_fill(self.free_before, devs),
+            free_bytes_after=_fill(self.free_before if after is None else after, devs),
+            available_bytes=_fill(self.free_before if avail is None else avail, devs),
+            budget_bytes=_fill(self.budget_b, devs), host_mapped_bytes=fp.host_mapped_bytes if fp else 0,
+            host_committed_bytes=fp.host_committed_bytes if fp else 0, footprint=fp, **more,  # type: ignore[arg-type]
         )
 
-    # -- refuse: what it needs, what is available after every allowed eviction (busy residents included: they may go
-    # once their requests finish), the largest ctx
+
+def _same_key(s: _Scene, same: Resident) -> Plan | None:
+    """A hit, a wait for the same key (loading, or serving under another configuration), or None: replace it."""
+    request = s.request
+    if same.loading:
+        return s.plan("wait", same.config, f"{request.key} is loading; wait for it", wait_for=(same.key,),
+                      need=same.bytes)
+    if compatible(same.config, request, same.source):
+        # a hit: nothing moves; needed_bytes is what it holds
+        reason = (f"{request.key} is resident ({describe(same.config, request.n_layer)}, "
+                  f"{_ctx_words(same.config, request.n_ctx_train)})")
+        return s.plan("hit", same.config, reason, need=same.bytes)
+    if same.in_flight:
+        return s.plan(
+            "wait", None,
+            f"{request.key} is serving {same.in_flight} request(s) under another configuration; "
+            "it can be replaced once they finish",
+            wait_for=(same.key,),
+        )
+    return None
+
+
+def _found(s: _Scene, rungs: _Rungs, found: int) -> Plan:
+    """The plan for the rung the search found: its evictions (exclusive devices first), the bytes after."""
+    request, policy, budget_b = s.request, s.policy, s.budget_b
+    config = rungs[found]
+    fp, need = s.price(config)
+    devs = s.devs(need)
+    # exclusive: on a device where the load takes more than exclusive_fraction of the budget, everything
+    # evictable there goes; on every other device only what must
+    excl = [d for d, n in need.items()
+            if n > 0 and budget_b.get(d, 0) > 0 and n > policy.exclusive_fraction * budget_b[d]]
+    on_excl = [r for r in s.pool if any(r.bytes.get(d, 0) > 0 for d in excl)]
+    short = s.short(need, _sum(on_excl, list(need)))
+    rest = [r for r in s.pool if r not in on_excl]
+    victims = on_excl + (_choose(short, rest, policy.eviction) if short else [])
+    evict = [Eviction(r.key, r.bytes, "replace: resident with a different configuration") for r in s.forced]
+    for r in sorted(victims, key=lambda r: (r.last_used, r.key)):
+        mine = [d for d in excl if r.bytes.get(d, 0) > 0]
+        if mine:
+            top = max(mine, key=lambda d: need[d] / budget_b[d])
+            why = (f"exclusive on {top}: {request.key} needs {_gib(need[top])} of {_gib(budget_b[top])} there "
+                   f"(> {policy.exclusive_fraction:.0%})")
+        else:
+            why = _victim_words(r, [d for d in short if r.bytes.get(d, 0) > 0], policy.eviction, s.now)
+        evict.append(Eviction(r.key, r.bytes, why))
+    gone = _sum([*s.forced, *victims], devs)
+    after = {d: s.free_before.get(d, 0) + gone[d] - need.get(d, 0) for d in devs}
+    action = action_of(config, request.n_layer)
+    reason = (f"{request.key}: {describe(config, request.n_layer)}, {_ctx_words(config, request.n_ctx_train)}; "
+              f"needs {_per_device(need, [d for d in devs if need.get(d, 0)])}")
+    if evict:
+        reason += f"; evicts {'[' + ', '.join(e.key for e in evict) + ']'}"
+    split = split_words(config, request, s.budget)
+    if split:
+        reason += f"; {split}"
+    if action != "load" and s.prefer_gpu and rungs.kind == "ladder" and found > 0:
+        top_need = s.price(rungs[0])[1]
+        reason += f" (all layers on the GPU would need {_per_device(top_need, [d for d in top_need if d != HOST])})"
+    return s.plan(action, config, reason, need=need, avail=s.avail, after=after, fp=fp, evict=tuple(evict),
+                  exclusive=bool(excl), split=split)
+
+
+def _wait(s: _Scene, config: LoadConfig) -> Plan:
+    """The plan to wait for the busy residents once only their going lets ``config`` fit."""
+    request = s.request
+    fp, need = s.price(config)
+    short = s.short(need)
+    chosen = _choose(short, s.pool + s.busy, s.policy.eviction)
+    waits = tuple(r.key for r in chosen if r.busy)
+    also = [r for r in chosen if not r.busy]
+    reason = (f"{request.key} needs {_per_device(need, [d for d in short])} at "
+              f"{_ctx_words(config, request.n_ctx_train)}; it fits once {', '.join(waits)} "
+              f"finish{'es' if len(waits) == 1 else ''} serving or loading"
+              + (f" (then evicting {_keys(also)})" if also else ""))
+    return s.plan("wait", config, reason, "retry when they are idle", need=need, avail=s.avail, fp=fp,
+                  wait_for=waits)
+
+
+def _refusal(s: _Scene, rungs: _Rungs, shown: int, gpu_free: Mapping[str, int]) -> Plan:
+    """Refuse: what it needs, what is available after every allowed eviction (busy residents included: they may go
+    once their requests finish), the largest ctx."""
+    request, policy, avail_wait = s.request, s.policy, s.avail_wait
     config = rungs[shown]
-    fp, need = price(config)
+    fp, need = s.price(config)
     binding = [d for d, n in need.items() if n > 0 and n > avail_wait.get(d, 0)]
-    asked = n_ctx or request.n_ctx_train
+    asked = request.config.n_ctx or request.n_ctx_train
     smallest = -(-max(policy.min_ctx, 1) // policy.ctx_step) * policy.ctx_step
     largest = None
     try:
         if asked > smallest:
-            largest = _largest_ctx(request, budget.gpu_names, price, avail_wait, prefer_gpu, policy, asked, gpu_free)
+            largest = _largest_ctx(request, s.budget.gpu_names, s.price, avail_wait, s.prefer_gpu, policy, asked,
+                                   gpu_free)
         largest, ctx_words = ctx_suggestion(largest, request.n_ctx_train)
-        remedy = _remedy(request, budget, binding, blockers, largest, rungs, price, avail_wait, gpu_free)
+        remedy = _remedy(request, s.budget, binding, s.blockers, largest, rungs, s.price, avail_wait, gpu_free)
     except _Unpriced as e:
         remedy = f"price {request.key} at other settings (a term is unavailable: {e})"
-    movable = [r for r in (*forced, *pool, *busy) if any(r.bytes.get(d, 0) for d in binding)]
+    movable = [r for r in (*s.forced, *s.pool, *s.busy) if any(r.bytes.get(d, 0) for d in binding)]
     evictable_words = f"after evicting {_keys(movable)}" if movable else "with nothing evictable"
     place = "" if rungs.kind in ("ram", "full") else f" ({describe(config, request.n_layer)})"
     reason = (f"{request.key} needs {_per_device(need, binding)} at {_ctx_words(config, request.n_ctx_train)}"
@@ -218,7 +259,7 @@ def plan(
         reason += f"; {ctx_words}"
     elif asked > smallest:
         reason += f"; no ctx from {smallest} up fits"
-    return refusal(reason, remedy, config, need, fp, largest)
+    return s.plan("refuse", config, reason, remedy, need=need, avail=avail_wait, fp=fp, largest_ctx=largest)
 
 
 def split_words(c: LoadConfig, request: PlanRequest, budget: Budget) -> str:

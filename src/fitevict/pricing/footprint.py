@@ -86,7 +86,7 @@ class DeviceFootprint:
 
     @property
     def complete(self) -> bool:
-        return all(t.bytes is not None for _, t in self._terms())
+        return all(t.bytes is not None for _, t in self.terms())
 
     def to_json(self) -> dict:
         return {
@@ -97,21 +97,22 @@ class DeviceFootprint:
             "output_bytes": self.output.bytes,
             **({"adapter_bytes": self.adapters.bytes} if self.adapters != ZERO_FORMULA else {}),
             "total_bytes": self.total_bytes,
-            "sources": {k: t.label for k, t in self._terms()},
+            "sources": {k: t.label for k, t in self.terms()},
             **(
                 {"corrections": {k: {"bytes": t.correction, "predicted_bytes": t.value - t.correction,
-                                     "from": t.correction_from} for k, t in self._terms() if t.correction}}
-                if any(t.correction for _, t in self._terms())
+                                     "from": t.correction_from} for k, t in self.terms() if t.correction}}
+                if any(t.correction for _, t in self.terms())
                 else {}
             ),
             **(
-                {"unavailable": {k: t.reason for k, t in self._terms() if t.source == "unavailable"}}
+                {"unavailable": {k: t.reason for k, t in self.terms() if t.source == "unavailable"}}
                 if not self.complete
                 else {}
             ),
         }
 
-    def _terms(self) -> tuple[tuple[str, Term], ...]:
+    def terms(self) -> tuple[tuple[str, Term], ...]:
+        """(name, term) for each term: model, context, compute, output, and adapters when there are any."""
         terms = (("model", self.model), ("context", self.context), ("compute", self.compute), ("output", self.output))
         return (*terms, ("adapters", self.adapters)) if self.adapters != ZERO_FORMULA else terms
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
@@ -289,6 +291,45 @@ def _array_len(reader: GGUFReader, key: str) -> int | None:
 def parse_structure(path: str | Path) -> GgufStructure:
     """Parse ``path``. Raises PricingError naming the file for a non-GGUF, truncated or malformed file."""
     p = Path(path)
+    size, reader = _open(p)
+    arch = _scalar(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise PricingError(f"{p}: the GGUF has no general.architecture key; it is not a llama.cpp model file")
+
+    def key(name: str) -> object | None:
+        return _scalar(reader, f"{arch}.{name}")
+
+    n_layer = int(key("block_count") or 0)  # type: ignore[arg-type]
+    n_embd = int(key("embedding_length") or 0)  # type: ignore[arg-type]
+    heads = _heads(key, n_layer, n_embd)
+    tensors = _tensors(reader, p, size)
+    n_vocab = _array_len(reader, "tokenizer.ggml.tokens") or int(key("vocab_size") or 0)  # type: ignore[arg-type]
+    if not n_vocab:
+        te = next((t for t in tensors if t.name == "token_embd.weight"), None)
+        n_vocab = te.shape[1] if te and len(te.shape) > 1 else 0
+    layout = _layout(arch, key, n_layer, heads["n_head_kv"])
+    meta = tuple(
+        (k, str(v)) for k in ("general.name", "general.file_type") if (v := _scalar(reader, k)) is not None
+    )
+    return GgufStructure(
+        path=str(p), file_bytes=size, arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
+        n_ctx_train=int(key("context_length") or 0),  # type: ignore[arg-type]
+        **heads, **layout, n_embd_out_key=int(key("embedding_length_out") or 0),  # type: ignore[call-overload]
+        expert_count=int(key("expert_count") or 0), expert_used_count=int(key("expert_used_count") or 0),  # type: ignore[arg-type]
+        ssm_d_conv=int(key("ssm.conv_kernel") or 0), ssm_d_inner=int(key("ssm.inner_size") or 0),  # type: ignore[arg-type]
+        ssm_d_state=int(key("ssm.state_size") or 0), ssm_n_group=int(key("ssm.group_count") or 0),  # type: ignore[arg-type]
+        tensors=tuple(tensors), data_offset=int(reader.data_offset),
+        tied_output=not any(t.name == "output.weight" for t in tensors),
+        unsupported=_unsupported(arch), metadata=meta,
+        pooling_type=int(pt) if (pt := key("pooling_type")) is not None else None,  # type: ignore[call-overload]
+        wkv_head_size=int(key("wkv.head_size") or 0),  # type: ignore[call-overload]
+        token_shift_count=int(key("token_shift_count") or 2),  # type: ignore[call-overload]
+        shortconv_l_cache=int(key("shortconv.l_cache") or 0),  # type: ignore[call-overload]
+    )
+
+
+def _open(p: Path) -> tuple[int, GGUFReader]:
+    """The file's size and its header reader; PricingError for an unreadable, non-GGUF or corrupt file."""
     try:
         size = p.stat().st_size
     except OSError as err:
@@ -304,16 +345,11 @@ def parse_structure(path: str | Path) -> GgufStructure:
         reader = GGUFReader(p, "r")
     except (ValueError, IndexError, OSError, KeyError, OverflowError) as err:
         raise PricingError(f"{p}: the GGUF header cannot be read ({err}); the file is truncated or corrupt") from err
+    return size, reader
 
-    arch = _scalar(reader, "general.architecture")
-    if not isinstance(arch, str):
-        raise PricingError(f"{p}: the GGUF has no general.architecture key; it is not a llama.cpp model file")
 
-    def key(name: str) -> object | None:
-        return _scalar(reader, f"{arch}.{name}")
-
-    n_layer = int(key("block_count") or 0)  # type: ignore[arg-type]
-    n_embd = int(key("embedding_length") or 0)  # type: ignore[arg-type]
+def _heads(key: Callable[[str], object | None], n_layer: int, n_embd: int) -> dict[str, Any]:
+    """The attention geometry: heads per layer and the K/V head sizes (full, sliding-window, MLA)."""
     n_head = _per_layer(key("attention.head_count"), n_layer, 0)
     n_head_kv_raw = key("attention.head_count_kv")
     n_head_kv = _per_layer(n_head_kv_raw, n_layer, 0) if n_head_kv_raw is not None else n_head
@@ -325,7 +361,12 @@ def parse_structure(path: str | Path) -> GgufStructure:
     value_length_swa = int(key("attention.value_length_swa") or value_length)  # type: ignore[arg-type]
     # MLA (hparams.is_mla): the cache holds one latent row per token (K only; V is a view of it)
     mla = bool(key("attention.key_length_mla")) and bool(key("attention.value_length_mla"))
+    return {"n_head": n_head, "n_head_kv": n_head_kv, "key_length": key_length, "value_length": value_length,
+            "key_length_swa": key_length_swa, "value_length_swa": value_length_swa, "mla": mla}
 
+
+def _tensors(reader: GGUFReader, p: Path, size: int) -> list[TensorInfo]:
+    """Every tensor, in file order; PricingError when they end past the file's size."""
     tensors: list[TensorInfo] = []
     for t in reader.tensors:
         qt = GGMLQuantizationType(int(t.tensor_type))
@@ -342,12 +383,13 @@ def parse_structure(path: str | Path) -> GgufStructure:
             f"{p}: truncated: its tensors end at byte {end} but the file has {size} bytes; re-download or re-convert it"
         )
     tensors.sort(key=lambda t: t.offset)
+    return tensors
 
-    n_vocab = _array_len(reader, "tokenizer.ggml.tokens") or int(key("vocab_size") or 0)  # type: ignore[arg-type]
-    if not n_vocab:
-        te = next((t for t in tensors if t.name == "token_embd.weight"), None)
-        n_vocab = te.shape[1] if te and len(te.shape) > 1 else 0
 
+def _layout(arch: str, key: Callable[[str], object | None], n_layer: int,
+            n_head_kv: tuple[int, ...]) -> dict[str, Any]:
+    """The layer pattern llama.cpp derives: which blocks hold KV or recurrent state, the sliding window and the
+    next-token-prediction blocks."""
     n_nextn = min(int(key("nextn_predict_layers") or 0), n_layer)  # type: ignore[call-overload]
     swa_raw = key("attention.sliding_window")
     pattern_raw = key("attention.sliding_window_pattern")
@@ -363,36 +405,19 @@ def parse_structure(path: str | Path) -> GgufStructure:
     if arch in SWA_ON_ATTENTION and window:  # lfm2: the window applies to every attention layer
         n_swa = window
         swa_layers = tuple(il < n_layer - n_nextn and not kinds.recurrent[il] for il in range(n_layer))
+    return {"n_swa": n_swa, "swa_layers": swa_layers, "n_layer_nextn": n_nextn,
+            "layer_attention": kinds.attention, "layer_recurrent": kinds.recurrent}
 
-    unsupported = ""
+
+def _unsupported(arch: str) -> str:
+    """Why an architecture's context cannot be priced ("" when its KV/state rules are known)."""
     known = ATTENTION_ARCHS | RECURRENT_ARCHS | HYBRID_ARCHS
-    if arch not in known:
-        unsupported = (
-            f"architecture {arch!r} has no KV/state rules in fitevict's pricing ({len(known)} known, e.g. "
-            f"{', '.join(sorted(known)[:6])}, ...); its weights are priced from the file, its context is not. "
-            "Run it once with llama-server -lv 4 and read the KV buffer lines"
-        )
-
-    meta = tuple(
-        (k, str(v)) for k in ("general.name", "general.file_type") if (v := _scalar(reader, k)) is not None
-    )
-    return GgufStructure(
-        path=str(p), file_bytes=size, arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
-        n_ctx_train=int(key("context_length") or 0),  # type: ignore[arg-type]
-        n_head=n_head, n_head_kv=n_head_kv, key_length=key_length, value_length=value_length,
-        n_swa=n_swa, swa_layers=swa_layers, key_length_swa=key_length_swa, value_length_swa=value_length_swa,
-        mla=mla, n_layer_nextn=n_nextn, n_embd_out_key=int(key("embedding_length_out") or 0),  # type: ignore[call-overload]
-        expert_count=int(key("expert_count") or 0), expert_used_count=int(key("expert_used_count") or 0),  # type: ignore[arg-type]
-        ssm_d_conv=int(key("ssm.conv_kernel") or 0), ssm_d_inner=int(key("ssm.inner_size") or 0),  # type: ignore[arg-type]
-        ssm_d_state=int(key("ssm.state_size") or 0), ssm_n_group=int(key("ssm.group_count") or 0),  # type: ignore[arg-type]
-        tensors=tuple(tensors), data_offset=int(reader.data_offset),
-        tied_output=not any(t.name == "output.weight" for t in tensors),
-        unsupported=unsupported, metadata=meta,
-        pooling_type=int(pt) if (pt := key("pooling_type")) is not None else None,  # type: ignore[call-overload]
-        layer_attention=kinds.attention, layer_recurrent=kinds.recurrent,
-        wkv_head_size=int(key("wkv.head_size") or 0),  # type: ignore[call-overload]
-        token_shift_count=int(key("token_shift_count") or 2),  # type: ignore[call-overload]
-        shortconv_l_cache=int(key("shortconv.l_cache") or 0),  # type: ignore[call-overload]
+    if arch in known:
+        return ""
+    return (
+        f"architecture {arch!r} has no KV/state rules in fitevict's pricing ({len(known)} known, e.g. "
+        f"{', '.join(sorted(known)[:6])}, ...); its weights are priced from the file, its context is not. "
+        "Run it once with llama-server -lv 4 and read the KV buffer lines"
     )
 
 

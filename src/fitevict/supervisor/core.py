@@ -210,6 +210,11 @@ class Supervisor:
         await self._notify()
         return ev
 
+    @property
+    def recent_events(self) -> tuple[Event, ...]:
+        """The events this supervisor recorded, the last 1,000 at most, oldest first."""
+        return tuple(self._events)
+
     async def settle(self, timeout: float = 30.0) -> None:
         """Wait for load records still being written (they are written just after the first request got its seat),
         so that a history read sees every load that has served a request."""
@@ -302,11 +307,16 @@ class Supervisor:
             path = self.path_for(req)
             req = replace(req, fixed=None)
             self._paths[req] = path
-        return self.fx.plan(req, self.scheduler._residents(now if now is not None else self.clock()))
+        return self.fx.plan(req, self.scheduler.residents(now if now is not None else self.clock()))
 
     def budget(self) -> Budget:
         """The budget as the planner would see it now (a fresh reading; under memory pressure, with the margin)."""
         return self.pressure.planning_budget(self._budget_fn())
+
+    @property
+    def last_budget(self) -> Budget | None:
+        """The budget reading the last plan was made against (None before the first plan)."""
+        return self._last_budget
 
     def last_budget_json(self) -> dict | None:
         """The budget snapshot the last plan was made against, with every figure's source."""

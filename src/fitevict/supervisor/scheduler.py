@@ -387,7 +387,7 @@ class Scheduler:
             if draining:
                 self._again = True
             return math.inf
-        plan = self.fx.plan(head.request, self._residents(now))
+        plan = self.fx.plan(head.request, self.residents(now))
         wake = math.inf
         keep = set(plan.wait_for) | set(plan.evict_keys)
         for s in draining:
@@ -449,7 +449,9 @@ class Scheduler:
             guard = min(guard, s.reload_seconds)
         return (s.ready_at if s.ready_at is not None else s.since) + guard
 
-    def _residents(self, now: float) -> list[pl.Resident]:
+    def residents(self, now: float) -> list[pl.Resident]:
+        """What the planner sees at ``now``: every seat but those stopping, as a ``Resident`` (a seat within its
+        minimum residency counts as busy). A fresh list, read-only for the caller."""
         out = []
         for s in self.slots.values():
             if s.phase is Phase.STOPPING:

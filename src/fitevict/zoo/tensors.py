@@ -10,13 +10,13 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
 from fitevict.zoo import hybrid as zoo_hybrid
-from fitevict.zoo.recipes import ZooError, _CONTROL, _EXTRA_CHARS, _LAYOUTS, _LETTERS, _Recipe, _SPACE
+from fitevict.zoo.recipes import ZooError, _CONTROL, _EXTRA_CHARS, _LAYOUTS, _LETTERS, _Layout, _Recipe, _SPACE
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary
 
 
-def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+def spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     """Tokens, scores and token types of a small SPM vocabulary with exactly ``n_vocab`` entries."""
     tokens: list[str] = list(_CONTROL)
     types: list[int] = [int(gguf.TokenType.UNKNOWN)] + [int(gguf.TokenType.CONTROL)] * (len(_CONTROL) - 1)
@@ -118,11 +118,38 @@ def _tensor_shapes(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def _block_tensors(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
+_Spec = tuple[str, tuple[int, ...], str]
+
+
+def _block_tensors(r: _Recipe) -> list[_Spec]:
     """Tensors of an architecture in ``_LAYOUTS``, in llama.cpp's own names and ``ne`` (numpy order here)."""
     lo = _LAYOUTS[r.arch]
+    out = _layout_globals(r, lo)
+    kv = _as_list(r.n_head_kv, r.n_layer)
+    ff = _as_list(r.n_ff, r.n_layer)
+    hd = r.head_dim or r.n_embd // r.n_head
+    for i in range(r.n_layer):
+        p = f"blk.{i}."
+        out += _layout_norm(r, lo, p, "attn_norm")
+        out += _layout_attention(r, lo, p, hd, kv[i])
+        if lo.qk_norm:
+            out += [(p + "attn_q_norm.weight", (hd,), "norm"), (p + "attn_k_norm.weight", (hd,), "norm")]
+        if lo.post_norms:
+            out.append((p + "post_attention_norm.weight", (r.n_embd,), "norm"))
+        if lo.ffn_norm:
+            out += _layout_norm(r, lo, p, "ffn_norm")
+        out += _layout_ffn(r, lo, p, i, ff[i])
+        if lo.post_norms:
+            out.append((p + "post_ffw_norm.weight", (r.n_embd,), "norm"))
+        if i >= r.n_layer - r.n_nextn:
+            out += _nextn(r, p)
+    return out
+
+
+def _layout_globals(r: _Recipe, lo: _Layout) -> list[_Spec]:
+    """The tensors outside the blocks: embeddings, their norm, the output norm and head."""
     e, v = r.n_embd, r.n_vocab
-    out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (v, e), "weight")]
+    out: list[_Spec] = [("token_embd.weight", (v, e), "weight")]
     if lo.pos_embd:
         out.append(("position_embd.weight", (r.n_ctx_train, e), "weight"))
     if lo.embd_norm:
@@ -132,85 +159,88 @@ def _block_tensors(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
         out.append(("output_norm.bias", (e,), "zeros"))
     if not r.tied:
         out.append(("output.weight", (v, e), "weight"))
-    kv = _as_list(r.n_head_kv, r.n_layer)
-    ff = _as_list(r.n_ff, r.n_layer)
-    hd = r.head_dim or e // r.n_head
-    for i in range(r.n_layer):
-        p = f"blk.{i}."
-
-        def norm(name: str) -> None:
-            out.append((p + name + ".weight", (e,), "norm"))
-            if lo.layer_norm:
-                out.append((p + name + ".bias", (e,), "zeros"))
-
-        norm("attn_norm")
-        q, k = hd * r.n_head, hd * kv[i]
-        if lo.mla:
-            kv_lora, q_lora, rope, nope, v_head = r.mla
-            out += [
-                (p + "attn_q_a_norm.weight", (q_lora,), "norm"),
-                (p + "attn_kv_a_norm.weight", (kv_lora,), "norm"),
-                (p + "attn_q_a.weight", (q_lora, e), "weight"),
-                (p + "attn_q_b.weight", (r.n_head * (nope + rope), q_lora), "weight"),
-                (p + "attn_kv_a_mqa.weight", (kv_lora + rope, e), "weight"),
-                (p + "attn_k_b.weight", (r.n_head, kv_lora, nope), "weight"),
-                (p + "attn_v_b.weight", (r.n_head, v_head, kv_lora), "weight"),
-                (p + "attn_output.weight", (e, r.n_head * v_head), "weight"),
-            ]
-        else:
-            if lo.fused_qkv:
-                out.append((p + "attn_qkv.weight", (q + 2 * k, e), "weight"))
-                if lo.qkv_bias:
-                    out.append((p + "attn_qkv.bias", (q + 2 * k,), "zeros"))
-            else:
-                for name, n in (("attn_q", q), ("attn_k", k), ("attn_v", k)):
-                    out.append((p + name + ".weight", (n, e), "weight"))
-                    if lo.qkv_bias:
-                        out.append((p + name + ".bias", (n,), "vec"))
-            out.append((p + "attn_output.weight", (e, q), "weight"))
-            if lo.out_bias:
-                out.append((p + "attn_output.bias", (e,), "zeros"))
-        if lo.qk_norm:
-            out += [(p + "attn_q_norm.weight", (hd,), "norm"), (p + "attn_k_norm.weight", (hd,), "norm")]
-        if lo.post_norms:
-            out.append((p + "post_attention_norm.weight", (e,), "norm"))
-        if lo.ffn_norm:
-            norm("ffn_norm")
-        if r.n_expert and i >= r.n_dense_lead:
-            n, fe = r.n_expert, r.n_ff_exp
-            out += [
-                (p + "ffn_gate_inp.weight", (n, e), "weight"),
-                (p + "ffn_gate_exps.weight", (n, fe, e), "weight"),
-                (p + "ffn_down_exps.weight", (n, e, fe), "weight"),
-                (p + "ffn_up_exps.weight", (n, fe, e), "weight"),
-            ]
-            if lo.shared_expert:
-                sh = r.n_ff_shexp if lo.shared_expert == "qwen2moe" else r.n_ff_exp * r.n_expert_shared
-                if lo.shared_expert == "qwen2moe":
-                    out.append((p + "ffn_gate_inp_shexp.weight", (e,), "vec"))
-                out += [
-                    (p + "ffn_gate_shexp.weight", (sh, e), "weight"),
-                    (p + "ffn_down_shexp.weight", (e, sh), "weight"),
-                    (p + "ffn_up_shexp.weight", (sh, e), "weight"),
-                ]
-        elif lo.ffn == "fused_up":
-            out += [(p + "ffn_down.weight", (e, ff[i]), "weight"), (p + "ffn_up.weight", (2 * ff[i], e), "weight")]
-        else:
-            if lo.ffn == "gated":
-                out.append((p + "ffn_gate.weight", (ff[i], e), "weight"))
-            out += [(p + "ffn_down.weight", (e, ff[i]), "weight"), (p + "ffn_up.weight", (ff[i], e), "weight")]
-            if lo.ffn_bias:
-                out += [(p + "ffn_down.bias", (e,), "zeros"), (p + "ffn_up.bias", (ff[i],), "zeros")]
-        if lo.post_norms:
-            out.append((p + "post_ffw_norm.weight", (e,), "norm"))
-        if i >= r.n_layer - r.n_nextn:
-            out += [
-                (p + "nextn.eh_proj.weight", (e, 2 * e), "weight"),
-                (p + "nextn.enorm.weight", (e,), "norm"),
-                (p + "nextn.hnorm.weight", (e,), "norm"),
-                (p + "nextn.shared_head_norm.weight", (e,), "norm"),
-            ]
     return out
+
+
+def _layout_norm(r: _Recipe, lo: _Layout, p: str, name: str) -> list[_Spec]:
+    """A block's norm: its weight, and its bias under layer norm."""
+    out: list[_Spec] = [(p + name + ".weight", (r.n_embd,), "norm")]
+    if lo.layer_norm:
+        out.append((p + name + ".bias", (r.n_embd,), "zeros"))
+    return out
+
+
+def _layout_attention(r: _Recipe, lo: _Layout, p: str, hd: int, n_head_kv: int) -> list[_Spec]:
+    """A block's attention projections: MLA's latent ones, or Q/K/V (fused or apart) and the output."""
+    e = r.n_embd
+    if lo.mla:
+        kv_lora, q_lora, rope, nope, v_head = r.mla
+        return [
+            (p + "attn_q_a_norm.weight", (q_lora,), "norm"),
+            (p + "attn_kv_a_norm.weight", (kv_lora,), "norm"),
+            (p + "attn_q_a.weight", (q_lora, e), "weight"),
+            (p + "attn_q_b.weight", (r.n_head * (nope + rope), q_lora), "weight"),
+            (p + "attn_kv_a_mqa.weight", (kv_lora + rope, e), "weight"),
+            (p + "attn_k_b.weight", (r.n_head, kv_lora, nope), "weight"),
+            (p + "attn_v_b.weight", (r.n_head, v_head, kv_lora), "weight"),
+            (p + "attn_output.weight", (e, r.n_head * v_head), "weight"),
+        ]
+    q, k = hd * r.n_head, hd * n_head_kv
+    out: list[_Spec] = []
+    if lo.fused_qkv:
+        out.append((p + "attn_qkv.weight", (q + 2 * k, e), "weight"))
+        if lo.qkv_bias:
+            out.append((p + "attn_qkv.bias", (q + 2 * k,), "zeros"))
+    else:
+        for name, n in (("attn_q", q), ("attn_k", k), ("attn_v", k)):
+            out.append((p + name + ".weight", (n, e), "weight"))
+            if lo.qkv_bias:
+                out.append((p + name + ".bias", (n,), "vec"))
+    out.append((p + "attn_output.weight", (e, q), "weight"))
+    if lo.out_bias:
+        out.append((p + "attn_output.bias", (e,), "zeros"))
+    return out
+
+
+def _layout_ffn(r: _Recipe, lo: _Layout, p: str, i: int, ff: int) -> list[_Spec]:
+    """Block ``i``'s feed-forward: experts (with any shared expert) past the dense lead, else a dense FFN."""
+    e = r.n_embd
+    if r.n_expert and i >= r.n_dense_lead:
+        n, fe = r.n_expert, r.n_ff_exp
+        out: list[_Spec] = [
+            (p + "ffn_gate_inp.weight", (n, e), "weight"),
+            (p + "ffn_gate_exps.weight", (n, fe, e), "weight"),
+            (p + "ffn_down_exps.weight", (n, e, fe), "weight"),
+            (p + "ffn_up_exps.weight", (n, fe, e), "weight"),
+        ]
+        if lo.shared_expert:
+            sh = r.n_ff_shexp if lo.shared_expert == "qwen2moe" else r.n_ff_exp * r.n_expert_shared
+            if lo.shared_expert == "qwen2moe":
+                out.append((p + "ffn_gate_inp_shexp.weight", (e,), "vec"))
+            out += [
+                (p + "ffn_gate_shexp.weight", (sh, e), "weight"),
+                (p + "ffn_down_shexp.weight", (e, sh), "weight"),
+                (p + "ffn_up_shexp.weight", (sh, e), "weight"),
+            ]
+        return out
+    if lo.ffn == "fused_up":
+        return [(p + "ffn_down.weight", (e, ff), "weight"), (p + "ffn_up.weight", (2 * ff, e), "weight")]
+    out = [(p + "ffn_gate.weight", (ff, e), "weight")] if lo.ffn == "gated" else []
+    out += [(p + "ffn_down.weight", (e, ff), "weight"), (p + "ffn_up.weight", (ff, e), "weight")]
+    if lo.ffn_bias:
+        out += [(p + "ffn_down.bias", (e,), "zeros"), (p + "ffn_up.bias", (ff,), "zeros")]
+    return out
+
+
+def _nextn(r: _Recipe, p: str) -> list[_Spec]:
+    """A next-token-prediction block's extra tensors."""
+    e = r.n_embd
+    return [
+        (p + "nextn.eh_proj.weight", (e, 2 * e), "weight"),
+        (p + "nextn.enorm.weight", (e,), "norm"),
+        (p + "nextn.hnorm.weight", (e,), "norm"),
+        (p + "nextn.shared_head_norm.weight", (e,), "norm"),
+    ]
 
 
 def _attention(r: _Recipe, p: str, n_head_kv: int) -> list[tuple[str, tuple[int, ...], str]]:

@@ -18,7 +18,7 @@ from fitevict.zoo import hybrid as zoo_hybrid
 from fitevict.zoo.recipes import (BOS_ID, EOS_ID, IM_END_ID, UNK_ID, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME,
                                   ZOO_VERSION, ZooError, ZooModel, _FILE_TYPE, _LATER_FIELDS, _LAYOUTS, _Recipe,
                                   recipe, recipes)
-from fitevict.zoo.tensors import _tensor_data, _tensor_shapes, _vocab
+from fitevict.zoo.tensors import _tensor_data, _tensor_shapes, spm_vocab
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -79,7 +79,7 @@ def _add_metadata(w: gguf.GGUFWriter, r: _Recipe) -> None:
         getattr(w, f"add_{key}")(value)
     zoo_hybrid.metadata(w, r)
 
-    tokens, scores, types = _vocab(r.n_vocab)
+    tokens, scores, types = spm_vocab(r.n_vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
