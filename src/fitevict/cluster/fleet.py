@@ -236,6 +236,10 @@ def stop_agents(address: str, timeout_s: float = 120.0) -> list[dict[str, Any]]:
                     row["gone"] = "its node is no longer alive"
             except ray.exceptions.ActorDiedError:  # it died before (its node, say): its door went with it
                 row["gone"] = "the agent had ended, its door with it"
+            except ray.exceptions.ActorUnavailableError as e:  # its node's processes do not answer: Ray lists a
+                # killed node as alive until its health checks fail (about 15 s)
+                row["gone"] = (f"unreachable ({type(e).__name__}): its node does not answer; if that machine is still "
+                               "up, its door may run on: stop it there")
             except Exception as e:  # the agent is unreachable or late
                 row["error"] = f"{type(e).__name__}: {e}"
             ray.kill(agent, no_restart=True)
