@@ -90,9 +90,10 @@ class StandIn:
     with a JSON body. The second request on a connection that carried a stream is dropped unanswered, as
     llama-server drops keep-alive after a stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, end_apart: bool = False) -> None:
         self.connections = 0
         self.gate: asyncio.Queue[None] = asyncio.Queue()
+        self.end_apart = end_apart  # the chunked end in a write of its own, after one more gate
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -112,8 +113,12 @@ class StandIn:
                              b"Keep-Alive: timeout=5\r\n\r\n")
                 for i, ev in enumerate(SSE):
                     await self.gate.get()
-                    end = b"0\r\n\r\n" if i == len(SSE) - 1 else b""  # the last event and the end in one write
+                    end = b"0\r\n\r\n" if i == len(SSE) - 1 and not self.end_apart else b""  # last event + end
                     writer.write(b"%x\r\n%s\r\n%s" % (len(ev), ev, end))
+                    await writer.drain()
+                if self.end_apart:
+                    await self.gate.get()
+                    writer.write(b"0\r\n\r\n")
                 streamed = True
             else:
                 body = b'{"usage":{"total_tokens":7}}'
@@ -155,6 +160,40 @@ def test_relay_passes_events_as_they_come_and_retries_a_dropped_keep_alive() -> 
             assert (b"content-length", b"28") in sent[0]["headers"]
             await relay(up, send, port, "/plain", b"{}", "r3")  # a plain answer keeps its connection
             assert engine.connections == 2
+        finally:
+            up.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
+def test_the_done_event_goes_out_with_the_end_of_the_answer() -> None:
+    """A client that has [DONE] may hang up at once: the relay sends it only with the answer's end (waiting for the
+    engine's chunked end), so that no hang-up can come while the answer is still open."""
+    async def scenario() -> None:
+        engine = StandIn(end_apart=True)
+        server = await asyncio.start_server(engine.handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        up = Upstream()
+        sent: list[dict] = []
+
+        async def send(msg: dict) -> None:
+            sent.append(msg)
+
+        try:
+            task = asyncio.create_task(relay(up, send, port, "/stream", b"{}", "r1"))
+            for _ in SSE:
+                engine.gate.put_nowait(None)
+            while len(sent) < len(SSE):  # the head and the events before [DONE]
+                await asyncio.sleep(0)
+            for _ in range(50):  # [DONE] has arrived from the engine, its end has not: nothing more goes out
+                await asyncio.sleep(0.001)
+            assert len(sent) == len(SSE) and all(b"[DONE]" not in m.get("body", b"") for m in sent)
+            engine.gate.put_nowait(None)  # the engine ends the answer
+            out = await task
+            assert sent[-1]["body"] == SSE[-1] and sent[-1]["more_body"] is False
+            assert out.events == 2
         finally:
             up.close()
             server.close()

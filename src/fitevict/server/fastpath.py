@@ -100,6 +100,8 @@ async def _relay_stream(conn: UpstreamConn, send: Send, head: list, on_chunk: Ca
     events, prev, last, finished = 0, b"", b"", False
     try:
         while chunk := await conn.read():
+            while b"data: [DONE]" in chunk and not conn.drained and (more := await conn.read()):
+                chunk += more  # the stream's end follows its last event at once: the client's [DONE] is final
             events += chunk.count(b"data: ")
             prev, last = last, chunk
             finished = conn.drained and on_finish is None
