@@ -5,6 +5,7 @@ a kept-alive connection it drops after a stream)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -173,16 +174,9 @@ def test_the_done_event_goes_out_with_the_end_of_the_answer() -> None:
     engine's chunked end), so that no hang-up can come while the answer is still open."""
     async def scenario() -> None:
         engine = StandIn(end_apart=True)
-        server = await asyncio.start_server(engine.handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        up = Upstream()
-        sent: list[dict] = []
-
-        async def send(msg: dict) -> None:
-            sent.append(msg)
-
-        try:
-            task = asyncio.create_task(relay(up, send, port, "/stream", b"{}", "r1"))
+        async with serving(engine) as (port, up):
+            sent: list[dict] = []
+            task = asyncio.create_task(relay(up, _record(sent), port, "/stream", b"{}", "r1"))
             for _ in SSE:
                 engine.gate.put_nowait(None)
             while len(sent) < len(SSE):  # the head and the events before [DONE]
@@ -194,12 +188,27 @@ def test_the_done_event_goes_out_with_the_end_of_the_answer() -> None:
             out = await task
             assert sent[-1]["body"] == SSE[-1] and sent[-1]["more_body"] is False
             assert out.events == 2
-        finally:
-            up.close()
-            server.close()
-            await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+@contextlib.asynccontextmanager
+async def serving(engine: StandIn):
+    """The stand-in engine listening on loopback, and a pool to reach it: (port, pool), closed after."""
+    server = await asyncio.start_server(engine.handle, "127.0.0.1", 0)
+    up = Upstream()
+    try:
+        yield server.sockets[0].getsockname()[1], up
+    finally:
+        up.close()
+        server.close()
+        await server.wait_closed()
+
+
+def _record(sent: list[dict]):
+    async def send(msg: dict) -> None:
+        sent.append(msg)
+    return send
 
 
 def test_relay_hooks_rewrite_what_the_client_gets() -> None:
