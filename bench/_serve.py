@@ -41,9 +41,10 @@ class Served:
         return {x["key"]: x for x in r.json()["data"]}
 
 
-def _up(proc: subprocess.Popen[bytes], base: str, log_path: Path) -> bool:
+def up(proc: subprocess.Popen[bytes], base: str, log_path: Path, what: str = "fitevict serve") -> bool:
+    """Whether ``base/health`` answers 200; a process that exited ends the bench, naming its log."""
     if proc.poll() is not None:
-        raise SystemExit(f"fitevict serve exited with {proc.returncode}; its log: {log_path}")
+        raise SystemExit(f"{what} exited with {proc.returncode}; its log: {log_path}")
     try:
         return httpx.get(base + "/health", timeout=1.0).status_code == 200
     except httpx.TransportError:
@@ -66,7 +67,7 @@ def serve(tmp: Path, name: str, models: Path, config: str, env: dict[str, str] |
                                 env=full_env)
     served = Served(name, f"http://127.0.0.1:{port}")
     try:
-        wait_for(lambda: _up(proc, served.base, root / "serve.log"), f"{name}: fitevict serve healthy", 120)
+        wait_for(lambda: up(proc, served.base, root / "serve.log"), f"{name}: fitevict serve healthy", 120)
         yield served
     finally:
         stop_group(proc, 30.0)  # the front door and its seats: one process group

@@ -139,11 +139,13 @@ def beyond_the_matrix(bin_dir: Path, models: dict[str, Path], zoo_dir: Path) -> 
     return [*out, ""]
 
 
-def keep_hf_section(before: str) -> None:
-    """Carry the HF section (bench/pricing_accuracy_hf.py writes it) over a rewrite of the GGUF tables."""
-    start, end = "<!-- hf:start -->", "<!-- hf:end -->"
-    if start in before and end in before:
-        write_section("hf", before.split(start, 1)[1].split(end, 1)[0], doc=DOC)
+def keep_sections(before: str) -> None:
+    """Carry the sections other benches write over a rewrite of the GGUF tables: the filled-context comparison
+    (bench/filled_context.py; its markers are in the text above) and the HF section (bench/pricing_accuracy_hf.py)."""
+    for name in ("filled", "hf"):
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        if start in before and end in before:
+            write_section(name, before.split(start, 1)[1].split(end, 1)[0], doc=DOC)
 
 
 def ollama_formula(s: GgufStructure, n_ctx: int) -> int:
@@ -296,9 +298,14 @@ def main() -> None:
         "(`pricing/buftrace.py`). Model, context (KV, SWA, recurrent and short-conv state) and output are fitevict's",
         "rules; the compute buffer is the engine's own `--fit` dry run, which prints MiB with 2 decimals (so its",
         "error is that rounding, at most 5,243 B per buffer).",
-        "A model's first load, priced with the engine's calibrated process overhead, is in `docs/first_load.md`.",
+        "These tables check the buffers the engine allocates; what a seat holds in memory (its buffers' touched",
+        "pages plus the process itself) is checked against peak PSS in the next section, on first loads and through",
+        "a filled context.",
         "GPU placements (layer split, per-placement dry runs) are checked only against a fake NVML here: no GPU was",
         "available to this run, so their bytes on a real device are still unverified.",
+        "",
+        "<!-- filled:start -->",
+        "<!-- filled:end -->",
         "",
         "## Summary: fitevict per term, in bytes against the allocator",
         "",
@@ -364,7 +371,7 @@ def main() -> None:
         DOC.parent.mkdir(parents=True, exist_ok=True)
         before = DOC.read_text() if DOC.exists() else ""
         DOC.write_text(text)
-        keep_hf_section(before)
+        keep_sections(before)
         print(f"wrote {DOC} ({len(rows)} loads, {wall:.0f} s)")
 
 

@@ -1,0 +1,68 @@
+"""A first load's host price holds against the seat's peak PSS once every slot's context is full.
+
+The price is the server's for a first load: rules, this machine's host buffer table, the engine's dry-run compute
+and the engine process's overhead, calibrated here on a fresh cache (on llama-gqa, which is not checked here). The
+seat is started as a seat starts, its process tree's PSS sampled every 20 ms from spawn through the load and through
+every slot filled with ``n_ctx_seq - 32`` prompt tokens and 32 generated (``bench/_filled.py``). The price may fall
+2% under the peak or exceed it by 10%, or 4 MiB either way for a model file under 200 MiB. (A first load, before
+any request, reads under its price by design: the price holds what the seat grows to.)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from fitevict.engines.overhead import CALIBRATION_MODEL, calibrate_overhead
+from fitevict.host.machine import host_buffers
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.loadconfig import LoadConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from _filled import allowed, predict, run_filled, within  # noqa: E402
+
+HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
+
+pytestmark = pytest.mark.e2e
+
+SEAT = LoadConfig(n_ctx=4096, n_parallel=2)
+MODELS = ("llama-tied", "granitehybrid-moe", "gemma3-swa")  # dense GQA, hybrid MoE, sliding window
+# docs/accuracy.md, "Against a measurement": the buffers match the load log to its rounding, but at a filled peak a
+# seat's process holds 15.7 to 20.3 MiB beyond them (median 17.0: about 11 MiB of the binary's and libraries' pages,
+# 6 to 10 MiB of heap, threads and work buffers) against the 9.6 MiB calibrated; these three seats peaked 7.3 to
+# 9.2 MB (18% to 23%) over their price
+OVERHEAD_OFF = pytest.mark.xfail(strict=True, reason=(
+    "the engine process overhead term is off: calibrated when its seat listens, before a request touches the compute "
+    "buffer, the binary's kernels and the request's heap, it is about 8 MiB short of what the process holds beyond "
+    "its buffers at a filled peak, so the price falls 18% to 23% (7 to 9 MB, over the 4 MiB floor) under peak PSS"))
+
+
+@pytest.fixture(scope="module")
+def overhead(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> int:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FITEVICT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))  # a fresh install
+    try:
+        rec = calibrate_overhead(llama_server)
+        assert isinstance(rec, dict), rec
+        yield int(rec["overhead"][HOST])
+    finally:
+        mp.undo()
+
+
+@OVERHEAD_OFF
+@pytest.mark.parametrize("model", MODELS)
+def test_price_holds_against_peak_pss_of_a_filled_context(zoo: dict, llama_server: Path, overhead: int,
+                                                         model: str, tmp_path: Path) -> None:
+    assert model != CALIBRATION_MODEL  # a model the overhead was measured on cannot check it
+    path = zoo[model].path
+    pred = predict(llama_server, path, SEAT, HERE, overhead)
+    got = run_filled(llama_server, path, SEAT, pred, tmp_path / "seat.log")
+    assert all(p + g == pred.n_ctx_seq for p, g in got.tokens), got.tokens  # every slot's context is full
+    size = path.stat().st_size
+    under, over = allowed(got.peak_fill, size)
+    detail = (f"predicted {pred.host:,} B ({pred.buffers:,} buffers + {pred.overhead:,} overhead), peak PSS "
+              f"{got.peak_fill:,} B (load {got.peak_load:,} B), logged buffers {got.logged_buffers}; "
+              f"allowed -{under:,} / +{over:,} B")
+    assert within(pred.host, got.peak_fill, size), detail
