@@ -24,6 +24,7 @@ from fitevict.loadreport import seat_load_report
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.crash import RepackCrash, retry_without_repack
+from fitevict.supervisor.kvkeep import keep_before_stop
 from fitevict.supervisor.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from fitevict.supervisor.core import Supervisor
 
 log = logging.getLogger("fitevict.supervisor")
+VERIFY_HOLD_S = 2.0  # a stop holds the next placement at most this long after its processes exited (see _end)
 
 # A new seat that was handed requests is read (its PSS, its log) once the first of them is answered, or after
 # this long: the reading takes milliseconds of CPU that, on a small machine, would slow the engine's first answer.
@@ -337,25 +339,33 @@ class LiveEffects:
             predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total, details=details))
 
     async def _end(self, seat: SeatState, final: SeatPhase, *, free_slot: bool = False) -> StopResult:
-        """Stop ``seat``'s process group, verify the release, and forget the seat. ``free_slot``: tell the scheduler
-        the seat is gone as soon as its processes have exited, so that the next placement need not wait for the
-        release to be verified (``Supervisor.stopped`` then leaves the scheduler alone)."""
+        """Stop ``seat``'s process group, verify the release, and forget the seat. ``free_slot``: if verifying the
+        release takes longer than ``VERIFY_HOLD_S`` after the processes exited (another program growing at the same
+        moment can hide it until the timeout), tell the scheduler the seat is gone then, so that the next placement
+        does not wait for it (``Supervisor.stopped`` then leaves the scheduler alone)."""
         sup = self.sup
         seat.expected_exit = True
         seat.state = SeatPhase.STOPPING
+        hold: list[asyncio.TimerHandle] = []
+
+        def free() -> None:
+            if not seat.slot_freed:
+                seat.slot_freed = True
+                sup.scheduler.stopped(seat.key)
 
         def exited() -> None:
             if sup.seats.get(seat.key) is seat:
                 sup.seats.pop(seat.key)
             if free_slot:
-                seat.slot_freed = True
-                sup.scheduler.stopped(seat.key)
+                hold.append(asyncio.get_running_loop().call_later(VERIFY_HOLD_S, free))
             self._spawn_task(sup.changed(), "seat-exited")
 
         res = await stop_and_verify(seat.key, seat.pgid, seat.config.devices, proc=seat.proc,
                                     grace=sup.config.engine.stop_grace_seconds,
                                     release_timeout=sup.config.engine.release_timeout_seconds, nvml=sup.nvml,
                                     clock=sup.clock, gpu_held=seat.gpu_bytes, on_exit=exited)
+        for h in hold:
+            h.cancel()
         seat.state = final
         if sup.seats.get(seat.key) is seat:
             sup.seats.pop(seat.key)
@@ -364,7 +374,7 @@ class LiveEffects:
 
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         sup = self.sup
-        kept = await self._keep_prompts(seat, event)
+        kept = await keep_before_stop(self.sup, seat, event)
         res = await self._end(seat, SeatPhase.STOPPED, free_slot=True)
         engine = sup.engine_for(seat.entry)
         report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
@@ -380,23 +390,6 @@ class LiveEffects:
         await self._record_teardown(seat, report, request_id)
         sup.stopped(seat.key, res, slot_freed=seat.slot_freed)
         return res
-
-    async def _keep_prompts(self, seat: SeatState, event: str) -> dict[str, Any]:
-        """Save the seat's long prompts before an eviction or idle unload (kvkeep); the stop event's details."""
-        sup = self.sup
-        if event not in ("evict", "idle-unload") or seat.engine != "llama-server" or not sup.config.policy.prompt_cache:
-            return {}
-        t0 = sup.clock()
-        try:
-            saved, notes = await sup.kv.save(seat.port, seat.key, seat.signature, sup.prices.machine,
-                                             seat.timings.bulk_prefill_rate())
-        except Exception as e:  # noqa: BLE001 - a failed save costs the cache, never the stop
-            log.warning("%s: saving its prompts before the stop failed: %s", seat.key, e)
-            saved, notes = [], [f"saving failed: {type(e).__name__}: {e}"]
-        return {"kv_saved": [{"file": s.file, "tokens": s.tokens, "bytes": s.bytes, "signature": s.signature,
-                              "save_seconds": s.save_seconds} for s in saved],
-                "kv_save_seconds": sup.clock() - t0, "kv_save_notes": notes,
-                "kv_save_source": "measured: the time the saves added to this stop; tokens and bytes engine-reported"}
 
     async def _record_teardown(self, seat: SeatState, report: dict | None, request_id: str | None) -> None:
         """A transformers seat's leak breaker reports on its way out: every tensor still alive after its model was
