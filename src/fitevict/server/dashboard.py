@@ -142,49 +142,57 @@ def _read_structures(entries) -> None:
                 load_structure(e.path)
 
 
-def router(door: Door) -> APIRouter:
-    app = APIRouter()
-    sup, store = door.sup, door.store
-    view.use_palette([e.key for e in door.catalog.entries()])
+class _Pages:
+    """What the dashboard's pages are made of: the live status, the catalog's dry runs (made again when something
+    happened, a history event, or after PLANS_TTL_S, not on every poll: each one reads the budget afresh) and the
+    memory report."""
 
-    def is_admin(request: Request) -> bool:
+    def __init__(self, door: Door) -> None:
+        self.door, self.sup, self.store = door, door.sup, door.store
+        self.cached: dict[str, Any] = {"at": -PLANS_TTL_S, "events": -1, "plans": []}
+        self.events_seen = 0
+        door.sup.on_event.append(self._saw)
+
+    def _saw(self, _ev: Any) -> None:
+        self.events_seen += 1
+
+    def is_admin(self, request: Request) -> bool:
         try:
-            door.check_auth(request, admin=True)
+            self.door.check_auth(request, admin=True)
         except ApiError:
             return False
         return True
 
-    # The catalog's dry runs are made again when something happened (a history event) or after PLANS_TTL_S, not on
-    # every poll: each one reads the budget afresh.
-    cached: dict[str, Any] = {"at": -PLANS_TTL_S, "events": -1, "plans": []}
-    seen = {"events": 0}
-    sup.on_event.append(lambda _ev: seen.__setitem__("events", seen["events"] + 1))
+    def visible(self, request: Request) -> bool:
+        return not self.door.config.server.auth_enabled or bool(request.headers.get("authorization")
+                                                                or request.headers.get("x-api-key"))
 
-    async def catalog_plans() -> list[tuple[Any, dict | None, str]]:
-        now = time.monotonic()
-        if cached["events"] == seen["events"] and now - cached["at"] < PLANS_TTL_S:
+    async def catalog_plans(self) -> list[tuple[Any, dict | None, str]]:
+        now, cached = time.monotonic(), self.cached
+        if cached["events"] == self.events_seen and now - cached["at"] < PLANS_TTL_S:
             return cached["plans"]
-        await asyncio.to_thread(_read_structures, door.catalog.entries())
+        await asyncio.to_thread(_read_structures, self.door.catalog.entries())
         plans: list[tuple[Any, dict | None, str]] = []
-        for entry in door.catalog.entries():
+        for entry in self.door.catalog.entries():
             try:
-                plans.append((entry, sup.plan(entry.key).to_json(), ""))
+                plans.append((entry, self.sup.plan(entry.key).to_json(), ""))
             except Exception as e:  # shown in the catalog row: the model cannot be priced as it is
                 plans.append((entry, None, f"{type(e).__name__}: {e}"))
-        cached.update(at=now, events=seen["events"], plans=plans)
+        cached.update(at=now, events=self.events_seen, plans=plans)
         return plans
 
-    async def windows() -> list[SeatPeaks]:
-        stored = await store.aread(q_peaks())
-        return stored + (door.sampler.open_windows() if door.sampler is not None else [])
+    async def windows(self) -> list[SeatPeaks]:
+        stored = await self.store.aread(q_peaks())
+        return stored + (self.door.sampler.open_windows() if self.door.sampler is not None else [])
 
-    async def live(request: Request) -> str:
+    async def live(self, request: Request) -> str:
+        door, sup = self.door, self.sup
         door.check_auth(request, admin=False)
-        admin = is_admin(request)
+        admin = self.is_admin(request)
         budget = await asyncio.to_thread(sup.budget)
         residents = sup.resident_views()
-        plans = await catalog_plans()
-        events = await asyncio.to_thread(store.events, limit=40)
+        plans = await self.catalog_plans()
+        events = await asyncio.to_thread(self.store.events, limit=40)
         open_peaks = {p.model: p.peak_pss_bytes for p in (door.sampler.open_windows() if door.sampler else [])}
         cards = "".join(view.device_card(d, residents, admin) for d in budget.devices)
         notes = "".join(f"<li>{escape(n)}</li>" for n in budget.notes)
@@ -195,9 +203,18 @@ def router(door: Door) -> APIRouter:
                 f'<p class="empty">Peaks per model over serving windows: <a href="/dashboard/report">memory '
                 f"report</a>.</p>")
 
-    def visible(request: Request) -> bool:
-        return not door.config.server.auth_enabled or bool(request.headers.get("authorization")
-                                                           or request.headers.get("x-api-key"))
+    async def report_live(self, request: Request) -> str:
+        self.door.check_auth(request, admin=False)
+        rows = report_rows(await self.windows(), None)
+        return ("<h2>Memory report</h2><p>Peak PSS, RSS, GPU and MemAvailable drop per model and engine over "
+                "every serving window, the open ones included. Judge them against thresholds declared before the "
+                "run with <code>fitevict report --thresholds FILE</code>.</p>" + view.report_table(rows))
+
+
+def router(door: Door) -> APIRouter:
+    app = APIRouter()
+    view.use_palette([e.key for e in door.catalog.entries()])
+    pages = _Pages(door)
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
@@ -205,40 +222,34 @@ def router(door: Door) -> APIRouter:
 
     @app.get("/dashboard", response_class=HTMLResponse, tags=["admin"], summary="Live status page (HTML)")
     async def dashboard(request: Request) -> HTMLResponse:
-        body = await live(request) if visible(request) else '<p class="empty">Enter a key to see fitevict.</p>'
+        body = (await pages.live(request) if pages.visible(request)
+                else '<p class="empty">Enter a key to see fitevict.</p>')
         return HTMLResponse(_page("fitevict", "/dashboard/live", body))
 
     @app.get("/dashboard/live", response_class=HTMLResponse, tags=["admin"], summary="The page's live part")
     async def dashboard_live(request: Request) -> HTMLResponse:
-        return HTMLResponse(await live(request), headers={"Cache-Control": "no-store"})
-
-    async def report_live(request: Request) -> str:
-        door.check_auth(request, admin=False)
-        rows = report_rows(await windows(), None)
-        return ("<h2>Memory report</h2><p>Peak PSS, RSS, GPU and MemAvailable drop per model and engine over "
-                "every serving window, the open ones included. Judge them against thresholds declared before the "
-                "run with <code>fitevict report --thresholds FILE</code>.</p>" + view.report_table(rows))
+        return HTMLResponse(await pages.live(request), headers={"Cache-Control": "no-store"})
 
     @app.get("/dashboard/report", response_class=HTMLResponse, tags=["admin"], summary="Memory report (HTML)")
     async def report_page(request: Request) -> HTMLResponse:
-        body = await report_live(request) if visible(request) else '<p class="empty">Enter a key.</p>'
+        body = await pages.report_live(request) if pages.visible(request) else '<p class="empty">Enter a key.</p>'
         return HTMLResponse(_page("fitevict memory report", "/dashboard/report/live", body))
 
     @app.get("/dashboard/report/live", response_class=HTMLResponse, include_in_schema=False)
     async def report_fragment(request: Request) -> HTMLResponse:
-        return HTMLResponse(await report_live(request), headers={"Cache-Control": "no-store"})
+        return HTMLResponse(await pages.report_live(request), headers={"Cache-Control": "no-store"})
 
     @app.get("/dashboard/report.md", response_class=PlainTextResponse, tags=["admin"],
              summary="Memory report (markdown, no thresholds)")
     async def report_md(request: Request) -> PlainTextResponse:
         door.check_auth(request, admin=False)
-        return PlainTextResponse(markdown(report_rows(await windows(), None), None),
+        return PlainTextResponse(markdown(report_rows(await pages.windows(), None), None),
                                  media_type="text/markdown; charset=utf-8")
 
     @app.get("/dashboard/report.json", tags=["admin"], summary="Memory report (JSON: rows and windows)")
     async def report_json(request: Request) -> JSONResponse:
         door.check_auth(request, admin=False)
-        ws = await windows()
+        ws = await pages.windows()
         return JSONResponse({"rows": [r.to_json() for r in report_rows(ws, None)],
                              "windows": [w.to_json() for w in ws]})
 
