@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
 from clustersim import ClusterResult, FitevictFront, route_costs, run_cluster  # noqa: E402
 from servesim import ServeFront  # noqa: E402
-from trace_replay import CONTRACT, Case, cases, count_lru_fill, count_lru_max  # noqa: E402
-from traces import adversarial_trace, measured_seconds, zoo_specs  # noqa: E402
+from trace_replay import CONTRACT, Case, cases, count_lru_fill, count_lru_max, measured_zoo  # noqa: E402
+from traces import adversarial_trace, zoo_specs  # noqa: E402
 
 from fitevict.config import Config, load_config  # noqa: E402
 from fitevict.supervisor.core import sched_policy  # noqa: E402
@@ -168,12 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     config = load_config(None, env={}, overrides={})
     with tempfile.TemporaryDirectory() as tmp:
-        zoo = a.zoo
-        if zoo is None:
-            from fitevict.zoo import write_zoo
-
-            zoo = Path(tmp) / "zoo"
-            write_zoo(zoo, only=sorted(measured_seconds()[0]))
+        zoo = measured_zoo(a.zoo, Path(tmp))
         all_cases = [c for c in cases(zoo, quick=a.quick) if c.trace.name in TRACES]
         all_cases.insert(3, four_models(all_cases[1], zoo_specs(zoo, CONTRACT), a.quick))
         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from tracesim import FitevictPolicy, ModelSpec, Sim, Trace, _Job, percentile
+from tracesim import Clocked, FitevictPolicy, ModelSpec, Sim, Trace, _Job, percentile
 
 from fitevict.budget import Budget
 from fitevict.cluster.route import NodeFacts, Seat, Verdict, route
@@ -138,7 +138,7 @@ class ClusterResult:
     routing: Mapping[str, float]  # the front door's own counters and timings
 
 
-class World:
+class World(Clocked):
     """The nodes, the shared clock, the trace's clients, and the front door."""
 
     def __init__(self, n_nodes: int, models: Mapping[str, ModelSpec], budget_bytes: int, *,
@@ -160,19 +160,6 @@ class World:
         self._clients: list[deque[str]] = []
         self._trace: Trace | None = None
         self.front: Front | None = None
-
-    def at(self, when: float, fn: Callable[..., Any], *args: Any) -> list:
-        ev = [max(when, self.t), self._seq, fn, args, True]
-        self._seq += 1
-        heapq.heappush(self._heap, ev)
-        return ev
-
-    def count_load(self, model: str, n: int) -> None:
-        self.loads += 1
-        self.loaded_bytes += n
-        if model in self.ever_loaded:
-            self.reload_bytes += n
-        self.ever_loaded.add(model)
 
     def busy(self) -> bool:
         """Requests still to come or still somewhere in the cluster."""
@@ -285,7 +272,7 @@ class FitevictFront:
     def verdict(self, node: NodeSim, key: str) -> Verdict:
         """The node's dry run, as its door answers ``POST /v1/models/{id}/plan``."""
         sched = node.policy.sched  # type: ignore[union-attr]
-        p = node.plan(node.models[key].request, sched._residents(self.world.t))
+        p = node.plan(node.models[key].request, sched.residents(self.world.t))
         return Verdict(node.name, p.action, reason=p.reason, key=p.key, evict=tuple(e.key for e in p.evict),
                        free_after=dict(p.free_bytes_after), wait_for=tuple(p.wait_for))
 

@@ -198,6 +198,16 @@ def table(config: Config, rows: Sequence[tuple[Case, list[Result]]]) -> str:
     return "\n".join(out)
 
 
+def measured_zoo(given: Path | None, tmp: Path) -> Path:
+    """The zoo folder given, else the demo zoo's models whose load times were measured, written under ``tmp``."""
+    if given is not None:
+        return given
+    from fitevict.zoo import write_zoo
+
+    write_zoo(tmp / "zoo", only=sorted(measured_seconds()[0]))
+    return tmp / "zoo"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--zoo", type=Path, help="the demo zoo's folder (default: written to a temporary folder)")
@@ -206,12 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     config = load_config(None, env={}, overrides={})
     with tempfile.TemporaryDirectory() as tmp:
-        zoo = a.zoo
-        if zoo is None:
-            from fitevict.zoo import write_zoo
-
-            zoo = Path(tmp) / "zoo"
-            write_zoo(zoo, only=sorted(measured_seconds()[0]))  # the models whose load times were measured
+        zoo = measured_zoo(a.zoo, Path(tmp))
         t0 = time.perf_counter()
         rows = [(c, run_case(config, c)) for c in cases(zoo, quick=a.quick)]
         took = time.perf_counter() - t0

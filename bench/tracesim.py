@@ -146,7 +146,34 @@ class _Job:
     client: int | None
 
 
-class Sim:
+class Clocked:
+    """A simulated clock's event heap (``t``, ``_seq``, ``_heap``) and its load tally (``loads``, ``loaded_bytes``,
+    ``reload_bytes``, ``ever_loaded``): shared by the one-node and the cluster simulations."""
+
+    t: float
+    _seq: int
+    _heap: list
+    loads: int
+    loaded_bytes: int
+    reload_bytes: int
+    ever_loaded: set[str]
+
+    def at(self, when: float, fn: Callable[..., Any], *args: Any) -> list:
+        ev = [max(when, self.t), self._seq, fn, args, True]
+        self._seq += 1
+        heapq.heappush(self._heap, ev)
+        return ev
+
+    def count_load(self, model: str, n: int) -> None:
+        """One load of ``n`` bytes: a reload when the model was loaded before."""
+        self.loads += 1
+        self.loaded_bytes += n
+        if model in self.ever_loaded:
+            self.reload_bytes += n
+        self.ever_loaded.add(model)
+
+
+class Sim(Clocked):
     """The simulated world; implements ``fitevict.supervisor.scheduler.Effects``."""
 
     def __init__(self, models: Mapping[str, ModelSpec], budget: Budget, *, eviction: str = "cost",
@@ -177,13 +204,6 @@ class Sim:
         self._trace: Trace | None = None
         self._n = 0
 
-    # -- the event heap ---------------------------------------------------------------------------
-
-    def at(self, when: float, fn: Callable[..., Any], *args: Any) -> list:
-        ev = [max(when, self.t), self._seq, fn, args, True]
-        self._seq += 1
-        heapq.heappush(self._heap, ev)
-        return ev
 
     def run(self, policy: Policy, trace: Trace) -> Result:
         self.policy, self._trace = policy, trace
@@ -295,13 +315,8 @@ class Sim:
             return
         spec = self.models[key]
         s = self.seats[key] = _Seat(key, spec.bytes)
-        self.loads += 1
-        n = sum(spec.bytes.values())
-        self.loaded_bytes += n
+        self.count_load(key, sum(spec.bytes.values()))
         self.load_seconds += spec.load_seconds
-        if key in self.ever_loaded:
-            self.reload_bytes += n
-        self.ever_loaded.add(key)
         self._hold(spec.bytes, +1)
         s.load_event = self.at(self.t + spec.load_seconds, self._loaded, s)
 
