@@ -36,7 +36,7 @@ from fitevict.supervisor.effects import LiveEffects
 from fitevict.shrink import Need
 from fitevict.supervisor.errors import Busy, Refused
 from fitevict.supervisor.kvkeep import PromptKeep
-from fitevict.supervisor.neighbours import PressureWatch
+from fitevict.supervisor.neighbours import PressureWatch, holdings
 from fitevict.supervisor.orphans import cleanup_orphans
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
@@ -191,13 +191,7 @@ class Supervisor:
 
     def _measure_budget(self) -> Budget:
         """The machine now, with what fitevict's own seats hold counted as theirs, not someone else's."""
-        held: dict[str, int] = {}
-        for s in self.seats.values():
-            if s.host_mem is not None and s.host_mem.committed_bytes is not None:
-                held[HOST] = held.get(HOST, 0) + s.host_mem.committed_bytes
-            for dev, n in s.gpu_bytes.items():
-                held[dev] = held.get(dev, 0) + n
-        return budget_from_config(self.config.budget, nvml=self.nvml, held=held)
+        return budget_from_config(self.config.budget, nvml=self.nvml, held=holdings(self.seats)[0])
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -35,6 +35,29 @@ EXIT_SLACK = 10.0  # seconds beyond engine.stop_grace_seconds that a stopped sea
 HELD_SOURCE = "sampled residents: committed bytes (Pss_Anon + Pss_Shmem) read this tick"
 
 
+def holdings(seats: Mapping[str, Any], live: Mapping[str, int | None] | None = None
+             ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """What fitevict's seats hold, in total and per seat, counted the way free memory counts it: host committed
+    bytes from ``live`` (a reading of this tick, by seat key) where there is one, else the load's measurement; GPU
+    bytes from the load's measurement."""
+    live = live or {}
+    total: dict[str, int] = {}
+    per_seat: dict[str, dict[str, int]] = {}
+    for key, s in seats.items():
+        mine: dict[str, int] = {}
+        host = live.get(key)
+        if host is None and s.host_mem is not None:
+            host = s.host_mem.committed_bytes
+        if host is not None:
+            mine[HOST] = host
+        for dev, n in s.gpu_bytes.items():
+            mine[dev] = n
+        per_seat[key] = mine
+        for dev, n in mine.items():
+            total[dev] = total.get(dev, 0) + n
+    return total, per_seat
+
+
 class PressureWatch:
     def __init__(self, sup: "Supervisor") -> None:
         self.sup = sup
@@ -56,31 +79,12 @@ class PressureWatch:
         """The budget the planner sees: under pressure, a device's reserve is raised by the margin (labelled)."""
         return strained(budget, self.under, self.margins(budget))
 
-    def _held(self, live: Mapping[str, int | None]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-        """What the seats hold now, in total and per seat: host bytes from this tick's reading where there is one
-        (else the load's measurement), GPU bytes from the load's measurement."""
-        total: dict[str, int] = {}
-        per_seat: dict[str, dict[str, int]] = {}
-        for key, s in self.sup.seats.items():
-            mine: dict[str, int] = {}
-            host = live.get(key)
-            if host is None and s.host_mem is not None:
-                host = s.host_mem.committed_bytes
-            if host is not None:
-                mine[HOST] = host
-            for dev, n in s.gpu_bytes.items():
-                mine[dev] = n
-            per_seat[key] = mine
-            for dev, n in mine.items():
-                total[dev] = total.get(dev, 0) + n
-        return total, per_seat
-
     async def check(self, live: Mapping[str, int | None]) -> Relief | None:
         """One reading: returns the relief it decided (None when yielding is off or fitevict is stopping)."""
         sup = self.sup
         if not self.enabled or sup.closed:
             return None
-        held, per_seat = self._held(live)
+        held, per_seat = holdings(sup.seats, live)
         budget = await asyncio.to_thread(budget_from_config, sup.config.budget, sup.nvml, held=held,
                                          held_source=HELD_SOURCE)
         sched = sup.scheduler
@@ -173,4 +177,4 @@ def _victim_reason(relief: Relief, grew: Mapping[str, Mapping[str, Any]]) -> str
     return "memory pressure from other programs: " + "; ".join(parts) + "; idle, so it gives its memory back"
 
 
-__all__ = ["PressureWatch"]
+__all__ = ["PressureWatch", "holdings"]
