@@ -24,8 +24,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fitevict.supervisor.errors import Busy, Refused
-from fitevict.supervisor.scheduler import Waiter, seat_room
+from fitevict.schedule.errors import Busy, Refused
+from fitevict.schedule.scheduler import Waiter, seat_room
 
 from tracesim import Sim
 

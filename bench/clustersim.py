@@ -27,7 +27,7 @@ from tracesim import Clocked, FitevictPolicy, ModelSpec, Sim, Trace, _Job, perce
 
 from fitevict.budget import Budget
 from fitevict.cluster.route import NodeFacts, Seat, Verdict, route
-from fitevict.supervisor.scheduler import SchedPolicy, Waiter
+from fitevict.schedule.scheduler import SchedPolicy, Waiter
 
 COPY = "~"  # a seat key "model~n": the n-th copy of a model on a node (Serve may hold two while one drains)
 MAX_EVENTS = 20_000_000

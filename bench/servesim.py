@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from clustersim import COPY, NodeSim, World
 
-from fitevict.supervisor.scheduler import Waiter
+from fitevict.schedule.scheduler import Waiter
 
 MAX_ONGOING = 5  # DEFAULT_MAX_ONGOING_REQUESTS
 MATCH_TIMEOUT = 1.0  # RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S (uniform in [1, 2) per request)

@@ -1,6 +1,6 @@
 """Replay request traces through fitevict's scheduler and four baselines, side by side, in simulated time.
 
-fitevict's rows run the real ``Scheduler`` (``fitevict.supervisor.scheduler``) over the real planner with a
+fitevict's rows run the real ``Scheduler`` (``fitevict.schedule.scheduler``) over the real planner with a
 declared budget; the baselines (``baselines.py``) are small simulations of other servers' policies. All
 run in the same discrete-event world (``tracesim.Sim``) with the demo zoo's real prices and measured load
 and release times (``traces.py``). Writes docs/benchmarks.md (section ``trace_replay``).
@@ -290,7 +290,7 @@ def doc_body(config: Config, rows: Sequence[tuple[Case, list[Result]]], took: fl
         "",
         f"Simulated {time.strftime('%Y-%m-%d')} (replay took {took:.0f} s on {cpu_words()}, Python "
         f"{platform.python_version()}). Request traces are replayed in simulated time (`bench/tracesim.py`, a "
-        "discrete-event simulator): fitevict's rows run the real `Scheduler` class (`fitevict.supervisor.scheduler`) "
+        "discrete-event simulator): fitevict's rows run the real `Scheduler` class (`fitevict.schedule.scheduler`) "
         "over the real planner (`fitevict.planner.plan`) and a declared host budget (`Budget.declared`); the baselines "
         "(`bench/baselines.py`) are small simulations of other servers' policies in the same simulated world, measured "
         "by the same code.",

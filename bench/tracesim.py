@@ -4,7 +4,7 @@ The simulated world: a virtual clock and an event heap; seats that take their mo
 ready and its release time to give their bytes back; engines that serve ``n_parallel`` requests at once,
 each for the request's service time, and queue the rest. ``Sim`` implements the scheduler's ``Effects``
 protocol (``now``, ``plan``, ``start``, ``stop``, ``dispatch``, ``reject``, ``wake_at``), so fitevict's rows
-run the real ``fitevict.supervisor.scheduler.Scheduler`` and the real planner (``fitevict.planner.plan``)
+run the real ``fitevict.schedule.scheduler.Scheduler`` and the real planner (``fitevict.planner.plan``)
 over a declared budget; the baselines in ``baselines.py`` drive the same ``Effects`` and are measured by the
 same code.
 
@@ -31,8 +31,8 @@ from fitevict.budget import Budget
 from fitevict.config.records import PolicyConfig, default
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.supervisor.errors import SupervisorError
-from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
+from fitevict.schedule.errors import SupervisorError
+from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 
 EXCLUSIVE_FRACTION = default(PolicyConfig, "exclusive_fraction")  # the configuration's
 MAX_EVENTS = 5_000_000  # a policy that keeps waking itself without progress stops the run here
@@ -174,7 +174,7 @@ class Clocked:
 
 
 class Sim(Clocked):
-    """The simulated world; implements ``fitevict.supervisor.scheduler.Effects``."""
+    """The simulated world; implements ``fitevict.schedule.scheduler.Effects``."""
 
     def __init__(self, models: Mapping[str, ModelSpec], budget: Budget, *, eviction: str = "cost",
                  exclusive_fraction: float = EXCLUSIVE_FRACTION) -> None:

@@ -401,7 +401,7 @@ def test_one_default_per_knob() -> None:
     from fitevict import planner as pl
     from fitevict.config.records import ALLOC_MODES, BudgetConfig, PolicyConfig
     from fitevict.host.budget import DEFAULT_GPU_RESERVE, DEFAULT_RAM_RESERVE
-    from fitevict.supervisor.scheduler import SchedPolicy
+    from fitevict.schedule.scheduler import SchedPolicy
 
     cfg, sched, plan = PolicyConfig(), SchedPolicy(), pl.Policy()
     for f in fields(SchedPolicy):

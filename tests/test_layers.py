@@ -1,5 +1,5 @@
-"""The stages import downwards only: units/config -> pricing -> budget/planner -> I/O (host, engines, store,
-catalog, contract, zoo) -> supervisor -> server/cli.
+"""The stages import downwards only: units/config -> pricing -> budget/planner -> schedule -> I/O (host, engines,
+store, catalog, contract, zoo) -> supervisor -> server/cli.
 
 Every import in every module counts, at any depth (function-level and ``TYPE_CHECKING`` imports included). This
 holds the order between stages; circles inside one stage (the supervisor's core, effects and orphans) are not yet
@@ -18,11 +18,12 @@ STAGES: dict[str, int] = {
     "": 0, "units": 0, "paths": 0, "config": 0,
     "pricing": 1,
     "budget": 2, "planner": 2, "guard": 2, "pressure": 2, "shrink": 1,
-    "host": 3, "engines": 3, "store": 3, "zoo": 3, "catalog": 3, "catalog_adapters": 3, "catalog_files": 3,
-    "catalog_names": 3, "catalog_stores": 3, "stores": 3,
-    "contract": 3, "report": 3,
-    "loadreport": 4, "supervisor": 4,
-    "server": 5, "cluster": 5, "cli": 5,
+    "schedule": 3,
+    "host": 4, "engines": 4, "store": 4, "zoo": 4, "catalog": 4, "catalog_adapters": 4, "catalog_files": 4,
+    "catalog_names": 4, "catalog_stores": 4, "stores": 4,
+    "contract": 4, "report": 4,
+    "loadreport": 5, "supervisor": 5,
+    "server": 6, "cluster": 6, "cli": 6,
 }
 
 
@@ -64,3 +65,77 @@ def test_the_check_sees_a_back_arrow(tmp_path: Path) -> None:
     p = tmp_path / "x.py"
     p.write_text("def f():\n    from fitevict.supervisor import core\n")
     assert _imports(p) == ["fitevict.supervisor"] and _stage("fitevict.supervisor") > _stage("fitevict.pricing.x")
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the fitevict modules it imports (any depth in the file, TYPE_CHECKING included), resolved to the
+    modules that exist (``from fitevict.x import name`` counts as fitevict.x, or as fitevict.x.name when that is a
+    module)."""
+    mods = {_module(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for m, p in mods.items():
+        out = set()
+        for imp in _imports(p):
+            while imp and imp not in mods:
+                imp = imp.rpartition(".")[0]
+            if imp and imp != m:
+                out.add(imp)
+        graph[m] = out
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_imports_round_a_circle() -> None:
+    # package __init__ files re-export their modules: a module importing its own package's name is not a circle
+    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in _graph().items()}
+    assert _circles(graph) == [], "modules that import each other round a circle"
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_scheduler_imports_nothing_from_the_supervisor() -> None:
+    graph = _graph()
+    reach, todo = set(), ["fitevict.schedule.scheduler"]
+    while todo:
+        for d in graph.get(todo.pop(), ()):
+            if d not in reach:
+                reach.add(d)
+                todo.append(d)
+    assert not {m for m in reach if m.startswith("fitevict.supervisor")}

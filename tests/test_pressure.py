@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from fitevict.budget import Budget
 from fitevict.pressure import Idle, assess, strained
 from fitevict.pricing.footprint import HOST
-from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
+from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.units import GiB, MiB
 
 from tests.supervisor.schedsim import Recorder, request

@@ -332,7 +332,7 @@ def test_restart_with_seats_alive_leaves_no_orphans(tmp_path: Path, models_dir: 
         seat = await first.load("llama-gqa")
         pid = seat.pid
         # The first supervisor is gone without stopping its seat (as after a SIGKILL of fitevict).
-        first.closed = True
+        first.desk.closed = True
         second = supervisor(cfg, cat, store, llama_server)
         orphans = await second.start()
         try:
@@ -385,7 +385,7 @@ def test_restart_adopts_a_healthy_orphan_when_configured(tmp_path: Path, models_
         first = supervisor(cfg, cat, store, llama_server)
         await first.start()
         pid = (await first.load("llama-gqa")).pid
-        first.closed = True
+        first.desk.closed = True
         second = supervisor(cfg, cat, store, llama_server)
         orphans = await second.start()
         try:

@@ -18,8 +18,8 @@ from fitevict import planner as pl
 from fitevict.budget import Budget
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.supervisor.errors import SupervisorError
-from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
+from fitevict.schedule.errors import SupervisorError
+from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 
 
 def footprint(n: int) -> Footprint:

@@ -6,7 +6,7 @@ import math
 
 from fitevict import planner as pl
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.supervisor.scheduler import Scheduler, Waiter
+from fitevict.schedule.scheduler import Scheduler, Waiter
 
 
 class Recorder:

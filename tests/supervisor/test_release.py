@@ -188,7 +188,7 @@ def test_the_shutdown_summary_counts_what_happened() -> None:
 
 
 def test_a_missing_teardown_report_is_not_a_clean_one() -> None:
-    from fitevict.supervisor.effects import leak_check
+    from fitevict.supervisor.accounts import leak_check
     from fitevict.supervisor.release import StopResult
 
     res = StopResult("hf", {HOST: HELD}, HELD, {HOST: HELD}, 10.2, 0.1, True, "verified")

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fitevict.pricing.footprint import HOST
-from fitevict.supervisor.errors import Busy, Refused
-from fitevict.supervisor.scheduler import USE_HALF_LIFE, Phase, SchedPolicy, Scheduler, Waiter, seat_room
+from fitevict.schedule.errors import Busy, Refused
+from fitevict.schedule.scheduler import USE_HALF_LIFE, Phase, SchedPolicy, Scheduler, Waiter, seat_room
 from fitevict.units import GiB
 
 from .schedsim import Recorder, World, request

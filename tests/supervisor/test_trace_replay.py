@@ -21,7 +21,7 @@ from tracesim import FitevictPolicy, Req, Sim, Trace, replay  # noqa: E402
 from fitevict.contract import Contract  # noqa: E402
 from fitevict.budget import Budget  # noqa: E402
 from fitevict.pricing.footprint import HOST  # noqa: E402
-from fitevict.supervisor.scheduler import SchedPolicy  # noqa: E402
+from fitevict.schedule.scheduler import SchedPolicy  # noqa: E402
 from fitevict.zoo import write_zoo  # noqa: E402
 
 MODELS = ("llama-q8_0", "llama-q4_0", "mamba")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fitevict.host.machine import this_cpu
+from fitevict.host.cpu import this_cpu
 from fitevict.paths import cache_dir
 
 ENGINE = "llama.cpp"

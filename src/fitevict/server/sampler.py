@@ -177,7 +177,7 @@ class MemorySampler:
         if available is not None:
             self._last_available = available
         # memory pressure from other programs: the seats' committed bytes now are what fitevict holds
-        await self.sup.pressure.check({s.key: readings[i].committed_bytes for i, s in live.items()})
+        await self.sup.check_pressure({s.key: readings[i].committed_bytes for i, s in live.items()})
 
     async def _store(self, w: Window, now: float) -> None:
         await self.store.awrite(op_put_peaks(close(w, now)))

@@ -1,19 +1,31 @@
-"""Seats and who gets them: a pure scheduler, the effects that carry out its decisions, and the supervisor
-that joins them to the front door.
+"""Seats: the effects that carry out the scheduler's decisions (``fitevict.schedule``), and the supervisor that
+joins them to the front door.
 
-    scheduler.py  PURE: queues, turns, placements, victims; talks to the world only through ``Effects``
+    core.py       the Supervisor: builds the parts below, and is the front door's entry (acquire, load, unload,
+                  plan, shutdown, views)
+    ports.py      the parts, named, that the effects and the rest work with (never the supervisor itself)
     effects.py    the real Effects: start and stop engine processes, measure, verify release, record
     seat.py       one seat's state Enum, spawn and readiness
     release.py    the one stop path and its release verification
     measure.py    reading a seat after its load; engine overhead
+    accounts.py   what a seat's events say beyond its figures (strategy, timings, leak check, failures)
     pricebook.py  prices and stored measurements per signature; the engine's dry run
+    learned.py    what was learned about the engines, read into a price book; overheads learned from loads
+    planning.py   the request's file and configuration, the budget now, the plan
+    processes.py  which engine runs an entry, its argv, port, log and store record
+    history.py    events written, kept and waited for
+    desk.py       the waiting requests' futures, stop waiters, shrink decisions, whether it takes work
+    neighbours.py memory pressure from other programs: what the seats hold, the watch's state
+    relieving.py  acting on that pressure: idle seats stopped, one pressure event
+    kvkeep.py     the prompt cache kept across swaps
+    shrinking.py  policy.shrink_ctx: a refused contract retried at the largest context that fits
     orphans.py    seats an earlier fitevict left
-    core.py       the Supervisor: acquire, load, unload, plan, shutdown, views
+    views.py      what a resident looks like from outside
 """
 
 from fitevict.contract import Contract
 from fitevict.supervisor.core import ShutdownSummary, Supervisor
-from fitevict.supervisor.errors import Busy, LoadFailed, Refused, SupervisorError
+from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.supervisor.measure import footprint_from_json, with_engine_overhead
 from fitevict.supervisor.release import RELEASE_SLACK, Release, StopResult, release_check
 from fitevict.supervisor.seat import SeatPhase, SeatState

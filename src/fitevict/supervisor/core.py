@@ -1,7 +1,9 @@
 """The supervisor: the front door's one entry point to seats.
 
-It joins the pure scheduler (``scheduler.Scheduler``: who runs next, what to start and stop) to the real
-world (``effects.LiveEffects``: engine processes, measurement, release verification, the store). Requests
+It joins the pure scheduler (``fitevict.schedule``: who runs next, what to start and stop) to the real world
+(``effects.LiveEffects``: engine processes, measurement, release verification, the store). It builds the parts
+those work with (``ports.Ports``: history, processes, planning, the desk, the seat table, ...) and hands them the
+parts, never itself. Requests
 come in through ``acquire`` (hold a seat for the length of a request) and ``load``/``unload`` (admin).
 One event loop owns everything here; the scheduler is called synchronously from it.
 """
@@ -11,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,30 +24,33 @@ from fitevict import planner as pl
 from fitevict.catalog import Catalog, CatalogEntry
 from fitevict.config import Config
 from fitevict.contract import Contract, passthrough_args, seat_key
-from fitevict.engines import engine_class
-from fitevict.engines.base import Engine
+from fitevict.engines.base import Engine, LaunchSpec
 from fitevict.engines.process import free_port
 from fitevict.budget import Budget
 from fitevict.host.budget import budget_from_config
 from fitevict.loadreport import hit_report, request_report
-from fitevict.pricing.footprint import HOST
+from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store import Store
-from fitevict.store.records import Event, Seat as SeatRecord
+from fitevict.store.records import Event
+from fitevict.supervisor.desk import Desk
 from fitevict.supervisor.effects import LiveEffects
+from fitevict.supervisor.history import History
 from fitevict.shrink import Need
-from fitevict.supervisor.errors import Busy, Refused
+from fitevict.schedule.errors import Busy, Refused
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.neighbours import PressureWatch, holdings
 from fitevict.supervisor.orphans import cleanup_orphans
+from fitevict.supervisor.planning import Planning
+from fitevict.supervisor.ports import Ports
+from fitevict.supervisor.processes import Processes
+from fitevict.supervisor.relieving import check_pressure
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
-from fitevict.supervisor.learned import (PEFT_OVERHEAD_KEY, TORCH_OVERHEAD_KEY, overhead_key, plan_policy,
-                                        prime_price_book)
+from fitevict.supervisor.learned import learn_engine_overhead, prime_price_book
 from fitevict.supervisor.pricebook import PriceBook
 from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.scheduler import SchedPolicy, Scheduler, Waiter
-from fitevict.supervisor.seat import SeatPhase, SeatState, pred_source
-
+from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
+from fitevict.supervisor.seat import SeatPhase, SeatState
 
 log = logging.getLogger("fitevict.supervisor")
 
@@ -106,40 +110,42 @@ class Supervisor:
         clock: Callable[[], float] = time.time,
         ports: Callable[[], int] = free_port,
     ) -> None:
-        self.config = config
-        self.catalog = catalog
-        self.store = store
+        """``ports``: where a new seat's port comes from (the OS by default); ``nvml``: None for the real pynvml
+        (when a driver exists), tests pass a fake at this edge; ``clock``: the one clock."""
+        self.config, self.catalog, self.store, self.clock, self.nvml = config, catalog, store, clock, nvml
         self.engine_binary = Path(engine_binary)
-        self.clock = clock  # the one clock: scheduling, health, stall, release timing
-        self.ports = ports  # where a new seat's port comes from (the OS by default)
-        self.nvml = nvml  # None: the real pynvml (when a driver exists); tests pass a fake at this edge
-        self._budget_fn = budget_fn or self._measure_budget
-        self._engines: dict[str, Engine] = {}
         self.prices = PriceBook(store, self.engine_binary.parent, config.policy.default_alloc_mode)
         self.seats: dict[str, SeatState] = {}
-        self.futures: dict[Waiter, asyncio.Future] = {}
-        self.fx = LiveEffects(self)
+        self.kv = PromptKeep(Path(config.data_dir) / "kv", min_tokens=config.policy.prompt_cache_min_tokens,
+                             disk_budget=config.policy.prompt_cache_disk)
+        self.pressure = PressureWatch(config)
+        self.history = History(store)
+        self.processes = Processes(config, catalog, self.engine_binary, ports, self.kv)
+        self.planning = Planning(config, catalog, self.prices, self.pressure, budget_fn or self._measure_budget, clock)
+        self.desk = Desk()
+        self.parts = Ports(clock=clock, config=config, catalog=catalog, store=store, prices=self.prices,
+                           seats=self.seats, history=self.history, processes=self.processes, planning=self.planning,
+                           desk=self.desk, kv=self.kv, pressure=self.pressure, nvml=nvml)
+        self.fx = LiveEffects(self.parts)
         self.scheduler = Scheduler(self.fx, sched_policy(config), idle_unload_seconds=config.policy.idle_unload_seconds)
-        self._paths: dict[pl.PlanRequest, Path] = {}
-        self._stop_waiters: dict[str, list[asyncio.Future]] = {}
-        self._changed = asyncio.Condition()
-        self._events: list[Event] = []
-        self.on_event: list[Callable[[Event], None]] = []  # called with each event once it is recorded
-        self._last_budget: Budget | None = None
-        self._overhead_key = overhead_key(self.engine_binary)
-        self.log_dir = Path(config.data_dir) / "seats"
-        self.closed = False
+        self.parts.scheduler = self.scheduler
+        self.log_dir = self.processes.log_dir
         self.summary: ShutdownSummary | None = None
         self._shutdown: asyncio.Future | None = None
         self._hurry = asyncio.Event()
-        self.pressure = PressureWatch(self)
-        self.shrinks: dict[tuple[str, int], dict] = {}  # (model, ctx loaded) -> what policy.shrink_ctx decided
-        self.kv = PromptKeep(Path(config.data_dir) / "kv", min_tokens=config.policy.prompt_cache_min_tokens,
-                             disk_budget=config.policy.prompt_cache_disk)
 
     @property
     def engine_overhead(self) -> dict[str, int]:
         return self.prices.engine_overhead
+
+    @property
+    def closed(self) -> bool:
+        return self.desk.closed
+
+    @property
+    def on_event(self) -> list[Callable[[Event], None]]:
+        """Called with each event once it is recorded."""
+        return self.history.on_event
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -147,7 +153,7 @@ class Supervisor:
         """Load what was learned about the engine, and deal with the seats a previous run left."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(prime_price_book, self.prices, self.store, self.engine_binary, calibrate=True)
-        return await cleanup_orphans(self)
+        return await cleanup_orphans(self.parts, lambda seat: self.fx.install(seat, adopted=True))
 
     async def shutdown(self, grace: float | None = None) -> ShutdownSummary:
         """Take no new work; answer every waiting request 503; let requests in flight finish within ``grace``
@@ -164,15 +170,15 @@ class Supervisor:
     async def _shutdown_now(self, grace: float | None) -> ShutdownSummary:
         t0 = self.clock()
         grace = self.config.policy.shutdown_grace_seconds if grace is None else grace
-        self.closed = True
+        self.desk.closed = True
         answered = len(self.scheduler.close("shutting down"))
 
         def idle() -> bool:
             return all(s.in_flight == 0 for s in self.scheduler.slots.values())
 
         async def drained() -> None:
-            async with self._changed:
-                await self._changed.wait_for(idle)
+            with contextlib.suppress(TimeoutError):
+                await self.history.wait_until(idle, grace + 1.0)
 
         waits = [asyncio.ensure_future(drained()), asyncio.ensure_future(self._hurry.wait())]
         await asyncio.wait(waits, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
@@ -184,8 +190,8 @@ class Supervisor:
         seats = [s for s in list(self.seats.values()) if s.state is SeatPhase.READY]
         results = await asyncio.gather(*(self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
                                          for s in seats), return_exceptions=True)
-        while self.fx.tasks:  # records and stops that those started: all written before the store closes
-            await asyncio.gather(*list(self.fx.tasks), return_exceptions=True)
+        while self.parts.tasks:  # records and stops that those started: all written before the store closes
+            await asyncio.gather(*list(self.parts.tasks), return_exceptions=True)
         self.summary = _summary(answered, cut, self.clock() - t0, [s.key for s in seats], results)
         return self.summary
 
@@ -196,18 +202,12 @@ class Supervisor:
     # -- events ---------------------------------------------------------------------------------
 
     async def record(self, ev: Event) -> Event:
-        ev = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
-        self._events.append(ev)
-        del self._events[:-1000]
-        for hook in self.on_event:
-            hook(ev)
-        await self._notify()
-        return ev
+        return await self.history.record(ev)
 
     @property
     def recent_events(self) -> tuple[Event, ...]:
         """The events this supervisor recorded, the last 1,000 at most, oldest first."""
-        return tuple(self._events)
+        return self.history.recent
 
     async def settle(self, timeout: float = 30.0) -> None:
         """Wait for load records still being written (they are written just after the first request got its seat),
@@ -218,122 +218,55 @@ class Supervisor:
 
     async def wait_for_event(self, predicate: Callable[[Event], bool], timeout: float) -> Event:
         """Await the first event (already recorded by this supervisor, or future) matching ``predicate``."""
-        async def _wait() -> Event:
-            async with self._changed:
-                while True:
-                    for ev in self._events:
-                        if predicate(ev):
-                            return ev
-                    await self._changed.wait()
-        return await asyncio.wait_for(_wait(), timeout)
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def changed(self) -> None:
-        """Something observable changed (a seat spawned, an event recorded): wake ``wait_until``."""
-        await self._notify()
+        return await self.history.wait_for_event(predicate, timeout)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
         """Await a condition on the supervisor's state (seats, queue), re-checked at every change."""
-        async def _wait() -> None:
-            async with self._changed:
-                await self._changed.wait_for(predicate)
-        await asyncio.wait_for(_wait(), timeout)
+        await self.history.wait_until(predicate, timeout)
+
+    async def check_pressure(self, live: dict[str, int | None]) -> Any:
+        """One reading of the seats' committed bytes (the memory sampler's): memory pressure from other programs is
+        acted on (``relieving``). Returns the relief decided, or None."""
+        return await check_pressure(self.parts, live)
 
     # -- pricing and planning -------------------------------------------------------------------
 
     def engine_for(self, entry: CatalogEntry) -> Engine:
-        eng = self._engines.get(entry.engine)
-        if eng is None:
-            cls = engine_class(entry.engine)
-            # llama-server runs the configured build; a transformers seat runs this Python
-            eng = self._engines[entry.engine] = cls(self.engine_binary) if entry.engine == "llama-server" else cls()
-        return eng
+        return self.processes.engine_for(entry)
 
-    def launch_spec(self, entry: CatalogEntry, path: Path, cfg, port: int):
+    def launch_spec(self, entry: CatalogEntry, path: Path, cfg: LoadConfig, port: int) -> LaunchSpec:
         """The argv and environment that start ``entry`` under ``cfg`` (the engine's one builder)."""
-        engine = self.engine_for(entry)
-        kw: dict[str, Any] = {"extra_args": passthrough_args(entry),
-                              "embeddings": bool(entry.settings.embeddings)}
-        if entry.engine == "llama-server":
-            kw["mmproj"] = entry.mmproj
-            if self.config.policy.prompt_cache:
-                kw["slot_save_path"] = self.kv.prepare()
-        return engine.launch_spec(path, cfg, port, **kw)
-
-    def engine_name(self, key: str) -> str:
-        entry = self.catalog.get(key)
-        return entry.engine if entry is not None else "unknown"
-
-    def config_for(self, entry: CatalogEntry, contract: Contract | None):
-        return self.prices.config_for(entry, contract)
-
-    def signature(self, path: Path, cfg) -> str:
-        return self.prices.signature(path, cfg)
-
-    def footprint(self, path: Path, cfg):
-        return self.prices.footprint(path, cfg)
+        return self.processes.launch_spec(entry, path, cfg, port)
 
     def path_for(self, request: pl.PlanRequest) -> Path:
-        return self._paths.get(request) or Path(self.catalog.resolve(request.key).path)
+        return self.planning.path_for(request)
 
     def request_for(self, entry: CatalogEntry, contract: Contract | None) -> pl.PlanRequest:
-        req, _cfg, path = self.prices.request(entry, contract)
-        self._paths[req] = path
-        return req
-
-    def plan_now(self, request: pl.PlanRequest, residents: list[pl.Resident]) -> pl.Plan:
-        """The planner over a fresh budget reading (what ``Effects.plan`` does)."""
-        path = self.path_for(request)
-        policy = plan_policy(self.config)
-        budget = self.budget()
-        self._last_budget = budget
-        return pl.plan(request, residents, budget, lambda _k, c: self.prices.footprint(path, c), policy, self.clock())
+        return self.planning.request_for(entry, contract)
 
     def plan(self, key: str, contract: Contract | None = None, *, now: float | None = None) -> pl.Plan:
         """A dry run: the Plan a load would follow now. Changes nothing."""
-        entry = self.catalog.resolve(key)
-        req = self.request_for(entry, contract)
+        req = self.request_for(self.catalog.resolve(key), contract)
         if contract is not None and contract != Contract():
-            # a dry run with a contract asks for exactly this configuration, as a load for it would
-            path = self.path_for(req)
-            req = replace(req, fixed=None)
-            self._paths[req] = path
+            req = self.planning.exactly(req)  # a dry run with a contract asks for exactly this configuration
         return self.fx.plan(req, self.scheduler.residents(now if now is not None else self.clock()))
 
     def budget(self) -> Budget:
         """The budget as the planner would see it now (a fresh reading; under memory pressure, with the margin)."""
-        return self.pressure.planning_budget(self._budget_fn())
+        return self.planning.budget()
 
     @property
     def last_budget(self) -> Budget | None:
         """The budget reading the last plan was made against (None before the first plan)."""
-        return self._last_budget
+        return self.planning.last_budget
 
     def last_budget_json(self) -> dict | None:
         """The budget snapshot the last plan was made against, with every figure's source."""
-        return self._last_budget.to_json() if self._last_budget is not None else None
-
-    async def learn_torch_overhead(self, seen: int, *, adapters: bool = False) -> None:
-        """A transformers seat's own process (Python, torch, their libraries, the seat server) beyond its priced
-        model: measured (PSS minus the price), the largest seen kept, and added to every transformers price. A seat
-        with PEFT adapters (peft imported too) is learned apart."""
-        known = self.prices.peft_overhead if adapters else self.prices.torch_overhead
-        if seen > (known or 0):
-            if adapters:
-                self.prices.peft_overhead = seen
-            else:
-                self.prices.torch_overhead = seen
-            self.prices.forget()
-            await asyncio.to_thread(self.store.compute_put, PEFT_OVERHEAD_KEY if adapters else TORCH_OVERHEAD_KEY,
-                                    {HOST: seen})
+        return self.last_budget.to_json() if self.last_budget is not None else None
 
     async def learn_overhead(self, grown: dict[str, int]) -> None:
-        self.prices.engine_overhead.update(grown)
-        self.prices.forget()
-        await asyncio.to_thread(self.store.compute_put, self._overhead_key, dict(self.prices.engine_overhead))
+        """A load showed the engine's process holding more beyond its buffers than known: raised and stored."""
+        await learn_engine_overhead(self.prices, self.store, self.engine_binary, grown)
 
     # -- the front door's entry points ------------------------------------------------------------
 
@@ -349,7 +282,7 @@ class Supervisor:
         Cancelling the task while it waits takes the request out of the queue at once; a load that nobody
         waits for any more is cancelled (see ``Scheduler.cancel``)."""
         entry = self.catalog.resolve(key)
-        contract = resident_shrunk(self, entry, contract, need, timing)
+        contract = resident_shrunk(self.parts, entry, contract, need, timing)
         w = Waiter(self.request_for(entry, contract), self.clock(), request_id,
                    keep_alive=contract.keep_alive if contract is not None else None)
         got = self.scheduler.fast(w)
@@ -358,21 +291,21 @@ class Supervisor:
             try:
                 got = await self._wait(w, entry, timing)
             except Refused as e:
-                w = shrunk_waiter(self, e, w, entry, contract, need, timing)
+                w = shrunk_waiter(self.parts, e, w, entry, contract, need, timing)
                 got = await self._wait(w, entry, timing)
         elif timing is not None:
             timing["queue_s"], timing["load_s"] = 0.0, 0.0
         seat = self.seats[got]
         try:
             if timing is not None:  # what loading cost this request (an adapter is served by its base's seat)
-                timing["load_report"] = (partial(hit_report, self, entry, seat) if hit else
-                                         await request_report(self, entry, seat, w.arrived, request_id))
+                timing["load_report"] = (partial(hit_report, self.parts, entry, seat) if hit else
+                                         await request_report(self.parts, entry, seat, w.arrived, request_id))
             yield seat
         finally:
             seat.answered.set()
             self.scheduler.finished(got)
             if self.closed:
-                await self._notify()
+                await self.history.changed()
 
     async def _wait(self, w: Waiter, entry: CatalogEntry, timing: dict | None = None) -> str:
         if self.closed:
@@ -382,7 +315,7 @@ class Supervisor:
             await self.prices.dry_run(entry, w.request.config, self.path_for(w.request),
                                     passthrough_args(entry))
         fut = asyncio.get_running_loop().create_future()
-        self.futures[w] = fut
+        self.desk.futures[w] = fut
         t0 = self.clock()
         self.scheduler.submit(w)
         try:
@@ -392,7 +325,7 @@ class Supervisor:
                 self.scheduler.finished(fut.result())  # handed a seat in the same instant it left
             raise
         finally:
-            self.futures.pop(w, None)
+            self.desk.futures.pop(w, None)
         if timing is not None:
             total = self.clock() - t0
             seat = self.seats.get(got)
@@ -413,60 +346,11 @@ class Supervisor:
     async def unload(self, key: str, *, reason: str = "unloaded on request") -> StopResult | None:
         """Stop ``key`` once its requests in flight finish; returns the verified stop, or None if not resident."""
         target = seat_key(self.catalog.resolve(key))  # an adapter's seat is its base's
-        fut = self.stop_future(target)
+        fut = self.desk.stop_future(target)
         if not self.scheduler.unload(target, reason):
-            self.forget_stop_future(target, fut)
+            self.desk.forget_stop_future(target, fut)
             return None
         return await fut
-
-    def stop_future(self, key: str) -> asyncio.Future:
-        """A future that gets ``key``'s StopResult when its next stop finishes."""
-        fut = asyncio.get_running_loop().create_future()
-        self._stop_waiters.setdefault(key, []).append(fut)
-        return fut
-
-    def forget_stop_future(self, key: str, fut: asyncio.Future) -> None:
-        self._stop_waiters.get(key, []).remove(fut)
-
-    def stopped(self, key: str, result: StopResult, *, slot_freed: bool = False) -> None:
-        """A seat's stop finished (effects call this): tell the scheduler (unless it was told when the processes
-        exited: a new seat of the same model may be loading by now), and whoever waits for it."""
-        if not slot_freed:
-            self.scheduler.stopped(key)
-        for fut in self._stop_waiters.pop(key, []):
-            if not fut.done():
-                fut.set_result(result)
-        asyncio.get_running_loop().create_task(self._notify())
-
-    def install_seat(self, seat: SeatState, *, adopted: bool = False) -> None:
-        self.seats[seat.key] = seat
-        self.scheduler.adopt(seat.key, seat.config, str(seat.model_path.resolve()),
-                             bytes={HOST: seat.bytes_on(HOST)}, pinned=seat.pinned)
-        if adopted:
-            self.fx.watch_adopted(seat)
-
-    def seat_record(self, seat: SeatState) -> SeatRecord:
-        return SeatRecord(seat_id=seat.id, model=seat.key, engine=seat.engine, state=str(seat.state),
-                          started_at=seat.started_at, fitevict_pid=os.getpid(), pid=seat.pid, pgid=seat.pgid,
-                          port=seat.port, log_path=str(seat.log_path), config=seat.config.to_json())
-
-    # -- figures --------------------------------------------------------------------------------
-
-    def _has_gpu(self) -> bool:
-        return self._last_budget is not None and bool(self._last_budget.gpu_names)
-
-    def gpu_figure(self, seat: SeatState) -> int | None:
-        """What the seat holds on GPUs; None on a machine without a GPU (not applicable, not 0)."""
-        return sum(seat.bytes_on(d) for d in seat.config.devices) if self._has_gpu() else None
-
-    def spilled(self, seat: SeatState) -> int | None:
-        """Model weights a load put in host RAM although the machine has a GPU (partial or RAM-only
-        loads): the history's ``offloaded`` figure. None on a machine without a GPU: nothing was offloaded."""
-        if not self._has_gpu():
-            return None
-        fp = seat.measured or seat.predicted
-        cpu = fp.device(HOST)
-        return cpu.model.bytes if cpu is not None else 0
 
     def queue_view(self) -> dict[str, int]:
         """Requests waiting for a seat, per model."""
@@ -477,4 +361,4 @@ class Supervisor:
 
     def resident_views(self) -> list[dict]:
         """Every seat as the API, dashboard and ``ps`` show it (supervisor.views)."""
-        return resident_views(self)
+        return resident_views(self.parts)

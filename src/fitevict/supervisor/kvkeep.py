@@ -200,20 +200,20 @@ class PromptKeep:
         return best
 
 
-async def keep_before_stop(sup: Any, seat: Any, event: str) -> dict[str, Any]:
+async def keep_before_stop(parts: Any, seat: Any, event: str) -> dict[str, Any]:
     """Save the seat's long prompts before an eviction or idle unload (kvkeep); the stop event's details."""
-    if event not in ("evict", "idle-unload") or seat.engine != "llama-server" or not sup.config.policy.prompt_cache:
+    if event not in ("evict", "idle-unload") or seat.engine != "llama-server" or not parts.config.policy.prompt_cache:
         return {}
-    t0 = sup.clock()
+    t0 = parts.clock()
     try:
-        saved, notes = await sup.kv.save(seat.port, seat.key, seat.signature, sup.prices.machine,
+        saved, notes = await parts.kv.save(seat.port, seat.key, seat.signature, parts.prices.machine,
                                          seat.timings.bulk_prefill_rate())
     except Exception as e:  # noqa: BLE001 - a failed save costs the cache, never the stop
         log.warning("%s: saving its prompts before the stop failed: %s", seat.key, e)
         saved, notes = [], [f"saving failed: {type(e).__name__}: {e}"]
     return {"kv_saved": [{"file": s.file, "tokens": s.tokens, "bytes": s.bytes, "signature": s.signature,
                           "save_seconds": s.save_seconds} for s in saved],
-            "kv_save_seconds": sup.clock() - t0, "kv_save_notes": notes,
+            "kv_save_seconds": parts.clock() - t0, "kv_save_notes": notes,
             "kv_save_source": "measured: the time the saves added to this stop; tokens and bytes engine-reported"}
 
 

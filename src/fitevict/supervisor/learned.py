@@ -9,6 +9,7 @@ store and the cache, so ``fitevict plan`` offline and the server's plan price th
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -60,3 +61,24 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
         book.engine_overhead[dev] = max(int(n), book.engine_overhead.get(dev, 0))
     book.learn_history([ev.details for ev in store.events(event="load", limit=HISTORY_LOADS)])
     book.forget()
+
+
+async def learn_torch_overhead(book: PriceBook, store: Store, seen: int, *, adapters: bool = False) -> None:
+    """A transformers seat's own process (Python, torch, their libraries, the seat server) beyond its priced model:
+    measured (PSS minus the price), the largest seen kept, stored, and added to every transformers price. A seat with
+    PEFT adapters (peft imported too) is learned apart."""
+    known = book.peft_overhead if adapters else book.torch_overhead
+    if seen > (known or 0):
+        if adapters:
+            book.peft_overhead = seen
+        else:
+            book.torch_overhead = seen
+        book.forget()
+        await asyncio.to_thread(store.compute_put, PEFT_OVERHEAD_KEY if adapters else TORCH_OVERHEAD_KEY, {HOST: seen})
+
+
+async def learn_engine_overhead(book: PriceBook, store: Store, binary: Path, grown: dict[str, int]) -> None:
+    """A load showed ``binary``'s process holding more beyond its buffers than known: raise it, and store it."""
+    book.engine_overhead.update(grown)
+    book.forget()
+    await asyncio.to_thread(store.compute_put, overhead_key(binary), dict(book.engine_overhead))

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 
 from fitevict.engines.process import alive, cmdline
 from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store.records import Event, Seat as SeatRecord
+from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.release import stop_and_verify
 from fitevict.supervisor.seat import SeatPhase, SeatState
-
-if TYPE_CHECKING:
-    from fitevict.supervisor.core import Supervisor
 
 
 def _is_engine(argv: list[str], rec: SeatRecord) -> bool:
@@ -26,16 +23,16 @@ def _is_engine(argv: list[str], rec: SeatRecord) -> bool:
     return "llama-server" in Path(argv[0]).name or any("fitevict.engines" in a for a in argv[:4])
 
 
-async def cleanup_orphans(sup: Supervisor) -> list[Event]:
+async def cleanup_orphans(parts: Ports, install: Callable[[SeatState], None]) -> list[Event]:
     """``engine.orphans = "stop"`` (default) stops every live one; ``"adopt"`` keeps a healthy seat of a model
     still in the catalog as a resident, and stops the rest. Each is recorded as an ``orphan``, a stop with
     its release verified like every other stop."""
     events = []
-    for rec in await asyncio.to_thread(sup.store.seats):
+    for rec in await asyncio.to_thread(parts.store.seats):
         argv = cmdline(rec.pid) if rec.pid is not None else []
         live = rec.pid is not None and alive(rec.pid) and _is_engine(argv, rec)
-        await asyncio.to_thread(sup.store.seat_remove, rec.seat_id)
-        adopted = await adopt(sup, rec, argv) if live and sup.config.engine.orphans == "adopt" else None
+        await asyncio.to_thread(parts.store.seat_remove, rec.seat_id)
+        adopted = await adopt(parts, install, rec, argv) if live and parts.config.engine.orphans == "adopt" else None
         details: dict = {"pid": rec.pid, "was_alive": live, "adopted": adopted is not None,
                          "fitevict_pid": rec.fitevict_pid}
         freed = None
@@ -45,24 +42,26 @@ async def cleanup_orphans(sup: Supervisor) -> list[Event]:
         elif live and rec.pid is not None:
             cfg = LoadConfig.from_json(rec.config) if rec.config else LoadConfig()
             res = await stop_and_verify(rec.model, rec.pgid or rec.pid, cfg.devices, proc=None,
-                                        grace=sup.config.engine.stop_grace_seconds,
-                                        release_timeout=sup.config.engine.release_timeout_seconds,
-                                        nvml=sup.nvml, clock=sup.clock)
+                                        grace=parts.config.engine.stop_grace_seconds,
+                                        release_timeout=parts.config.engine.release_timeout_seconds,
+                                        nvml=parts.nvml, clock=parts.clock)
             details.update(res.details())
             freed = res.freed_bytes
             action = (f"stopped orphan {rec.engine} pid {rec.pid} (port {rec.port}) left by fitevict pid "
-                      f"{rec.fitevict_pid} in {res.exit_seconds:.2f} s (engine.orphans={sup.config.engine.orphans}); "
+                      f"{rec.fitevict_pid} in {res.exit_seconds:.2f} s (engine.orphans={parts.config.engine.orphans}); "
                       f"{res.note}")
         else:
             action = f"forgot seat record of {rec.model} (pid {rec.pid}): process no longer running"
-        events.append(await sup.record(Event(time=sup.clock(), event="orphan", model=rec.model, engine=rec.engine,
-                                             reason=action, freed_bytes=freed, details=details)))
+        events.append(await parts.history.record(Event(
+            time=parts.clock(), event="orphan", model=rec.model, engine=rec.engine, reason=action, freed_bytes=freed,
+            details=details)))
     return events
 
 
-async def adopt(sup: Supervisor, rec: SeatRecord, argv: list[str]) -> SeatState | None:
+async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRecord, argv: list[str]
+                ) -> SeatState | None:
     """Take over a live, healthy seat of a catalogued model; None when it does not qualify."""
-    entry = sup.catalog.get(rec.model)
+    entry = parts.catalog.get(rec.model)
     if entry is None or rec.pid is None or rec.port is None or "-m" not in argv:
         return None
     if await health_status(rec.port) != 200:
@@ -73,16 +72,17 @@ async def adopt(sup: Supervisor, rec: SeatRecord, argv: list[str]) -> SeatState 
         return None
     seat = SeatState(
         id=rec.seat_id, key=entry.key, entry=entry, engine=rec.engine, config=cfg, model_path=path,
-        port=rec.port, log_path=Path(rec.log_path or sup.log_dir / f"{entry.key}-{rec.seat_id}.log"),
-        started_at=rec.started_at, predicted=sup.prices.footprint(path, cfg), signature=sup.prices.signature(path, cfg),
-        strategy="adopted", state=SeatPhase.READY, pid=rec.pid, pgid=rec.pgid or rec.pid, ready_at=sup.clock(),
+        port=rec.port, log_path=Path(rec.log_path or parts.processes.log_dir / f"{entry.key}-{rec.seat_id}.log"),
+        started_at=rec.started_at, predicted=parts.prices.footprint(path, cfg),
+        signature=parts.prices.signature(path, cfg),
+        strategy="adopted", state=SeatPhase.READY, pid=rec.pid, pgid=rec.pgid or rec.pid, ready_at=parts.clock(),
         pinned=entry.pinned,
     )
     try:
-        seat.measured = sup.engine_for(entry).measured_footprint(seat.log_path.read_text(errors="replace"))
+        seat.measured = parts.processes.engine_for(entry).measured_footprint(seat.log_path.read_text(errors="replace"))
     except (OSError, ValueError) as e:
         seat.measured_note = f"unavailable, because the adopted seat's log could not be read: {e}"
     seat.host_mem = procmem.read_tree(rec.pid)
-    sup.install_seat(seat, adopted=True)
-    await asyncio.to_thread(sup.store.seat_upsert, sup.seat_record(seat))
+    install(seat)
+    await asyncio.to_thread(parts.store.seat_upsert, parts.processes.record(seat))
     return seat

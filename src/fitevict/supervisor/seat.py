@@ -22,7 +22,7 @@ from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.supervisor.errors import LoadFailed
+from fitevict.schedule.errors import LoadFailed
 from fitevict.supervisor.timings import EngineTimings
 
 if TYPE_CHECKING:

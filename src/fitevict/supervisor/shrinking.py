@@ -5,25 +5,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract
 from fitevict.shrink import Need, shrunk_ctx
-from fitevict.supervisor.errors import Refused
-from fitevict.supervisor.scheduler import Waiter
-
-if TYPE_CHECKING:
-    from fitevict.supervisor.core import Supervisor
+from fitevict.schedule.errors import Refused
+from fitevict.schedule.scheduler import Waiter
+from fitevict.supervisor.ports import Ports
 
 log = logging.getLogger("fitevict.supervisor")
 
 
-def resident_shrunk(sup: "Supervisor", entry: CatalogEntry, contract: Contract | None, need: Need | None,
+def resident_shrunk(parts: Ports, entry: CatalogEntry, contract: Contract | None, need: Need | None,
                      timing: dict | None) -> Contract | None:
     """A seat already shrunk for this contract's context serves every request it holds (no reload per request)."""
-    seat = sup.seats.get(entry.key)
-    if (not sup.config.policy.shrink_ctx or need is None or need.tokens is None or contract is None
+    seat = parts.seats.get(entry.key)
+    if (not parts.config.policy.shrink_ctx or need is None or need.tokens is None or contract is None
             or seat is None or seat.shrunk_from is None or seat.shrunk_from["asked_ctx"] != contract.ctx):
         return contract
     if seat.config.n_ctx // (seat.config.n_parallel or 4) < need.tokens:
@@ -33,18 +30,18 @@ def resident_shrunk(sup: "Supervisor", entry: CatalogEntry, contract: Contract |
     return replace(contract, ctx=seat.config.n_ctx)
 
 
-def shrunk_waiter(sup: "Supervisor", e: Refused, w: Waiter, entry: CatalogEntry, contract: Contract | None,
+def shrunk_waiter(parts: Ports, e: Refused, w: Waiter, entry: CatalogEntry, contract: Contract | None,
                   need: Need | None, timing: dict | None) -> Waiter:
     """The waiter for the same request at the largest context that fits (policy.shrink_ctx), or ``e`` again."""
     plan_cfg = e.plan.config
     slots = w.request.config.n_parallel or 4  # no -np: the engine's 4 slots share the context
     ctx = shrunk_ctx(e.plan.largest_ctx, slots, need.tokens if need else None)
-    if not sup.config.policy.shrink_ctx or ctx is None or plan_cfg is None:
+    if not parts.config.policy.shrink_ctx or ctx is None or plan_cfg is None:
         raise e
     shrunk = replace(contract or Contract(), ctx=ctx)
-    sup.shrinks[(entry.key, ctx)] = {"asked_ctx": plan_cfg.n_ctx, "loaded_ctx": ctx, "refusal": e.plan.reason}
+    parts.desk.shrinks[(entry.key, ctx)] = {"asked_ctx": plan_cfg.n_ctx, "loaded_ctx": ctx, "refusal": e.plan.reason}
     if timing is not None:
-        timing["ctx_shrunk"] = {**sup.shrinks[(entry.key, ctx)], "need": need.to_json() if need else None}
+        timing["ctx_shrunk"] = {**parts.desk.shrinks[(entry.key, ctx)], "need": need.to_json() if need else None}
     log.info("%s: ctx %s does not fit; loading at ctx %s, which holds this request (%s)", entry.key,
              plan_cfg.n_ctx, ctx, need.why if need else "")
-    return Waiter(sup.request_for(entry, shrunk), w.arrived, w.request_id, keep_alive=w.keep_alive)
+    return Waiter(parts.planning.request_for(entry, shrunk), w.arrived, w.request_id, keep_alive=w.keep_alive)

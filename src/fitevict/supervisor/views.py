@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fitevict.pricing.footprint import HOST
 from fitevict.supervisor.measure import mem_json
-
-if TYPE_CHECKING:
-    from fitevict.supervisor.core import Supervisor
+from fitevict.supervisor.ports import Ports
 
 
-def resident_views(sup: "Supervisor") -> list[dict]:
+def resident_views(parts: Ports) -> list[dict]:
     out = []
-    for s in sup.seats.values():
-        slot = sup.scheduler.slots.get(s.key)
+    for s in parts.seats.values():
+        slot = parts.scheduler.slots.get(s.key)
         devices = [HOST, *s.config.devices]
         per_dev = {d: s.figures(d) for d in devices}
         gpu = sum(s.bytes_on(d) for d in s.config.devices)
@@ -22,19 +18,19 @@ def resident_views(sup: "Supervisor") -> list[dict]:
         total = gpu + host
         placement = (f"{100 * host / total:.0f}%/{100 * gpu / total:.0f}% CPU/GPU" if gpu and total
                      else "100% CPU")
-        due = sup.scheduler.idle_due_at(slot) if slot is not None else None
+        due = parts.scheduler.idle_due_at(slot) if slot is not None else None
         out.append({
             "key": s.key, "engine": s.engine, "state": str(s.state),
             "phase": slot.phase.value if slot is not None else None, "placement": placement,
             **({"split": s.split} if s.split else {}),
             "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
             "in_flight": slot.in_flight if slot is not None else 0,
-            "waiting": sup.scheduler.waiting(s.key),
+            "waiting": parts.scheduler.waiting(s.key),
             "last_used": slot.last_used if slot is not None else None, "loaded_at": s.ready_at,
             "load_seconds": s.load_seconds, "pid": s.pid, "port": s.port, "unload_at": due,
             # GreedyDual-Size: H, and L (the floor H falls back to): H - L is what evicting it costs, comparable
             # between machines (each has its own L)
-            "greedy_dual": ({"priority": slot.priority, "floor": sup.scheduler.inflation,
+            "greedy_dual": ({"priority": slot.priority, "floor": parts.scheduler.inflation,
                              "reload_seconds": slot.reload_seconds} if slot is not None else None),
             "host_pss": mem_json(s.host_mem),
             "engine_timings": s.timings.to_json(),

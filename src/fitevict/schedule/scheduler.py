@@ -39,7 +39,7 @@ from fitevict import planner as pl
 from fitevict.config import EVICTION_POLICIES
 from fitevict.config.records import PolicyConfig, default
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.supervisor.errors import Busy, Refused, SupervisorError
+from fitevict.schedule.errors import Busy, Refused, SupervisorError
 from fitevict.units import GiB
 
 Eviction = Literal["cost", "lru"]

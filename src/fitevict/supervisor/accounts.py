@@ -1,0 +1,60 @@
+"""What a seat's events say about it, beyond its figures: the strategy it loaded with, the engine's own timings, the
+leak check on its way out, the engine's own account of a failed load, and its file's bytes for the guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fitevict import planner as pl
+from fitevict.supervisor.release import StopResult
+from fitevict.supervisor.seat import SeatState
+
+
+def leak_check(report: dict | None, res: StopResult) -> str:
+    """What a transformers seat's leak breaker said on its way out: "clean", how many tensors it found alive, or
+    that it did not run and why (a missing report is never "no leak")."""
+    if report is None:
+        return (f"did not run: the seat wrote no teardown report before it exited ({res.note}; exit after "
+                f"{res.exit_seconds:.2f} s: killed after the grace period, or its teardown failed; see its log)")
+    leaks = report.get("leaks") or []
+    return f"{len(leaks)} tensor(s) still alive after the model was deleted" if leaks else "clean"
+
+
+def timings(seat: SeatState) -> dict:
+    """The engine's own timings over the seat's answers, for the event that ends it (nothing if none had any)."""
+    t = seat.timings.to_json()
+    return {"engine_timings": t} if t is not None else {}
+
+
+def seat_document(engine: Any, log_text: str) -> dict | None:
+    """A transformers seat's footprint document (its object walk and process baseline), from its log."""
+    document = getattr(engine, "document", None)
+    return document(log_text) if document is not None else None
+
+
+def engine_failure(engine: Any, log_path: Path) -> str | None:
+    failure = getattr(engine, "failure", None)
+    if failure is None:
+        return None
+    try:
+        return failure(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def file_bytes(path: Path) -> int | None:
+    """The model's bytes on disk, or None when they cannot be read (the guard then says its file check could not
+    run; never a 0 that turns the check off)."""
+    try:
+        return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    except OSError:
+        return None
+
+
+def strategy(plan: pl.Plan) -> str:
+    c = plan.config
+    base = {"load": "full", "partial": "partial", "ram": "ram-only"}.get(plan.action, plan.action)
+    if c is None:
+        return base
+    return f"{base} (ngl={c.n_gpu_layers}, n_cpu_moe={c.n_cpu_moe}, ctx={c.n_ctx})"
