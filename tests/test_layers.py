@@ -2,8 +2,7 @@
 store, catalog, contract, zoo) -> supervisor -> server/cli.
 
 Every import in every module counts, at any depth (function-level and ``TYPE_CHECKING`` imports included). This
-holds the order between stages; circles inside one stage (the supervisor's core, effects and orphans) are not yet
-ruled out here.
+holds the order between stages, and no two modules may import each other round a circle, within a stage or across.
 """
 
 from __future__ import annotations
