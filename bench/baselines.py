@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fitevict.schedule.errors import Busy, Refused
-from fitevict.schedule.scheduler import Waiter, seat_room
+from fitevict.schedule.scheduler import Waiter
+from fitevict.schedule.seats import seat_room
 
 from tracesim import Sim
 

@@ -260,8 +260,8 @@ class FitevictFront:
     def node_facts(self, node: NodeSim) -> NodeFacts:
         sched = node.policy.sched  # type: ignore[union-attr]
         waiting = Counter(w.key for w in sched.queue)
-        seats = tuple(Seat(s.key, s.phase.value, node.held(s.key), s.in_flight, waiting.get(s.key, 0),
-                           s.priority - sched.inflation) for s in sched.slots.values())
+        seats = tuple(Seat(s.key, s.status.value, node.held(s.key), s.in_flight, waiting.get(s.key, 0),
+                           s.priority - sched.inflation) for s in sched.seats.values())
         budget = {d: node.budget.budget_bytes(d) for d in node.budget.names}
         held: Counter = Counter()
         for s in seats:

@@ -266,7 +266,7 @@ def test_a_load_nobody_waits_for_is_cancelled_and_its_release_verified(tmp_path:
             waiter.cancel()  # the only client leaves while its model loads
             ev = await sup.wait_for_event(lambda e: e.event == "unload", timeout=60)
             assert "no one waiting" in ev.reason and ev.model == "med-a"
-            assert "med-a" not in sup.seats and not sup.scheduler.slots
+            assert "med-a" not in sup.seats and not sup.scheduler.seats
             return pid
         finally:
             await sup.shutdown()
@@ -315,7 +315,7 @@ def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llam
             assert ev.model == "llama-gqa" and "idle" in ev.reason
             assert "llama-gqa" not in sup.seats
             assert {"llama-q8_0", "med-a"} <= set(sup.seats)
-            assert sup.scheduler.slots["llama-q8_0"].last_used is None
+            assert sup.scheduler.seats["llama-q8_0"].last_used is None
         finally:
             await sup.shutdown()
 

@@ -45,7 +45,7 @@ def serve_one(s: Scheduler, fx: Recorder, key: str, keep_alive: float | None) ->
     w = Waiter(req, fx.now(), keep_alive=keep_alive)
     if s.fast(w) is None:
         s.submit(w)
-        if key in s.slots and s.slots[key].ready_at is None:
+        if key in s.seats and s.seats[key].ready_at is None:
             s.loaded(key, bytes={"CPU": 1}, bytes_source="measured", load_seconds=1.0)
     s.finished(key)
 
@@ -62,9 +62,9 @@ def test_keep_alive_forever_outlives_the_policy_and_a_later_request_resets_it() 
     s = Scheduler(fx, idle_unload_seconds=2)
     serve_one(s, fx, "a", math.inf)
     serve_one(s, fx, "b", None)
-    assert s.idle_due_at(s.slots["a"]) is None and s.idle_due_at(s.slots["b"]) == 2.0
+    assert s.idle_due_at(s.seats["a"]) is None and s.idle_due_at(s.seats["b"]) == 2.0
     fx.t = 3600.0
     s.tick()
     assert [k for k, ev, _ in fx.stops if ev == "idle-unload"] == ["b"]
     serve_one(s, fx, "a", 5.0)  # the next request's keep_alive replaces the seat's
-    assert s.idle_due_at(s.slots["a"]) == 3605.0
+    assert s.idle_due_at(s.seats["a"]) == 3605.0

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.errors import Busy, Refused
-from fitevict.schedule.scheduler import USE_HALF_LIFE, Phase, SchedPolicy, Scheduler, Waiter, seat_room
+from fitevict.schedule.scheduler import USE_HALF_LIFE, SchedPolicy, Scheduler, Waiter
+from fitevict.schedule.seats import SeatStatus, seat_room
 from fitevict.units import GiB
 
 from .schedsim import Recorder, World, request
@@ -50,7 +51,7 @@ def test_waiters_get_their_seat_in_the_step_that_makes_it_ready() -> None:
     # all three handed over (np=1 + one queued in the engine = 2 at once, the third waits for a slot) before anything
     # could stop a: the pending b does not evict it while it serves
     assert [c[0] for c in fx.calls] == ["dispatch", "dispatch"]
-    assert s.slots["a"].in_flight == 2 and s.waiting("a") == 1
+    assert s.seats["a"].in_flight == 2 and s.waiting("a") == 1
     s.finished("a")
     assert ("dispatch", "a2", "a") in fx.calls and not fx.kinds("stop")
     s.finished("a")
@@ -69,13 +70,13 @@ def test_turn_ends_at_the_oldest_other_request_bound() -> None:
     ready(s, fx, "a")
     fx.t = 1.0
     s.submit(Waiter(request("b"), 1.0, "b0"))
-    assert s.slots["a"].phase is Phase.READY and fx.wake == 6.0  # wakes when b's bound is reached
+    assert s.seats["a"].status is SeatStatus.READY and fx.wake == 6.0  # wakes when b's bound is reached
     fx.t = 3.0
     s.submit(Waiter(request("a"), 3.0, "a1"))  # a's turn goes on: it is served at once
     assert ("dispatch", "a1", "a") in fx.calls
     fx.t = 6.0
     s.tick()
-    assert s.slots["a"].phase is Phase.DRAINING
+    assert s.seats["a"].status is SeatStatus.DRAINING
     s.submit(Waiter(request("a"), 6.5, "a2"))  # after the turn: it queues behind the swap
     assert ("dispatch", "a2", "a") not in fx.calls and s.waiting("a") == 1
     s.finished("a")
@@ -92,7 +93,7 @@ def test_max_turn_ends_a_turn_too() -> None:
     assert fx.wake == 4.0
     fx.t = 4.0
     s.tick()
-    assert s.slots["a"].phase is Phase.DRAINING
+    assert s.seats["a"].status is SeatStatus.DRAINING
 
 
 def test_minimum_residency_keeps_a_fresh_seat() -> None:
@@ -132,9 +133,9 @@ def test_a_load_nobody_waits_for_is_cancelled() -> None:
     assert "no one waiting" in fx.kinds("stop")[0][3]
     assert not s.cancel(w2)  # already gone
     s.loaded("a", bytes={HOST: 1}, bytes_source="measured", load_seconds=1)  # a late answer changes nothing
-    assert s.slots["a"].phase is Phase.STOPPING
+    assert s.seats["a"].status is SeatStatus.STOPPING
     s.stopped("a")
-    assert "a" not in s.slots and len(fx.kinds("start")) == 1
+    assert "a" not in s.seats and len(fx.kinds("start")) == 1
 
 
 def test_close_answers_every_waiter_and_cancels_loads() -> None:
@@ -181,7 +182,7 @@ def test_by_default_a_seat_takes_one_batch_beyond_its_slots() -> None:
     ready(s, fx, "a")
     got = [s.fast(Waiter(request("a", parallel=2), 0.0, f"a{i}")) for i in range(4)]
     assert got == ["a", "a", "a", None]
-    assert s.slots["a"].in_flight == 4
+    assert s.seats["a"].in_flight == 4
 
 
 def test_capacity_is_slots_plus_engine_queue_depth() -> None:
@@ -191,7 +192,7 @@ def test_capacity_is_slots_plus_engine_queue_depth() -> None:
     held = [Waiter(request("a", parallel=2), 0.0, f"a{i}") for i in range(4)]
     got = [s.fast(w) for w in held]
     assert got == [None, None, None, None] or got.count("a") == 2  # one already in flight: 3 fit, 2 via fast
-    assert s.slots["a"].in_flight == 3
+    assert s.seats["a"].in_flight == 3
 
 
 def test_fast_path_never_overtakes_a_queued_request() -> None:
@@ -301,7 +302,7 @@ def test_uses_count_half_after_the_half_life() -> None:
     s.submit(Waiter(request("a"), fx.t, "late"))
     per_byte = 1.0 * GiB / (1024 * MB)
     assert s.uses["a"] == (pytest.approx(2.0), fx.t)
-    assert s.slots["a"].priority == pytest.approx(s.inflation + 2.0 * per_byte)
+    assert s.seats["a"].priority == pytest.approx(s.inflation + 2.0 * per_byte)
 
 
 # -- properties ------------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ def test_no_request_waits_past_the_bound_plus_one_swap(arrivals, load, service, 
     stopped_while_owed: list[str] = []
 
     def on_stop(world: World, key: str, event: str) -> None:
-        slot = world.sched.slots[key]
+        slot = world.sched.seats[key]
         if event == "evict" and slot.in_flight:
             stopped_while_owed.append(f"{key} evicted with {slot.in_flight} in flight")
 

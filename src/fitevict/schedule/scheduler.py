@@ -29,10 +29,9 @@ The rules (docs/scheduling.md says the same in prose):
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from fitevict import planner as pl
@@ -40,20 +39,14 @@ from fitevict.config import EVICTION_POLICIES
 from fitevict.config.records import PolicyConfig, default
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.errors import Busy, Refused, SupervisorError
+from fitevict.schedule.seats import PLACING, Exit, Seat, SeatStatus, SeatTable, SeatView
+
+S = SeatStatus
 from fitevict.units import GiB
 
 Eviction = Literal["cost", "lru"]
 DEFAULT_RELOAD_RATE = 1.0 * GiB  # bytes/s assumed for a seat never loaded here (reload cost before measuring)
 USE_HALF_LIFE = 600.0  # seconds: a model's use counts half this long after it (GreedyDual-Size's frequency)
-
-
-class Phase(enum.Enum):
-    """A seat's life as the scheduler sees it."""
-
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"  # its turn is over (or an unload waits): finishes what it has, takes nothing new
-    STOPPING = "stopping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,41 +83,6 @@ class Waiter:
         return self.request.key
 
 
-@dataclass(eq=False, slots=True)
-class Slot:
-    """A seat as the scheduler sees it."""
-
-    key: str
-    config: LoadConfig
-    source: str
-    phase: Phase
-    since: float  # when it entered LOADING
-    pinned: bool = False
-    ready_at: float | None = None
-    turn_start: float | None = None
-    last_used: float | None = None  # None: never used (idle unload leaves it alone)
-    in_flight: int = 0
-    bytes: Mapping[str, int] = field(default_factory=dict)
-    bytes_source: str = "predicted"
-    reload_seconds: float | None = None
-    priority: float = 0.0  # GreedyDual-Size H
-    keep_alive: float | None = None
-    stop_after: tuple[str, str] | None = None  # (event, reason) once drained: an unload waits for it
-
-    @property
-    def capacity(self) -> int:
-        return max(1, self.config.n_parallel or 4)  # no -np: this engine runs 4 slots
-
-    def room(self, engine_queue_depth: int | None) -> int:
-        return seat_room(self.capacity, engine_queue_depth)
-
-
-def seat_room(slots: int, engine_queue_depth: int | None) -> int:
-    """Requests a seat may have in flight: its slots, plus the ones waiting in the engine so that it never idles
-    between two batches (``None``: one more batch, as many as its slots)."""
-    return slots + (slots if engine_queue_depth is None else engine_queue_depth)
-
-
 class Effects(Protocol):
     """Everything the scheduler does to the world. Calls return at once; completions come back as inputs."""
 
@@ -149,17 +107,22 @@ class Effects(Protocol):
 
 class Scheduler:
     def __init__(self, effects: Effects, policy: SchedPolicy = SchedPolicy(), *,
-                 idle_unload_seconds: float = 0.0) -> None:
+                 idle_unload_seconds: float = 0.0, table: SeatTable | None = None) -> None:
         self.fx = effects
         self.policy = policy
         self.idle_unload_seconds = idle_unload_seconds  # 0: never unload for idleness
         self.queue: list[Waiter] = []
-        self.slots: dict[str, Slot] = {}
+        self.table = table if table is not None else SeatTable()  # the seats: changed here, read through seats
         self.closed: str | None = None
         self.inflation = 0.0  # GreedyDual-Size's L: the priority of the last victim
         self.uses: dict[str, tuple[float, float]] = {}  # per model: (decayed count of requests handed, when)
         self._pumping = False
         self._again = False
+
+    @property
+    def seats(self) -> Mapping[str, SeatView]:
+        """Every seat, read-only (the table's view)."""
+        return self.table.view()
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -181,8 +144,8 @@ class Scheduler:
         ahead. Returns the seat's key (counted in flight), or None: then ``submit`` it."""
         if self.closed is not None or not w.hold:
             return None
-        s = self.slots.get(w.key)
-        if s is None or s.phase is not Phase.READY or s.in_flight >= s.room(self.policy.engine_queue_depth):
+        s = self.table.get(w.key)
+        if s is None or s.status is not S.READY or s.in_flight >= s.room(self.policy.engine_queue_depth):
             return None
         if not self._serves(s, w) or any(q.key == w.key for q in self.queue):
             return None
@@ -194,9 +157,9 @@ class Scheduler:
         if w not in self.queue:
             return False
         self.queue.remove(w)
-        s = self.slots.get(w.key)
-        if s is not None and s.phase is Phase.LOADING and not any(self._serves(s, q) for q in self.queue):
-            s.phase = Phase.STOPPING
+        s = self.table.get(w.key)
+        if s is not None and s.status in PLACING and not any(self._serves(s, q) for q in self.queue):
+            self.table.move(s, S.STOPPING)
             self.fx.stop(s.key, "unload", "no one waiting: every request for this load left before it finished",
                          w.request_id)
         self._pump()
@@ -204,11 +167,13 @@ class Scheduler:
 
     def loaded(self, key: str, *, bytes: Mapping[str, int], bytes_source: str, load_seconds: float,
                config: LoadConfig | None = None) -> None:
-        s = self.slots.get(key)
-        if s is None or s.phase is not Phase.LOADING:
+        s = self.table.get(key)
+        if s is None or s.status not in PLACING:
             return  # cancelled meanwhile: its stop is under way
         now = self.fx.now()
-        s.phase, s.ready_at, s.turn_start = Phase.READY, now, now
+        self.spawned(key)  # a load that finished ran its process, whether or not it said so
+        self.table.move(s, S.READY)
+        s.ready_at, s.turn_start = now, now
         s.bytes, s.bytes_source, s.reload_seconds = dict(bytes), bytes_source, load_seconds
         if config is not None:
             s.config = config
@@ -216,20 +181,29 @@ class Scheduler:
         self._pump()
 
     def load_failed(self, key: str, error: SupervisorError) -> None:
-        s = self.slots.pop(key, None)
+        s = self.table.get(key)
         if s is not None:
+            self.table.move(s, S.GONE, exit=Exit.FAILED)
             for w in [q for q in self.queue if self._serves(s, q)]:
                 self.queue.remove(w)
                 self.fx.reject(w, error)
         self._pump()
 
-    def stopped(self, key: str) -> None:
-        """A stop finished (or a seat crashed): it holds nothing any more."""
-        self.slots.pop(key, None)
+    def spawned(self, key: str) -> None:
+        """The placed seat's process runs: it loads now (STARTING -> LOADING)."""
+        s = self.table.get(key)
+        if s is not None and s.status is S.STARTING:
+            self.table.move(s, S.LOADING)
+
+    def stopped(self, key: str, how: Exit = Exit.STOPPED) -> None:
+        """A stop finished (or a seat crashed, ``how``): it holds nothing any more, and leaves the table."""
+        s = self.table.get(key)
+        if s is not None:
+            self.table.move(s, S.GONE, exit=how)
         self._pump()
 
     def finished(self, key: str) -> None:
-        s = self.slots.get(key)
+        s = self.table.get(key)
         if s is not None:
             s.in_flight = max(0, s.in_flight - 1)
             s.last_used = self.fx.now()
@@ -240,24 +214,25 @@ class Scheduler:
 
     def unload(self, key: str, reason: str, request_id: str | None = None) -> bool:
         """Stop ``key`` once its requests in flight finish. False when it is not resident."""
-        s = self.slots.get(key)
-        if s is None or s.phase is Phase.STOPPING:
+        s = self.table.get(key)
+        if s is None or s.status is S.STOPPING:
             return False
-        if s.phase is Phase.LOADING:
-            s.phase = Phase.STOPPING
+        if s.status in PLACING:
+            self.table.move(s, S.STOPPING)
             self.fx.stop(key, "unload", reason, request_id)
         else:
-            s.phase, s.stop_after = Phase.DRAINING, ("unload", reason)
+            self.table.move(s, S.DRAINING)
+            s.stop_after = ("unload", reason)
         self._pump()
         return True
 
     def relieve(self, key: str, reason: str) -> bool:
         """Stop ``key`` now to give memory back to other programs (``fitevict.pressure``), only when it is idle:
         ready, nothing in flight or queued for it, not pinned. False when it is not (it is left alone)."""
-        s = self.slots.get(key)
+        s = self.table.get(key)
         if s is None or s not in self.idle():
             return False
-        s.phase = Phase.STOPPING
+        self.table.move(s, S.STOPPING)
         self.fx.stop(key, "evict", reason, None)
         self._pump()
         return True
@@ -268,32 +243,32 @@ class Scheduler:
         gone, self.queue = self.queue, []
         for w in gone:
             self.fx.reject(w, Busy(f"{w.key}: fitevict is {reason}; retry later", retry_after=5))
-        for s in self.slots.values():
-            if s.phase is Phase.LOADING:
-                s.phase = Phase.STOPPING
+        for s in self.table.values():
+            if s.status in PLACING:
+                self.table.move(s, S.STOPPING)
                 self.fx.stop(s.key, "unload", f"fitevict is {reason}: load cancelled", None)
         return gone
 
     def adopt(self, key: str, config: LoadConfig, source: str, *, bytes: Mapping[str, int], pinned: bool) -> None:
         """A seat that already runs (adopted from an earlier fitevict): ready, never used."""
         now = self.fx.now()
-        self.slots[key] = Slot(key, config, source, Phase.READY, now, pinned=pinned, ready_at=now, turn_start=now,
-                               bytes=dict(bytes), bytes_source="measured")
+        self.table.place(Seat(key, config, source, now, S.READY, pinned=pinned, ready_at=now, turn_start=now,
+                              bytes=dict(bytes), bytes_source="measured"))
 
     # -- views ----------------------------------------------------------------------------------
 
     def waiting(self, key: str | None = None) -> int:
         return sum(1 for w in self.queue if key is None or w.key == key)
 
-    def idle(self) -> list[Slot]:
+    def idle(self) -> list[Seat]:
         """Seats that serve nobody now and may be stopped: ready, nothing in flight or queued, not pinned."""
-        return [s for s in self.slots.values() if s.phase is Phase.READY and not s.in_flight and not s.pinned
+        return [s for s in self.table.values() if s.status is S.READY and not s.in_flight and not s.pinned
                 and not any(self._serves(s, w) for w in self.queue)]
 
-    def idle_due_at(self, s: Slot) -> float | None:
+    def idle_due_at(self, s: Seat) -> float | None:
         """When ``s`` falls due for an idle unload (None: never)."""
         ttl = s.keep_alive if s.keep_alive is not None else (self.idle_unload_seconds or math.inf)
-        if s.pinned or s.last_used is None or s.phase is not Phase.READY or math.isinf(ttl) or ttl < 0:
+        if s.pinned or s.last_used is None or s.status is not S.READY or math.isinf(ttl) or ttl < 0:
             return None
         return s.last_used + ttl
 
@@ -329,15 +304,15 @@ class Scheduler:
                 wake = min(wake, due)
         self._dispatch(now)
         wake = min(wake, self._finish_drains(), self._idle(now))
-        if self.closed is None and not any(s.phase in (Phase.LOADING, Phase.STOPPING) for s in self.slots.values()):
+        if self.closed is None and not self.table.in_status(*PLACING, S.STOPPING):
             wake = min(wake, self._place(now))
         return wake
 
     def _dispatch(self, now: float) -> None:
         depth = self.policy.engine_queue_depth
         for w in list(self.queue):
-            s = self.slots.get(w.key)
-            if s is None or s.phase is not Phase.READY or not self._serves(s, w):
+            s = self.table.get(w.key)
+            if s is None or s.status is not S.READY or not self._serves(s, w):
                 continue
             if w.hold and s.in_flight >= s.room(depth):
                 continue
@@ -347,21 +322,21 @@ class Scheduler:
             self.fx.dispatch(w, s.key)
 
     def _finish_drains(self) -> float:
-        for s in list(self.slots.values()):
-            if s.phase is Phase.DRAINING and s.stop_after is not None and s.in_flight == 0:
+        for s in list(self.table.values()):
+            if s.status is S.DRAINING and s.stop_after is not None and s.in_flight == 0:
                 event, reason = s.stop_after
-                s.phase = Phase.STOPPING
+                self.table.move(s, S.STOPPING)
                 self.fx.stop(s.key, event, reason, None)
         return math.inf
 
     def _idle(self, now: float) -> float:
         wake = math.inf
-        for s in list(self.slots.values()):
+        for s in list(self.table.values()):
             due = self.idle_due_at(s)
             if due is None or s.in_flight or any(w.key == s.key for w in self.queue):
                 continue
             if now >= due:
-                s.phase = Phase.STOPPING
+                self.table.move(s, S.STOPPING)
                 kept = s.keep_alive if s.keep_alive is not None else self.idle_unload_seconds
                 self.fx.stop(s.key, "idle-unload", f"idle for {now - (s.last_used or now):.0f} s "
                              f"(keep-alive {kept:g} s)", None)
@@ -372,18 +347,18 @@ class Scheduler:
     def _head(self) -> Waiter | None:
         """The longest-waiting request that needs a placement (not one its ready seat only has no room for)."""
         for w in self.queue:
-            s = self.slots.get(w.key)
-            if s is not None and s.phase is Phase.READY and self._serves(s, w):
+            s = self.table.get(w.key)
+            if s is not None and s.status is S.READY and self._serves(s, w):
                 continue
             return w
         return None
 
     def _place(self, now: float) -> float:
         head = self._head()
-        draining = [s for s in self.slots.values() if s.phase is Phase.DRAINING and s.stop_after is None]
+        draining = [s for s in self.table.values() if s.status is S.DRAINING and s.stop_after is None]
         if head is None:
             for s in draining:  # nobody needs their room any more
-                s.phase = Phase.READY
+                self.table.move(s, S.READY)
             if draining:
                 self._again = True
             return math.inf
@@ -392,18 +367,18 @@ class Scheduler:
         keep = set(plan.wait_for) | set(plan.evict_keys)
         for s in draining:
             if s.key not in keep:
-                s.phase = Phase.READY
+                self.table.move(s, S.READY)
                 self._again = True
         if plan.action == "hit":
-            s = self.slots.get(head.key)
-            if s is not None and s.phase is Phase.DRAINING and s.stop_after is None:
-                s.phase = Phase.READY
+            s = self.table.get(head.key)
+            if s is not None and s.status is S.DRAINING and s.stop_after is None:
+                self.table.move(s, S.READY)
                 self._again = True
         elif plan.action in pl.LOADING_ACTIONS:
             if plan.evict:
                 for e in plan.evict:
-                    s = self.slots[e.key]
-                    s.phase = Phase.STOPPING
+                    s = self.table[e.key]
+                    self.table.move(s, S.STOPPING)
                     self.inflation = max(self.inflation, s.priority)  # GreedyDual-Size: L rises to the victim's H
                     event = "unload" if e.key == head.key else "evict"
                     reason = (f"replaced: {head.key} is asked for under another configuration" if e.key == head.key
@@ -411,20 +386,19 @@ class Scheduler:
                     self.fx.stop(e.key, event, reason, head.request_id)
             else:
                 assert plan.config is not None
-                self.slots[head.key] = Slot(head.key, plan.config, head.request.source, Phase.LOADING, now,
-                                            pinned=head.request.pinned)
+                self.table.place(Seat(head.key, plan.config, head.request.source, now, pinned=head.request.pinned))
                 self.fx.start(head, plan)
         elif plan.action == "wait":
             for key in plan.wait_for:
-                s = self.slots.get(key)
-                if s is None or s.phase is not Phase.READY:
+                s = self.table.get(key)
+                if s is None or s.status is not S.READY:
                     continue
                 if s.in_flight == 0:  # idle, only within its minimum residency: evictable once that passes
                     wake = min(wake, self._young_until(s))
                     continue
                 end = self._turn_end(s, head)
                 if now >= end:
-                    s.phase = Phase.DRAINING
+                    self.table.move(s, S.DRAINING)
                 else:
                     wake = min(wake, end)
         else:  # refuse: everyone asking for the same thing gets the same answer
@@ -434,14 +408,14 @@ class Scheduler:
             self._again = True
         return wake
 
-    def _turn_end(self, s: Slot, head: Waiter) -> float:
+    def _turn_end(self, s: Seat, head: Waiter) -> float:
         """When ``s`` may be drained for ``head``: its turn's bound, and never within its minimum residency."""
         p = self.policy
         start = s.turn_start if s.turn_start is not None else s.since
         end = min(start + p.max_turn_seconds, head.arrived + p.max_wait_seconds)
         return max(end, self._young_until(s))
 
-    def _young_until(self, s: Slot) -> float:
+    def _young_until(self, s: Seat) -> float:
         """The end of ``s``'s minimum residency; once it has served a request, never longer than its own load took.
         The one place it is computed (no rounding can disagree)."""
         guard = self.policy.min_residency_seconds
@@ -453,22 +427,22 @@ class Scheduler:
         """What the planner sees at ``now``: every seat but those stopping, as a ``Resident`` (a seat within its
         minimum residency counts as busy). A fresh list, read-only for the caller."""
         out = []
-        for s in self.slots.values():
-            if s.phase is Phase.STOPPING:
+        for s in self.table.values():
+            if s.status is S.STOPPING:
                 continue
             young = s.ready_at is not None and now < self._young_until(s)
             # a seat within its minimum residency is busy for the planner: not a victim, but worth waiting for.
             # Its priority goes over as credit above L, so that the planner's band measures the cost term, not L.
-            in_flight = s.in_flight or (1 if young and s.phase is Phase.READY else 0)
+            in_flight = s.in_flight or (1 if young and s.status is S.READY else 0)
             out.append(pl.Resident(
                 key=s.key, config=s.config, bytes=s.bytes, source=s.source,
                 last_used=s.last_used if s.last_used is not None else (s.ready_at or s.since),
                 bytes_source=s.bytes_source, pinned=s.pinned, in_flight=in_flight,
-                loading=s.phase is Phase.LOADING, priority=s.priority - self.inflation, reload_seconds=s.reload_seconds,
+                loading=s.status in PLACING, priority=s.priority - self.inflation, reload_seconds=s.reload_seconds,
             ))
         return out
 
-    def _hand(self, s: Slot, w: Waiter, now: float) -> None:
+    def _hand(self, s: Seat, w: Waiter, now: float) -> None:
         s.in_flight += 1
         s.last_used = now
         if w.keep_alive is not None:
@@ -477,7 +451,7 @@ class Scheduler:
         self.uses[s.key] = (n * 0.5 ** ((now - then) / USE_HALF_LIFE) + 1.0, now)
         self._touch(s)
 
-    def _touch(self, s: Slot) -> None:
+    def _touch(self, s: Seat) -> None:
         """GreedyDual-Size with frequency: H = L + uses x reload cost / size, renewed on every use; uses is the
         model's count of requests handed, each counting half after USE_HALF_LIFE seconds (at least 1)."""
         size = max(1, sum(s.bytes.values()) or 1)
@@ -486,8 +460,8 @@ class Scheduler:
         uses = max(1.0, n * 0.5 ** ((self.fx.now() - then) / USE_HALF_LIFE))
         s.priority = self.inflation + uses * cost * GiB / size
 
-    def _serves(self, s: Slot, w: Waiter) -> bool:
+    def _serves(self, s: Seat, w: Waiter) -> bool:
         return s.key == w.key and pl.compatible(s.config, w.request, source=s.source)
 
 
-__all__ = ["EVICTION_POLICIES", "Effects", "Phase", "SchedPolicy", "Scheduler", "Slot", "Waiter", "seat_room"]
+__all__ = ["EVICTION_POLICIES", "Effects", "SchedPolicy", "Scheduler", "Waiter"]

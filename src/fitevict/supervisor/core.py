@@ -174,7 +174,7 @@ class Supervisor:
         answered = len(self.scheduler.close("shutting down"))
 
         def idle() -> bool:
-            return all(s.in_flight == 0 for s in self.scheduler.slots.values())
+            return all(s.in_flight == 0 for s in self.scheduler.seats.values())
 
         async def drained() -> None:
             with contextlib.suppress(TimeoutError):
@@ -184,7 +184,7 @@ class Supervisor:
         await asyncio.wait(waits, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
         for t in waits:
             t.cancel()
-        cut = sum(s.in_flight for s in self.scheduler.slots.values())
+        cut = sum(s.in_flight for s in self.scheduler.seats.values())
         for task in list(self.fx.loads.values()):
             task.cancel("fitevict is shutting down")
         seats = [s for s in list(self.seats.values()) if s.state is SeatPhase.READY]

@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 from fitevict.schedule.scheduler import Scheduler, Waiter
+from fitevict.schedule.seats import Exit
 from fitevict.supervisor.release import StopResult
 
 
@@ -27,11 +28,12 @@ class Desk:
     def forget_stop_future(self, key: str, fut: asyncio.Future) -> None:
         self._stop_waiters.get(key, []).remove(fut)
 
-    def stopped(self, scheduler: Scheduler, key: str, result: StopResult, *, slot_freed: bool = False) -> None:
+    def stopped(self, scheduler: Scheduler, key: str, result: StopResult, *, slot_freed: bool = False,
+                how: Exit = Exit.STOPPED) -> None:
         """A seat's stop finished: tell the scheduler (unless it was told when the processes exited: a new seat of the
         same model may be loading by now), and whoever waits for it."""
         if not slot_freed:
-            scheduler.stopped(key)
+            scheduler.stopped(key, how)
         for fut in self._stop_waiters.pop(key, []):
             if not fut.done():
                 fut.set_result(result)

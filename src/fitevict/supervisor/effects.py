@@ -32,7 +32,8 @@ from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
 from fitevict.supervisor.release import StopResult, stop_and_verify
-from fitevict.schedule.scheduler import Phase, Waiter
+from fitevict.schedule.scheduler import Waiter
+from fitevict.schedule.seats import PLACING, Exit
 from fitevict.supervisor.seat import BIND_FAILED, SeatPhase, SeatState, log_tail, spawn, wait_ready
 
 log = logging.getLogger("fitevict.supervisor")
@@ -122,9 +123,9 @@ class LiveEffects:
     def _spawn_task(self, coro: Any, name: str) -> asyncio.Task:
         return self.parts.spawn(coro, name, _report_failure)
 
-    def _stopped(self, key: str, res: StopResult, *, slot_freed: bool = False) -> None:
+    def _stopped(self, key: str, res: StopResult, *, slot_freed: bool = False, how: Exit = Exit.STOPPED) -> None:
         """A stop finished: the scheduler and whoever waits for it are told, and the change is announced."""
-        self.parts.desk.stopped(self.parts.scheduler, key, res, slot_freed=slot_freed)
+        self.parts.desk.stopped(self.parts.scheduler, key, res, slot_freed=slot_freed, how=how)
         self._spawn_task(self.parts.history.changed(), "seat-stopped")
 
     def install(self, seat: SeatState, *, adopted: bool = False) -> None:
@@ -145,8 +146,8 @@ class LiveEffects:
             seat = self.parts.seats.get(waiter.key)
             if seat is not None and seat.state is SeatPhase.STARTING:
                 await self._end(seat, SeatPhase.FAILED)
-            slot = self.parts.scheduler.slots.get(waiter.key)
-            if slot is not None and slot.phase is Phase.LOADING:
+            slot = self.parts.scheduler.seats.get(waiter.key)
+            if slot is not None and slot.status in PLACING:
                 await self.parts.history.record(Event(
                     time=self.parts.clock(), event="fail", model=waiter.key,
                     engine=self.parts.processes.engine_name(waiter.key),
@@ -176,6 +177,7 @@ class LiveEffects:
                 spec = parts.processes.launch_spec(entry, path, cfg, seat.port)
                 parts.seats[key] = seat
                 await spawn(seat, spec)
+                parts.scheduler.spawned(key)
                 await parts.history.changed()
                 self._spawn_task(asyncio.to_thread(parts.store.seat_upsert, parts.processes.record(seat)),
                                  "seat-record")
@@ -429,7 +431,7 @@ class LiveEffects:
             reason=f"{seat.engine} exited unexpectedly with code {rc}; the next request reloads it",
             details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **timings(seat),
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
-        self._stopped(seat.key, res)
+        self._stopped(seat.key, res, how=Exit.CRASHED)
 
     def watch_adopted(self, seat: SeatState) -> None:
         """An adopted seat is not our child: its exit is seen through a pidfd."""
@@ -445,7 +447,7 @@ class LiveEffects:
                 time=self.parts.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
                 reason="adopted seat exited unexpectedly (not a child of this fitevict: exit code unknown)",
                 details={"pid": seat.pid, **timings(seat), **res.details()}))
-            self._stopped(seat.key, res)
+            self._stopped(seat.key, res, how=Exit.CRASHED)
 
         seat.watcher = self._spawn_task(watch(), f"watch-{seat.key}")
 

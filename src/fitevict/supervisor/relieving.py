@@ -16,7 +16,7 @@ from fitevict.pressure import Idle, Relief, assess
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event
 from fitevict.supervisor.neighbours import HELD_SOURCE, holdings
-from fitevict.schedule.scheduler import Phase
+from fitevict.schedule.seats import SeatStatus
 from fitevict.supervisor.ports import Ports
 from fitevict.units import format_size
 
@@ -34,8 +34,8 @@ async def check_pressure(parts: Ports, live: Mapping[str, int | None]) -> Relief
                                      held_source=HELD_SOURCE)
     sched = parts.scheduler
     pending: dict[str, int] = {}
-    for key, slot in sched.slots.items():
-        if slot.phase is Phase.STOPPING:
+    for key, slot in sched.seats.items():
+        if slot.status is SeatStatus.STOPPING:
             for dev, n in per_seat.get(key, {}).items():
                 pending[dev] = pending.get(dev, 0) + n
     idle = [Idle(s.key, per_seat.get(s.key, dict(s.bytes)), s.priority,
@@ -78,7 +78,7 @@ async def _relieve(parts: Ports, relief: Relief, detected: float) -> None:
         details={"devices": devices, "largest_others": [p.to_json() for p in top],
                  "stopped": [{"model": k, "held": relief_bytes(relief, k)} for k in stopping],
                  "stopped_note": f"{gone}; each release is verified and recorded in its own evict event",
-                 "kept_in_use": sorted(k for k in parts.scheduler.slots if k not in stopping),
+                 "kept_in_use": sorted(k for k in parts.scheduler.seats if k not in stopping),
                  "short_bytes": dict(relief.short), "detected_at": detected, "held_source": HELD_SOURCE,
                  "host_source": f"what the stopped seats held: {HELD_SOURCE}",
                  "others_source": "total - free - held, where free is meminfo MemAvailable or NVML free"}))

@@ -10,7 +10,7 @@ from fitevict.supervisor.ports import Ports
 def resident_views(parts: Ports) -> list[dict]:
     out = []
     for s in parts.seats.values():
-        slot = parts.scheduler.slots.get(s.key)
+        slot = parts.scheduler.seats.get(s.key)
         devices = [HOST, *s.config.devices]
         per_dev = {d: s.figures(d) for d in devices}
         gpu = sum(s.bytes_on(d) for d in s.config.devices)
@@ -21,7 +21,7 @@ def resident_views(parts: Ports) -> list[dict]:
         due = parts.scheduler.idle_due_at(slot) if slot is not None else None
         out.append({
             "key": s.key, "engine": s.engine, "state": str(s.state),
-            "phase": slot.phase.value if slot is not None else None, "placement": placement,
+            "phase": slot.status.value if slot is not None else None, "placement": placement,
             **({"split": s.split} if s.split else {}),
             "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
             "in_flight": slot.in_flight if slot is not None else 0,

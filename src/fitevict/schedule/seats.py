@@ -1,0 +1,209 @@
+"""Seats: one record per seat, one closed state enum, one table that owns both. PURE: no I/O, no clock reads.
+
+A seat's life, and the only moves it can make (``MOVES``)::
+
+    STARTING ──> LOADING ──> READY <──> DRAINING
+       │            │          │           │
+       └────────────┴──────────┴───────────┴──> STOPPING ──> GONE (how: stopped, failed or crashed)
+
+- STARTING: placed by the scheduler; its process does not run yet (victims stopping, a dry run, the spawn).
+- LOADING: its process runs and reads weights; not healthy yet.
+- READY: serving; DRAINING: its turn is over or an unload waits, so it finishes what it has and takes nothing new.
+- STOPPING: its stop has begun; it still holds memory until the release is verified (or the hold runs out).
+- GONE: it holds nothing; ``exit`` says how it left. A gone seat leaves the table.
+
+A seat that fails or crashes may go straight to GONE from any state. The ``SeatTable`` is the one place a seat's
+state changes (``move``), and a move the diagram does not draw raises. The scheduler changes seats through the table;
+every other reader gets ``view()``: the same records, read-only by type (``SeatView``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from fitevict.pricing.loadconfig import LoadConfig
+
+
+class SeatStatus(str, enum.Enum):
+    """A seat's state. A str, so ``seat.status == "ready"`` reads as it says."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    GONE = "gone"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Exit(str, enum.Enum):
+    """How a gone seat left."""
+
+    STOPPED = "stopped"  # a stop it was asked for (evict, unload, idle, shutdown, a cancelled load)
+    FAILED = "failed"  # its load failed
+    CRASHED = "crashed"  # its process exited on its own while serving
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = SeatStatus
+MOVES: Mapping[SeatStatus, frozenset[SeatStatus]] = MappingProxyType({
+    S.STARTING: frozenset({S.LOADING, S.STOPPING, S.GONE}),
+    S.LOADING: frozenset({S.READY, S.STOPPING, S.GONE}),
+    S.READY: frozenset({S.DRAINING, S.STOPPING, S.GONE}),
+    S.DRAINING: frozenset({S.READY, S.STOPPING, S.GONE}),
+    S.STOPPING: frozenset({S.GONE}),
+    S.GONE: frozenset(),
+})
+PLACING = frozenset({S.STARTING, S.LOADING})  # placed, not serving yet
+SERVING = frozenset({S.READY, S.DRAINING})  # its process serves (a drain finishes what it has)
+
+
+class SeatMoveError(RuntimeError):
+    """A move the seat's life does not allow: names the seat, both states and the moves it had."""
+
+
+@dataclass(eq=False, slots=True)
+class Seat:
+    """One seat: what the scheduler decides on, and (``process``) what the supervisor runs for it."""
+
+    key: str
+    config: LoadConfig
+    source: str
+    since: float  # when it was placed
+    status: SeatStatus = S.STARTING
+    exit: Exit | None = None  # set when GONE
+    pinned: bool = False
+    ready_at: float | None = None
+    turn_start: float | None = None
+    last_used: float | None = None  # None: never used (idle unload leaves it alone)
+    in_flight: int = 0
+    bytes: Mapping[str, int] = field(default_factory=dict)  # what the planner counts for it, per device
+    bytes_source: str = "predicted"
+    reload_seconds: float | None = None
+    priority: float = 0.0  # GreedyDual-Size H
+    keep_alive: float | None = None
+    stop_after: tuple[str, str] | None = None  # (event, reason) once drained: an unload waits for it
+    process: Any = None  # the supervisor's record of its running process (supervisor.seat.SeatState); None before
+
+    @property
+    def capacity(self) -> int:
+        return max(1, self.config.n_parallel or 4)  # no -np: this engine runs 4 slots
+
+    def room(self, engine_queue_depth: int | None) -> int:
+        return seat_room(self.capacity, engine_queue_depth)
+
+
+class SeatView(Protocol):
+    """A seat as a reader sees it: every field, none to set."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def config(self) -> LoadConfig: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def since(self) -> float: ...
+    @property
+    def status(self) -> SeatStatus: ...
+    @property
+    def exit(self) -> Exit | None: ...
+    @property
+    def pinned(self) -> bool: ...
+    @property
+    def ready_at(self) -> float | None: ...
+    @property
+    def turn_start(self) -> float | None: ...
+    @property
+    def last_used(self) -> float | None: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def bytes(self) -> Mapping[str, int]: ...
+    @property
+    def bytes_source(self) -> str: ...
+    @property
+    def reload_seconds(self) -> float | None: ...
+    @property
+    def priority(self) -> float: ...
+    @property
+    def keep_alive(self) -> float | None: ...
+    @property
+    def process(self) -> Any: ...
+
+
+def seat_room(slots: int, engine_queue_depth: int | None) -> int:
+    """Requests a seat may have in flight: its slots, plus the ones waiting in the engine so that it never idles
+    between two batches (``None``: one more batch, as many as its slots)."""
+    return slots + (slots if engine_queue_depth is None else engine_queue_depth)
+
+
+class SeatTable:
+    """Every seat that holds (or is about to hold) memory, by model key: at most one per key."""
+
+    def __init__(self) -> None:
+        self._seats: dict[str, Seat] = {}
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Seat | None:
+        return self._seats.get(key)
+
+    def __getitem__(self, key: str) -> Seat:
+        return self._seats[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._seats
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._seats)
+
+    def __len__(self) -> int:
+        return len(self._seats)
+
+    def values(self) -> list[Seat]:
+        return list(self._seats.values())
+
+    def view(self) -> Mapping[str, SeatView]:
+        """The table, read-only: a live mapping of the same records, typed so that nothing can be set through it."""
+        return MappingProxyType(self._seats)
+
+    def in_status(self, *statuses: SeatStatus) -> list[Seat]:
+        return [s for s in self._seats.values() if s.status in statuses]
+
+    # -- changing -----------------------------------------------------------------------------------
+
+    def place(self, seat: Seat) -> Seat:
+        """A new seat (STARTING, or READY for one adopted from an earlier fitevict) for a key that has none."""
+        if seat.key in self._seats:
+            raise SeatMoveError(f"{seat.key}: placed while its seat is still {self._seats[seat.key].status}")
+        if seat.status not in (S.STARTING, S.READY):
+            raise SeatMoveError(f"{seat.key}: a new seat starts STARTING (or READY when adopted), not {seat.status}")
+        self._seats[seat.key] = seat
+        return seat
+
+    def move(self, seat: Seat, status: SeatStatus, *, exit: Exit | None = None) -> None:
+        """``seat`` moves to ``status`` (GONE takes ``exit`` and leaves the table). Raises on a move ``MOVES`` does
+        not allow, naming both states."""
+        if status is seat.status and status is not S.GONE:
+            return
+        if status not in MOVES[seat.status]:
+            allowed = ", ".join(sorted(m.value for m in MOVES[seat.status])) or "none"
+            raise SeatMoveError(f"{seat.key}: cannot move {seat.status} -> {status} (from {seat.status}: {allowed})")
+        if (status is S.GONE) != (exit is not None):
+            raise SeatMoveError(f"{seat.key}: GONE and only GONE takes how it left (got {status}, exit {exit})")
+        seat.status, seat.exit = status, exit
+        if status is S.GONE and self._seats.get(seat.key) is seat:
+            del self._seats[seat.key]
+
+
+__all__ = ["Exit", "MOVES", "PLACING", "SERVING", "Seat", "SeatMoveError", "SeatStatus", "SeatTable", "SeatView",
+           "seat_room"]
