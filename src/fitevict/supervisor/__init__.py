@@ -6,7 +6,8 @@ that joins them to the front door.
     seat.py       one seat's state Enum, spawn and readiness
     release.py    the one stop path and its release verification
     measure.py    reading a seat after its load; engine overhead
-    pricebook.py  prices and stored measurements per signature; the engine's dry run
+    pricebook.py  what prices depend on (measurements, corrections, dry runs, overheads); builds the price sheets
+    pricesheet.py one file's prices read ahead: the planner's footprint function, computation only
     orphans.py    seats an earlier fitevict left
     core.py       the Supervisor: acquire, load, unload, plan, shutdown, views
 """

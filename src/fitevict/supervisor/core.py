@@ -282,6 +282,7 @@ class Supervisor:
     def request_for(self, entry: CatalogEntry, contract: Contract | None) -> pl.PlanRequest:
         req, _cfg, path = self.prices.request(entry, contract)
         self._paths[req] = path
+        self.prices.prefetch(path, req.config)  # its price sheet, read off the event loop before it is planned
         return req
 
     def plan_now(self, request: pl.PlanRequest, residents: list[pl.Resident]) -> pl.Plan:
@@ -290,7 +291,8 @@ class Supervisor:
         policy = plan_policy(self.config)
         budget = self.budget()
         self._last_budget = budget
-        return pl.plan(request, residents, budget, lambda _k, c: self.prices.footprint(path, c), policy, self.clock())
+        sheet = self.prices.sheet_now(path, request.config)  # prices read ahead: the plan does no I/O
+        return pl.plan(request, residents, budget, lambda _k, c: sheet.footprint(c), policy, self.clock())
 
     def plan(self, key: str, contract: Contract | None = None, *, now: float | None = None) -> pl.Plan:
         """A dry run: the Plan a load would follow now. Changes nothing."""
@@ -381,6 +383,7 @@ class Supervisor:
             # the compute buffer from the engine's own dry run (once per file and configuration, cached)
             await self.prices.dry_run(entry, w.request.config, self.path_for(w.request),
                                     passthrough_args(entry))
+        await self.prices.sheet(self.path_for(w.request), w.request.config)  # current, with the dry run's figures
         fut = asyncio.get_running_loop().create_future()
         self.futures[w] = fut
         t0 = self.clock()

@@ -154,7 +154,7 @@ class LiveEffects:
         if cfg.devices and entry.engine == "llama-server" and not sup.prices.has_dry_run(path, cfg):
             # a GPU placement: its compute buffers come from the engine's own dry run of that placement (cached)
             await sup.prices.dry_run(entry, cfg, path, passthrough_args(entry))
-        predicted = sup.prices.footprint(path, cfg)
+        predicted = (await sup.prices.sheet(path, cfg)).footprint(cfg)
         engine = sup.engine_for(entry)
         t0 = sup.clock()
         seat: SeatState | None = None
@@ -185,7 +185,7 @@ class LiveEffects:
                         log.warning("%s: llama-server died by %s with repacking on; loading it again with -nr", key, sig)
                         cfg = cfg.with_(repack=False)
                         sup.prices.no_repack(path)
-                        predicted = sup.prices.footprint(path, cfg)
+                        predicted = (await sup.prices.sheet(path, cfg)).footprint(cfg)
                         continue
                     await self._fail_load(waiter, plan, seat, list(spec.argv), res, e, crash, t0)
                     return
