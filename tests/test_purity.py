@@ -1,5 +1,9 @@
 """Modules that call themselves pure do no I/O: their functions run under an audit hook that fails on any file,
-directory, process or socket access (sys.addaudithook; in a child process, since a hook cannot be removed)."""
+directory, process, database or socket access (sys.addaudithook; in a child process, since a hook cannot be removed).
+
+The server's plan is among them: ``planner.plan`` priced by a price sheet (``supervisor.pricesheet``) read from a
+real SQLite store (holding a measurement of the plan's own signature) and a real zoo file, and a sheet the price
+book holds is handed to a plan on the event loop without any I/O, even when a change made it stale."""
 
 from __future__ import annotations
 
@@ -9,7 +13,10 @@ import textwrap
 from pathlib import Path
 
 CHECK = textwrap.dedent('''
+    import asyncio
+    import json
     import sys
+    from pathlib import Path
     from fitevict import guard, planner as pl
     from fitevict.budget import Budget
     from fitevict.pricing import placement, price as pricing
@@ -20,20 +27,50 @@ CHECK = textwrap.dedent('''
     from fitevict.pricing.hostbufs import dry_run_check, rule_table
     from fitevict.pricing.loadconfig import LoadConfig
     from fitevict.contract import Contract, fixed_fields, parse_contract
+    from fitevict.store import Store
     from fitevict.supervisor.crash import retry_without_repack
+    from fitevict.supervisor.pricebook import PriceBook
 
     s = load_structure(sys.argv[1])  # reading the file is I/O: before the hook is armed
     table = rule_table(["avx2", "avx512f", "avx512_vnni", "amx_int8"])
     budget = Budget.declared({HOST: "1GiB"})
+
+    # a price sheet from a real store holding a measurement of the plan's own configuration (read before arming)
+    store = Store.open(f"sqlite:///{sys.argv[2]}/fitevict.db")
+    book = PriceBook(store, Path(sys.argv[2]) / "no-engine", "max-ram")
+    model, asked = Path(sys.argv[1]), LoadConfig(n_ctx=1000)
+    doc = json.loads(json.dumps(book.footprint(model, asked).to_json()).replace('"formula"', '"measured"'))
+    store.put_measurement(book.signature(model, asked), "m", "llama-server", doc, total=doc["total_bytes"])
+    book.forget()
+    sheet = book.read_sheet(model, asked)
+    assert sheet.footprint(asked).device(HOST).model.source == "stored-measurement"
+    sheet = book.read_sheet(model, asked)  # a fresh one: nothing priced on it yet
+    req = pl.PlanRequest("m", asked, "max-ram", s.n_layer + 1)
+    gpu_budget = Budget.declared({HOST: "1GiB", "CUDA0": "3MiB"})  # a GPU too small for all layers: rungs, ctx search
+
+    def plan_on_the_loop():
+        async def go():
+            global armed
+            book.forget()  # stale now: the plan takes the sheet held, and its rebuild runs off the loop after it
+            held = book.sheet_now(model, asked)
+            assert held is sheet and not book.current(held)
+            p = pl.plan(req, [], budget, lambda _k, c: held.footprint(c), pl.Policy(), 0.0)
+            armed = False  # what follows is the rebuild, in a thread: I/O there is its job
+            return p
+        return lambda: loop.run_until_complete(go())
+
+    loop = asyncio.new_event_loop()  # made before arming (a loop opens a socket pair)
     LOG = "load_tensors:   CPU_Mapped model buffer size =     0.49 MiB\\nfitevict-buftrace: alloc CPU_Mapped 513344\\n"
     armed = False
     seen = []
 
     def hook(event, args):
         if armed and (event in ("open", "socket.connect", "socket.bind", "subprocess.Popen", "os.system")
-                      or event.startswith(("os.", "shutil.", "glob.", "pathlib."))):
+                      or event.startswith(("os.", "shutil.", "glob.", "pathlib.", "sqlite3."))):
             seen.append(event)
 
+    on_the_loop = plan_on_the_loop()
+    store.close()  # a database read from here would have to connect again: the hook sees sqlite3.connect
     sys.addaudithook(hook)
     calls = {
         "price": lambda: pricing.price(s, LoadConfig(n_ctx=1000), host=table),
@@ -46,6 +83,8 @@ CHECK = textwrap.dedent('''
         "dry_run_check": lambda: dry_run_check([("AMX", 1 << 20)], {"Host": 3, "AMX": 1}),
         "contract": lambda: (parse_contract({"ctx": 4096}), fixed_fields(Contract(ctx=4096))),
         "crash": lambda: retry_without_repack("llama-server", LoadConfig(), -11),
+        "plan_on_a_sheet": lambda: pl.plan(req, [], gpu_budget, lambda _k, c: sheet.footprint(c), pl.Policy(), 0.0),
+        "plan_on_the_loop": on_the_loop,
     }
     for name, call in calls.items():
         armed = True
@@ -55,20 +94,33 @@ CHECK = textwrap.dedent('''
             print(f"{name}: {sorted(set(seen))}")
             sys.exit(1)
         print(f"{name}: no I/O")
+    rebuilt = loop.run_until_complete(book.sheet(model, asked))
+    assert rebuilt is not sheet and book.current(rebuilt) and rebuilt.version > sheet.version
 ''')
 
 
 def test_pure_functions_do_no_io(zoo: dict, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", CHECK, str(zoo["llama-q4_0"].path)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", CHECK, str(zoo["llama-q4_0"].path), str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("no I/O") == 9, r.stdout
+    assert r.stdout.count("no I/O") == 11, r.stdout
 
 
-def test_the_hook_sees_io(zoo: dict) -> None:
+def test_the_hook_sees_io(zoo: dict, tmp_path: Path) -> None:
     # the check itself can fail: a function that opens a file is caught
     probe = CHECK.replace('"crash": lambda: retry_without_repack("llama-server", LoadConfig(), -11),',
                           '"crash": lambda: open(sys.argv[1], "rb").close(),')
-    r = subprocess.run([sys.executable, "-c", probe, str(zoo["llama-q4_0"].path)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", probe, str(zoo["llama-q4_0"].path), str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode != 0 and "crash: ['open']" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_hook_sees_a_database_read(zoo: dict, tmp_path: Path) -> None:
+    # a plan that went to the store (as the price book's footprint did before sheets) is caught
+    probe = CHECK.replace('lambda _k, c: sheet.footprint(c), pl.Policy(), 0.0),',
+                          'lambda _k, c: (Store.open(f"sqlite:///{sys.argv[2]}/fitevict.db").last_measurement("x"), '
+                          'sheet.footprint(c))[1], pl.Policy(), 0.0),')
+    assert probe != CHECK
+    r = subprocess.run([sys.executable, "-c", probe, str(zoo["llama-q4_0"].path), str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "plan_on_a_sheet:" in r.stdout and "sqlite3.connect" in r.stdout, r.stdout + r.stderr

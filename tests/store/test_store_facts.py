@@ -50,6 +50,11 @@ def test_last_measurement_is_the_newest_for_that_signature(store: Store) -> None
     assert m1 is not None and (m1.measured_at, m1.total_bytes) == (3.0, 110 * MiB)
     assert m2 is not None and (m2.measured_at, m2.total_bytes) == (5.0, 200 * MiB)
     assert store.last_measurement(_sig(n_ctx=1024)) is None
+    # every signature's newest in one read: the same pick, by signature
+    store.put_measurement(s2, "a", "llama.cpp", {}, None, None, 210 * MiB, measured_at=5.0)  # same time: newest id
+    newest = store.newest_measurements()
+    assert set(newest) == {s1, s2} and newest[s1] == store.last_measurement(s1) == m1
+    assert newest[s2] == store.last_measurement(s2) and newest[s2].total_bytes == 210 * MiB
 
 
 def test_unavailable_host_figures_are_null(store: Store) -> None:

@@ -138,7 +138,8 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
             book = PriceBook(store, binary.parent, cfg.policy.default_alloc_mode)
             prime_price_book(book, store, binary, calibrate=False)
             request, _load_cfg, path = book.request(entry, contract)
-            return pl.plan(request, residents, budget, lambda _k, c: book.footprint(path, c), plan_policy(cfg),
+            sheet = book.read_sheet(path, request.config)  # the server's planner prices from the same sheet
+            return pl.plan(request, residents, budget, lambda _k, c: sheet.footprint(c), plan_policy(cfg),
                            time.time())
     except (UnknownModel, ContractError, PricingError) as e:
         err.print(f"[red]{e}[/]")

@@ -14,6 +14,7 @@ Pure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -146,11 +147,13 @@ def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str
 
 
 def adapters_bytes(paths: tuple[str, ...], placement: Placement, devices: tuple[str, ...], arch: str,
-                   names: frozenset[str]) -> dict[str, int]:
-    """The LoRA buffers of every adapter in ``paths``, summed per budget device."""
+                   names: frozenset[str], read: Mapping[str, LoraAdapter] | None = None) -> dict[str, int]:
+    """The LoRA buffers of every adapter in ``paths``, summed per budget device. ``read``: their headers, already
+    read (path -> adapter; a price sheet holds them); a path not in it is read here."""
     out: dict[str, int] = {}
     for p in paths:
-        for dev, n in adapter_bytes(load_adapter(p), placement, devices, arch, names).items():
+        a = read.get(p) if read is not None else None
+        for dev, n in adapter_bytes(a or load_adapter(p), placement, devices, arch, names).items():
             out[dev] = out.get(dev, 0) + n
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fitevict.pricing.adapters import adapters_bytes
+from fitevict.pricing.adapters import LoraAdapter, adapters_bytes
 from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.pricing.gguf import GgufStructure, PricingError
 from fitevict.pricing.kv import KvInfo, KvLayer, ResolvedContext, kv_layers, output_bytes, resolve_context
@@ -118,11 +118,13 @@ def price(
     compute: Mapping[str, int] | None = None,
     context: DryContext | None = None,
     host: HostBuffers,
+    loras: Mapping[str, LoraAdapter] | None = None,
 ) -> Pricing:
     """Price ``s`` under ``cfg``. ``compute`` (device -> bytes, e.g. from ``dry_run_compute``) overrides the
     compute term with source "dry-run". ``context`` (the caches the same dry run sized) prices the context of an
     architecture fitevict has no KV rules for, with source "dry-run"; for a known architecture the exact rules
     win. ``host`` is the machine's extra host buffer table (``host.machine.host_buffers()`` reads this one's).
+    ``loras``: the headers of ``cfg.loras`` already read (path -> adapter); without them they are read here.
     Raises PricingError for a configuration llama.cpp refuses."""
     rc = resolve_context(s, cfg)
     pl: Placement = place(s, cfg, host)
@@ -155,7 +157,7 @@ def price(
         model_by_dev[b.device] = model_by_dev.get(b.device, 0) + b.bytes
 
     names = frozenset(t.name for t in s.tensors) if cfg.loras else frozenset()
-    lora_by_dev = adapters_bytes(cfg.loras, pl, tuple(cfg.devices), s.arch, names) if cfg.loras else {}
+    lora_by_dev = adapters_bytes(cfg.loras, pl, tuple(cfg.devices), s.arch, names, loras) if cfg.loras else {}
     devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev or d in lora_by_dev)]
     out_dev = HOST  # the output buffer lives in host memory (the output device's host buffer when offloaded)
     out_b = output_bytes(s, rc, cfg.embeddings)

@@ -44,6 +44,8 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     door = Door(config, catalog, store, sup, metrics, pool, sampler)
     sup.on_event.append(sampler.poke)
     watch = CatalogWatch(config, catalog)
+    # a rescan reads the price sheets again (files may have changed) and reads the added models' ahead
+    watch.on_change.append(lambda added, _removed: sup.prices.rescanned(e for k in added if (e := catalog.get(k))))
     state = State({"supervisor": sup, "catalog": catalog, "store": store, "config": config, "sampler": sampler,
                    "catalog_watch": watch})
 

@@ -2,13 +2,15 @@
 
 A rescan walks the models directories off the event loop, swaps the catalog's models in place (the front door,
 the supervisor and the dashboard all hold the same catalog), and says what changed in the server log. A seat of a
-model that disappeared keeps serving until it is unloaded; a new model can be asked for at once.
+model that disappeared keeps serving until it is unloaded; a new model can be asked for at once. Whoever keeps
+something read from the models (the supervisor's price sheets) hears of each rescan through ``on_change``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from fitevict.catalog import Catalog
 from fitevict.config import Config, ConfigError
@@ -24,6 +26,7 @@ class CatalogWatch:
         self.last_error: str | None = None
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self.on_change: list[Callable[[list[str], list[str]], None]] = []  # called with (added, removed) keys
 
     async def rescan(self) -> tuple[list[str], list[str]]:
         """Walk the models directories again; returns the keys (added, removed). A rescan that fails (a broken
@@ -40,6 +43,8 @@ class CatalogWatch:
             self.last_error = None
             log.info("catalog rescanned: %d models; added %s; removed %s", len(self.catalog),
                      ", ".join(added) or "none", ", ".join(removed) or "none")
+            for hook in self.on_change:
+                hook(added, removed)
             return added, removed
 
     def start(self) -> None:

@@ -183,6 +183,21 @@ def _op_put_measurement(m: Measurement) -> Callable[[Connection], int]:
     return fn
 
 
+def _row_measurement(r: Any) -> Measurement:
+    return Measurement(
+        id=int(r.id),
+        signature=r.signature,
+        model=r.model,
+        engine=r.engine,
+        measured_at=float(r.measured_at),
+        footprint=json.loads(r.footprint_json),
+        host_committed_bytes=r.host_committed_bytes,
+        host_mapped_bytes=r.host_mapped_bytes,
+        total_bytes=int(r.total_bytes),
+        source=r.source,
+    )
+
+
 def _q_last_measurement(signature: str) -> Callable[[Connection], Measurement | None]:
     c = t.measurements.c
     q = (
@@ -194,20 +209,20 @@ def _q_last_measurement(signature: str) -> Callable[[Connection], Measurement | 
 
     def fn(conn: Connection) -> Measurement | None:
         r = conn.execute(q).first()
-        if r is None:
-            return None
-        return Measurement(
-            id=int(r.id),
-            signature=r.signature,
-            model=r.model,
-            engine=r.engine,
-            measured_at=float(r.measured_at),
-            footprint=json.loads(r.footprint_json),
-            host_committed_bytes=r.host_committed_bytes,
-            host_mapped_bytes=r.host_mapped_bytes,
-            total_bytes=int(r.total_bytes),
-            source=r.source,
-        )
+        return None if r is None else _row_measurement(r)
+
+    return fn
+
+
+def _q_newest_measurements() -> Callable[[Connection], dict[str, Measurement]]:
+    """The newest measurement of every signature (as ``_q_last_measurement`` picks it), in one query."""
+    c = t.measurements.c
+    rank = sa.func.row_number().over(partition_by=c.signature, order_by=(sa.desc(c.measured_at), sa.desc(c.id)))
+    ranked = sa.select(t.measurements, rank.label("rank")).subquery()
+    q = sa.select(ranked).where(ranked.c.rank == 1)
+
+    def fn(conn: Connection) -> dict[str, Measurement]:
+        return {r.signature: _row_measurement(r) for r in conn.execute(q)}
 
     return fn
 

@@ -33,7 +33,8 @@ from fitevict.store.connect import POSTGRES_DRIVER, StoreError, default_url, mak
 from fitevict.store.migrations import MIGRATIONS, Migration, migrate
 from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUREMENT_SOURCES, Order, _measurement,
                                     _op_compute_put, _op_put_measurement, _op_record_event, _op_seat_remove,
-                                    _op_seat_upsert, _q_compute_get, _q_events, _q_last_measurement, _q_seats)
+                                    _op_seat_upsert, _q_compute_get, _q_events, _q_last_measurement,
+                                    _q_newest_measurements, _q_seats)
 from fitevict.store.records import Event, Measurement, Seat
 from fitevict.store.writer import Writer
 
@@ -162,6 +163,10 @@ class Store:
     def last_measurement(self, signature: str) -> Measurement | None:
         """The newest measurement stored under ``signature``, or None."""
         return self.read(_q_last_measurement(signature))
+
+    def newest_measurements(self) -> dict[str, Measurement]:
+        """The newest measurement of every signature, by signature (what ``last_measurement`` gives each one)."""
+        return self.read(_q_newest_measurements())
 
     # ---- compute-buffer cache ----
     def compute_get(self, key: str) -> dict[str, int] | None:

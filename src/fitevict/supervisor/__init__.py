@@ -9,7 +9,8 @@ joins them to the front door.
     release.py    the one stop path and its release verification
     measure.py    reading a seat after its load; engine overhead
     accounts.py   what a seat's events say beyond its figures (strategy, timings, leak check, failures)
-    pricebook.py  prices and stored measurements per signature; the engine's dry run
+    pricebook.py  what prices depend on (measurements, corrections, dry runs, overheads); builds the price sheets
+    pricesheet.py one file's prices read ahead: the planner's footprint function, computation only
     learned.py    what was learned about the engines, read into a price book; overheads learned from loads
     planning.py   the request's file and configuration, the budget now, the plan
     processes.py  which engine runs an entry, its argv, port, log and store record

@@ -314,6 +314,7 @@ class Supervisor:
             # the compute buffer from the engine's own dry run (once per file and configuration, cached)
             await self.prices.dry_run(entry, w.request.config, self.path_for(w.request),
                                     passthrough_args(entry))
+        await self.prices.sheet(self.path_for(w.request), w.request.config)  # current, with the dry run's figures
         fut = asyncio.get_running_loop().create_future()
         self.desk.futures[w] = fut
         t0 = self.clock()

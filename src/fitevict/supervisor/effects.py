@@ -164,7 +164,7 @@ class LiveEffects:
         if cfg.devices and entry.engine == "llama-server" and not parts.prices.has_dry_run(path, cfg):
             # a GPU placement: its compute buffers come from the engine's own dry run of that placement (cached)
             await parts.prices.dry_run(entry, cfg, path, passthrough_args(entry))
-        predicted = parts.prices.footprint(path, cfg)
+        predicted = (await parts.prices.sheet(path, cfg)).footprint(cfg)
         engine = parts.processes.engine_for(entry)
         t0 = parts.clock()
         seat: SeatState | None = None
@@ -198,7 +198,7 @@ class LiveEffects:
                                     key, sig)
                         cfg = cfg.with_(repack=False)
                         parts.prices.no_repack(path)
-                        predicted = parts.prices.footprint(path, cfg)
+                        predicted = (await parts.prices.sheet(path, cfg)).footprint(cfg)
                         continue
                     await self._fail_load(waiter, plan, seat, list(spec.argv), res, e, crash, t0)
                     return

@@ -38,6 +38,7 @@ class Planning:
     def request_for(self, entry: CatalogEntry, contract: Contract | None) -> pl.PlanRequest:
         req, _cfg, path = self.prices.request(entry, contract)
         self._paths[req] = path
+        self.prices.prefetch(path, req.config)  # its price sheet, read off the event loop before it is planned
         return req
 
     def exactly(self, request: pl.PlanRequest) -> pl.PlanRequest:
@@ -56,8 +57,9 @@ class Planning:
         """The planner over a fresh budget reading (what ``Effects.plan`` does)."""
         path = self.path_for(request)
         budget = self.last_budget = self.budget()
-        return pl.plan(request, residents, budget, lambda _k, c: self.prices.footprint(path, c),
-                       plan_policy(self.config), self.clock())
+        sheet = self.prices.sheet_now(path, request.config)  # prices read ahead: the plan does no I/O
+        return pl.plan(request, residents, budget, lambda _k, c: sheet.footprint(c), plan_policy(self.config),
+                       self.clock())
 
     def has_gpu(self) -> bool:
         return self.last_budget is not None and bool(self.last_budget.gpu_names)

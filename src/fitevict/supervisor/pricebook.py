@@ -2,17 +2,22 @@
 by what loads of the same file at other settings measured (``pricing.correction``; learned from each accepted load
 and, at start, from the history's load records).
 
-Caches in memory by (file identity, configuration): the planner prices many candidate configurations per
-plan, the engine's dry run is run once per file and configuration, and a stored measurement changes only
-when a load records one (``forget`` drops the cache then).
+The book gathers what it learns (dry runs, accepted loads, overheads) and hands the planner price sheets
+(``supervisor.pricesheet``): one immutable record per file and adapter set, read ahead off the event loop when a
+request arrives or the catalog changes, so that the scheduler's synchronous plan prices configurations by
+computation only. Each change that can move a price bumps a version; the sheets built before it are rebuilt, off
+the event loop (``sheet``, ``_refresh``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from collections.abc import Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from fitevict import planner as pl
@@ -20,28 +25,23 @@ from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract, load_config_for, plan_request
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
-from fitevict.pricing import price as pricing
-from fitevict.pricing.correction import Correction, apply_correction, correction
-from fitevict.pricing.footprint import Footprint, as_stored
-from fitevict.engines.torch_engine import hf_config
+from fitevict.pricing.footprint import Footprint
 from fitevict.host.machine import host_buffers, machine_key
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.hf_kv import training_context
-from fitevict.pricing.hf_price import price_hf
-from fitevict.pricing.peft import load_peft_adapter
 from fitevict.pricing.safetensors import load_hf_structure
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.pricing.logparse import PRECISION_BYTES
-from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
-from fitevict.supervisor.measure import dominant_type, footprint_from_json, with_engine_overhead
+from fitevict.supervisor.measure import dominant_type, footprint_from_json
+from fitevict.supervisor.pricesheet import LOG_TERM_PRECISION, PriceSheet, SheetInputs, hf_dtype, read_sheet
 
+__all__ = ["HISTORY_LOADS", "LOG_TERM_PRECISION", "PriceBook", "PriceSheet"]
 
-# a measured term sums at most three logged buffers (KV, SWA KV, recurrent state), each printed to +-0.005 MiB
-LOG_TERM_PRECISION = 3 * PRECISION_BYTES
+log = logging.getLogger("fitevict.supervisor")
 HISTORY_LOADS = 1000  # the newest load records a starting supervisor learns each file's error from
+MAX_SHEETS = 512  # sheets kept (the oldest read goes first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +51,6 @@ class _HfShape:
     is_moe: bool = False
 
 
-def _hf_dtype(structure) -> str:
-    """The safetensors dtype holding the most bytes: an HF folder's quantization, for signatures."""
-    by: dict[str, int] = {}
-    for t in structure.tensors:
-        by[t.dtype] = by.get(t.dtype, 0) + t.nbytes
-    return "hf:" + (max(by, key=by.__getitem__) if by else "empty")
-
-
 class PriceBook:
     def __init__(self, store: Store, engine_dir: Path, default_alloc_mode: str) -> None:
         self.store = store
@@ -66,13 +58,15 @@ class PriceBook:
         self.default_alloc_mode = default_alloc_mode
         self.machine = machine_key(engine_dir / "llama-server")  # engine build @ CPU: keys stored measurements
         self.host = host_buffers(engine_dir / "llama-server")  # this machine's extra host buffer types
-        self.engine_overhead: dict[str, int] = {}  # bytes a seat's process holds beyond its buffers, per device
-        self._footprints: dict[tuple, Footprint] = {}
+        # bytes a seat's process holds beyond its buffers, per device; whoever changes it (or the two overheads
+        # below) calls ``forget`` so that the sheets are read again
+        self.engine_overhead: dict[str, int] = {}
         self._quant: dict[tuple[str, int, int], str] = {}
-        self._compute: dict[tuple[str, LoadConfig], dict[str, int]] = {}
-        self._dry_notes: dict[tuple[str, LoadConfig], str] = {}
-        self._dry_context: dict[tuple[str, LoadConfig], Any] = {}  # keyed by the placement-free configuration
-        self._projector_estimate: dict[tuple[str, LoadConfig], int] = {}
+        # the engine's dry runs, per file: by configuration, or (context, projector) by placement-free configuration
+        self._compute: dict[str, dict[LoadConfig, dict[str, int]]] = {}
+        self._dry_notes: dict[str, dict[LoadConfig, str]] = {}
+        self._dry_context: dict[str, dict[LoadConfig, Any]] = {}
+        self._projector_estimate: dict[str, dict[LoadConfig, int]] = {}
         self._mmproj: dict[str, Path] = {}  # model file -> its projector (from the catalog)
         self._extra_args: dict[str, tuple[str, ...]] = {}  # HF folder -> the seat's own flags (dtype, quant, ...)
         self._hf: dict[tuple[str, int], Any] = {}
@@ -81,13 +75,204 @@ class PriceBook:
         self._requests: dict[tuple[str, Contract | None], tuple[pl.PlanRequest, LoadConfig, Path]] = {}
         # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
         self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}
-        self._corrections: dict[tuple[str, int, int], Correction | None] = {}
         # files whose load crashed the engine with repacking on, on this machine: they load with -nr (supervisor/crash)
         self._no_repack: set[tuple[str, int, int]] = set()
+        # the sheets, by (file, adapters); the versions of what they were read from: every file's, each file's
+        self._sheets: dict[tuple[str, tuple[str, ...]], PriceSheet] = {}
+        self._epoch = 0
+        self._file_epochs: dict[str, int] = {}
+        self._stored: tuple[int, Mapping[str, Mapping]] | None = None  # the store's measurements, at an epoch
+        self._rebuild: asyncio.Task | None = None
+        self._reading: dict[tuple[str, tuple[str, ...]], asyncio.Task] = {}  # prefetches under way
+        self._lock = threading.Lock()  # sheets are put from the event loop and from the threads that read them
+
+    # -- what changes prices ----------------------------------------------------------------------
 
     def forget(self) -> None:
-        """A measurement or an overhead changed: prices are read again."""
-        self._footprints.clear()
+        """A measurement or an overhead changed: every sheet is read again (off the event loop)."""
+        self._changed()
+
+    def _changed(self, path: str | None = None) -> None:
+        if path is None:
+            self._epoch += 1
+        else:
+            self._file_epochs[path] = self._file_epochs.get(path, 0) + 1
+        self._refresh()
+
+    def no_repack(self, path: Path) -> None:
+        """``path`` crashed the engine with repacking on, here: from now on it is planned and started with -nr."""
+        self._no_repack.add(_ident(path))
+        self._requests.clear()
+        self.forget()
+
+    def learn(self, path: Path, cfg: LoadConfig, measured: Footprint, ident: tuple[str, int, int] | None = None) -> None:
+        """An accepted load's measured buffers: they correct this file's formula at other settings from now on."""
+        if ident is None:
+            ident = _ident(path)
+        self._learned.setdefault(ident, {})[cfg] = measured
+        self._changed(ident[0])
+
+    def learn_history(self, details: Sequence[dict]) -> int:
+        """Learn from stored ``load`` records (their details, newest first): the accepted ones that name their file
+        (``file``: path, size, mtime_ns), configuration and measured buffers. Returns how many were learned."""
+        n = 0
+        for d in details:
+            crash = d.get("repack_crash")
+            if isinstance(crash, dict) and crash.get("machine") == self.machine and isinstance(crash.get("file"), dict):
+                cf = crash["file"]
+                self._no_repack.add((str(cf["path"]), int(cf["size"]), int(cf["mtime_ns"])))
+            f, guard = d.get("file"), d.get("guard") or {}
+            if not (isinstance(f, dict) and isinstance(d.get("measured"), dict) and isinstance(d.get("config"), dict)
+                    and guard.get("accepted")):
+                continue
+            ident = (str(f["path"]), int(f["size"]), int(f["mtime_ns"]))
+            cfg = LoadConfig.from_json(d["config"])
+            if cfg not in self._learned.get(ident, {}):
+                self._learned.setdefault(ident, {})[cfg] = footprint_from_json(d["measured"])
+                n += 1
+        if n:
+            self.forget()
+        return n
+
+    def rescanned(self, added: Iterable[CatalogEntry]) -> None:
+        """The catalog changed: every sheet is read again (a file may have changed on disk, or gone), and the models
+        it added get theirs (at their default configuration), off the event loop."""
+        self._requests.clear()
+        self.forget()
+        try:
+            asyncio.get_running_loop().create_task(self._prefetch_entries(list(added)), name="fitevict-price-sheets")
+        except RuntimeError:
+            pass  # no event loop here: the added models' sheets are read at their first plan
+
+    async def _prefetch_entries(self, entries: list[CatalogEntry]) -> None:
+        for entry in entries:
+            try:
+                cfg, _mode, path = await asyncio.to_thread(self.config_for, entry, None)
+                if (str(path), cfg.loras) not in self._sheets:
+                    await self.sheet(path, cfg)
+            except (OSError, PricingError, ValueError) as e:
+                log.debug("no price sheet for %s: %s", entry.key, e)
+
+    # -- sheets -----------------------------------------------------------------------------------
+
+    def _version(self, path: Path | str) -> tuple[int, int]:
+        return (self._epoch, self._file_epochs.get(str(path), 0))
+
+    def current(self, sheet: PriceSheet) -> bool:
+        """Whether ``sheet`` was read from what the book knows now (a file changed on disk is seen by a reread)."""
+        return sheet.version == self._version(sheet.path)
+
+    def _inputs(self, path: Path, loras: tuple[str, ...]) -> SheetInputs:
+        """What the book knows of ``path``, copied (no I/O: take it on the event loop, read the rest off it)."""
+        p = str(path)
+        return SheetInputs(
+            path=Path(path), loras=tuple(loras), version=self._version(p), machine=self.machine, host=self.host,
+            engine_overhead=dict(self.engine_overhead),
+            learned={i: dict(v) for i, v in list(self._learned.items()) if i[0] == p},
+            compute=dict(self._compute.get(p, {})), dry_context=dict(self._dry_context.get(p, {})),
+            projector_estimate=dict(self._projector_estimate.get(p, {})), mmproj=self._mmproj.get(p),
+            extra_args=self._extra_args.get(p, ()), torch_overhead=self.torch_overhead,
+            peft_overhead=self.peft_overhead)
+
+    def _stored_now(self) -> Mapping[str, Mapping]:
+        """The newest stored measurement of every signature, read once per version of the book (one query)."""
+        epoch, got = self._stored if self._stored is not None else (-1, None)
+        if got is None or epoch != self._epoch:
+            epoch = self._epoch  # taken before the read: a measurement stored meanwhile bumps it, and is read next time
+            got = MappingProxyType({sig: m.footprint for sig, m in self.store.newest_measurements().items()})
+            self._stored = (epoch, got)
+        return got
+
+    def _read(self, inputs: SheetInputs) -> PriceSheet:
+        return read_sheet(inputs, self._stored_now(), self.structure)
+
+    def _fresh(self, have: PriceSheet | None, inputs: SheetInputs) -> PriceSheet:
+        """``have`` if it is current and its file unchanged on disk, else a new sheet (blocking I/O)."""
+        if have is not None and have.version == inputs.version and have.ident == _ident(inputs.path):
+            return have
+        return self._read(inputs)
+
+    def _keep(self, sheet: PriceSheet) -> None:
+        """Hold ``sheet``, unless a sheet read from a newer version of the book is held already (a rebuild that
+        started before a change must not put back what the change made stale)."""
+        with self._lock:
+            held = self._sheets.get(sheet.key)
+            if held is not None and all(h >= n for h, n in zip(held.version, sheet.version)) and (
+                    held.version != sheet.version or held.ident == sheet.ident):
+                return  # what is held was read from the same version of the same file, or a newer one
+            self._sheets.pop(sheet.key, None)
+            self._sheets[sheet.key] = sheet
+            while len(self._sheets) > MAX_SHEETS:
+                del self._sheets[next(iter(self._sheets))]
+
+    def read_sheet(self, path: Path, cfg: LoadConfig) -> PriceSheet:
+        """A current sheet for ``path`` and ``cfg``'s adapters (blocking I/O: not on the event loop)."""
+        inputs = self._inputs(path, cfg.loras)
+        sheet = self._fresh(self._sheets.get(inputs.key), inputs)
+        self._keep(sheet)
+        return sheet
+
+    async def sheet(self, path: Path, cfg: LoadConfig) -> PriceSheet:
+        """A current sheet for ``path`` and ``cfg``'s adapters, read off the event loop when it is missing, stale or
+        its file changed on disk."""
+        inputs = self._inputs(path, cfg.loras)
+        have = self._sheets.get(inputs.key)
+        sheet = await asyncio.to_thread(self._fresh, have, inputs)
+        if sheet is not have:
+            self._keep(sheet)  # unless a rebuild meanwhile held one as new
+        return self._sheets.get(inputs.key, sheet) if self.current(sheet) else sheet
+
+    def sheet_now(self, path: Path, cfg: LoadConfig) -> PriceSheet:
+        """The sheet a synchronous plan prices with: the one held, without I/O. A sheet is immutable and labelled with
+        the version of the book it was read from; after a change, until its rebuild (off the event loop) is ready,
+        a plan on the loop prices with the previous sheet: it is what the book knew a moment ago, and the requests
+        that go on to load await the rebuilt one (``sheet``). Off the event loop (the CLI) a stale sheet is read
+        again here. Only a file that neither a request nor a rescan prefetched is read on the spot."""
+        have = self._sheets.get((str(path), cfg.loras))
+        if have is None:
+            return self.read_sheet(path, cfg)
+        if not self.current(have):
+            if not _on_loop():
+                return self.read_sheet(path, cfg)
+            self._refresh()
+        return have
+
+    def prefetch(self, path: Path, cfg: LoadConfig) -> None:
+        """A request arrived: read its sheet now, off the event loop, when there is none yet."""
+        key = (str(path), cfg.loras)
+        if key in self._sheets or key in self._reading or not _on_loop():
+            return
+        task = asyncio.get_running_loop().create_task(self.sheet(path, cfg), name="fitevict-price-sheet")
+        self._reading[key] = task
+        task.add_done_callback(lambda t: (self._reading.pop(key, None), _quiet(t)))
+
+    def _refresh(self) -> None:
+        """Read the stale sheets again: in one task off the event loop, or here when called off the loop (the
+        start-up's priming runs in a thread; the CLI has no loop)."""
+        if not _on_loop():
+            for have in [s for s in list(self._sheets.values()) if not self.current(s)]:
+                self._reread(self._inputs(have.path, have.loras))
+            return
+        if self._rebuild is None or self._rebuild.done():
+            self._rebuild = asyncio.get_running_loop().create_task(self._rebuild_stale(), name="fitevict-price-sheets")
+
+    async def _rebuild_stale(self) -> None:
+        """Until no sheet is stale: copy what the book knows (here, on the loop), read each sheet in a thread."""
+        while stale := [self._inputs(s.path, s.loras) for s in list(self._sheets.values()) if not self.current(s)]:
+            await asyncio.to_thread(lambda: [self._reread(i) for i in stale])
+
+    def _reread(self, inputs: SheetInputs) -> None:
+        """One stale sheet read again; a file that can no longer be read loses its sheet (its next plan says why)."""
+        try:
+            self._keep(self._read(inputs))
+        except Exception as e:  # in the background: the plan that needs it reads it again and meets the error
+            expected = isinstance(e, (OSError, PricingError, ValueError))
+            log.log(logging.DEBUG if expected else logging.WARNING, "price sheet of %s dropped: %s: %s", inputs.path,
+                    type(e).__name__, e)
+            with self._lock:
+                self._sheets.pop(inputs.key, None)
+
+    # -- requests and prices ----------------------------------------------------------------------
 
     def structure(self, path: Path):
         """A GGUF file's structure, or an HF folder's (safetensors headers and config.json)."""
@@ -126,8 +311,9 @@ class PriceBook:
             return hit
         cfg, mode, path = self.config_for(entry, contract)
         named_file = contract is not None and contract.gguf_file is not None
-        if entry.engine == "transformers":
+        if entry.engine == "transformers" and self._extra_args.get(str(path)) != tuple(entry.settings.extra_args):
             self._extra_args[str(path)] = tuple(entry.settings.extra_args)  # the seat's flags set what it costs
+            self._changed(str(path))
         req = plan_request(entry, cfg, mode, self.shape(path), source=path if named_file else None,
                            contract=contract if contract is not None else Contract())
         if len(self._requests) > 4096:
@@ -140,99 +326,15 @@ class PriceBook:
         ident = (str(path), st.st_size, st.st_mtime_ns)
         quant = self._quant.get(ident)
         if quant is None:
-            quant = self._quant[ident] = (_hf_dtype(self.structure(path)) if path.is_dir()
+            quant = self._quant[ident] = (hf_dtype(self.structure(path)) if path.is_dir()
                                           else dominant_type(self.structure(path)))
         return measurement_signature(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
                                      quantization=quant, config=cfg.to_json(), machine=self.machine)
 
     def footprint(self, path: Path, cfg: LoadConfig) -> Footprint:
-        """Measured footprint for this signature if one was accepted (labelled stored-measurement), else the priced
-        one, with the model's projector and the engine process's overhead."""
-        st = path.stat()
-        key = (str(path), st.st_size, st.st_mtime_ns, cfg)
-        hit = self._footprints.get(key)
-        if hit is not None:
-            return hit
-        if path.is_dir():
-            # a transformers seat: priced from its headers (its walk equals that to the byte), with its own process
-            # overhead as measured; a walk has no cache or activations to reuse, so no stored figure stands in
-            hf = hf_config(cfg, extra_args=self._extra_args.get(str(path), ()))
-            fp = price_hf(self.structure(path), hf, overhead_bytes=self.torch_overhead_for(cfg.loras),
-                          adapters=tuple(load_peft_adapter(a) for a in hf.adapters)).footprint
-        elif (m := self.store.last_measurement(self.signature(path, cfg))) is not None:
-            fp = as_stored(footprint_from_json(m.footprint))
-        else:
-            fp = pricing.price(self.structure(path), cfg, host=self.host,
-                               compute=self._compute.get((str(path), cfg)),
-                               context=self._dry_context.get((str(path), cfg.without_placement()))).footprint
-            fp = apply_correction(fp, self.correction(path))
-            proj = self._mmproj.get(str(path))
-            if proj is not None:
-                estimate = self._projector_estimate.get((str(path), cfg.without_placement()))
-                fp = with_projector(fp, price_projector(load_structure(proj), estimate))
-        if not path.is_dir():
-            fp = with_engine_overhead(fp, self.engine_overhead)
-        if len(self._footprints) > 4096:
-            self._footprints.clear()
-        self._footprints[key] = fp
-        return fp
-
-    def no_repack(self, path: Path) -> None:
-        """``path`` crashed the engine with repacking on, here: from now on it is planned and started with -nr."""
-        self._no_repack.add(_ident(path))
-        self._requests.clear()
-        self.forget()
-
-    def learn(self, path: Path, cfg: LoadConfig, measured: Footprint, ident: tuple[str, int, int] | None = None) -> None:
-        """An accepted load's measured buffers: they correct this file's formula at other settings from now on."""
-        if ident is None:
-            st = Path(path).stat()
-            ident = (str(path), st.st_size, st.st_mtime_ns)
-        self._learned.setdefault(ident, {})[cfg] = measured
-        self._corrections.pop(ident, None)
-        self.forget()
-
-    def learn_history(self, details: Sequence[dict]) -> int:
-        """Learn from stored ``load`` records (their details, newest first): the accepted ones that name their file
-        (``file``: path, size, mtime_ns), configuration and measured buffers. Returns how many were learned."""
-        n = 0
-        for d in details:
-            crash = d.get("repack_crash")
-            if isinstance(crash, dict) and crash.get("machine") == self.machine and isinstance(crash.get("file"), dict):
-                cf = crash["file"]
-                self._no_repack.add((str(cf["path"]), int(cf["size"]), int(cf["mtime_ns"])))
-            f, guard = d.get("file"), d.get("guard") or {}
-            if not (isinstance(f, dict) and isinstance(d.get("measured"), dict) and isinstance(d.get("config"), dict)
-                    and guard.get("accepted")):
-                continue
-            ident = (str(f["path"]), int(f["size"]), int(f["mtime_ns"]))
-            cfg = LoadConfig.from_json(d["config"])
-            if cfg not in self._learned.get(ident, {}):
-                self._learned.setdefault(ident, {})[cfg] = footprint_from_json(d["measured"])
-                self._corrections.pop(ident, None)
-                n += 1
-        if n:
-            self.forget()
-        return n
-
-    def correction(self, path: Path) -> Correction | None:
-        """How far this file's formula was from what its accepted loads measured (any settings), per term."""
-        st = Path(path).stat()
-        ident = (str(path), st.st_size, st.st_mtime_ns)
-        if ident in self._corrections:
-            return self._corrections[ident]
-        loads = self._learned.get(ident, {})
-        pairs, seen = [], []
-        s = self.structure(path) if loads else None
-        for c, measured in loads.items():
-            try:
-                pairs.append((pricing.price(s, c, host=self.host).footprint, measured))
-            except PricingError:
-                continue  # priced no more (the rules changed): nothing to learn from it
-            seen.append(f"ctx {c.n_ctx}, " + pl.describe(c, s.n_layer + 1))  # type: ignore[union-attr]
-        origin = "; ".join(seen[:4]) + (" ..." if len(seen) > 4 else "")
-        corr = self._corrections[ident] = correction(pairs, origin, tolerance=LOG_TERM_PRECISION)
-        return corr
+        """The footprint from a current sheet of ``path`` (read here when stale or its file changed: blocking I/O),
+        for callers off the planner's path (adopting a seat at start, the CLI, tests)."""
+        return self.read_sheet(path, cfg).footprint(cfg)
 
     def torch_overhead_for(self, adapters: Sequence[str]) -> int | None:
         """A transformers seat's own process bytes: with adapters, peft's libraries too (measured apart; until one
@@ -240,34 +342,51 @@ class PriceBook:
         return (self.peft_overhead or self.torch_overhead) if adapters else self.torch_overhead
 
     def has_dry_run(self, path: Path, cfg: LoadConfig) -> bool:
-        return (str(path), cfg) in self._compute
+        return cfg in self._compute.get(str(path), {})
 
     def compute_source(self, path: Path, cfg: LoadConfig) -> str:
         if self.has_dry_run(path, cfg):
             return "dry-run"
-        why = self._dry_notes.get((str(path), cfg), "not run for this configuration")
+        why = self._dry_notes.get(str(path), {}).get(cfg, "not run for this configuration")
         return f"formula, because the dry run gave no figure: {why}"
 
     async def dry_run(self, entry: CatalogEntry, cfg: LoadConfig, path: Path, extra_args: Sequence[str]) -> None:
         """Price the compute buffer of ``cfg`` with the engine's own dry run, once per file and configuration
         (also cached on disk); a dry run that gives no figure leaves the labelled formula in place."""
-        if (str(path), cfg) in self._compute or (str(path), cfg) in self._dry_notes:
+        p = str(path)
+        if cfg in self._compute.get(p, {}) or cfg in self._dry_notes.get(p, {}):
             return
-        if entry.mmproj is not None:
-            self._mmproj[str(path)] = Path(entry.mmproj)
+        if entry.mmproj is not None and self._mmproj.get(p) != Path(entry.mmproj):
+            self._mmproj[p] = Path(entry.mmproj)
+            self._changed(p)
         got = await asyncio.to_thread(dry_run, self.engine_dir, path, cfg, extra_args=tuple(extra_args),
                                       mmproj=entry.mmproj)
         if isinstance(got, DryRunUnavailable):
-            self._dry_notes[(str(path), cfg)] = got.reason
+            self._dry_notes.setdefault(p, {})[cfg] = got.reason
         else:
-            self._compute[(str(path), cfg)] = got.compute
+            self._compute.setdefault(p, {})[cfg] = got.compute
             if got.context is not None:  # the caches do not depend on where layers go: one dry run serves any
-                self._dry_context[(str(path), cfg.without_placement())] = got.context
+                self._dry_context.setdefault(p, {})[cfg.without_placement()] = got.context
             if got.projector_estimate is not None:
-                self._projector_estimate[(str(path), cfg.without_placement())] = got.projector_estimate
-            self.forget()
+                self._projector_estimate.setdefault(p, {})[cfg.without_placement()] = got.projector_estimate
+            self._changed(p)
 
 
 def _ident(path: Path) -> tuple[str, int, int]:
     st = Path(path).stat()
     return (str(path), st.st_size, st.st_mtime_ns)
+
+
+def _on_loop() -> bool:
+    """Whether this thread runs an event loop now (then blocking I/O must go to a thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _quiet(task: asyncio.Task) -> None:
+    """A prefetch that failed says nothing here: the plan that needs the sheet reads it and reports why."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("price sheet prefetch failed: %s", task.exception())
