@@ -398,7 +398,8 @@ def test_restart_adopts_a_healthy_orphan_when_configured(tmp_path: Path, models_
             assert crash.model == "llama-gqa" and "llama-gqa" not in second.seats
         finally:
             await second.shutdown()
-            first.seats.clear()
+            for record in first.table.values():  # its process belongs to the second supervisor now
+                first.table.detach(record, record.process)
             await first.shutdown()
 
     run(scenario)

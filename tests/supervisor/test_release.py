@@ -117,6 +117,7 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
     from fitevict.pricing.loadconfig import LoadConfig
     from fitevict.store import Store
     from fitevict.supervisor import SeatState, Supervisor
+    from fitevict.schedule.seats import Seat
     from fitevict.supervisor.measure import grown_overhead, overhead_seen
 
     cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path)})
@@ -126,8 +127,9 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
                        host_mapped_bytes=100 * MiB, host_committed_bytes=20 * MiB, host_source="measured")
 
     def seat(pss: int, nvml: int) -> SeatState:
-        s = SeatState(id="s", key="m", entry=None, engine="llama-server",  # type: ignore[arg-type]
-                      config=LoadConfig(devices=("CUDA0",), n_gpu_layers=-1), model_path=Path("."), port=1,
+        record = Seat("m", LoadConfig(devices=("CUDA0",), n_gpu_layers=-1), "m", 0.0)
+        s = SeatState(id="s", seat=record, entry=None, engine="llama-server",  # type: ignore[arg-type]
+                      model_path=Path("."), port=1,
                       log_path=Path("."), started_at=0.0, predicted=logged, signature="sig", strategy="load")
         s.measured = logged
         s.host_mem = ProcessMemory((1,), pss - 100 * MiB, 100 * MiB, pss, "smaps_rollup")

@@ -6,7 +6,7 @@ import importlib
 
 from fitevict.engines.base import Engine
 
-# name -> "module:attribute". The only lazy imports in fitevict are these.
+# name -> "module:attribute", imported when an entry first names the engine (torch stays out of the front door)
 REGISTRY: dict[str, str] = {
     "llama-server": "fitevict.engines.llama_server:LlamaServerEngine",
     "transformers": "fitevict.engines.torch_engine:TransformersEngine",

@@ -223,6 +223,14 @@ class GgufStructure:
     def is_moe(self) -> bool:
         return self.expert_count > 0
 
+    def dominant_type(self) -> str:
+        """The ggml type holding the most weight bytes: the file's quantization, for signatures and Ollama's
+        ``quantization_level``."""
+        by_type: dict[str, int] = {}
+        for t in self.tensors:
+            by_type[t.ggml_type.name] = by_type.get(t.ggml_type.name, 0) + t.nbytes
+        return max(by_type, key=by_type.__getitem__) if by_type else "unknown"
+
     def tensor(self, name: str) -> TensorInfo | None:
         for t in self.tensors:
             if t.name == name:

@@ -189,11 +189,21 @@ class Scheduler:
                 self.fx.reject(w, error)
         self._pump()
 
-    def spawned(self, key: str) -> None:
-        """The placed seat's process runs: it loads now (STARTING -> LOADING)."""
+    def spawned(self, key: str, config: LoadConfig | None = None) -> None:
+        """The placed seat's process runs (under ``config``, when it is not the plan's: a retry without repacking):
+        it loads now (STARTING -> LOADING)."""
         s = self.table.get(key)
-        if s is not None and s.status is S.STARTING:
+        if s is not None and s.status in PLACING:
+            if config is not None:
+                s.config = config
             self.table.move(s, S.LOADING)
+
+    def ending(self, key: str) -> None:
+        """The seat's process exited on its own (a crash): it serves nothing more while its stop runs, and
+        ``stopped`` ends it."""
+        s = self.table.get(key)
+        if s is not None and s.status in (S.READY, S.DRAINING):
+            self.table.move(s, S.STOPPING)
 
     def stopped(self, key: str, how: Exit = Exit.STOPPED) -> None:
         """A stop finished (or a seat crashed, ``how``): it holds nothing any more, and leaves the table."""
@@ -249,11 +259,9 @@ class Scheduler:
                 self.fx.stop(s.key, "unload", f"fitevict is {reason}: load cancelled", None)
         return gone
 
-    def adopt(self, key: str, config: LoadConfig, source: str, *, bytes: Mapping[str, int], pinned: bool) -> None:
-        """A seat that already runs (adopted from an earlier fitevict): ready, never used."""
-        now = self.fx.now()
-        self.table.place(Seat(key, config, source, now, S.READY, pinned=pinned, ready_at=now, turn_start=now,
-                              bytes=dict(bytes), bytes_source="measured"))
+    def adopt(self, seat: Seat) -> None:
+        """A seat that already runs (adopted from an earlier fitevict): its record, READY and never used."""
+        self.table.place(seat)
 
     # -- views ----------------------------------------------------------------------------------
 

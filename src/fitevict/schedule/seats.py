@@ -179,6 +179,10 @@ class SeatTable:
     def in_status(self, *statuses: SeatStatus) -> list[Seat]:
         return [s for s in self._seats.values() if s.status in statuses]
 
+    def running(self) -> Running:
+        """The seats whose process runs, as their processes, by key: a live, read-only mapping."""
+        return Running(self._seats)
+
     # -- changing -----------------------------------------------------------------------------------
 
     def place(self, seat: Seat) -> Seat:
@@ -189,6 +193,15 @@ class SeatTable:
             raise SeatMoveError(f"{seat.key}: a new seat starts STARTING (or READY when adopted), not {seat.status}")
         self._seats[seat.key] = seat
         return seat
+
+    def attach(self, seat: Seat, process: Any) -> None:
+        """``process`` (the supervisor's record of a running engine) now runs for ``seat``."""
+        seat.process = process
+
+    def detach(self, seat: Seat, process: Any) -> None:
+        """``process`` exited: ``seat`` (still counted until its release is verified) has no process any more."""
+        if seat.process is process:
+            seat.process = None
 
     def move(self, seat: Seat, status: SeatStatus, *, exit: Exit | None = None) -> None:
         """``seat`` moves to ``status`` (GONE takes ``exit`` and leaves the table). Raises on a move ``MOVES`` does
@@ -205,5 +218,24 @@ class SeatTable:
             del self._seats[seat.key]
 
 
-__all__ = ["Exit", "MOVES", "PLACING", "SERVING", "Seat", "SeatMoveError", "SeatStatus", "SeatTable", "SeatView",
+class Running(Mapping[str, Any]):
+    """Seat key -> the process running for it (``SeatTable.running``): the same table, read-only."""
+
+    def __init__(self, seats: Mapping[str, Seat]) -> None:
+        self._seats = seats
+
+    def __getitem__(self, key: str) -> Any:
+        seat = self._seats.get(key)
+        if seat is None or seat.process is None:
+            raise KeyError(key)
+        return seat.process
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([k for k, s in self._seats.items() if s.process is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for s in self._seats.values() if s.process is not None)
+
+
+__all__ = ["Exit", "MOVES", "PLACING", "Running", "SERVING", "Seat", "SeatMoveError", "SeatStatus", "SeatTable", "SeatView",
            "seat_room"]

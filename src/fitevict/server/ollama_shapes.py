@@ -242,11 +242,9 @@ def details_of(structure: Any, kind: str) -> dict[str, Any]:
     if structure is None:
         return {"format": "safetensors" if kind == "hf" else kind, "family": None, "families": None,
                 "parameter_size": None, "quantization_level": None}
-    from fitevict.supervisor.measure import dominant_type
-
     return {"format": "gguf", "family": structure.arch, "families": [structure.arch],
             "parameter_size": parameter_size(parameter_count(structure)),
-            "quantization_level": dominant_type(structure)}
+            "quantization_level": structure.dominant_type()}
 
 
 def parameter_count(structure: Any) -> int:

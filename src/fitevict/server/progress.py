@@ -30,7 +30,7 @@ from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import PricingError
 from fitevict.store.records import Event
 from fitevict.supervisor import Supervisor, SupervisorError
-from fitevict.supervisor.seat import SeatPhase
+from fitevict.schedule.seats import PLACING
 from fitevict.server import seatcall
 from fitevict.server.errors import ApiError
 from fitevict.units import MiB, format_size
@@ -112,7 +112,7 @@ async def follow(sup: Supervisor, key: str, contract: Contract | None, done: asy
                         if ev.freed_bytes is not None else "unavailable, because the release was not measured",
                         "seconds": ev.seconds})
         seat = sup.seats.get(key)
-        if seat is not None and seat is not before and seat.state is SeatPhase.STARTING and seat.pid:
+        if seat is not None and seat is not before and seat.state in PLACING and seat.pid:
             predicted = seat.predicted.bytes_on(HOST)
             if not started:
                 started = True

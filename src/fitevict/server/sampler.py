@@ -23,7 +23,7 @@ from fitevict.host.nvml import read_gpus
 from fitevict.store import Store
 from fitevict.store.peaks import SeatPeaks, op_put_peaks
 from fitevict.store.records import Event
-from fitevict.supervisor.seat import SeatPhase
+from fitevict.schedule.seats import SeatStatus
 
 log = logging.getLogger("fitevict.sampler")
 
@@ -158,7 +158,7 @@ class MemorySampler:
 
     async def tick(self) -> None:
         live = {s.id: s for s in self.sup.seats.values()
-                if s.pgid is not None and s.state not in (SeatPhase.STOPPED, SeatPhase.FAILED)}
+                if s.pgid is not None and s.state is not SeatStatus.GONE}
         available, why, readings = await asyncio.to_thread(
             _read, [(i, s.pgid) for i, s in live.items()], self.sup.nvml)
         now = self.sup.clock()

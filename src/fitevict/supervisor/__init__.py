@@ -29,8 +29,8 @@ from fitevict.supervisor.core import ShutdownSummary, Supervisor
 from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.supervisor.measure import footprint_from_json, with_engine_overhead
 from fitevict.supervisor.release import RELEASE_SLACK, Release, StopResult, release_check
-from fitevict.supervisor.seat import SeatPhase, SeatState
+from fitevict.supervisor.seat import SeatState
 
-__all__ = ["Busy", "Contract", "LoadFailed", "RELEASE_SLACK", "Refused", "Release", "SeatPhase", "SeatState",
+__all__ = ["Busy", "Contract", "LoadFailed", "RELEASE_SLACK", "Refused", "Release", "SeatState",
            "ShutdownSummary", "StopResult", "Supervisor", "SupervisorError", "footprint_from_json", "release_check",
            "with_engine_overhead"]

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -50,7 +50,8 @@ from fitevict.supervisor.learned import learn_engine_overhead, prime_price_book
 from fitevict.supervisor.pricebook import PriceBook
 from fitevict.supervisor.release import StopResult
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
-from fitevict.supervisor.seat import SeatPhase, SeatState
+from fitevict.schedule.seats import SERVING, SeatTable
+from fitevict.supervisor.seat import SeatState
 
 log = logging.getLogger("fitevict.supervisor")
 
@@ -115,7 +116,8 @@ class Supervisor:
         self.config, self.catalog, self.store, self.clock, self.nvml = config, catalog, store, clock, nvml
         self.engine_binary = Path(engine_binary)
         self.prices = PriceBook(store, self.engine_binary.parent, config.policy.default_alloc_mode)
-        self.seats: dict[str, SeatState] = {}
+        self.table = SeatTable()  # every seat's one record and state; the scheduler changes it
+        self.seats: Mapping[str, SeatState] = self.table.running()  # the seats whose process runs, by key
         self.kv = PromptKeep(Path(config.data_dir) / "kv", min_tokens=config.policy.prompt_cache_min_tokens,
                              disk_budget=config.policy.prompt_cache_disk)
         self.pressure = PressureWatch(config)
@@ -124,10 +126,11 @@ class Supervisor:
         self.planning = Planning(config, catalog, self.prices, self.pressure, budget_fn or self._measure_budget, clock)
         self.desk = Desk()
         self.parts = Ports(clock=clock, config=config, catalog=catalog, store=store, prices=self.prices,
-                           seats=self.seats, history=self.history, processes=self.processes, planning=self.planning,
+                           table=self.table, seats=self.seats, history=self.history, processes=self.processes, planning=self.planning,
                            desk=self.desk, kv=self.kv, pressure=self.pressure, nvml=nvml)
         self.fx = LiveEffects(self.parts)
-        self.scheduler = Scheduler(self.fx, sched_policy(config), idle_unload_seconds=config.policy.idle_unload_seconds)
+        self.scheduler = Scheduler(self.fx, sched_policy(config), idle_unload_seconds=config.policy.idle_unload_seconds,
+                                   table=self.table)
         self.parts.scheduler = self.scheduler
         self.log_dir = self.processes.log_dir
         self.summary: ShutdownSummary | None = None
@@ -153,7 +156,7 @@ class Supervisor:
         """Load what was learned about the engine, and deal with the seats a previous run left."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(prime_price_book, self.prices, self.store, self.engine_binary, calibrate=True)
-        return await cleanup_orphans(self.parts, lambda seat: self.fx.install(seat, adopted=True))
+        return await cleanup_orphans(self.parts, self.fx.install)
 
     async def shutdown(self, grace: float | None = None) -> ShutdownSummary:
         """Take no new work; answer every waiting request 503; let requests in flight finish within ``grace``
@@ -187,7 +190,7 @@ class Supervisor:
         cut = sum(s.in_flight for s in self.scheduler.seats.values())
         for task in list(self.fx.loads.values()):
             task.cancel("fitevict is shutting down")
-        seats = [s for s in list(self.seats.values()) if s.state is SeatPhase.READY]
+        seats = [s for s in list(self.seats.values()) if s.state in SERVING]
         results = await asyncio.gather(*(self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
                                          for s in seats), return_exceptions=True)
         while self.parts.tasks:  # records and stops that those started: all written before the store closes

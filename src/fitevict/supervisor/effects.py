@@ -33,8 +33,8 @@ from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
 from fitevict.supervisor.release import StopResult, stop_and_verify
 from fitevict.schedule.scheduler import Waiter
-from fitevict.schedule.seats import PLACING, Exit
-from fitevict.supervisor.seat import BIND_FAILED, SeatPhase, SeatState, log_tail, spawn, wait_ready
+from fitevict.schedule.seats import PLACING, SERVING, Exit
+from fitevict.supervisor.seat import BIND_FAILED, SeatState, log_tail, spawn, wait_ready
 
 log = logging.getLogger("fitevict.supervisor")
 VERIFY_HOLD_S = 2.0  # a stop holds the next placement at most this long after its processes exited (see _end)
@@ -128,13 +128,12 @@ class LiveEffects:
         self.parts.desk.stopped(self.parts.scheduler, key, res, slot_freed=slot_freed, how=how)
         self._spawn_task(self.parts.history.changed(), "seat-stopped")
 
-    def install(self, seat: SeatState, *, adopted: bool = False) -> None:
-        """A seat that runs already (adopted from an earlier fitevict): in the table, ready for the scheduler."""
-        self.parts.seats[seat.key] = seat
-        self.parts.scheduler.adopt(seat.key, seat.config, str(seat.model_path.resolve()),
-                                 bytes={HOST: seat.bytes_on(HOST)}, pinned=seat.pinned)
-        if adopted:
-            self.watch_adopted(seat)
+    def install(self, seat: SeatState) -> None:
+        """A seat that runs already (adopted from an earlier fitevict, its record READY): into the table, with its
+        process, and watched."""
+        self.parts.scheduler.adopt(seat.seat)
+        self.parts.table.attach(seat.seat, seat)
+        self.watch_adopted(seat)
 
     async def _load(self, waiter: Waiter, plan: pl.Plan) -> None:
         """One load; whatever goes wrong in it (a bug included) ends as a failed load, so no request waits for a
@@ -144,8 +143,8 @@ class LiveEffects:
         except Exception as e:
             log.error("loading %s failed unexpectedly", waiter.key, exc_info=e)
             seat = self.parts.seats.get(waiter.key)
-            if seat is not None and seat.state is SeatPhase.STARTING:
-                await self._end(seat, SeatPhase.FAILED)
+            if seat is not None and not seat.expected_exit:
+                await self._end(seat)
             slot = self.parts.scheduler.seats.get(waiter.key)
             if slot is not None and slot.status in PLACING:
                 await self.parts.history.record(Event(
@@ -175,9 +174,9 @@ class LiveEffects:
                 # bind at once, before it reads a weight, and one retry on a new port is enough.
                 seat = self._new_seat(key, entry, cfg, path, predicted, plan)
                 spec = parts.processes.launch_spec(entry, path, cfg, seat.port)
-                parts.seats[key] = seat
                 await spawn(seat, spec)
-                parts.scheduler.spawned(key)
+                parts.table.attach(seat.seat, seat)
+                parts.scheduler.spawned(key, cfg)
                 await parts.history.changed()
                 self._spawn_task(asyncio.to_thread(parts.store.seat_upsert, parts.processes.record(seat)),
                                  "seat-record")
@@ -187,7 +186,7 @@ class LiveEffects:
                     break
                 except LoadFailed as e:
                     code = seat.proc.returncode if seat.proc is not None else None
-                    res = await self._end(seat, SeatPhase.FAILED)
+                    res = await self._end(seat)
                     if attempt == 1 and BIND_FAILED in log_tail(seat.log_path, 200):
                         continue
                     sig = retry_without_repack(entry.engine, cfg, code) if crash is None else None
@@ -205,8 +204,8 @@ class LiveEffects:
         except asyncio.CancelledError as e:
             # nobody waits for this load any more (every client left), or fitevict is shutting down
             why = e.args[0] if e.args else "load cancelled"
-            if seat is not None and seat.state is SeatPhase.STARTING:
-                res = await self._end(seat, SeatPhase.STOPPED)
+            if seat is not None and not seat.expected_exit:
+                res = await self._end(seat)
                 await parts.history.record(Event(
                     time=parts.clock(), event="unload", model=key, engine=entry.engine, seconds=res.exit_seconds,
                     reason=("no one waiting: every request for this load left before it finished"
@@ -217,15 +216,16 @@ class LiveEffects:
             return
         assert seat is not None
         self.loads.pop(key, None)
-        await self._ready(seat, crash, t0)
+        load_seconds = parts.clock() - t0
+        await self._ready(seat, crash)
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
         recorded = asyncio.get_running_loop().create_future()  # readers that settle wait for the record below
         self.recording.add(recorded)
         recorded.add_done_callback(self.recording.discard)
         try:
             handed = self.handed
-            parts.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=seat.load_seconds,
-                                 config=cfg)  # the waiters get the seat now: what follows is off their path
+            parts.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=load_seconds,
+                                   config=cfg)  # the waiters get the seat now: what follows is off their path
             if self.handed > handed:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(seat.answered.wait(), FIRST_ANSWER_WAIT_S)
@@ -234,14 +234,11 @@ class LiveEffects:
         finally:
             recorded.set_result(None)
 
-    async def _ready(self, seat: SeatState, crash: RepackCrash | None, t0: float) -> None:
-        """A seat that answered its health check: ready, with what it starts with (its saved prompts, its shrink, the
-        engine overhead it is counted with) and a watcher for its exit."""
+    async def _ready(self, seat: SeatState, crash: RepackCrash | None) -> None:
+        """A seat that answered its health check: what it starts with (its saved prompts, its shrink, the engine
+        overhead it is counted with) and a watcher for its exit; the scheduler marks it ready next."""
         parts, cfg = self.parts, seat.config
-        seat.load_seconds = parts.clock() - t0
         seat.repack_crash = crash
-        seat.ready_at = parts.clock()
-        seat.state = SeatPhase.READY
         seat.shrunk_from = parts.desk.shrinks.pop((seat.key, cfg.n_ctx), None)
         if seat.engine == "llama-server" and parts.config.policy.prompt_cache:
             seat.kv_candidates = await asyncio.to_thread(parts.kv.matching, seat.signature)
@@ -252,11 +249,13 @@ class LiveEffects:
     def _new_seat(self, key: str, entry: Any, cfg: Any, path: Path, predicted: Any, plan: pl.Plan) -> SeatState:
         """The record of a seat about to start: a fresh port and log, its price and signature."""
         parts = self.parts
+        record = parts.table.get(key)
+        assert record is not None, f"{key}: a load without its seat in the table"
         return SeatState(
-            id=uuid.uuid4().hex[:12], key=key, entry=entry, engine=entry.engine, config=cfg, model_path=path,
+            id=uuid.uuid4().hex[:12], seat=record, entry=entry, engine=entry.engine, model_path=path,
             port=parts.processes.next_port(), log_path=parts.processes.log_path(key),
             started_at=parts.clock(), predicted=predicted, signature=parts.prices.signature(path, cfg),
-            strategy=plan.action, split=plan.split, pinned=entry.pinned,
+            strategy=plan.action, split=plan.split,
             predicted_overhead=parts.prices.torch_overhead_for(cfg.loras) if path.is_dir() else None)
 
     async def _fail_load(self, waiter: Waiter, plan: pl.Plan, seat: SeatState, argv: list[str], res: StopResult,
@@ -352,24 +351,23 @@ class LiveEffects:
             reason=reason,
             predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total, details=details))
 
-    async def _end(self, seat: SeatState, final: SeatPhase, *, free_slot: bool = False) -> StopResult:
+    async def _end(self, seat: SeatState, *, free_slot: bool = False) -> StopResult:
         """Stop ``seat``'s process group, verify the release, and forget the seat. ``free_slot``: if verifying the
         release takes longer than ``VERIFY_HOLD_S`` after the processes exited (another program growing at the same
         moment can hide it until the timeout), tell the scheduler the seat is gone then, so that the next placement
-        does not wait for it (``Supervisor.stopped`` then leaves the scheduler alone)."""
+        does not wait for it (``Supervisor.stopped`` then leaves the scheduler alone). How the seat left (stopped,
+        failed, crashed) is the scheduler's to record, when it is told."""
         parts = self.parts
         seat.expected_exit = True
-        seat.state = SeatPhase.STOPPING
         hold: list[asyncio.TimerHandle] = []
 
         def free() -> None:
-            if not seat.slot_freed:
+            if not seat.slot_freed and parts.table.get(seat.key) is seat.seat:
                 seat.slot_freed = True
                 parts.scheduler.stopped(seat.key)
 
         def exited() -> None:
-            if parts.seats.get(seat.key) is seat:
-                parts.seats.pop(seat.key)
+            parts.table.detach(seat.seat, seat)
             if free_slot:
                 hold.append(asyncio.get_running_loop().call_later(VERIFY_HOLD_S, free))
             self._spawn_task(parts.history.changed(), "seat-exited")
@@ -380,16 +378,14 @@ class LiveEffects:
                                     clock=parts.clock, gpu_held=seat.gpu_bytes, on_exit=exited)
         for h in hold:
             h.cancel()
-        seat.state = final
-        if parts.seats.get(seat.key) is seat:
-            parts.seats.pop(seat.key)
+        parts.table.detach(seat.seat, seat)
         await asyncio.to_thread(parts.store.seat_remove, seat.id)
         return res
 
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         parts = self.parts
         kept = await keep_before_stop(self.parts, seat, event)
-        res = await self._end(seat, SeatPhase.STOPPED, free_slot=True)
+        res = await self._end(seat, free_slot=True)
         engine = parts.processes.engine_for(seat.entry)
         report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
         await parts.history.record(Event(
@@ -422,10 +418,11 @@ class LiveEffects:
     async def _watch(self, seat: SeatState) -> None:
         assert seat.proc is not None
         rc = await seat.proc.wait()
-        if seat.expected_exit or seat.state is not SeatPhase.READY:
+        if seat.expected_exit or seat.state not in SERVING:
             return
         parts = self.parts
-        res = await self._end(seat, SeatPhase.FAILED)
+        parts.scheduler.ending(seat.key)  # it serves nothing more while its stop is verified
+        res = await self._end(seat)
         await parts.history.record(Event(
             time=parts.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
             reason=f"{seat.engine} exited unexpectedly with code {rc}; the next request reloads it",
@@ -440,9 +437,10 @@ class LiveEffects:
 
             assert seat.pid is not None
             await wait_pid_gone(seat.pid, None)
-            if seat.expected_exit or seat.state is not SeatPhase.READY:
+            if seat.expected_exit or seat.state not in SERVING:
                 return
-            res = await self._end(seat, SeatPhase.FAILED)
+            self.parts.scheduler.ending(seat.key)
+            res = await self._end(seat)
             await self.parts.history.record(Event(
                 time=self.parts.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
                 reason="adopted seat exited unexpectedly (not a child of this fitevict: exit code unknown)",

@@ -107,10 +107,3 @@ def mem_json(m: procmem.ProcessMemory | None) -> dict | None:
     return {"committed_bytes": m.committed_bytes, "mapped_bytes": m.mapped_bytes, "rss_bytes": m.rss_bytes,
             "source": m.source, "reason": m.reason, "pids": list(m.pids)}
 
-
-def dominant_type(structure) -> str:
-    """The ggml type holding the most weight bytes: the file's quantization, for signatures."""
-    by_type: dict[str, int] = {}
-    for t in structure.tensors:
-        by_type[t.ggml_type.name] = by_type.get(t.ggml_type.name, 0) + t.nbytes
-    return max(by_type, key=by_type.__getitem__) if by_type else "unknown"

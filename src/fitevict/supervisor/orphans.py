@@ -9,11 +9,13 @@ from pathlib import Path
 from fitevict.engines.process import alive, cmdline
 from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
+from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.schedule.seats import Seat, SeatStatus
 from fitevict.store.records import Event, Seat as SeatRecord
 from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.release import stop_and_verify
-from fitevict.supervisor.seat import SeatPhase, SeatState
+from fitevict.supervisor.seat import SeatState
 
 
 def _is_engine(argv: list[str], rec: SeatRecord) -> bool:
@@ -70,19 +72,21 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
     cfg = LoadConfig.from_json(rec.config) if rec.config else LoadConfig()
     if not path.is_file():
         return None
+    now = parts.clock()
+    record = Seat(entry.key, cfg, str(path.resolve()), now, SeatStatus.READY, pinned=entry.pinned, ready_at=now,
+                  turn_start=now, bytes_source="measured")
     seat = SeatState(
-        id=rec.seat_id, key=entry.key, entry=entry, engine=rec.engine, config=cfg, model_path=path,
+        id=rec.seat_id, seat=record, entry=entry, engine=rec.engine, model_path=path,
         port=rec.port, log_path=Path(rec.log_path or parts.processes.log_dir / f"{entry.key}-{rec.seat_id}.log"),
         started_at=rec.started_at, predicted=parts.prices.footprint(path, cfg),
-        signature=parts.prices.signature(path, cfg),
-        strategy="adopted", state=SeatPhase.READY, pid=rec.pid, pgid=rec.pgid or rec.pid, ready_at=parts.clock(),
-        pinned=entry.pinned,
+        signature=parts.prices.signature(path, cfg), strategy="adopted", pid=rec.pid, pgid=rec.pgid or rec.pid,
     )
     try:
         seat.measured = parts.processes.engine_for(entry).measured_footprint(seat.log_path.read_text(errors="replace"))
     except (OSError, ValueError) as e:
         seat.measured_note = f"unavailable, because the adopted seat's log could not be read: {e}"
     seat.host_mem = procmem.read_tree(rec.pid)
+    record.bytes = {HOST: seat.bytes_on(HOST)}
     install(seat)
     await asyncio.to_thread(parts.store.seat_upsert, parts.processes.record(seat))
     return seat

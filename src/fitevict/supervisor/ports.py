@@ -6,7 +6,8 @@ with, instead of the supervisor itself. Each part is built once by the ``Supervi
     catalog     the models it can name
     store       the one store (its writer thread)
     prices      the price book: prices, stored measurements, dry runs
-    seats       the live seats by key (the seat table)
+    table       the seat table: every seat's one record and state (``schedule.seats``)
+    seats       the seats whose process runs, as those processes, by key (the table's read-only view)
     history     events written and waited for
     processes   which engine runs an entry, its argv, port and log
     planning    the request's file and configuration, the budget now, the plan
@@ -21,7 +22,7 @@ with, instead of the supervisor itself. Each part is built once by the ``Supervi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from fitevict.budget import Budget
 from fitevict.catalog import Catalog
 from fitevict.config import Config
 from fitevict.schedule.scheduler import Scheduler
+from fitevict.schedule.seats import SeatTable
 from fitevict.store import Store
 from fitevict.store.records import Event
 from fitevict.supervisor.desk import Desk
@@ -48,7 +50,8 @@ class Ports:
     catalog: Catalog
     store: Store
     prices: PriceBook
-    seats: dict[str, SeatState]
+    table: SeatTable
+    seats: Mapping[str, SeatState]
     history: History
     processes: Processes
     planning: Planning

@@ -34,7 +34,7 @@ from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
-from fitevict.supervisor.measure import dominant_type, footprint_from_json
+from fitevict.supervisor.measure import footprint_from_json
 from fitevict.supervisor.pricesheet import LOG_TERM_PRECISION, PriceSheet, SheetInputs, hf_dtype, read_sheet
 
 __all__ = ["HISTORY_LOADS", "LOG_TERM_PRECISION", "PriceBook", "PriceSheet"]
@@ -327,7 +327,7 @@ class PriceBook:
         quant = self._quant.get(ident)
         if quant is None:
             quant = self._quant[ident] = (hf_dtype(self.structure(path)) if path.is_dir()
-                                          else dominant_type(self.structure(path)))
+                                          else self.structure(path).dominant_type())
         return measurement_signature(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
                                      quantization=quant, config=cfg.to_json(), machine=self.machine)
 

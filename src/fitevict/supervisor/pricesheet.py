@@ -37,7 +37,7 @@ from fitevict.pricing.logparse import PRECISION_BYTES
 from fitevict.pricing.peft import PeftAdapter, load_peft_adapter
 from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.store.records import measurement_signature
-from fitevict.supervisor.measure import dominant_type, footprint_from_json, with_engine_overhead
+from fitevict.supervisor.measure import footprint_from_json, with_engine_overhead
 
 # a measured term sums at most three logged buffers (KV, SWA KV, recurrent state), each printed to +-0.005 MiB
 LOG_TERM_PRECISION = 3 * PRECISION_BYTES
@@ -180,7 +180,7 @@ def read_sheet(inputs: SheetInputs, stored: Mapping[str, Mapping], structure: Ca
         peft = {a: load_peft_adapter(a) for a in hf.adapters}
     return PriceSheet(
         path=path, ident=ident, resolved=str(path.resolve()), is_hf=is_hf, structure=s,
-        quantization=hf_dtype(s) if is_hf else dominant_type(s), machine=inputs.machine, host=inputs.host,
+        quantization=hf_dtype(s) if is_hf else s.dominant_type(), machine=inputs.machine, host=inputs.host,
         stored=stored, correction=None if is_hf else correction_of(s, inputs.learned.get(ident, {}), inputs.host),
         compute=_frozen(inputs.compute), dry_context=_frozen(inputs.dry_context),
         projector=load_structure(inputs.mmproj) if inputs.mmproj is not None and not is_hf else None,

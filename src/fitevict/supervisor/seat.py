@@ -1,7 +1,7 @@
-"""One seat: one engine process serving one model. One state Enum, one way to start, one way to stop.
+"""One seat's engine process: one way to start it, one way to stop it. Its state is its seat's, in the seat table.
 
 A seat runs in its own process group (``start_new_session``) and dies with fitevict (PR_SET_PDEATHSIG).
-Its life: STARTING -> READY -> STOPPING -> STOPPED, or FAILED. Every stop goes the same way:
+Its life is ``schedule.seats``'s: starting, loading, ready, draining, stopping, gone. Every stop goes the same way:
 SIGTERM the group, wait the grace period, SIGKILL the group (``engines.process.stop_process_group``),
 then the caller verifies that the memory came back (``supervisor.release``).
 """
@@ -9,7 +9,6 @@ then the caller verifies that the memory came back (``supervisor.release``).
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.schedule.seats import Seat, SeatStatus
 from fitevict.schedule.errors import LoadFailed
 from fitevict.supervisor.timings import EngineTimings
 
@@ -31,31 +31,16 @@ if TYPE_CHECKING:
 BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
 
 
-class SeatPhase(str, enum.Enum):
-    """A seat's life, in order. A str, so ``seat.state == "ready"`` reads as it says."""
-
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-STATES = tuple(p.value for p in SeatPhase)
-
-
 @dataclass(eq=False)
 class SeatState:
-    """A live seat. Mutable, owned by the supervisor's event loop."""
+    """The running half of a seat: its engine process and what was read of it. The seat itself (key, configuration,
+    state, readiness, pinning) is its record in the seat table (``seat``, a ``schedule.seats.Seat``): read here
+    through properties, never copied. Mutable, owned by the supervisor's event loop."""
 
     id: str
-    key: str
+    seat: Seat
     entry: CatalogEntry
     engine: str
-    config: LoadConfig
     model_path: Path
     port: int
     log_path: Path
@@ -64,19 +49,15 @@ class SeatState:
     signature: str
     strategy: str
     split: str = ""  # where its split over several GPUs came from (the plan's words); "" on one device
-    state: SeatPhase = SeatPhase.STARTING
     proc: Child | None = None
     pid: int | None = None
     pgid: int | None = None
-    ready_at: float | None = None
-    load_seconds: float | None = None
     overhead: int = 0  # the engine process's own host memory beyond its buffers (measured estimate)
     gpu_overhead: dict[str, int] = field(default_factory=dict)  # the same per GPU (CUDA context), measured
     measured: Footprint | None = None
     measured_note: str = ""
     host_mem: procmem.ProcessMemory | None = None
     gpu_bytes: dict[str, int] = field(default_factory=dict)
-    pinned: bool = False
     predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
     watcher: asyncio.Task | None = None
@@ -89,6 +70,32 @@ class SeatState:
     kv_candidates: list = field(default_factory=list)  # kvkeep.SavedPrompt of this signature, not yet tried
     kv_checks: int = 0  # requests compared with the saved prompts so far
     repack_crash: RepackCrash | None = None  # crash.RepackCrash: this seat is the -nr retry of a load that crashed with repacking
+
+    @property
+    def key(self) -> str:
+        return self.seat.key
+
+    @property
+    def config(self) -> LoadConfig:
+        return self.seat.config
+
+    @property
+    def state(self) -> SeatStatus:
+        """The seat's one state (``schedule.seats.SeatStatus``)."""
+        return self.seat.status
+
+    @property
+    def ready_at(self) -> float | None:
+        return self.seat.ready_at
+
+    @property
+    def load_seconds(self) -> float | None:
+        """Seconds from spawn to healthy (the scheduler's reload cost)."""
+        return self.seat.reload_seconds
+
+    @property
+    def pinned(self) -> bool:
+        return self.seat.pinned
 
     @property
     def base_url(self) -> str:
