@@ -74,13 +74,22 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for m, p in mods.items():
         out = set()
-        for imp in _imports(p):
+        for imp in _imports(p) + _submodules_named(p, mods):
             while imp and imp not in mods:
                 imp = imp.rpartition(".")[0]
             if imp and imp != m:
                 out.add(imp)
         graph[m] = out
     return graph
+
+
+def _submodules_named(path: Path, mods: dict[str, Path]) -> list[str]:
+    """``from fitevict.pkg import mod``: the module ``fitevict.pkg.mod`` itself, when ``mod`` is one."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fitevict":
+            out += [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
+    return out
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -22,17 +22,16 @@ import json
 import re
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from fitevict.cluster.facts import verdict_of
 from fitevict.cluster.route import Route, route, usable
+from fitevict.cluster.door_port import Front
 from fitevict.cluster.wire import Receive, Scope, Send, read_body, send_error, send_json
 from fitevict.server.errors import ApiError
 
-if TYPE_CHECKING:
-    from fitevict.cluster.front import ClusterDoor
 
 ADMIN = re.compile(r"^/v1/models/(?P<model>.+)/(?P<act>load|unload|plan)$")
 RESCAN = "/v1/models/rescan"
@@ -43,7 +42,7 @@ def is_admin(method: str, path: str) -> bool:
     return method == "POST" and (path == RESCAN or ADMIN.match(path) is not None)
 
 
-async def answer(door: ClusterDoor, scope: Scope, receive: Receive, send: Send) -> None:
+async def answer(door: Front, scope: Scope, receive: Receive, send: Send) -> None:
     path = scope["path"]
     try:
         door.keys.check(scope, admin=True)

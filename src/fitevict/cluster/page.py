@@ -14,22 +14,21 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fitevict.cluster import merge
 from fitevict.cluster import metrics as cluster_metrics
+from fitevict.cluster.door_port import Front
 from fitevict.cluster.wire import Scope, Send, send_bytes
 from fitevict.server.errors import ApiError
 from fitevict.units import format_size
 
-if TYPE_CHECKING:
-    from fitevict.cluster.front import ClusterDoor
 
 PAGES = ("/", "/dashboard", "/dashboard/live", "/metrics")
 TIMELINE_ROWS = 40
 
 
-async def answer(door: ClusterDoor, scope: Scope, send: Send) -> None:
+async def answer(door: Front, scope: Scope, send: Send) -> None:
     path = scope["path"]
     if scope["method"] not in ("GET", "HEAD"):
         raise ApiError(405, "Method Not Allowed", headers={"Allow": "GET"})
@@ -51,13 +50,13 @@ async def answer(door: ClusterDoor, scope: Scope, send: Send) -> None:
     await send_bytes(send, 200, html, shell(body).encode())
 
 
-async def metrics_text(door: ClusterDoor) -> str:
+async def metrics_text(door: Front) -> str:
     got = await door.ask_each("GET", "/metrics", timeout=10.0)
     per_node = {n: r.text for n, r in got.items() if r.status_code == 200}
     return cluster_metrics.text(per_node, door.fleet.rows(time.time()), door.routed)
 
 
-async def live(door: ClusterDoor, scope: Scope) -> str:
+async def live(door: Front, scope: Scope) -> str:
     try:
         door.keys.check(scope, admin=True)
         admin = True

@@ -28,7 +28,7 @@ def engine_build(binary: Path | str | None) -> str:
     binary's path, size and modification time (a rebuilt binary is another build)."""
     if binary is None:
         return "no-engine"
-    from fitevict.engines.install import STAMP  # the install record's one name (install imports this module)
+    from fitevict.engines.install import STAMP  # the install record's one name
 
     b = Path(binary)
     try:
