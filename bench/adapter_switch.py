@@ -39,12 +39,12 @@ def mib(n: float | None) -> str:
 
 
 async def drive(models: Path, data: Path, keys: list[str], ram_limit: int) -> dict:
-    from fitevict.catalog import Catalog
     from fitevict.config import load_config
-    from fitevict.contract import with_lora
     from fitevict.engines.install import resolve_binary
-    from fitevict.loadreport import resident_bytes
     from fitevict.pricing.logparse import parse_load_log
+    from fitevict.request.catalog import Catalog
+    from fitevict.request.contract import with_lora
+    from fitevict.request.loadreport import resident_bytes
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor
 
@@ -93,7 +93,7 @@ def main() -> None:
     from fitevict.pricing.loadconfig import LoadConfig
     from fitevict.pricing.price import price
     from fitevict.zoo import write_zoo
-    from fitevict.zoo.adapters import write_adapters
+    from fitevict.zoo.lora import write_adapters
 
     tmp = Path(tempfile.mkdtemp(prefix="fitevict-adapters-"))
     try:

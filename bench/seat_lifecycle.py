@@ -27,10 +27,10 @@ def mib(n: int | None) -> str:
 
 
 async def run(zoo_dir: Path, data: Path) -> list[dict]:
-    from fitevict.catalog import Catalog
     from fitevict.config import load_config
     from fitevict.engines.install import resolve_binary
     from fitevict.pricing.footprint import HOST
+    from fitevict.request.catalog import Catalog
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor
 

@@ -23,7 +23,7 @@ PARTS = [
     ("upstream client: fitevict's own (httptools)", ("fitevict/server/upstream.py",)),
     ("supervisor: acquire and release the seat", ("fitevict/supervisor/", "contextlib.py")),
     ("seat memory readings (supervisor, not per request)", ("psutil/", "procmem.py")),
-    ("body, keys, model, contract checks", ("fitevict/server/door.py", "fitevict/catalog", "fitevict/contract",
+    ("body, keys, model, contract checks", ("fitevict/server/door.py", "fitevict/request/", "fitevict/stores/files.py",
                                             "json/")),
     ("FastAPI / Starlette routing, validation, responses", ("fastapi/", "starlette/", "pydantic")),
     ("fast path: relay and handler", ("fitevict/server/fastpath.py",)),

@@ -28,9 +28,9 @@ from traces import (MIXED_ENGINES, adversarial_trace, bursty_trace, measured_sec
 from tracesim import FitevictPolicy, ModelSpec, Policy, Result, Sim, Trace  # noqa: E402
 
 from fitevict.config import Config, load_config  # noqa: E402
-from fitevict.contract import Contract  # noqa: E402
 from fitevict.budget import Budget  # noqa: E402
 from fitevict.pricing.footprint import HOST  # noqa: E402
+from fitevict.request.contract import Contract  # noqa: E402
 from fitevict.supervisor.core import sched_policy  # noqa: E402
 
 MiB = 2**20

@@ -25,13 +25,13 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fitevict.catalog import Catalog
-from fitevict.contract import Contract
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict import planner as pl
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.price import price
+from fitevict.request.catalog import Catalog
+from fitevict.request.contract import Contract
 from fitevict.supervisor.pricebook import PriceBook
 
 from tracesim import ModelSpec, Req, Trace

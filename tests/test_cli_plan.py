@@ -132,11 +132,11 @@ def test_the_offline_plan_is_the_servers_plan(zoo_dir: Path, tmp_path: Path) -> 
     the same numbers from ``fitevict plan`` and from the server's supervisor."""
     import asyncio
 
-    from fitevict.catalog import Catalog
     from fitevict.cli.serve import engine_binary
     from fitevict.config import load_config
-    from fitevict.contract import Contract
     from fitevict.budget import Budget
+    from fitevict.request.catalog import Catalog
+    from fitevict.request.contract import Contract
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor
 

@@ -1,8 +1,12 @@
 """The stages import downwards only: units/config -> pricing -> budget/planner -> schedule -> I/O (host, engines,
-store, catalog, contract, zoo) -> supervisor -> server/cli.
+store, stores, request, zoo) -> supervisor -> server/cli.
 
 Every import in every module counts, at any depth (function-level and ``TYPE_CHECKING`` imports included). This
 holds the order between stages, and no two modules may import each other round a circle, within a stage or across.
+
+A stage key may name a submodule: the longest dotted prefix decides, so the request's room (``request``) sits on
+the I/O stage while its load report (``request.loadreport``, which reads the supervisor's state) sits on the
+supervisor's.
 """
 
 from __future__ import annotations
@@ -18,27 +22,32 @@ STAGES: dict[str, int] = {
     "pricing": 1,
     "budget": 2, "planner": 2, "guard": 2, "pressure": 2, "shrink": 1,
     "schedule": 3,
-    "host": 4, "engines": 4, "store": 4, "zoo": 4, "catalog": 4, "catalog_adapters": 4, "catalog_files": 4,
-    "catalog_names": 4, "catalog_stores": 4, "stores": 4,
-    "contract": 4, "report": 4,
-    "loadreport": 5, "supervisor": 5,
+    "host": 4, "engines": 4, "store": 4, "zoo": 4, "request": 4, "stores": 4, "report": 4,
+    "request.loadreport": 5, "supervisor": 5,
     "server": 6, "cluster": 6, "cli": 6,
 }
 
 
 def _stage(module: str) -> int | None:
-    parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else ""
-    if top == "__version__":
+    """The stage of ``fitevict.a.b.c``: the longest of ``a.b.c``, ``a.b`` and ``a`` that STAGES names (a room
+    whose modules sit on different stages names the odd one apart)."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return STAGES.get("")
+    if parts[0] == "__version__":
         return 0
-    return STAGES.get(top)
+    for n in range(len(parts), 0, -1):
+        if (stage := STAGES.get(".".join(parts[:n]))) is not None:
+            return stage
+    return None
 
 
-def _imports(path: Path) -> list[str]:
+def _imports(path: Path, *, names: bool = False) -> list[str]:
     out: list[str] = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fitevict":
-            out += [f"fitevict.{a.name}" for a in node.names] if node.module == "fitevict" else [node.module]
+            out += ([f"{node.module}.{a.name}" for a in node.names] if names or node.module == "fitevict"
+                    else [node.module])
         elif isinstance(node, ast.Import):
             out += [a.name for a in node.names if a.name.split(".")[0] == "fitevict"]
     return out
@@ -54,7 +63,7 @@ def test_every_module_belongs_to_a_stage() -> None:
 
 
 def test_stages_import_downwards_only() -> None:
-    back = sorted((_module(p), m) for p in SRC.rglob("*.py") for m in _imports(p)
+    back = sorted((_module(p), m) for p in SRC.rglob("*.py") for m in _imports(p, names=True)
                   if (a := _stage(_module(p))) is not None and (b := _stage(m)) is not None and b > a)
     assert back == [], f"imports against the stage order: {back}"
 
@@ -172,3 +181,19 @@ def test_a_module_that_says_it_is_pure_imports_nothing_that_does_io() -> None:
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad += [(_module(p), n) for n in names if any(n == m or n.startswith(m + ".") for m in IO_MODULES)]
     assert bad == [], "modules that call themselves pure but import I/O"
+
+
+def test_every_stage_names_a_module() -> None:
+    # a key left over from a move would hold nothing: each names a package or a module of the tree
+    stale = sorted(k for k in STAGES if k and not (SRC.joinpath(*k.split(".")).is_dir()
+                                                   or SRC.joinpath(*k.split(".")).with_suffix(".py").is_file()))
+    assert stale == [], f"stage keys that name no module (moved or gone?): {stale}"
+
+
+def test_a_module_imported_from_its_package_keeps_its_stage(tmp_path: Path) -> None:
+    # the load report sits above the rest of its room: importing it by its package's name does not hide that
+    p = tmp_path / "x.py"
+    p.write_text("from fitevict.request import catalog, loadreport\n")
+    assert [_stage(m) for m in _imports(p, names=True)] == [_stage("fitevict.request"),
+                                                            _stage("fitevict.request.loadreport")]
+    assert _stage("fitevict.request.loadreport") > _stage("fitevict.request")

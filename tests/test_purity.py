@@ -26,7 +26,7 @@ CHECK = textwrap.dedent('''
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.hostbufs import dry_run_check, rule_table
     from fitevict.pricing.loadconfig import LoadConfig
-    from fitevict.contract import Contract, fixed_fields, parse_contract
+    from fitevict.request.contract import Contract, fixed_fields, parse_contract
     from fitevict.store import Store
     from fitevict.supervisor.crash import retry_without_repack
     from fitevict.supervisor.pricebook import PriceBook

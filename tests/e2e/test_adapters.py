@@ -16,10 +16,10 @@ import pytest
 from safetensors.numpy import save_file
 
 from _frontdoor import front_door, history
-from fitevict.loadreport import HEADER
+from fitevict.request.loadreport import HEADER
 from fitevict.units import MiB
 from fitevict.zoo import write_zoo
-from fitevict.zoo.adapters import write_adapters
+from fitevict.zoo.lora import write_adapters
 
 pytestmark = pytest.mark.e2e
 

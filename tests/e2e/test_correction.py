@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.catalog import Catalog
 from fitevict.config import load_config
-from fitevict.contract import Contract
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.price import price
+from fitevict.request.catalog import Catalog
+from fitevict.request.contract import Contract
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
 from fitevict.zoo import write_zoo

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.catalog import Catalog
 from fitevict.config import load_config
 from fitevict.pricing.logparse import PRECISION_BYTES
+from fitevict.request.catalog import Catalog
 from fitevict.store import Store
 from fitevict.supervisor import LoadFailed, Supervisor
 

@@ -17,8 +17,8 @@ import uvicorn
 
 from _models import medium_host_bytes, swap_models
 from _server import free_port
-from fitevict.catalog import Catalog
 from fitevict.config import load_config
+from fitevict.request.catalog import Catalog
 from fitevict.server.app import create_app
 from fitevict.store import Store
 

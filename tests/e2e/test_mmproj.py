@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.catalog import Catalog
 from fitevict.engines.dryrun import DryRun, capture_load_log, dry_run
 from fitevict.engines.llama_server import LlamaServerEngine
 from fitevict.pricing.buftrace import parse_exact_log, parse_trace
@@ -18,6 +17,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import PRECISION_BYTES
 from fitevict.pricing.price import price
 from fitevict.pricing.projector import price_projector, with_projector
+from fitevict.request.catalog import Catalog
 from fitevict.zoo import write_zoo
 from fitevict.zoo.mmproj import write_mmproj
 from fitevict.host.machine import host_buffers

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from _frontdoor import front_door, history
-from fitevict.loadreport import HEADER
 from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
+from fitevict.request.loadreport import HEADER
 from fitevict.zoo.peft import write_peft_adapters
 
 pytestmark = pytest.mark.e2e

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from _models import medium_host_bytes, swap_models
-from fitevict.catalog import Catalog
 from fitevict.config import load_config
 from fitevict.pricing.footprint import HOST
+from fitevict.request.catalog import Catalog
 from fitevict.store import Store
 from fitevict.supervisor import LoadFailed, Refused, Supervisor
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from fitevict.catalog import Catalog
 from fitevict.config import load_config
+from fitevict.request.catalog import Catalog
 from fitevict.server.app import create_app
 from fitevict.zoo import write_zoo
 

@@ -91,8 +91,8 @@ def test_footprint_sources_reads_combined_host_labels() -> None:
 def test_dashboard_history_labels_follow_the_data(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from fitevict.catalog import Catalog
     from fitevict.config import load_config
+    from fitevict.request.catalog import Catalog
     from fitevict.server.app import create_app
     from fitevict.store import Store
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fitevict.contract import Contract
+from fitevict.request.contract import Contract
 from fitevict.server import ollama_shapes as sh
 
 

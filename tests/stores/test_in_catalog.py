@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.catalog import AmbiguousModel, Catalog, UnknownModel
-from fitevict.catalog_names import shortenings
 from fitevict.config import load_config
+from fitevict.request.catalog import AmbiguousModel, Catalog, UnknownModel
+from fitevict.request.names import shortenings
 from fitevict.zoo.stores import tiny_gguf, write_hf_repo, write_lmstudio_repo, write_ollama_model
 
 from .conftest import tree

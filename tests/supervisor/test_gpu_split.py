@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.catalog import Catalog
 from fitevict.config import load_config
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import default_split, layers_per_device
 from fitevict.pricing.price import price
+from fitevict.request.catalog import Catalog
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
 from fitevict.units import GiB

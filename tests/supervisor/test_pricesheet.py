@@ -16,10 +16,10 @@ import pytest
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
-from fitevict.catalog import Catalog
 from fitevict.engines.dryrun import DryRun
 from fitevict.pricing.footprint import HOST, Term
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.request.catalog import Catalog
 from fitevict.store import Store
 from fitevict.supervisor import pricebook
 from fitevict.supervisor.measure import footprint_from_json

@@ -57,7 +57,7 @@ def test_slack_is_what_the_docstring_says(held: int) -> None:
 def test_gpu_free_is_read_through_nvml(tmp_path) -> None:
     """The supervisor's free-memory probe reads NVML for the seat's GPUs and meminfo for the host."""
     from fitevict.config import load_config
-    from fitevict.catalog import Catalog
+    from fitevict.request.catalog import Catalog
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor
     from fitevict.supervisor.release import free_now
@@ -110,11 +110,11 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
     import asyncio
     from pathlib import Path
 
-    from fitevict.catalog import Catalog
     from fitevict.config import load_config
     from fitevict.host.procmem import ProcessMemory
     from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
     from fitevict.pricing.loadconfig import LoadConfig
+    from fitevict.request.catalog import Catalog
     from fitevict.store import Store
     from fitevict.supervisor import SeatState, Supervisor
     from fitevict.schedule.seats import Seat

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.catalog import Catalog
 from fitevict.config import load_config
+from fitevict.request.catalog import Catalog
 from fitevict.store import Store
 from fitevict.supervisor import LoadFailed, Supervisor
 from fitevict.zoo import write_zoo

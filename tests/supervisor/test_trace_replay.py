@@ -18,9 +18,9 @@ from baselines import CountLRU, FifoSwap, KeepAlive  # noqa: E402
 from traces import adversarial_trace, zipf_trace, zoo_specs  # noqa: E402
 from tracesim import FitevictPolicy, Req, Sim, Trace, replay  # noqa: E402
 
-from fitevict.contract import Contract  # noqa: E402
 from fitevict.budget import Budget  # noqa: E402
 from fitevict.pricing.footprint import HOST  # noqa: E402
+from fitevict.request.contract import Contract  # noqa: E402
 from fitevict.schedule.scheduler import SchedPolicy  # noqa: E402
 from fitevict.zoo import write_zoo  # noqa: E402
 

@@ -121,10 +121,10 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
     """The server's plan for ``model`` without a server: the same price book, primed from the same store (stored
     measurements, corrections, the engine's and the transformers seats' overheads), and the same policy."""
     from fitevict import planner as pl
-    from fitevict.catalog import Catalog, UnknownModel
-    from fitevict.contract import Contract, ContractError, parse_contract
     from fitevict.engines.install import resolve_binary
     from fitevict.pricing.gguf import PricingError
+    from fitevict.request.catalog import Catalog, UnknownModel
+    from fitevict.request.contract import Contract, ContractError, parse_contract
     from fitevict.store import Store
     from fitevict.supervisor.learned import plan_policy, prime_price_book
     from fitevict.supervisor.pricebook import PriceBook

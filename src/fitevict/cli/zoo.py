@@ -11,7 +11,7 @@ from rich.table import Table
 
 from fitevict.units import format_size
 from fitevict.zoo import ZOO_NAMES, ZOO_VERSION, ZooError, resolve_names, write_zoo
-from fitevict.zoo.adapters import DEMO_BASE, write_adapters
+from fitevict.zoo.lora import DEMO_BASE, write_adapters
 from fitevict.zoo.peft import DEMO_PEFT_BASE, write_peft_adapters
 from fitevict.zoo.hf import HF_ZOO_NAMES, torch_available, write_hf_zoo
 

@@ -1,4 +1,4 @@
-"""Engine adapters behind one protocol, chosen from a registry of import strings (like uvicorn's)."""
+"""Engines behind one protocol, chosen from a registry of import strings (like uvicorn's)."""
 
 from __future__ import annotations
 

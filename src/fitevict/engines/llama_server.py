@@ -1,4 +1,4 @@
-"""The llama-server adapter: a LoadConfig becomes an argv, and the load log becomes a measured Footprint.
+"""The llama-server engine: a LoadConfig becomes an argv, and the load log becomes a measured Footprint.
 
 fitevict is the fit authority, so every seat starts with ``--fit off``; the placement comes from
 the planner. The server's host prompt cache (``--cache-ram``, 8192 MiB by default in the pinned

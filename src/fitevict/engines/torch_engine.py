@@ -1,4 +1,4 @@
-"""The transformers adapter: an HF load configuration becomes the seat's argv, and the seat's object walk becomes a
+"""The transformers engine: an HF load configuration becomes the seat's argv, and the seat's object walk becomes a
 measured Footprint.
 
 Each transformers seat is its own process (``python -m fitevict.engines.torch_seat``), started in its own process

@@ -1,6 +1,6 @@
 """price(structure, cfg) -> Pricing: a model's Footprint under one llama-server configuration.
 
-Model, context and adapter (LoRA buffer, adapters.py) terms are exact (placement.py, kv.py); for an architecture without KV rules the context is
+Model, context and adapter (LoRA buffer, lora.py) terms are exact (placement.py, kv.py); for an architecture without KV rules the context is
 the caches the engine's dry run sized (source "dry-run"). The output buffer is exact (an embeddings seat at its
 peak, ``Pricing.output_at_load`` is the buffer the load log prints); the compute buffer
 comes from the engine's dry run when the caller passes it (source "dry-run"), else from a labelled
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fitevict.pricing.adapters import LoraAdapter, adapters_bytes
 from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.pricing.gguf import GgufStructure, PricingError
 from fitevict.pricing.kv import KvInfo, KvLayer, ResolvedContext, kv_layers, output_bytes, resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import DryContext, split_evenly
 from fitevict.pricing.hostbufs import HostBuffers
+from fitevict.pricing.lora import LoraAdapter, adapters_bytes
 from fitevict.pricing.placement import Buffer, Placement, place
 
 

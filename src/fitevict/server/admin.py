@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from fitevict import shrink
-from fitevict.loadreport import plan_hits
+from fitevict.request.loadreport import plan_hits
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError

@@ -14,8 +14,8 @@ from typing import Any
 
 from starlette.datastructures import State
 
-from fitevict.catalog import Catalog
 from fitevict.config import Config
+from fitevict.request.catalog import Catalog
 from fitevict.server.door import Door
 from fitevict.server.fastpath import FastPath
 from fitevict.server.metrics import Metrics

@@ -11,16 +11,17 @@ from typing import Any
 
 from starlette.requests import Request
 
-from fitevict.catalog import AmbiguousModel, Catalog, CatalogEntry, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import Config
 from fitevict.engines import REGISTRY
+from fitevict.request.catalog import (AmbiguousModel, Catalog, CatalogEntry, GgufFileError, UnknownModel,
+                                      resolve_gguf_file)
+from fitevict.request.contract import Contract, ContractError, for_embeddings, unservable
+from fitevict.request.contract import parse_contract as _parse_contract
 from fitevict.server.errors import ApiError
 from fitevict.server.metrics import Metrics
 from fitevict.server.sampler import MemorySampler
 from fitevict.engines.upstream import Upstream
 from fitevict.store import Store
-from fitevict.contract import Contract, ContractError, for_embeddings, unservable
-from fitevict.contract import parse_contract as _parse_contract
 from fitevict.supervisor import Busy, LoadFailed, Refused, Supervisor, SupervisorError
 
 
@@ -43,7 +44,7 @@ class Prepared:
 
 
 def parse_contract(raw: Any) -> Contract | None:
-    """The request's ``fitevict`` object, validated (``fitevict.contract``), as an OpenAI-style 400 when bad."""
+    """The request's ``fitevict`` object, validated (``fitevict.request.contract``), as an OpenAI-style 400 when bad."""
     try:
         return _parse_contract(raw)
     except ContractError as e:

@@ -27,8 +27,8 @@ from typing import Any
 from starlette.datastructures import Headers
 
 from fitevict import shrink
-from fitevict.contract import with_lora
-from fitevict.loadreport import report_headers
+from fitevict.request.contract import with_lora
+from fitevict.request.loadreport import report_headers
 from fitevict.server import plain, progress
 from fitevict.server.door import Door, Prepared, new_request_id, parse_json
 from fitevict.server.kvrestore import restore_for

@@ -54,7 +54,7 @@ def main(args: list[str] | None = None) -> int:
     logging._srcfile = None  # type: ignore[attr-defined]
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
 
-    from fitevict.catalog import Catalog
+    from fitevict.request.catalog import Catalog
     from fitevict.server.app import create_app
     from fitevict.server.runner import serve as run_server
     from fitevict.store import Store, StoreError, StoreVersionError

@@ -20,11 +20,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from fitevict.loadreport import SHRUNK_HEADER
 from fitevict import shrink
 from fitevict import __version__
-from fitevict.catalog import CatalogEntry
-from fitevict.contract import Contract, for_embeddings, with_lora
+from fitevict.request.catalog import CatalogEntry
+from fitevict.request.contract import Contract, for_embeddings, with_lora
+from fitevict.request.loadreport import SHRUNK_HEADER
 from fitevict.server import ollama_shapes as sh
 from fitevict.server import seatcall
 from fitevict.server.door import Door, new_request_id, with_defaults

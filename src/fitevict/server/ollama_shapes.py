@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fitevict.contract import Contract, ContractError, parse_contract
+from fitevict.request.contract import Contract, ContractError, parse_contract
 
 # Ollama option -> the engine's request field (llama-server's OpenAI-style routes read these)
 SAMPLING: dict[str, str] = {

@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fitevict import __version__
-from fitevict.pricing.adapters import listed_adapter_bytes
+from fitevict.pricing.lora import listed_adapter_bytes
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
 

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import StreamingResponse
 
-from fitevict.catalog import CatalogEntry
-from fitevict.contract import Contract, with_lora
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import PricingError
+from fitevict.request.catalog import CatalogEntry
+from fitevict.request.contract import Contract, with_lora
 from fitevict.store.records import Event
 from fitevict.supervisor import Supervisor, SupervisorError
 from fitevict.schedule.seats import PLACING

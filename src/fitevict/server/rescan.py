@@ -12,8 +12,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from fitevict.catalog import Catalog
 from fitevict.config import Config, ConfigError
+from fitevict.request.catalog import Catalog
 
 log = logging.getLogger("fitevict.catalog")
 

@@ -14,9 +14,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fitevict.catalog import CatalogEntry
-from fitevict.contract import Contract
 from fitevict.engines.upstream import Upstream, UpstreamConn, UpstreamError
+from fitevict.request.catalog import CatalogEntry
+from fitevict.request.contract import Contract
 from fitevict.shrink import Need
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError

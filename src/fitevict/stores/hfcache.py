@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from fitevict.catalog_files import HF_CACHE_RE as REPO_RE
+from fitevict.stores.files import HF_CACHE_RE as REPO_RE
 from fitevict.stores.record import StoreModel, StoreScan, folder_models
 
 STORE = "hf-cache"

@@ -24,7 +24,7 @@ joins them to the front door.
     views.py      what a resident looks like from outside
 """
 
-from fitevict.contract import Contract
+from fitevict.request.contract import Contract
 from fitevict.supervisor.core import ShutdownSummary, Supervisor
 from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.supervisor.measure import footprint_from_json, with_engine_overhead

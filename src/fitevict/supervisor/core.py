@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from fitevict import planner as pl
-from fitevict.catalog import Catalog, CatalogEntry
 from fitevict.config import Config
-from fitevict.contract import Contract, passthrough_args, seat_key
 from fitevict.engines.base import Engine, LaunchSpec
 from fitevict.engines.process import free_port
 from fitevict.budget import Budget
 from fitevict.host.budget import budget_from_config
-from fitevict.loadreport import hit_report, request_report
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.request.catalog import Catalog, CatalogEntry
+from fitevict.request.contract import Contract, passthrough_args, seat_key
+from fitevict.request.loadreport import hit_report, request_report
 from fitevict.store import Store
 from fitevict.store.records import Event
 from fitevict.supervisor.desk import Desk

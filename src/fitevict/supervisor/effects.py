@@ -19,9 +19,9 @@ from typing import Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
-from fitevict.contract import passthrough_args
-from fitevict.loadreport import seat_load_report
 from fitevict.pricing.footprint import HOST
+from fitevict.request.contract import passthrough_args
+from fitevict.request.loadreport import seat_load_report
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, seat_document, strategy, timings
 from fitevict.supervisor.crash import RepackCrash, retry_without_repack

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
-from fitevict.catalog import Catalog, CatalogEntry
 from fitevict.config import Config
-from fitevict.contract import Contract
 from fitevict.pricing.footprint import HOST
+from fitevict.request.catalog import Catalog, CatalogEntry
+from fitevict.request.contract import Contract
 from fitevict.supervisor.learned import plan_policy
 from fitevict.supervisor.neighbours import PressureWatch
 from fitevict.supervisor.pricebook import PriceBook

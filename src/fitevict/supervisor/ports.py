@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fitevict.budget import Budget
-from fitevict.catalog import Catalog
 from fitevict.config import Config
+from fitevict.request.catalog import Catalog
 from fitevict.schedule.scheduler import Scheduler
 from fitevict.schedule.seats import SeatTable
 from fitevict.store import Store
@@ -71,7 +71,7 @@ class Ports:
             task.add_done_callback(on_done)
         return task
 
-    # what the load reports read (fitevict.loadreport)
+    # what the load reports read (fitevict.request.loadreport)
     @property
     def recent_events(self) -> tuple[Event, ...]:
         return self.history.recent

@@ -21,8 +21,6 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict import planner as pl
-from fitevict.catalog import CatalogEntry
-from fitevict.contract import Contract, load_config_for, plan_request
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing.footprint import Footprint
@@ -32,6 +30,8 @@ from fitevict.pricing.hf_kv import training_context
 from fitevict.pricing.safetensors import load_hf_structure
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.request.catalog import CatalogEntry
+from fitevict.request.contract import Contract, load_config_for, plan_request
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
 from fitevict.supervisor.measure import footprint_from_json

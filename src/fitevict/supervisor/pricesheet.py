@@ -26,7 +26,6 @@ from typing import Any
 from fitevict import planner as pl
 from fitevict.engines.torch_engine import hf_config
 from fitevict.pricing import price as pricing
-from fitevict.pricing.adapters import LoraAdapter, load_adapter
 from fitevict.pricing.correction import Correction, apply_correction, correction
 from fitevict.pricing.footprint import Footprint, as_stored
 from fitevict.pricing.gguf import PricingError, load_structure
@@ -34,6 +33,7 @@ from fitevict.pricing.hf_price import price_hf
 from fitevict.pricing.hostbufs import HostBuffers
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import PRECISION_BYTES
+from fitevict.pricing.lora import LoraAdapter, load_adapter
 from fitevict.pricing.peft import PeftAdapter, load_peft_adapter
 from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.store.records import measurement_signature

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fitevict.catalog import CatalogEntry
 from fitevict.engines.base import LaunchSpec
 from fitevict.engines.process import Child, start_child
 from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.request.catalog import CatalogEntry
 from fitevict.schedule.seats import Seat, SeatStatus
 from fitevict.schedule.errors import LoadFailed
 from fitevict.supervisor.timings import EngineTimings

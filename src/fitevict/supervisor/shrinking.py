@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from fitevict.catalog import CatalogEntry
-from fitevict.contract import Contract
+from fitevict.request.catalog import CatalogEntry
+from fitevict.request.contract import Contract
 from fitevict.shrink import Need, shrunk_ctx
 from fitevict.schedule.errors import Refused
 from fitevict.schedule.scheduler import Waiter

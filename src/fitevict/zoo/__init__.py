@@ -16,7 +16,7 @@ on disk still matches it. Files are written to a temporary name and renamed, so 
     tensors.py  vocabulary, tensor shapes and data
     write.py    GGUF writing, the manifest, ``write_zoo`` and ``rewrite_arch``
     hybrid.py   the recurrent and hybrid architectures' metadata and tensors
-    adapters.py LoRA adapters (GGUF) for a zoo model
+    lora.py     LoRA adapters (GGUF) for a zoo model
     mmproj.py   a projector (mmproj) for a zoo text model
     hf.py       Hugging Face folders (needs the torch extra)
     peft.py     PEFT adapters for an HF folder (needs the torch extra)

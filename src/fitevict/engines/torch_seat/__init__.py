@@ -4,7 +4,7 @@
 [--adapter PEFT_DIR ...]``
 
 torch, transformers and diffusers are imported only inside that process; this package's ``__init__`` (the argv
-builder and parser shared by the engine adapter and the seat) imports none of them.
+builder and parser shared by the engine (``TransformersEngine``) and the seat) imports none of them.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.catalog import AmbiguousModel, Catalog, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.config import ConfigError, load_config
+from fitevict.request.catalog import AmbiguousModel, Catalog, GgufFileError, UnknownModel, resolve_gguf_file
 from fitevict.zoo.stores import tiny_gguf, write_hf_repo
 
 

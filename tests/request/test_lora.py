@@ -10,24 +10,15 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from fitevict.catalog import Catalog
 from fitevict.config import ConfigError, ModelConfig
-from fitevict.contract import (
-    Contract,
-    ContractError,
-    load_config_for,
-    lora_field,
-    parse_contract,
-    plan_request,
-    seat_key,
-    unservable,
-    with_lora,
-)
 from fitevict.engines.llama_server import load_args
-from fitevict.pricing.adapters import listed_adapter_bytes
 from fitevict.pricing.gguf import load_structure
+from fitevict.pricing.lora import listed_adapter_bytes
+from fitevict.request.catalog import Catalog
+from fitevict.request.contract import (Contract, ContractError, load_config_for, lora_field, parse_contract,
+                                       plan_request, seat_key, unservable, with_lora)
 from fitevict.zoo import write_zoo
-from fitevict.zoo.adapters import write_adapters
+from fitevict.zoo.lora import write_adapters
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,16 @@ import gguf
 import numpy as np
 import pytest
 
-from fitevict.pricing.adapters import load_adapter
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import pad
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import parse_load_log
+from fitevict.pricing.lora import load_adapter
 from fitevict.pricing.price import price
 from fitevict.zoo import write_zoo
-from fitevict.zoo.adapters import write_adapters
 from fitevict.pricing.hostbufs import rule_table
+from fitevict.zoo.lora import write_adapters
 
 X86_AVX512 = rule_table({"avx2", "avx512f"})  # a fixed CPU (AVX-512, no AMX): these figures hold on any machine
 

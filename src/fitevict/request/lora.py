@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fitevict.config import ConfigError, ModelConfig
-from fitevict.pricing.adapters import is_lora_gguf
+from fitevict.pricing.lora import is_lora_gguf
 from fitevict.pricing.peft import PEFT_WEIGHTS
 
 ADAPTER_DIR_SUFFIX = ".adapters"

@@ -11,12 +11,12 @@ Keys (matched case-insensitively, spelled as found):
 - a Hugging Face hub cache's repository (``models--org--name/``) is read as the store reader reads it
   (fitevict.stores.hfcache): ``refs/main``'s snapshot, named ``org/name`` (``org/name:<QUANT>`` for several
   quantizations), with the older keys ``name`` / ``org~name`` (a file's stem, ``org~name~stem``) as aliases;
-- LoRA adapters (``<stem>.adapters/*.gguf`` beside a base, PEFT folders) are ``<base key>:<name>`` (catalog_adapters).
+- LoRA adapters (``<stem>.adapters/*.gguf`` beside a base, PEFT folders) are ``<base key>:<name>`` (lora.py).
 
 The stores other tools keep (Ollama, the Hugging Face cache, LM Studio; fitevict.stores) follow the models dirs,
 under the names those tools use (``qwen2.5:7b``, ``org/name``, ``org/name:Q4_K_M``); what their stores say is used
-(catalog_stores), and a name one source already holds is reported in the notes. The naming rule for ``/`` and
-``:``, and what an unknown or ambiguous name answers, are in catalog_names.
+(store_settings.py), and a name one source already holds is reported in the notes. The naming rule for ``/`` and
+``:``, and what an unknown or ambiguous name answers, are in names.py.
 
 ``[models.<key>]`` config entries add models (``path``) or adjust discovered ones (by key); a discovered
 model that a config entry points at keeps its discovered key as an alias.
@@ -32,13 +32,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fitevict.catalog_adapters import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
-from fitevict.catalog_files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models, hf_files,
-                                    is_hf_dir, is_mmproj, pick_projector, resolve_gguf_file)
-from fitevict.catalog_names import AmbiguousModel, UnknownModel, candidates
-from fitevict.catalog_stores import adapter_models, digest_key, drop_clashing_aliases, store_settings, with_store_fields
 from fitevict.config import Config, ConfigError, ModelConfig
+from fitevict.request.lora import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
+from fitevict.request.names import AmbiguousModel, UnknownModel, candidates
+from fitevict.request.store_settings import (adapter_models, digest_key, drop_clashing_aliases, store_settings,
+                                             with_store_fields)
 from fitevict.stores import StoreModel, StoreScan, hfcache, read_stores
+from fitevict.stores.files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models, hf_files,
+                                   is_hf_dir, is_mmproj, pick_projector, resolve_gguf_file)
 
 @dataclass(frozen=True, slots=True)
 class CatalogEntry:
@@ -142,7 +143,7 @@ def _scan_dir(root: Path, notes: list[str], peft: list[Path]) -> list[_Found]:
             continue
         visited[real] = folder
         dirnames[:] = sorted(d for d in dirnames if not _hidden(d) and not is_adapter_folder(folder / d, filenames))
-        if is_peft_folder(filenames):  # an adapter, listed on its base (catalog_adapters)
+        if is_peft_folder(filenames):  # an adapter, listed on its base (lora.py)
             peft.append(folder)
             dirnames.clear()
             continue
@@ -438,7 +439,7 @@ class Catalog:
 
     def resolve(self, name: str) -> CatalogEntry:
         """The model with this key or alias (case-insensitive); none: ``AmbiguousModel`` when the name shortens
-        several models' names (catalog_names), else ``UnknownModel`` with close matches."""
+        several models' names (names.py), else ``UnknownModel`` with close matches."""
         entry = self._index.get(name.lower())
         if entry is None:
             shortened = candidates(name, ((e.key, e.names) for e in self._entries))

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from fitevict import planner as pl
-from fitevict.catalog import CatalogEntry
 from fitevict.config import ModelConfig
-from fitevict.contract import (Contract, ContractError, fixed_fields, for_embeddings, load_config_for,
-                               parse_contract, parse_keep_alive)
+from fitevict.request.catalog import CatalogEntry
+from fitevict.request.contract import (Contract, ContractError, fixed_fields, for_embeddings, load_config_for,
+                                       parse_contract, parse_keep_alive)
 
 
 @pytest.mark.parametrize("given,seconds", [

@@ -22,9 +22,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from fitevict.contract import ADAPTER_KINDS
 from fitevict.engines.torch_engine import TransformersEngine
 from fitevict.engines.torch_engine import adapter_load_seconds as torch_adapter_seconds
+from fitevict.request.contract import ADAPTER_KINDS
 
 HEADER = "x-fitevict-load-report"
 SHRUNK_HEADER = "x-fitevict-ctx-shrunk"  # "<asked>-><loaded>": policy.shrink_ctx loaded a smaller context

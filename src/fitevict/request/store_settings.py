@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict.config import ModelConfig
-from fitevict.pricing.adapters import is_lora_gguf
+from fitevict.pricing.lora import is_lora_gguf
 from fitevict.stores import StoreModel
 
 #: Ollama parameter -> the request field it fills (llama-server reads these on its OpenAI routes)
@@ -102,7 +102,7 @@ def with_store_fields(entries: list, store_adapters: Iterable[StoreModel],
 def drop_clashing_aliases(entries: list, notes: list[str]) -> list:
     """Drop implicit aliases (not ``[models.<key>] aliases``) that another model's key or an earlier alias holds;
     one that several models have implicitly (``x`` for ``alice/x`` and ``bob/x``) answers none of them: it is
-    ambiguous (catalog_names)."""
+    ambiguous (names.py)."""
     keys = {e.key.lower(): e for e in entries}
     implicit: dict[str, list[str]] = {}
     for e in entries:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from fitevict import planner as pl
-from fitevict.catalog import CatalogEntry
 from fitevict.pricing.cmdline import absorb_memory_flags
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.request.catalog import CatalogEntry
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
 ADAPTER_KINDS = ("lora", "peft")  # a GGUF adapter on llama-server, a PEFT folder on a transformers seat
@@ -120,18 +121,15 @@ def parse_contract(raw: Any, *, alloc_modes: tuple[str, ...] = pl.ALLOC_MODES) -
             raise ContractError(f"fitevict.{name}: {v!r} is not an integer >= {lo}", param=f"fitevict.{name}")
         return v
 
-    kv = raw.get("kv_cache_type")
-    if kv is not None and kv not in KV_TYPES:
-        raise ContractError(f"fitevict.kv_cache_type: {kv!r} is not allowed; allowed: {', '.join(KV_TYPES)}",
-                            param="fitevict.kv_cache_type")
-    fa = raw.get("flash_attn")
-    if fa is not None and not isinstance(fa, bool):
-        raise ContractError(f"fitevict.flash_attn: {fa!r} is not allowed; allowed: true, false",
-                            param="fitevict.flash_attn")
-    mode = raw.get("alloc_mode")
-    if mode is not None and mode not in alloc_modes:
-        raise ContractError(f"fitevict.alloc_mode: {mode!r} is not allowed; allowed: {', '.join(alloc_modes)}",
-                            param="fitevict.alloc_mode")
+    def choice(name: str, allowed: Sequence[Any], shown: str) -> Any:
+        v = raw.get(name)
+        if v is not None and (v not in allowed or type(v) is not type(allowed[0])):
+            raise ContractError(f"fitevict.{name}: {v!r} is not allowed; allowed: {shown}", param=f"fitevict.{name}")
+        return v
+
+    kv = choice("kv_cache_type", KV_TYPES, ", ".join(KV_TYPES))
+    fa = choice("flash_attn", (True, False), "true, false")
+    mode = choice("alloc_mode", alloc_modes, ", ".join(alloc_modes))
     gf = raw.get("gguf_file")
     if gf is not None and not isinstance(gf, str):
         raise ContractError(f"fitevict.gguf_file: expected a file name, got {gf!r}", param="fitevict.gguf_file")
@@ -181,7 +179,7 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
     mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
     path = Path(entry.base_path if entry.base_path is not None else entry.path)
     if c.gguf_file:
-        from fitevict.catalog import resolve_gguf_file
+        from fitevict.request.catalog import resolve_gguf_file
 
         path = resolve_gguf_file(entry, c.gguf_file)
     return cfg, mode, path
