@@ -174,7 +174,7 @@ class Scheduler:
         self.spawned(key)  # a load that finished ran its process, whether or not it said so
         self.table.move(s, S.READY)
         s.ready_at, s.turn_start = now, now
-        s.bytes, s.bytes_source, s.reload_seconds = dict(bytes), bytes_source, load_seconds
+        s.loaded_bytes, s.loaded_source, s.reload_seconds = dict(bytes), bytes_source, load_seconds
         if config is not None:
             s.config = config
         self._touch(s)

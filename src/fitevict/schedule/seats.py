@@ -23,7 +23,7 @@ import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fitevict.pricing.loadconfig import LoadConfig
 
@@ -85,8 +85,8 @@ class Seat:
     turn_start: float | None = None
     last_used: float | None = None  # None: never used (idle unload leaves it alone)
     in_flight: int = 0
-    bytes: Mapping[str, int] = field(default_factory=dict)  # what the planner counts for it, per device
-    bytes_source: str = "predicted"
+    loaded_bytes: Mapping[str, int] = field(default_factory=dict)  # what it held when it became ready, per device
+    loaded_source: str = "predicted"
     reload_seconds: float | None = None
     priority: float = 0.0  # GreedyDual-Size H
     keep_alive: float | None = None
@@ -94,11 +94,28 @@ class Seat:
     process: Any = None  # the supervisor's record of its running process (supervisor.seat.SeatState); None before
 
     @property
+    def bytes(self) -> Mapping[str, int]:
+        """What the planner counts for it, per device: what its process holds now (``Holds.held``), else what it held
+        when it became ready."""
+        return self.process.held()[0] if isinstance(self.process, Holds) else self.loaded_bytes
+
+    @property
+    def bytes_source(self) -> str:
+        return self.process.held()[1] if isinstance(self.process, Holds) else self.loaded_source
+
+    @property
     def capacity(self) -> int:
         return max(1, self.config.n_parallel or 4)  # no -np: this engine runs 4 slots
 
     def room(self, engine_queue_depth: int | None) -> int:
         return seat_room(self.capacity, engine_queue_depth)
+
+
+@runtime_checkable
+class Holds(Protocol):
+    """A seat's process that says what it holds: bytes per device and where that figure came from."""
+
+    def held(self) -> tuple[Mapping[str, int], str]: ...
 
 
 class SeatView(Protocol):

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +57,8 @@ class LiveEffects:
         return self.parts.clock()
 
     def plan(self, request: pl.PlanRequest, residents: list[pl.Resident]) -> pl.Plan:
-        parts = self.parts
-        live = []
-        for r in residents:  # the scheduler's view, with what each seat really holds (measured where it can be)
-            seat = parts.seats.get(r.key)
-            if seat is not None:
-                held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in seat.config.devices}}
-                r = replace(r, bytes=held, bytes_source=seat.source_on(HOST))
-            live.append(r)
-        return parts.planning.plan_now(request, live)
+        # the residents carry what each seat's process holds now (its record reads it: schedule.seats.Holds)
+        return self.parts.planning.plan_now(request, residents)
 
     def start(self, waiter: Waiter, plan: pl.Plan) -> None:
         self.loads[waiter.key] = self._spawn_task(self._load(waiter, plan), f"load-{waiter.key}")

@@ -74,7 +74,7 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
         return None
     now = parts.clock()
     record = Seat(entry.key, cfg, str(path.resolve()), now, SeatStatus.READY, pinned=entry.pinned, ready_at=now,
-                  turn_start=now, bytes_source="measured")
+                  turn_start=now, loaded_source="measured")
     seat = SeatState(
         id=rec.seat_id, seat=record, entry=entry, engine=rec.engine, model_path=path,
         port=rec.port, log_path=Path(rec.log_path or parts.processes.log_dir / f"{entry.key}-{rec.seat_id}.log"),
@@ -86,7 +86,7 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
     except (OSError, ValueError) as e:
         seat.measured_note = f"unavailable, because the adopted seat's log could not be read: {e}"
     seat.host_mem = procmem.read_tree(rec.pid)
-    record.bytes = {HOST: seat.bytes_on(HOST)}
+    record.loaded_bytes = {HOST: seat.bytes_on(HOST)}
     install(seat)
     await asyncio.to_thread(parts.store.seat_upsert, parts.processes.record(seat))
     return seat

@@ -160,6 +160,11 @@ class SeatState:
         if n is not None and n > self.peak_bytes.get(device, -1):
             self.peak_bytes[device] = n
 
+    def held(self) -> tuple[dict[str, int], str]:
+        """What the planner counts for this seat now, per device (``bytes_on``), and where the host figure came
+        from: its seat record reads this (``schedule.seats.Holds``)."""
+        return {HOST: self.bytes_on(HOST), **{d: self.bytes_on(d) for d in self.config.devices}}, self.source_on(HOST)
+
     def held_bytes(self) -> dict[str, int | None]:
         """What a stop should give back, per device: committed host memory and GPU bytes, as measured."""
         return {HOST: self.host_mem.committed_bytes if self.host_mem is not None else None,
