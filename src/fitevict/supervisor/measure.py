@@ -79,7 +79,8 @@ def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str
 
 
 def footprint_from_json(d: dict) -> Footprint:
-    """Rebuild a Footprint from ``Footprint.to_json()`` (used for stored measurements)."""
+    """Rebuild a Footprint from ``Footprint.to_json()`` (used for stored measurements). A label missing from the JSON
+    is "engine-reported" (the engine's buffers); rows stored before that label keep their "measured"."""
     devs = []
     for dv in d.get("devices", []):
         src = dv.get("sources", {})
@@ -87,18 +88,19 @@ def footprint_from_json(d: dict) -> Footprint:
 
         def term(name: str) -> Term:
             b = dv.get(f"{name}_bytes")
-            s = str(src.get(name, "measured")).removesuffix("+correction")
+            s = str(src.get(name, "engine-reported")).removesuffix("+correction")
             c = corrections.get(name) or {}
             if b is None:
                 return Term.unavailable(dv.get("unavailable", {}).get(name, "not recorded"))
             return Term(b, s, correction=int(c.get("bytes", 0)), correction_from=str(c.get("from", "")))  # type: ignore[arg-type]
 
-        adapters = Term(dv["adapter_bytes"], src.get("adapters", "measured")) if "adapter_bytes" in dv else ZERO_FORMULA
+        adapters = (Term(dv["adapter_bytes"], src.get("adapters", "engine-reported")) if "adapter_bytes" in dv
+                    else ZERO_FORMULA)
         devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output"),
                                     adapters))
     host = d.get("host", {})
     return Footprint(tuple(devs), host.get("mapped_bytes", 0), host.get("committed_bytes", 0),
-                     host.get("source", "measured"), overhead=tuple(d.get("overhead", {}).items()))
+                     host.get("source", "engine-reported"), overhead=tuple(d.get("overhead", {}).items()))
 
 
 def mem_json(m: procmem.ProcessMemory | None) -> dict | None:

@@ -112,11 +112,16 @@ class SeatState:
         return self.predicted.bytes_on(device)
 
     def source_on(self, device: str) -> str:
+        """"measured" where a reading of the process (PSS, NVML) counts, "engine-reported" where only the engine's
+        buffers do, else the prediction's sources."""
         if device == HOST:
-            measured = (self.host_mem is not None and self.host_mem.host_bytes is not None) or self.measured is not None
-            return "measured" if measured else pred_source(self.predicted, HOST)
-        if device in self.gpu_bytes or (self.measured is not None and self.measured.device(device)):
+            if self.host_mem is not None and self.host_mem.host_bytes is not None:
+                return "measured"
+            return "engine-reported" if self.measured is not None else pred_source(self.predicted, HOST)
+        if device in self.gpu_bytes:
             return "measured"
+        if self.measured is not None and self.measured.device(device):
+            return "engine-reported"
         return pred_source(self.predicted, device)
 
     def figures(self, device: str) -> dict:
