@@ -18,7 +18,9 @@ CHECK = textwrap.dedent('''
     from fitevict.pricing.footprint import HOST
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.hostbufs import dry_run_check, rule_table
+    from fitevict.pricing.kv import resolve_context
     from fitevict.pricing.loadconfig import LoadConfig
+    from fitevict.pricing.process import process_terms
     from fitevict.contract import Contract, fixed_fields, parse_contract
     from fitevict.supervisor.crash import retry_without_repack
 
@@ -46,6 +48,9 @@ CHECK = textwrap.dedent('''
         "dry_run_check": lambda: dry_run_check([("AMX", 1 << 20)], {"Host": 3, "AMX": 1}),
         "contract": lambda: (parse_contract({"ctx": 4096}), fixed_fields(Contract(ctx=4096))),
         "crash": lambda: retry_without_repack("llama-server", LoadConfig(), -11),
+        "process_terms": lambda: process_terms(s, resolve_context(s, LoadConfig(n_ctx=1000)),
+                                               placement.place(s, LoadConfig(n_ctx=1000), table), n_threads=4,
+                                               tiled=True, cells=1000),
     }
     for name, call in calls.items():
         armed = True
@@ -62,7 +67,7 @@ def test_pure_functions_do_no_io(zoo: dict, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", CHECK, str(zoo["llama-q4_0"].path)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("no I/O") == 9, r.stdout
+    assert r.stdout.count("no I/O") == 10, r.stdout
 
 
 def test_the_hook_sees_io(zoo: dict) -> None:

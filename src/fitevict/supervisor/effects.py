@@ -27,7 +27,7 @@ from fitevict.supervisor.crash import RepackCrash, retry_without_repack
 from fitevict.supervisor.kvkeep import keep_before_stop
 from fitevict.supervisor.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
-from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
+from fitevict.supervisor.measure import grown_overhead, host_overhead, mem_json, overhead_seen, read_seat
 from fitevict.supervisor.release import StopResult, stop_and_verify
 from fitevict.supervisor.scheduler import Waiter
 from fitevict.supervisor.seat import BIND_FAILED, SeatPhase, SeatState, log_tail, spawn, wait_ready
@@ -233,7 +233,7 @@ class LiveEffects:
         seat.shrunk_from = sup.shrinks.pop((seat.key, cfg.n_ctx), None)
         if seat.engine == "llama-server" and sup.config.policy.prompt_cache:
             seat.kv_candidates = await asyncio.to_thread(sup.kv.matching, seat.signature)
-        seat.overhead = sup.prices.engine_overhead.get(HOST, 0)
+        seat.overhead = host_overhead(seat.predicted, sup.prices.engine_overhead)
         seat.gpu_overhead = {d: n for d, n in sup.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{seat.key}")
 
@@ -281,7 +281,7 @@ class LiveEffects:
             priced = seat.predicted.bytes_on(HOST) - int(seat.predicted_overhead or 0)
             await sup.learn_torch_overhead(seat.host_mem.host_bytes - priced, adapters=bool(seat.config.loras))
         else:
-            grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat))
+            grown = grown_overhead(sup.prices.engine_overhead, overhead_seen(seat, sup.prices.engine_overhead))
             if grown:
                 await sup.learn_overhead(grown)
         measured_total = seat.measured.total_bytes if seat.measured else None

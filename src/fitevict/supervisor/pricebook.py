@@ -20,6 +20,7 @@ from fitevict.catalog import CatalogEntry
 from fitevict.contract import Contract, load_config_for, plan_request
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
+from fitevict.engines.overhead import model_terms
 from fitevict.pricing import price as pricing
 from fitevict.pricing.correction import Correction, apply_correction, correction
 from fitevict.pricing.footprint import Footprint, as_stored
@@ -171,7 +172,8 @@ class PriceBook:
                 estimate = self._projector_estimate.get((str(path), cfg.without_placement()))
                 fp = with_projector(fp, price_projector(load_structure(proj), estimate))
         if not path.is_dir():
-            fp = with_engine_overhead(fp, self.engine_overhead)
+            terms = model_terms(self.structure(path), cfg, self.host)  # the overhead's parts that scale with the model
+            fp = with_engine_overhead(fp, self.engine_overhead, terms=terms)
         if len(self._footprints) > 4096:
             self._footprints.clear()
         self._footprints[key] = fp

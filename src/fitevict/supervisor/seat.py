@@ -144,7 +144,10 @@ class SeatState:
             "allocated_bytes": alloc,
             "allocated_source": ("engine-reported: its buffers (load log, to 0.01 MiB)" if alloc is not None else
                                  f"unavailable, because {self.measured_note or 'the load log was not read yet'}"),
-            "overhead_bytes": overhead, "overhead_source": "measured: the engine process's own, calibrated",
+            "overhead_bytes": overhead,
+            "overhead_source": ("measured: the engine process's own, calibrated at a filled peak, with the rules that "
+                                "scale with the model (tokenizer, work buffer, context)" if device == HOST else
+                                "measured: the engine process's own (NVML process bytes minus its buffers)"),
             "measured_bytes": now,
             "measured_source": f"measured: {how}" if now is not None else f"unavailable, because {why_not}",
             "measured_peak_bytes": self.peak_bytes.get(device),
