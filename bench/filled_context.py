@@ -177,8 +177,8 @@ def first_load_doc(rec: dict, rows: list[dict]) -> str:
         f"{_summary(rows, 'peak_load_pss')}.", "",
         "The price holds what a seat grows to once its context fills (`docs/accuracy.md`, \"Against a",
         "measurement\"); until a request runs, the compute buffer's and the caches' pages are allocated but",
-        "untouched and the process has not grown what a request needs, so a first load reads under its price, by",
-        "more than the bounds allow on most seats here. That is the price's design, not an error of a term.", "",
+        "untouched and the process has not grown what a request needs, so a first load reads under its price,",
+        "beyond the bounds on the seats counted above. That is the price's design, not an error of a term.", "",
         *table, "",
     ])
 
