@@ -2,11 +2,11 @@
 ``filled`` section of docs/accuracy.md.
 
 For each model and configuration (``-c 4096``, ``-np`` 1 and 2) it prices a first load as the server does (rules,
-this machine's host buffer table, the engine's dry-run compute, plus the engine process's overhead as calibrated on
-a fresh cache), starts the model as a seat starts, samples the process tree's PSS every 20 ms from spawn through the
-load and through every slot filled with a prompt of ``n_ctx_seq - max_tokens`` tokens and ``max_tokens`` generated
-(``bench/_filled.py``), and compares the price with the peaks. The calibration model (llama-gqa) is not among the
-models measured.
+this machine's host buffer table, the engine's dry-run compute, plus the engine process's overhead: the part
+calibrated on a fresh cache and the parts that scale with the model), starts the model as a seat starts, samples
+the process tree's PSS every 20 ms from spawn through the load and through every slot filled with a prompt of
+``n_ctx_seq - max_tokens`` tokens and ``max_tokens`` generated (``bench/_filled.py``), and compares the price with
+the peaks. The calibration model (llama-gqa) is not among the models measured.
 
     .venv/bin/python bench/filled_context.py [--models a,b] [--configs 1,2] [--no-write] [--json out.json]
     .venv/bin/python bench/filled_context.py --render out.json   # the docs again from a saved run
@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
-from _filled import (ABOVE, BELOW, FLOOR_BYTES, MAX_TOKENS, SAMPLE_S, SMALL_FILE, allowed, predict,  # noqa: E402
-                     run_filled, within)
+from _filled import ABOVE, BELOW, FLOOR_BYTES, SMALL_FILE, predict, run_filled, within  # noqa: E402
 from _serve import cpu_model  # noqa: E402
 
 from fitevict.engines.base import Unavailable
+from fitevict.engines.fill import MAX_TOKENS, SAMPLE_S
 from fitevict.engines.install import resolve_binary
 from fitevict.engines.overhead import CALIBRATION_CONFIG, CALIBRATION_MODEL, calibrate_overhead
 from fitevict.host.machine import host_buffers
@@ -59,13 +59,13 @@ def measure(models: list[str], slots: list[int]) -> tuple[dict, list[dict]]:
     binary = found.path
     here = host_buffers(binary)  # this machine's table, as the server reads it (the probe, else the rule table)
     os.environ["FITEVICT_CACHE_DIR"] = tempfile.mkdtemp(prefix="fitevict-filled-")  # a fresh install
-    rec = calibrate_overhead(binary)
+    rec = calibrate_overhead(binary, host=here)
     if isinstance(rec, Unavailable):
         raise SystemExit(rec.reason)
     rec["host_buffers"] = here.label()
     rec["run"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(),
                   "cores": os.cpu_count()}
-    overhead = int(rec["overhead"][HOST])
+    calibrated = int(rec["overhead"][HOST])
     from fitevict.zoo import write_zoo
 
     logs = Path(tempfile.mkdtemp(prefix="fitevict-filled-logs-"))
@@ -73,14 +73,15 @@ def measure(models: list[str], slots: list[int]) -> tuple[dict, list[dict]]:
     for m in write_zoo(Path(tempfile.mkdtemp(prefix="fitevict-zoo-")), only=models):
         for np_ in slots:
             cfg = LoadConfig(n_ctx=N_CTX, n_parallel=np_)
-            pred = predict(binary, m.path, cfg, here, overhead)
+            pred = predict(binary, m.path, cfg, here, calibrated)
             got = run_filled(binary, m.path, cfg, pred, logs / f"{m.name}-np{np_}.log")
             rows.append({"model": m.name, "arch": load_structure(m.path).arch, "config": f"-c {N_CTX} -np {np_}",
-                         "file_bytes": m.path.stat().st_size, **asdict(pred), "predicted": pred.host,
-                         **asdict(got)})
+                         "file_bytes": m.path.stat().st_size, **asdict(pred), "overhead": pred.overhead,
+                         "predicted": pred.host, **asdict(got)})
             print(f"{m.name} -np {np_}: predicted {pred.host:,} B, peak load {got.peak_load:,} B "
                   f"({_pct(pred.host - got.peak_load, got.peak_load)}), peak filled {got.peak_fill:,} B "
-                  f"({_pct(pred.host - got.peak_fill, got.peak_fill)}), tokens {got.tokens}", flush=True)
+                  f"({_pct(pred.host - got.peak_fill, got.peak_fill)}; as read {got.peak_fill_pss:,} B), "
+                  f"tokens {got.tokens}", flush=True)
     return rec, rows
 
 
@@ -98,36 +99,56 @@ def _summary(rows: list[dict], key: str) -> str:
             f"to {max(signed):+.2f}%; {ok} / {len(rows)} within the bounds")
 
 
+def _raw(r: dict, pss: int) -> str:
+    return f"{pss:,} ({_pct(r['predicted'] - pss, pss)})"
+
+
+def _parts(r: dict) -> str:
+    """The predicted host bytes as their parts: buffers + calibrated + each scaling term."""
+    terms = " + ".join(f"{n:,} {name}" for name, n in r["terms"])
+    return f"{r['predicted']:,} ({r['buffers']:,} buffers + {r['calibrated']:,} calibrated + {terms})"
+
+
 def _how(rec: dict, rows: list[dict]) -> list[str]:
-    """The paragraph that says what was run, on what, and how PSS was sampled."""
+    """The paragraphs that say what was run, on what, and how PSS was sampled."""
     periods = [r["mean_period_s"] * 1000 for r in rows]
     gaps = [r["max_gap_s"] * 1000 for r in rows]
-    ov, run = int(rec["overhead"][HOST]), rec["run"]
+    ov, run, cal = int(rec["overhead"][HOST]), rec["run"], rec["config"]
+    own = sum(t["bytes"] for t in rec["terms"])
+    runs = ", ".join(f"{x['peak_bytes'] - x['buffer_bytes']:,} B" for x in rec["runs"])
     return [
         f"Generated by `bench/filled_context.py` on {run['date']}, {run['cpu']} (`lscpu` model name; "
         f"{run['cores']} cores), CPU only (`-dev none`), the pinned engine (llama.cpp 0c1e570).",
         "",
         f"**Predicted** is the host price of a first load as the server makes it: the rules with this machine's host "
         f"buffer table ({rec['host_buffers']}), the compute buffer from the engine's own dry run, plus the engine "
-        f"process's overhead that `PriceBook.footprint` adds (`with_engine_overhead`): {ov:,} B "
-        f"({ov / MiB:.2f} MiB), calibrated on a fresh cache as `fitevict engine install` does, on "
-        f"{CALIBRATION_MODEL} (`-c {CALIBRATION_CONFIG.n_ctx} -np {CALIBRATION_CONFIG.n_parallel}`): PSS once it "
-        f"listens, {rec['pss_bytes']:,} B (the binary's own pages counted whole), less its {rec['buffer_bytes']:,} B "
-        f"of host buffers. {CALIBRATION_MODEL} is not among the models below; no other figure was fitted to them "
-        "(no stored measurement, no correction: a fresh store).",
+        "process's own memory that `PriceBook.footprint` adds (`with_engine_overhead`). Its calibrated part, "
+        f"{ov:,} B ({ov / MiB:.2f} MiB), was measured on a fresh cache as `fitevict engine install` does, in "
+        f"{rec['seconds']:.1f} s: {CALIBRATION_MODEL} (`-c {cal['n_ctx']} -np {cal['n_parallel']}`) started as a "
+        "seat with its allocator traced, its context filled the way the seats below are, its peak PSS (code pages "
+        f"counted whole) {rec['pss_bytes']:,} B less its {rec['buffer_bytes']:,} B of host buffers and its own "
+        f"{own:,} B of the parts that scale with a model; the largest of {len(rec['runs'])} runs ({runs} beyond "
+        "the buffers). The parts that scale with the model (`pricing.process`: the tokenizer's heap, ggml's CPU "
+        "work buffer, the heap of a filled context) are priced per row by their rules. "
+        f"{CALIBRATION_MODEL} is not among the models below and nothing was fitted to them (no stored "
+        "measurement, no correction: a fresh store; the rules' per-entry and per-token bytes were measured on "
+        f"{CALIBRATION_MODEL} variants).",
         "",
         "**Measured** is the peak PSS of the seat's process tree: each model started as a seat starts (the seat's "
         "argv: `-c 4096 -np N -dev none --fit off -cram 0`), and a thread reading `procmem.read_tree` "
-        "(Pss_Anon + Pss_Shmem + Pss_File from `/proc/PID/smaps_rollup` of the engine and its children) every "
+        "(Pss_Anon + Pss_Shmem + Pss_File from `/proc/PID/smaps_rollup`) every "
         f"{SAMPLE_S * 1000:.0f} ms from spawn: through the load, until `/health` answers (\"first load\"), then "
         f"through the fill (\"filled\"): every slot is sent at once a prompt of `n_ctx_seq - {MAX_TOKENS}` tokens "
         f"(token ids from the model's own `/tokenize`) and asked for {MAX_TOKENS} more (`/completion`, `n_predict` "
         f"{MAX_TOKENS}, `ignore_eos`), so every slot's context is full when its answer ends. The sampler's mean "
         f"period was {statistics.median(periods):.1f} ms (median over seats) and its longest gap between two "
-        f"readings {max(gaps):.0f} ms, on a machine where the engine's own threads share the same cores. "
-        f"Seats that had another process running the same engine binary beside them (PSS splits the binary's pages "
-        f"among the processes that map them, so a seat alone reads more): "
-        f"{sum(1 for r in rows if r['neighbours'])} of {len(rows)}.",
+        f"readings {max(gaps):.0f} ms, on a machine where the engine's own threads share the same cores. Each "
+        "reading also reads `/proc/PID/smaps` for the pages of the engine's code (the binary and its libraries: "
+        "every file mapping but the model's) and counts them whole, their Rss in place of their share, as the "
+        "calibration does: PSS splits those pages with every process that maps the same files, so the same seat "
+        "reads several MiB less beside other processes of the same binary, as "
+        f"{sum(1 for r in rows if r['neighbours'])} of {len(rows)} seats here had. The bounds are checked on that "
+        "figure (\"peak PSS\"); PSS as read is shown beside it.",
         "",
         f"Bounds: the prediction may fall {BELOW:.0%} under the peak and exceed it by {ABOVE:.0%}, or "
         f"{FLOOR_BYTES // MiB} MiB either way for a model file under {SMALL_FILE // MiB} MiB when that is larger "
@@ -138,77 +159,72 @@ def _how(rec: dict, rows: list[dict]) -> list[str]:
 
 def first_load_doc(rec: dict, rows: list[dict]) -> str:
     table = [
-        "| model | arch | config | file, B | predicted, B (buffers + overhead) | peak PSS through the load, B | "
-        "error, B (%) | within bounds |",
-        "|---|---|---|---|---|---|---|---|",
-        *(f"| {r['model']} | {r['arch']} | `{r['config']}` | {r['file_bytes']:,} | {r['predicted']:,} "
-          f"({r['buffers']:,} + {r['overhead']:,}) | {_err(r, r['peak_load'])} |" for r in rows),
+        "| model | arch | config | file, B | predicted, B (buffers + calibrated + scaling parts) | peak PSS through "
+        "the load, B | error, B (%) | within bounds | peak PSS as read, B (error) |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(f"| {r['model']} | {r['arch']} | `{r['config']}` | {r['file_bytes']:,} | {_parts(r)} | "
+          f"{_err(r, r['peak_load'])} | {_raw(r, r['peak_load_pss'])} |" for r in rows),
     ]
     return "\n".join([
         "# A model's first load: price against peak PSS", "",
-        "A llama-server process holds more than its buffers: the binary's pages, its heap, its threads' stacks.",
-        "fitevict measures that once per engine binary (`engines/overhead.py`, run by `fitevict engine install` "
-        "and by a first `serve`) and adds it to every host price from the first load on.", "",
+        "A llama-server process holds more than its buffers: the pages of its code, its heap, its threads' stacks,",
+        "ggml's work buffer. fitevict measures the part that does not depend on the model once per engine binary, at",
+        "the peak of a filled context (`engines/overhead.py`, run by `fitevict engine install` and by a first",
+        "`serve`), prices the parts that do from the model's dimensions (`pricing/process.py`), and adds both to",
+        "every host price from the first load on.", "",
         *_how(rec, rows),
-        f"First loads (from spawn until `/health` answers): {_summary(rows, 'peak_load')}.", "",
-        "Until a request runs, the compute buffer's pages are allocated but mostly untouched and the process has",
-        "not grown what a request needs, so a first load reads under its price: the price is meant to hold what the",
-        "seat grows to. Through a filled context the same seats grow past it, by more than the bounds allow: see",
-        "`docs/accuracy.md` (\"Against a measurement\"), which names the term that is off.", "",
+        f"First loads (from spawn until `/health` answers): {_summary(rows, 'peak_load')}. As read: "
+        f"{_summary(rows, 'peak_load_pss')}.", "",
+        "The price holds what a seat grows to once its context fills (`docs/accuracy.md`, \"Against a",
+        "measurement\"); until a request runs, the compute buffer's and the caches' pages are allocated but",
+        "untouched and the process has not grown what a request needs, so a first load reads under its price,",
+        "beyond the bounds on the seats counted above. That is the price's design, not an error of a term.", "",
         *table, "",
     ])
 
 
 def _finding(rec: dict, rows: list[dict]) -> list[str]:
-    """Which term is off: the buffers against the log, and the process beyond its buffers against the overhead."""
-    ov = int(rec["overhead"][HOST])
+    """Which term is off: the buffers against the log, and the process beyond its buffers against its price."""
     logged = [r for r in rows if r["logged_buffers"] is not None]
-    buf = max((abs(r["buffers"] - r["logged_buffers"]) for r in logged), default=0)
-    own = sorted((r["peak_fill"] - r["logged_buffers"]) / MiB for r in logged)
-    if not own:
+    if not logged:
         return []
+    buf = max(abs(r["buffers"] - r["logged_buffers"]) for r in logged)
+    own = sorted((r["peak_fill"] - r["logged_buffers"]) / MiB for r in logged)
+    miss = sorted((r["overhead"] - (r["peak_fill"] - r["logged_buffers"])) / MiB for r in logged)
     return [
-        f"The buffers are not what is off: the priced host buffers and the ones the load log reports differ by at "
-        f"most {buf:,} B (the log's 0.01 MiB rounding). The engine process's overhead is: at the filled peak the "
-        f"process held {own[0]:.2f} to {own[-1]:.2f} MiB (median {statistics.median(own):.2f} MiB) beyond its "
-        f"buffers, against the {ov / MiB:.2f} MiB calibrated. The calibration reads PSS once its seat listens, "
-        "before a request has touched its compute buffer's pages, the binary's code for the model's kernels and "
-        "the heap and work buffers a request grows, and subtracts buffers it counts whole; so it under-states what "
-        "the process holds once a context fills. That term is the one to fix (measure the calibration seat's own "
-        "bytes at the peak of a filled context); the price was not padded to meet the bounds.", "",
+        f"The buffers: the priced host buffers and the ones the load log reports differ by at most {buf:,} B (the "
+        f"log's 0.01 MiB rounding). The process beyond them: at the filled peak the seats held {own[0]:.2f} to "
+        f"{own[-1]:.2f} MiB (median {statistics.median(own):.2f} MiB) beyond their logged buffers; the priced "
+        f"overhead (calibrated + scaling parts) was off that by {miss[0]:+.2f} to {miss[-1]:+.2f} MiB (median "
+        f"{statistics.median(miss):+.2f} MiB).", "",
     ]
 
 
 def filled_section(rec: dict, rows: list[dict]) -> str:
     table = [
-        "| model | arch | config | n_ctx_seq x slots | tokens per slot (prompt + generated) | predicted, B | "
-        "first load: peak PSS, B (error) | logged buffers, B | peak PSS filled, B | error, B (%) | within bounds | "
-        "committed / mapped at the peak, B | beyond the logged buffers at the peak: committed + mapped, B |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | arch | config | n_ctx_seq x slots | tokens per slot (prompt + generated) | predicted, B (buffers + "
+        "calibrated + scaling parts) | first load: peak PSS, B (error) | logged buffers, B | peak PSS filled, B | "
+        "error, B (%) | within bounds | peak PSS filled as read, B (error) | beyond the logged buffers at the peak, "
+        "B | priced overhead, B |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         toks = ", ".join(f"{a} + {b}" for a, b in r["tokens"])
-        logged, lm = r["logged_buffers"], r["logged_mapped"]
-        rest = "unavailable"
-        if logged is not None and lm is not None:
-            own_c, own_m = r["peak_fill_committed"] - (logged - lm), r["peak_fill_mapped"] - lm
-            rest = f"{own_c:,} + {own_m:,} = {own_c + own_m:,}"
+        logged = r["logged_buffers"]
+        beyond = f"{r['peak_fill'] - logged:,}" if logged is not None else "unavailable"
         table.append(f"| {r['model']} | {r['arch']} | `{r['config']}` | {r['n_ctx_seq']} x {r['slots']} | {toks} | "
-                     f"{r['predicted']:,} | {r['peak_load']:,} ({_pct(r['predicted'] - r['peak_load'], r['peak_load'])})"
-                     " | "
-                     f"{f'{logged:,}' if logged is not None else 'unavailable'} | "
-                     f"{_err(r, r['peak_fill'])} | {r['peak_fill_committed']:,} / {r['peak_fill_mapped']:,} | "
-                     f"{rest} |")
+                     f"{_parts(r)} | {r['peak_load']:,} ({_pct(r['predicted'] - r['peak_load'], r['peak_load'])}) | "
+                     f"{f'{logged:,}' if logged is not None else 'unavailable'} | {_err(r, r['peak_fill'])} | "
+                     f"{_raw(r, r['peak_fill_pss'])} | {beyond} | {r['overhead']:,} |")
     return "\n".join([
         "## Against a measurement: peak PSS through a filled context", "",
         *_how(rec, rows),
-        f"Filled: {_summary(rows, 'peak_fill')}. First loads: {_summary(rows, 'peak_load')} "
-        "(per model in `docs/first_load.md`).", "",
+        f"Filled: {_summary(rows, 'peak_fill')}. As read: {_summary(rows, 'peak_fill_pss')}. First loads: "
+        f"{_summary(rows, 'peak_load')} (per model in `docs/first_load.md`).", "",
         *_finding(rec, rows),
-        "\"Logged buffers\" are the host buffers the seat's load log reports (0.01 MiB per line). The last column "
-        "is what the process held beyond them at its peak: committed memory beyond the committed buffers (heap, "
-        "threads, work buffers) plus mapped pages beyond the model file's (the engine binary and its libraries), "
-        f"to set against the calibrated overhead ({int(rec['overhead'][HOST]):,} B).", "",
+        "\"Logged buffers\" are the host buffers the seat's load log reports (0.01 MiB per line); \"beyond the "
+        "logged buffers\" is what the process held beyond them at its peak, to set against the priced overhead. "
+        "What that overhead is made of is in \"What the engine process holds beyond its buffers\" below.", "",
         *table, "",
     ])
 

@@ -154,11 +154,12 @@ def test_the_offline_plan_is_the_servers_plan(zoo_dir: Path, tmp_path: Path) -> 
             # a measurement stored by an earlier load of the same signature: both must price by it
             sig = sup.prices.signature(med, sup.prices.request(sup.catalog.resolve("llama-medium"), Contract())[1])
             fp = sup.prices.footprint(med, sup.prices.request(sup.catalog.resolve("llama-medium"), Contract())[1])
-            doc = json.loads(json.dumps(fp.to_json()).replace('"formula"', '"measured"'))
+            doc = json.loads(json.dumps(fp.to_json()).replace('"formula"', '"engine-reported"'))
             extra = 5 * MiB  # measured 5 MiB above the formula: a plan that reads the store says so
             doc["devices"][0]["model_bytes"] += extra
             doc["devices"][0]["total_bytes"] += extra
-            doc["host"]["committed_bytes"] += extra
+            # a stored measurement is the engine's buffers: the process's own memory is priced on top of it
+            doc["host"]["committed_bytes"] += extra - doc.pop("overhead", {}).get(HOST, 0)
             doc["total_bytes"] += extra
             store.put_measurement(sig, "llama-medium", "llama-server", doc, total=doc["total_bytes"])
             await sup.start()

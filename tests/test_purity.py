@@ -25,7 +25,9 @@ CHECK = textwrap.dedent('''
     from fitevict.pricing.footprint import HOST
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.hostbufs import dry_run_check, rule_table
+    from fitevict.pricing.kv import resolve_context
     from fitevict.pricing.loadconfig import LoadConfig
+    from fitevict.pricing.process import process_terms
     from fitevict.request.contract import Contract, fixed_fields, parse_contract
     from fitevict.store import Store
     from fitevict.supervisor.crash import retry_without_repack
@@ -85,6 +87,9 @@ CHECK = textwrap.dedent('''
         "crash": lambda: retry_without_repack("llama-server", LoadConfig(), -11),
         "plan_on_a_sheet": lambda: pl.plan(req, [], gpu_budget, lambda _k, c: sheet.footprint(c), pl.Policy(), 0.0),
         "plan_on_the_loop": on_the_loop,
+        "process_terms": lambda: process_terms(s, resolve_context(s, LoadConfig(n_ctx=1000)),
+                                               placement.place(s, LoadConfig(n_ctx=1000), table), n_threads=4,
+                                               tiled=True, cells=1000),
     }
     for name, call in calls.items():
         armed = True
@@ -103,7 +108,7 @@ def test_pure_functions_do_no_io(zoo: dict, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", CHECK, str(zoo["llama-q4_0"].path), str(tmp_path)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("no I/O") == 11, r.stdout
+    assert r.stdout.count("no I/O") == 12, r.stdout
 
 
 def test_the_hook_sees_io(zoo: dict, tmp_path: Path) -> None:

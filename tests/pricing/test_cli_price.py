@@ -34,6 +34,13 @@ def test_json_contract(small_zoo: dict[str, Path]) -> None:
     assert dev["total_bytes"] == dev["model_bytes"] + dev["context_bytes"] + dev["compute_bytes"] + dev["output_bytes"]
     assert set(dev["sources"]) == {"model", "context", "compute", "output"}
     assert out["host"]["mapped_bytes"] + out["host"]["committed_bytes"] == dev["total_bytes"]
+    # the engine process beyond the buffers, apart: its calibrated part (if this build was calibrated) and the rules
+    proc = out["process"]
+    assert [t["name"] for t in proc["terms"]] == ["tokenizer", "work buffer", "context"]
+    assert all(t["rule"].startswith("rule: ") for t in proc["terms"])
+    assert proc["bytes"] == (proc["calibrated_bytes"] or 0) + sum(t["bytes"] for t in proc["terms"])
+    assert proc["calibrated_source"].startswith("measured" if proc["calibrated_bytes"] is not None else "unavailable")
+    assert out["host_planned_bytes"] == dev["total_bytes"] + proc["bytes"]
 
 
 def test_command_line_form_matches_flags(small_zoo: dict[str, Path]) -> None:

@@ -67,7 +67,8 @@ def test_swa_log_cells_and_buffers() -> None:
     assert cpu is not None
     assert (cpu.model.bytes, cpu.context.bytes, cpu.compute.bytes, cpu.output.bytes) == (
         _mib(0.84), _mib(0.38) + _mib(0.19), _mib(0.67), _mib(0.01))
-    assert {cpu.model.source, cpu.context.source, cpu.compute.source, cpu.output.source} == {"measured"}
+    assert {cpu.model.source, cpu.context.source, cpu.compute.source, cpu.output.source} == {"engine-reported"}
+    assert fp.host_source == "engine-reported"  # the engine's own account, not a reading of the process
     assert fp.host_mapped_bytes == _mib(0.84)
     assert fp.host_committed_bytes == cpu.total_bytes - _mib(0.84)
 
@@ -92,7 +93,7 @@ def test_repack_is_host_model_memory_and_committed() -> None:
 def test_missing_lines_are_unavailable_with_a_reason() -> None:
     cut = "\n".join(REPACK_LOG.splitlines()[:3])  # the load stopped after the weights
     cpu = parse_load_log(cut).to_footprint().device("CPU")
-    assert cpu is not None and cpu.model.source == "measured"
+    assert cpu is not None and cpu.model.source == "engine-reported"
     for t in (cpu.context, cpu.compute, cpu.output):
         assert t.source == "unavailable" and t.bytes is None and t.reason
     empty = parse_load_log("srv  llama_server: model loaded\n")

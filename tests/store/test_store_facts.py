@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import sqlalchemy as sa
 
-from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
+from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term, as_stored
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store import Seat, Store, measurement_signature
+from fitevict.supervisor.measure import footprint_from_json
 from fitevict.units import MiB
 
 
 def _footprint() -> Footprint:
     cpu = DeviceFootprint(
         "CPU",
-        model=Term(300 * MiB, "measured"),
-        context=Term(64 * MiB, "measured"),
-        compute=Term(20 * MiB, "measured"),
+        model=Term(300 * MiB, "engine-reported"),
+        context=Term(64 * MiB, "engine-reported"),
+        compute=Term(20 * MiB, "engine-reported"),
         output=Term.unavailable("not in the log"),
     )
-    return Footprint(devices=(cpu,), host_mapped_bytes=300 * MiB, host_committed_bytes=84 * MiB, host_source="measured")
+    return Footprint(devices=(cpu,), host_mapped_bytes=300 * MiB, host_committed_bytes=84 * MiB,
+                     host_source="engine-reported")
 
 
 def _sig(**config: object) -> str:
@@ -37,9 +40,25 @@ def test_measurement_round_trip(store: Store) -> None:
     )
     got = store.last_measurement(_sig())
     assert got is not None
-    assert (got.id, got.model, got.engine, got.measured_at, got.source) == (mid, "a", "llama.cpp", 10.0, "measured")
+    assert (got.id, got.model, got.engine, got.measured_at, got.source) == (mid, "a", "llama.cpp", 10.0,
+                                                                             "engine-reported")
     assert got.footprint == fp.to_json()
     assert (got.host_committed_bytes, got.host_mapped_bytes, got.total_bytes) == (84 * MiB, 300 * MiB, fp.total_bytes)
+
+
+def test_a_measurement_stored_before_the_engine_reported_label_still_loads(store: Store) -> None:
+    """Rows written before "engine-reported" existed label the engine's buffers "measured": they load as they are,
+    and are reused as a stored measurement like a new row."""
+    old = _footprint().to_json()
+    text = json.dumps(old).replace('"engine-reported"', '"measured"')
+    store.put_measurement(_sig(), "a", "llama.cpp", json.loads(text), 84 * MiB, 300 * MiB,
+                          _footprint().total_bytes, source="measured", measured_at=10.0)
+    got = store.last_measurement(_sig())
+    assert got is not None and got.source == "measured"
+    fp = footprint_from_json(got.footprint)
+    assert fp.device("CPU").model.source == "measured" and fp.total_bytes == _footprint().total_bytes
+    assert as_stored(fp).device("CPU").model.source == "stored-measurement"
+    assert as_stored(footprint_from_json(_footprint().to_json())).host_source == "stored-measurement"
 
 
 def test_last_measurement_is_the_newest_for_that_signature(store: Store) -> None:

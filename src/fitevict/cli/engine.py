@@ -74,9 +74,10 @@ def install_cmd(
         if isinstance(got, Unavailable):
             err.print(f"[yellow]process overhead not calibrated:[/] {got.reason} (it is learned after a first load)")
         else:
-            console.print(f"process overhead: {format_size(got['overhead'][HOST])} "
-                          f"(measured: PSS {format_size(got['pss_bytes'])} minus buffers "
-                          f"{format_size(got['buffer_bytes'])})")
+            console.print(f"process overhead: {format_size(got['overhead'][HOST])} beside the rules that scale with "
+                          f"the model (measured in {got['seconds']:.1f} s: peak PSS {format_size(got['pss_bytes'])} "
+                          f"through a filled context, minus buffers {format_size(got['buffer_bytes'])} and "
+                          f"{format_size(sum(t['bytes'] for t in got['terms']))} of the calibration model's own)")
     _probe(server, again=False)
 
 

@@ -1,6 +1,8 @@
 """``fitevict price MODEL.gguf [llama-server flags]``: what a model costs, per device and term, with sources.
 
-``fitevict price -- llama-server -m X.gguf -c 4096 ...`` prices an exact command line.
+``fitevict price -- llama-server -m X.gguf -c 4096 ...`` prices an exact command line. The buffers are the footprint;
+the engine process's own host memory beyond them (its part calibrated for the engine fitevict would run, and the
+parts that scale with the model) is shown apart, with the host total a seat is planned at.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.host.machine import host_buffers
 from fitevict.pricing.hostbufs import dry_run_check
+from fitevict.pricing.footprint import HOST
 from fitevict.pricing.price import Pricing, price
 from fitevict.units import format_size
 
@@ -43,6 +46,23 @@ def _dry_run(model: Path, cfg: LoadConfig, enabled: bool | None,
     return res, ""
 
 
+def process_overhead(s: GgufStructure, cfg: LoadConfig) -> dict:
+    """The engine process's own host memory beyond its buffers, as the server prices it: the calibrated part of the
+    llama-server fitevict would run (unavailable when that build was never calibrated) and the model's own parts."""
+    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.overhead import calibrated_overhead, model_terms
+
+    found = resolve_binary("llama-server")
+    calibrated = calibrated_overhead(found.path) if found.path is not None else None
+    fixed = calibrated.get(HOST) if calibrated else None
+    terms = model_terms(s, cfg, host_buffers())
+    why = (found.why if found.path is None else "this build was never calibrated (fitevict engine install does it)")
+    return {"calibrated_bytes": fixed,
+            "calibrated_source": ("measured: peak PSS beyond the buffers through a filled context of the calibration "
+                                  "model" if fixed is not None else f"unavailable, because {why}"),
+            "terms": [t.to_json() for t in terms], "bytes": (fixed or 0) + sum(t.bytes for t in terms)}
+
+
 def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
     fp = p.footprint
     return {
@@ -59,6 +79,8 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "kv": {**p.kv.to_json(), "source": p.context_source} if p.kv else None,
         "output_at_load_bytes": p.output_at_load,
         "host": {"mapped_bytes": fp.host_mapped_bytes, "committed_bytes": fp.host_committed_bytes},
+        "process": (proc := process_overhead(s, cfg)),  # beyond the buffers: the engine process's own
+        "host_planned_bytes": fp.bytes_on(HOST) + proc["bytes"],
         "total_bytes": fp.total_bytes,
         "warnings": list(p.warnings),
     }
@@ -181,6 +203,12 @@ def _show(s: GgufStructure, cfg: LoadConfig, p: Pricing, warnings: list[str]) ->
     fp = p.footprint
     con.print(f"host: mapped {format_size(fp.host_mapped_bytes)} + committed {format_size(fp.host_committed_bytes)}",
               highlight=False)
+    proc = process_overhead(s, cfg)
+    parts = ", ".join(f"{t['name']} {format_size(t['bytes'])}" for t in proc["terms"])
+    fixed = (format_size(proc["calibrated_bytes"]) if proc["calibrated_bytes"] is not None
+             else proc["calibrated_source"])
+    con.print(f"engine process beyond its buffers: calibrated {fixed}; the model's own: {parts}; host as planned "
+              f"{format_size(fp.bytes_on(HOST) + proc['bytes'])}", highlight=False)
     for w in warnings:
         con.print(f"[yellow]note:[/yellow] {w}", highlight=False)
 

@@ -1,55 +1,73 @@
-"""The engine process's own memory, calibrated once per binary, so that a model's first load is priced with it.
+"""The engine process's own memory, calibrated once per binary at the peak of a filled context, so that a model's
+first load is priced with it.
 
-A llama-server process holds more than its buffers: the binary's pages, its heap, its threads' stacks. fitevict
-measures that once per engine binary: it starts the binary as a seat starts (the same argv builder), on the
-smallest model (a zoo model written for the purpose unless one is given), waits until it listens (weights read,
-warm-up run), reads the process tree's PSS (committed + mapped, smaps_rollup) and subtracts the exact bytes of
-every host buffer the allocator trace saw (engines/buftrace). The figure is stored as JSON under
-``cache_dir()/overhead``, keyed by the binary's path, size and mtime: a rebuilt binary is calibrated again.
+A llama-server process holds more than its buffers. Part of it does not depend on the model: the binary's and its
+libraries' pages (touched by the kernels a request runs), thread stacks, the allocator's arenas. Part of it does:
+the vocabulary's heap, ggml's CPU work buffer and the heap a filled context grows (``pricing.process``, each a rule
+from the model's dimensions). fitevict measures the first part once per engine binary: it starts the binary as a
+seat starts (the same argv builder) on the calibration model (a zoo model written for the purpose unless one is
+given) with the allocator trace preloaded, fills its context as ``engines/fill.py`` does (a prompt of
+``n_ctx_seq - 32`` tokens, 32 generated), reads the process tree's PSS every 20 ms from spawn to the end of the
+fill, with the pages of its code (the binary and its libraries) counted whole, as for a seat alone (PSS would split
+them with whatever else maps them), and takes the peak, less the exact bytes of every host buffer the allocator
+trace saw, less the calibration model's own scaling parts. It does this ``RUNS`` times and keeps the largest. The
+record is stored as JSON under ``cache_dir()/overhead``, keyed by the binary's path, size and mtime and this CPU: a
+rebuilt binary is calibrated again.
 
-``calibrated_overhead(binary)`` is what a supervisor reads at start: ``{"CPU": bytes}`` or None when this binary
-was never calibrated.
+``calibrated_overhead(binary)`` is what a supervisor reads at start: ``{"CPU": bytes}`` (the part that does not
+depend on the model) or None when this binary was never calibrated. ``model_terms`` prices the other part for a
+model on this machine.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
-import re
+import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+import psutil
+
 from fitevict.engines.base import Unavailable
 from fitevict.engines.buftrace import buftrace_library, preload_env
-from fitevict.engines.dryrun import follow_process
+from fitevict.engines.fill import SAMPLE_S, PeakSampler, fill, healthy
 from fitevict.engines.llama_server import LlamaServerEngine
-from fitevict.engines.process import free_port
-from fitevict.host import procmem
+from fitevict.engines.process import free_port, stop_group
 from fitevict.host.machine import this_cpu
 from fitevict.paths import cache_dir
-from fitevict.pricing.buftrace import parse_exact_log
+from fitevict.pricing.buftrace import STOP_MARK, parse_exact_log
 from fitevict.pricing.footprint import HOST
+from fitevict.pricing.gguf import GgufStructure, load_structure
+from fitevict.pricing.hostbufs import HostBuffers
+from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 
-CALIBRATION_CONFIG = LoadConfig(n_ctx=512, n_parallel=1)
+from fitevict.pricing.process import ProcessTerm
+from fitevict.pricing.process import model_terms as pure_model_terms
+
+CALIBRATION_CONFIG = LoadConfig(n_ctx=2048, n_parallel=1)  # one slot: 2,016 prompt tokens, 32 generated
 CALIBRATION_MODEL = "llama-gqa"  # the zoo's smallest dense model
-LISTENING = re.compile(r"server is listening on|llama_server: listening on")
-FAILED = re.compile(r"failed to load model|error: |exiting due to|terminate called")
+RUNS = 2  # calibration runs; the largest figure is kept
+RECORD_VERSION = 3  # v3: at the peak of a filled context, less the model's scaling parts (v2: once it listened)
 
 
 def _record_path(binary: Path) -> Path:
     st = binary.stat()
     ident = hashlib.sha256(str(binary.resolve()).encode()).hexdigest()[:12]
-    # v2: measured as if the seat were alone (its binary's pages counted whole, not split with other seats)
     cpu = this_cpu().fingerprint  # the same binary on another CPU holds other pages
-    return cache_dir() / "overhead" / f"{binary.name}-{ident}-{st.st_size}-{st.st_mtime_ns}-{cpu}-v2.json"
+    return (cache_dir() / "overhead"
+            / f"{binary.name}-{ident}-{st.st_size}-{st.st_mtime_ns}-{cpu}-v{RECORD_VERSION}.json")
 
 
 def calibrated_overhead(binary: str | Path) -> dict[str, int] | None:
-    """The stored calibration of ``binary`` (device -> bytes of the process beyond its buffers), or None when this
-    build (path, size, mtime) was never calibrated."""
+    """The stored calibration of ``binary`` (device -> bytes of the process beyond its buffers that do not depend on
+    the model), or None when this build (path, size, mtime) was never calibrated."""
     try:
         data = json.loads(_record_path(Path(binary)).read_text())
         return {str(d): int(n) for d, n in data["overhead"].items()}
@@ -57,86 +75,112 @@ def calibrated_overhead(binary: str | Path) -> dict[str, int] | None:
         return None
 
 
+@functools.cache
+def engine_threads() -> int:
+    """The threads llama-server computes with by default (common_cpu_get_num_math: the physical cores)."""
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def model_terms(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> tuple[ProcessTerm, ...]:
+    """The parts of a seat's process memory that scale with ``s`` under ``cfg`` on this machine (its threads, and
+    whether ggml's tiled K-quant path runs here: x86 with AVX)."""
+    return pure_model_terms(s, cfg, host, n_threads=engine_threads(), tiled=tiled_here())
+
+
+def tiled_here() -> bool:
+    """Whether ggml's tiled K-quant path runs on this CPU (x86 with AVX)."""
+    return "avx" in this_cpu().flags
+
+
 @dataclass(frozen=True, slots=True)
-class SeatMemory:
-    """A seat's host memory once it listens: the process tree's PSS and its host buffers, to the byte."""
+class FilledSeat:
+    """A seat's host memory filled to its context: peak PSS from spawn through the fill, its host buffers to the
+    byte, the time it took."""
 
-    pss_bytes: int
+    peak_bytes: int  # the code pages (binary, libraries) counted whole, as for a seat alone
+    peak_pss_bytes: int  # as read
+    listen_bytes: int  # the peak from spawn until /health answered (code pages counted whole)
     buffer_bytes: int
+    tokens: tuple[tuple[int, int], ...]  # per slot: (prompt tokens evaluated, tokens predicted)
+    seconds: float
 
 
-def measure_seat(binary: Path, model: Path, cfg: LoadConfig, *, timeout_s: float = 120.0) -> SeatMemory | Unavailable:
-    """Start ``model`` as a seat starts (the seat argv builder, warm-up included) with the allocator trace preloaded;
-    once it listens, read its PSS and its host buffers' exact bytes, then stop it."""
+def measure_filled(binary: Path, model: Path, cfg: LoadConfig, *, timeout_s: float = 120.0) -> FilledSeat | Unavailable:
+    """Start ``model`` as a seat starts (the seat argv builder) with the allocator trace preloaded, sample its PSS
+    from spawn, fill every slot's context, then stop it."""
     lib = buftrace_library()
     if isinstance(lib, Unavailable):
         return Unavailable(f"exact buffer bytes unavailable: {lib.reason}")
+    rc = resolve_context(load_structure(model), cfg)
     spec = LlamaServerEngine(binary).launch_spec(model, cfg, free_port())
-    seen: dict[str, procmem.ProcessMemory] = {}
-
-    def on_line(line: str, _pid: int) -> str | None:
-        if FAILED.search(line) and " D " not in line[:20]:
-            return line.strip()
-        return "" if LISTENING.search(line) else None
-
-    def sample(pid: int) -> None:
-        seen["pss"] = procmem.read_tree(pid)
-        seen["binary"] = _binary_pages(pid, binary)
-
-    lines, verdict, _pid = follow_process(list(spec.argv), timeout_s, on_line, before_stop=sample,
-                                          env=preload_env(lib, dict(spec.env)))
-    if verdict != "":
-        return Unavailable(f"the seat did not come up on {model}: {verdict}")
-    log = parse_exact_log("\n".join(lines))
-    if log.precision_bytes:
-        return Unavailable(f"buffers not exact: {'; '.join(log.notes)}")
-    pss = seen.get("pss")
-    if pss is None or pss.host_bytes is None:
-        return Unavailable(f"no PSS for the seat ({pss.reason if pss else 'not sampled'})")
-    rss_bin, pss_bin = seen.get("binary") or (0, 0)
-    # PSS splits the engine binary's pages among every seat that maps them: a seat alone holds them whole, so the
-    # calibration counts them whole (a conservative figure when several seats share the binary)
-    return SeatMemory(pss.host_bytes - pss_bin + rss_bin, log.to_footprint().bytes_on(HOST))
-
-
-def _binary_pages(pid: int, binary: Path) -> tuple[int, int]:
-    """(Rss, Pss) bytes of ``pid``'s mappings of the engine binary itself, from /proc/PID/smaps."""
-    target = str(Path(binary).resolve())
-    rss = pss = 0
-    inside = False
-    try:
-        with open(f"/proc/{pid}/smaps") as f:
-            for line in f:
-                first = line.split(None, 1)[0]
-                if "-" in first and not first.endswith(":"):  # a mapping's header line
-                    inside = line.rstrip().endswith(target)
-                elif inside and first == "Rss:":
-                    rss += int(line.split()[1]) * 1024
-                elif inside and first == "Pss:":
-                    pss += int(line.split()[1]) * 1024
-    except OSError:
-        return 0, 0
-    return rss, pss
+    base = f"http://127.0.0.1:{spec.port}"
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(list(spec.argv), env=preload_env(lib, dict(spec.env)), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        sampler = PeakSampler(proc.pid, model=model).start()
+        try:
+            why = healthy(proc, base, timeout_s)
+            if not why:
+                sampler.phase = "fill"
+                try:
+                    tokens = fill(base, rc.n_parallel, rc.n_ctx_seq, timeout_s=timeout_s)
+                except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as e:
+                    why = f"the fill failed: {e}"
+                time.sleep(3 * SAMPLE_S)  # a few readings after the last answer
+        finally:
+            sampler.stop()
+            log.write(f"\n{STOP_MARK}\n".encode())  # the allocator trace's frees from here on are the shutdown's
+            log.flush()
+            stop_group(proc)
+        log.seek(0)
+        text = log.read().decode("utf-8", "replace")
+    if why:
+        return Unavailable(f"the seat on {model.name}: {why}")
+    exact = parse_exact_log(text)
+    if exact.precision_bytes:
+        return Unavailable(f"buffers not exact: {'; '.join(exact.notes)}")
+    top, listen = sampler.peak("load", "fill"), sampler.peak("load")
+    if top is None or listen is None:
+        return Unavailable(f"no PSS for the seat ({sampler.reason or 'not sampled'})")
+    return FilledSeat(top.alone, top.pss, listen.alone, exact.to_footprint().bytes_on(HOST), tokens,
+                      time.monotonic() - t0)
 
 
-def calibrate_overhead(binary: str | Path, model: str | Path | None = None, *,
+def calibrate_overhead(binary: str | Path, model: str | Path | None = None, *, host: HostBuffers | None = None,
                        timeout_s: float = 120.0) -> dict | Unavailable:
     """Measure ``binary``'s process overhead on ``model`` (default: a freshly written zoo model) and store it.
-    Returns the stored record: ``overhead`` (device -> bytes), ``pss_bytes``, ``buffer_bytes``, ``model``."""
+    Returns the stored record: ``overhead`` (device -> bytes that do not depend on the model), the runs' peaks
+    and buffers, the calibration model's own scaling ``terms`` and the ``seconds`` it took."""
+    from fitevict.host.machine import host_buffers
+
     binary = Path(binary)
+    host = host or host_buffers(binary)
+    t0 = time.monotonic()
+    runs: list[FilledSeat] = []
     with tempfile.TemporaryDirectory(prefix="fitevict-calibrate-") as tmp:
         if model is None:
             from fitevict.zoo import write_zoo
 
             model = write_zoo(Path(tmp), only=[CALIBRATION_MODEL])[0].path
-        got = measure_seat(binary, Path(model), CALIBRATION_CONFIG, timeout_s=timeout_s)
-    if isinstance(got, Unavailable):
-        return Unavailable(f"cannot calibrate {binary}: {got.reason}")
+        terms = model_terms(load_structure(model), CALIBRATION_CONFIG, host)
+        for _ in range(RUNS):
+            got = measure_filled(binary, Path(model), CALIBRATION_CONFIG, timeout_s=timeout_s)
+            if isinstance(got, Unavailable):
+                return Unavailable(f"cannot calibrate {binary}: {got.reason}")
+            runs.append(got)
+    scaling = sum(t.bytes for t in terms)
+    best = max(runs, key=lambda r: r.peak_bytes - r.buffer_bytes)
     record = {"binary": str(binary.resolve()), "model": str(model), "config": CALIBRATION_CONFIG.to_json(),
-              "pss_bytes": got.pss_bytes, "buffer_bytes": got.buffer_bytes,
-              "overhead": {HOST: got.pss_bytes - got.buffer_bytes},
-              "source": "measured: PSS (smaps_rollup; the binary's own pages counted whole, as for a seat alone) "
-                        "minus the allocator's host buffer bytes"}
+              "pss_bytes": best.peak_bytes, "buffer_bytes": best.buffer_bytes,
+              "overhead": {HOST: best.peak_bytes - best.buffer_bytes - scaling},
+              "terms": [t.to_json() for t in terms],
+              "runs": [{"peak_bytes": r.peak_bytes, "peak_pss_bytes": r.peak_pss_bytes, "buffer_bytes": r.buffer_bytes,
+                        "tokens": r.tokens, "seconds": round(r.seconds, 3)} for r in runs],
+              "seconds": round(time.monotonic() - t0, 3),
+              "source": f"measured: peak PSS (smaps_rollup every {SAMPLE_S * 1000:.0f} ms, the code pages of the "
+                        "binary and its libraries counted whole) through a filled context, minus the allocator's host "
+                        f"buffer bytes and the calibration model's scaling parts; the largest of {RUNS} runs"}
     path = _record_path(binary)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp_path = path.with_suffix(f".tmp{os.getpid()}")

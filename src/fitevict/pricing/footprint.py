@@ -11,10 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-Source = Literal["measured", "stored-measurement", "dry-run", "formula", "declared", "file-size", "unavailable"]
-SOURCES: tuple[str, ...] = ("measured", "stored-measurement", "dry-run", "formula", "declared", "file-size",
-                            "unavailable")
+# "engine-reported": what the engine says it allocated (its load log, its allocator trace); "measured": a reading of
+# the process from outside (PSS, RSS, NVML). Stored rows from before the split say "measured" for both.
+Source = Literal["engine-reported", "measured", "stored-measurement", "dry-run", "formula", "declared", "file-size",
+                 "unavailable"]
+SOURCES: tuple[str, ...] = ("engine-reported", "measured", "stored-measurement", "dry-run", "formula", "declared",
+                            "file-size", "unavailable")
 
+READ = ("engine-reported", "measured")  # figures read from a load (the engine's account, or the process's)
 HOST = "CPU"  # llama.cpp's name for host memory; also the planner's name for the host-RAM budget
 
 
@@ -174,13 +178,13 @@ class Footprint:
 
 
 def as_stored(fp: Footprint) -> Footprint:
-    """A measured footprint reused as the prediction for a later load of the same signature: each "measured" term
-    (and host figure) becomes "stored-measurement"; other sources stay as they are."""
+    """A stored footprint reused as the prediction for a later load of the same signature: each "engine-reported"
+    or "measured" term (and host figure) becomes "stored-measurement"; other sources stay as they are."""
 
     def term(t: Term) -> Term:
-        return replace(t, source="stored-measurement") if t.source == "measured" else t
+        return replace(t, source="stored-measurement") if t.source in READ else t
 
     devices = tuple(replace(d, model=term(d.model), context=term(d.context), compute=term(d.compute),
                             output=term(d.output)) for d in fp.devices)
-    host = "+".join("stored-measurement" if p == "measured" else p for p in fp.host_source.split("+"))
+    host = "+".join("stored-measurement" if p in READ else p for p in fp.host_source.split("+"))
     return replace(fp, devices=devices, host_source=host)  # type: ignore[arg-type]

@@ -192,6 +192,7 @@ class GgufStructure:
     wkv_head_size: int = 0  # RWKV
     token_shift_count: int = 2  # RWKV
     shortconv_l_cache: int = 0  # LFM2 short convolution
+    n_merges: int = 0  # tokenizer.ggml.merges entries (a BPE vocabulary's merge ranks)
 
     @property
     def n_embd_out(self) -> int:
@@ -333,6 +334,7 @@ def parse_structure(path: str | Path) -> GgufStructure:
         wkv_head_size=int(key("wkv.head_size") or 0),  # type: ignore[call-overload]
         token_shift_count=int(key("token_shift_count") or 2),  # type: ignore[call-overload]
         shortconv_l_cache=int(key("shortconv.l_cache") or 0),  # type: ignore[call-overload]
+        n_merges=_array_len(reader, "tokenizer.ggml.merges") or 0,
     )
 
 

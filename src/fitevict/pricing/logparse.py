@@ -84,7 +84,7 @@ class LoadLog:
         return bool(self.model_buffers)
 
     def to_footprint(self) -> Footprint:
-        """Per device: model / context / compute / output, source "measured"; missing lines unavailable."""
+        """Per device: model / context / compute / output, source "engine-reported"; missing lines unavailable."""
         devs: dict[str, dict[str, int]] = {}
 
         def add(dev: str, term: str, n: int) -> None:
@@ -118,17 +118,17 @@ class LoadLog:
 
             def term(k: str) -> Term:
                 if k in terms:
-                    return Term(terms[k], "measured")
+                    return Term(terms[k], "engine-reported")
                 seen = {"model": bool(self.model_buffers), "context": any_ctx,
                         "compute": bool(self.compute_buffers), "output": bool(self.output_buffers)}[k]
-                return Term(0, "measured") if seen else Term.unavailable(missing[k])
+                return Term(0, "engine-reported") if seen else Term.unavailable(missing[k])
 
-            adapters = Term(terms["adapters"], "measured") if "adapters" in terms else ZERO_FORMULA
+            adapters = Term(terms["adapters"], "engine-reported") if "adapters" in terms else ZERO_FORMULA
             out.append(DeviceFootprint(dev, term("model"), term("context"), term("compute"), term("output"), adapters))
         mapped = sum(n for name, n in self.model_buffers if name == "CPU_Mapped")
         host_total = sum(d.total_bytes for d in out if d.name == HOST)
         return Footprint(devices=tuple(out), host_mapped_bytes=mapped, host_committed_bytes=host_total - mapped,
-                         host_source="measured", notes=self.notes)
+                         host_source="engine-reported", notes=self.notes)
 
 
 def device_of(buffer_name: str) -> str:

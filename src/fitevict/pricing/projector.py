@@ -19,7 +19,7 @@ from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
 from fitevict.pricing.gguf import GgufStructure
 from fitevict.units import MiB, format_size
 
-WEAKEST = ("measured", "stored-measurement", "dry-run", "declared", "file-size", "formula")
+WEAKEST = ("measured", "engine-reported", "stored-measurement", "dry-run", "declared", "file-size", "formula")
 _ESTIMATE = re.compile(r"\[mtmd\] estimated worst-case memory usage of mmproj is\s+([0-9.]+) MiB")
 
 

@@ -55,7 +55,7 @@ def _measured(d: dict) -> str | None:
     src = footprint_sources(m)
     if src is None:
         return None
-    return ENGINE_REPORTED if src == "measured" else f"{src}: the engine's own buffers"
+    return ENGINE_REPORTED if src in ("engine-reported", "measured") else f"{src}: the engine's own buffers"
 
 
 def _host(ev: Any, d: dict) -> str | None:

@@ -96,7 +96,7 @@ class Measurement:
     host_committed_bytes: int | None
     host_mapped_bytes: int | None
     total_bytes: int
-    source: str = "measured"
+    source: str = "engine-reported"  # the footprint's: the engine's buffers (rows stored before say "measured")
     id: int | None = None
 
     def __post_init__(self) -> None:

@@ -149,7 +149,7 @@ class Store:
         host_mapped: int | None = None,
         total: int | None = None,
         *,
-        source: str = "measured",
+        source: str = "engine-reported",
         measured_at: float | None = None,
     ) -> int:
         """Store an accepted measurement (run :func:`fitevict.guard.check_measurement` first); returns its id.
@@ -226,7 +226,7 @@ class AsyncStore:
         host_mapped: int | None = None,
         total: int | None = None,
         *,
-        source: str = "measured",
+        source: str = "engine-reported",
         measured_at: float | None = None,
     ) -> int:
         m = _measurement(signature, model, engine, footprint_json, host_committed, host_mapped, total, source, measured_at)

@@ -29,7 +29,7 @@ from fitevict.supervisor.learned import learn_engine_overhead, learn_torch_overh
 from fitevict.supervisor.ports import Ports
 from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
-from fitevict.supervisor.measure import grown_overhead, mem_json, overhead_seen, read_seat
+from fitevict.supervisor.measure import grown_overhead, host_overhead, mem_json, overhead_seen, read_seat
 from fitevict.supervisor.release import StopResult, stop_and_verify
 from fitevict.schedule.scheduler import Waiter
 from fitevict.schedule.seats import PLACING, SERVING, Exit
@@ -234,7 +234,7 @@ class LiveEffects:
         seat.shrunk_from = parts.desk.shrinks.pop((seat.key, cfg.n_ctx), None)
         if seat.engine == "llama-server" and parts.config.policy.prompt_cache:
             seat.kv_candidates = await asyncio.to_thread(parts.kv.matching, seat.signature)
-        seat.overhead = parts.prices.engine_overhead.get(HOST, 0)
+        seat.overhead = host_overhead(seat.predicted, parts.prices.engine_overhead)
         seat.gpu_overhead = {d: n for d, n in parts.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{seat.key}")
 
@@ -285,7 +285,7 @@ class LiveEffects:
             await learn_torch_overhead(parts.prices, parts.store, seat.host_mem.host_bytes - priced,
                                        adapters=bool(seat.config.loras))
         else:
-            grown = grown_overhead(parts.prices.engine_overhead, overhead_seen(seat))
+            grown = grown_overhead(parts.prices.engine_overhead, overhead_seen(seat, parts.prices.engine_overhead))
             if grown:
                 await learn_engine_overhead(parts.prices, parts.store, parts.processes.engine_binary, grown)
         measured_total = seat.measured.total_bytes if seat.measured else None

@@ -16,7 +16,7 @@ from pathlib import Path
 from fitevict import planner as pl
 from fitevict.config import Config
 from fitevict.engines.base import Unavailable
-from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
+from fitevict.engines.overhead import RECORD_VERSION, calibrate_overhead, calibrated_overhead
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
 from fitevict.supervisor.pricebook import HISTORY_LOADS, PriceBook
@@ -31,9 +31,11 @@ def st_ok(binary: Path) -> bool:
 
 
 def overhead_key(binary: Path) -> str:
-    """The store key of what loads have shown of ``binary``'s process overhead."""
+    """The store key of what loads have shown of ``binary``'s process overhead (the part that does not scale with
+    the model: keyed with the calibration record's version, whose figure it raises)."""
     st = binary.stat() if binary.exists() else None
-    return f"engine-overhead:{binary}:{st.st_size if st else 0}:{st.st_mtime_ns if st else 0}"
+    return (f"engine-overhead:v{RECORD_VERSION}:{binary}:{st.st_size if st else 0}:"
+            f"{st.st_mtime_ns if st else 0}")
 
 
 def plan_policy(config: Config) -> pl.Policy:
@@ -48,7 +50,7 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
     and then prices without it, as a first load would before calibration)."""
     calibrated = calibrated_overhead(binary) if st_ok(binary) else None
     if calibrated is None and calibrate and st_ok(binary):
-        # first serve with this build: measure its own process overhead once, on the smallest model
+        # first serve with this build: measure its own process overhead once, on the smallest model, filled
         got = calibrate_overhead(binary, timeout_s=60.0)
         calibrated = None if isinstance(got, Unavailable) else {k: int(v) for k, v in got["overhead"].items()}
     if calibrated:

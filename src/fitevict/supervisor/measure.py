@@ -1,18 +1,19 @@
 """Measuring a seat after its load: the engine's own buffers, process memory, GPU bytes, the engine overhead.
 
 Reading is I/O (the load log, /proc, NVML); deciding what the readings mean is pure and lives in small
-functions here (``overhead_seen``, ``with_engine_overhead``, ``footprint_from_json``).
+functions here (``overhead_seen``, ``with_engine_overhead``, ``host_overhead``, ``footprint_from_json``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from fitevict.host import procmem
 from fitevict.host.nvml import read_gpus
 from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
+from fitevict.pricing.process import ProcessTerm
 from fitevict.supervisor.seat import SeatState
 from fitevict.units import format_size
 
@@ -36,14 +37,17 @@ def read_seat(seat: SeatState, engine: Any, nvml: Any) -> None:
                 seat.observe(dev, n)
 
 
-def overhead_seen(seat: SeatState) -> dict[str, int]:
-    """The engine process's own memory per device in this seat: what was measured minus the buffers its log
-    reports. Host: PSS; a GPU: NVML's bytes for the process (its CUDA context is the difference)."""
+def overhead_seen(seat: SeatState, known: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The engine process's own memory per device in this seat, beyond the buffers its log reports: host, PSS
+    less the buffers and less the parts of the seat's overhead that scale with its model (its ``overhead`` beyond
+    the ``known`` calibrated figure), so that what is left is comparable with the calibrated part; a GPU, NVML's
+    bytes for the process (its CUDA context is the difference)."""
     if seat.measured is None:
         return {}
     seen: dict[str, int] = {}
     if seat.host_mem is not None and seat.host_mem.host_bytes is not None:
-        seen[HOST] = seat.host_mem.host_bytes - seat.measured.bytes_on(HOST)
+        scaling = max(0, seat.overhead - (known or {}).get(HOST, 0))
+        seen[HOST] = seat.host_mem.host_bytes - seat.measured.bytes_on(HOST) - scaling
     for dev, n in seat.gpu_bytes.items():
         if seat.measured.device(dev) is not None:
             seen[dev] = n - seat.measured.bytes_on(dev)
@@ -56,30 +60,42 @@ def grown_overhead(known: Mapping[str, int], seen: Mapping[str, int]) -> dict[st
     return {d: n for d, n in seen.items() if n > known.get(d, 0)}
 
 
-def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str = "llama-server") -> Footprint:
-    """The footprint with the engine process's measured overhead: on the host it joins committed memory,
-    on a GPU where the model has buffers it is the footprint's ``overhead`` for that device.
+def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str = "llama-server",
+                         terms: Sequence[ProcessTerm] = ()) -> Footprint:
+    """The footprint with the engine process's own memory: on the host, the calibrated part (``overhead[HOST]``)
+    and the parts that scale with the model (``terms``, rules) join committed memory, their sum kept as the
+    footprint's host ``overhead``; on a GPU where the model has buffers, the calibrated figure is the footprint's
+    ``overhead`` for that device.
 
     Device rows stay the engine's own buffers, term by term.
     """
-    host = overhead.get(HOST, 0)
+    fixed = max(overhead.get(HOST, 0), 0)
+    host = fixed + sum(t.bytes for t in terms)
     gpus = tuple((d, n) for d, n in overhead.items() if d != HOST and n > 0 and fp.device(d) is not None)
     if host <= 0 and not gpus:
         return fp
     notes = list(fp.notes)
-    if host > 0:
-        notes.append(f"host includes {format_size(host)} of {engine} process overhead "
-                     f"(measured: PSS minus logged buffers)")
+    if fixed > 0:
+        notes.append(f"host includes {format_size(fixed)} of {engine} process overhead (measured: peak PSS beyond "
+                     "its buffers through a filled context of the calibration model)")
+    notes += [f"host includes {format_size(t.bytes)} of {engine} {t.name} ({t.rule})" for t in terms if t.bytes]
     for d, n in gpus:
         notes.append(f"{d} includes {format_size(n)} of {engine} process overhead "
                      f"(measured: NVML process bytes minus logged buffers)")
-    return replace(fp, host_committed_bytes=fp.host_committed_bytes + max(host, 0), notes=tuple(notes),
-                   host_source=f"{fp.host_source}+measured" if host > 0 else fp.host_source,  # type: ignore[arg-type]
-                   overhead=gpus)
+    return replace(fp, host_committed_bytes=fp.host_committed_bytes + host, notes=tuple(notes),
+                   host_source=f"{fp.host_source}+measured" if fixed > 0 else fp.host_source,  # type: ignore[arg-type]
+                   overhead=(*gpus, *(((HOST, host),) if host > 0 else ())))
+
+
+def host_overhead(fp: Footprint, known: Mapping[str, int]) -> int:
+    """The engine process's host memory a footprint was priced with (``with_engine_overhead``), else the
+    calibrated figure ``known`` holds."""
+    return dict(fp.overhead).get(HOST, known.get(HOST, 0))
 
 
 def footprint_from_json(d: dict) -> Footprint:
-    """Rebuild a Footprint from ``Footprint.to_json()`` (used for stored measurements)."""
+    """Rebuild a Footprint from ``Footprint.to_json()`` (used for stored measurements). A label missing from the JSON
+    is "engine-reported" (the engine's buffers); rows stored before that label keep their "measured"."""
     devs = []
     for dv in d.get("devices", []):
         src = dv.get("sources", {})
@@ -87,18 +103,19 @@ def footprint_from_json(d: dict) -> Footprint:
 
         def term(name: str) -> Term:
             b = dv.get(f"{name}_bytes")
-            s = str(src.get(name, "measured")).removesuffix("+correction")
+            s = str(src.get(name, "engine-reported")).removesuffix("+correction")
             c = corrections.get(name) or {}
             if b is None:
                 return Term.unavailable(dv.get("unavailable", {}).get(name, "not recorded"))
             return Term(b, s, correction=int(c.get("bytes", 0)), correction_from=str(c.get("from", "")))  # type: ignore[arg-type]
 
-        adapters = Term(dv["adapter_bytes"], src.get("adapters", "measured")) if "adapter_bytes" in dv else ZERO_FORMULA
+        adapters = (Term(dv["adapter_bytes"], src.get("adapters", "engine-reported")) if "adapter_bytes" in dv
+                    else ZERO_FORMULA)
         devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output"),
                                     adapters))
     host = d.get("host", {})
     return Footprint(tuple(devs), host.get("mapped_bytes", 0), host.get("committed_bytes", 0),
-                     host.get("source", "measured"), overhead=tuple(d.get("overhead", {}).items()))
+                     host.get("source", "engine-reported"), overhead=tuple(d.get("overhead", {}).items()))
 
 
 def mem_json(m: procmem.ProcessMemory | None) -> dict | None:

@@ -24,6 +24,7 @@ from fitevict import planner as pl
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing.footprint import Footprint
+from fitevict.engines.overhead import engine_threads, tiled_here
 from fitevict.host.machine import host_buffers, machine_key
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.hf_kv import training_context
@@ -58,6 +59,7 @@ class PriceBook:
         self.default_alloc_mode = default_alloc_mode
         self.machine = machine_key(engine_dir / "llama-server")  # engine build @ CPU: keys stored measurements
         self.host = host_buffers(engine_dir / "llama-server")  # this machine's extra host buffer types
+        self.threads, self.tiled = engine_threads(), tiled_here()  # what a seat's work buffer depends on, here
         # bytes a seat's process holds beyond its buffers, per device; whoever changes it (or the two overheads
         # below) calls ``forget`` so that the sheets are read again
         self.engine_overhead: dict[str, int] = {}
@@ -167,7 +169,7 @@ class PriceBook:
         p = str(path)
         return SheetInputs(
             path=Path(path), loras=tuple(loras), version=self._version(p), machine=self.machine, host=self.host,
-            engine_overhead=dict(self.engine_overhead),
+            engine_overhead=dict(self.engine_overhead), threads=self.threads, tiled=self.tiled,
             learned={i: dict(v) for i, v in list(self._learned.items()) if i[0] == p},
             compute=dict(self._compute.get(p, {})), dry_context=dict(self._dry_context.get(p, {})),
             projector_estimate=dict(self._projector_estimate.get(p, {})), mmproj=self._mmproj.get(p),

@@ -37,6 +37,7 @@ from fitevict.pricing.lora import LoraAdapter, load_adapter
 from fitevict.pricing.peft import PeftAdapter, load_peft_adapter
 from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.store.records import measurement_signature
+from fitevict.pricing.process import model_terms
 from fitevict.supervisor.measure import footprint_from_json, with_engine_overhead
 
 # a measured term sums at most three logged buffers (KV, SWA KV, recurrent state), each printed to +-0.005 MiB
@@ -55,6 +56,8 @@ class SheetInputs:
     machine: str
     host: HostBuffers
     engine_overhead: Mapping[str, int]
+    threads: int  # the threads a seat computes with, and whether ggml's tiled K-quant path runs: the work buffer
+    tiled: bool
     learned: Mapping[Ident, Mapping[LoadConfig, Footprint]]  # accepted loads' measured buffers, by file identity
     compute: Mapping[LoadConfig, Mapping[str, int]]  # dry-run compute buffers, by configuration
     dry_context: Mapping[LoadConfig, Any]  # dry-run caches, by placement-free configuration
@@ -88,6 +91,8 @@ class PriceSheet:
     projector: Any  # the projector file's structure, or None
     projector_estimate: Mapping[LoadConfig, int]
     engine_overhead: Mapping[str, int]
+    threads: int
+    tiled: bool
     loras: tuple[str, ...]
     lora_files: Mapping[str, LoraAdapter]  # a GGUF seat's LoRA adapters, read
     peft: Mapping[str, PeftAdapter]  # an HF seat's PEFT adapters, read
@@ -140,7 +145,8 @@ class PriceSheet:
             if self.projector is not None:
                 estimate = self.projector_estimate.get(cfg.without_placement())
                 fp = with_projector(fp, price_projector(self.projector, estimate))
-        return with_engine_overhead(fp, self.engine_overhead)
+        terms = model_terms(self.structure, cfg, self.host, n_threads=self.threads, tiled=self.tiled)
+        return with_engine_overhead(fp, self.engine_overhead, terms=terms)  # with the parts that scale with the model
 
 
 def hf_dtype(structure: Any) -> str:
@@ -185,6 +191,7 @@ def read_sheet(inputs: SheetInputs, stored: Mapping[str, Mapping], structure: Ca
         compute=_frozen(inputs.compute), dry_context=_frozen(inputs.dry_context),
         projector=load_structure(inputs.mmproj) if inputs.mmproj is not None and not is_hf else None,
         projector_estimate=_frozen(inputs.projector_estimate), engine_overhead=_frozen(inputs.engine_overhead),
+        threads=inputs.threads, tiled=inputs.tiled,
         loras=inputs.loras, lora_files=_frozen({} if is_hf else {a: load_adapter(a) for a in inputs.loras}),
         peft=_frozen(peft), extra_args=inputs.extra_args, torch_overhead=inputs.torch_overhead,
         peft_overhead=inputs.peft_overhead, version=inputs.version)

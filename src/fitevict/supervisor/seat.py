@@ -119,11 +119,16 @@ class SeatState:
         return self.predicted.bytes_on(device)
 
     def source_on(self, device: str) -> str:
+        """"measured" where a reading of the process (PSS, NVML) counts, "engine-reported" where only the engine's
+        buffers do, else the prediction's sources."""
         if device == HOST:
-            measured = (self.host_mem is not None and self.host_mem.host_bytes is not None) or self.measured is not None
-            return "measured" if measured else pred_source(self.predicted, HOST)
-        if device in self.gpu_bytes or (self.measured is not None and self.measured.device(device)):
+            if self.host_mem is not None and self.host_mem.host_bytes is not None:
+                return "measured"
+            return "engine-reported" if self.measured is not None else pred_source(self.predicted, HOST)
+        if device in self.gpu_bytes:
             return "measured"
+        if self.measured is not None and self.measured.device(device):
+            return "engine-reported"
         return pred_source(self.predicted, device)
 
     def figures(self, device: str) -> dict:
@@ -146,7 +151,10 @@ class SeatState:
             "allocated_bytes": alloc,
             "allocated_source": ("engine-reported: its buffers (load log, to 0.01 MiB)" if alloc is not None else
                                  f"unavailable, because {self.measured_note or 'the load log was not read yet'}"),
-            "overhead_bytes": overhead, "overhead_source": "measured: the engine process's own, calibrated",
+            "overhead_bytes": overhead,
+            "overhead_source": ("measured: the engine process's own, calibrated at a filled peak, with the rules that "
+                                "scale with the model (tokenizer, work buffer, context)" if device == HOST else
+                                "measured: the engine process's own (NVML process bytes minus its buffers)"),
             "measured_bytes": now,
             "measured_source": f"measured: {how}" if now is not None else f"unavailable, because {why_not}",
             "measured_peak_bytes": self.peak_bytes.get(device),
