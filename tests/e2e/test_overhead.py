@@ -96,7 +96,7 @@ def test_the_supervisor_prices_a_first_load_with_the_process(tmp_path: Path, zoo
     import asyncio
     import shutil
 
-    from fitevict.catalog import Catalog
+    from fitevict.request.catalog import Catalog
     from fitevict.config import load_config
     from fitevict.engines.fill import PeakSampler, fill
     from fitevict.pricing.kv import resolve_context
