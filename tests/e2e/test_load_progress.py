@@ -70,7 +70,7 @@ def test_admin_stream_reports_measured_weights_against_the_prediction(door) -> N
     weights = [d for _e, d in events if d.get("phase") == "weights"]
     assert weights and all(w["resident_source"].startswith("measured") and w["predicted_bytes"] > 0 for w in weights)
     ready = events[-2][1]
-    assert ready["host_source"] == "measured" and ready["load_seconds"] > 0 and ready["hit"] is False
+    assert ready["host_source"] == "planned" and ready["load_seconds"] > 0 and ready["hit"] is False
     assert events[-1][1]["resident"]["key"] == "med-c"
 
 

@@ -30,7 +30,8 @@ def test_a_priced_load_names_each_source_it_used() -> None:
     src = history_sources(_load(PRICED))
     assert src["predicted"] == "dry-run+formula"
     assert src["measured"] == "engine-reported: the engine's own buffers (its load log or allocator trace)"
-    assert src["host"] == "measured: the larger of PSS (smaps_rollup) and logged buffers + engine overhead"
+    assert src["host"] == ("planned: the larger of measured PSS (smaps_rollup) and the engine-reported buffers + "
+                           "engine overhead")
     assert src["vram"] == NA and src["freed"] == NA  # a CPU load frees nothing and has no GPU figure
 
 

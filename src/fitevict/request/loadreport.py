@@ -64,7 +64,7 @@ class LoadReport:
     activate_seconds: float | None  # a transformers seat's measured switch; None on llama-server (inside the request)
     evicted: tuple[str, ...]  # seats stopped to make room for this request's load
     resident_bytes_after: Mapping[str, int]  # per budget device, every seat together
-    resident_source: Mapping[str, str]  # per device: "measured", or the sources of the seats' predicted figures
+    resident_source: Mapping[str, str]  # per device: the seats' sources joined (SeatState.source_on)
     budget_bytes: Mapping[str, int]  # per budget device
     budget_source: Mapping[str, str]
     adapters_on_seat: int
@@ -165,8 +165,8 @@ def seat_adapter_seconds(engine: str, log_text: str) -> float | None:
 
 
 def resident_bytes(seats) -> dict[str, tuple[int, str]]:
-    """What every seat holds now, per budget device, with the source: "measured" when every seat there was
-    measured, else the distinct sources joined."""
+    """What every seat is counted at now, per budget device, with the source: the seats' distinct sources
+    (``SeatState.source_on``: planned, measured, engine-reported or predicted) joined."""
     out: dict[str, tuple[int, set[str]]] = {}
     for s in seats:
         for dev in ("CPU", *s.config.devices):

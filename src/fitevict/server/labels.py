@@ -66,10 +66,13 @@ def _host(ev: Any, d: dict) -> str | None:
     pss = d.get("host_pss")
     pss_ok = isinstance(pss, dict) and pss.get("committed_bytes") is not None
     measured = isinstance(d.get("measured"), dict)
-    if pss_ok or measured:
-        parts = [p for p, on in ((f"PSS ({pss.get('source')})" if pss_ok else "", pss_ok),
-                                 ("logged buffers + engine overhead", measured)) if on]
-        return "measured: " + (" and ".join(parts) if len(parts) == 1 else f"the larger of {' and '.join(parts)}")
+    if pss_ok and measured:
+        return (f"planned: the larger of measured PSS ({pss.get('source')}) and the engine-reported buffers + "
+                "engine overhead")
+    if pss_ok:
+        return f"measured: PSS ({pss.get('source')})"
+    if measured:
+        return "engine-reported: logged buffers + engine overhead"
     if isinstance(pss, dict) and pss.get("reason"):
         return f"unavailable: {pss['reason']}"
     pred = _predicted(d)

@@ -385,7 +385,7 @@ class LiveEffects:
             host_bytes=seat.bytes_on(HOST), vram_bytes=parts.planning.gpu_figure(seat), reason=reason,
             freed_bytes=res.freed_bytes, request_id=request_id,
             details={"pid": seat.pid, **timings(seat),
-                     "host_source": f"{seat.source_on(HOST)}: what the seat held when it stopped",
+                     "host_source": f"{seat.source_on(HOST)}: what the seat was counted at when it stopped",
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details(),
                      **({"leak_check": leak_check(report, res)} if hasattr(engine, "teardown") else {}), **kept}))

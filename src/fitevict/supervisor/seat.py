@@ -119,10 +119,14 @@ class SeatState:
         return self.predicted.bytes_on(device)
 
     def source_on(self, device: str) -> str:
-        """"measured" where a reading of the process (PSS, NVML) counts, "engine-reported" where only the engine's
-        buffers do, else the prediction's sources."""
+        """What ``bytes_on`` counts: "planned" where it is the larger of a reading of the process and the engine's
+        buffers + overhead, "measured" where only a reading (PSS, NVML) counts, "engine-reported" where only the
+        engine's buffers do, else the prediction's sources."""
         if device == HOST:
-            if self.host_mem is not None and self.host_mem.host_bytes is not None:
+            read = self.host_mem is not None and self.host_mem.host_bytes is not None
+            if read and self.measured is not None:
+                return "planned"
+            if read:
                 return "measured"
             return "engine-reported" if self.measured is not None else pred_source(self.predicted, HOST)
         if device in self.gpu_bytes:
