@@ -286,7 +286,7 @@ class Supervisor:
         waits for any more is cancelled (see ``Scheduler.cancel``)."""
         entry = self.catalog.resolve(key)
         contract = resident_shrunk(self.parts, entry, contract, need, timing)
-        w = Waiter(self.request_for(entry, contract), self.clock(), request_id,
+        w = Waiter(self.planning.request_for(entry, contract), self.clock(), request_id,
                    keep_alive=contract.keep_alive if contract is not None else None)
         got = self.scheduler.fast(w)
         hit = got is not None

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ FIRST_ANSWER_WAIT_S = 1.0
 class LiveEffects:
     def __init__(self, ports: Ports) -> None:
         self.parts = ports  # the supervisor's parts, named (supervisor.ports): never the supervisor itself
+        # Effects.plan is the planning part's: the residents carry what each seat's process holds now (their
+        # records read it, schedule.seats.Holds), so there is nothing to add on the way
+        self.plan: Callable[[pl.PlanRequest, list[pl.Resident]], pl.Plan] = ports.planning.plan_now
         self.loads: dict[str, asyncio.Task] = {}
         self.recording: set[asyncio.Future] = set()  # load records still being written (history readers settle)
         self._wake: asyncio.TimerHandle | None = None
@@ -55,10 +59,6 @@ class LiveEffects:
 
     def now(self) -> float:
         return self.parts.clock()
-
-    def plan(self, request: pl.PlanRequest, residents: list[pl.Resident]) -> pl.Plan:
-        # the residents carry what each seat's process holds now (its record reads it: schedule.seats.Holds)
-        return self.parts.planning.plan_now(request, residents)
 
     def start(self, waiter: Waiter, plan: pl.Plan) -> None:
         self.loads[waiter.key] = self._spawn_task(self._load(waiter, plan), f"load-{waiter.key}")
