@@ -374,12 +374,12 @@ def test_resident_models_are_not_blocked_behind_a_load(models: Path, tmp_path: P
                     return time.monotonic() - t0
 
                 load = asyncio.create_task(timed(c.post("/v1/models/med-b/load")))
-                while True:  # until med-b's seat exists and is still starting (it holds the placement lock)
+                while True:  # until med-b's seat runs its process and is still loading (it holds the placement)
                     res = (await c.get("/v1/models/residents")).json()["data"]
                     if any(r["key"] == "med-b" for r in res):
                         break
-                    assert not load.done(), "the load finished before its seat was seen starting"
-                assert next(r for r in res if r["key"] == "med-b")["state"] == "starting"
+                    assert not load.done(), "the load finished before its seat was seen loading"
+                assert next(r for r in res if r["key"] == "med-b")["state"] == "loading"
                 small = await timed(c.post("/v1/completions", json={"model": "llama-gqa", "prompt": "y",
                                                                     "max_tokens": 1}))
                 return small, await load
