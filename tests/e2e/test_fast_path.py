@@ -99,6 +99,7 @@ def test_hanging_up_while_queued_leaves_the_queue_and_loads_nothing(tmp_path: Pa
                 r = await c.post(base + "/v1/completions", json={"model": "med-a", "prompt": "x", "max_tokens": 1})
                 assert r.status_code == 200, r.text
             assert "med-b" not in sup.seats
+            await sup.settle()  # med-a's load record is written just after its first answer
             assert [e.model for e in store.events(event="load")] == ["med-a"]
             gone = next(line for line in lines.lines if line["model"] == "med-b")
             assert gone["status"] == 499 and gone["error"] == "client disconnected" and gone["latency_s"] is None
