@@ -33,7 +33,7 @@ from fitevict.engines.base import Unavailable
 from fitevict.engines.fill import MAX_TOKENS, SAMPLE_S
 from fitevict.engines.install import resolve_binary
 from fitevict.engines.overhead import CALIBRATION_CONFIG, CALIBRATION_MODEL, calibrate_overhead
-from fitevict.host.machine import host_buffers
+from fitevict.engines.machine import host_buffers
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig

@@ -33,7 +33,7 @@ from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
 from fitevict.zoo import ZOO_NAMES, rewrite_arch, write_zoo
-from fitevict.host.machine import host_buffers
+from fitevict.engines.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args()
     signal_exit()
-    from fitevict.host.machine import host_buffers
+    from fitevict.engines.machine import host_buffers
     from fitevict.pricing.footprint import HOST
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.loadconfig import LoadConfig

@@ -21,7 +21,7 @@ from fitevict.request.contract import Contract
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
 from fitevict.zoo import write_zoo
-from fitevict.host.machine import host_buffers
+from fitevict.engines.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.engines.overhead import CALIBRATION_MODEL, calibrate_overhead
-from fitevict.host.machine import host_buffers
+from fitevict.engines.machine import host_buffers
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 

@@ -20,7 +20,7 @@ from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.request.catalog import Catalog
 from fitevict.zoo import write_zoo
 from fitevict.zoo.mmproj import write_mmproj
-from fitevict.host.machine import host_buffers
+from fitevict.engines.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

@@ -22,7 +22,7 @@ import pytest
 from fitevict.engines.dryrun import dry_run
 from fitevict.engines.overhead import (CALIBRATION_CONFIG, CALIBRATION_MODEL, FilledSeat, calibrate_overhead,
                                        calibrated_overhead, measure_filled, model_terms)
-from fitevict.host.machine import host_buffers
+from fitevict.engines.machine import host_buffers
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.engines import install as inst
-from fitevict.host.machine import this_cpu
+from fitevict.engines.machine import this_cpu
 
 
 def _exe(path: Path, body: str = "#!/bin/sh\necho fake\n") -> Path:

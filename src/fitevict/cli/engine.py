@@ -84,7 +84,7 @@ def install_cmd(
 def _probe(server: Path, *, again: bool) -> None:
     """Learn this machine's extra host buffers from the engine (once per build and CPU, unless ``again``)."""
     from fitevict.engines.probe import probe
-    from fitevict.host.machine import stored_probe, this_cpu
+    from fitevict.engines.machine import stored_probe, this_cpu
 
     table = None if again else stored_probe(server)
     if table is None:

@@ -21,7 +21,7 @@ from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.safetensors import is_hf_folder
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.host.machine import host_buffers
+from fitevict.engines.machine import host_buffers
 from fitevict.pricing.hostbufs import dry_run_check
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.price import Pricing, price

@@ -39,7 +39,7 @@ from fitevict.engines.buftrace import buftrace_library, preload_env
 from fitevict.engines.llama_server import load_args as server_args
 from fitevict.pricing.buftrace import STOP_MARK
 from fitevict.engines.process import free_port, orphan_proof, stop_group
-from fitevict.host.machine import this_cpu
+from fitevict.engines.machine import this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig

@@ -39,7 +39,7 @@ from fitevict.engines.buftrace import buftrace_library, preload_env
 from fitevict.engines.fill import SAMPLE_S, PeakSampler, fill, healthy
 from fitevict.engines.llama_server import LlamaServerEngine
 from fitevict.engines.process import free_port, stop_group
-from fitevict.host.machine import this_cpu
+from fitevict.engines.machine import this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.buftrace import STOP_MARK, parse_exact_log
 from fitevict.pricing.footprint import HOST
@@ -152,7 +152,7 @@ def calibrate_overhead(binary: str | Path, model: str | Path | None = None, *, h
     """Measure ``binary``'s process overhead on ``model`` (default: a freshly written zoo model) and store it.
     Returns the stored record: ``overhead`` (device -> bytes that do not depend on the model), the runs' peaks
     and buffers, the calibration model's own scaling ``terms`` and the ``seconds`` it took."""
-    from fitevict.host.machine import host_buffers
+    from fitevict.engines.machine import host_buffers
 
     binary = Path(binary)
     host = host or host_buffers(binary)

@@ -33,7 +33,7 @@ from gguf import GGMLQuantizationType as QT
 
 from fitevict.engines.buftrace import Unavailable, buftrace_library, preload_env
 from fitevict.engines.process import free_port
-from fitevict.host.machine import Cpu, machine_key, probe_path, this_cpu
+from fitevict.engines.machine import Cpu, machine_key, probe_path, this_cpu
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, block_size, nbytes, pad
 from fitevict.pricing.hostbufs import MUL_MAT, MUL_MAT_ID, ExtraBuffer, HostBuffers, TypeRule, rule_table
 from fitevict.zoo.tensors import spm_vocab

@@ -25,7 +25,7 @@ from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing.footprint import Footprint
 from fitevict.engines.overhead import engine_threads, tiled_here
-from fitevict.host.machine import host_buffers, machine_key
+from fitevict.engines.machine import host_buffers, machine_key
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.hf_kv import training_context
 from fitevict.pricing.safetensors import load_hf_structure
