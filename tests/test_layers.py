@@ -197,3 +197,14 @@ def test_a_module_imported_from_its_package_keeps_its_stage(tmp_path: Path) -> N
     assert [_stage(m) for m in _imports(p, names=True)] == [_stage("fitevict.request"),
                                                             _stage("fitevict.request.loadreport")]
     assert _stage("fitevict.request.loadreport") > _stage("fitevict.request")
+
+
+def test_no_two_rooms_import_each_other() -> None:
+    # a room: a package of fitevict or a module loose in it; two rooms that import each other are one room, or wrong
+    def room(m: str) -> str:
+        return m.split(".")[1] if m.count(".") else ""
+
+    rooms: dict[str, set[str]] = {}
+    for m, deps in _graph().items():
+        rooms.setdefault(room(m), set()).update(room(d) for d in deps if room(d) not in ("", room(m)))
+    assert _circles(rooms) == [], "rooms that import each other"
