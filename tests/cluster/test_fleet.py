@@ -4,6 +4,7 @@ and leaves out a node whose door admits another."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any
 
@@ -66,3 +67,35 @@ def test_without_a_key_a_front_door_uses_the_agents_key(started: list[dict]) -> 
     f = Fleet()
     join(f, "whatever-the-agent-has")
     assert started == [{}] and f.door("n1") == ("http://n1", "whatever-the-agent-has")
+
+
+def test_cluster_stop_keeps_rays_own_notices_off_stdout(monkeypatch, capsys) -> None:
+    # Ray's driver prints the cluster's notices (a node marked dead) to stdout whatever log_to_driver says; the
+    # answer of `cluster stop --json` is read from stdout, so they must go to stderr
+    import types
+
+    from fitevict.cluster import fleet as fleet_mod
+
+    class _Ref:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    class _Agent:
+        class stop:  # noqa: N801 - the shape of a Ray actor method
+            @staticmethod
+            def remote() -> _Ref:
+                return _Ref(0)
+
+    exc = types.SimpleNamespace(ActorDiedError=type("ActorDiedError", (Exception,), {}),
+                                ActorUnavailableError=type("ActorUnavailableError", (Exception,), {}))
+    fake = types.SimpleNamespace(
+        init=lambda **_: print("\x1b[33m(raylet)\x1b[0m The node with node id: n2 has been marked dead"),
+        nodes=lambda: [{"NodeID": "n1", "Alive": True}],
+        util=types.SimpleNamespace(list_named_actors=lambda: [fleet_mod.AGENT_PREFIX + "n1"]),
+        get_actor=lambda name, namespace: _Agent(), get=lambda ref, timeout: ref.value, kill=lambda *a, **k: None,
+        shutdown=lambda: print("shutting down"), exceptions=exc)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    rows = fleet_mod.stop_agents("auto")
+    out = capsys.readouterr()
+    assert rows == [{"node": "n1", "door_exit": 0}]
+    assert out.out == "" and "marked dead" in out.err and "shutting down" in out.err

@@ -16,7 +16,9 @@ every ``REFUSED_RETRY_S``). ``stop_agents`` stops every agent on a cluster, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +220,13 @@ def stop_agents(address: str, timeout_s: float = 120.0) -> list[dict[str, Any]]:
     (SIGTERM: the door stops its seats and verifies their memory came back). Each agent's node with its door's exit
     status (``door_exit``), ``gone`` for an agent that had ended (its node died, say: its door went with it), or
     ``error``: why it could not be stopped (it is killed all the same, and its door with it)."""
+    # Ray's driver prints the cluster's own notices (a node marked dead, say) to stdout whatever log_to_driver says:
+    # they go to stderr here, so that stdout carries only the answer (``cluster stop --json``)
+    with contextlib.redirect_stdout(sys.stderr):
+        return _stop_agents(address, timeout_s)
+
+
+def _stop_agents(address: str, timeout_s: float) -> list[dict[str, Any]]:
     import ray
 
     ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
