@@ -362,3 +362,21 @@ def test_closed_loop_clients_round_robin_do_not_thrash(n_clients, rounds, load, 
     big_loads = [k for k in w.loads() if k.startswith("big")]
     periods = max(1.0, w.t / policy.max_wait_seconds)
     assert len(big_loads) <= 2 * periods + 2, (big_loads, w.t)
+
+
+def test_a_crashed_seat_serves_nothing_more_and_leaves_as_crashed() -> None:
+    from fitevict.schedule.seats import Exit
+
+    s, fx = sched({"a": 100 * MB}, 150 * MB)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    record = s.table.get("a")
+    ready(s, fx, "a")
+    assert fx.kinds("dispatch") == [("dispatch", "a0", "a")]
+    s.ending("a")  # its process exited on its own while a0 was in flight
+    assert s.seats["a"].status is SeatStatus.STOPPING
+    fx.calls.clear()
+    s.submit(Waiter(request("a"), 0.0, "a1"))  # it waits for the crash's stop, never for the dead seat
+    assert fx.kinds("dispatch") == [] and fx.kinds("start") == [] and s.waiting("a") == 1
+    s.stopped("a", Exit.CRASHED)
+    assert record is not None and record.status is SeatStatus.GONE and record.exit is Exit.CRASHED
+    assert fx.kinds("start") == [("start", "a")]  # the next request loads it again
