@@ -442,10 +442,11 @@ class Scheduler:
             # a seat within its minimum residency is busy for the planner: not a victim, but worth waiting for.
             # Its priority goes over as credit above L, so that the planner's band measures the cost term, not L.
             in_flight = s.in_flight or (1 if young and s.status is S.READY else 0)
+            held, held_source = s.held()
             out.append(pl.Resident(
-                key=s.key, config=s.config, bytes=s.bytes, source=s.source,
+                key=s.key, config=s.config, bytes=held, source=s.source,
                 last_used=s.last_used if s.last_used is not None else (s.ready_at or s.since),
-                bytes_source=s.bytes_source, pinned=s.pinned, in_flight=in_flight,
+                bytes_source=held_source, pinned=s.pinned, in_flight=in_flight,
                 loading=s.status in PLACING, priority=s.priority - self.inflation, reload_seconds=s.reload_seconds,
             ))
         return out

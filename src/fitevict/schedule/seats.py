@@ -23,7 +23,7 @@ import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from fitevict.pricing.loadconfig import LoadConfig
 
@@ -91,17 +91,20 @@ class Seat:
     priority: float = 0.0  # GreedyDual-Size H
     keep_alive: float | None = None
     stop_after: tuple[str, str] | None = None  # (event, reason) once drained: an unload waits for it
-    process: Any = None  # the supervisor's record of its running process (supervisor.seat.SeatState); None before
+    process: Holds | None = None  # its running process (supervisor.seat.SeatState); None before and after
 
     @property
     def bytes(self) -> Mapping[str, int]:
-        """What the planner counts for it, per device: what its process holds now (``Holds.held``), else what it held
-        when it became ready."""
-        return self.process.held()[0] if isinstance(self.process, Holds) else self.loaded_bytes
+        return self.held()[0]
 
     @property
     def bytes_source(self) -> str:
-        return self.process.held()[1] if isinstance(self.process, Holds) else self.loaded_source
+        return self.held()[1]
+
+    def held(self) -> tuple[Mapping[str, int], str]:
+        """What the planner counts for it, per device, and where that came from: what its process holds now
+        (``Holds.held``), else what it held when it became ready."""
+        return self.process.held() if self.process is not None else (self.loaded_bytes, self.loaded_source)
 
     @property
     def capacity(self) -> int:
@@ -111,7 +114,6 @@ class Seat:
         return seat_room(self.capacity, engine_queue_depth)
 
 
-@runtime_checkable
 class Holds(Protocol):
     """A seat's process that says what it holds: bytes per device and where that figure came from."""
 
