@@ -15,7 +15,6 @@ over-budget event is a change of its resident bytes from within its budget to ab
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections import Counter, deque
@@ -192,18 +191,8 @@ class World(Clocked):
         for i in range(len(self._clients)):
             self.next_client(i)
         front.attach(self)
-        n = 0
         anomalies: list[str] = []
-        while self._heap:
-            ev = heapq.heappop(self._heap)
-            if not ev[4]:
-                continue
-            n += 1
-            if n > MAX_EVENTS:
-                anomalies.append(f"stopped after {MAX_EVENTS} events at t={self.t:.3f} s")
-                break
-            self.t = ev[0]
-            ev[2](*ev[3])
+        self.run_events(MAX_EVENTS, anomalies)
         return self.result(front, trace, anomalies)
 
     def result(self, front: Front, trace: Trace, anomalies: list[str]) -> ClusterResult:

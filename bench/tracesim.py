@@ -164,6 +164,21 @@ class Clocked:
         heapq.heappush(self._heap, ev)
         return ev
 
+    def run_events(self, limit: int, anomalies: list[str]) -> None:
+        """Run the heap's events in time order until none is left, or ``limit`` of them (said in ``anomalies``:
+        a policy that keeps waking itself without progress stops there)."""
+        n = 0
+        while self._heap:
+            ev = heapq.heappop(self._heap)
+            if not ev[4]:
+                continue
+            n += 1
+            if n > limit:
+                anomalies.append(f"stopped after {limit} events at t={self.t:.3f} s")
+                break
+            self.t = ev[0]
+            ev[2](*ev[3])
+
     def count_load(self, model: str, n: int) -> None:
         """One load of ``n`` bytes: a reload when the model was loaded before."""
         self.loads += 1
@@ -212,17 +227,7 @@ class Sim(Clocked):
         self._clients = [deque(seq) for seq in trace.clients]
         for i in range(len(self._clients)):
             self._next(i)
-        n = 0
-        while self._heap:
-            ev = heapq.heappop(self._heap)
-            if not ev[4]:
-                continue
-            n += 1
-            if n > MAX_EVENTS:
-                self.anomalies.append(f"stopped after {MAX_EVENTS} events at t={self.t:.3f} s")
-                break
-            self.t = ev[0]
-            ev[2](*ev[3])
+        self.run_events(MAX_EVENTS, self.anomalies)
         for w in self.jobs:
             self.anomalies.append(f"request for {w.key} (arrived {self.jobs[w].arrived:.3f} s) never answered")
             self.lost["never answered"] += 1
