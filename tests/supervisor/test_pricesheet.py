@@ -110,7 +110,7 @@ def test_a_learned_load_and_a_dry_run_rebuild_the_sheet_off_the_loop(book: Price
         learned = await book.sheet(path, CFG)
         assert learned is not dried and learned.correction is not None and dried.correction is None
         assert learned.footprint(CFG).device(HOST).model.correction == 3 * MiB  # learned at ctx 256, applied at 512
-        await asyncio.sleep(0)
+        await book.settled()
         assert book.sheet_now(path, CFG) is learned  # the rebuild the change started found nothing more to read
 
     asyncio.run(go())
@@ -128,11 +128,7 @@ def test_a_rescan_rereads_a_changed_file_and_reads_the_added_models(book: PriceB
         held = await book.sheet(gqa, CFG)
         os.utime(gqa, ns=(held.ident[2] + 10**9, held.ident[2] + 10**9))  # the file changed on disk
         book.rescanned([catalog.resolve("llama-tied")])
-        for _ in range(400):
-            await asyncio.sleep(0.025)
-            now = book._sheets.get((str(gqa), ()))
-            if now is not held and any(k[0] == str(tied) for k in book._sheets):
-                break
+        await book.settled()
         now = book._sheets.get((str(gqa), ()))
         assert now is not None and now is not held and now.ident[2] == held.ident[2] + 10**9
         assert any(k[0] == str(tied) for k in book._sheets)  # read ahead of its first request
@@ -151,8 +147,8 @@ def test_a_plan_on_the_loop_reads_nothing_once_its_sheet_is_held(book: PriceBook
 
     async def go() -> pl.Plan:
         book.prefetch(path, CFG)  # what the supervisor does when the request arrives
-        while (str(path), ()) not in book._sheets:
-            await asyncio.sleep(0.01)
+        await book.settled()
+        assert (str(path), ()) in book._sheets
         book.forget()  # and something changed since: the plan still takes the sheet held
         with monkeypatch.context() as m:
             m.setattr(Path, "stat", no_io)

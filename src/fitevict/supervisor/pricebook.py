@@ -86,6 +86,7 @@ class PriceBook:
         self._stored: tuple[int, Mapping[str, Mapping]] | None = None  # the store's measurements, at an epoch
         self._rebuild: asyncio.Task | None = None
         self._reading: dict[tuple[str, tuple[str, ...]], asyncio.Task] = {}  # prefetches under way
+        self._added: set[asyncio.Task] = set()  # a rescan's new models, read ahead
         self._lock = threading.Lock()  # sheets are put from the event loop and from the threads that read them
 
     # -- what changes prices ----------------------------------------------------------------------
@@ -142,9 +143,18 @@ class PriceBook:
         self._requests.clear()
         self.forget()
         try:
-            asyncio.get_running_loop().create_task(self._prefetch_entries(list(added)), name="fitevict-price-sheets")
+            task = asyncio.get_running_loop().create_task(self._prefetch_entries(list(added)),
+                                                          name="fitevict-price-sheets")
         except RuntimeError:
-            pass  # no event loop here: the added models' sheets are read at their first plan
+            return  # no event loop here: the added models' sheets are read at their first plan
+        self._added.add(task)
+        task.add_done_callback(self._added.discard)
+
+    async def settled(self) -> None:
+        """Wait until the reads under way (prefetches, rebuilds, a rescan's new models) have finished."""
+        while pending := [t for t in (self._rebuild, *self._reading.values(), *self._added)
+                          if t is not None and not t.done()]:
+            await asyncio.wait(pending)
 
     async def _prefetch_entries(self, entries: list[CatalogEntry]) -> None:
         for entry in entries:
