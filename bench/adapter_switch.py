@@ -60,7 +60,7 @@ async def drive(models: Path, data: Path, keys: list[str], ram_limit: int) -> di
                 entry = sup.catalog.resolve(key)
                 timing: dict = {}
                 t0 = time.perf_counter()
-                async with sup.acquire(key, None, request_id=f"r{i}", timing=timing) as seat:
+                async with sup.acquire(sup.ask(key), request_id=f"r{i}", timing=timing) as seat:
                     body = with_lora({"prompt": "the cat sat on", "n_predict": 1, "stream": True,
                                       "cache_prompt": False, "temperature": 0}, seat.config.loras, entry, None)
                     async with http.stream("POST", seat.base_url + "/completion", json=body) as r:

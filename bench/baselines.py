@@ -178,7 +178,7 @@ class KeepAlive(_Baseline):
         super().__init__(sim, **kw)
         self.keep_alive = keep_alive
         self.name = f"keep-alive order (keep_alive {keep_alive:g} s)"
-        self.budget = sum(sim.budget.budget_bytes(d) for d in sim.budget.names)
+        self.budget = sum(sim.declared.budget_bytes(d) for d in sim.declared.names)
 
     def _room(self, s: _Seat) -> bool:
         return s.phase == "ready"  # the runner queues what it cannot run yet

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -82,16 +82,6 @@ class NodeSim(Sim):
         if waiter.key not in self.seats:
             self.world.count_load(model_of(waiter.key), sum(self.models[waiter.key].bytes.values()))
         super().start(waiter, plan)
-
-    def plan(self, request: Any, residents: Sequence[Any]) -> Any:
-        """As the supervisor's ``Effects.plan``: each resident with what its seat holds (a loading seat its
-        priced bytes; the scheduler's own view has none until the load is measured)."""
-        live = [replace(r, bytes=dict(self.seats[r.key].bytes)) if r.key in self.seats else r for r in residents]
-        return super().plan(request, live)
-
-    def held(self, key: str) -> Mapping[str, int]:
-        s = self.seats.get(key)
-        return dict(s.bytes) if s is not None else {}
 
     def start_seat(self, seat_key: str) -> None:
         """Load a seat under its own key (a copy of its model: ``model~n``)."""
@@ -251,7 +241,7 @@ class FitevictFront:
         waiting = Counter(w.key for w in sched.queue)
         seats = tuple(Seat(s.key, s.status.value, node.held(s.key), s.in_flight, waiting.get(s.key, 0),
                            s.priority - sched.inflation) for s in sched.seats.values())
-        budget = {d: node.budget.budget_bytes(d) for d in node.budget.names}
+        budget = {d: node.declared.budget_bytes(d) for d in node.declared.names}
         held: Counter = Counter()
         for s in seats:
             held.update(s.bytes)
@@ -261,7 +251,7 @@ class FitevictFront:
     def verdict(self, node: NodeSim, key: str) -> Verdict:
         """The node's dry run, as its door answers ``POST /v1/models/{id}/plan``."""
         sched = node.policy.sched  # type: ignore[union-attr]
-        p = node.plan(node.models[key].request, sched.residents(self.world.t))
+        p = sched.plan(node.models[key].request, self.world.t)
         return Verdict(node.name, p.action, reason=p.reason, key=p.key, evict=tuple(e.key for e in p.evict),
                        free_after=dict(p.free_bytes_after), wait_for=tuple(p.wait_for))
 

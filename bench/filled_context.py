@@ -32,7 +32,7 @@ from _serve import cpu_model  # noqa: E402
 from fitevict.engines.base import Unavailable
 from fitevict.engines.fill import MAX_TOKENS, SAMPLE_S
 from fitevict.engines.install import resolve_binary
-from fitevict.engines.overhead import CALIBRATION_CONFIG, CALIBRATION_MODEL, calibrate_overhead
+from fitevict.engines.overhead import CALIBRATION_MODEL, calibrate_overhead
 from fitevict.engines.machine import host_buffers
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter, OrderedDict, deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from clustersim import COPY, NodeSim, World

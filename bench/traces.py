@@ -30,6 +30,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict import planner as pl
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.price import price
+from fitevict.request.ask import ask
 from fitevict.request.catalog import Catalog
 from fitevict.request.contract import Contract
 from fitevict.supervisor.pricebook import PriceBook
@@ -82,7 +83,8 @@ def zoo_specs(zoo_dir: Path, contract: Contract, *, only: Sequence[str] | None =
         if entry.key not in times:
             raise MissingMeasurement(f"{entry.key}: no load time in the seat_lifecycle table of {doc}; "
                                      f"rerun bench/seat_lifecycle.py over this zoo")
-        req, _cfg, path = book.request(entry, contract)
+        req = ask(entry, contract, book).request
+        path = Path(req.path)
         cfg = req.config.with_(n_gpu_layers=0, n_cpu_moe=0, devices=())  # the rung a host-only budget offers
         fp = price(load_structure(path), cfg, host=HERE).footprint
         load_s, release_s = times[entry.key]

@@ -139,6 +139,19 @@ class _Seat:
     load_event: list | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Process:
+    """A simulated seat's process as the scheduler's seat record reads it (``schedule.seats.Holds``): its price while
+    it loads, what it holds once ready."""
+
+    sim: Sim
+    key: str
+
+    def held(self) -> tuple[Mapping[str, int], str]:
+        s = self.sim.seats.get(self.key)
+        return self.sim.held(self.key), ("measured" if s is not None and s.phase == "ready" else "predicted")
+
+
 @dataclass(eq=False, slots=True)
 class _Job:
     arrived: float
@@ -194,7 +207,7 @@ class Sim(Clocked):
     def __init__(self, models: Mapping[str, ModelSpec], budget: Budget, *, eviction: str = "cost",
                  exclusive_fraction: float = EXCLUSIVE_FRACTION) -> None:
         self.models = dict(models)
-        self.budget = budget
+        self.declared = budget
         self.plan_policy = pl.Policy(exclusive_fraction=exclusive_fraction, eviction=eviction)  # type: ignore[arg-type]
         self.t = 0.0
         self._heap: list[list] = []
@@ -234,7 +247,7 @@ class Sim(Clocked):
         return self.result(policy.name, trace)
 
     def result(self, name: str, trace: Trace) -> Result:
-        budget = sum(self.budget.budget_bytes(d) for d in self.budget.names)
+        budget = sum(self.declared.budget_bytes(d) for d in self.declared.names)
         return Result(
             policy=name, trace=trace.name, requests=trace.requests, served=self.served,
             lost=sum(self.lost.values()), lost_by=dict(self.lost), loads=self.loads, cancelled_loads=self.cancelled,
@@ -302,7 +315,10 @@ class Sim(Clocked):
     def now(self) -> float:
         return self.t
 
-    def plan(self, request: pl.PlanRequest, residents: Sequence[pl.Resident]) -> pl.Plan:
+    def budget(self) -> Budget:
+        return self.declared
+
+    def prices(self, request: pl.PlanRequest) -> pl.FootprintFn:
         spec = self.models[request.key]
 
         def price(_key: str, cfg: LoadConfig) -> Footprint:
@@ -311,7 +327,12 @@ class Sim(Clocked):
                                  f"({spec.config}); the planner asked for {cfg}")
             return spec.footprint
 
-        return pl.plan(request, residents, self.budget, price, self.plan_policy, self.t)
+        return price
+
+    def held(self, key: str) -> Mapping[str, int]:
+        """What seat ``key`` holds now (a loading seat its price, from the start of its load until it is gone)."""
+        s = self.seats.get(key)
+        return dict(s.bytes) if s is not None else {}
 
     def start(self, waiter: Waiter, plan: pl.Plan | None) -> None:
         key = waiter.key
@@ -320,6 +341,9 @@ class Sim(Clocked):
             return
         spec = self.models[key]
         s = self.seats[key] = _Seat(key, spec.bytes)
+        sched = getattr(self.policy, "sched", None)  # fitevict's own: its seat record reads the process, as live
+        if sched is not None and (seat := sched.table.get(key)) is not None:
+            sched.table.attach(seat, _Process(self, key))
         self.count_load(key, sum(spec.bytes.values()))
         self.load_seconds += spec.load_seconds
         self._hold(spec.bytes, +1)
@@ -388,8 +412,8 @@ class Sim(Clocked):
             self.resident[d] += sign * n
         total = sum(self.resident.values())
         self.peak_resident = max(self.peak_resident, total)
-        for d in self.budget.names:
-            self.over_budget = max(self.over_budget, self.resident[d] - self.budget.budget_bytes(d))
+        for d in self.declared.names:
+            self.over_budget = max(self.over_budget, self.resident[d] - self.declared.budget_bytes(d))
         self.resident_trace.append((self.t, total))
 
 
@@ -399,7 +423,7 @@ class FitevictPolicy:
 
     def __init__(self, sim: Sim, policy: SchedPolicy, *, idle_unload_seconds: float = 0.0,
                  name: str | None = None) -> None:
-        self.sched = Scheduler(sim, policy, idle_unload_seconds=idle_unload_seconds)
+        self.sched = Scheduler(sim, policy, idle_unload_seconds=idle_unload_seconds, planning=sim.plan_policy)
         self.name = name or f"fitevict eviction={policy.eviction}"
 
     def arrive(self, w: Waiter) -> str | None:

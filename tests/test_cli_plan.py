@@ -152,8 +152,8 @@ def test_the_offline_plan_is_the_servers_plan(zoo_dir: Path, tmp_path: Path) -> 
             sup = Supervisor(config=cfg, catalog=Catalog.from_config(cfg), store=store,
                              engine_binary=engine_binary(cfg), budget_fn=lambda: declared)
             # a measurement stored by an earlier load of the same signature: both must price by it
-            sig = sup.prices.signature(med, sup.prices.request(sup.catalog.resolve("llama-medium"), Contract())[1])
-            fp = sup.prices.footprint(med, sup.prices.request(sup.catalog.resolve("llama-medium"), Contract())[1])
+            sig = sup.prices.signature(med, sup.ask("llama-medium", Contract()).request.config)
+            fp = sup.prices.footprint(med, sup.ask("llama-medium", Contract()).request.config)
             doc = json.loads(json.dumps(fp.to_json()).replace('"formula"', '"engine-reported"'))
             extra = 5 * MiB  # measured 5 MiB above the formula: a plan that reads the store says so
             doc["devices"][0]["model_bytes"] += extra

@@ -208,3 +208,17 @@ def test_no_two_rooms_import_each_other() -> None:
     for m, deps in _graph().items():
         rooms.setdefault(room(m), set()).update(room(d) for d in deps if room(d) not in ("", room(m)))
     assert _circles(rooms) == [], "rooms that import each other"
+
+
+def test_no_module_over_500_lines_and_no_function_over_80() -> None:
+    """Rooms a reader can hold: a module over 500 lines or a function over 80 is split along its seams."""
+    big = []
+    for p in sorted(SRC.rglob("*.py")):
+        text = p.read_text()
+        if (n := text.count("\n")) > 500:
+            big.append(f"{_module(p)}: {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                if (n := node.end_lineno - node.lineno + 1) > 80:
+                    big.append(f"{_module(p)}.{node.name}: {n} lines")
+    assert big == []

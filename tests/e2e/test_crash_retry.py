@@ -55,7 +55,7 @@ def _failed_load(cfg, cat, store, engine: Path) -> str:
         await sup.start()
         try:
             with pytest.raises(LoadFailed) as e:
-                async with sup.acquire("quant"):
+                async with sup.acquire(sup.ask("quant")):
                     pass
             return str(e.value)
         finally:
@@ -76,7 +76,7 @@ def test_a_repack_crash_is_served_on_the_first_request_and_remembered(tmp_path: 
         sup = Supervisor(config=cfg, catalog=cat, store=store, engine_binary=engine)
         await sup.start()
         try:
-            async with sup.acquire("quant") as seat:
+            async with sup.acquire(sup.ask("quant")) as seat:
                 cmdline = Path(f"/proc/{seat.pid}/cmdline").read_bytes().split(b"\0")
                 return seat.config.repack, b"-nr" in cmdline
         finally:

@@ -90,7 +90,7 @@ def test_hanging_up_while_queued_leaves_the_queue_and_loads_nothing(tmp_path: Pa
     async def scenario() -> None:
         async with serving(tmp_path, models, llama_server, ram_limit=int(1.5 * medium_host_bytes(models))) as (
                 base, sup, lines, store):
-            async with sup.acquire("med-a"):
+            async with sup.acquire(sup.ask("med-a")):
                 _, writer = await raw_post(base, "/v1/completions", {"model": "med-b", "prompt": "x", "max_tokens": 1})
                 await until(lambda: sup.scheduler.waiting("med-b") == 1, within=30)
                 writer.close()

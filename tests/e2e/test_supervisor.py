@@ -61,10 +61,10 @@ def test_lru_eviction_releases_memory_and_history_explains(tmp_path: Path, model
         await sup.start()
         try:
             for key in ("med-a", "med-b"):
-                async with sup.acquire(key):
+                async with sup.acquire(sup.ask(key)):
                     pass
             a_pid = sup.seats["med-a"].pid
-            async with sup.acquire("med-c") as seat:
+            async with sup.acquire(sup.ask("med-c")) as seat:
                 assert seat.state == "ready"
             assert set(sup.seats) == {"med-b", "med-c"}  # least recently used went, and only it
             assert a_pid is not None and not Path(f"/proc/{a_pid}").exists()
@@ -144,7 +144,7 @@ def test_killed_seat_is_recorded_as_crash_and_reloaded(tmp_path: Path, models_di
             crash = await sup.wait_for_event(lambda e: e.event == "crash", timeout=30)
             assert crash.model == "llama-gqa" and "-9" in crash.reason
             assert "llama-gqa" not in sup.seats
-            async with sup.acquire("llama-gqa") as again:
+            async with sup.acquire(sup.ask("llama-gqa")) as again:
                 assert again.state == "ready" and again.pid != seat.pid
         finally:
             await sup.shutdown()
@@ -257,7 +257,7 @@ def test_a_load_nobody_waits_for_is_cancelled_and_its_release_verified(tmp_path:
         await sup.start()
         try:
             async def client() -> None:
-                async with sup.acquire("med-a"):
+                async with sup.acquire(sup.ask("med-a")):
                     raise AssertionError("the load should have been cancelled before it was ready")
 
             waiter = asyncio.create_task(client())
@@ -287,9 +287,9 @@ def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llam
         await sup.start()
         try:
             await sup.load("llama-q8_0")  # loaded, never used: left alone
-            async with sup.acquire("med-a"):  # used but pinned: left alone
+            async with sup.acquire(sup.ask("med-a")):  # used but pinned: left alone
                 pass
-            async with sup.acquire("llama-gqa"):
+            async with sup.acquire(sup.ask("llama-gqa")):
                 pass
             ev = await sup.wait_for_event(lambda e: e.event == "idle-unload", timeout=30)
             assert ev.model == "llama-gqa" and "idle" in ev.reason
@@ -340,7 +340,7 @@ def test_queued_requests_get_the_seat_loaded_for_them(tmp_path: Path, models_dir
         served: list[tuple[str, int]] = []
 
         async def one(key: str) -> None:
-            async with sup.acquire(key) as seat, httpx.AsyncClient() as c:
+            async with sup.acquire(sup.ask(key)) as seat, httpx.AsyncClient() as c:
                 assert seat.key == key and seat.state == "ready"
                 r = await c.get(seat.base_url + "/health")
                 served.append((key, r.status_code))
@@ -370,7 +370,7 @@ def test_restart_adopts_a_healthy_orphan_when_configured(tmp_path: Path, models_
         orphans = await second.start()
         try:
             assert orphans[0].details["adopted"] is True and "adopted" in orphans[0].reason
-            async with second.acquire("llama-gqa") as seat:  # served by the same process, no reload
+            async with second.acquire(second.ask("llama-gqa")) as seat:  # served by the same process, no reload
                 assert seat.pid == pid and seat.state == "ready"
             assert [s.pid for s in store.seats()] == [pid]
             os.kill(pid, signal.SIGKILL)  # an adopted seat is not our child; its death is still seen
@@ -406,7 +406,7 @@ def test_contended_swaps_under_a_budget_for_one_lose_nothing(tmp_path: Path, mod
             async with httpx.AsyncClient(timeout=60) as c:
                 for j in range(2):
                     key = ["med-a", "med-b", "med-c"][(i + j) % 3]
-                    async with sup.acquire(key) as seat:
+                    async with sup.acquire(sup.ask(key)) as seat:
                         most_resident = max(most_resident, sum(s.state == "ready" for s in sup.seats.values()))
                         r = await c.post(seat.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
                         assert r.status_code == 200
@@ -494,7 +494,7 @@ def test_concurrent_requests_for_a_loading_model_share_one_load(tmp_path: Path, 
         pids: set[int | None] = set()
 
         async def one() -> None:
-            async with sup.acquire("med-a") as seat:
+            async with sup.acquire(sup.ask("med-a")) as seat:
                 pids.add(seat.pid)
 
         try:

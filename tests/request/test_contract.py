@@ -10,9 +10,10 @@ import pytest
 
 from fitevict import planner as pl
 from fitevict.config import ModelConfig
+from fitevict.request.ask import load_config_for
 from fitevict.request.catalog import CatalogEntry
-from fitevict.request.contract import (Contract, ContractError, fixed_fields, for_embeddings, load_config_for,
-                                       parse_contract, parse_keep_alive)
+from fitevict.request.contract import (Contract, ContractError, fixed_fields, for_embeddings, parse_contract,
+                                       parse_keep_alive)
 
 
 @pytest.mark.parametrize("given,seconds", [

@@ -15,8 +15,9 @@ from fitevict.engines.llama_server import load_args
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.lora import listed_adapter_bytes
 from fitevict.request.catalog import Catalog
-from fitevict.request.contract import (Contract, ContractError, load_config_for, lora_field, parse_contract,
-                                       plan_request, seat_key, unservable, with_lora)
+from fitevict.request.ask import load_config_for, plan_request
+from fitevict.request.contract import (Contract, ContractError, lora_field, parse_contract, seat_key, unservable,
+                                       with_lora)
 from fitevict.zoo import write_zoo
 from fitevict.zoo.lora import write_adapters
 

@@ -133,3 +133,18 @@ def test_store_models_by_name_slashes_included_and_ambiguous_names(make_client, 
     assert c.post("/v1/models/Two-GGUF/unload").status_code == 400
     assert c.post("/v1/models/pub/Two-GGUF:Q4_0/unload").json() == {"model": "pub/Two-GGUF:Q4_0", "unloaded": False,
                                                                      "reason": "not resident"}
+
+
+def test_a_model_file_that_cannot_be_read_is_answered_at_the_door(make_client, tmp_path: Path) -> None:
+    """The door builds what a request asks of a seat before it waits (``Door.ask``): a model whose file cannot be
+    read is a 500 that names the model and what to do, on both doors, and nothing is queued or started."""
+    (tmp_path / "models" / "broken.gguf").write_bytes(b"GGUF" + bytes(60))  # a header that ends at once
+    c = make_client()
+    assert "broken" in {m["id"] for m in c.get("/v1/models").json()["data"]}
+    r = c.post("/v1/chat/completions", json={"model": "broken", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "model_unreadable", r.text
+    assert "'broken'" in r.json()["error"]["message"] and "rescan" in r.json()["error"]["message"]
+    r = c.post("/api/chat", json={"model": "broken", "messages": [{"role": "user", "content": "hi"}], "stream": False})
+    assert r.status_code == 500 and "'broken'" in r.json()["error"], r.text
+    sup = c.app.state.supervisor
+    assert sup.queue_view() == {} and sup.resident_views() == []

@@ -12,7 +12,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
@@ -33,12 +33,12 @@ def request(key: str, *, parallel: int = 1, ctx: int = 4096, fixed: frozenset[st
 
 
 class Recorder:
-    """The recording fake: every effect is appended to ``calls``; ``plan`` is the real planner."""
+    """The recording fake: every effect is appended to ``calls``; the scheduler plans with the real planner over a
+    declared budget and one price per model."""
 
-    def __init__(self, sizes: dict[str, int], budget: int, *, eviction: str = "cost") -> None:
+    def __init__(self, sizes: dict[str, int], budget: int) -> None:
         self.sizes = sizes
-        self.budget = Budget.declared({HOST: {"total": budget}})
-        self.policy = pl.Policy(eviction=eviction)  # type: ignore[arg-type]
+        self.declared = Budget.declared({HOST: {"total": budget}})
         self.t = 0.0
         self.calls: list[tuple] = []
         self.answers: dict[Waiter, object] = {}
@@ -47,8 +47,11 @@ class Recorder:
     def now(self) -> float:
         return self.t
 
-    def plan(self, request: pl.PlanRequest, residents) -> pl.Plan:
-        return pl.plan(request, residents, self.budget, lambda k, c: footprint(self.sizes[k]), self.policy, self.t)
+    def budget(self) -> Budget:
+        return self.declared
+
+    def prices(self, request: pl.PlanRequest) -> pl.FootprintFn:
+        return lambda key, _cfg: footprint(self.sizes[key])
 
     def start(self, waiter: Waiter, plan: pl.Plan) -> None:
         self.calls.append(("start", waiter.key))
@@ -86,7 +89,7 @@ class World:
     """Answers the scheduler's effects on a virtual clock, and checks the budget at every instant."""
 
     sizes: dict[str, int]
-    budget: int
+    budget_bytes: int
     load_s: dict[str, float]
     release_s: float = 0.05
     service_s: Callable[[str], float] = lambda key: 0.1
@@ -105,21 +108,23 @@ class World:
     _after: dict[str, Callable[[], None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.plans = Recorder(self.sizes, self.budget, eviction=self.eviction)
-        self.sched = Scheduler(self, self.policy)
+        self.plans = Recorder(self.sizes, self.budget_bytes)
+        self.sched = Scheduler(self, replace(self.policy, eviction=self.eviction))
 
     # -- Effects --------------------------------------------------------------------------------
 
     def now(self) -> float:
         return self.t
 
-    def plan(self, request: pl.PlanRequest, residents) -> pl.Plan:
-        self.plans.t = self.t
-        return self.plans.plan(request, residents)
+    def budget(self) -> Budget:
+        return self.plans.budget()
+
+    def prices(self, request: pl.PlanRequest) -> pl.FootprintFn:
+        return self.plans.prices(request)
 
     def start(self, waiter: Waiter, plan: pl.Plan) -> None:
         self._held[waiter.key] = self.sizes[waiter.key]
-        self.peak_over = max(self.peak_over, sum(self._held.values()) - self.budget)
+        self.peak_over = max(self.peak_over, sum(self._held.values()) - self.budget_bytes)
         self.events.append((self.t, "load", waiter.key))
         slots = plan.config.n_parallel or 4 if plan.config is not None else 1
         self._engine[waiter.key] = [0, [], slots]

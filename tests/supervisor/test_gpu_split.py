@@ -70,7 +70,7 @@ def test_the_split_follows_free_memory_in_price_and_argv(setup) -> None:
         fp = plan.footprint
         assert fp is not None
         model = tuple(fp.device(d).model.bytes for d in TWO)  # type: ignore[union-attr]
-        exact = price(load_structure(sup.path_for(sup.request_for(sup.catalog.resolve("llama-gqa"), None))),
+        exact = price(load_structure(sup.ask("llama-gqa").path),
                       plan.config.with_(tensor_split=want), host=HERE).footprint
         assert model == tuple(exact.device(d).model.bytes for d in TWO)  # type: ignore[union-attr]
         per_free[free] = model

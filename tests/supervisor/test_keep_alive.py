@@ -5,8 +5,13 @@ from __future__ import annotations
 import math
 
 from fitevict import planner as pl
+from fitevict.budget import Budget
+from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.scheduler import Scheduler, Waiter
+from fitevict.units import GiB
+
+from .schedsim import footprint
 
 
 class Recorder:
@@ -20,8 +25,11 @@ class Recorder:
     def now(self) -> float:
         return self.t
 
-    def plan(self, request: pl.PlanRequest, residents) -> pl.Plan:
-        return pl.Plan(action="ram", key=request.key, alloc_mode="max-gpu", config=request.config, reason="fits")
+    def budget(self) -> Budget:
+        return Budget.declared({HOST: {"total": 64 * GiB}})  # room for every seat: each request loads at once
+
+    def prices(self, request: pl.PlanRequest) -> pl.FootprintFn:
+        return lambda _key, _cfg: footprint(1 * GiB)
 
     def start(self, waiter: Waiter, plan: pl.Plan) -> None:
         pass  # the test answers with Scheduler.loaded

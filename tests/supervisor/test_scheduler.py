@@ -30,7 +30,7 @@ def ready(s: Scheduler, fx: Recorder, key: str, load_s: float = 1.0) -> None:
 
 def test_abcabc_is_served_as_aabbcc() -> None:
     """Room for one model: six requests arriving A B C A B C cost three loads, not six."""
-    w = World({"a": 100 * MB, "b": 100 * MB, "c": 100 * MB}, budget=150 * MB, load_s=dict(a=1, b=1, c=1))
+    w = World({"a": 100 * MB, "b": 100 * MB, "c": 100 * MB}, budget_bytes=150 * MB, load_s=dict(a=1, b=1, c=1))
     for i, k in enumerate("abcabc"):
         w.submit(f"r{i}", k, 0.0)
     w.run()
@@ -243,7 +243,7 @@ def test_idle_unload_follows_keep_alive() -> None:
 @pytest.mark.parametrize("eviction,victim", [("cost", "cheap"), ("lru", "dear")])
 def test_victims_by_greedydual_size_or_lru(eviction: str, victim: str) -> None:
     """Both idle; the cheap one to reload per byte goes under cost, the least recently used under lru."""
-    fx = Recorder({"cheap": 100 * MB, "dear": 100 * MB, "new": 100 * MB}, 250 * MB, eviction=eviction)
+    fx = Recorder({"cheap": 100 * MB, "dear": 100 * MB, "new": 100 * MB}, 250 * MB)
     s = Scheduler(fx, SchedPolicy(eviction=eviction, min_residency_seconds=0))  # type: ignore[arg-type]
     for key, load_s in (("dear", 20.0), ("cheap", 0.5)):
         w = Waiter(request(key), fx.t, key)
@@ -262,7 +262,7 @@ def test_cost_stays_greedydual_size_however_far_l_has_risen(inflation: float) ->
     """L (the last victim's priority) grows with every eviction of a long-running server. The planner's band is
     measured on the priority above L, so L never makes every seat tie (then cost would be LRU): the cheap one to
     reload per byte still goes, though the dear one is older."""
-    fx = Recorder({"cheap": 100 * MB, "dear": 100 * MB, "new": 100 * MB}, 250 * MB, eviction="cost")
+    fx = Recorder({"cheap": 100 * MB, "dear": 100 * MB, "new": 100 * MB}, 250 * MB)
     s = Scheduler(fx, SchedPolicy(eviction="cost", min_residency_seconds=0))
     s.inflation = inflation
     for key, load_s in (("dear", 20.0), ("cheap", 0.5)):
@@ -277,7 +277,7 @@ def test_cost_stays_greedydual_size_however_far_l_has_risen(inflation: float) ->
 def test_a_model_used_more_is_kept_over_a_more_recent_one() -> None:
     """GreedyDual-Size counts uses: equal size and reload time, the one asked for three times stays, the one asked
     for once goes, though it was used last."""
-    fx = Recorder({"often": 100 * MB, "once": 100 * MB, "new": 100 * MB}, 250 * MB, eviction="cost")
+    fx = Recorder({"often": 100 * MB, "once": 100 * MB, "new": 100 * MB}, 250 * MB)
     s = Scheduler(fx, SchedPolicy(eviction="cost", min_residency_seconds=0))
     for key, uses in (("often", 3), ("once", 1)):  # often at t = 0, 1, 2; once at t = 3
         for i in range(uses):
@@ -319,7 +319,7 @@ def test_no_request_waits_past_the_bound_plus_one_swap(arrivals, load, service, 
     release = 0.05
     policy = SchedPolicy(max_wait_seconds=10, max_turn_seconds=30, min_residency_seconds=min_res,
                          queue_timeout_seconds=10_000, eviction=eviction)  # type: ignore[arg-type]
-    w = World({"a": 100 * MB, "b": 100 * MB}, budget=150 * MB, load_s={"a": load, "b": load}, release_s=release,
+    w = World({"a": 100 * MB, "b": 100 * MB}, budget_bytes=150 * MB, load_s={"a": load, "b": load}, release_s=release,
               service_s=lambda _k: service, policy=policy, eviction=eviction)
     stopped_while_owed: list[str] = []
 
@@ -352,7 +352,7 @@ def test_closed_loop_clients_round_robin_do_not_thrash(n_clients, rounds, load, 
     a few per starvation-bound period and every request is answered."""
     sizes = {"big1": 150 * MB, "big2": 150 * MB, "small": 10 * MB}
     policy = SchedPolicy(max_wait_seconds=10, max_turn_seconds=30, min_residency_seconds=1)
-    w = World(sizes, budget=200 * MB, load_s={k: load for k in sizes}, service_s=lambda _k: service, policy=policy)
+    w = World(sizes, budget_bytes=200 * MB, load_s={k: load for k in sizes}, service_s=lambda _k: service, policy=policy)
     keys = ["big1", "big2", "small"]
     for c in range(n_clients):
         w.client(f"c{c}", [keys[(c + i) % 3] for i in range(3 * rounds)])

@@ -123,7 +123,8 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
     from fitevict import planner as pl
     from fitevict.engines.install import resolve_binary
     from fitevict.pricing.gguf import PricingError
-    from fitevict.request.catalog import Catalog, UnknownModel
+    from fitevict.request.ask import ask
+    from fitevict.request.catalog import Catalog, GgufFileError, UnknownModel
     from fitevict.request.contract import Contract, ContractError, parse_contract
     from fitevict.store import Store
     from fitevict.supervisor.learned import plan_policy, prime_price_book
@@ -137,11 +138,11 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
         with Store.open(cfg.store_url) as store:
             book = PriceBook(store, binary.parent, cfg.policy.default_alloc_mode)
             prime_price_book(book, store, binary, calibrate=False)
-            request, _load_cfg, path = book.request(entry, contract)
-            sheet = book.read_sheet(path, request.config)  # the server's planner prices from the same sheet
+            request = ask(entry, contract, book).request
+            sheet = book.read_sheet(Path(request.path), request.config)  # the server's planner prices from the same sheet
             return pl.plan(request, residents, budget, lambda _k, c: sheet.footprint(c), plan_policy(cfg),
                            time.time())
-    except (UnknownModel, ContractError, PricingError) as e:
+    except (UnknownModel, ContractError, GgufFileError, PricingError) as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
 

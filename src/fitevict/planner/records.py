@@ -61,8 +61,9 @@ class PlanRequest:
     n_ctx_train: int = 0
     pinned: bool = False
     protected: bool = False
-    source: str = ""  # the file or folder to load ("": any file of the model serves)
+    source: str = ""  # the file or folder a seat must have loaded to serve it ("": any file of the model serves)
     fixed: frozenset[str] | None = None  # LoadConfig fields a resident must match (None: all but placement)
+    path: str = ""  # the file or folder a load of it reads (what it is priced from and started with)
 
     def __post_init__(self) -> None:
         if self.alloc_mode not in ALLOC_MODES:

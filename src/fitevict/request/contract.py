@@ -1,13 +1,10 @@
-"""The per-request load contract: parse it, turn it into a LoadConfig, and into the planner's request.
+"""The per-request load contract: parse it, and say what it fixes on the seat that serves it.
 
-Pure (no I/O) but for one step: a contract that names a GGUF file (``gguf_file``) is resolved against the model's
-folder on disk (``catalog.resolve_gguf_file``) by ``load_config_for``.
-
-One module for the HTTP front door and the CLI alike: a request's optional ``fitevict`` object
-(``{"ctx": 8192, "kv_cache_type": "q8_0", ...}``) is validated here, and the model's settings plus the
-contract become the ``LoadConfig`` a seat starts with and the ``PlanRequest`` the planner and the
-scheduler reason about. The fields a contract names are the ones a resident seat must match
-(``PlanRequest.fixed``); a request that names none is served by whatever seat of the model is resident.
+Pure. One module for the HTTP front door and the CLI alike: a request's optional ``fitevict`` object
+(``{"ctx": 8192, "kv_cache_type": "q8_0", ...}``) is validated here; ``request.ask`` turns it, with the model's
+settings, into the ``LoadConfig`` a seat starts with and the ``PlanRequest`` the planner and the scheduler reason
+about. The fields a contract names are the ones a resident seat must match (``PlanRequest.fixed``); a request that
+names none is served by whatever seat of the model is resident.
 """
 
 from __future__ import annotations
@@ -18,13 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from fitevict import planner as pl
-from fitevict.pricing.cmdline import absorb_memory_flags
-from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
 ADAPTER_KINDS = ("lora", "peft")  # a GGUF adapter on llama-server, a PEFT folder on a transformers seat
-DEFAULT_CTX = 4096
 
 
 class ContractError(ValueError):
@@ -153,46 +147,6 @@ def for_embeddings(contract: Contract | None) -> Contract:
     return replace(contract or Contract(), embeddings=True)
 
 
-def load_config_for(entry: CatalogEntry, contract: Contract | None,
-                    default_alloc_mode: str) -> tuple[LoadConfig, str, Path]:
-    """The LoadConfig a model starts with (model settings, then the request's contract), its
-    allocation mode, and the file to load. An adapter starts its base's seat: the base's file, with every
-    adapter of that base (``loras``: GGUF files for llama-server's ``--lora``, PEFT folders for a transformers
-    seat's ``--adapter``), the same configuration whichever adapter is asked for."""
-    c = contract or Contract()
-    s = entry.settings
-    kv = c.kv_cache_type
-    cfg = LoadConfig(
-        n_ctx=c.ctx if c.ctx is not None else (s.ctx if s.ctx is not None else DEFAULT_CTX),
-        n_parallel=c.parallel or s.parallel or 1,
-        cache_type_k=kv or s.cache_type_k or "f16",
-        cache_type_v=kv or s.cache_type_v or "f16",
-        flash_attn=("on" if c.flash_attn else "off") if c.flash_attn is not None else (s.flash_attn or "auto"),
-        n_gpu_layers=c.n_gpu_layers if c.n_gpu_layers is not None else (s.n_gpu_layers or 0),
-        n_cpu_moe=c.n_cpu_moe if c.n_cpu_moe is not None else (s.n_cpu_moe or 0),
-        # an embeddings seat (the model's settings, or a route that needs one): its output buffer is priced as it grows
-        embeddings=c.embeddings if c.embeddings is not None else bool(s.embeddings),
-        loras=tuple(str(p) for p in entry.loras),
-    )
-    if entry.engine == "llama-server":
-        cfg = absorb_memory_flags(cfg, s.extra_args)[0]  # -nr among the extra arguments is priced
-    mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
-    path = Path(entry.base_path if entry.base_path is not None else entry.path)
-    if c.gguf_file:
-        from fitevict.request.catalog import resolve_gguf_file
-
-        path = resolve_gguf_file(entry, c.gguf_file)
-    return cfg, mode, path
-
-
-def passthrough_args(entry: CatalogEntry) -> tuple[str, ...]:
-    """A model's extra arguments (``engine.extra_args`` first) less those its LoadConfig carries: what goes on the
-    engine's command line as given, after the flags the argv builder spells from the LoadConfig."""
-    if entry.engine != "llama-server":
-        return tuple(entry.settings.extra_args)
-    return absorb_memory_flags(LoadConfig(), entry.settings.extra_args)[1]
-
-
 def fixed_fields(contract: Contract | None) -> frozenset[str]:
     """The LoadConfig fields a resident seat must match to serve this contract."""
     if contract is None:
@@ -202,25 +156,6 @@ def fixed_fields(contract: Contract | None) -> frozenset[str]:
         if getattr(contract, key) is not None:
             out.update(names)
     return frozenset(out)
-
-
-def plan_request(entry: CatalogEntry, cfg: LoadConfig, mode: str, structure, *,
-                 source: Path | None = None, contract: Contract | None = None,
-                 fixed: frozenset[str] | None = None) -> pl.PlanRequest:
-    """The planner's request for ``entry``: n_layer counts the output pseudo-layer too.
-
-    ``fixed`` defaults to every non-placement field (a dry run asks for exactly ``cfg``); the supervisor
-    passes the contract's fields, so a request that names none is served by any resident seat of the model.
-    """
-    if fixed is None and contract is not None:
-        fixed = fixed_fields(contract)
-    if fixed is not None and entry.kind in ADAPTER_KINDS:
-        fixed = fixed | {"loras"}  # an adapter needs a seat that loaded it: a seat with another set restarts
-    return pl.PlanRequest(
-        key=seat_key(entry), config=cfg, alloc_mode=mode, n_layer=structure.n_layer + 1,  # type: ignore[arg-type]
-        n_moe_layers=structure.n_layer if structure.is_moe else 0, n_ctx_train=structure.n_ctx_train,
-        pinned=entry.pinned, source=str(Path(source).resolve()) if source is not None else "", fixed=fixed,
-    )
 
 
 def seat_key(entry: CatalogEntry) -> str:

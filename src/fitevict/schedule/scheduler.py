@@ -2,7 +2,9 @@
 
 PURE: no processes, sockets, files, logging or clock reads. Time comes from ``Effects.now()``, and
 every action goes out through the narrow ``Effects`` protocol (the "syscall table"): start a seat,
-stop a seat with a reason, hand a seat to a request, reject a request, plan, wake me at. Inputs come
+stop a seat with a reason, hand a seat to a request, reject a request, wake me at; and the world's two readings
+that a plan needs, the budget now and the prices of the request's file. The scheduler plans itself, with the pure
+planner (``plan``), over its own seats as residents. Inputs come
 in as method calls (a request arrives or leaves, a load finished or failed, a stop finished, a request
 finished, a timer fired). Tests drive it with a recording fake and a fake clock, in milliseconds.
 
@@ -30,11 +32,12 @@ The rules (docs/scheduling.md says the same in prose):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from fitevict import planner as pl
+from fitevict.budget import Budget
 from fitevict.config import EVICTION_POLICIES
 from fitevict.config.records import PolicyConfig, default
 from fitevict.pricing.loadconfig import LoadConfig
@@ -88,7 +91,11 @@ class Effects(Protocol):
 
     def now(self) -> float: ...
 
-    def plan(self, request: pl.PlanRequest, residents: Sequence[pl.Resident]) -> pl.Plan: ...
+    def budget(self) -> Budget:
+        """The memory a plan may place in now (a fresh reading)."""
+
+    def prices(self, request: pl.PlanRequest) -> pl.FootprintFn:
+        """What each configuration of ``request``'s file costs: prices read ahead, so that pricing is computation."""
 
     def start(self, waiter: Waiter, plan: pl.Plan) -> None:
         """Begin loading ``plan``; answer with ``Scheduler.loaded`` or ``Scheduler.load_failed``."""
@@ -107,9 +114,11 @@ class Effects(Protocol):
 
 class Scheduler:
     def __init__(self, effects: Effects, policy: SchedPolicy = SchedPolicy(), *,
-                 idle_unload_seconds: float = 0.0, table: SeatTable | None = None) -> None:
+                 idle_unload_seconds: float = 0.0, table: SeatTable | None = None,
+                 planning: pl.Policy | None = None) -> None:
         self.fx = effects
         self.policy = policy
+        self.planning = planning if planning is not None else pl.Policy(eviction=policy.eviction)  # the planner's
         self.idle_unload_seconds = idle_unload_seconds  # 0: never unload for idleness
         self.queue: list[Waiter] = []
         self.table = table if table is not None else SeatTable()  # the seats: changed here, read through seats
@@ -263,6 +272,12 @@ class Scheduler:
         """A seat that already runs (adopted from an earlier fitevict): its record, READY and never used."""
         self.table.place(seat)
 
+    def plan(self, request: pl.PlanRequest, now: float | None = None) -> pl.Plan:
+        """What the planner decides for ``request`` now, over these seats as residents, the world's budget and the
+        prices of its file. The one call of the planner: every placement, and dry runs (which change nothing)."""
+        now = self.fx.now() if now is None else now
+        return pl.plan(request, self.residents(now), self.fx.budget(), self.fx.prices(request), self.planning, now)
+
     # -- views ----------------------------------------------------------------------------------
 
     def waiting(self, key: str | None = None) -> int:
@@ -370,7 +385,7 @@ class Scheduler:
             if draining:
                 self._again = True
             return math.inf
-        plan = self.fx.plan(head.request, self.residents(now))
+        plan = self.plan(head.request, now)
         wake = math.inf
         keep = set(plan.wait_for) | set(plan.evict_keys)
         for s in draining:

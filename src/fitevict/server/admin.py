@@ -23,7 +23,7 @@ def router(door: Door) -> APIRouter:
     app = APIRouter()
     catalog, sup, store = door.catalog, door.sup, door.store
     check_auth, read_json, resolve = door.check_auth, door.read_json, door.resolve
-    check_gguf_file, supervisor_error = door.check_gguf_file, door.supervisor_error
+    supervisor_error = door.supervisor_error
 
     @app.get("/v1/models/history", tags=["admin"], summary="What fitevict did, and why")
     async def history(request: Request, since: float | None = Query(None, description="unix seconds"),
@@ -58,7 +58,7 @@ def router(door: Door) -> APIRouter:
         check_auth(request, admin=True)
         entry = resolve(model_id)
         contract = await contract_from_body(request)
-        check_gguf_file(entry, contract)
+        door.ask(entry, contract)  # a gguf file it lacks, or a file that cannot be read, is answered here
         the_plan = sup.plan(entry.key, contract)
         return {"model": entry.key, **plan_hits(entry, the_plan), "plan": the_plan.to_json(),
                 "budget": sup.last_budget_json(), **shrink.dry_run_of(the_plan, sup.config.policy.shrink_ctx)}
@@ -69,7 +69,7 @@ def router(door: Door) -> APIRouter:
         check_auth(request, admin=True)
         entry = resolve(model_id)
         contract = await contract_from_body(request)
-        check_gguf_file(entry, contract)
+        door.ask(entry, contract)  # a gguf file it lacks, or a file that cannot be read, is answered here
         if stream:
             steps = progress.admin_load(door, entry.key, contract, request.headers.get("x-request-id"))
             return StreamingResponse(steps, media_type="text/event-stream", headers={"cache-control": "no-cache"})

@@ -13,8 +13,9 @@ from starlette.requests import Request
 
 from fitevict.config import Config
 from fitevict.engines import REGISTRY
-from fitevict.request.catalog import (AmbiguousModel, Catalog, CatalogEntry, GgufFileError, UnknownModel,
-                                      resolve_gguf_file)
+from fitevict.pricing.gguf import PricingError
+from fitevict.request.ask import Ask, ask
+from fitevict.request.catalog import AmbiguousModel, Catalog, CatalogEntry, GgufFileError, UnknownModel
 from fitevict.request.contract import Contract, ContractError, for_embeddings, unservable
 from fitevict.request.contract import parse_contract as _parse_contract
 from fitevict.server.errors import ApiError
@@ -35,12 +36,20 @@ def parse_json(raw: bytes) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """An inference request ready for a seat: the catalog entry, its load contract, and whether the body
-    was changed (contract removed, defaults filled), so that an unchanged body is forwarded as received."""
+    """An inference request ready for a seat: what it asks of one (``request.ask.Ask``: the catalog entry, its load
+    contract, the planner's request), and whether the body was changed (contract removed, defaults filled), so that
+    an unchanged body is forwarded as received."""
 
-    entry: CatalogEntry
-    contract: Contract | None
+    ask: Ask
     changed: bool
+
+    @property
+    def entry(self) -> CatalogEntry:
+        return self.ask.entry
+
+    @property
+    def contract(self) -> Contract | None:
+        return self.ask.contract
 
 
 def parse_contract(raw: Any) -> Contract | None:
@@ -124,13 +133,25 @@ class Door:
         entry = self.resolve(body.get("model"))
         changed = "fitevict" in body
         contract = parse_contract(body.pop("fitevict", None))
-        self.check_gguf_file(entry, contract)
-        if (why := unservable(entry, tuple(REGISTRY))) is not None:
-            raise ApiError(400, why, param="model", code="engine_unavailable")
         if endpoint == "embeddings":
             contract = for_embeddings(contract)  # any model: an embeddings seat is loaded for it
+        asked = self.ask(entry, contract)
         changed = with_defaults(entry, body) or changed
-        return Prepared(entry, contract, changed)
+        return Prepared(asked, changed)
+
+    def ask(self, entry: CatalogEntry, contract: Contract | None) -> Ask:
+        """What the request asks of a seat (``request.ask``), built once, here, before it waits: a gguf file the
+        model lacks, an adapter no engine here serves, or a model file that cannot be read is answered now."""
+        if (why := unservable(entry, tuple(REGISTRY))) is not None:
+            raise ApiError(400, why, param="model", code="engine_unavailable")
+        try:
+            return ask(entry, contract, self.sup.prices)
+        except GgufFileError as e:
+            raise ApiError(400, str(e), param="fitevict.gguf_file", code="invalid_gguf_file") from None
+        except (PricingError, OSError) as e:
+            raise ApiError(500, f"model {entry.key!r}: its file cannot be read ({e}); replace or remove the file, "
+                                "then rescan the models (POST /v1/models/rescan, or SIGHUP)", type="server_error",
+                           code="model_unreadable") from None
 
     def resolve(self, name: Any) -> CatalogEntry:
         if not isinstance(name, str) or not name:
@@ -146,14 +167,6 @@ class Door:
             raise ApiError(404, f"model {name!r} does not exist{hint} (GET /v1/models lists them)",
                            type="not_found_error", param="model", code="model_not_found",
                            extra={"close_matches": list(e.close_matches)}) from None
-
-    @staticmethod
-    def check_gguf_file(entry: CatalogEntry, contract: Contract | None) -> None:
-        if contract is not None and contract.gguf_file is not None:
-            try:
-                resolve_gguf_file(entry, contract.gguf_file)
-            except GgufFileError as e:
-                raise ApiError(400, str(e), param="fitevict.gguf_file", code="invalid_gguf_file") from None
 
     @staticmethod
     def supervisor_error(e: SupervisorError) -> ApiError:

@@ -313,7 +313,7 @@ class FastPath:
             rec.status = code
             self.log.write(rec, {"stream": True, "progress": True})
 
-        await progress.openai_stream(self.door, scope["path"], body, prep.entry, prep.contract, rec.request_id,
+        await progress.openai_stream(self.door, scope["path"], body, prep.ask, rec.request_id,
                                      rec.waits, ended)(scope, receive, send)
 
     async def _read_body(self, receive: Receive) -> bytes | None:
@@ -344,8 +344,7 @@ class FastPath:
         extra: dict[str, Any] = {}
         try:
             need = shrink.need(body, prep.entry.settings.request_defaults) if door.config.policy.shrink_ctx else None
-            cm = door.sup.acquire(prep.entry.key, prep.contract, request_id=rec.request_id, timing=rec.waits,
-                                  need=need)
+            cm = door.sup.acquire(prep.ask, request_id=rec.request_id, timing=rec.waits, need=need)
             seat = await cm.__aenter__()
             held = cm
             rec.t_seat = time.perf_counter()

@@ -26,7 +26,7 @@ from starlette.responses import StreamingResponse
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import PricingError
-from fitevict.request.catalog import CatalogEntry
+from fitevict.request.ask import Ask
 from fitevict.request.contract import Contract, with_lora
 from fitevict.store.records import Event
 from fitevict.supervisor import Supervisor, SupervisorError
@@ -165,15 +165,15 @@ def comment(step: Step) -> bytes:
     return f": fitevict-progress {json.dumps(step.to_json())}\n\n".encode()
 
 
-def openai_stream(door: Door, path: str, body: dict[str, Any], entry: CatalogEntry, contract: Contract | None,
-                  request_id: str, timing: dict, on_end: Callable[[int], None]) -> StreamingResponse:
+def openai_stream(door: Door, path: str, body: dict[str, Any], asked: Ask, request_id: str, timing: dict,
+                  on_end: Callable[[int], None]) -> StreamingResponse:
     """A streamed OpenAI request that asked for progress: the response starts at once, the load's steps go out
     as SSE comments while the seat is made ready, then the engine's stream is relayed as it comes. An error
     after the start is an SSE ``data: {"error": ...}`` event (what OpenAI clients raise on)."""
-    sup = door.sup
+    sup, entry, contract = door.sup, asked.entry, asked.contract
     stack = contextlib.AsyncExitStack()
     seat_task = asyncio.ensure_future(stack.enter_async_context(
-        sup.acquire(entry.key, contract, request_id=request_id, timing=timing)))
+        sup.acquire(asked, request_id=request_id, timing=timing)))
 
     async def relay() -> AsyncIterator[bytes]:
         status, r = 200, None

@@ -60,10 +60,12 @@ class SeatResponse:
 @contextlib.asynccontextmanager
 async def held(door: Door, entry: CatalogEntry, contract: Contract | None, request_id: str,
                timing: dict | None = None, need: Need | None = None) -> AsyncIterator[SeatState]:
-    """A seat of ``entry`` for the block (loading it if needed); the supervisor's refusals as ``ApiError``.
-    ``need``: the request's tokens, for ``policy.shrink_ctx``."""
+    """A seat of ``entry`` under ``contract`` for the block (loading it if needed); what the door refuses to ask
+    (``Door.ask``) and the supervisor's refusals as ``ApiError``. ``need``: the request's tokens, for
+    ``policy.shrink_ctx``."""
+    asked = door.ask(entry, contract)
     try:
-        async with door.sup.acquire(entry.key, contract, request_id=request_id, timing=timing, need=need) as seat:
+        async with door.sup.acquire(asked, request_id=request_id, timing=timing, need=need) as seat:
             yield seat
     except SupervisorError as e:
         raise door.supervisor_error(e) from None

@@ -15,7 +15,7 @@ import logging
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,8 @@ from fitevict.budget import Budget
 from fitevict.host.budget import budget_from_config
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
-from fitevict.request.contract import Contract, passthrough_args, seat_key
+from fitevict.request.ask import Ask, ask, passthrough_args
+from fitevict.request.contract import Contract, seat_key
 from fitevict.request.loadreport import hit_report, request_report
 from fitevict.store import Store
 from fitevict.store.records import Event
@@ -46,7 +47,7 @@ from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.relieving import check_pressure
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
-from fitevict.supervisor.learned import learn_engine_overhead, prime_price_book
+from fitevict.supervisor.learned import learn_engine_overhead, plan_policy, prime_price_book
 from fitevict.supervisor.pricebook import PriceBook
 from fitevict.supervisor.release import StopResult
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
@@ -123,14 +124,14 @@ class Supervisor:
         self.pressure = PressureWatch(config)
         self.history = History(store)
         self.processes = Processes(config, catalog, self.engine_binary, ports, self.kv)
-        self.planning = Planning(config, catalog, self.prices, self.pressure, budget_fn or self._measure_budget, clock)
+        self.planning = Planning(config, catalog, self.prices, self.pressure, budget_fn or self._measure_budget)
         self.desk = Desk()
         self.parts = Ports(clock=clock, config=config, catalog=catalog, store=store, prices=self.prices,
                            table=self.table, seats=self.seats, history=self.history, processes=self.processes, planning=self.planning,
                            desk=self.desk, kv=self.kv, pressure=self.pressure, nvml=nvml)
         self.fx = LiveEffects(self.parts)
         self.scheduler = Scheduler(self.fx, sched_policy(config), idle_unload_seconds=config.policy.idle_unload_seconds,
-                                   table=self.table)
+                                   table=self.table, planning=plan_policy(config))
         self.parts.scheduler = self.scheduler
         self.log_dir = self.processes.log_dir
         self.summary: ShutdownSummary | None = None
@@ -244,15 +245,17 @@ class Supervisor:
     def path_for(self, request: pl.PlanRequest) -> Path:
         return self.planning.path_for(request)
 
-    def request_for(self, entry: CatalogEntry, contract: Contract | None) -> pl.PlanRequest:
-        return self.planning.request_for(entry, contract)
+    def ask(self, key: str, contract: Contract | None = None) -> Ask:
+        """What a request for model ``key`` under ``contract`` asks of a seat (``request.ask``; the front door builds
+        its own from the entry it resolved)."""
+        return ask(self.catalog.resolve(key), contract, self.prices)
 
     def plan(self, key: str, contract: Contract | None = None, *, now: float | None = None) -> pl.Plan:
         """A dry run: the Plan a load would follow now. Changes nothing."""
-        req = self.request_for(self.catalog.resolve(key), contract)
+        req = self.ask(key, contract).request
         if contract is not None and contract != Contract():
-            req = self.planning.exactly(req)  # a dry run with a contract asks for exactly this configuration
-        return self.fx.plan(req, self.scheduler.residents(now if now is not None else self.clock()))
+            req = replace(req, fixed=None)  # a dry run with a contract asks for exactly this configuration
+        return self.scheduler.plan(req, now)
 
     def budget(self) -> Budget:
         """The budget as the planner would see it now (a fresh reading; under memory pressure, with the margin)."""
@@ -274,9 +277,9 @@ class Supervisor:
     # -- the front door's entry points ------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def acquire(self, key: str, contract: Contract | None = None, *, request_id: str | None = None,
-                      timing: dict | None = None, need: Need | None = None) -> AsyncIterator[SeatState]:
-        """Hold a seat of ``key`` (loading it if needed) for the block. ``timing`` (if given) gets
+    async def acquire(self, asked: Ask, *, request_id: str | None = None, timing: dict | None = None,
+                      need: Need | None = None) -> AsyncIterator[SeatState]:
+        """Hold a seat for what ``asked`` asks (loading it if needed) for the block. ``timing`` (if given) gets
         ``queue_s`` and ``load_s``: the wait, split into queueing and waiting for a load of this model.
         ``need``: the tokens the request may need (``fitevict.shrink``); with ``policy.shrink_ctx`` a contract
         whose context does not fit loads at the largest context that does when one slot of it holds them
@@ -284,17 +287,17 @@ class Supervisor:
 
         Cancelling the task while it waits takes the request out of the queue at once; a load that nobody
         waits for any more is cancelled (see ``Scheduler.cancel``)."""
-        entry = self.catalog.resolve(key)
-        contract = resident_shrunk(self.parts, entry, contract, need, timing)
-        w = Waiter(self.planning.request_for(entry, contract), self.clock(), request_id,
-                   keep_alive=contract.keep_alive if contract is not None else None)
+        entry = asked.entry
+        asked = resident_shrunk(self.parts, asked, need, timing)
+        self.planning.prepare(asked)
+        w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive)
         got = self.scheduler.fast(w)
         hit = got is not None
         if got is None:
             try:
                 got = await self._wait(w, entry, timing)
             except Refused as e:
-                w = shrunk_waiter(self.parts, e, w, entry, contract, need, timing)
+                w = shrunk_waiter(self.parts, e, w, asked, need, timing)
                 got = await self._wait(w, entry, timing)
         elif timing is not None:
             timing["queue_s"], timing["load_s"] = 0.0, 0.0
@@ -340,10 +343,10 @@ class Supervisor:
 
     async def load(self, key: str, contract: Contract | None = None, *, request_id: str | None = None) -> SeatState:
         """Make ``key`` resident (an admin load): queued like a request, but it holds nothing once ready."""
-        entry = self.catalog.resolve(key)
-        w = Waiter(self.request_for(entry, contract), self.clock(), request_id, hold=False,
-                   keep_alive=contract.keep_alive if contract is not None else None)
-        got = await self._wait(w, entry)
+        asked = self.ask(key, contract)
+        self.planning.prepare(asked)
+        w = Waiter(asked.request, self.clock(), request_id, hold=False, keep_alive=asked.keep_alive)
+        got = await self._wait(w, asked.entry)
         await self.settle()  # an admin load answers with the seat measured and its load recorded
         return self.seats[got]
 

@@ -19,8 +19,9 @@ from typing import Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
+from fitevict.budget import Budget
 from fitevict.pricing.footprint import HOST
-from fitevict.request.contract import passthrough_args
+from fitevict.request.ask import passthrough_args
 from fitevict.request.loadreport import seat_load_report
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, seat_document, strategy, timings
@@ -47,9 +48,10 @@ FIRST_ANSWER_WAIT_S = 1.0
 class LiveEffects:
     def __init__(self, ports: Ports) -> None:
         self.parts = ports  # the supervisor's parts, named (supervisor.ports): never the supervisor itself
-        # Effects.plan is the planning part's: the residents carry what each seat's process holds now (their
-        # records read it, schedule.seats.Holds), so there is nothing to add on the way
-        self.plan: Callable[[pl.PlanRequest, list[pl.Resident]], pl.Plan] = ports.planning.plan_now
+        # the two readings a plan needs are the planning part's (the scheduler plans over its own seats, whose
+        # records read what each process holds now: schedule.seats.Holds)
+        self.budget: Callable[[], Budget] = ports.planning.plan_budget
+        self.prices: Callable[[pl.PlanRequest], pl.FootprintFn] = ports.planning.footprints
         self.loads: dict[str, asyncio.Task] = {}
         self.recording: set[asyncio.Future] = set()  # load records still being written (history readers settle)
         self._wake: asyncio.TimerHandle | None = None

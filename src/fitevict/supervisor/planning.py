@@ -1,20 +1,19 @@
 """What a placement is planned against: the request's file and load configuration (from the price book), the budget
-as the machine stands now (under memory pressure, with the margin), and the planner's policy from the config. The
-server's plans, its dry runs and the load reports read the same budget reading, kept as ``last_budget``."""
+as the machine stands now (under memory pressure, with the margin) and the prices of the request's file, read ahead
+(the scheduler's two readings, ``Effects.budget`` and ``Effects.prices``). The server's plans, its dry runs and the
+load reports read the same budget reading, kept as ``last_budget``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
 from fitevict.config import Config
 from fitevict.pricing.footprint import HOST
-from fitevict.request.catalog import Catalog, CatalogEntry
-from fitevict.request.contract import Contract
-from fitevict.supervisor.learned import plan_policy
+from fitevict.request.ask import Ask
+from fitevict.request.catalog import Catalog
 from fitevict.supervisor.neighbours import PressureWatch
 from fitevict.supervisor.pricebook import PriceBook
 from fitevict.supervisor.seat import SeatState
@@ -22,44 +21,37 @@ from fitevict.supervisor.seat import SeatState
 
 class Planning:
     def __init__(self, config: Config, catalog: Catalog, prices: PriceBook, pressure: PressureWatch,
-                 budget_fn: Callable[[], Budget], clock: Callable[[], float]) -> None:
+                 budget_fn: Callable[[], Budget]) -> None:
         self.config = config
         self.catalog = catalog
         self.prices = prices
         self.pressure = pressure
         self.budget_fn = budget_fn  # the machine now (host/budget), or a declared budget in tests
-        self.clock = clock
-        self._paths: dict[pl.PlanRequest, Path] = {}
         self.last_budget: Budget | None = None  # the reading the last plan was made against
 
     def path_for(self, request: pl.PlanRequest) -> Path:
-        return self._paths.get(request) or Path(self.catalog.resolve(request.key).path)
+        """The file a load of ``request`` reads (the model's own, for a request made without one: tests)."""
+        return Path(request.path) if request.path else Path(self.catalog.resolve(request.key).path)
 
-    def request_for(self, entry: CatalogEntry, contract: Contract | None) -> pl.PlanRequest:
-        req, _cfg, path = self.prices.request(entry, contract)
-        self._paths[req] = path
-        self.prices.prefetch(path, req.config)  # its price sheet, read off the event loop before it is planned
-        return req
-
-    def exactly(self, request: pl.PlanRequest) -> pl.PlanRequest:
-        """``request`` asking for exactly its configuration (no rungs, no context search): a dry run with a contract
-        plans what a load for that contract would do."""
-        path = self.path_for(request)
-        fixed = replace(request, fixed=None)
-        self._paths[fixed] = path
-        return fixed
+    def prepare(self, ask: Ask) -> None:
+        """``ask`` is about to wait for a seat: its price sheet is read now, off the event loop, before it is planned
+        (a transformers seat's own flags first: they set what it costs)."""
+        self.prices.note_flags(ask.entry, ask.path)
+        self.prices.prefetch(ask.path, ask.request.config)
 
     def budget(self) -> Budget:
         """The budget as the planner would see it now (a fresh reading; under memory pressure, with the margin)."""
         return self.pressure.planning_budget(self.budget_fn())
 
-    def plan_now(self, request: pl.PlanRequest, residents: list[pl.Resident]) -> pl.Plan:
-        """The planner over a fresh budget reading (what ``Effects.plan`` does)."""
-        path = self.path_for(request)
+    def plan_budget(self) -> Budget:
+        """``Effects.budget``: a fresh reading for a plan, kept as ``last_budget`` (the load reports read it)."""
         budget = self.last_budget = self.budget()
-        sheet = self.prices.sheet_now(path, request.config)  # prices read ahead: the plan does no I/O
-        return pl.plan(request, residents, budget, lambda _k, c: sheet.footprint(c), plan_policy(self.config),
-                       self.clock())
+        return budget
+
+    def footprints(self, request: pl.PlanRequest) -> pl.FootprintFn:
+        """``Effects.prices``: the price sheet of ``request``'s file, read ahead, so that the plan does no I/O."""
+        sheet = self.prices.sheet_now(self.path_for(request), request.config)
+        return lambda _key, cfg: sheet.footprint(cfg)
 
     def has_gpu(self) -> bool:
         return self.last_budget is not None and bool(self.last_budget.gpu_names)

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fitevict import planner as pl
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing.footprint import Footprint
@@ -32,7 +31,7 @@ from fitevict.pricing.safetensors import load_hf_structure
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
-from fitevict.request.contract import Contract, load_config_for, plan_request
+from fitevict.request.ask import ask
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
 from fitevict.supervisor.measure import footprint_from_json
@@ -74,7 +73,6 @@ class PriceBook:
         self._hf: dict[tuple[str, int], Any] = {}
         self.torch_overhead: int | None = None  # a transformers seat's own process bytes (measured, first seat)
         self.peft_overhead: int | None = None  # the same for a seat with PEFT adapters (peft's import: ~136 MiB more)
-        self._requests: dict[tuple[str, Contract | None], tuple[pl.PlanRequest, LoadConfig, Path]] = {}
         # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
         self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}
         # files whose load crashed the engine with repacking on, on this machine: they load with -nr (supervisor/crash)
@@ -105,7 +103,6 @@ class PriceBook:
     def no_repack(self, path: Path) -> None:
         """``path`` crashed the engine with repacking on, here: from now on it is planned and started with -nr."""
         self._no_repack.add(_ident(path))
-        self._requests.clear()
         self.forget()
 
     def learn(self, path: Path, cfg: LoadConfig, measured: Footprint, ident: tuple[str, int, int] | None = None) -> None:
@@ -140,7 +137,6 @@ class PriceBook:
     def rescanned(self, added: Iterable[CatalogEntry]) -> None:
         """The catalog changed: every sheet is read again (a file may have changed on disk, or gone), and the models
         it added get theirs (at their default configuration), off the event loop."""
-        self._requests.clear()
         self.forget()
         try:
             task = asyncio.get_running_loop().create_task(self._prefetch_entries(list(added)),
@@ -159,9 +155,9 @@ class PriceBook:
     async def _prefetch_entries(self, entries: list[CatalogEntry]) -> None:
         for entry in entries:
             try:
-                cfg, _mode, path = await asyncio.to_thread(self.config_for, entry, None)
-                if (str(path), cfg.loras) not in self._sheets:
-                    await self.sheet(path, cfg)
+                got = await asyncio.to_thread(ask, entry, None, self)
+                if (str(got.path), got.request.config.loras) not in self._sheets:
+                    await self.sheet(got.path, got.request.config)
             except (OSError, PricingError, ValueError) as e:
                 log.debug("no price sheet for %s: %s", entry.key, e)
 
@@ -303,35 +299,23 @@ class PriceBook:
             return _HfShape(n_ctx_train=training_context(self.structure(path).config) or 0)
         return self.structure(path)
 
-    def config_for(self, entry: CatalogEntry, contract: Contract | None) -> tuple[LoadConfig, str, Path]:
-        cfg, mode, path = load_config_for(entry, contract, self.default_alloc_mode)
-        if entry.engine == "llama-server" and cfg.repack and _ident(path) in self._no_repack:
-            cfg = cfg.with_(repack=False)
-        if cfg.n_ctx == 0 and Path(path).is_dir():
-            cfg = cfg.with_(n_ctx=training_context(self.structure(path).config) or cfg.n_ctx)
-        elif cfg.n_ctx == 0:
-            # Seats start with --fit off, under which "-c 0" means something other than under the
-            # engine's default --fit on; start them with the explicit context the price was made for.
-            cfg = cfg.with_(n_ctx=resolve_context(self.structure(path), cfg).n_ctx)
-        return cfg, mode, path
+    def context(self, path: Path, cfg: LoadConfig) -> int:
+        """The context a seat of ``cfg`` (``n_ctx`` 0) starts with: the model's own. Seats start with --fit off, under
+        which "-c 0" means something other than under the engine's default --fit on, so they start with the explicit
+        context the price was made for."""
+        if Path(path).is_dir():
+            return training_context(self.structure(path).config) or cfg.n_ctx
+        return resolve_context(self.structure(path), cfg).n_ctx
 
-    def request(self, entry: CatalogEntry, contract: Contract | None) -> tuple[pl.PlanRequest, LoadConfig, Path]:
-        """The scheduler's request for ``entry`` under ``contract`` (cached: the front door asks per request)."""
-        k = (entry.key, contract)
-        hit = self._requests.get(k)
-        if hit is not None:
-            return hit
-        cfg, mode, path = self.config_for(entry, contract)
-        named_file = contract is not None and contract.gguf_file is not None
+    def repacks(self, path: Path) -> bool:
+        """Whether the engine may repack ``path``'s weights here (not once repacking crashed it on this machine)."""
+        return _ident(path) not in self._no_repack
+
+    def note_flags(self, entry: CatalogEntry, path: Path) -> None:
+        """A transformers seat's own flags (dtype, quantization) set what it costs: a change reads its sheets again."""
         if entry.engine == "transformers" and self._extra_args.get(str(path)) != tuple(entry.settings.extra_args):
-            self._extra_args[str(path)] = tuple(entry.settings.extra_args)  # the seat's flags set what it costs
+            self._extra_args[str(path)] = tuple(entry.settings.extra_args)
             self._changed(str(path))
-        req = plan_request(entry, cfg, mode, self.shape(path), source=path if named_file else None,
-                           contract=contract if contract is not None else Contract())
-        if len(self._requests) > 4096:
-            self._requests.clear()
-        self._requests[k] = (req, cfg, path)
-        return req, cfg, path
 
     def signature(self, path: Path, cfg: LoadConfig) -> str:
         st = path.stat()
