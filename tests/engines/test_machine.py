@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.machine import Cpu, machine_key, read_cpu
+from fitevict.engines.machine import Cpu, machine_key
+from fitevict.host.cpu import read_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.hostbufs import is_host_buffer
 from fitevict.pricing.loadconfig import LoadConfig

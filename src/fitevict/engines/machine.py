@@ -16,7 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from fitevict.host.cpu import CPUINFO, Cpu, read_cpu, this_cpu
+from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.hostbufs import HostBuffers, rule_table
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 from pathlib import Path
 
-from fitevict.budget import Budget, BudgetError, DeviceBudget, Figure, size_field, validated
+from fitevict.budget import Budget, DeviceBudget, Figure, size_field, validated
 from fitevict.config.records import BudgetConfig, default
 from fitevict.host.nvml import NvmlLike, read_gpus
 from fitevict.host.procmem import PROC, read_meminfo

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gguf import GGMLQuantizationType as QT
 
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, is_quantized, pad, row_size

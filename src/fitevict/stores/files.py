@@ -8,6 +8,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 HF_CACHE_RE = re.compile(r"^models--(?P<name>.+)$")  # a repository folder of a Hugging Face hub cache
@@ -119,7 +120,17 @@ def _containment_root(model_dir: Path) -> Path:
     return model_dir
 
 
-def resolve_gguf_file(entry: CatalogEntry, filename: str) -> Path:
+class ModelFiles(Protocol):
+    """What ``resolve_gguf_file`` reads of a catalog entry (``request.catalog.CatalogEntry``, a stage above)."""
+
+    key: str
+    kind: str
+    engine: str
+    model_dir: Path
+    gguf_files: Sequence[str]
+
+
+def resolve_gguf_file(entry: ModelFiles, filename: str) -> Path:
     """The path of ``filename`` (a request's ``gguf_file``) inside ``entry``'s own folder.
 
     Refuses absolute paths, ``..``, names outside ``entry.gguf_files`` and symlinks that lead out of the

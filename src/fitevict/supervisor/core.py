@@ -288,7 +288,8 @@ class Supervisor:
         Cancelling the task while it waits takes the request out of the queue at once; a load that nobody
         waits for any more is cancelled (see ``Scheduler.cancel``)."""
         entry = asked.entry
-        asked = resident_shrunk(self.parts, asked, need, timing)
+        if need is not None:  # policy.shrink_ctx: a seat already shrunk for this contract serves it
+            asked = resident_shrunk(self.parts, asked, need, timing)
         self.planning.prepare(asked)
         w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive)
         got = self.scheduler.fast(w)
