@@ -29,6 +29,10 @@ class Shapes(Protocol):
 
     default_alloc_mode: str
 
+    @property
+    def version(self) -> Any:
+        """Moves whenever one of the answers below may have (a rescan, a learned crash, a file read again)."""
+
     def shape(self, path: Path) -> Any:
         """Offloadable layers (``n_layer``), whether it is MoE (``is_moe``), its training context (``n_ctx_train``)."""
 
@@ -74,6 +78,28 @@ def ask(entry: CatalogEntry, contract: Contract | None, shapes: Shapes) -> Ask:
     named_file = contract is not None and contract.gguf_file is not None
     return Ask(entry, contract, plan_request(entry, cfg, mode, shapes.shape(path), source=path if named_file else None,
                                              contract=contract if contract is not None else Contract(), path=path))
+
+
+class Asks:
+    """The asks built so far, by model and contract, while what they were read from stands (``Shapes.version``; the
+    same catalog entry): the door asks once per request, and most requests ask what an earlier one asked."""
+
+    LIMIT = 4096  # built asks kept at most (all dropped at once past it)
+
+    def __init__(self, shapes: Shapes) -> None:
+        self.shapes = shapes
+        self._built: dict[tuple[str, Contract | None], Ask] = {}
+        self._version: Any = None
+
+    def __call__(self, entry: CatalogEntry, contract: Contract | None) -> Ask:
+        version = self.shapes.version
+        if version != self._version or len(self._built) >= self.LIMIT:
+            self._built.clear()
+            self._version = version
+        hit = self._built.get((entry.key, contract))
+        if hit is None or hit.entry is not entry:  # a rescan's new entry for the same key is built anew
+            hit = self._built[(entry.key, contract)] = ask(entry, contract, self.shapes)
+        return hit
 
 
 def load_config_for(entry: CatalogEntry, contract: Contract | None,

@@ -6,7 +6,7 @@ import hmac
 import itertools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -14,7 +14,7 @@ from starlette.requests import Request
 from fitevict.config import Config
 from fitevict.engines import REGISTRY
 from fitevict.pricing.gguf import PricingError
-from fitevict.request.ask import Ask, ask
+from fitevict.request.ask import Ask, Asks
 from fitevict.request.catalog import AmbiguousModel, Catalog, CatalogEntry, GgufFileError, UnknownModel
 from fitevict.request.contract import Contract, ContractError, for_embeddings, unservable
 from fitevict.request.contract import parse_contract as _parse_contract
@@ -82,6 +82,10 @@ class Door:
     metrics: Metrics
     pool: Upstream  # kept-alive connections per seat: the fast path's relay and ``seatcall``
     sampler: MemorySampler | None = None  # the memory report's live windows (fitevict.server.sampler)
+    asks: Asks = field(init=False)  # what requests ask of a seat, built once per model and contract (request.ask)
+
+    def __post_init__(self) -> None:
+        self.asks = Asks(self.sup.prices)
 
     def check_auth(self, request: Request, *, admin: bool) -> None:
         h = request.headers
@@ -145,7 +149,7 @@ class Door:
         if (why := unservable(entry, tuple(REGISTRY))) is not None:
             raise ApiError(400, why, param="model", code="engine_unavailable")
         try:
-            return ask(entry, contract, self.sup.prices)
+            return self.asks(entry, contract)
         except GgufFileError as e:
             raise ApiError(400, str(e), param="fitevict.gguf_file", code="invalid_gguf_file") from None
         except (PricingError, OSError) as e:

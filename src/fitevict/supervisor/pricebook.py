@@ -80,6 +80,7 @@ class PriceBook:
         # the sheets, by (file, adapters); the versions of what they were read from: every file's, each file's
         self._sheets: dict[tuple[str, tuple[str, ...]], PriceSheet] = {}
         self._epoch = 0
+        self._changes = 0  # every change, of any file (``version``)
         self._file_epochs: dict[str, int] = {}
         self._stored: tuple[int, Mapping[str, Mapping]] | None = None  # the store's measurements, at an epoch
         self._rebuild: asyncio.Task | None = None
@@ -93,7 +94,13 @@ class PriceBook:
         """A measurement or an overhead changed: every sheet is read again (off the event loop)."""
         self._changed()
 
+    @property
+    def version(self) -> int:
+        """Moves whenever an answer of the book may have (``request.ask.Asks`` drops what it built before)."""
+        return self._changes
+
     def _changed(self, path: str | None = None) -> None:
+        self._changes += 1
         if path is None:
             self._epoch += 1
         else:
