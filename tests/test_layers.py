@@ -222,3 +222,10 @@ def test_no_module_over_500_lines_and_no_function_over_80() -> None:
                 if (n := node.end_lineno - node.lineno + 1) > 80:
                     big.append(f"{_module(p)}.{node.name}: {n} lines")
     assert big == []
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """A helper another module needs is public: no ``from fitevict.x import _name`` anywhere in the package."""
+    private = sorted(f"{_module(p)} <- {m}" for p in SRC.rglob("*.py") for m in _imports(p, names=True)
+                     if m.rsplit(".", 1)[-1].startswith("_") and not m.rsplit(".", 1)[-1].startswith("__"))
+    assert private == []

@@ -4,7 +4,6 @@ nobody waits for a ghost, and SIGTERM under load stops cleanly."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -34,11 +34,11 @@ def test_an_embeddings_seat_of_a_model_without_pooling_pools_by_mean(tmp_path: P
     import gguf
 
     from fitevict.engines.llama_server import load_args
-    from fitevict.zoo import _RECIPES, _write_gguf
+    from fitevict.zoo import RECIPES, write_gguf
 
     plain, declared = tmp_path / "plain.gguf", tmp_path / "cls.gguf"
-    _write_gguf(_RECIPES[0], plain)
-    _write_gguf(replace(_RECIPES[0], extra=(("pooling_type", gguf.PoolingType.CLS),)), declared)
+    write_gguf(RECIPES[0], plain)
+    write_gguf(replace(RECIPES[0], extra=(("pooling_type", gguf.PoolingType.CLS),)), declared)
     emb = LoadConfig(embeddings=True)
     argv = load_args(plain, emb)
     assert argv[argv.index("--embeddings") + 1:argv.index("--embeddings") + 3] == ["--pooling", "mean"]

@@ -6,6 +6,9 @@ start a seat is covered end to end in tests/e2e/test_front_door.py.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from fastapi.testclient import TestClient
 
 
 def test_unknown_route_and_method_use_the_envelope(make_client) -> None:

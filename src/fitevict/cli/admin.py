@@ -33,7 +33,7 @@ def _client(url: str | None, key: str | None) -> httpx.Client:
     return httpx.Client(base_url=_url(url), headers=headers, timeout=httpx.Timeout(600, connect=5))
 
 
-def _call(url: str | None, key: str | None, method: str, path: str, **kw: Any) -> Any:
+def admin_call(url: str | None, key: str | None, method: str, path: str, **kw: Any) -> Any:
     try:
         with _client(url, key) as c:
             r = c.request(method, path, **kw)
@@ -98,7 +98,7 @@ def plan_cmd(
                        "n_gpu_layers": n_gpu_layers, "n_cpu_moe": n_cpu_moe}
     contract_json = {k: v for k, v in contract_fields.items() if v is not None}
     if server:
-        out = _call(server, key, "POST", f"/v1/models/{model}/plan", json=contract_json)
+        out = admin_call(server, key, "POST", f"/v1/models/{model}/plan", json=contract_json)
         if out.get("node") and not as_json:  # a cluster's front door: the node its routing picks
             console.print(f"node {escape(out['node'])} ({escape(str(out.get('route')))})")
         if out.get("plan") is None:
@@ -229,7 +229,7 @@ def _show_plan(plan: dict, budget: dict | None, as_json: bool) -> None:
 def ps(url: str | None = typer.Option(None, "--url", help=URL_HELP), key: str | None = typer.Option(None, "--key"),
        as_json: bool = typer.Option(False, "--json")) -> None:
     """What a running fitevict has loaded (like `ollama ps`)."""
-    data = _call(url, key, "GET", "/v1/models/residents")["data"]
+    data = admin_call(url, key, "GET", "/v1/models/residents")["data"]
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -273,7 +273,7 @@ def history_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP),
                 limit: int = typer.Option(50, "--limit"), as_json: bool = typer.Option(False, "--json")) -> None:
     """What fitevict did and why: loads, evictions, unloads, failures, refusals, crashes, orphans."""
     params = {k: v for k, v in {"model": model, "event": event, "since": since, "limit": limit}.items() if v is not None}
-    data = _call(url, key, "GET", "/v1/models/history", params=params)["data"]
+    data = admin_call(url, key, "GET", "/v1/models/history", params=params)["data"]
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -319,7 +319,7 @@ def load_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_
     engine start, weights in memory (measured against predicted), ready."""
     body = {k: v for k, v in {"ctx": ctx, "alloc_mode": alloc_mode}.items() if v is not None}
     if as_json:
-        typer.echo(json.dumps(_call(url, key, "POST", f"/v1/models/{model}/load", json=body), indent=2))
+        typer.echo(json.dumps(admin_call(url, key, "POST", f"/v1/models/{model}/load", json=body), indent=2))
         return
     from fitevict.cli.progress import show_load
 
@@ -338,7 +338,7 @@ def load_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_
 def unload_cmd(model: str, url: str | None = typer.Option(None, "--url", help=URL_HELP),
                key: str | None = typer.Option(None, "--key")) -> None:
     """Unload MODEL on a running fitevict and report whether its memory came back."""
-    typer.echo(json.dumps(_call(url, key, "POST", f"/v1/models/{model}/unload"), indent=2))
+    typer.echo(json.dumps(admin_call(url, key, "POST", f"/v1/models/{model}/unload"), indent=2))
 
 
 def register(app: typer.Typer) -> None:

@@ -116,22 +116,22 @@ def ab_cmd(
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the last leg's window to be stored."),
 ) -> None:
     """Run swapped A/B legs of MODEL on a running fitevict; compare their peaks above the noise floor."""
-    from fitevict.cli.admin import _call
+    from fitevict.cli.admin import admin_call
     from fitevict.report import ab_markdown, compare
     from fitevict.store.peaks import SeatPeaks
 
     sides = {"A": _contract(a, "--a"), "B": _contract(b, "--b")}
     order = leg_order(pairs)
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
-    before = {w["id"] for w in _call(url, key, "GET", "/dashboard/report.json")["windows"] if w["id"] is not None}
-    _call(url, key, "POST", f"/v1/models/{model}/unload")
+    before = {w["id"] for w in admin_call(url, key, "GET", "/dashboard/report.json")["windows"] if w["id"] is not None}
+    admin_call(url, key, "POST", f"/v1/models/{model}/unload")
     for i, leg in enumerate(order):
         err.print(f"leg {i + 1}/{len(order)}: {leg} {json.dumps(sides[leg])}")
-        _call(url, key, "POST", "/v1/chat/completions", json={**body, "fitevict": sides[leg]})
-        _call(url, key, "POST", f"/v1/models/{model}/unload")
+        admin_call(url, key, "POST", "/v1/chat/completions", json={**body, "fitevict": sides[leg]})
+        admin_call(url, key, "POST", f"/v1/models/{model}/unload")
     deadline = time.monotonic() + timeout
     while True:
-        new = [w for w in _call(url, key, "GET", "/dashboard/report.json")["windows"]
+        new = [w for w in admin_call(url, key, "GET", "/dashboard/report.json")["windows"]
                if w["id"] is not None and w["id"] not in before and w["model"] == model]
         if len(new) >= len(order) or time.monotonic() > deadline:
             break

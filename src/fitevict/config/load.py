@@ -13,8 +13,8 @@ from typing import Any
 from fitevict import paths
 from fitevict.config.records import (BudgetConfig, Config, ConfigError, EngineConfig, ModelConfig, PolicyConfig,
                                      ServerConfig, StoresConfig)
-from fitevict.config.schema import OTHER_ENV, _BY_KEY, _KEYS, _MODEL_FIELDS, _SECTIONS, _TOP_LEVEL, env_variables
-from fitevict.config.parsers import Parser, _Bad, _KEY_RE, _Origin
+from fitevict.config.schema import OTHER_ENV, BY_KEY, KEYS, MODEL_FIELDS, SECTIONS, TOP_LEVEL, env_variables
+from fitevict.config.parsers import Parser, BadValue, KEY_RE, Origin
 
 
 # ----------------------------------------------------------------------------- loading
@@ -46,18 +46,18 @@ def _read_toml(path: Path, how: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
 
 
-_Raw = dict[str, tuple[Any, _Origin]]  # dotted key -> (raw value, origin)
+_Raw = dict[str, tuple[Any, Origin]]  # dotted key -> (raw value, origin)
 
 
-def _flatten_file(data: dict[str, Any], origin: _Origin, raw: _Raw, models: dict[str, _Raw]) -> None:
+def _flatten_file(data: dict[str, Any], origin: Origin, raw: _Raw, models: dict[str, _Raw]) -> None:
     """Check a parsed TOML document's keys and record its values by dotted key."""
     for top, value in data.items():
-        if top not in _TOP_LEVEL:
-            raise ConfigError(f"{top}: unknown key in {origin.text}" + _did_you_mean(top, _TOP_LEVEL))
-        if top in _SECTIONS:
+        if top not in TOP_LEVEL:
+            raise ConfigError(f"{top}: unknown key in {origin.text}" + _did_you_mean(top, TOP_LEVEL))
+        if top in SECTIONS:
             if not isinstance(value, dict):
                 raise ConfigError(f"{top} = {value!r} in {origin.text}: expected a table [{top}]")
-            names = [k.key.split(".", 1)[1] for k in _KEYS if k.key.startswith(top + ".") and k.in_file]
+            names = [k.key.split(".", 1)[1] for k in KEYS if k.key.startswith(top + ".") and k.in_file]
             for name, v in value.items():
                 if name not in names:
                     raise ConfigError(f"{top}.{name}: unknown key in {origin.text}" + _did_you_mean(name, names))
@@ -79,18 +79,18 @@ def _flatten_file(data: dict[str, Any], origin: _Origin, raw: _Raw, models: dict
             raw[top] = (value, origin)
 
 
-def _check_model_field(key: str, name: str, origin: _Origin) -> None:
-    if name not in _MODEL_FIELDS:
-        raise ConfigError(f"models.{key}.{name}: unknown key in {origin.text}" + _did_you_mean(name, tuple(_MODEL_FIELDS)))
+def _check_model_field(key: str, name: str, origin: Origin) -> None:
+    if name not in MODEL_FIELDS:
+        raise ConfigError(f"models.{key}.{name}: unknown key in {origin.text}" + _did_you_mean(name, tuple(MODEL_FIELDS)))
 
 
 def _from_env(env: Mapping[str, str], raw: _Raw) -> list[str]:
     notes = []
-    for k in _KEYS:
+    for k in KEYS:
         if k.env is None or not env.get(k.env, "").strip():
             continue  # unset or empty: not set
         text = env[k.env]
-        origin = _Origin(f"environment variable {k.env}", textual=True, base=None)
+        origin = Origin(f"environment variable {k.env}", textual=True, base=None)
         value: Any = [p.strip() for p in text.split(k.env_split) if p.strip()] if k.env_split else text.strip()
         raw[k.key] = (value, origin)
     known = set(env_variables()) | set(OTHER_ENV)
@@ -103,32 +103,32 @@ def _from_env(env: Mapping[str, str], raw: _Raw) -> list[str]:
 
 
 def _from_overrides(overrides: Mapping[str, object], raw: _Raw, models: dict[str, _Raw]) -> None:
-    origin = _Origin("override", textual=True, base=None)
-    settable = [k.key for k in _KEYS]
+    origin = Origin("override", textual=True, base=None)
+    settable = [k.key for k in KEYS]
     for dotted, value in overrides.items():
         if dotted.startswith("models.") and dotted.count(".") >= 2:
             key, name = dotted[len("models."):].rsplit(".", 1)
             _check_model_field(key, name, origin)
             models.setdefault(key, {})[name] = (value, origin)
-        elif dotted in _BY_KEY:
+        elif dotted in BY_KEY:
             raw[dotted] = (value, origin)
         else:
             raise ConfigError(f"{dotted}: unknown key in override" + _did_you_mean(dotted, settable))
 
 
-def _parse(key: str, value: Any, origin: _Origin, parser: Parser) -> Any:
+def _parse(key: str, value: Any, origin: Origin, parser: Parser) -> Any:
     try:
         return parser(value, origin)
-    except _Bad as e:
+    except BadValue as e:
         raise ConfigError(f"{key} = {value!r} (from {origin.text}): expected {e}") from None
 
 
 def _build_model(key: str, raw: _Raw) -> ModelConfig:
-    if not _KEY_RE.fullmatch(key):
+    if not KEY_RE.fullmatch(key):
         origin = next(iter(raw.values()))[1].text if raw else "config"
         raise ConfigError(f"models.{key!r} (from {origin}): a model key must be non-empty, without whitespace or "
                           "backslashes")
-    got = {name: _parse(f"models.{key}.{name}", v, o, _MODEL_FIELDS[name]) for name, (v, o) in raw.items()}
+    got = {name: _parse(f"models.{key}.{name}", v, o, MODEL_FIELDS[name]) for name, (v, o) in raw.items()}
     kv = got.pop("kv_cache_type", None)
     got.setdefault("cache_type_k", kv)
     got.setdefault("cache_type_v", kv)
@@ -182,12 +182,12 @@ def load_config(
     if config_path is not None:
         config_path = config_path.absolute()
         data = _read_toml(config_path, how)
-        _flatten_file(data, _Origin(f"config file {config_path}", textual=False, base=config_path.parent), raw, models_raw)
+        _flatten_file(data, Origin(f"config file {config_path}", textual=False, base=config_path.parent), raw, models_raw)
     notes = _from_env(env, raw)
     if overrides:
         _from_overrides(overrides, raw, models_raw)
 
-    values = {k: _parse(k, v, o, _BY_KEY[k].parse) for k, (v, o) in raw.items()}
+    values = {k: _parse(k, v, o, BY_KEY[k].parse) for k, (v, o) in raw.items()}
 
     def section(cls: type, name: str) -> Any:
         prefix = name + "."

@@ -18,81 +18,81 @@ from fitevict.config.records import STORE_SCHEMES
 # ----------------------------------------------------------------------------- value parsers
 
 
-class _Bad(Exception):
+class BadValue(Exception):
     """A value of the wrong form; the message says what is expected."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Origin:
+class Origin:
     text: str  # "config file /x.toml", "environment variable FITEVICT_PORT", "override"
     textual: bool  # the value is a string to be read (env), not a typed TOML value
     base: Path | None  # relative paths are taken from here (the config file's folder); None = cwd
 
 
-Parser = Callable[[Any, _Origin], Any]
+Parser = Callable[[Any, Origin], Any]
 
 
-def _int(lo: int, hi: int | None = None) -> Parser:
+def integer(lo: int, hi: int | None = None) -> Parser:
     form = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
 
-    def parse(v: Any, o: _Origin) -> int:
+    def parse(v: Any, o: Origin) -> int:
         if isinstance(v, str) and o.textual:
             try:
                 v = int(v.strip())
             except ValueError:
-                raise _Bad(form) from None
+                raise BadValue(form) from None
         if isinstance(v, bool) or not isinstance(v, int):
-            raise _Bad(form)
+            raise BadValue(form)
         if v < lo or (hi is not None and v > hi):
-            raise _Bad(form)
+            raise BadValue(form)
         return v
 
     return parse
 
 
-def _seconds(*, positive: bool) -> Parser:
+def seconds(*, positive: bool) -> Parser:
     form = "a number of seconds > 0" if positive else "a number of seconds >= 0"
 
-    def parse(v: Any, o: _Origin) -> float:
+    def parse(v: Any, o: Origin) -> float:
         if isinstance(v, str) and o.textual:
             try:
                 v = float(v.strip())
             except ValueError:
-                raise _Bad(form) from None
+                raise BadValue(form) from None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-            raise _Bad(form)
+            raise BadValue(form)
         if v < 0 or (positive and v == 0) or v == float("inf"):
-            raise _Bad(form)
+            raise BadValue(form)
         return float(v)
 
     return parse
 
 
-def _int_or(word: str, lo: int) -> Parser:
+def integer_or(word: str, lo: int) -> Parser:
     """An integer >= ``lo``, or ``word`` (read as None: the default the word names)."""
-    whole = _int(lo)
+    whole = integer(lo)
     form = f"an integer >= {lo}, or \"{word}\""
 
-    def parse(v: Any, o: _Origin) -> int | None:
+    def parse(v: Any, o: Origin) -> int | None:
         if v is None or (isinstance(v, str) and v.strip() == word):
             return None
         try:
             return whole(v, o)
-        except _Bad:
-            raise _Bad(form) from None
+        except BadValue:
+            raise BadValue(form) from None
 
     return parse
 
 
-def _fraction(v: Any, o: _Origin) -> float:
+def fraction(v: Any, o: Origin) -> float:
     form = "a number in (0, 1], e.g. 0.5"
     if isinstance(v, str) and o.textual:
         try:
             v = float(v.strip())
         except ValueError:
-            raise _Bad(form) from None
+            raise BadValue(form) from None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise _Bad(form)
+        raise BadValue(form)
     return float(v)
 
 
@@ -100,143 +100,143 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _bool(v: Any, o: _Origin) -> bool:
+def boolean(v: Any, o: Origin) -> bool:
     if isinstance(v, str) and o.textual and v.strip().lower() in _TRUE | _FALSE:
         return v.strip().lower() in _TRUE
     if not isinstance(v, bool):
-        raise _Bad("true or false")
+        raise BadValue("true or false")
     return v
 
 
-def _choice(choices: tuple[str, ...], *, optional: bool = False) -> Parser:
+def one_of(choices: tuple[str, ...], *, optional: bool = False) -> Parser:
     form = "one of " + ", ".join(choices)
 
-    def parse(v: Any, o: _Origin) -> str | None:
+    def parse(v: Any, o: Origin) -> str | None:
         if v is None and optional:
             return None
         if not isinstance(v, str) or v.strip() not in choices:
-            raise _Bad(form)
+            raise BadValue(form)
         return v.strip()
 
     return parse
 
 
-def _text(v: Any, o: _Origin) -> str:
+def nonempty_text(v: Any, o: Origin) -> str:
     if not isinstance(v, str) or not v.strip():
-        raise _Bad("a non-empty string")
+        raise BadValue("a non-empty string")
     return v.strip()
 
 
-def _size(*, optional: bool) -> Parser:
+def size(*, optional: bool) -> Parser:
     form = "a size like 600MiB, 24GiB or 1073741824" + (" (or none for no limit)" if optional else "")
 
-    def parse(v: Any, o: _Origin) -> int | None:
+    def parse(v: Any, o: Origin) -> int | None:
         if optional and (v is None or (isinstance(v, str) and v.strip().lower() in {"none", "off"})):
             return None
         if isinstance(v, bool) or not isinstance(v, (int, str)):
-            raise _Bad(form)
+            raise BadValue(form)
         if isinstance(v, int) and v < 0:
-            raise _Bad(form + "; it must not be negative")
+            raise BadValue(form + "; it must not be negative")
         try:
             return parse_size(v)
         except SizeError:
-            raise _Bad(form) from None
+            raise BadValue(form) from None
 
     return parse
 
 
-def _positive_size(v: Any, o: _Origin) -> int:
-    n = _size(optional=False)(v, o)
+def positive_size(v: Any, o: Origin) -> int:
+    n = size(optional=False)(v, o)
     if n == 0:
-        raise _Bad("a size > 0, like 16MiB")
+        raise BadValue("a size > 0, like 16MiB")
     return n
 
 
-def _str_list(item: Parser = _text, form: str = "a list of non-empty strings") -> Parser:
-    def parse(v: Any, o: _Origin) -> tuple[Any, ...]:
+def str_list(item: Parser = nonempty_text, form: str = "a list of non-empty strings") -> Parser:
+    def parse(v: Any, o: Origin) -> tuple[Any, ...]:
         if isinstance(v, str) or not isinstance(v, (list, tuple)):
-            raise _Bad(form)
+            raise BadValue(form)
         out = []
         for i, x in enumerate(v):
             try:
                 out.append(item(x, o))
-            except _Bad as e:
-                raise _Bad(f"{form}; item {i} ({x!r}) should be {e}") from None
+            except BadValue as e:
+                raise BadValue(f"{form}; item {i} ({x!r}) should be {e}") from None
         return tuple(out)
 
     return parse
 
 
-def _args(v: Any, o: _Origin) -> tuple[str, ...]:
+def arg_list(v: Any, o: Origin) -> tuple[str, ...]:
     if isinstance(v, str) or not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
-        raise _Bad('a list of strings, one argument each, e.g. ["--threads", "8"]')
+        raise BadValue('a list of strings, one argument each, e.g. ["--threads", "8"]')
     return tuple(v)
 
 
-def _secret(v: Any, o: _Origin) -> str:
+def secret(v: Any, o: Origin) -> str:
     if not isinstance(v, str) or not v or any(c.isspace() for c in v):
-        raise _Bad("a non-empty key without whitespace")
+        raise BadValue("a non-empty key without whitespace")
     return v
 
 
-def _origin_url(v: Any, o: _Origin) -> str:
+def origin_url(v: Any, o: Origin) -> str:
     if not isinstance(v, str) or not (v == "*" or re.fullmatch(r"https?://[^/\s]+", v)):
-        raise _Bad('"*" or an origin like http://localhost:3000 (scheme://host[:port], no path)')
+        raise BadValue('"*" or an origin like http://localhost:3000 (scheme://host[:port], no path)')
     return v
 
 
-def _path(v: Any, o: _Origin) -> Path:
+def path_value(v: Any, o: Origin) -> Path:
     if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
-        raise _Bad("a path")
+        raise BadValue("a path")
     p = Path(str(v).strip()).expanduser()
     if not p.is_absolute():
         p = (o.base or Path.cwd()) / p
     return p
 
 
-def _store_source(v: Any, o: _Origin) -> bool | Path:
+def store_source(v: Any, o: Origin) -> bool | Path:
     """A model store's setting: true (its default location), false (off) or the folder to read."""
     if isinstance(v, str) and o.textual and v.strip().lower() in _TRUE | _FALSE:
         return v.strip().lower() in _TRUE
     if isinstance(v, bool):
         return v
     try:
-        return _path(v, o)
-    except _Bad:
-        raise _Bad("true (the store's default location, when it exists), false (off) or a folder path") from None
+        return path_value(v, o)
+    except BadValue:
+        raise BadValue("true (the store's default location, when it exists), false (off) or a folder path") from None
 
 
-def _optional_path(v: Any, o: _Origin) -> Path | None:
-    return None if v is None else _path(v, o)
+def _optional_path(v: Any, o: Origin) -> Path | None:
+    return None if v is None else path_value(v, o)
 
 
-def _store_url(v: Any, o: _Origin) -> str:
+def store_url(v: Any, o: Origin) -> str:
     form = "a URL like sqlite:////abs/path/fitevict.db or postgresql://user@host/db"
     if not isinstance(v, str) or "://" not in v:
-        raise _Bad(form)
+        raise BadValue(form)
     scheme = v.split("://", 1)[0].split("+", 1)[0].lower()
     if scheme not in STORE_SCHEMES:
-        raise _Bad(form)
+        raise BadValue(form)
     return v
 
 
-def _request_defaults(v: Any, o: _Origin) -> Mapping[str, Any]:
+def request_defaults(v: Any, o: Origin) -> Mapping[str, Any]:
     form = "a table of request fields, e.g. { temperature = 0.7, top_p = 0.9 }"
     if not isinstance(v, Mapping):
-        raise _Bad(form)
+        raise BadValue(form)
     if "model" in v:
-        raise _Bad(form + "; 'model' cannot have a default")
+        raise BadValue(form + "; 'model' cannot have a default")
     try:
         json.dumps(v)
     except (TypeError, ValueError):
-        raise _Bad(form + " holding only JSON values (no dates or times)") from None
+        raise BadValue(form + " holding only JSON values (no dates or times)") from None
     return MappingProxyType(dict(v))
 
 
-_KEY_RE = re.compile(r"[^\s\\]+")
+KEY_RE = re.compile(r"[^\s\\]+")
 
 
-def _alias(v: Any, o: _Origin) -> str:
+def alias(v: Any, o: Origin) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"\S+", v):
-        raise _Bad("a non-empty name without whitespace")
+        raise BadValue("a non-empty name without whitespace")
     return v

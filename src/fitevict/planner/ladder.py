@@ -8,7 +8,7 @@ from dataclasses import fields
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import default_split, layers_per_device
-from fitevict.planner.records import _EMPTY, Action, FootprintFn, PlanInvariantError, PlanRequest
+from fitevict.planner.records import EMPTY, Action, FootprintFn, PlanInvariantError, PlanRequest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ def _derive(c: LoadConfig, **changes: object) -> LoadConfig:
     return LoadConfig(*[changes[f] if f in changes else getattr(c, f) for f in _ALL_FIELDS])  # type: ignore[arg-type]
 
 
-def _all_layers(c: LoadConfig, n_layer: int) -> bool:
+def all_layers(c: LoadConfig, n_layer: int) -> bool:
     return c.n_gpu_layers < 0 or c.n_gpu_layers >= n_layer
 
 
@@ -37,7 +37,7 @@ def action_of(c: LoadConfig, n_layer: int) -> Action:
     """``ram`` with no GPU layers, ``load`` with every layer and expert on the GPU, else ``partial``."""
     if not c.devices or c.n_gpu_layers == 0:
         return "ram"
-    if _all_layers(c, n_layer) and c.n_cpu_moe == 0:
+    if all_layers(c, n_layer) and c.n_cpu_moe == 0:
         return "load"
     return "partial"
 
@@ -63,7 +63,7 @@ def compatible(resident: LoadConfig, request: PlanRequest, source: str = "") -> 
         return (
             resident.n_cpu_moe == want.n_cpu_moe
             and (resident.n_gpu_layers == want.n_gpu_layers
-                 or (_all_layers(resident, request.n_layer) and _all_layers(want, request.n_layer)))
+                 or (all_layers(resident, request.n_layer) and all_layers(want, request.n_layer)))
             and (not want.devices or resident.devices == want.devices)
             and (not want.tensor_split or resident.tensor_split == want.tensor_split)
         )
@@ -74,7 +74,7 @@ def compatible(resident: LoadConfig, request: PlanRequest, source: str = "") -> 
     return True
 
 
-class _Rungs:
+class Rungs:
     """The candidate configurations for one request at one ctx, most GPU first (see module doc).
 
     ``free`` is each GPU's free memory now: a rung on several GPUs whose request gives no ``tensor_split`` is split
@@ -84,7 +84,7 @@ class _Rungs:
     __slots__ = ("base", "gpus", "L", "M", "kind", "made", "free")
 
     def __init__(self, request: PlanRequest, gpus: tuple[str, ...], n_ctx: int,
-                 free: Mapping[str, int] = _EMPTY) -> None:
+                 free: Mapping[str, int] = EMPTY) -> None:
         self.L, self.M = request.n_layer, request.n_moe_layers
         self.made: dict[int, LoadConfig] = {}
         self.free = free
@@ -137,11 +137,11 @@ class _Rungs:
         return _derive(c, tensor_split=counts) if counts else c
 
 
-class _Unpriced(Exception):
+class Unpriced(Exception):
     """A footprint with an unavailable term: the planner cannot decide on it."""
 
 
-class _Prices:
+class Prices:
     """Prices configurations of one model, once each, as bytes per budget device."""
 
     __slots__ = ("key", "fn", "cache")
@@ -161,7 +161,7 @@ class _Prices:
             ]
             if fp.host_source == "unavailable":
                 missing.append("host mapped/committed split unavailable")
-            raise _Unpriced("; ".join(missing))
+            raise Unpriced("; ".join(missing))
         if fp.host_mapped_bytes < 0 or fp.host_committed_bytes < 0:
             raise PlanInvariantError(
                 f"footprint of {self.key}: negative host bytes "
@@ -182,8 +182,8 @@ def _ok(need: Mapping[str, int], room: Mapping[str, int], host: bool | None = No
     return True
 
 
-def _search(
-    rungs: _Rungs, price: _Prices, room: Mapping[str, int], prefer_gpu: bool, lo: int = 0, hi: int | None = None
+def search(
+    rungs: Rungs, price: Prices, room: Mapping[str, int], prefer_gpu: bool, lo: int = 0, hi: int | None = None
 ) -> tuple[int | None, int]:
     """(index of the preferred rung that fits, or None; the boundary rung, reported when none fits).
 

@@ -16,9 +16,9 @@ from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import GiB
 from fitevict.planner.records import (Action, Eviction, FootprintFn, Plan, PlanInvariantError, PlanRequest, Policy,
-                                      Resident, _EMPTY)
-from fitevict.planner.ladder import _Prices, _Rungs, _Unpriced, _search, action_of, compatible
-from fitevict.planner.victims import _choose, _ctx_words, _gib, _keys, _per_device, _sum, _victim_words, describe
+                                      Resident, EMPTY)
+from fitevict.planner.ladder import Prices, Rungs, Unpriced, search, action_of, compatible
+from fitevict.planner.victims import choose, context_words, gib, key_list, per_device, device_sums, victim_words, describe
 
 
 # ---------------------------------------------------------------------------------------------
@@ -38,7 +38,7 @@ def plan(
     if s.same is not None and (early := _same_key(s, s.same)) is not None:
         return early
     gpu_free = {g: d.free.bytes for g in budget.gpu_names if (d := budget.device(g)) is not None}
-    rungs = _Rungs(request, budget.gpu_names, request.config.n_ctx, gpu_free)
+    rungs = Rungs(request, budget.gpu_names, request.config.n_ctx, gpu_free)
     if request.alloc_mode == "gpu-only" and not rungs.gpus:
         return s.plan(
             "refuse", None,
@@ -47,10 +47,10 @@ def plan(
         )
     found_w: int | None = None
     try:
-        found, shown = _search(rungs, s.price, s.avail, s.prefer_gpu)
+        found, shown = search(rungs, s.price, s.avail, s.prefer_gpu)
         if found is None and s.busy:
-            found_w = _search(rungs, s.price, s.avail_wait, s.prefer_gpu)[0]
-    except _Unpriced as e:
+            found_w = search(rungs, s.price, s.avail_wait, s.prefer_gpu)[0]
+    except Unpriced as e:
         return s.plan("refuse", None, f"{request.key} cannot be priced: {e}", "run a dry run to measure the missing terms",
                       avail=s.avail_wait)
     if found is not None:
@@ -76,7 +76,7 @@ class _Scene:
     budget: Budget
     policy: Policy
     now: float
-    price: _Prices
+    price: Prices
     devices: list[str]
     budget_b: dict[str, int]
     free_before: dict[str, int]
@@ -112,7 +112,7 @@ class _Scene:
         others = [r for r in res if r is not same]
         pool = [r for r in others if r.evictable]
         busy = [r for r in others if r.busy]
-        freed_forced = _sum(forced, devices)
+        freed_forced = device_sums(forced, devices)
         avail = {d: free_before[d] + freed_forced[d] for d in devices}
         for r in pool:
             for d, n in r.bytes.items():
@@ -121,7 +121,7 @@ class _Scene:
         for r in busy:
             for d, n in r.bytes.items():
                 avail_wait[d] += n
-        return cls(request, budget, policy, now, _Prices(request.key, footprints), devices, budget_b, free_before,
+        return cls(request, budget, policy, now, Prices(request.key, footprints), devices, budget_b, free_before,
                    same, forced, pool, busy, [r for r in others if r.pinned or r.protected], freed_forced, avail,
                    avail_wait)
 
@@ -140,7 +140,7 @@ class _Scene:
         return {d: s for d, s in short.items() if s > 0}
 
     def plan(self, action: Action, config: LoadConfig | None, reason: str, remedy: str = "", *,
-             need: Mapping[str, int] = _EMPTY, avail: Mapping[str, int] | None = None,
+             need: Mapping[str, int] = EMPTY, avail: Mapping[str, int] | None = None,
              after: Mapping[str, int] | None = None, fp: Footprint | None = None, **more: object) -> Plan:
         """A ``Plan`` over ``devs(need)``: free after defaults to free before (nothing executed), available too."""
         devs = self.devs(need)
@@ -163,7 +163,7 @@ def _same_key(s: _Scene, same: Resident) -> Plan | None:
     if compatible(same.config, request, same.source):
         # a hit: nothing moves; needed_bytes is what it holds
         reason = (f"{request.key} is resident ({describe(same.config, request.n_layer)}, "
-                  f"{_ctx_words(same.config, request.n_ctx_train)})")
+                  f"{context_words(same.config, request.n_ctx_train)})")
         return s.plan("hit", same.config, reason, need=same.bytes)
     if same.in_flight:
         return s.plan(
@@ -175,7 +175,7 @@ def _same_key(s: _Scene, same: Resident) -> Plan | None:
     return None
 
 
-def _found(s: _Scene, rungs: _Rungs, found: int) -> Plan:
+def _found(s: _Scene, rungs: Rungs, found: int) -> Plan:
     """The plan for the rung the search found: its evictions (exclusive devices first), the bytes after."""
     request, policy, budget_b = s.request, s.policy, s.budget_b
     config = rungs[found]
@@ -186,24 +186,24 @@ def _found(s: _Scene, rungs: _Rungs, found: int) -> Plan:
     excl = [d for d, n in need.items()
             if n > 0 and budget_b.get(d, 0) > 0 and n > policy.exclusive_fraction * budget_b[d]]
     on_excl = [r for r in s.pool if any(r.bytes.get(d, 0) > 0 for d in excl)]
-    short = s.short(need, _sum(on_excl, list(need)))
+    short = s.short(need, device_sums(on_excl, list(need)))
     rest = [r for r in s.pool if r not in on_excl]
-    victims = on_excl + (_choose(short, rest, policy.eviction) if short else [])
+    victims = on_excl + (choose(short, rest, policy.eviction) if short else [])
     evict = [Eviction(r.key, r.bytes, "replace: resident with a different configuration") for r in s.forced]
     for r in sorted(victims, key=lambda r: (r.last_used, r.key)):
         mine = [d for d in excl if r.bytes.get(d, 0) > 0]
         if mine:
             top = max(mine, key=lambda d: need[d] / budget_b[d])
-            why = (f"exclusive on {top}: {request.key} needs {_gib(need[top])} of {_gib(budget_b[top])} there "
+            why = (f"exclusive on {top}: {request.key} needs {gib(need[top])} of {gib(budget_b[top])} there "
                    f"(> {policy.exclusive_fraction:.0%})")
         else:
-            why = _victim_words(r, [d for d in short if r.bytes.get(d, 0) > 0], policy.eviction, s.now)
+            why = victim_words(r, [d for d in short if r.bytes.get(d, 0) > 0], policy.eviction, s.now)
         evict.append(Eviction(r.key, r.bytes, why))
-    gone = _sum([*s.forced, *victims], devs)
+    gone = device_sums([*s.forced, *victims], devs)
     after = {d: s.free_before.get(d, 0) + gone[d] - need.get(d, 0) for d in devs}
     action = action_of(config, request.n_layer)
-    reason = (f"{request.key}: {describe(config, request.n_layer)}, {_ctx_words(config, request.n_ctx_train)}; "
-              f"needs {_per_device(need, [d for d in devs if need.get(d, 0)])}")
+    reason = (f"{request.key}: {describe(config, request.n_layer)}, {context_words(config, request.n_ctx_train)}; "
+              f"needs {per_device(need, [d for d in devs if need.get(d, 0)])}")
     if evict:
         reason += f"; evicts {'[' + ', '.join(e.key for e in evict) + ']'}"
     split = split_words(config, request, s.budget)
@@ -211,7 +211,7 @@ def _found(s: _Scene, rungs: _Rungs, found: int) -> Plan:
         reason += f"; {split}"
     if action != "load" and s.prefer_gpu and rungs.kind == "ladder" and found > 0:
         top_need = s.price(rungs[0])[1]
-        reason += f" (all layers on the GPU would need {_per_device(top_need, [d for d in top_need if d != HOST])})"
+        reason += f" (all layers on the GPU would need {per_device(top_need, [d for d in top_need if d != HOST])})"
     return s.plan(action, config, reason, need=need, avail=s.avail, after=after, fp=fp, evict=tuple(evict),
                   exclusive=bool(excl), split=split)
 
@@ -221,18 +221,18 @@ def _wait(s: _Scene, config: LoadConfig) -> Plan:
     request = s.request
     fp, need = s.price(config)
     short = s.short(need)
-    chosen = _choose(short, s.pool + s.busy, s.policy.eviction)
+    chosen = choose(short, s.pool + s.busy, s.policy.eviction)
     waits = tuple(r.key for r in chosen if r.busy)
     also = [r for r in chosen if not r.busy]
-    reason = (f"{request.key} needs {_per_device(need, [d for d in short])} at "
-              f"{_ctx_words(config, request.n_ctx_train)}; it fits once {', '.join(waits)} "
+    reason = (f"{request.key} needs {per_device(need, [d for d in short])} at "
+              f"{context_words(config, request.n_ctx_train)}; it fits once {', '.join(waits)} "
               f"finish{'es' if len(waits) == 1 else ''} serving or loading"
-              + (f" (then evicting {_keys(also)})" if also else ""))
+              + (f" (then evicting {key_list(also)})" if also else ""))
     return s.plan("wait", config, reason, "retry when they are idle", need=need, avail=s.avail, fp=fp,
                   wait_for=waits)
 
 
-def _refusal(s: _Scene, rungs: _Rungs, shown: int, gpu_free: Mapping[str, int]) -> Plan:
+def _refusal(s: _Scene, rungs: Rungs, shown: int, gpu_free: Mapping[str, int]) -> Plan:
     """Refuse: what it needs, what is available after every allowed eviction (busy residents included: they may go
     once their requests finish), the largest ctx."""
     request, policy, avail_wait = s.request, s.policy, s.avail_wait
@@ -248,13 +248,13 @@ def _refusal(s: _Scene, rungs: _Rungs, shown: int, gpu_free: Mapping[str, int]) 
                                    gpu_free)
         largest, ctx_words = ctx_suggestion(largest, request.n_ctx_train)
         remedy = _remedy(request, s.budget, binding, s.blockers, largest, rungs, s.price, avail_wait, gpu_free)
-    except _Unpriced as e:
+    except Unpriced as e:
         remedy = f"price {request.key} at other settings (a term is unavailable: {e})"
     movable = [r for r in (*s.forced, *s.pool, *s.busy) if any(r.bytes.get(d, 0) for d in binding)]
-    evictable_words = f"after evicting {_keys(movable)}" if movable else "with nothing evictable"
+    evictable_words = f"after evicting {key_list(movable)}" if movable else "with nothing evictable"
     place = "" if rungs.kind in ("ram", "full") else f" ({describe(config, request.n_layer)})"
-    reason = (f"{request.key} needs {_per_device(need, binding)} at {_ctx_words(config, request.n_ctx_train)}"
-              f"{place}; {_per_device(avail_wait, binding)} free {evictable_words}")
+    reason = (f"{request.key} needs {per_device(need, binding)} at {context_words(config, request.n_ctx_train)}"
+              f"{place}; {per_device(avail_wait, binding)} free {evictable_words}")
     if largest is not None:
         reason += f"; {ctx_words}"
     elif asked > smallest:
@@ -289,8 +289,8 @@ def ctx_suggestion(largest: int | None, n_ctx_train: int) -> tuple[int | None, s
 
 
 def _largest_ctx(
-    request: PlanRequest, gpus: tuple[str, ...], price: _Prices, room: Mapping[str, int],
-    prefer_gpu: bool, policy: Policy, asked: int, free: Mapping[str, int] = _EMPTY,
+    request: PlanRequest, gpus: tuple[str, ...], price: Prices, room: Mapping[str, int],
+    prefer_gpu: bool, policy: Policy, asked: int, free: Mapping[str, int] = EMPTY,
 ) -> int | None:
     """The largest multiple of ``ctx_step`` below ``asked`` (and >= min_ctx) at which some rung fits.
 
@@ -305,7 +305,7 @@ def _largest_ctx(
         return None
 
     def fits(k: int) -> bool:
-        return _search(_Rungs(request, gpus, k * step, free), price, room, prefer_gpu)[0] is not None
+        return search(Rungs(request, gpus, k * step, free), price, room, prefer_gpu)[0] is not None
 
     if not fits(lo):
         return None
@@ -320,7 +320,7 @@ def _largest_ctx(
 
 def _remedy(
     request: PlanRequest, budget: Budget, binding: list[str], blockers: list[Resident],
-    largest: int | None, rungs: _Rungs, price: _Prices, avail: Mapping[str, int], free: Mapping[str, int] = _EMPTY,
+    largest: int | None, rungs: Rungs, price: Prices, avail: Mapping[str, int], free: Mapping[str, int] = EMPTY,
 ) -> str:
     parts: list[str] = []
     if largest is not None:
@@ -331,7 +331,7 @@ def _remedy(
     if request.alloc_mode in ("gpu-only", "explicit") and rungs.gpus:
         wider = PlanRequest(request.key, request.config, "max-gpu", request.n_layer, request.n_moe_layers,
                             request.n_ctx_train)
-        if _search(_Rungs(wider, budget.gpu_names, request.config.n_ctx, free), price, avail, True)[0] is not None:
+        if search(Rungs(wider, budget.gpu_names, request.config.n_ctx, free), price, avail, True)[0] is not None:
             parts.append("allow CPU offload (alloc mode max-gpu)")
     for d in binding:
         b = budget.device(d)

@@ -24,7 +24,7 @@ class PlanInvariantError(ValueError):
     """An input the planner cannot reason about (negative bytes, duplicate resident keys, ...)."""
 
 
-_EMPTY: Mapping[str, int] = MappingProxyType({})
+EMPTY: Mapping[str, int] = MappingProxyType({})
 PRIORITY_BAND = 1.25  # GreedyDual-Size priorities within this factor are ties (reload times are measured, noisy)
 
 
@@ -163,11 +163,11 @@ class Plan:
     remedy: str = ""
     evict: tuple[Eviction, ...] = ()
     wait_for: tuple[str, ...] = ()
-    needed_bytes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
-    free_bytes_before: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
-    free_bytes_after: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
-    available_bytes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
-    budget_bytes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    needed_bytes: Mapping[str, int] = field(default_factory=lambda: EMPTY)
+    free_bytes_before: Mapping[str, int] = field(default_factory=lambda: EMPTY)
+    free_bytes_after: Mapping[str, int] = field(default_factory=lambda: EMPTY)
+    available_bytes: Mapping[str, int] = field(default_factory=lambda: EMPTY)
+    budget_bytes: Mapping[str, int] = field(default_factory=lambda: EMPTY)
     host_mapped_bytes: int = 0
     host_committed_bytes: int = 0
     exclusive: bool = False

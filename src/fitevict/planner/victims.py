@@ -8,14 +8,14 @@ from collections.abc import Iterable, Mapping
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import format_size
 from fitevict.planner.records import PRIORITY_BAND, Resident
-from fitevict.planner.ladder import _all_layers, action_of
+from fitevict.planner.ladder import all_layers, action_of
 
 
 # ---------------------------------------------------------------------------------------------
 # victims
 
 
-def _sum(rs: Iterable[Resident], devices: Iterable[str]) -> dict[str, int]:
+def device_sums(rs: Iterable[Resident], devices: Iterable[str]) -> dict[str, int]:
     out = dict.fromkeys(devices, 0)
     for r in rs:
         for d, n in r.bytes.items():
@@ -25,7 +25,7 @@ def _sum(rs: Iterable[Resident], devices: Iterable[str]) -> dict[str, int]:
 
 
 def _covers(victims: Iterable[Resident], short: Mapping[str, int]) -> bool:
-    got = _sum(victims, short)
+    got = device_sums(victims, short)
     return all(got[d] >= s for d, s in short.items())
 
 
@@ -54,7 +54,7 @@ def victim_order(r: Resident, short: Mapping[str, int], eviction: str, bands: Ma
     return (r.last_used, freed, r.key)
 
 
-def _choose(short: Mapping[str, int], pool: list[Resident], eviction: str = "lru") -> list[Resident]:
+def choose(short: Mapping[str, int], pool: list[Resident], eviction: str = "lru") -> list[Resident]:
     """Victims from ``pool`` in ``victim_order`` covering every shortfall, then pruned to a minimal set."""
     if not short:
         return []
@@ -81,9 +81,9 @@ def _choose(short: Mapping[str, int], pool: list[Resident], eviction: str = "lru
 # words
 
 
-def _victim_words(r: Resident, helps: list[str], eviction: str, now: float) -> str:
+def victim_words(r: Resident, helps: list[str], eviction: str, now: float) -> str:
     idle = f"idle {max(0.0, now - r.last_used):.0f} s"
-    frees = f"frees {_per_device(r.bytes, helps)}"
+    frees = f"frees {per_device(r.bytes, helps)}"
     if eviction == "cost":
         reload = (f"reload {r.reload_seconds:.2f} s measured" if r.reload_seconds is not None
                   else "reload time not measured yet")
@@ -91,11 +91,11 @@ def _victim_words(r: Resident, helps: list[str], eviction: str, now: float) -> s
     return f"least recently used ({idle}); {frees}"
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
     return format_size(n)
 
 
-def _keys(rs: Iterable[Resident], most: int = 8) -> str:
+def key_list(rs: Iterable[Resident], most: int = 8) -> str:
     keys = [r.key for r in rs]
     more = f", ... ({len(keys) - most} more)" if len(keys) > most else ""
     return "[" + ", ".join(keys[:most]) + more + "]"
@@ -106,16 +106,16 @@ def describe(c: LoadConfig, n_layer: int) -> str:
     if action_of(c, n_layer) == "ram":
         return "CPU only" if not c.devices else f"CPU weights, compute on {'+'.join(c.devices)}"
     on = "+".join(c.devices)
-    layers = f"all {n_layer} layers" if _all_layers(c, n_layer) else f"{c.n_gpu_layers} of {n_layer} layers"
+    layers = f"all {n_layer} layers" if all_layers(c, n_layer) else f"{c.n_gpu_layers} of {n_layer} layers"
     moe = f", experts of the first {c.n_cpu_moe} layers on CPU" if c.n_cpu_moe else ""
     return f"{layers} on {on}{moe}"
 
 
-def _ctx_words(c: LoadConfig, n_ctx_train: int) -> str:
+def context_words(c: LoadConfig, n_ctx_train: int) -> str:
     if c.n_ctx:
         return f"ctx {c.n_ctx}"
     return f"training ctx {n_ctx_train}" if n_ctx_train else "training ctx"
 
 
-def _per_device(m: Mapping[str, int], devices: Iterable[str]) -> str:
-    return " and ".join(f"{_gib(m.get(d, 0))} on {d}" for d in devices)
+def per_device(m: Mapping[str, int], devices: Iterable[str]) -> str:
+    return " and ".join(f"{gib(m.get(d, 0))} on {d}" for d in devices)

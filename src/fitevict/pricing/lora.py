@@ -26,7 +26,7 @@ from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
 from fitevict.pricing.gguf import PricingError, TensorInfo, file_identity
 from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
-from fitevict.pricing.placement import Placement, _gpu_alloc
+from fitevict.pricing.placement import Placement, gpu_alloc
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,7 @@ def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str
         if dev == HOST:
             n = pad(t.nbytes, CPU_TENSOR_ALIGNMENT)
         else:
-            n = _gpu_alloc(TensorInfo(t.name, t.ggml_type, t.shape, t.nbytes, 0, None, False), dev)
+            n = gpu_alloc(TensorInfo(t.name, t.ggml_type, t.shape, t.nbytes, 0, None, False), dev)
         out[dev] = out.get(dev, 0) + n
     return out
 

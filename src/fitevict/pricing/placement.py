@@ -94,7 +94,7 @@ def _gpu_family(dev: str) -> str:
     return dev.rstrip("0123456789")
 
 
-def _gpu_alloc(t: TensorInfo, dev: str) -> int:
+def gpu_alloc(t: TensorInfo, dev: str) -> int:
     size = t.nbytes
     fam = _gpu_family(dev)
     if fam in ("CUDA", "ROCm") and is_quantized(t.ggml_type) and t.shape and t.shape[0] % CUDA_MATRIX_ROW_PADDING:
@@ -284,7 +284,7 @@ def _buffers(assigned: list[tuple[TensorInfo, str, str, int]], devices: tuple[st
             mapped_first = t.offset if mapped_first is None else min(mapped_first, t.offset)
             mapped_last = max(mapped_last, t.end)
         elif dev != HOST:
-            sizes[buf] = sizes.get(buf, 0) + _gpu_alloc(t, dev)
+            sizes[buf] = sizes.get(buf, 0) + gpu_alloc(t, dev)
         else:
             sizes[buf] = sizes.get(buf, 0) + pad(n, CPU_TENSOR_ALIGNMENT)
     buffers: list[Buffer] = []

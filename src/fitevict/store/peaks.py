@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from fitevict.store import schema as t
-from fitevict.store.records import _check_bytes, _check_seconds
+from fitevict.store.records import check_bytes, check_seconds
 
 PEAK_FIELDS: tuple[str, ...] = ("peak_pss_bytes", "peak_rss_bytes", "peak_gpu_bytes", "peak_available_drop_bytes")
 
@@ -47,10 +47,10 @@ class SeatPeaks:
     id: int | None = None
 
     def __post_init__(self) -> None:
-        _check_seconds("SeatPeaks", "started_at", self.started_at, required=True)
-        _check_seconds("SeatPeaks", "ended_at", self.ended_at, required=True)
+        check_seconds("SeatPeaks", "started_at", self.started_at, required=True)
+        check_seconds("SeatPeaks", "ended_at", self.ended_at, required=True)
         for name in (*PEAK_FIELDS, "baseline_available_bytes"):
-            _check_bytes("SeatPeaks", name, getattr(self, name))
+            check_bytes("SeatPeaks", name, getattr(self, name))
         if self.samples < 0:
             raise ValueError(f"SeatPeaks.samples must be >= 0, got {self.samples}")
 

@@ -53,7 +53,7 @@ def _dumps(value: Any, what: str) -> str:
 # ---- operations: each builder validates in the caller's thread and returns fn(conn) ----
 
 
-def _op_record_event(ev: Event) -> Callable[[Connection], int]:
+def op_record_event(ev: Event) -> Callable[[Connection], int]:
     if not isinstance(ev, Event):
         raise TypeError(f"record_event takes an Event, got {type(ev).__name__}")
     values = {
@@ -109,7 +109,7 @@ def _finite(name: str, v: object) -> float | None:
     return float(v)
 
 
-def _q_events(
+def q_events(
     since: float | None,
     model: str | None,
     event: str | None,
@@ -161,7 +161,7 @@ def _bytewise(col: sa.ColumnClause, dialect: str) -> sa.ColumnElement[Any]:
     return col
 
 
-def _op_put_measurement(m: Measurement) -> Callable[[Connection], int]:
+def op_put_measurement(m: Measurement) -> Callable[[Connection], int]:
     if m.source not in MEASUREMENT_SOURCES:
         raise ValueError(f"measurement source {m.source!r} is not one of {MEASUREMENT_SOURCES}")
     values = {
@@ -198,7 +198,7 @@ def _row_measurement(r: Any) -> Measurement:
     )
 
 
-def _q_last_measurement(signature: str) -> Callable[[Connection], Measurement | None]:
+def q_last_measurement(signature: str) -> Callable[[Connection], Measurement | None]:
     c = t.measurements.c
     q = (
         sa.select(t.measurements)
@@ -214,8 +214,8 @@ def _q_last_measurement(signature: str) -> Callable[[Connection], Measurement | 
     return fn
 
 
-def _q_newest_measurements() -> Callable[[Connection], dict[str, Measurement]]:
-    """The newest measurement of every signature (as ``_q_last_measurement`` picks it), in one query."""
+def q_newest_measurements() -> Callable[[Connection], dict[str, Measurement]]:
+    """The newest measurement of every signature (as ``q_last_measurement`` picks it), in one query."""
     c = t.measurements.c
     rank = sa.func.row_number().over(partition_by=c.signature, order_by=(sa.desc(c.measured_at), sa.desc(c.id)))
     ranked = sa.select(t.measurements, rank.label("rank")).subquery()
@@ -227,7 +227,7 @@ def _q_newest_measurements() -> Callable[[Connection], dict[str, Measurement]]:
     return fn
 
 
-def _q_compute_get(key: str) -> Callable[[Connection], dict[str, int] | None]:
+def q_compute_get(key: str) -> Callable[[Connection], dict[str, int] | None]:
     q = sa.select(t.compute_cache.c.value_json).where(t.compute_cache.c.key == key)
 
     def fn(conn: Connection) -> dict[str, int] | None:
@@ -253,7 +253,7 @@ def _upsert(table: sa.TableClause, key_col: str, values: dict[str, Any]) -> Call
     return fn
 
 
-def _op_compute_put(key: str, value: Mapping[str, int]) -> Callable[[Connection], None]:
+def op_compute_put(key: str, value: Mapping[str, int]) -> Callable[[Connection], None]:
     if not key:
         raise ValueError("compute cache key must not be empty")
     for dev, n in value.items():
@@ -265,7 +265,7 @@ def _op_compute_put(key: str, value: Mapping[str, int]) -> Callable[[Connection]
     return _upsert(t.compute_cache, "key", vals)
 
 
-def _op_seat_upsert(seat: Seat) -> Callable[[Connection], None]:
+def op_seat_upsert(seat: Seat) -> Callable[[Connection], None]:
     if not isinstance(seat, Seat):
         raise TypeError(f"seat_upsert takes a Seat, got {type(seat).__name__}")
     vals = {
@@ -284,7 +284,7 @@ def _op_seat_upsert(seat: Seat) -> Callable[[Connection], None]:
     return _upsert(t.seats, "seat_id", vals)
 
 
-def _op_seat_remove(seat_id: str) -> Callable[[Connection], bool]:
+def op_seat_remove(seat_id: str) -> Callable[[Connection], bool]:
     def fn(conn: Connection) -> bool:
         return conn.execute(sa.delete(t.seats).where(t.seats.c.seat_id == seat_id)).rowcount > 0
 
@@ -307,7 +307,7 @@ def _row_seat(r: sa.Row) -> Seat:
     )
 
 
-def _q_seats(seat_id: str | None = None) -> Callable[[Connection], list[Seat]]:
+def q_seats(seat_id: str | None = None) -> Callable[[Connection], list[Seat]]:
     q = sa.select(t.seats).order_by(t.seats.c.started_at, t.seats.c.seat_id)
     if seat_id is not None:
         q = q.where(t.seats.c.seat_id == seat_id)
@@ -318,7 +318,7 @@ def _q_seats(seat_id: str | None = None) -> Callable[[Connection], list[Seat]]:
     return fn
 
 
-def _measurement(
+def measurement_of(
     signature: str | Measurement,
     model: str | None,
     engine: str | None,

@@ -27,7 +27,7 @@ _EVENT_BYTE_FIELDS: tuple[str, ...] = (
 )
 
 
-def _check_bytes(owner: str, name: str, value: object) -> None:
+def check_bytes(owner: str, name: str, value: object) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
@@ -36,7 +36,7 @@ def _check_bytes(owner: str, name: str, value: object) -> None:
         raise ValueError(f"{owner}.{name} must be >= 0 bytes or None (unavailable), got {value}")
 
 
-def _check_seconds(owner: str, name: str, value: object, *, required: bool = False) -> None:
+def check_seconds(owner: str, name: str, value: object, *, required: bool = False) -> None:
     if value is None and not required:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -71,12 +71,12 @@ class Event:
     def __post_init__(self) -> None:
         if self.event not in EVENTS:
             raise ValueError(f"event {self.event!r} is not in the history vocabulary {EVENTS}")
-        _check_seconds("Event", "time", self.time, required=True)
-        _check_seconds("Event", "seconds", self.seconds)
+        check_seconds("Event", "time", self.time, required=True)
+        check_seconds("Event", "seconds", self.seconds)
         if self.seconds is not None and self.seconds < 0:
             raise ValueError(f"Event.seconds must be >= 0 or None (unavailable), got {self.seconds}")
         for name in _EVENT_BYTE_FIELDS:
-            _check_bytes("Event", name, getattr(self, name))
+            check_bytes("Event", name, getattr(self, name))
         if not isinstance(self.details, Mapping):
             raise TypeError(f"Event.details must be a mapping, got {type(self.details).__name__}")
 
@@ -102,15 +102,15 @@ class Measurement:
     def __post_init__(self) -> None:
         if not self.signature:
             raise ValueError("Measurement.signature must not be empty")
-        _check_seconds("Measurement", "measured_at", self.measured_at, required=True)
-        _check_bytes("Measurement", "host_committed_bytes", self.host_committed_bytes)
-        _check_bytes("Measurement", "host_mapped_bytes", self.host_mapped_bytes)
+        check_seconds("Measurement", "measured_at", self.measured_at, required=True)
+        check_bytes("Measurement", "host_committed_bytes", self.host_committed_bytes)
+        check_bytes("Measurement", "host_mapped_bytes", self.host_mapped_bytes)
         if self.total_bytes is None:
             raise ValueError(
                 "Measurement.total_bytes is None: an unavailable measurement is never stored "
                 "(fitevict.guard.check_measurement rejects it)"
             )
-        _check_bytes("Measurement", "total_bytes", self.total_bytes)
+        check_bytes("Measurement", "total_bytes", self.total_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,7 @@ class Seat:
             raise ValueError("Seat.seat_id must not be empty")
         if not self.state:
             raise ValueError(f"Seat {self.seat_id!r}: state must not be empty")
-        _check_seconds("Seat", "started_at", self.started_at, required=True)
+        check_seconds("Seat", "started_at", self.started_at, required=True)
         for name in ("pid", "pgid", "fitevict_pid"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):

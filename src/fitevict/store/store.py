@@ -31,10 +31,10 @@ from sqlalchemy.engine import Connection, Engine
 
 from fitevict.store.connect import POSTGRES_DRIVER, StoreError, default_url, make_engine
 from fitevict.store.migrations import MIGRATIONS, Migration, migrate
-from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUREMENT_SOURCES, Order, _measurement,
-                                    _op_compute_put, _op_put_measurement, _op_record_event, _op_seat_remove,
-                                    _op_seat_upsert, _q_compute_get, _q_events, _q_last_measurement,
-                                    _q_newest_measurements, _q_seats)
+from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUREMENT_SOURCES, Order, measurement_of,
+                                    op_compute_put, op_put_measurement, op_record_event, op_seat_remove,
+                                    op_seat_upsert, q_compute_get, q_events, q_last_measurement,
+                                    q_newest_measurements, q_seats)
 from fitevict.store.records import Event, Measurement, Seat
 from fitevict.store.writer import Writer
 
@@ -119,7 +119,7 @@ class Store:
     # ---- history ----
     def record_event(self, event: Event) -> int:
         """Append one history event; returns its id (``event.id`` is ignored)."""
-        return self.write(_op_record_event(event))
+        return self.write(op_record_event(event))
 
     def events(
         self,
@@ -136,7 +136,7 @@ class Store:
 
         ``limit`` is 1..MAX_EVENTS_LIMIT; ``sort_by`` is one of EVENT_SORT_COLUMNS; ties go by id.
         """
-        return self.read(_q_events(since, model, event, limit, order, until, sort_by))
+        return self.read(q_events(since, model, event, limit, order, until, sort_by))
 
     # ---- measurements ----
     def put_measurement(
@@ -157,40 +157,40 @@ class Store:
         Pass either the fields or one :class:`Measurement` (``put_measurement(m)``). ``measured_at``
         defaults to now. The host figures are None where they could not be read (stored as NULL).
         """
-        m = _measurement(signature, model, engine, footprint_json, host_committed, host_mapped, total, source, measured_at)
-        return self.write(_op_put_measurement(m))
+        m = measurement_of(signature, model, engine, footprint_json, host_committed, host_mapped, total, source, measured_at)
+        return self.write(op_put_measurement(m))
 
     def last_measurement(self, signature: str) -> Measurement | None:
         """The newest measurement stored under ``signature``, or None."""
-        return self.read(_q_last_measurement(signature))
+        return self.read(q_last_measurement(signature))
 
     def newest_measurements(self) -> dict[str, Measurement]:
         """The newest measurement of every signature, by signature (what ``last_measurement`` gives each one)."""
-        return self.read(_q_newest_measurements())
+        return self.read(q_newest_measurements())
 
     # ---- compute-buffer cache ----
     def compute_get(self, key: str) -> dict[str, int] | None:
         """Cached dry-run compute buffers for ``key``: {device: bytes}, or None."""
-        return self.read(_q_compute_get(key))
+        return self.read(q_compute_get(key))
 
     def compute_put(self, key: str, value: Mapping[str, int]) -> None:
         """Cache {device: bytes} under ``key`` (replacing any previous value)."""
-        self.write(_op_compute_put(key, value))
+        self.write(op_compute_put(key, value))
 
     # ---- seats ----
     def seat_upsert(self, seat: Seat) -> None:
-        self.write(_op_seat_upsert(seat))
+        self.write(op_seat_upsert(seat))
 
     def seat_remove(self, seat_id: str) -> bool:
         """Forget a seat; True if it was there."""
-        return self.write(_op_seat_remove(seat_id))
+        return self.write(op_seat_remove(seat_id))
 
     def seats(self) -> list[Seat]:
         """Every recorded seat, oldest first."""
-        return self.read(_q_seats())
+        return self.read(q_seats())
 
     def seat(self, seat_id: str) -> Seat | None:
-        found = self.read(_q_seats(seat_id))
+        found = self.read(q_seats(seat_id))
         return found[0] if found else None
 
 
@@ -201,7 +201,7 @@ class AsyncStore:
         self._s = store
 
     async def record_event(self, event: Event) -> int:
-        return await self._s.awrite(_op_record_event(event))
+        return await self._s.awrite(op_record_event(event))
 
     async def events(
         self,
@@ -214,7 +214,7 @@ class AsyncStore:
         until: float | None = None,
         sort_by: str = "time",
     ) -> list[Event]:
-        return await self._s.aread(_q_events(since, model, event, limit, order, until, sort_by))
+        return await self._s.aread(q_events(since, model, event, limit, order, until, sort_by))
 
     async def put_measurement(
         self,
@@ -229,27 +229,27 @@ class AsyncStore:
         source: str = "engine-reported",
         measured_at: float | None = None,
     ) -> int:
-        m = _measurement(signature, model, engine, footprint_json, host_committed, host_mapped, total, source, measured_at)
-        return await self._s.awrite(_op_put_measurement(m))
+        m = measurement_of(signature, model, engine, footprint_json, host_committed, host_mapped, total, source, measured_at)
+        return await self._s.awrite(op_put_measurement(m))
 
     async def last_measurement(self, signature: str) -> Measurement | None:
-        return await self._s.aread(_q_last_measurement(signature))
+        return await self._s.aread(q_last_measurement(signature))
 
     async def compute_get(self, key: str) -> dict[str, int] | None:
-        return await self._s.aread(_q_compute_get(key))
+        return await self._s.aread(q_compute_get(key))
 
     async def compute_put(self, key: str, value: Mapping[str, int]) -> None:
-        await self._s.awrite(_op_compute_put(key, value))
+        await self._s.awrite(op_compute_put(key, value))
 
     async def seat_upsert(self, seat: Seat) -> None:
-        await self._s.awrite(_op_seat_upsert(seat))
+        await self._s.awrite(op_seat_upsert(seat))
 
     async def seat_remove(self, seat_id: str) -> bool:
-        return await self._s.awrite(_op_seat_remove(seat_id))
+        return await self._s.awrite(op_seat_remove(seat_id))
 
     async def seats(self) -> list[Seat]:
-        return await self._s.aread(_q_seats())
+        return await self._s.aread(q_seats())
 
     async def seat(self, seat_id: str) -> Seat | None:
-        found = await self._s.aread(_q_seats(seat_id))
+        found = await self._s.aread(q_seats(seat_id))
         return found[0] if found else None

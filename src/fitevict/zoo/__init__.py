@@ -22,11 +22,11 @@ on disk still matches it. Files are written to a temporary name and renamed, so 
     peft.py     PEFT adapters for an HF folder (needs the torch extra)
 """
 
-from fitevict.zoo.recipes import (_BY_NAME, _RECIPES, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME, ZOO_NAMES,
+from fitevict.zoo.recipes import (BY_NAME, RECIPES, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME, ZOO_NAMES,
                                   ZOO_VERSION, ZooError, ZooModel, recipe, recipes)
-from fitevict.zoo.tensors import _tensor_shapes
-from fitevict.zoo.write import _write_gguf, resolve_names, rewrite_arch, write_zoo
+from fitevict.zoo.tensors import tensor_shapes
+from fitevict.zoo.write import write_gguf, resolve_names, rewrite_arch, write_zoo
 
 __all__ = ["CHAT_TEMPLATE", "GENERATOR_VERSION", "MANIFEST_NAME", "ZOO_NAMES", "ZOO_VERSION", "ZooError", "ZooModel",
-           "_BY_NAME", "_RECIPES", "_tensor_shapes", "_write_gguf", "recipe", "recipes", "resolve_names", "rewrite_arch",
+           "BY_NAME", "RECIPES", "tensor_shapes", "write_gguf", "recipe", "recipes", "resolve_names", "rewrite_arch",
            "write_zoo"]

@@ -3,7 +3,7 @@
 
 ``tensors(r)`` lists (name, numpy shape, kind) for a recipe whose ``arch`` is in ``ARCHS``; ``metadata(w, r)`` adds
 the keys the architecture's ``load_arch_hparams`` reads beyond the common ones. The recipe is the zoo's own
-record (``fitevict.zoo._Recipe``): ``ssm`` is ``(d_conv, d_inner, d_state, n_ssm_head, n_group)`` for
+record (``fitevict.zoo.recipes.Recipe``): ``ssm`` is ``(d_conv, d_inner, d_state, n_ssm_head, n_group)`` for
 granitehybrid, ``shortconv`` lfm2's ``l_cache``.
 """
 

@@ -24,7 +24,7 @@ import gguf
 import numpy as np
 
 from fitevict.pricing.gguf import load_structure
-from fitevict.zoo import _BY_NAME, ZooError
+from fitevict.zoo import BY_NAME, ZooError
 
 ADAPTER_DIR_SUFFIX = ".adapters"
 DEMO_ADAPTERS: tuple[str, ...] = ("sql", "poem", "math", "chat")
@@ -69,9 +69,9 @@ def _data(base: str, adapter: str, tensor: str, shape: tuple[int, int], std: flo
 
 def write_adapter(base_file: Path, base: str, name: str, *, rank: int = 8) -> ZooAdapter:
     """Write the demo adapter ``name`` for the zoo model ``base`` (whose file is ``base_file``)."""
-    recipe = _BY_NAME.get(base)
+    recipe = BY_NAME.get(base)
     if recipe is None:
-        raise ZooError(f"unknown zoo model {base!r}; adapters can be written for: {', '.join(sorted(_BY_NAME))}")
+        raise ZooError(f"unknown zoo model {base!r}; adapters can be written for: {', '.join(sorted(BY_NAME))}")
     pairs = _pairs(base_file, rank)
     if not pairs:
         raise ZooError(f"zoo model {base!r} has no 2-D weights named *{', *'.join(_TARGETS)} to adapt")

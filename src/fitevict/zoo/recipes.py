@@ -20,13 +20,13 @@ CHAT_TEMPLATE = (
 )
 
 # Control tokens first (their ids are the ones llama.cpp's SPM defaults expect: unk 0, bos 1, eos 2).
-_CONTROL = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
-UNK_ID, BOS_ID, EOS_ID, IM_START_ID, IM_END_ID = range(len(_CONTROL))
-_SPACE = "\u2581"  # SentencePiece's word-boundary marker
-_LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
-_EXTRA_CHARS = "ETAOINSHRDLCUMWFGYPBVKJXQZ0123456789.,!?'\"-:;()"
+CONTROL_TOKENS = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
+UNK_ID, BOS_ID, EOS_ID, IM_START_ID, IM_END_ID = range(len(CONTROL_TOKENS))
+SPACE = "\u2581"  # SentencePiece's word-boundary marker
+LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
+EXTRA_CHARS = "ETAOINSHRDLCUMWFGYPBVKJXQZ0123456789.,!?'\"-:;()"
 
-_FILE_TYPE: dict[QT, int] = {
+FILE_TYPE: dict[QT, int] = {
     QT.F32: int(gguf.LlamaFileType.ALL_F32),
     QT.F16: int(gguf.LlamaFileType.MOSTLY_F16),
     QT.Q8_0: int(gguf.LlamaFileType.MOSTLY_Q8_0),
@@ -47,7 +47,7 @@ class ZooModel:
 
 
 @dataclass(frozen=True, slots=True)
-class _Recipe:
+class Recipe:
     """Everything that determines a zoo file's bytes."""
 
     name: str
@@ -80,14 +80,14 @@ class _Recipe:
 
 # Fields added after the first zoo: left out of a recipe's fingerprint while at their default, so the
 # manifests written before them stay current.
-_LATER_FIELDS: dict[str, object] = {
+LATER_FIELDS: dict[str, object] = {
     "head_dim": 0, "n_ff_exp": 0, "n_ff_shexp": 0, "n_expert_shared": 0, "n_dense_lead": 0, "mla": (),
     "n_nextn": 0, "shortconv": 0,
 }
 
 
 @dataclass(frozen=True, slots=True)
-class _Layout:
+class Layout:
     """How one architecture spells a transformer block in GGUF (the tensors llama.cpp's loader requires)."""
 
     layer_norm: bool = False  # LayerNorm with bias (attn_norm / ffn_norm / output_norm .bias)
@@ -106,48 +106,48 @@ class _Layout:
 
 
 # Architectures written by ``_block_tensors`` (the first zoo's archs keep their original writer).
-_LAYOUTS: dict[str, _Layout] = {
-    "qwen2": _Layout(qkv_bias=True),
-    "qwen3": _Layout(qk_norm=True),
-    "gemma3": _Layout(qk_norm=True, post_norms=True),
-    "qwen2moe": _Layout(qkv_bias=True, shared_expert="qwen2moe"),
-    "phi3": _Layout(fused_qkv=True, ffn="fused_up"),
-    "deepseek2": _Layout(mla=True, shared_expert="deepseek2"),
-    "gpt2": _Layout(layer_norm=True, fused_qkv=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True,
+LAYOUTS: dict[str, Layout] = {
+    "qwen2": Layout(qkv_bias=True),
+    "qwen3": Layout(qk_norm=True),
+    "gemma3": Layout(qk_norm=True, post_norms=True),
+    "qwen2moe": Layout(qkv_bias=True, shared_expert="qwen2moe"),
+    "phi3": Layout(fused_qkv=True, ffn="fused_up"),
+    "deepseek2": Layout(mla=True, shared_expert="deepseek2"),
+    "gpt2": Layout(layer_norm=True, fused_qkv=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True,
                     pos_embd=True),
-    "starcoder2": _Layout(layer_norm=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True),
-    "qwen3moe": _Layout(qk_norm=True),
-    "falcon": _Layout(layer_norm=True, fused_qkv=True, ffn="plain", ffn_norm=False),
-    "bloom": _Layout(layer_norm=True, fused_qkv=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True,
+    "starcoder2": Layout(layer_norm=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True),
+    "qwen3moe": Layout(qk_norm=True),
+    "falcon": Layout(layer_norm=True, fused_qkv=True, ffn="plain", ffn_norm=False),
+    "bloom": Layout(layer_norm=True, fused_qkv=True, qkv_bias=True, out_bias=True, ffn="plain", ffn_bias=True,
                      embd_norm=True),
-    "granite": _Layout(),
-    "cohere2": _Layout(ffn_norm=False),  # LayerNorm without bias, parallel attention / FFN
+    "granite": Layout(),
+    "cohere2": Layout(ffn_norm=False),  # LayerNorm without bias, parallel attention / FFN
 }
 
 
-_RECIPES: tuple[_Recipe, ...] = (
-    _Recipe(
+RECIPES: tuple[Recipe, ...] = (
+    Recipe(
         name="llama-gqa",
         arch="llama",
         description="dense llama, GQA 6 heads / 2 kv heads, untied output, f16",
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=2, n_ff=250,
     ),
-    _Recipe(
+    Recipe(
         name="llama-tied",
         arch="llama",
         description="dense llama, GQA 6/2, tied embeddings (no output.weight), f32",
         weight_type=QT.F32,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=2, n_ff=250, tied=True,
     ),
-    _Recipe(
+    Recipe(
         name="llama-moe",
         arch="llama",
         description="Mixtral-style llama MoE, 4 experts / 2 used, GQA 6/2, f16",
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=2, n_head=6, n_head_kv=2, n_ff=136, n_expert=4, n_expert_used=2,
     ),
-    _Recipe(
+    Recipe(
         name="gemma2-swa",
         arch="gemma2",
         description="gemma2, sliding window 64 on every other layer, GQA 4/2, tied, f16",
@@ -155,35 +155,35 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_vocab=1003, n_embd=96, n_layer=4, n_head=4, n_head_kv=2, n_ff=200, tied=True, sliding_window=64,
         extra=(("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0)),
     ),
-    _Recipe(
+    Recipe(
         name="llama-q8_0",
         arch="llama",
         description="dense llama, GQA 5/1, Q8_0 weights (f32 norms)",
         weight_type=QT.Q8_0,
         n_vocab=1003, n_embd=160, n_layer=3, n_head=5, n_head_kv=1, n_ff=416,
     ),
-    _Recipe(
+    Recipe(
         name="llama-q4_0",
         arch="llama",
         description="dense llama, GQA 5/1, Q4_0 weights (f32 norms)",
         weight_type=QT.Q4_0,
         n_vocab=1003, n_embd=160, n_layer=3, n_head=5, n_head_kv=1, n_ff=416,
     ),
-    _Recipe(
+    Recipe(
         name="llama-medium",
         arch="llama",
         description="dense llama, 8 layers, GQA 15/5, untied, f16, about 200 MB",
         weight_type=QT.F16,
         n_vocab=12007, n_embd=960, n_layer=8, n_head=15, n_head_kv=5, n_ff=2600, n_ctx_train=8192,
     ),
-    _Recipe(
+    Recipe(
         name="deci-kvarray",
         arch="deci",
         description="deci (llama-like) with per-layer head_count_kv [2, 1, 3, 2] and feed_forward_length arrays, f16",
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=4, n_head=6, n_head_kv=(2, 1, 3, 2), n_ff=(200, 136, 200, 264),
     ),
-    _Recipe(
+    Recipe(
         name="jamba-hybrid",
         arch="jamba",
         description="jamba hybrid: mamba layers 0 and 2 (head_count_kv 0), attention layers 1 and 3 (GQA 6/2), f32",
@@ -191,28 +191,28 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_vocab=1003, n_embd=96, n_layer=4, n_head=6, n_head_kv=(0, 2, 0, 2), n_ff=200, tied=True,
         ssm=(4, 192, 16, 6),
     ),
-    _Recipe(
+    Recipe(
         name="mamba",
         arch="mamba",
         description="mamba (recurrent, no KV cache), d_inner 192, d_state 16, tied, f32",
         weight_type=QT.F32,
         n_vocab=1003, n_embd=96, n_layer=2, tied=True, ssm=(4, 192, 16, 6),
     ),
-    _Recipe(
+    Recipe(
         name="qwen2-bias",
         arch="qwen2",
         description="qwen2: q/k/v biases, GQA 6/2, untied, f16",
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=2, n_ff=250, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="qwen3-headdim",
         arch="qwen3",
         description="qwen3: q/k norms, head_dim 32 != n_embd/n_head 16 (explicit key/value_length), GQA 5/1, tied, f16",
         weight_type=QT.F16,
         n_vocab=1003, n_embd=80, n_layer=3, n_head=5, n_head_kv=1, n_ff=232, tied=True, head_dim=32, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="gemma3-swa",
         arch="gemma3",
         description="gemma3: 5 of every 6 layers sliding window 48 (7 layers), head_dim 32, q/k norms, tied, f16",
@@ -220,7 +220,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_vocab=1003, n_embd=96, n_layer=7, n_head=4, n_head_kv=2, n_ff=200, tied=True, sliding_window=48,
         head_dim=32, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="gemma3-q4_0",
         arch="gemma3",
         description="gemma3, Q4_0 weights, n_vocab 1008 so the tied output is repacked (its own CPU_REPACK copy), "
@@ -229,7 +229,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_vocab=1008, n_embd=160, n_layer=7, n_head=5, n_head_kv=1, n_ff=416, tied=True, sliding_window=100,
         head_dim=64, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="cohere2-swa",
         arch="cohere2",
         description="cohere2: 3 of every 4 layers sliding window 40 (5 layers), parallel attention/FFN with one "
@@ -238,7 +238,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_vocab=1003, n_embd=96, n_layer=5, n_head=6, n_head_kv=2, n_ff=250, tied=True, sliding_window=40, seed=1,
         extra=(("logit_scale", 0.125), ("layer_norm_eps", 1e-5)),
     ),
-    _Recipe(
+    Recipe(
         name="qwen2moe-shexp",
         arch="qwen2moe",
         description="qwen2moe: 6 experts / 2 used (expert FFN 72) plus a gated shared expert (FFN 136), GQA 6/2, f16",
@@ -246,14 +246,14 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_vocab=1003, n_embd=96, n_layer=2, n_head=6, n_head_kv=2, n_ff=250, n_expert=6, n_expert_used=2,
         n_ff_exp=72, n_ff_shexp=136, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="phi-fusedqkv",  # a general.name containing "phi3" makes llama.cpp require <|endoftext|>
         arch="phi3",
         description="phi3: fused attn_qkv and fused gate/up FFN, GQA 6/3, untied, f16",
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=3, n_ff=250, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="deepseek2-mla",
         arch="deepseek2",
         description="deepseek2 MLA (kv_lora_rank 64, rope 32, q_lora_rank 48), 1 dense + 2 MoE layers "
@@ -263,7 +263,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_ff_exp=64, n_expert_shared=1, n_dense_lead=1, mla=(64, 48, 32, 24, 40), n_nextn=1, seed=1,
         extra=(("expert_weights_scale", 1.0),),
     ),
-    _Recipe(
+    Recipe(
         name="gpt2-ln",
         arch="gpt2",
         description="gpt2: LayerNorm with bias, learned absolute positions, fused qkv with bias, no GQA (4 heads), "
@@ -271,7 +271,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=4, n_head_kv=4, n_ff=260, tied=True, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="qwen3moe",
         arch="qwen3moe",
         description="qwen3moe: 8 experts / 2 used with expert FFN 56 (no shared expert), q/k norms, GQA 6/2, tied, f16",
@@ -279,7 +279,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_vocab=1003, n_embd=96, n_layer=2, n_head=6, n_head_kv=2, n_ff=250, n_expert=8, n_expert_used=2,
         n_ff_exp=56, tied=True, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="falcon-mqa",
         arch="falcon",
         description="falcon: multi-query attention (1 kv head of 6), fused qkv, parallel attention/FFN with one "
@@ -287,7 +287,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=1, n_ff=384, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="bloom-alibi",
         arch="bloom",
         description="bloom: ALiBi (no rope), token_embd_norm, LayerNorm with bias, fused qkv with bias, 4 heads, "
@@ -295,7 +295,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=4, n_head_kv=4, n_ff=384, tied=True, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="granite-scaled",
         arch="granite",
         description="granite: llama blocks with logit / residual / embedding / attention scales, GQA 6/2, tied, f16",
@@ -304,7 +304,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         extra=(("logit_scale", 6.0), ("residual_scale", 0.22), ("embedding_scale", 12.0),
                ("attention_scale", 0.0625)),
     ),
-    _Recipe(
+    Recipe(
         name="qwen2-k256",
         arch="qwen2",
         description="qwen2 with k-quant-friendly rows (n_embd 256, head_dim 64), FFN 320, GQA 4/1, untied, f16; "
@@ -312,14 +312,14 @@ _RECIPES: tuple[_Recipe, ...] = (
         weight_type=QT.F16,
         n_vocab=1003, n_embd=256, n_layer=2, n_head=4, n_head_kv=1, n_ff=320, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="starcoder2-gqa",
         arch="starcoder2",
         description="starcoder2: LayerNorm with bias, q/k/v/out and FFN biases, plain GELU FFN, GQA 6/2, untied, f16",
         weight_type=QT.F16,
         n_vocab=1003, n_embd=96, n_layer=3, n_head=6, n_head_kv=2, n_ff=250, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="lfm2-shortconv",
         arch="lfm2",
         description="lfm2 hybrid: short-convolution layers 0, 1, 3 (l_cache 3, head_count_kv 0) and attention "
@@ -328,7 +328,7 @@ _RECIPES: tuple[_Recipe, ...] = (
         n_vocab=1003, n_embd=96, n_layer=5, n_head=6, n_head_kv=(0, 0, 2, 0, 2), n_ff=200, tied=True,
         shortconv=3, seed=1,
     ),
-    _Recipe(
+    Recipe(
         name="granitehybrid-moe",
         arch="granitehybrid",
         description="granitehybrid: mamba2 layers 0, 1, 3 (d_inner 192, d_state 16, 6 heads, 2 groups) and "
@@ -350,7 +350,7 @@ def _up64(n: int) -> int:
     return -(-n // 64) * 64
 
 
-def _realistic(r: _Recipe) -> _Recipe:
+def _realistic(r: Recipe) -> Recipe:
     """Zoo v2: the same model with the shapes real models have: 64-wide heads (n_embd = heads * 64), FFN, expert,
     MLA and SSM widths rounded up to multiples of 64. The CPU kernels (repack, AMX, bitsandbytes) take paths by
     these shapes, so a test model with toy shapes exercises a path real models never take."""
@@ -372,18 +372,18 @@ def _realistic(r: _Recipe) -> _Recipe:
 # v2 (the default) has realistic shapes; "llama-odd" keeps v1's uneven ones on purpose (n_embd 96 in 16-wide
 # heads, FFN 250), the one model whose shapes no kernel was made for.
 ZOO_VERSION = 2
-_ODD = replace(_RECIPES[0], name="llama-odd", description="dense llama with deliberately uneven shapes (n_embd 96 in "
+_ODD = replace(RECIPES[0], name="llama-odd", description="dense llama with deliberately uneven shapes (n_embd 96 in "
                "6 heads of 16, FFN 250, n_vocab 1003): zoo v1's llama-gqa, kept to test what odd shapes do")
-_VERSIONS: dict[int, tuple[_Recipe, ...]] = {1: _RECIPES, 2: (*(_realistic(r) for r in _RECIPES), _ODD)}
+_VERSIONS: dict[int, tuple[Recipe, ...]] = {1: RECIPES, 2: (*(_realistic(r) for r in RECIPES), _ODD)}
 
 
-def recipes(version: int = ZOO_VERSION) -> tuple[_Recipe, ...]:
+def recipes(version: int = ZOO_VERSION) -> tuple[Recipe, ...]:
     if version not in _VERSIONS:
         raise ZooError(f"zoo version {version}: use {' or '.join(map(str, _VERSIONS))}")
     return _VERSIONS[version]
 
 
-def recipe(name: str, version: int = ZOO_VERSION) -> _Recipe:
+def recipe(name: str, version: int = ZOO_VERSION) -> Recipe:
     found = next((r for r in recipes(version) if r.name == name), None)
     if found is None:
         names = ", ".join(r.name for r in recipes(version))
@@ -392,4 +392,4 @@ def recipe(name: str, version: int = ZOO_VERSION) -> _Recipe:
 
 
 ZOO_NAMES: tuple[str, ...] = tuple(r.name for r in recipes())
-_BY_NAME: dict[str, _Recipe] = {r.name: r for r in recipes()}
+BY_NAME: dict[str, Recipe] = {r.name: r for r in recipes()}

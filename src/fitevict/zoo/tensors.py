@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
 from fitevict.zoo import hybrid as zoo_hybrid
-from fitevict.zoo.recipes import ZooError, _CONTROL, _EXTRA_CHARS, _LAYOUTS, _LETTERS, _Layout, _Recipe, _SPACE
+from fitevict.zoo.recipes import ZooError, CONTROL_TOKENS, EXTRA_CHARS, LAYOUTS, LETTERS, Layout, Recipe, SPACE
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary
@@ -18,22 +18,22 @@ from fitevict.zoo.recipes import ZooError, _CONTROL, _EXTRA_CHARS, _LAYOUTS, _LE
 
 def spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     """Tokens, scores and token types of a small SPM vocabulary with exactly ``n_vocab`` entries."""
-    tokens: list[str] = list(_CONTROL)
-    types: list[int] = [int(gguf.TokenType.UNKNOWN)] + [int(gguf.TokenType.CONTROL)] * (len(_CONTROL) - 1)
+    tokens: list[str] = list(CONTROL_TOKENS)
+    types: list[int] = [int(gguf.TokenType.UNKNOWN)] + [int(gguf.TokenType.CONTROL)] * (len(CONTROL_TOKENS) - 1)
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [int(gguf.TokenType.BYTE)] * 256
     scores: list[float] = [0.0] * len(tokens)
 
-    pieces: list[str] = [_SPACE]
-    pieces += list(_LETTERS) + list(_EXTRA_CHARS)
-    pieces += [_SPACE + c for c in _LETTERS + _EXTRA_CHARS]
-    for a in _LETTERS:
-        for b in _LETTERS:
-            pieces += [a + b, _SPACE + a + b]
-    for a in _LETTERS:
-        for b in _LETTERS:
-            for c in _LETTERS:
-                pieces += [a + b + c, _SPACE + a + b + c]
+    pieces: list[str] = [SPACE]
+    pieces += list(LETTERS) + list(EXTRA_CHARS)
+    pieces += [SPACE + c for c in LETTERS + EXTRA_CHARS]
+    for a in LETTERS:
+        for b in LETTERS:
+            pieces += [a + b, SPACE + a + b]
+    for a in LETTERS:
+        for b in LETTERS:
+            for c in LETTERS:
+                pieces += [a + b + c, SPACE + a + b + c]
     need = n_vocab - len(tokens)
     if need < 0 or need > len(pieces):
         raise ZooError(f"n_vocab {n_vocab} is outside {len(tokens)}..{len(tokens) + len(pieces)}")
@@ -51,17 +51,17 @@ def _as_list(v: int | tuple[int, ...], n: int) -> list[int]:
     return list(v) if isinstance(v, tuple) else [v] * n
 
 
-def _rng(recipe: _Recipe, tensor: str) -> np.random.Generator:
+def _rng(recipe: Recipe, tensor: str) -> np.random.Generator:
     seed = zlib.crc32(f"{recipe.name}/{recipe.seed}/{tensor}".encode())
     return np.random.default_rng(seed)
 
 
-def _tensor_shapes(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
+def tensor_shapes(r: Recipe) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape, kind) for every tensor; kind is "weight", "norm" (ones) or a special init.
 
     Numpy shapes are ggml's ``ne`` reversed: a ggml ``{n_embd, n_vocab}`` tensor is ``(n_vocab, n_embd)``.
     """
-    if r.arch in _LAYOUTS:
+    if r.arch in LAYOUTS:
         return _block_tensors(r)
     if r.arch in zoo_hybrid.ARCHS:
         return zoo_hybrid.tensors(r)
@@ -121,9 +121,9 @@ def _tensor_shapes(r: _Recipe) -> list[tuple[str, tuple[int, ...], str]]:
 _Spec = tuple[str, tuple[int, ...], str]
 
 
-def _block_tensors(r: _Recipe) -> list[_Spec]:
-    """Tensors of an architecture in ``_LAYOUTS``, in llama.cpp's own names and ``ne`` (numpy order here)."""
-    lo = _LAYOUTS[r.arch]
+def _block_tensors(r: Recipe) -> list[_Spec]:
+    """Tensors of an architecture in ``LAYOUTS``, in llama.cpp's own names and ``ne`` (numpy order here)."""
+    lo = LAYOUTS[r.arch]
     out = _layout_globals(r, lo)
     kv = _as_list(r.n_head_kv, r.n_layer)
     ff = _as_list(r.n_ff, r.n_layer)
@@ -146,7 +146,7 @@ def _block_tensors(r: _Recipe) -> list[_Spec]:
     return out
 
 
-def _layout_globals(r: _Recipe, lo: _Layout) -> list[_Spec]:
+def _layout_globals(r: Recipe, lo: Layout) -> list[_Spec]:
     """The tensors outside the blocks: embeddings, their norm, the output norm and head."""
     e, v = r.n_embd, r.n_vocab
     out: list[_Spec] = [("token_embd.weight", (v, e), "weight")]
@@ -162,7 +162,7 @@ def _layout_globals(r: _Recipe, lo: _Layout) -> list[_Spec]:
     return out
 
 
-def _layout_norm(r: _Recipe, lo: _Layout, p: str, name: str) -> list[_Spec]:
+def _layout_norm(r: Recipe, lo: Layout, p: str, name: str) -> list[_Spec]:
     """A block's norm: its weight, and its bias under layer norm."""
     out: list[_Spec] = [(p + name + ".weight", (r.n_embd,), "norm")]
     if lo.layer_norm:
@@ -170,7 +170,7 @@ def _layout_norm(r: _Recipe, lo: _Layout, p: str, name: str) -> list[_Spec]:
     return out
 
 
-def _layout_attention(r: _Recipe, lo: _Layout, p: str, hd: int, n_head_kv: int) -> list[_Spec]:
+def _layout_attention(r: Recipe, lo: Layout, p: str, hd: int, n_head_kv: int) -> list[_Spec]:
     """A block's attention projections: MLA's latent ones, or Q/K/V (fused or apart) and the output."""
     e = r.n_embd
     if lo.mla:
@@ -202,7 +202,7 @@ def _layout_attention(r: _Recipe, lo: _Layout, p: str, hd: int, n_head_kv: int) 
     return out
 
 
-def _layout_ffn(r: _Recipe, lo: _Layout, p: str, i: int, ff: int) -> list[_Spec]:
+def _layout_ffn(r: Recipe, lo: Layout, p: str, i: int, ff: int) -> list[_Spec]:
     """Block ``i``'s feed-forward: experts (with any shared expert) past the dense lead, else a dense FFN."""
     e = r.n_embd
     if r.n_expert and i >= r.n_dense_lead:
@@ -232,7 +232,7 @@ def _layout_ffn(r: _Recipe, lo: _Layout, p: str, i: int, ff: int) -> list[_Spec]
     return out
 
 
-def _nextn(r: _Recipe, p: str) -> list[_Spec]:
+def _nextn(r: Recipe, p: str) -> list[_Spec]:
     """A next-token-prediction block's extra tensors."""
     e = r.n_embd
     return [
@@ -243,7 +243,7 @@ def _nextn(r: _Recipe, p: str) -> list[_Spec]:
     ]
 
 
-def _attention(r: _Recipe, p: str, n_head_kv: int) -> list[tuple[str, tuple[int, ...], str]]:
+def _attention(r: Recipe, p: str, n_head_kv: int) -> list[tuple[str, tuple[int, ...], str]]:
     e = r.n_embd
     head_dim = e // r.n_head
     out = [
@@ -257,7 +257,7 @@ def _attention(r: _Recipe, p: str, n_head_kv: int) -> list[tuple[str, tuple[int,
     return out
 
 
-def _tensor_data(r: _Recipe, name: str, shape: tuple[int, ...], kind: str) -> tuple[np.ndarray, QT]:
+def tensor_data(r: Recipe, name: str, shape: tuple[int, ...], kind: str) -> tuple[np.ndarray, QT]:
     """The tensor's bytes as written (a float array, or quantized uint8 blocks) and its ggml type."""
     if kind == "norm":
         return np.ones(shape, dtype=np.float32), QT.F32

@@ -16,17 +16,17 @@ from gguf import GGMLQuantizationType as QT
 
 from fitevict.zoo import hybrid as zoo_hybrid
 from fitevict.zoo.recipes import (BOS_ID, EOS_ID, IM_END_ID, UNK_ID, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME,
-                                  ZOO_VERSION, ZooError, ZooModel, _FILE_TYPE, _LATER_FIELDS, _LAYOUTS, _Recipe,
+                                  ZOO_VERSION, ZooError, ZooModel, FILE_TYPE, LATER_FIELDS, LAYOUTS, Recipe,
                                   recipe, recipes)
-from fitevict.zoo.tensors import _tensor_data, _tensor_shapes, spm_vocab
+from fitevict.zoo.tensors import tensor_data, tensor_shapes, spm_vocab
 
 
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def _add_metadata(w: gguf.GGUFWriter, r: _Recipe) -> None:
+def _add_metadata(w: gguf.GGUFWriter, r: Recipe) -> None:
     w.add_name(f"fitevict zoo {r.name}")
-    w.add_file_type(_FILE_TYPE[r.weight_type])
+    w.add_file_type(FILE_TYPE[r.weight_type])
     w.add_context_length(r.n_ctx_train)
     w.add_embedding_length(r.n_embd)
     w.add_block_count(r.n_layer)
@@ -58,7 +58,7 @@ def _add_metadata(w: gguf.GGUFWriter, r: _Recipe) -> None:
         w.add_value_length_mla(v_head)
         w.add_kv_lora_rank(kv_lora)
         w.add_q_lora_rank(q_lora)
-    if r.arch in _LAYOUTS and _LAYOUTS[r.arch].layer_norm:
+    if r.arch in LAYOUTS and LAYOUTS[r.arch].layer_norm:
         w.add_layer_norm_eps(1e-5)
     if r.n_expert:
         w.add_expert_count(r.n_expert)
@@ -93,13 +93,13 @@ def _add_metadata(w: gguf.GGUFWriter, r: _Recipe) -> None:
     w.add_chat_template(CHAT_TEMPLATE)
 
 
-def _write_gguf(r: _Recipe, path: Path) -> None:
+def write_gguf(r: Recipe, path: Path) -> None:
     """Write one recipe to ``path`` (the caller renames it into place)."""
     w = gguf.GGUFWriter(path, r.arch)
     try:
         _add_metadata(w, r)
-        for name, shape, kind in _tensor_shapes(r):
-            data, qt = _tensor_data(r, name, shape, kind)
+        for name, shape, kind in tensor_shapes(r):
+            data, qt = tensor_data(r, name, shape, kind)
             w.add_tensor(name, data, raw_dtype=qt if qt not in (QT.F32, QT.F16) else None)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -108,10 +108,10 @@ def _write_gguf(r: _Recipe, path: Path) -> None:
         w.close()
 
 
-def _fingerprint(r: _Recipe) -> str:
+def _fingerprint(r: Recipe) -> str:
     """Identity of a recipe's output: recipe fields, generator version, gguf and numpy versions."""
     fields = {k: (v.name if isinstance(v, QT) else v) for k, v in asdict(r).items()
-              if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}
+              if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
     blob = json.dumps(
         {"recipe": fields, "generator": GENERATOR_VERSION, "gguf": _dist_version("gguf"), "numpy": np.__version__},
         sort_keys=True,
@@ -156,7 +156,7 @@ def _is_current(path: Path, entry: dict[str, object] | None, fingerprint: str) -
     return size == entry.get("bytes") and _sha256(path) == entry.get("sha256")
 
 
-def _quant_label(r: _Recipe) -> str:
+def _quant_label(r: Recipe) -> str:
     return r.weight_type.name
 
 
@@ -216,7 +216,7 @@ def write_zoo(
                 progress(f"writing {name}")
             tmp = dest / f".{name}.gguf.tmp-{os.getpid()}"
             try:
-                _write_gguf(r, tmp)
+                write_gguf(r, tmp)
                 os.replace(tmp, path)
             finally:
                 tmp.unlink(missing_ok=True)
