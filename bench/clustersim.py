@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from tracesim import Clocked, FitevictPolicy, ModelSpec, Sim, Trace, _Job, percentile
 
 from fitevict.budget import Budget
-from fitevict.cluster.route import NodeFacts, Seat, Verdict, route
+from fitevict.cluster.route import NodeFacts, NodeSeat, Verdict, route
 from fitevict.schedule.scheduler import SchedPolicy, Waiter
 
 COPY = "~"  # a seat key "model~n": the n-th copy of a model on a node (Serve may hold two while one drains)
@@ -239,7 +239,7 @@ class FitevictFront:
     def node_facts(self, node: NodeSim) -> NodeFacts:
         sched = node.policy.sched  # type: ignore[union-attr]
         waiting = Counter(w.key for w in sched.queue)
-        seats = tuple(Seat(s.key, s.status.value, node.held(s.key), s.in_flight, waiting.get(s.key, 0),
+        seats = tuple(NodeSeat(s.key, s.status.value, node.held(s.key), s.in_flight, waiting.get(s.key, 0),
                            s.priority - sched.inflation) for s in sched.seats.values())
         budget = {d: node.declared.budget_bytes(d) for d in node.declared.names}
         held: Counter = Counter()

@@ -15,14 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fitevict.cluster.facts import verdict_of
 from fitevict.cluster.front import ClusterDoor
-from fitevict.cluster.route import NodeFacts, Seat, Verdict
+from fitevict.cluster.route import NodeFacts, NodeSeat, Verdict
 from fitevict.config import load_config
 
 FUTURE = time.time() + 3600  # facts that stay fresh for the test
 N1, N2 = "aaaa1111" + "0" * 48, "bbbb2222" + "0" * 48
 
 
-def facts(node: str, *seats: Seat, budget: int) -> NodeFacts:
+def facts(node: str, *seats: NodeSeat, budget: int) -> NodeFacts:
     held = sum(sum(s.bytes.values()) for s in seats)
     models = {"m": None, "m:sql": "m", "big": None}
     return NodeFacts(node, f"http://{node}", FUTURE, seats=seats, budget_bytes={"CPU": budget},
@@ -46,7 +46,7 @@ class Fleet:
     max_age_s = 5.0
 
     def __init__(self) -> None:
-        self.facts = [facts(N1, Seat("m", bytes={"CPU": 300}, credit=1.0), budget=1000), facts(N2, budget=2000)]
+        self.facts = [facts(N1, NodeSeat("m", bytes={"CPU": 300}, credit=1.0), budget=1000), facts(N2, budget=2000)]
         self.lost: list[str] = []
 
     def snapshot(self) -> list[NodeFacts]:

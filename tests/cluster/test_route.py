@@ -6,13 +6,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fitevict.cluster.route import NodeFacts, Seat, Verdict, rank, resolve, route
+from fitevict.cluster.route import NodeFacts, NodeSeat, Verdict, rank, resolve, route
 
 GiB = 1 << 30
 NOW = 1000.0
 
 
-def node(name: str, *seats: Seat, models=("m", "big", "other"), taken_at: float = NOW, error: str | None = None,
+def node(name: str, *seats: NodeSeat, models=("m", "big", "other"), taken_at: float = NOW, error: str | None = None,
          budget: int = 4 * GiB, bases: dict | None = None) -> NodeFacts:
     held = sum(sum(s.bytes.values()) for s in seats)
     catalog = {k: None for k in models} | (bases or {})
@@ -20,8 +20,8 @@ def node(name: str, *seats: Seat, models=("m", "big", "other"), taken_at: float 
                      room_bytes={"CPU": budget - held}, models=catalog, names={k: k for k in catalog}, error=error)
 
 
-def seat(key: str, gib: float = 1, *, busy: int = 0, credit: float | None = None, state: str = "ready") -> Seat:
-    return Seat(key, state, {"CPU": int(gib * GiB)}, in_flight=busy, credit=credit)
+def seat(key: str, gib: float = 1, *, busy: int = 0, credit: float | None = None, state: str = "ready") -> NodeSeat:
+    return NodeSeat(key, state, {"CPU": int(gib * GiB)}, in_flight=busy, credit=credit)
 
 
 def test_a_resident_model_is_a_hit_on_its_node() -> None:

@@ -290,7 +290,7 @@ def test_peft_adapters_are_priced_to_the_byte_and_each_changes_the_output(peft_b
     and the base, and the base with its adapters disabled is exactly the base loaded alone."""
     from dataclasses import replace
 
-    from fitevict.engines.torch_seat.seat import Seat as InProcess
+    from fitevict.engines.torch_seat.seat import HfSeat as InProcess
     from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
 
     base, folders = peft_base

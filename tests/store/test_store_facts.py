@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term, as_stored
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.store import Seat, Store, measurement_signature
+from fitevict.store import SeatRecord, Store, measurement_signature
 from fitevict.supervisor.measure import footprint_from_json
 from fitevict.units import MiB
 
@@ -123,9 +123,9 @@ def test_compute_cache(store: Store) -> None:
     assert store.compute_get("k") == {"CPU": 11}
 
 
-def _seat(seat_id: str, started: float, **kw: object) -> Seat:
+def _seat(seat_id: str, started: float, **kw: object) -> SeatRecord:
     base: dict = dict(seat_id=seat_id, model="a", engine="llama.cpp", state="starting", started_at=started, fitevict_pid=4242)
-    return Seat(**{**base, **kw})
+    return SeatRecord(**{**base, **kw})
 
 
 def test_seats_crud(store: Store) -> None:

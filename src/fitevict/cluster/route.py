@@ -31,7 +31,7 @@ _EMPTY: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
-class Seat:
+class NodeSeat:
     """A model resident on a node: its seat key, state, planned bytes per device, requests in flight and waiting,
     and its GreedyDual credit (H - L; None when the node did not say)."""
 
@@ -52,7 +52,7 @@ class NodeFacts:
     node: str
     url: str
     taken_at: float
-    seats: tuple[Seat, ...] = ()
+    seats: tuple[NodeSeat, ...] = ()
     budget_bytes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     room_bytes: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     waiting: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
@@ -63,7 +63,7 @@ class NodeFacts:
     def age(self, now: float) -> float:
         return max(0.0, now - self.taken_at)
 
-    def seat(self, key: str) -> Seat | None:
+    def seat(self, key: str) -> NodeSeat | None:
         return next((s for s in self.seats if s.key == key and s.state != "stopping"), None)
 
     @property

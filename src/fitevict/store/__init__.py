@@ -4,7 +4,7 @@ See :mod:`fitevict.store.store` for the concurrency design.
 """
 
 from fitevict.store.migrations import MIGRATIONS, Migration, StoreVersionError
-from fitevict.store.records import EVENTS, Event, Measurement, Seat, measurement_signature
+from fitevict.store.records import EVENTS, Event, Measurement, SeatRecord, measurement_signature
 from fitevict.store.store import (
     EVENT_SORT_COLUMNS,
     MAX_EVENTS_LIMIT,
@@ -26,7 +26,7 @@ __all__ = [
     "Measurement",
     "Migration",
     "NestedWriteError",
-    "Seat",
+    "SeatRecord",
     "Store",
     "StoreClosedError",
     "StoreError",

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from fitevict.pricing.footprint import SOURCES
 from fitevict.store import schema as t
-from fitevict.store.records import EVENTS, Event, Measurement, Seat
+from fitevict.store.records import EVENTS, Event, Measurement, SeatRecord
 
 Order = Literal["asc", "desc"]
 
@@ -265,9 +265,9 @@ def op_compute_put(key: str, value: Mapping[str, int]) -> Callable[[Connection],
     return _upsert(t.compute_cache, "key", vals)
 
 
-def op_seat_upsert(seat: Seat) -> Callable[[Connection], None]:
-    if not isinstance(seat, Seat):
-        raise TypeError(f"seat_upsert takes a Seat, got {type(seat).__name__}")
+def op_seat_upsert(seat: SeatRecord) -> Callable[[Connection], None]:
+    if not isinstance(seat, SeatRecord):
+        raise TypeError(f"seat_upsert takes a SeatRecord, got {type(seat).__name__}")
     vals = {
         "seat_id": seat.seat_id,
         "model": seat.model,
@@ -278,7 +278,7 @@ def op_seat_upsert(seat: Seat) -> Callable[[Connection], None]:
         "started_at": float(seat.started_at),
         "state": seat.state,
         "log_path": seat.log_path,
-        "config_json": _dumps(dict(seat.config), "Seat.config"),
+        "config_json": _dumps(dict(seat.config), "SeatRecord.config"),
         "fitevict_pid": seat.fitevict_pid,
     }
     return _upsert(t.seats, "seat_id", vals)
@@ -291,8 +291,8 @@ def op_seat_remove(seat_id: str) -> Callable[[Connection], bool]:
     return fn
 
 
-def _row_seat(r: sa.Row) -> Seat:
-    return Seat(
+def _row_seat(r: sa.Row) -> SeatRecord:
+    return SeatRecord(
         seat_id=r.seat_id,
         model=r.model,
         engine=r.engine,
@@ -307,12 +307,12 @@ def _row_seat(r: sa.Row) -> Seat:
     )
 
 
-def q_seats(seat_id: str | None = None) -> Callable[[Connection], list[Seat]]:
+def q_seats(seat_id: str | None = None) -> Callable[[Connection], list[SeatRecord]]:
     q = sa.select(t.seats).order_by(t.seats.c.started_at, t.seats.c.seat_id)
     if seat_id is not None:
         q = q.where(t.seats.c.seat_id == seat_id)
 
-    def fn(conn: Connection) -> list[Seat]:
+    def fn(conn: Connection) -> list[SeatRecord]:
         return [_row_seat(r) for r in conn.execute(q)]
 
     return fn

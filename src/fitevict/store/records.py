@@ -114,7 +114,7 @@ class Measurement:
 
 
 @dataclass(frozen=True, slots=True)
-class Seat:
+class SeatRecord:
     """A running (or starting/stopping) engine process, kept so a restarted fitevict can find orphans.
 
     ``fitevict_pid`` is the pid of the supervisor that started it; ``config`` is ``LoadConfig.to_json()``
@@ -135,16 +135,16 @@ class Seat:
 
     def __post_init__(self) -> None:
         if not self.seat_id:
-            raise ValueError("Seat.seat_id must not be empty")
+            raise ValueError("SeatRecord.seat_id must not be empty")
         if not self.state:
-            raise ValueError(f"Seat {self.seat_id!r}: state must not be empty")
-        check_seconds("Seat", "started_at", self.started_at, required=True)
+            raise ValueError(f"SeatRecord {self.seat_id!r}: state must not be empty")
+        check_seconds("SeatRecord", "started_at", self.started_at, required=True)
         for name in ("pid", "pgid", "fitevict_pid"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                raise ValueError(f"Seat {self.seat_id!r}: {name} must be a positive int, got {v!r}")
+                raise ValueError(f"SeatRecord {self.seat_id!r}: {name} must be a positive int, got {v!r}")
         if self.port is not None and not (0 < self.port < 65536):
-            raise ValueError(f"Seat {self.seat_id!r}: port {self.port} is outside 1..65535")
+            raise ValueError(f"SeatRecord {self.seat_id!r}: port {self.port} is outside 1..65535")
 
 
 def measurement_signature(

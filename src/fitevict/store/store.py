@@ -35,7 +35,7 @@ from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUR
                                     op_compute_put, op_put_measurement, op_record_event, op_seat_remove,
                                     op_seat_upsert, q_compute_get, q_events, q_last_measurement,
                                     q_newest_measurements, q_seats)
-from fitevict.store.records import Event, Measurement, Seat
+from fitevict.store.records import Event, Measurement, SeatRecord
 from fitevict.store.writer import Writer
 
 T = TypeVar("T")
@@ -178,18 +178,18 @@ class Store:
         self.write(op_compute_put(key, value))
 
     # ---- seats ----
-    def seat_upsert(self, seat: Seat) -> None:
+    def seat_upsert(self, seat: SeatRecord) -> None:
         self.write(op_seat_upsert(seat))
 
     def seat_remove(self, seat_id: str) -> bool:
         """Forget a seat; True if it was there."""
         return self.write(op_seat_remove(seat_id))
 
-    def seats(self) -> list[Seat]:
+    def seats(self) -> list[SeatRecord]:
         """Every recorded seat, oldest first."""
         return self.read(q_seats())
 
-    def seat(self, seat_id: str) -> Seat | None:
+    def seat(self, seat_id: str) -> SeatRecord | None:
         found = self.read(q_seats(seat_id))
         return found[0] if found else None
 
@@ -241,15 +241,15 @@ class AsyncStore:
     async def compute_put(self, key: str, value: Mapping[str, int]) -> None:
         await self._s.awrite(op_compute_put(key, value))
 
-    async def seat_upsert(self, seat: Seat) -> None:
+    async def seat_upsert(self, seat: SeatRecord) -> None:
         await self._s.awrite(op_seat_upsert(seat))
 
     async def seat_remove(self, seat_id: str) -> bool:
         return await self._s.awrite(op_seat_remove(seat_id))
 
-    async def seats(self) -> list[Seat]:
+    async def seats(self) -> list[SeatRecord]:
         return await self._s.aread(q_seats())
 
-    async def seat(self, seat_id: str) -> Seat | None:
+    async def seat(self, seat_id: str) -> SeatRecord | None:
         found = await self._s.aread(q_seats(seat_id))
         return found[0] if found else None

@@ -12,7 +12,7 @@ from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.seats import Seat, SeatStatus
-from fitevict.store.records import Event, Seat as SeatRecord
+from fitevict.store.records import Event, SeatRecord
 from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.release import stop_and_verify
 from fitevict.supervisor.seat import SeatState

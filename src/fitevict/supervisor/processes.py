@@ -16,7 +16,7 @@ from fitevict.engines.base import Engine, LaunchSpec
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import passthrough_args
-from fitevict.store.records import Seat as SeatRecord
+from fitevict.store.records import SeatRecord
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.seat import SeatState
 

@@ -21,9 +21,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     from fitevict.engines.torch_seat.http import make_server, serve_in_thread
-    from fitevict.engines.torch_seat.seat import Seat
+    from fitevict.engines.torch_seat.seat import HfSeat
 
-    seat = Seat(args.model, args.cfg, test_keep=args.test_keep)
+    seat = HfSeat(args.model, args.cfg, test_keep=args.test_keep)
     srv = make_server(seat, args.port, args.name, stop.set)
     serve_in_thread(srv)  # /health answers 503 "loading" while the model loads
     print(f"seat listening on 127.0.0.1:{args.port}, loading {args.model}", file=sys.stderr, flush=True)

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from fitevict.engines.torch_seat.lora import HEADER as ADAPTER_HEADER
 from fitevict.engines.torch_seat.lora import Activation
 from fitevict.engines.torch_seat.model import Timings
-from fitevict.engines.torch_seat.seat import Seat
+from fitevict.engines.torch_seat.seat import HfSeat
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> tuple[int, dict]:
@@ -38,7 +38,7 @@ def peer_closed(sock: socket.socket) -> bool:
 class Handler(BaseHTTPRequestHandler):
     server_version = "fitevict-torch-seat"
     protocol_version = "HTTP/1.1"
-    seat: Seat
+    seat: HfSeat
     model_name: str
     on_unload: Callable[[], None]
 
@@ -191,7 +191,7 @@ def _usage(t: Timings) -> dict:
     return {"prompt_tokens": t.prompt_n, "completion_tokens": t.predicted_n, "total_tokens": t.prompt_n + t.predicted_n}
 
 
-def make_server(seat: Seat, port: int, model_name: str, on_unload: Callable[[], None]) -> ThreadingHTTPServer:
+def make_server(seat: HfSeat, port: int, model_name: str, on_unload: Callable[[], None]) -> ThreadingHTTPServer:
     handler = type("SeatHandler", (Handler,), {"seat": seat, "model_name": model_name,
                                                "on_unload": staticmethod(on_unload)})
     srv = ThreadingHTTPServer(("127.0.0.1", port), handler)

@@ -64,7 +64,10 @@ def malloc_trim() -> bool:
 
 
 @dataclass
-class Seat:
+class HfSeat:
+    """The model a transformers seat serves, inside the seat's own process: its load, its state and what it holds
+    (the supervisor's record of the same seat is ``schedule.seats.Seat``, its process ``supervisor.seat.SeatState``)."""
+
     path: Path
     cfg: HfLoadConfig
     test_keep: str | None = None  # test hook: keep a reference to this tensor past teardown (a deliberate leak)
