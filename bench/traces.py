@@ -1,7 +1,7 @@
 """The models and the traces the trace replay runs.
 
 Models: the demo zoo (``fitevict.zoo.write_zoo``, what ``fitevict demo-models DIR`` writes), each asked for
-as the supervisor asks (``PriceBook.request`` for a request's load contract), priced by
+as the door asks (``request.ask.ask`` for a request's load contract), priced by
 ``fitevict.pricing.price.price(load_structure(path), cfg)`` (what ``PriceBook.footprint`` does when no load
 was measured yet and no dry run was made), with load and release seconds as measured per model by
 ``bench/seat_lifecycle.py`` (its table in docs/benchmarks.md).

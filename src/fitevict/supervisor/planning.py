@@ -1,7 +1,7 @@
-"""What a placement is planned against: the request's file and load configuration (from the price book), the budget
-as the machine stands now (under memory pressure, with the margin) and the prices of the request's file, read ahead
-(the scheduler's two readings, ``Effects.budget`` and ``Effects.prices``). The server's plans, its dry runs and the
-load reports read the same budget reading, kept as ``last_budget``."""
+"""What a placement is planned against, the scheduler's two readings: the budget as the machine stands now (under
+memory pressure, with the margin; ``Effects.budget``) and the prices of the request's file, read ahead when the
+request arrives (``prepare``), so that planning is computation (``Effects.prices``). The server's plans, its dry runs
+and the load reports read the same budget reading, kept as ``last_budget``."""
 
 from __future__ import annotations
 

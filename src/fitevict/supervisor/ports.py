@@ -10,7 +10,7 @@ with, instead of the supervisor itself. Each part is built once by the ``Supervi
     seats       the seats whose process runs, as those processes, by key (the table's read-only view)
     history     events written and waited for
     processes   which engine runs an entry, its argv, port and log
-    planning    the request's file and configuration, the budget now, the plan
+    planning    the budget now and the request's prices, read ahead (the scheduler's two readings)
     desk        the waiting requests' futures, stop waiters, shrink decisions, whether it takes work
     kv          the prompt cache kept across swaps
     pressure    memory pressure from other programs
