@@ -151,3 +151,13 @@ def test_a_model_file_that_cannot_be_read_is_answered_at_the_door(make_client, t
     assert r.status_code == 500 and "'broken'" in r.json()["error"], r.text
     sup = c.app.state.supervisor
     assert sup.queue_view() == {} and sup.resident_views() == []
+
+
+def test_a_gguf_file_the_model_lacks_is_refused_at_both_doors(make_client) -> None:
+    c = make_client()
+    asked = {"model": "llama-gqa", "messages": [{"role": "user", "content": "hi"}], "fitevict": {"gguf_file": "nope.gguf"}}
+    r = c.post("/v1/chat/completions", json=asked)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_gguf_file", r.text
+    r = c.post("/api/chat", json={**asked, "stream": False})
+    assert r.status_code == 400 and "nope.gguf" in r.json()["error"] and "choices" in r.json()["error"], r.text
+    assert c.app.state.supervisor.queue_view() == {}
