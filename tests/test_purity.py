@@ -73,7 +73,7 @@ CHECK = textwrap.dedent('''
             return 0.0
 
     config = load_config(None, env={}, overrides={"data_dir": sys.argv[2]})
-    planning = Planning(config, None, book, PressureWatch(config), lambda: budget)
+    planning = Planning(config, book, PressureWatch(config), lambda: budget)
     served = pl.PlanRequest("m", asked, "max-ram", s.n_layer + 1, path=str(model))
     book.read_sheet(model, asked)  # current again, read ahead as a request's arrival reads it
     scheduler = Scheduler(World(planning))

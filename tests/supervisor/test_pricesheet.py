@@ -146,8 +146,7 @@ def test_a_plan_on_the_loop_reads_nothing_once_its_sheet_is_held(book: PriceBook
         raise AssertionError("I/O while planning")
 
     async def go() -> pl.Plan:
-        book.prefetch(path, CFG)  # what the supervisor does when the request arrives
-        await book.settled()
+        await book.sheet(path, CFG)  # what the supervisor does before the request is queued (Supervisor._wait)
         assert (str(path), ()) in book._sheets
         book.forget()  # and something changed since: the plan still takes the sheet held
         with monkeypatch.context() as m:

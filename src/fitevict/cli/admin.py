@@ -138,9 +138,9 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
         with Store.open(cfg.store_url) as store:
             book = PriceBook(store, binary.parent, cfg.policy.default_alloc_mode)
             prime_price_book(book, store, binary, calibrate=False)
-            request = ask(entry, contract, book).request
-            sheet = book.read_sheet(Path(request.path), request.config)  # the server's planner prices from the same sheet
-            return pl.plan(request, residents, budget, lambda _k, c: sheet.footprint(c), plan_policy(cfg),
+            asked = ask(entry, contract, book)
+            sheet = book.read_sheet(asked.path, asked.request.config)  # the server's planner prices from the same sheet
+            return pl.plan(asked.request, residents, budget, lambda _k, c: sheet.footprint(c), plan_policy(cfg),
                            time.time())
     except (UnknownModel, ContractError, GgufFileError, PricingError) as e:
         err.print(f"[red]{e}[/]")

@@ -274,7 +274,8 @@ class Scheduler:
 
     def plan(self, request: pl.PlanRequest, now: float | None = None) -> pl.Plan:
         """What the planner decides for ``request`` now, over these seats as residents, the world's budget and the
-        prices of its file. The one call of the planner: every placement, and dry runs (which change nothing)."""
+        prices of its file. The server's one call of the planner: every placement, and dry runs (which change
+        nothing); ``fitevict plan`` without a server calls the planner over residents it is told of."""
         now = self.fx.now() if now is None else now
         return pl.plan(request, self.residents(now), self.fx.budget(), self.fx.prices(request), self.planning, now)
 

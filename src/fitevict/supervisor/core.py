@@ -124,7 +124,7 @@ class Supervisor:
         self.pressure = PressureWatch(config)
         self.history = History(store)
         self.processes = Processes(config, catalog, self.engine_binary, ports, self.kv)
-        self.planning = Planning(config, catalog, self.prices, self.pressure, budget_fn or self._measure_budget)
+        self.planning = Planning(config, self.prices, self.pressure, budget_fn or self._measure_budget)
         self.desk = Desk()
         self.parts = Ports(clock=clock, config=config, catalog=catalog, store=store, prices=self.prices,
                            table=self.table, seats=self.seats, history=self.history, processes=self.processes, planning=self.planning,
@@ -290,7 +290,6 @@ class Supervisor:
         entry = asked.entry
         if need is not None:  # policy.shrink_ctx: a seat already shrunk for this contract serves it
             asked = resident_shrunk(self.parts, asked, need, timing)
-        self.planning.prepare(asked)
         w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive)
         got = self.scheduler.fast(w)
         hit = got is not None
@@ -317,11 +316,14 @@ class Supervisor:
     async def _wait(self, w: Waiter, entry: CatalogEntry, timing: dict | None = None) -> str:
         if self.closed:
             raise Busy(f"{w.key}: fitevict is shutting down; retry later", retry_after=5)
+        path = self.path_for(w.request)
+        self.prices.note_flags(entry, path)  # a transformers seat's own flags set what it costs
         if entry.engine == "llama-server" and w.key not in self.seats:
             # the compute buffer from the engine's own dry run (once per file and configuration, cached)
-            await self.prices.dry_run(entry, w.request.config, self.path_for(w.request),
-                                    passthrough_args(entry))
-        await self.prices.sheet(self.path_for(w.request), w.request.config)  # current, with the dry run's figures
+            await self.prices.dry_run(entry, w.request.config, path, passthrough_args(entry))
+        # its price sheet, current (with the dry run's figures), read off the event loop before it is queued: the
+        # scheduler's plan prices from it without I/O
+        await self.prices.sheet(path, w.request.config)
         fut = asyncio.get_running_loop().create_future()
         self.desk.futures[w] = fut
         t0 = self.clock()
@@ -345,7 +347,6 @@ class Supervisor:
     async def load(self, key: str, contract: Contract | None = None, *, request_id: str | None = None) -> SeatState:
         """Make ``key`` resident (an admin load): queued like a request, but it holds nothing once ready."""
         asked = self.ask(key, contract)
-        self.planning.prepare(asked)
         w = Waiter(asked.request, self.clock(), request_id, hold=False, keep_alive=asked.keep_alive)
         got = await self._wait(w, asked.entry)
         await self.settle()  # an admin load answers with the seat measured and its load recorded

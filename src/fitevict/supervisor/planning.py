@@ -1,6 +1,6 @@
 """What a placement is planned against, the scheduler's two readings: the budget as the machine stands now (under
-memory pressure, with the margin; ``Effects.budget``) and the prices of the request's file, read ahead when the
-request arrives (``prepare``), so that planning is computation (``Effects.prices``). The server's plans, its dry runs
+memory pressure, with the margin; ``Effects.budget``) and the prices of the request's file, read before the request
+is queued (``Supervisor._wait`` awaits its price sheet), so that planning is computation (``Effects.prices``). The server's plans, its dry runs
 and the load reports read the same budget reading, kept as ``last_budget``."""
 
 from __future__ import annotations
@@ -12,32 +12,23 @@ from fitevict import planner as pl
 from fitevict.budget import Budget
 from fitevict.config import Config
 from fitevict.pricing.footprint import HOST
-from fitevict.request.ask import Ask
-from fitevict.request.catalog import Catalog
 from fitevict.supervisor.neighbours import PressureWatch
 from fitevict.supervisor.pricebook import PriceBook
 from fitevict.supervisor.seat import SeatState
 
 
 class Planning:
-    def __init__(self, config: Config, catalog: Catalog, prices: PriceBook, pressure: PressureWatch,
+    def __init__(self, config: Config, prices: PriceBook, pressure: PressureWatch,
                  budget_fn: Callable[[], Budget]) -> None:
         self.config = config
-        self.catalog = catalog
         self.prices = prices
         self.pressure = pressure
         self.budget_fn = budget_fn  # the machine now (host/budget), or a declared budget in tests
         self.last_budget: Budget | None = None  # the reading the last plan was made against
 
     def path_for(self, request: pl.PlanRequest) -> Path:
-        """The file a load of ``request`` reads (the model's own, for a request made without one: tests)."""
-        return Path(request.path) if request.path else Path(self.catalog.resolve(request.key).path)
-
-    def prepare(self, ask: Ask) -> None:
-        """``ask`` is about to wait for a seat: its price sheet is read now, off the event loop, before it is planned
-        (a transformers seat's own flags first: they set what it costs)."""
-        self.prices.note_flags(ask.entry, ask.path)
-        self.prices.prefetch(ask.path, ask.request.config)
+        """The file a load of ``request`` reads (``request.ask`` names it in every request it builds)."""
+        return Path(request.path)
 
     def budget(self) -> Budget:
         """The budget as the planner would see it now (a fresh reading; under memory pressure, with the margin)."""

@@ -3,8 +3,8 @@ by what loads of the same file at other settings measured (``pricing.correction`
 and, at start, from the history's load records).
 
 The book gathers what it learns (dry runs, accepted loads, overheads) and hands the planner price sheets
-(``supervisor.pricesheet``): one immutable record per file and adapter set, read ahead off the event loop when a
-request arrives or the catalog changes, so that the scheduler's synchronous plan prices configurations by
+(``supervisor.pricesheet``): one immutable record per file and adapter set, read off the event loop before a
+request is queued or when the catalog changes, so that the scheduler's synchronous plan prices configurations by
 computation only. Each change that can move a price bumps a version; the sheets built before it are rebuilt, off
 the event loop (``sheet``, ``_refresh``).
 """
@@ -84,7 +84,6 @@ class PriceBook:
         self._file_epochs: dict[str, int] = {}
         self._stored: tuple[int, Mapping[str, Mapping]] | None = None  # the store's measurements, at an epoch
         self._rebuild: asyncio.Task | None = None
-        self._reading: dict[tuple[str, tuple[str, ...]], asyncio.Task] = {}  # prefetches under way
         self._added: set[asyncio.Task] = set()  # a rescan's new models, read ahead
         self._lock = threading.Lock()  # sheets are put from the event loop and from the threads that read them
 
@@ -154,8 +153,8 @@ class PriceBook:
         task.add_done_callback(self._added.discard)
 
     async def settled(self) -> None:
-        """Wait until the reads under way (prefetches, rebuilds, a rescan's new models) have finished."""
-        while pending := [t for t in (self._rebuild, *self._reading.values(), *self._added)
+        """Wait until the reads under way (rebuilds, a rescan's new models) have finished."""
+        while pending := [t for t in (self._rebuild, *self._added)
                           if t is not None and not t.done()]:
             await asyncio.wait(pending)
 
@@ -242,7 +241,7 @@ class PriceBook:
         the version of the book it was read from; after a change, until its rebuild (off the event loop) is ready,
         a plan on the loop prices with the previous sheet: it is what the book knew a moment ago, and the requests
         that go on to load await the rebuilt one (``sheet``). Off the event loop (the CLI) a stale sheet is read
-        again here. Only a file that neither a request nor a rescan prefetched is read on the spot."""
+        again here. Only a file that neither a waiting request nor a rescan read ahead is read on the spot."""
         have = self._sheets.get((str(path), cfg.loras))
         if have is None:
             return self.read_sheet(path, cfg)
@@ -251,15 +250,6 @@ class PriceBook:
                 return self.read_sheet(path, cfg)
             self._refresh()
         return have
-
-    def prefetch(self, path: Path, cfg: LoadConfig) -> None:
-        """A request arrived: read its sheet now, off the event loop, when there is none yet."""
-        key = (str(path), cfg.loras)
-        if key in self._sheets or key in self._reading or not _on_loop():
-            return
-        task = asyncio.get_running_loop().create_task(self.sheet(path, cfg), name="fitevict-price-sheet")
-        self._reading[key] = task
-        task.add_done_callback(lambda t: (self._reading.pop(key, None), _quiet(t)))
 
     def _refresh(self) -> None:
         """Read the stale sheets again: in one task off the event loop, or here when called off the loop (the
@@ -387,9 +377,3 @@ def _on_loop() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _quiet(task: asyncio.Task) -> None:
-    """A prefetch that failed says nothing here: the plan that needs the sheet reads it and reports why."""
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("price sheet prefetch failed: %s", task.exception())
