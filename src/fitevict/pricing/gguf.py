@@ -1,6 +1,7 @@
 """Read a GGUF file's structure (hyper-parameters and tensor layout) into a frozen ``GgufStructure``.
 
-Only the header is parsed (``gguf.GGUFReader`` memory-maps the file; tensor data is never touched).
+Only the header is parsed (``gguf_header.read_header``: scalars and short arrays decoded, the vocabulary's long
+arrays stepped over by length; tensor data is never touched).
 The structure carries everything pricing needs: per-layer KV geometry, the SWA / recurrent layer
 pattern llama.cpp derives for the architecture, and every tensor with its ggml type, byte size and
 absolute file offset (the mmap span is computed from offsets, not sums).
@@ -16,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType
 
 from fitevict.pricing.ggml_types import nbytes
+from fitevict.pricing.gguf_header import Header, HeaderError, read_header
 from fitevict.pricing.layers import (
     HYBRID_RULES,
     RECURRENT_ARCHS,
@@ -123,7 +124,7 @@ def swa_layout(arch: str, n_layer: int, window_key: int | None,
     return n_swa, layers
 
 
-_BLK = re.compile(r"^blk\.(\d+)\.")
+BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 EXPERT_RE = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")  # llama.cpp's LLM_FFN_EXPS_REGEX
 
 
@@ -268,19 +269,6 @@ class GgufStructure:
         return bool(self.layer_recurrent) and self.layer_recurrent[il]
 
 
-def _scalar(reader: GGUFReader, key: str) -> object | None:
-    f = reader.fields.get(key)
-    if f is None or not f.types:
-        return None
-    if f.types[0] == GGUFValueType.ARRAY:
-        if len(f.types) > 1 and f.types[1] == GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
-        return [f.parts[i].tolist()[0] for i in f.data]
-    if f.types[0] == GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8", "replace")
-    return f.parts[f.data[0]].tolist()[0]
-
-
 def _per_layer(v: object, n: int, default: int) -> tuple[int, ...]:
     if v is None:
         return (default,) * n
@@ -290,35 +278,29 @@ def _per_layer(v: object, n: int, default: int) -> tuple[int, ...]:
     return (int(v),) * n  # type: ignore[call-overload]
 
 
-def _array_len(reader: GGUFReader, key: str) -> int | None:
-    f = reader.fields.get(key)
-    if f is None or not f.types or f.types[0] != GGUFValueType.ARRAY:
-        return None
-    return len(f.data)
-
-
 def parse_structure(path: str | Path) -> GgufStructure:
     """Parse ``path``. Raises PricingError naming the file for a non-GGUF, truncated or malformed file."""
     p = Path(path)
-    size, reader = _open(p)
-    arch = _scalar(reader, "general.architecture")
+    size, header = _open(p)
+    arch = header.scalar("general.architecture")
     if not isinstance(arch, str):
         raise PricingError(f"{p}: the GGUF has no general.architecture key; it is not a llama.cpp model file")
 
     def key(name: str) -> object | None:
-        return _scalar(reader, f"{arch}.{name}")
+        v = header.scalar(f"{arch}.{name}")
+        return list(v) if isinstance(v, tuple) else v
 
     n_layer = int(key("block_count") or 0)  # type: ignore[arg-type]
     n_embd = int(key("embedding_length") or 0)  # type: ignore[arg-type]
     heads = _heads(key, n_layer, n_embd)
-    tensors = _tensors(reader, p, size)
-    n_vocab = _array_len(reader, "tokenizer.ggml.tokens") or int(key("vocab_size") or 0)  # type: ignore[arg-type]
+    tensors = _tensors(header, p, size)
+    n_vocab = header.array_len("tokenizer.ggml.tokens") or int(key("vocab_size") or 0)  # type: ignore[arg-type]
     if not n_vocab:
         te = next((t for t in tensors if t.name == "token_embd.weight"), None)
         n_vocab = te.shape[1] if te and len(te.shape) > 1 else 0
     layout = _layout(arch, key, n_layer, heads["n_head_kv"])
     meta = tuple(
-        (k, str(v)) for k in ("general.name", "general.file_type") if (v := _scalar(reader, k)) is not None
+        (k, str(v)) for k in ("general.name", "general.file_type") if (v := header.scalar(k)) is not None
     )
     return GgufStructure(
         path=str(p), file_bytes=size, arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=n_vocab,
@@ -327,35 +309,28 @@ def parse_structure(path: str | Path) -> GgufStructure:
         expert_count=int(key("expert_count") or 0), expert_used_count=int(key("expert_used_count") or 0),  # type: ignore[arg-type]
         ssm_d_conv=int(key("ssm.conv_kernel") or 0), ssm_d_inner=int(key("ssm.inner_size") or 0),  # type: ignore[arg-type]
         ssm_d_state=int(key("ssm.state_size") or 0), ssm_n_group=int(key("ssm.group_count") or 0),  # type: ignore[arg-type]
-        tensors=tuple(tensors), data_offset=int(reader.data_offset),
+        tensors=tuple(tensors), data_offset=header.data_offset,
         tied_output=not any(t.name == "output.weight" for t in tensors),
         unsupported=_unsupported(arch), metadata=meta,
         pooling_type=int(pt) if (pt := key("pooling_type")) is not None else None,  # type: ignore[call-overload]
         wkv_head_size=int(key("wkv.head_size") or 0),  # type: ignore[call-overload]
         token_shift_count=int(key("token_shift_count") or 2),  # type: ignore[call-overload]
         shortconv_l_cache=int(key("shortconv.l_cache") or 0),  # type: ignore[call-overload]
-        n_merges=_array_len(reader, "tokenizer.ggml.merges") or 0,
+        n_merges=header.array_len("tokenizer.ggml.merges") or 0,
     )
 
 
-def _open(p: Path) -> tuple[int, GGUFReader]:
-    """The file's size and its header reader; PricingError for an unreadable, non-GGUF or corrupt file."""
+def _open(p: Path) -> tuple[int, Header]:
+    """The file's size and its header; PricingError for an unreadable, non-GGUF or corrupt file."""
     try:
         size = p.stat().st_size
+        return size, read_header(p)
     except OSError as err:
         raise PricingError(f"{p}: cannot read the model file: {err.strerror}") from err
-    try:
-        with p.open("rb") as f:
-            magic = f.read(4)
-    except OSError as err:
-        raise PricingError(f"{p}: cannot read the model file: {err.strerror}") from err
-    if magic != b"GGUF":
-        raise PricingError(f"{p}: not a GGUF file (starts with {magic!r}, expected b'GGUF'); point at a .gguf model")
-    try:
-        reader = GGUFReader(p, "r")
-    except (ValueError, IndexError, OSError, KeyError, OverflowError) as err:
+    except HeaderError as err:
+        if str(err).startswith("not a GGUF file"):
+            raise PricingError(f"{p}: {err}; point at a .gguf model") from err
         raise PricingError(f"{p}: the GGUF header cannot be read ({err}); the file is truncated or corrupt") from err
-    return size, reader
 
 
 def _heads(key: Callable[[str], object | None], n_layer: int, n_embd: int) -> dict[str, Any]:
@@ -375,19 +350,21 @@ def _heads(key: Callable[[str], object | None], n_layer: int, n_embd: int) -> di
             "key_length_swa": key_length_swa, "value_length_swa": value_length_swa, "mla": mla}
 
 
-def _tensors(reader: GGUFReader, p: Path, size: int) -> list[TensorInfo]:
-    """Every tensor, in file order; PricingError when they end past the file's size."""
+def _tensors(header: Header, p: Path, size: int) -> list[TensorInfo]:
+    """Every tensor, in file order; PricingError for an unknown type or when they end past the file's size."""
     tensors: list[TensorInfo] = []
-    for t in reader.tensors:
-        qt = GGMLQuantizationType(int(t.tensor_type))
-        shape = tuple(int(x) for x in np.asarray(t.shape).tolist())
-        m = _BLK.match(t.name)
-        nb = nbytes(qt, shape)
+    for t in header.tensors:
+        try:
+            qt = GGMLQuantizationType(t.ggml_type)
+        except ValueError:
+            raise PricingError(f"{p}: tensor {t.name} has ggml type {t.ggml_type}, which this gguf library does not "
+                               "know; the file is corrupt or newer than fitevict") from None
+        m = BLOCK_RE.match(t.name)
         tensors.append(TensorInfo(
-            name=t.name, ggml_type=qt, shape=shape, nbytes=nb, offset=int(t.data_offset),
+            name=t.name, ggml_type=qt, shape=t.shape, nbytes=nbytes(qt, t.shape), offset=t.offset,
             layer=int(m.group(1)) if m else None, expert=bool(EXPERT_RE.search(t.name)),
         ))
-    end = max((t.end for t in tensors), default=reader.data_offset)
+    end = max((t.end for t in tensors), default=header.data_offset)
     if end > size:
         raise PricingError(
             f"{p}: truncated: its tensors end at byte {end} but the file has {size} bytes; re-download or re-convert it"
@@ -431,21 +408,56 @@ def _unsupported(arch: str) -> str:
     )
 
 
+FileKey = tuple[str, int, int, int]  # (path, size, mtime_ns, inode): a file as parsed; any change parses it again
+
+
+class StructureShelf(Protocol):
+    """A place that keeps parsed structures across processes (the store's ``store.structures.StoredStructures``).
+
+    ``get`` must not block on I/O (it is called on the event loop): a shelf reads what it holds ahead."""
+
+    def get(self, key: FileKey) -> GgufStructure | None: ...
+
+    def put(self, key: FileKey, structure: GgufStructure) -> None: ...
+
+
+_shelves: list[StructureShelf] = []  # the newest first; one per running front door or CLI command
+
+
+def use_shelf(shelf: StructureShelf) -> Callable[[], None]:
+    """Consult ``shelf`` before parsing, and give it what is parsed; returns the call that stops that."""
+    _shelves.insert(0, shelf)
+    _cached.cache_clear()
+    return lambda: _shelves.remove(shelf) if shelf in _shelves else None
+
+
 @lru_cache(maxsize=256)
-def _cached(path: str, size: int, mtime_ns: int) -> GgufStructure:
-    return parse_structure(path)
+def _cached(path: str, size: int, mtime_ns: int, inode: int) -> GgufStructure:
+    key = (path, size, mtime_ns, inode)
+    shelf = _shelves[0] if _shelves else None
+    if shelf is not None and (kept := shelf.get(key)) is not None:
+        return kept
+    parsed = parse_structure(path)
+    if shelf is not None:
+        shelf.put(key, parsed)
+    return parsed
 
 
-def file_identity(path: str | Path, what: str = "model file") -> tuple[str, int, int]:
-    """(path, size, mtime_ns): the key a parse is cached by, so a changed file is parsed again."""
+def file_key(path: str | Path, what: str = "model file") -> FileKey:
+    """(path, size, mtime_ns, inode): what a parse is kept by, here and in the store."""
     p = os.fspath(path)
     try:
         st = os.stat(p)
     except OSError as err:
         raise PricingError(f"{p}: cannot read the {what}: {err.strerror}") from err
-    return p, st.st_size, st.st_mtime_ns
+    return p, st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def file_identity(path: str | Path, what: str = "model file") -> tuple[str, int, int]:
+    """(path, size, mtime_ns): the key a parse is cached by, so a changed file is parsed again."""
+    return file_key(path, what)[:3]
 
 
 def load_structure(path: str | Path) -> GgufStructure:
-    """``parse_structure`` cached by ``file_identity``."""
-    return _cached(*file_identity(path))
+    """``parse_structure`` kept by ``file_key``: in this process, then on the newest shelf (the store)."""
+    return _cached(*file_key(path))

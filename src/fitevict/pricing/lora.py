@@ -9,7 +9,7 @@ The rules (llama.cpp 0c1e570, ``src/llama-adapter.cpp``):
   (``ggml_backend_alloc_ctx_tensors_from_buft``). The log prints each as "LoRA buffer size".
 
 Every adapter of a seat is loaded at start (``--lora``, at scale 0), so its bytes count while the seat lives.
-Pure.
+Reading an adapter's header (``parse_adapter``, ``is_lora_gguf``) is the module's one I/O; the pricing is pure.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 
 from fitevict.pricing.footprint import HOST
-from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
+from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, nbytes, pad
 from fitevict.pricing.gguf import PricingError, TensorInfo, file_identity
+from fitevict.pricing.gguf_header import Header, HeaderError, read_header
 from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
 from fitevict.pricing.placement import Placement, gpu_alloc
 
@@ -59,50 +59,46 @@ class LoraAdapter:
         return sum(t.nbytes for t in self.tensors)
 
 
-def _str(reader: GGUFReader, key: str) -> str | None:
-    f = reader.get_field(key)
-    if f is None or not f.types:
-        return None
-    v = f.contents()
+def _str(header: Header, key: str) -> str | None:
+    v = header.scalar(key)
     return v if isinstance(v, str) else None
 
 
 def is_lora_gguf(path: str | Path) -> bool:
     """True when ``path`` is a GGUF LoRA adapter (``general.type = adapter``, ``adapter.type = lora``)."""
     try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                return False
-        r = GGUFReader(path, "r")
-    except (OSError, ValueError, IndexError, KeyError, OverflowError):
+        h = read_header(path)
+    except (OSError, HeaderError):
         return False
-    return _str(r, "general.type") == "adapter" and _str(r, "adapter.type") == "lora"
+    return _str(h, "general.type") == "adapter" and _str(h, "adapter.type") == "lora"
 
 
 def parse_adapter(path: str | Path) -> LoraAdapter:
     """Read an adapter's header; PricingError names the file and what is wrong with it."""
     p = Path(path)
     try:
-        r = GGUFReader(p, "r")
-    except (OSError, ValueError, IndexError, KeyError, OverflowError) as err:
+        h = read_header(p)
+    except (OSError, HeaderError) as err:
         raise PricingError(f"{p}: the adapter's GGUF header cannot be read ({err}); the file is truncated or "
                            "corrupt") from err
-    gtype, atype = _str(r, "general.type"), _str(r, "adapter.type")
+    gtype, atype = _str(h, "general.type"), _str(h, "adapter.type")
     if gtype != "adapter" or atype != "lora":
         raise PricingError(f"{p}: not a LoRA adapter (general.type = {gtype!r}, adapter.type = {atype!r}; "
                            "llama.cpp wants 'adapter' and 'lora')")
-    arch = _str(r, "general.architecture") or ""
-    f = r.get_field("adapter.lora.alpha")
-    alpha = float(f.contents()) if f is not None else 0.0
+    arch = _str(h, "general.architecture") or ""
+    alpha = h.scalar("adapter.lora.alpha")
     tensors = []
-    for t in r.tensors:
+    for t in h.tensors:
         if t.name.endswith("_norm.weight"):
             continue  # the engine skips norm vectors
         if not t.name.endswith((".lora_a", ".lora_b")):
             raise PricingError(f"{p}: tensor {t.name!r} is neither *.lora_a nor *.lora_b; llama.cpp refuses it")
-        shape = tuple(int(x) for x in np.asarray(t.shape).tolist())
-        tensors.append(LoraTensor(t.name, GGMLQuantizationType(int(t.tensor_type)), shape, int(t.n_bytes)))
-    return LoraAdapter(str(p), arch, alpha, tuple(tensors))
+        try:
+            qt = GGMLQuantizationType(t.ggml_type)
+        except ValueError:
+            raise PricingError(f"{p}: tensor {t.name!r} has an unknown ggml type {t.ggml_type}") from None
+        tensors.append(LoraTensor(t.name, qt, t.shape, nbytes(qt, t.shape)))
+    return LoraAdapter(str(p), arch, float(alpha) if isinstance(alpha, (int, float)) else 0.0, tuple(tensors))
 
 
 @lru_cache(maxsize=256)

@@ -8,7 +8,9 @@ an oversized body or a wrong key is answered with a 4xx in OpenAI's envelope and
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,9 @@ from fitevict.server.metrics import Metrics
 from fitevict.server.rescan import CatalogWatch
 from fitevict.server.sampler import MemorySampler
 from fitevict.engines.upstream import Upstream
+from fitevict.pricing.gguf import use_shelf
 from fitevict.store import Store
+from fitevict.store.structures import StoredStructures
 from fitevict.supervisor import Supervisor
 
 __all__ = ["create_app"]
@@ -46,10 +50,15 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     watch = CatalogWatch(config, catalog)
     # a rescan reads the price sheets again (files may have changed) and reads the added models' ahead
     watch.on_change.append(lambda added, _removed: sup.prices.rescanned(e for k in added if (e := catalog.get(k))))
+    structures = StoredStructures(store)
+    unshelve: list[Callable[[], None]] = []
     state = State({"supervisor": sup, "catalog": catalog, "store": store, "config": config, "sampler": sampler,
                    "catalog_watch": watch})
 
     async def startup() -> None:
+        # the GGUF structures this host's earlier runs parsed: listing models needs no parse after a restart
+        await asyncio.to_thread(structures.preload)
+        unshelve.append(use_shelf(structures))
         await sup.start()
         sampler.start()
         watch.start()
@@ -61,6 +70,8 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         await sampler.stop()
         await sup.shutdown()
         pool.close()
+        while unshelve:
+            unshelve.pop()()
         if own_store:
             store.close()
 

@@ -178,11 +178,31 @@ def _m0003_seat_peaks(conn: Connection) -> None:
     md.create_all(conn)
 
 
+def _m0005_gguf_structures(conn: Connection) -> None:
+    """What a GGUF file's header says for pricing, kept per host and file so that it is parsed once per change."""
+    md = sa.MetaData()
+    big = sa.BigInteger
+    sa.Table(
+        "gguf_structures",
+        md,
+        sa.Column("host", sa.Text, primary_key=True),
+        sa.Column("path", sa.Text, primary_key=True),
+        sa.Column("size", big, nullable=False),
+        sa.Column("mtime_ns", big, nullable=False),
+        sa.Column("inode", big, nullable=False),
+        sa.Column("parser", sa.Text, nullable=False),
+        sa.Column("structure_json", sa.Text, nullable=False),
+        sa.Column("parsed_at", sa.Float, nullable=False),
+    )
+    md.create_all(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", _m0001_initial),
     Migration(2, "events vocabulary: reject, leak", _m0002_events_vocabulary),
     Migration(3, "seat_peaks", _m0003_seat_peaks),
     Migration(4, "events vocabulary: pressure, kv-restore", _m0004_pressure_event),
+    Migration(5, "gguf_structures", _m0005_gguf_structures),
 )
 
 _md = sa.MetaData()

@@ -240,15 +240,16 @@ def q_compute_get(key: str) -> Callable[[Connection], dict[str, int] | None]:
 _UPSERT_INSERTS = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}
 
 
-def _upsert(table: sa.TableClause, key_col: str, values: dict[str, Any]) -> Callable[[Connection], None]:
+def upsert(table: sa.TableClause, key_col: str | tuple[str, ...], values: dict[str, Any]) -> Callable[[Connection], None]:
     """One atomic ``INSERT ... ON CONFLICT (key) DO UPDATE``. An UPDATE-then-INSERT is not enough on
     PostgreSQL: another process's uncommitted insert of the same key is invisible to the UPDATE, and
     the INSERT then fails on the key once that process commits."""
-    rest = [k for k in values if k != key_col]
+    keys = (key_col,) if isinstance(key_col, str) else key_col
+    rest = [k for k in values if k not in keys]
 
     def fn(conn: Connection) -> None:
         stmt = _UPSERT_INSERTS[conn.dialect.name](table).values(**values)
-        conn.execute(stmt.on_conflict_do_update(index_elements=[key_col], set_={k: stmt.excluded[k] for k in rest}))
+        conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_={k: stmt.excluded[k] for k in rest}))
 
     return fn
 
@@ -262,7 +263,7 @@ def op_compute_put(key: str, value: Mapping[str, int]) -> Callable[[Connection],
                 f"compute cache value for {key!r} must map device name -> bytes (int >= 0); got {dev!r}: {n!r}"
             )
     vals = {"key": key, "value_json": _dumps(dict(value), "compute cache value"), "created_at": time.time()}
-    return _upsert(t.compute_cache, "key", vals)
+    return upsert(t.compute_cache, "key", vals)
 
 
 def op_seat_upsert(seat: SeatRecord) -> Callable[[Connection], None]:
@@ -281,7 +282,7 @@ def op_seat_upsert(seat: SeatRecord) -> Callable[[Connection], None]:
         "config_json": _dumps(dict(seat.config), "SeatRecord.config"),
         "fitevict_pid": seat.fitevict_pid,
     }
-    return _upsert(t.seats, "seat_id", vals)
+    return upsert(t.seats, "seat_id", vals)
 
 
 def op_seat_remove(seat_id: str) -> Callable[[Connection], bool]:

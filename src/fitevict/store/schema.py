@@ -84,4 +84,16 @@ seat_peaks = sa.table(
     sa.column("details_json", sa.Text),
 )
 
-TABLES: tuple[sa.TableClause, ...] = (measurements, compute_cache, events, seats, seat_peaks)
+gguf_structures = sa.table(
+    "gguf_structures",
+    sa.column("host", sa.Text),
+    sa.column("path", sa.Text),
+    sa.column("size", _big),
+    sa.column("mtime_ns", _big),
+    sa.column("inode", _big),
+    sa.column("parser", sa.Text),
+    sa.column("structure_json", sa.Text),
+    sa.column("parsed_at", sa.Float),
+)
+
+TABLES: tuple[sa.TableClause, ...] = (measurements, compute_cache, events, seats, seat_peaks, gguf_structures)
