@@ -209,6 +209,7 @@ def load_config(
         stores=section(StoresConfig, "stores"),
         models=MappingProxyType(models),
         models_dirs=values.get("models_dirs", ()),
+        aliases=values.get("aliases", MappingProxyType({})),
         data_dir=data_dir,
         store_url=store_url,
         config_path=config_path,

@@ -240,3 +240,18 @@ def alias(v: Any, o: Origin) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"\S+", v):
         raise BadValue("a non-empty name without whitespace")
     return v
+
+
+def alias_table(v: Any, o: Origin) -> Mapping[str, str]:
+    """``[aliases]``: names clients send (exact, or patterns with ``*``) -> the catalog model that serves them."""
+    form = 'a table of names to models, e.g. { "gpt-5" = "llama-gqa", "claude-*" = "qwen" }'
+    if not isinstance(v, Mapping):
+        raise BadValue(form)
+    out: dict[str, str] = {}
+    for name, target in v.items():
+        if not isinstance(name, str) or not re.fullmatch(r"\S+", name) or name.strip("*") == "":
+            raise BadValue(f"{form}; {name!r} is no name: non-empty, without whitespace, not only '*'")
+        if not isinstance(target, str) or not re.fullmatch(r"\S+", target) or "*" in target:
+            raise BadValue(f"{form}; the model for {name!r} must be one model's name (no '*'), got {target!r}")
+        out[name] = target
+    return MappingProxyType(out)

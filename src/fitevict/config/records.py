@@ -141,6 +141,7 @@ class Config:
     stores: StoresConfig = field(default_factory=StoresConfig)
     models: Mapping[str, ModelConfig] = field(default_factory=_empty_mapping)
     models_dirs: tuple[Path, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=_empty_mapping)  # [aliases]: client names -> catalog models
     data_dir: Path = field(default_factory=paths.data_dir)
     store_url: str = ""
     config_path: Path | None = None  # the TOML file read, if any
@@ -164,6 +165,7 @@ class Config:
             "data_dir": str(self.data_dir),
             "store_url": redact_url(self.store_url),
             "models": {k: m.to_json() for k, m in self.models.items()},
+            "aliases": dict(self.aliases),
         }
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fitevict.config.records import CACHE_TYPES
 from fitevict.config.records import ALLOC_MODES, ENGINES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
-from fitevict.config.parsers import (Parser, alias, arg_list, boolean, one_of, fraction, integer, integer_or, origin_url,
+from fitevict.config.parsers import (Parser, alias, alias_table, arg_list, boolean, one_of, fraction, integer, integer_or, origin_url,
                                      path_value, positive_size, request_defaults, seconds, secret, size, store_url,
                                      store_source, str_list, nonempty_text)
 
@@ -71,10 +71,12 @@ KEYS: tuple[_Key, ...] = (
     _Key("stores.ollama", store_source, env="FITEVICT_OLLAMA"),
     _Key("stores.hf_cache", store_source, env="FITEVICT_HF_CACHE"),
     _Key("stores.lmstudio", store_source, env="FITEVICT_LMSTUDIO"),
+    _Key("aliases", alias_table),  # a table: names clients send (``*`` patterns too) -> catalog models
 )
 BY_KEY: dict[str, _Key] = {k.key: k for k in KEYS}
 SECTIONS = ("server", "engine", "budget", "policy", "stores")
-TOP_LEVEL = ("server", "engine", "budget", "policy", "stores", "models", "models_dirs", "data_dir", "store_url")
+TOP_LEVEL = ("server", "engine", "budget", "policy", "stores", "models", "models_dirs", "data_dir", "store_url",
+             "aliases")
 
 MODEL_FIELDS: dict[str, Parser] = {
     "path": path_value,
