@@ -80,6 +80,7 @@ class Waiter:
     request_id: str | None = None
     keep_alive: float | None = None  # seconds after its last request (None: the policy's); inf: forever
     hold: bool = True  # False: an admin load, which needs the seat ready but serves nothing
+    origin: Mapping[str, str] | None = None  # where it came from (the route, the name asked by), for history
 
     @property
     def key(self) -> str:

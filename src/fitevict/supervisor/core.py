@@ -278,19 +278,20 @@ class Supervisor:
 
     @contextlib.asynccontextmanager
     async def acquire(self, asked: Ask, *, request_id: str | None = None, timing: dict | None = None,
-                      need: Need | None = None) -> AsyncIterator[SeatState]:
+                      need: Need | None = None, origin: Mapping[str, str] | None = None) -> AsyncIterator[SeatState]:
         """Hold a seat for what ``asked`` asks (loading it if needed) for the block. ``timing`` (if given) gets
         ``queue_s`` and ``load_s``: the wait, split into queueing and waiting for a load of this model.
         ``need``: the tokens the request may need (``fitevict.shrink``); with ``policy.shrink_ctx`` a contract
         whose context does not fit loads at the largest context that does when one slot of it holds them
-        (``timing["ctx_shrunk"]`` says so).
+        (``timing["ctx_shrunk"]`` says so). ``origin``: where the request came from (its route, the name it asked
+        by), kept in the history of the load it causes.
 
         Cancelling the task while it waits takes the request out of the queue at once; a load that nobody
         waits for any more is cancelled (see ``Scheduler.cancel``)."""
         entry = asked.entry
         if need is not None:  # policy.shrink_ctx: a seat already shrunk for this contract serves it
             asked = resident_shrunk(self.parts, asked, need, timing)
-        w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive)
+        w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive, origin=origin)
         got = self.scheduler.fast(w)
         hit = got is not None
         if got is None:

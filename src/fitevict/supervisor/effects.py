@@ -102,7 +102,8 @@ class LiveEffects:
             task = self._spawn_task(parts.history.record(Event(
                 time=parts.clock(), event="refuse", model=waiter.key, engine=parts.processes.engine_name(waiter.key),
                 reason=plan.reason, request_id=waiter.request_id, predicted_bytes=needed,
-                details={"plan": plan.to_json(), "under_pressure": sorted(parts.pressure.under)})), "record-refuse")
+                details={"plan": plan.to_json(), "under_pressure": sorted(parts.pressure.under),
+                         **({"origin": dict(waiter.origin)} if waiter.origin else {})})), "record-refuse")
             self.recording.add(task)  # history and metrics readers settle it
             task.add_done_callback(self.recording.discard)
 
@@ -224,7 +225,7 @@ class LiveEffects:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(seat.answered.wait(), FIRST_ANSWER_WAIT_S)
             read_seat(seat, engine, parts.nvml)
-            await self._record_load(seat, plan, waiter.request_id, spec.notes)
+            await self._record_load(seat, plan, waiter, spec.notes)
         finally:
             recorded.set_result(None)
 
@@ -275,9 +276,9 @@ class LiveEffects:
             predicted_bytes=seat.predicted.total_bytes, freed_bytes=res.freed_bytes, details=details))
         parts.scheduler.load_failed(key, e)
 
-    async def _record_load(self, seat: SeatState, plan: pl.Plan, request_id: str | None, notes: Any) -> None:
+    async def _record_load(self, seat: SeatState, plan: pl.Plan, waiter: Waiter, notes: Any) -> None:
         """Learn the overhead, guard the measurement, store it if accepted, record a ``load`` (or ``reject``)."""
-        parts = self.parts
+        parts, request_id = self.parts, waiter.request_id
         log_text = seat.log_path.read_text(errors="replace")
         walk = seat_document(parts.processes.engine_for(seat.entry), log_text)
         if walk is not None and seat.host_mem is not None and seat.host_mem.host_bytes is not None:
@@ -309,6 +310,7 @@ class LiveEffects:
             "notes": list(notes), "compute_source": parts.prices.compute_source(seat.model_path, seat.config),
             "previous_measured_bytes": previous.total_bytes if previous else None,
             "load_report": seat_load_report(parts, seat, plan).to_json(),
+            **({"origin": dict(waiter.origin)} if waiter.origin else {}),
         }
         if seat.repack_crash is not None:  # kept with the file and machine: the next load starts with -nr
             st = seat.model_path.stat()

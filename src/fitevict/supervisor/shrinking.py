@@ -43,4 +43,4 @@ def shrunk_waiter(parts: Ports, e: Refused, w: Waiter, asked: Ask, need: Need | 
         timing["ctx_shrunk"] = {**parts.desk.shrinks[(key, ctx)], "need": need.to_json() if need else None}
     log.info("%s: ctx %s does not fit; loading at ctx %s, which holds this request (%s)", key,
              plan_cfg.n_ctx, ctx, need.why if need else "")
-    return Waiter(shrunk.request, w.arrived, w.request_id, keep_alive=w.keep_alive)
+    return Waiter(shrunk.request, w.arrived, w.request_id, keep_alive=w.keep_alive, origin=w.origin)
