@@ -364,7 +364,7 @@ def _tensors(header: Header, p: Path, size: int) -> list[TensorInfo]:
             name=t.name, ggml_type=qt, shape=t.shape, nbytes=nbytes(qt, t.shape), offset=t.offset,
             layer=int(m.group(1)) if m else None, expert=bool(EXPERT_RE.search(t.name)),
         ))
-    end = max((t.end for t in tensors), default=header.data_offset)
+    end = max((t.end for t in tensors), default=0)  # a file without tensors (a vocabulary) needs no padding
     if end > size:
         raise PricingError(
             f"{p}: truncated: its tensors end at byte {end} but the file has {size} bytes; re-download or re-convert it"
