@@ -30,11 +30,12 @@ from fitevict.cluster.wire import Receive, Scope, Send, query, read_body, send_e
 from fitevict.config import Config
 from fitevict.server.door import Door, new_request_id
 from fitevict.server.errors import ApiError
+from fitevict.server.routes import ROUTES
 
 log = logging.getLogger("fitevict.cluster")
 
-INFERENCE = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate",
-             "/api/embed", "/api/embeddings")
+# every route a node's fast path relays to a seat (server.routes), and Ollama's
+INFERENCE = frozenset((*ROUTES, "/api/chat", "/api/generate", "/api/embed", "/api/embeddings"))
 REFUSALS = (503, 507)  # the node's door does not take it now: the next candidate may
 PASSED_HEADERS = (b"content-type", b"content-length", b"retry-after", b"x-request-id", b"cache-control")
 

@@ -14,12 +14,15 @@ from starlette.requests import Request
 from fitevict.config import Config
 from fitevict.engines import REGISTRY
 from fitevict.pricing.gguf import PricingError
+from fitevict.request.aliases import Aliased, Aliases
 from fitevict.request.ask import Ask, Asks
 from fitevict.request.catalog import AmbiguousModel, Catalog, CatalogEntry, GgufFileError, UnknownModel
 from fitevict.request.contract import Contract, ContractError, for_embeddings, unservable
 from fitevict.request.contract import parse_contract as _parse_contract
+from fitevict.server.bodies import BodyError
 from fitevict.server.errors import ApiError
 from fitevict.server.metrics import Metrics
+from fitevict.server.routes import CHAT, Route
 from fitevict.server.sampler import MemorySampler
 from fitevict.engines.upstream import Upstream
 from fitevict.store import Store
@@ -42,6 +45,7 @@ class Prepared:
 
     ask: Ask
     changed: bool
+    aliased: Aliased | None = None  # the [aliases] entry the model was named by
 
     @property
     def entry(self) -> CatalogEntry:
@@ -50,6 +54,12 @@ class Prepared:
     @property
     def contract(self) -> Contract | None:
         return self.ask.contract
+
+    def origin(self, endpoint: str) -> dict[str, str]:
+        """Where the request came from, for the history of a load it causes: its route, and the alias it named."""
+        if self.aliased is None:
+            return {"route": endpoint}
+        return {"route": endpoint, "asked_as": self.aliased.name, "alias": self.aliased.alias}
 
 
 def parse_contract(raw: Any) -> Contract | None:
@@ -83,9 +93,11 @@ class Door:
     pool: Upstream  # kept-alive connections per seat: the fast path's relay and ``seatcall``
     sampler: MemorySampler | None = None  # the memory report's live windows (fitevict.server.sampler)
     asks: Asks = field(init=False)  # what requests ask of a seat, built once per model and contract (request.ask)
+    aliases: Aliases = field(init=False)  # the config's [aliases]
 
     def __post_init__(self) -> None:
         self.asks = Asks(self.sup.prices)
+        self.aliases = Aliases(self.config.aliases)
 
     def check_auth(self, request: Request, *, admin: bool) -> None:
         h = request.headers
@@ -127,21 +139,26 @@ class Door:
             chunks.append(chunk)
         return parse_json(b"".join(chunks))
 
-    def prepare(self, body: Any, endpoint: str) -> Prepared:
-        """An inference request's body checked and completed before anything changes: the model named, its
-        load contract (an embeddings seat for embeddings), the gguf file, that an engine here can serve it, and
-        the model's request defaults filled in where the
+    def prepare(self, body: Any, route: Route) -> Prepared:
+        """An inference request's body checked and completed before anything changes: the fields its route needs
+        (``route.check``), the model named, its load contract (an embeddings seat for the routes that need one),
+        the gguf file, that an engine here can serve it, and the model's request defaults filled in where the
         request lacks the field. ``changed``: the body differs from what the client sent."""
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object", code="invalid_body")
-        entry = self.resolve(body.get("model"))
+        if route.check is not None:
+            try:
+                route.check(body)
+            except BodyError as e:
+                raise ApiError(400, f"{route.endpoint}: {e}", param=e.param, code=e.code) from None
+        entry, aliased = self.resolve_named(body.get("model"))
         changed = "fitevict" in body
         contract = parse_contract(body.pop("fitevict", None))
-        if endpoint == "embeddings":
+        if route.seat != CHAT:
             contract = for_embeddings(contract)  # any model: an embeddings seat is loaded for it
         asked = self.ask(entry, contract)
         changed = with_defaults(entry, body) or changed
-        return Prepared(asked, changed)
+        return Prepared(asked, changed, aliased)
 
     def ask(self, entry: CatalogEntry, contract: Contract | None) -> Ask:
         """What the request asks of a seat (``request.ask``), built once, here, before it waits: a gguf file the
@@ -158,19 +175,33 @@ class Door:
                            code="model_unreadable") from None
 
     def resolve(self, name: Any) -> CatalogEntry:
+        return self.resolve_named(name)[0]
+
+    def resolve_named(self, name: Any) -> tuple[CatalogEntry, Aliased | None]:
+        """The model ``name`` selects, and the ``[aliases]`` entry it came by (None: a catalog name). The catalog's
+        own names come first, then the alias table (``request.aliases``); an unknown name is a 404 naming the
+        models it could have meant."""
         if not isinstance(name, str) or not name:
             raise ApiError(400, "'model' is required: name a model from GET /v1/models", param="model",
                            code="missing_model")
+        entry = self.catalog.get(name)
+        if entry is not None:
+            return entry, None
+        aliased = self.aliases.match(name) if self.aliases else None
         try:
-            return self.catalog.resolve(name)
+            if aliased is not None:
+                return self.catalog.resolve(aliased.target), aliased
+            return self.catalog.resolve(name), None
         except AmbiguousModel as e:
             raise ApiError(400, f"{e} (GET /v1/models lists them)", param="model", code="ambiguous_model",
                            extra={"candidates": list(e.candidates)}) from None
         except UnknownModel as e:
-            hint = f"; did you mean {', '.join(e.close_matches)}?" if e.close_matches else ""
-            raise ApiError(404, f"model {name!r} does not exist{hint} (GET /v1/models lists them)",
-                           type="not_found_error", param="model", code="model_not_found",
-                           extra={"close_matches": list(e.close_matches)}) from None
+            close = list(dict.fromkeys([*e.close_matches, *self.aliases.close(name)]))[:3]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            what = (f"model {name!r} is an alias ([aliases] {aliased.alias!r}) of {aliased.target!r}, which is not "
+                    f"in the catalog" if aliased is not None else f"model {name!r} does not exist")
+            raise ApiError(404, f"{what}{hint} (GET /v1/models lists them)", type="not_found_error", param="model",
+                           code="model_not_found", extra={"close_matches": close}) from None
 
     @staticmethod
     def supervisor_error(e: SupervisorError) -> ApiError:

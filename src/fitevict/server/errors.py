@@ -1,14 +1,26 @@
-"""OpenAI's error envelope, used for every error fitevict answers."""
+"""The error shapes fitevict answers in: OpenAI's envelope everywhere, Anthropic's on Anthropic's routes, and an
+engine's own error answer put into the route's shape (``engine_error``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from starlette.responses import JSONResponse
 
+OPENAI, ANTHROPIC = "openai", "anthropic"  # the APIs whose error shapes a route speaks
+
+# Anthropic's error types by status (docs.anthropic.com, "Errors"); 529 is its "overloaded" status, which its SDK
+# retries with the retry-after header
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                   429: "rate_limit_error", 529: "overloaded_error"}
+BUSY_TYPES = ("server_busy", "overloaded_error")  # a full queue: Anthropic's 529
+
 
 class ApiError(Exception):
-    """An error with an HTTP status, in OpenAI's envelope: {"error": {message, type, param, code}}."""
+    """An error with an HTTP status, in OpenAI's envelope: {"error": {message, type, param, code}}, or in
+    Anthropic's (``response(ANTHROPIC)``)."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None):
@@ -21,11 +33,45 @@ class ApiError(Exception):
         self.headers = headers or {}
         self.extra = extra or {}
 
-    def response(self) -> JSONResponse:
+    def response(self, api: str = OPENAI) -> JSONResponse:
+        status, body = self.shaped(api)
+        return JSONResponse(body, status_code=status, headers=self.headers)
+
+    def shaped(self, api: str = OPENAI) -> tuple[int, dict[str, Any]]:
+        """The status and body in ``api``'s shape. Anthropic's: ``{"type": "error", "error": {"type", "message"}}``
+        with its types by status, a busy queue as 529 ``overloaded_error``."""
+        if api == ANTHROPIC:
+            status = 529 if self.type in BUSY_TYPES else self.status
+            kind = ANTHROPIC_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+            return status, {"type": "error", "error": {"type": kind, "message": self.message, **self.extra}}
         body: dict[str, Any] = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         body.update(self.extra)
-        return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
+        return self.status, {"error": body}
 
 
 def envelope(status: int, message: str, **kw: Any) -> JSONResponse:
     return ApiError(status, message, **kw).response()
+
+
+def engine_error(api: str, model: str, status: int, raw: bytes) -> tuple[int, bytes]:
+    """An engine's error answer in ``api``'s shape. llama-server answers a body it failed to read (a field of the
+    wrong type, a missing one it reads by force) with a 500 whose message is nlohmann::json's exception
+    (``[json.exception.type_error.302] ...``): that is the request's fault, a 400. OpenAI's shape is the engine's
+    own, so its answer passes as it came unless its status changes."""
+    message, kind = _engine_message(raw)
+    fault = status == 500 and message.startswith("[json.exception.")
+    if api == OPENAI and not fault:
+        return status, raw
+    err = ApiError(400 if fault else status, f"{model}: the engine refused the request: {message}",
+                   type="invalid_request_error" if fault else kind, code="invalid_body" if fault else None)
+    new_status, body = err.shaped(api)
+    return new_status, json.dumps(body).encode()
+
+
+def _engine_message(raw: bytes) -> tuple[str, str]:
+    """The message and type of an engine's error body (``{"error": {"message", "type"}}``), else its text."""
+    try:
+        err = json.loads(raw)["error"]
+        return str(err.get("message", "")), str(err.get("type", "api_error"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return raw.decode(errors="replace").strip()[:500], "api_error"

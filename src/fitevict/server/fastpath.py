@@ -33,8 +33,10 @@ from fitevict.server import plain, progress
 from fitevict.server.door import Door, Prepared, new_request_id, parse_json
 from fitevict.server.kvrestore import restore_for
 from fitevict.server.metrics import Metrics
-from fitevict.server.errors import ApiError
-from fitevict.engines.upstream import Upstream, UpstreamConn, UpstreamError
+from fitevict.server.errors import ApiError, engine_error
+from fitevict.server.relay import Relayed, relay
+from fitevict.server.routes import ROUTES, Route
+from fitevict.engines.upstream import UpstreamConn, UpstreamError
 from fitevict.supervisor import SupervisorError
 
 __all__ = ["FastPath", "Relayed", "RequestLog", "ROUTES", "relay"]
@@ -45,102 +47,7 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-# path -> the endpoint name used in the log line and metrics
-ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 PROGRESS = progress.HEADER.encode()
-
-
-# -- the relay (reusable by any route that forwards a body to a seat) ---------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Relayed:
-    """What ``relay`` passed on. ``body``: a non-streamed answer's chunks as received (not joined), or the
-    last two chunks of a stream (where llama-server writes usage and timings); ``events``: SSE ``data:`` events relayed (streams; ``[DONE]`` not counted);
-    ``error``: the engine broke off mid-answer (the client's response is left unfinished, so the server
-    closes its connection)."""
-
-    status: int
-    streamed: bool
-    events: int
-    body: tuple[bytes, ...]
-    error: str | None = None
-
-
-async def relay(upstream: Upstream, send: Send, port: int, path: str, body: bytes, request_id: str, *,
-                on_chunk: Callable[[bytes], bytes] | None = None, on_finish: Callable[[], bytes] | None = None,
-                on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None,
-                headers: tuple[tuple[bytes, bytes], ...] = (),
-                seat_headers: Callable[[UpstreamConn], tuple[tuple[bytes, bytes], ...]] | None = None,
-                on_sent: Callable[[], object] | None = None) -> Relayed:
-    """POST ``body`` to ``path`` on the seat listening on ``port`` and relay the answer to ASGI ``send``.
-
-    A streamed answer (no Content-Length) goes out chunk by chunk as it arrives: ``on_chunk`` maps each engine
-    chunk (bytes as received: an SSE event can straddle two) to the bytes sent, ``on_finish`` gives the bytes
-    sent last. A whole answer goes out as it arrives with its length, or, with ``on_body``, is read whole and
-    replaced by ``on_body(answer)``. ``content_type`` replaces the engine's; ``headers`` are added, and
-    ``seat_headers(conn)``'s, made once the engine's answer head has come. ``on_sent`` is called as soon as the
-    request went to the engine (work there overlaps the engine's). Raises UpstreamError if the
-    engine does not answer (nothing was sent then). Cancelling the calling task aborts the engine
-    connection, which stops the engine's generation."""
-    conn = await upstream.open(port, path, body, request_id, on_sent=on_sent)
-    try:
-        head = [(b"content-type", content_type or conn.content_type), (b"x-request-id", request_id.encode()),
-                *headers, *(seat_headers(conn) if seat_headers is not None else ())]
-        if conn.content_length is None:
-            return await _relay_stream(conn, send, head, on_chunk, on_finish)
-        return await _relay_whole(conn, send, head, on_body)
-    finally:
-        upstream.release(conn)
-
-
-async def _relay_stream(conn: UpstreamConn, send: Send, head: list, on_chunk: Callable[[bytes], bytes] | None,
-                        on_finish: Callable[[], bytes] | None) -> Relayed:
-    await send({"type": "http.response.start", "status": conn.status,
-                "headers": [*head, (b"cache-control", b"no-cache")]})
-    events, prev, last, finished = 0, b"", b"", False
-    try:
-        while chunk := await conn.read():
-            while b"data: [DONE]" in chunk and not conn.drained and (more := await conn.read()):
-                chunk += more  # the stream's end follows its last event at once: the client's [DONE] is final
-            events += chunk.count(b"data: ")
-            prev, last = last, chunk
-            finished = conn.drained and on_finish is None
-            await send({"type": "http.response.body", "body": on_chunk(chunk) if on_chunk else chunk,
-                        "more_body": not finished})
-            if finished:
-                break
-    except UpstreamError as e:
-        return Relayed(conn.status, True, events, (prev, last), str(e))
-    if not finished:
-        await send({"type": "http.response.body", "body": on_finish() if on_finish else b"", "more_body": False})
-    return Relayed(conn.status, True, events - last.count(b"data: [DONE]"), (prev, last))
-
-
-async def _relay_whole(conn: UpstreamConn, send: Send, head: list, on_body: Callable[[bytes], bytes] | None) -> Relayed:
-    kept: list[bytes] = []
-    finished = False
-    if on_body is not None:  # read whole before anything is sent: a broken answer is an UpstreamError
-        while chunk := await conn.read():
-            kept.append(chunk)
-        out = on_body(b"".join(kept))
-        await send({"type": "http.response.start", "status": conn.status,
-                    "headers": [*head, (b"content-length", str(len(out)).encode())]})
-        await send({"type": "http.response.body", "body": out, "more_body": False})
-        return Relayed(conn.status, False, 0, tuple(kept))
-    try:
-        await send({"type": "http.response.start", "status": conn.status,
-                    "headers": [*head, (b"content-length", str(conn.content_length).encode())]})
-        while chunk := await conn.read():
-            kept.append(chunk)
-            finished = conn.drained
-            await send({"type": "http.response.body", "body": chunk, "more_body": not finished})
-            if finished:
-                break
-    except UpstreamError as e:
-        return Relayed(conn.status, False, 0, tuple(kept), str(e))
-    if not finished:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return Relayed(conn.status, False, 0, tuple(kept))
 
 
 # -- the request log line and metrics ------------------------------------------------------------------
@@ -244,9 +151,9 @@ class FastPath:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
-            endpoint = ROUTES.get(path)
-            if endpoint is not None:
-                return await self.serve(endpoint, scope, receive, send)
+            route = ROUTES.get(path)
+            if route is not None:
+                return await self.serve(route, scope, receive, send)
             if path in plain.ROUTES:
                 return await plain.answer(self.door, path, scope, send)
         elif kind == "lifespan":
@@ -267,7 +174,7 @@ class FastPath:
             if step == "shutdown":
                 return
 
-    async def serve(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def serve(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         auth = api_key = rid = length = ""
         progress_asked = False
@@ -282,7 +189,7 @@ class FastPath:
                 rid = value.decode("latin-1")
             elif name == PROGRESS:
                 progress_asked = True
-        rec = Record(rid or new_request_id(), endpoint, t0)
+        rec = Record(rid or new_request_id(), route.endpoint, t0)
         door = self.door
         try:
             if scope["method"] != "POST":
@@ -295,16 +202,17 @@ class FastPath:
                 rec.status = 499
                 return self.log.write(rec, {"error": "client disconnected"})
             body = parse_json(raw)
-            prep = door.prepare(body, endpoint)
+            prep = door.prepare(body, route)
             rec.model = prep.entry.key
         except ApiError as e:
-            rec.status = e.status
-            await e.response()(scope, receive, send)
+            response = e.response(route.api)
+            rec.status = response.status_code
+            await response(scope, receive, send)
             return self.log.write(rec, {"error": e.code})
         if progress_asked and body.get("stream") and progress.wanted(Headers(scope=scope)):
             return await self._with_progress(scope, receive, send, rec, body, prep)
         payload = json.dumps(body).encode() if prep.changed else raw
-        await self._infer(scope, receive, send, rec, body, prep, payload)
+        await self._infer(scope, receive, send, rec, body, prep, payload, route)
 
     async def _with_progress(self, scope: Scope, receive: Receive, send: Send, rec: Record, body: dict,
                              prep: Prepared) -> None:
@@ -336,7 +244,7 @@ class FastPath:
         return b"".join(chunks)
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, rec: Record, body: dict, prep: Prepared,
-                     payload: bytes) -> None:
+                     payload: bytes, route: Route) -> None:
         door, path = self.door, scope["path"]
         hangup = _Hangup(receive)
         held = None
@@ -344,7 +252,8 @@ class FastPath:
         extra: dict[str, Any] = {}
         try:
             need = shrink.need(body, prep.entry.settings.request_defaults) if door.config.policy.shrink_ctx else None
-            cm = door.sup.acquire(prep.ask, request_id=rec.request_id, timing=rec.waits, need=need)
+            cm = door.sup.acquire(prep.ask, request_id=rec.request_id, timing=rec.waits, need=need,
+                                  origin=prep.origin(rec.endpoint))
             seat = await cm.__aenter__()
             held = cm
             rec.t_seat = time.perf_counter()
@@ -363,8 +272,10 @@ class FastPath:
                     report[:] = [report_headers(rec.waits, conn.adapter)]
                 return tuple((k.encode(), v.encode()) for k, v in report[0].items())
 
-            out = await relay(door.pool, send, seat.port, path, payload, rec.request_id, seat_headers=seat_headers,
-                              on_sent=lambda: report.append(report_headers(rec.waits)))
+            out = await relay(door.pool, send, seat.port, path, payload, rec.request_id, headers=named(prep, extra),
+                              seat_headers=seat_headers,
+                              on_sent=lambda: report.append(report_headers(rec.waits)),
+                              on_error=lambda status, raw: engine_error(route.api, seat.key, status, raw))
             hangup.disarm()
         except asyncio.CancelledError:
             hangup.disarm()
@@ -376,13 +287,14 @@ class FastPath:
         except SupervisorError as e:
             hangup.disarm()
             err = door.supervisor_error(e)
-            rec.status, extra["error"] = err.status, err.code
-            await err.response()(scope, receive, send)
+            response = err.response(route.api)
+            rec.status, extra["error"] = response.status_code, err.code
+            await response(scope, receive, send)
         except UpstreamError as e:
             hangup.disarm()
             rec.status, extra["error"] = 502, "upstream"
-            await ApiError(502, f"{rec.model}: the engine did not answer: {e}", type="engine_error").response()(
-                scope, receive, send)
+            await ApiError(502, f"{rec.model}: the engine did not answer: {e}", type="engine_error").response(
+                route.api)(scope, receive, send)
         except BaseException:
             hangup.disarm()
             raise
@@ -427,12 +339,27 @@ class FastPath:
             extra["prompt"] = body.get("messages") or body.get("prompt") or body.get("input")
 
 
+def named(prep: Prepared, extra: dict[str, Any]) -> tuple[tuple[bytes, bytes], ...]:
+    """The answer's headers that name the model that served it, and the ``[aliases]`` name it was asked by (the
+    log line's ``asked_as`` and ``alias``)."""
+    model = (b"x-fitevict-model", prep.entry.key.encode())
+    a = prep.aliased
+    if a is None:
+        return (model,)
+    extra["asked_as"], extra["alias"] = a.name, a.alias
+    return model, (b"x-fitevict-alias", a.name.encode("latin-1", "replace"))
+
+
 def total_tokens(content: bytes) -> int | None:
-    """Prompt plus generated tokens of an OpenAI answer, read from its tail: ``usage.total_tokens`` where
-    llama-server writes usage, else its ``timings`` (``prompt_n + predicted_n``, a chat stream's last event)."""
+    """Prompt plus generated tokens of an answer, read from its tail: ``usage.total_tokens`` where llama-server
+    writes OpenAI's usage, Anthropic's ``input_tokens + output_tokens (+ cache_read_input_tokens)``, else its ``timings`` (``prompt_n + predicted_n``, a chat stream's last event)."""
     total = _int_after(content, b'"total_tokens":')
     if total is not None:
         return total
+    prompt = _int_after(content, b'"input_tokens":')  # Anthropic's usage (and a count of tokens)
+    if prompt is not None:
+        return prompt + (_int_after(content, b'"output_tokens":') or 0) + (
+            _int_after(content, b'"cache_read_input_tokens":') or 0)
     prompt, predicted = _int_after(content, b'"prompt_n":'), _int_after(content, b'"predicted_n":')
     return prompt + predicted if prompt is not None and predicted is not None else None
 

@@ -50,9 +50,23 @@ def model_list(door: Door) -> dict[str, Any]:
                          "resident_bytes": v["devices"] if v else None,
                          **({"base": e.base, "adapter_bytes": listed_adapter_bytes(e.kind, e.files)}
                             if e.base else {}),
-                         **({"adapters": adapters[e.key]} if e.key in adapters else {})},
+                         **({"adapters": adapters[e.key]} if e.key in adapters else {}),
+                         **_config_aliases(door, e.names)},
         })
+    for name, target in door.aliases.table.items():  # [aliases]' exact names, as models of their own
+        entry = catalog.get(target)
+        if "*" not in name and entry is not None and catalog.get(name) is None:
+            data.append({"id": name, "object": "model", "created": 0, "owned_by": "fitevict",
+                         "fitevict": {"alias_of": entry.key}})
     return {"object": "list", "data": data}
+
+
+def _config_aliases(door: Door, names: tuple[str, ...]) -> dict[str, Any]:
+    """The ``[aliases]`` that name a model: its exact names and patterns (none: nothing added)."""
+    if not door.aliases:
+        return {}
+    exact, patterns = door.aliases.of(names)
+    return {k: v for k, v in (("alias_names", exact), ("alias_patterns", patterns)) if v}
 
 
 async def metrics_text(door: Door) -> bytes:
