@@ -104,6 +104,14 @@ def test_infill_reaches_the_seat_and_relays_the_engines_answer(door: FrontDoor) 
     assert r.headers["x-should-retry"] == "false"
 
 
+def test_a_body_the_engine_cannot_read_is_a_400_not_its_500(door: FrontDoor) -> None:
+    """Chat's body passes the door as it is; the pinned engine answers tools it cannot parse with a 500."""
+    r = httpx.post(door.base_url + "/v1/chat/completions", json={"model": SMALL, "messages": [], "tools": [1]},
+                   headers={"Authorization": f"Bearer {USER}"}, timeout=120)
+    assert r.status_code == 400 and "Failed to parse tools" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_the_responses_api_through_the_openai_sdk(door: FrontDoor) -> None:
     client = oai(door)
     resp = client.responses.create(model="gpt-5", input="Say hi", instructions="Be brief.", max_output_tokens=6)

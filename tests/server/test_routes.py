@@ -57,6 +57,9 @@ MALFORMED = [
     ("/v1/responses", {"model": "llama-gqa", "input": "x", "max_output_tokens": -1}, "max_output_tokens"),
     ("/v1/responses/input_tokens", {"model": "llama-gqa", "input": [7]}, "input.0"),
     ("/v1/chat/completions/input_tokens", {"model": "llama-gqa", "messages": [1]}, "messages.0"),
+    ("/v1/chat/completions/input_tokens", {"model": "llama-gqa", "messages": [
+        {"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
+    ("/v1/chat/completions/input_tokens", {"model": "llama-gqa", "messages": [], "tools": [{"type": "x"}]}, "tools"),
     ("/v1/rerank", {"model": "llama-gqa", "query": "q"}, "documents"),
     ("/rerank", {"model": "llama-gqa", "query": 1, "documents": ["a"]}, "query"),
     ("/tokenize", {"model": "llama-gqa"}, "content"),
@@ -135,6 +138,9 @@ def test_an_engine_error_is_put_in_the_routes_shape() -> None:
     assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
     status, body = engine_error("anthropic", "m", 500, bad)
     assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
+    tools = b'{"error": {"code": 500, "message": "Failed to parse tools: Missing tool type: 1", "type": "server_error"}}'
+    assert engine_error("openai", "m", 500, tools)[0] == 400
+    assert engine_error("openai", "m", 500, b'{"error": {"message": "out of memory"}}')[0] == 500  # the engine's own
     own = json.dumps({"error": {"code": 501, "message": "Infill is not supported", "type": "not_supported_error"}})
     assert engine_error("openai", "m", 501, own.encode()) == (501, own.encode())  # the engine's own answer
     status, body = engine_error("anthropic", "m", 400, b'{"error": {"message": "too long", "type": "x"}}')

@@ -156,12 +156,25 @@ def responses(body: dict) -> None:
     _common(body)
 
 
+def _function_tool(t: Any) -> bool:
+    return isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict) and \
+        isinstance(t["function"].get("name"), str)
+
+
 def chat(body: dict) -> None:
-    """``POST /v1/chat/completions/input_tokens``: a chat request's messages, each an object with a role."""
+    """``POST /v1/chat/completions/input_tokens``: a chat request's messages, each an object with a role and its
+    content a string or a list of parts (a text part with its text), and its tools, each a function."""
     msgs = _need(body, "messages", lambda v: isinstance(v, list), "a list of messages", required=True)
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BodyError(f"messages.{i}", 'a message: an object with a string "role"')
+        for j, part in enumerate(m["content"] if isinstance(m.get("content"), list) else ()):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise BodyError(f"messages.{i}.content.{j}", 'a content part: an object with a string "type"')
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise BodyError(f"messages.{i}.content.{j}.text", "a string")
+    _need(body, "tools", lambda v: _list_of(v, _function_tool),
+          'a list of tools, each {"type": "function", "function": {"name": ..., ...}}')
 
 
 # -- llama.cpp's own routes --------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                    429: "rate_limit_error", 529: "overloaded_error"}
 BUSY_TYPES = ("server_busy", "overloaded_error")  # a full queue: Anthropic's 529
+# how the pinned engine's chat parser begins the 500s it answers to a body it cannot read (common/chat.cpp)
+REQUEST_FAULTS = ("Failed to parse messages", "Failed to parse tools")
 
 
 class ApiError(Exception):
@@ -56,10 +58,11 @@ def envelope(status: int, message: str, **kw: Any) -> JSONResponse:
 def engine_error(api: str, model: str, status: int, raw: bytes) -> tuple[int, bytes]:
     """An engine's error answer in ``api``'s shape. llama-server answers a body it failed to read (a field of the
     wrong type, a missing one it reads by force) with a 500 whose message is nlohmann::json's exception
-    (``[json.exception.type_error.302] ...``): that is the request's fault, a 400. OpenAI's shape is the engine's
+    (``[json.exception.type_error.302] ...``) or its chat parser's (``Failed to parse tools: ...``): that is the
+    request's fault, a 400. OpenAI's shape is the engine's
     own, so its answer passes as it came unless its status changes."""
     message, kind = _engine_message(raw)
-    fault = status == 500 and message.startswith("[json.exception.")
+    fault = status == 500 and ("[json.exception." in message or message.startswith(REQUEST_FAULTS))
     if api == OPENAI and not fault:
         return status, raw
     err = ApiError(400 if fault else status, f"{model}: the engine refused the request: {message}",
