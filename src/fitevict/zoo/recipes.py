@@ -76,13 +76,15 @@ class Recipe:
     mla: tuple[int, ...] = ()  # deepseek2 MLA: (kv_lora_rank, q_lora_rank, qk_rope, qk_nope, v_head_dim)
     n_nextn: int = 0  # trailing MTP (next-token prediction) blocks counted in block_count
     shortconv: int = 0  # lfm2: shortconv.l_cache
+    rope_base: float = 10000.0  # rope.freq_base
+    rms_eps: float = 1e-6  # attention.layer_norm_rms_epsilon
 
 
 # Fields added after the first zoo: left out of a recipe's fingerprint while at their default, so the
 # manifests written before them stay current.
 LATER_FIELDS: dict[str, object] = {
     "head_dim": 0, "n_ff_exp": 0, "n_ff_shexp": 0, "n_expert_shared": 0, "n_dense_lead": 0, "mla": (),
-    "n_nextn": 0, "shortconv": 0,
+    "n_nextn": 0, "shortconv": 0, "rope_base": 10000.0, "rms_eps": 1e-6,
 }
 
 

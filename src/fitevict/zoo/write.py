@@ -24,13 +24,14 @@ from fitevict.zoo.tensors import tensor_data, tensor_shapes, spm_vocab
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def _add_metadata(w: gguf.GGUFWriter, r: Recipe) -> None:
+def add_model_metadata(w: gguf.GGUFWriter, r: Recipe) -> None:
+    """Every key of a recipe's model but its tokenizer: name, file type, sizes, attention, experts, windows."""
     w.add_name(f"fitevict zoo {r.name}")
     w.add_file_type(FILE_TYPE[r.weight_type])
     w.add_context_length(r.n_ctx_train)
     w.add_embedding_length(r.n_embd)
     w.add_block_count(r.n_layer)
-    w.add_layer_norm_rms_eps(1e-6)
+    w.add_layer_norm_rms_eps(r.rms_eps)
     if r.ssm:
         d_conv, d_inner, d_state, dt_rank = r.ssm[:4]
         w.add_ssm_conv_kernel(d_conv)
@@ -46,7 +47,7 @@ def _add_metadata(w: gguf.GGUFWriter, r: Recipe) -> None:
         w.add_head_count(r.n_head)
         w.add_head_count_kv(list(r.n_head_kv) if isinstance(r.n_head_kv, tuple) else r.n_head_kv)
         w.add_rope_dimension_count(r.mla[2] if r.mla else (r.head_dim or r.n_embd // r.n_head))
-        w.add_rope_freq_base(10000.0)
+        w.add_rope_freq_base(r.rope_base)
     if r.head_dim:
         w.add_key_length(r.head_dim)
         w.add_value_length(r.head_dim)
@@ -79,6 +80,9 @@ def _add_metadata(w: gguf.GGUFWriter, r: Recipe) -> None:
         getattr(w, f"add_{key}")(value)
     zoo_hybrid.metadata(w, r)
 
+
+def _add_metadata(w: gguf.GGUFWriter, r: Recipe) -> None:
+    add_model_metadata(w, r)
     tokens, scores, types = spm_vocab(r.n_vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -108,7 +112,7 @@ def write_gguf(r: Recipe, path: Path) -> None:
         w.close()
 
 
-def _fingerprint(r: Recipe) -> str:
+def fingerprint(r: Recipe) -> str:
     """Identity of a recipe's output: recipe fields, generator version, gguf and numpy versions."""
     fields = {k: (v.name if isinstance(v, QT) else v) for k, v in asdict(r).items()
               if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
@@ -120,7 +124,7 @@ def _fingerprint(r: Recipe) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -153,14 +157,14 @@ def _is_current(path: Path, entry: dict[str, object] | None, fingerprint: str) -
         size = path.stat().st_size
     except FileNotFoundError:
         return False
-    return size == entry.get("bytes") and _sha256(path) == entry.get("sha256")
+    return size == entry.get("bytes") and sha256_file(path) == entry.get("sha256")
 
 
 def _quant_label(r: Recipe) -> str:
     return r.weight_type.name
 
 
-def _check_dest(dest: Path) -> None:
+def check_dest(dest: Path) -> None:
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -200,13 +204,13 @@ def write_zoo(
     """
     dest = Path(dest)
     names = resolve_names(only, version)
-    _check_dest(dest)
+    check_dest(dest)
     manifest = _read_manifest(dest)
     written: list[ZooModel] = []
     for name in names:
         r = recipe(name, version)
         path = dest / f"{name}.gguf"
-        fp = _fingerprint(r)
+        fp = fingerprint(r)
         entry = manifest.get(name)
         if _is_current(path, entry if isinstance(entry, dict) else None, fp):
             if progress:
@@ -223,7 +227,7 @@ def write_zoo(
             manifest[name] = {
                 "fingerprint": fp,
                 "generator": GENERATOR_VERSION,
-                "sha256": _sha256(path),
+                "sha256": sha256_file(path),
                 "bytes": path.stat().st_size,
             }
             _write_manifest(dest, manifest)
