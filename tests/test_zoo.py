@@ -303,3 +303,128 @@ def test_rewrite_arch_keeps_tensors_and_renames_keys(tmp_path) -> None:
     assert b.fields["xverse.block_count"].contents() == a.fields["llama.block_count"].contents()
     assert not any(k.startswith("llama.") for k in b.fields)
     assert [(t.name, t.data.tobytes()) for t in a.tensors] == [(t.name, t.data.tobytes()) for t in b.tensors]
+
+
+# ---------------------------------------------------------------------------------------------- the life-size zoo
+
+
+@pytest.fixture(scope="module")
+def engine_source() -> Path:
+    """The engine's llama.cpp source, whose models/ holds the real vocabularies the life-size zoo copies."""
+    from fitevict.engines.install import source_dir
+
+    src = source_dir()
+    if not (src / "models").is_dir():
+        pytest.skip(f"no engine source at {src}: run `fitevict engine install llama.cpp`")
+    return src
+
+
+def _record(reader: gguf.GGUFReader, key: str) -> bytes:
+    """A key-value as the file stores it (key, type, value), located by gguf's own reader."""
+    f = reader.fields[key]
+    return b"".join(p.tobytes() for p in f.parts)
+
+
+def _qwen_tensors() -> dict[str, tuple[list[int], QT]]:
+    """Qwen2.5-0.5B's 290 tensors (ggml ne, type) as written out in its GGUF: tied, q/k/v biases, Q8_0 weights."""
+    e, ff, kv, vocab = 896, 4864, 2 * 64, 151936
+    out = {"token_embd.weight": ([e, vocab], QT.Q8_0), "output_norm.weight": ([e], QT.F32)}
+    for i in range(24):
+        p = f"blk.{i}."
+        out |= {p + "attn_norm.weight": ([e], QT.F32), p + "ffn_norm.weight": ([e], QT.F32),
+                p + "attn_q.weight": ([e, e], QT.Q8_0), p + "attn_q.bias": ([e], QT.F32),
+                p + "attn_k.weight": ([e, kv], QT.Q8_0), p + "attn_k.bias": ([kv], QT.F32),
+                p + "attn_v.weight": ([e, kv], QT.Q8_0), p + "attn_v.bias": ([kv], QT.F32),
+                p + "attn_output.weight": ([e, e], QT.Q8_0), p + "ffn_gate.weight": ([e, ff], QT.Q8_0),
+                p + "ffn_up.weight": ([e, ff], QT.Q8_0), p + "ffn_down.weight": ([ff, e], QT.Q8_0)}
+    return out
+
+
+def test_life_size_qwen_has_the_real_vocabulary_and_shape(engine_source: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from fitevict.zoo.lifesize import vocab_file, write_life_size
+
+    lines: list[str] = []
+    (w,) = write_life_size(engine_source, tmp_path, only=["qwen2.5-0.5b"], progress=lines.append)
+    assert not w.reused and lines[0] == "writing qwen2.5-0.5b (Q8_0)"
+    g = Gguf(w.model.path)
+    # every tokenizer key is the vocabulary file's, byte for byte: the records gguf's reader finds in the model
+    # are, in order, the vocabulary file's last bytes (its tokenizer keys end its key-values; zero padding after)
+    vocab = vocab_file(engine_source, "qwen2").read_bytes()
+    keys = [k for k in g.reader.fields if k.startswith("tokenizer.")]
+    assert {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.chat_template"} <= set(keys)
+    copied = b"".join(_record(g.reader, k) for k in keys)
+    at = vocab.rfind(copied)
+    assert at > 0 and not vocab[at + len(copied):].strip(b"\0") and len(vocab) - at - len(copied) < 32
+    assert len(g.get("tokenizer.ggml.tokens")) == 151936
+    # the public model's shape and types, tensor by tensor
+    assert (g.arch, g.get("block_count"), g.get("embedding_length"), g.get("feed_forward_length")) == \
+        ("qwen2", 24, 896, 4864)
+    assert (g.get("attention.head_count"), g.get("attention.head_count_kv"), g.get("context_length")) == \
+        (14, 2, 32768)
+    assert g.get("rope.freq_base") == 1e6
+    assert {n: (g.shape(n), t.tensor_type) for n, t in g.tensors.items()} == _qwen_tensors()
+    # finite, small weights: the blocks' f16 scales and what they dequantize to
+    for name in ("token_embd.weight", "blk.23.ffn_down.weight"):
+        w8 = gguf.quants.dequantize(g.tensors[name].data[:64], QT.Q8_0)
+        assert np.isfinite(w8).all() and 0.005 < float(w8.std()) < 0.05 and float(abs(w8).max()) < 0.1
+    assert all((g.tensors[n].data == 1).all() for n in g.tensors if n.endswith("norm.weight"))
+    # written once: the next call reuses the file, and no temporary file is left
+    stamp = w.model.path.stat().st_mtime_ns
+    lines.clear()
+    (again,) = write_life_size(engine_source, tmp_path, only=["qwen2.5-0.5b"], progress=lines.append)
+    assert again.reused and lines == ["up to date qwen2.5-0.5b"] and again.model.path.stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lifesize", "qwen2.5-0.5b.gguf"]
+
+
+def test_life_size_embedder_copies_every_tokenizer_key(engine_source: Path, tmp_path: Path) -> None:
+    from fitevict.zoo.lifesize import vocab_file, write_life_size
+
+    (w,) = write_life_size(engine_source, tmp_path, only=["bge-small-en-v1.5"])
+    g, v = Gguf(w.model.path), gguf.GGUFReader(vocab_file(engine_source, "bert-bge"))
+    theirs = {k: f.contents() for k, f in v.fields.items() if k.startswith("tokenizer.")}
+    assert {k: f.contents() for k, f in g.reader.fields.items() if k.startswith("tokenizer.")} == theirs
+    assert (g.arch, g.get("pooling_type"), g.get("attention.causal")) == ("bert", 2, False)
+    assert g.shape("position_embd.weight") == [384, 512] and g.shape("token_types.weight") == [384, 2]
+    assert len(g.tensors) == 5 + 12 * 16 and "output.weight" not in g.tensors
+    # same recipe, same vocabulary, same bytes
+    (again,) = write_life_size(engine_source, tmp_path / "again", only=["bge-small-en-v1.5"])
+    assert _sha(again.model.path) == _sha(w.model.path)
+
+
+def test_life_size_is_rewritten_when_its_vocabulary_changes(engine_source: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from fitevict.zoo.lifesize import vocab_file, write_life_size
+
+    src = tmp_path / "llama.cpp"
+    mine = vocab_file(src, "bert-bge")
+    mine.parent.mkdir(parents=True)
+    shutil.copyfile(vocab_file(engine_source, "bert-bge"), mine)
+    lines: list[str] = []
+    write_life_size(src, tmp_path / "out", only=["bge-small-en-v1.5"], progress=lines.append)
+    with mine.open("ab") as f:
+        f.write(b"\0" * 32)  # other bytes, the same key-values: another file, so another key
+    write_life_size(src, tmp_path / "out", only=["bge-small-en-v1.5"], progress=lines.append)
+    assert [line.split(":")[0] for line in lines if not line.startswith("wrote")] == \
+        ["writing bge-small-en-v1.5 (F16)"] * 2
+
+
+def test_life_size_names_the_missing_vocabulary_and_the_remedy(tmp_path: Path) -> None:
+    from fitevict.zoo.lifesize import write_life_size
+    from fitevict.zoo.lifesize_recipes import LifeSizeError
+
+    with pytest.raises(LifeSizeError) as e:
+        write_life_size(tmp_path / "no-engine", tmp_path / "out", only=["gemma-3-1b"])
+    assert "ggml-vocab-gemma-4.gguf" in str(e.value) and "fitevict engine install llama.cpp" in str(e.value)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(LifeSizeError, match="allowed: qwen2.5-0.5b"):
+        write_life_size(tmp_path / "no-engine", tmp_path / "out", only=["gpt-9"])
+
+
+def test_cli_life_size_without_the_engine_says_what_to_run(tmp_path: Path) -> None:
+    r = CliRunner().invoke(_cli(), ["demo-models", str(tmp_path / "out"), "--life-size", "--only", "qwen2.5-0.5b"],
+                           env={"FITEVICT_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "400"})
+    assert r.exit_code == 2, r.output
+    assert "ggml-vocab-qwen2.gguf" in r.output and "fitevict engine install llama.cpp" in r.output

@@ -79,6 +79,12 @@ def engine_root(base: Path | None = None) -> Path:
     return (base or cache_dir()) / "engines" / f"{ENGINE}-{SDIST_VERSION}"
 
 
+def source_dir(base: Path | None = None) -> Path:
+    """The vendored llama.cpp source the engine is built from; its ``models/`` holds the engine's test
+    vocabularies (``ggml-vocab-*.gguf``) and chat templates, which the life-size zoo copies."""
+    return engine_root(base) / "src" / "vendor" / "llama.cpp"
+
+
 def installed_bin_dir(base: Path | None = None, variant: str = "cpu") -> Path:
     """Where a build lives: ``bin`` (CPU) or ``bin-cuda``; both share one source tree."""
     return engine_root(base) / ("bin" if variant == "cpu" else f"bin-{variant}")

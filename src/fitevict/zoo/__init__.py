@@ -20,6 +20,14 @@ on disk still matches it. Files are written to a temporary name and renamed, so 
     mmproj.py   a projector (mmproj) for a zoo text model
     hf.py       Hugging Face folders (needs the torch extra)
     peft.py     PEFT adapters for an HF folder (needs the torch extra)
+
+The life-size zoo (``fitevict demo-models DIR --life-size``) has models at the shapes of public models, 0.07 to
+4.5 GB, with the real vocabularies the engine's source ships:
+
+    lifesize.py          writing and caching them (``write_life_size``)
+    lifesize_recipes.py  their recipes
+    lifesize_data.py     their tensors and bytes (quantized blocks written directly)
+    gguf_stream.py       a GGUF written as a stream, with key-values copied byte for byte from another GGUF
 """
 
 from fitevict.zoo.recipes import (BY_NAME, RECIPES, CHAT_TEMPLATE, GENERATOR_VERSION, MANIFEST_NAME, ZOO_NAMES,
