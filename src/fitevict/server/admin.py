@@ -59,7 +59,7 @@ def router(door: Door) -> APIRouter:
         entry = resolve(model_id)
         contract = await contract_from_body(request)
         door.ask(entry, contract)  # a gguf file it lacks, or a file that cannot be read, is answered here
-        the_plan = sup.plan(entry.key, contract)
+        the_plan = await sup.plan_read(entry.key, contract)
         return {"model": entry.key, **plan_hits(entry, the_plan), "plan": the_plan.to_json(),
                 "budget": sup.last_budget_json(), **shrink.dry_run_of(the_plan, sup.config.policy.shrink_ctx)}
 

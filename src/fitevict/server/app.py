@@ -50,6 +50,8 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     watch = CatalogWatch(config, catalog)
     # a rescan reads the price sheets again (files may have changed) and reads the added models' ahead
     watch.on_change.append(lambda added, _removed: sup.prices.rescanned(e for k in added if (e := catalog.get(k))))
+    if config.server.read_prices_ahead:  # and the added models' dry runs too, so a first request waits for none
+        watch.on_change.append(lambda added, _removed: sup.read_ahead(added))
     structures = StoredStructures(store)
     unshelve: list[Callable[[], None]] = []
     state = State({"supervisor": sup, "catalog": catalog, "store": store, "config": config, "sampler": sampler,
@@ -60,6 +62,8 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         await asyncio.to_thread(structures.preload)
         unshelve.append(use_shelf(structures))
         await sup.start()
+        if config.server.read_prices_ahead:
+            sup.read_ahead(e.key for e in catalog.entries())
         sampler.start()
         watch.start()
         gc.collect()

@@ -26,7 +26,7 @@ JSON = b"application/json"
 
 def health(door: Door) -> dict[str, Any]:
     return {"status": "ok", "version": __version__, "residents": len(door.sup.seats),
-            "models": len(door.catalog.entries())}
+            "models": len(door.catalog.entries()), "prices_read_ahead": dict(door.sup.prices_ahead)}
 
 
 def model_list(door: Door) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -26,6 +26,7 @@ from fitevict.engines.base import Engine, LaunchSpec
 from fitevict.engines.process import free_port
 from fitevict.budget import Budget
 from fitevict.host.budget import budget_from_config
+from fitevict.pricing.gguf import PricingError
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import Ask, ask, passthrough_args
@@ -37,7 +38,7 @@ from fitevict.supervisor.desk import Desk
 from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.history import History
 from fitevict.shrink import Need
-from fitevict.schedule.errors import Busy, Refused
+from fitevict.schedule.errors import Busy, Refused, SupervisorError
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.neighbours import PressureWatch, holdings
 from fitevict.supervisor.orphans import cleanup_orphans
@@ -137,6 +138,8 @@ class Supervisor:
         self.summary: ShutdownSummary | None = None
         self._shutdown: asyncio.Future | None = None
         self._hurry = asyncio.Event()
+        self.prices_ahead: dict[str, int] = {"done": 0, "models": 0}  # read_prices_ahead's progress
+        self._ahead: set[asyncio.Task] = set()
 
     @property
     def engine_overhead(self) -> dict[str, int]:
@@ -175,6 +178,8 @@ class Supervisor:
         t0 = self.clock()
         grace = self.config.policy.shutdown_grace_seconds if grace is None else grace
         self.desk.closed = True
+        for task in self._ahead:
+            task.cancel()
         answered = len(self.scheduler.close("shutting down"))
 
         def idle() -> bool:
@@ -250,6 +255,45 @@ class Supervisor:
         its own from the entry it resolved)."""
         return ask(self.catalog.resolve(key), contract, self.prices)
 
+    async def _read_price(self, entry: CatalogEntry, request: pl.PlanRequest, *, resident: bool) -> None:
+        """The price sheet of ``request``, current, read off the event loop: the engine's dry run for the compute
+        buffer first (once per file and configuration, cached on disk) unless the seat already runs."""
+        path = self.path_for(request)
+        self.prices.note_flags(entry, path)  # a transformers seat's own flags set what it costs
+        if entry.engine == "llama-server" and not resident:
+            await self.prices.dry_run(entry, request.config, path, passthrough_args(entry))
+        await self.prices.sheet(path, request.config)
+
+    async def read_price(self, key: str, contract: Contract | None = None) -> None:
+        """Read ``key``'s price now, off the event loop, so that a plan or a first request for it reads nothing."""
+        asked = self.ask(key, contract)
+        await self._read_price(asked.entry, asked.request, resident=seat_key(asked.entry) in self.seats)
+
+    async def read_prices_ahead(self, keys: Iterable[str]) -> None:
+        """Each model's price read ahead at its default configuration, one at a time, so that a first request waits
+        for none of it. A model that cannot be priced is left to its first request, which reports why."""
+        todo = list(keys)
+        self.prices_ahead["models"] += len(todo)
+        for key in todo:
+            if self.closed:
+                return
+            try:
+                await self.read_price(key)
+            except (OSError, PricingError, SupervisorError, ValueError) as e:
+                log.info("price of %s not read ahead: %s: %s", key, type(e).__name__, e)
+            self.prices_ahead["done"] += 1
+
+    def read_ahead(self, keys: Iterable[str]) -> None:
+        """``read_prices_ahead`` in a task of its own (cancelled at shutdown)."""
+        task = asyncio.get_running_loop().create_task(self.read_prices_ahead(list(keys)), name="fitevict-read-ahead")
+        self._ahead.add(task)
+        task.add_done_callback(self._ahead.discard)
+
+    async def plan_read(self, key: str, contract: Contract | None = None, *, now: float | None = None) -> pl.Plan:
+        """``plan`` with the model's price read first, off the event loop (the engine's dry run the first time)."""
+        await self.read_price(key, contract)
+        return self.plan(key, contract, now=now)
+
     def plan(self, key: str, contract: Contract | None = None, *, now: float | None = None) -> pl.Plan:
         """A dry run: the Plan a load would follow now. Changes nothing."""
         req = self.ask(key, contract).request
@@ -317,14 +361,8 @@ class Supervisor:
     async def _wait(self, w: Waiter, entry: CatalogEntry, timing: dict | None = None) -> str:
         if self.closed:
             raise Busy(f"{w.key}: fitevict is shutting down; retry later", retry_after=5)
-        path = self.path_for(w.request)
-        self.prices.note_flags(entry, path)  # a transformers seat's own flags set what it costs
-        if entry.engine == "llama-server" and w.key not in self.seats:
-            # the compute buffer from the engine's own dry run (once per file and configuration, cached)
-            await self.prices.dry_run(entry, w.request.config, path, passthrough_args(entry))
-        # its price sheet, current (with the dry run's figures), read off the event loop before it is queued: the
-        # scheduler's plan prices from it without I/O
-        await self.prices.sheet(path, w.request.config)
+        # its price, read off the event loop before it is queued: the scheduler's plan prices without I/O
+        await self._read_price(entry, w.request, resident=w.key in self.seats)
         fut = asyncio.get_running_loop().create_future()
         self.desk.futures[w] = fut
         t0 = self.clock()

@@ -85,6 +85,7 @@ class PriceBook:
         self._stored: tuple[int, Mapping[str, Mapping]] | None = None  # the store's measurements, at an epoch
         self._rebuild: asyncio.Task | None = None
         self._added: set[asyncio.Task] = set()  # a rescan's new models, read ahead
+        self._dry_running: dict[tuple[str, LoadConfig], asyncio.Future] = {}  # dry runs under way
         self._lock = threading.Lock()  # sheets are put from the event loop and from the threads that read them
 
     # -- what changes prices ----------------------------------------------------------------------
@@ -334,6 +335,11 @@ class PriceBook:
         such seat was measured, the plain seat's figure, a lower bound)."""
         return (self.peft_overhead or self.torch_overhead) if adapters else self.torch_overhead
 
+    @property
+    def dry_runs_under_way(self) -> tuple[tuple[str, LoadConfig], ...]:
+        """(file, configuration) of each dry run running now."""
+        return tuple(self._dry_running)
+
     def has_dry_run(self, path: Path, cfg: LoadConfig) -> bool:
         return cfg in self._compute.get(str(path), {})
 
@@ -352,8 +358,15 @@ class PriceBook:
         if entry.mmproj is not None and self._mmproj.get(p) != Path(entry.mmproj):
             self._mmproj[p] = Path(entry.mmproj)
             self._changed(p)
-        got = await asyncio.to_thread(dry_run, self.engine_dir, path, cfg, extra_args=tuple(extra_args),
-                                      mmproj=entry.mmproj)
+        running = self._dry_running.get((p, cfg))
+        if running is None:  # one dry run per file and configuration at a time: a second asker awaits the first
+            running = asyncio.ensure_future(asyncio.to_thread(dry_run, self.engine_dir, path, cfg,
+                                                              extra_args=tuple(extra_args), mmproj=entry.mmproj))
+            self._dry_running[(p, cfg)] = running
+            running.add_done_callback(lambda _: self._dry_running.pop((p, cfg), None))
+        got = await asyncio.shield(running)
+        if cfg in self._compute.get(p, {}) or cfg in self._dry_notes.get(p, {}):
+            return  # the first asker recorded it
         if isinstance(got, DryRunUnavailable):
             self._dry_notes.setdefault(p, {})[cfg] = got.reason
         else:
