@@ -30,7 +30,7 @@ _F32_ONLY = ("ffn_gate_inp.weight", "token_types.weight")  # kept f32, as llama.
 _Spec = tuple[str, tuple[int, ...], str]
 
 
-def _bert_tensors(r: Recipe) -> list[_Spec]:
+def bert_tensors(r: Recipe) -> list[_Spec]:
     """BERT's tensors (llama.cpp's ``bert``): embeddings of tokens, token types and positions with a LayerNorm,
     then post-norm blocks with biases everywhere; no output head."""
     e, ff = r.n_embd, r.n_ff
@@ -56,7 +56,7 @@ def _bert_tensors(r: Recipe) -> list[_Spec]:
 def planned_tensors(m: LifeSize) -> list[tuple[Planned, str]]:
     """Every tensor of a life-size model, in file order, with its kind (``tensor_shapes``' kinds)."""
     r = m.recipe
-    specs = _bert_tensors(r) if r.arch == "bert" else tensor_shapes(r)
+    specs = bert_tensors(r) if r.arch == "bert" else tensor_shapes(r)
     if m.rope_freqs:  # llama 3.1+: per-dimension rope frequency factors (ones here: no scaling)
         specs = [("rope_freqs.weight", ((r.head_dim or r.n_embd // r.n_head) // 2,), "norm"), *specs]
     out = []
