@@ -46,3 +46,16 @@ def test_an_embeddings_seat_of_a_model_without_pooling_pools_by_mean(tmp_path: P
     assert load_args(plain, emb, ("--pooling", "last")).count("--pooling") == 1  # the model's extra args choose
     assert "--pooling" not in load_args(plain, LoadConfig())  # a chat seat: no pooling
     assert parse_server_argv(["llama-server", *load_args(plain, emb)]).config == emb
+
+
+def test_an_embeddings_seat_of_a_reranker_names_rank_pooling(llama_server: Path, tmp_path: Path) -> None:
+    """The pinned build serves /rerank only with --pooling rank on the command line, whatever the file declares."""
+    from fitevict.engines.install import engine_root
+    from fitevict.engines.llama_server import load_args
+    from fitevict.pricing.gguf import load_structure
+    from fitevict.zoo.rerank import POOLING_RANK, write_reranker
+
+    path = write_reranker(tmp_path, engine_root() / "src" / "vendor" / "llama.cpp")
+    assert load_structure(path).pooling_type == POOLING_RANK
+    argv = load_args(path, LoadConfig(embeddings=True))
+    assert argv[argv.index("--pooling") + 1] == "rank"

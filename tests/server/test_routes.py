@@ -180,3 +180,11 @@ def test_docs_api_has_every_route_of_the_table() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     for path, route in ROUTES.items():
         assert f"`POST {path}`" in doc and f"`{route.endpoint}`" in doc, path
+
+
+def test_rerank_for_a_model_that_does_not_rank_is_a_400_before_anything_loads(make_client) -> None:
+    c = make_client()
+    r = c.post("/v1/rerank", json={"model": "llama-gqa", "query": "q", "documents": ["d"]})
+    err = openai_error(r, 400, "model")
+    assert err["code"] == "not_a_reranker" and err["rerankers"] == [] and "no model here reranks" in err["message"]
+    assert c.get("/v1/models/residents").json()["data"] == []

@@ -84,13 +84,16 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
 
 
 POOLING_NONE = 0  # llama_pooling_type: LLAMA_POOLING_TYPE_NONE
+POOLING_RANK = 4  # llama_pooling_type: LLAMA_POOLING_TYPE_RANK (a reranker's classifier head)
 DEFAULT_POOLING = "mean"  # an embeddings seat of a model that declares no pooling (a generative model)
 
 
 def pooling_args(model: str | Path, extra_args: Sequence[str] = ()) -> list[str]:
     """``--pooling mean`` for an embeddings seat of a model whose file declares no pooling (or 'none'): the
     pinned build's OpenAI embeddings route refuses pooling 'none' ("not OAI compatible"). Nothing when the
-    file declares one (a BERT-style embedder keeps its CLS or mean) or the model's extra args choose one."""
+    file declares one (a BERT-style embedder keeps its CLS or mean) or the model's extra args choose one. A
+    reranker's rank pooling is named on the command line: the pinned build serves ``/rerank`` only when
+    ``--pooling rank`` (or ``--reranking``) was given, whatever the file declares."""
     if "--pooling" in extra_args:
         return []
     from fitevict.pricing.gguf import PricingError, load_structure
@@ -99,6 +102,8 @@ def pooling_args(model: str | Path, extra_args: Sequence[str] = ()) -> list[str]
         declared = load_structure(model).pooling_type
     except PricingError:
         return []  # an unreadable file: the engine itself refuses it, with its own words
+    if declared == POOLING_RANK:
+        return ["--pooling", "rank"]
     return ["--pooling", DEFAULT_POOLING] if declared in (None, POOLING_NONE) else []
 
 

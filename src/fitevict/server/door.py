@@ -7,12 +7,14 @@ import itertools
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 
 from fitevict.config import Config
 from fitevict.engines import REGISTRY
+from fitevict.engines.llama_server import POOLING_RANK
 from fitevict.pricing.gguf import PricingError
 from fitevict.request.aliases import Aliased, Aliases
 from fitevict.request.ask import Ask, Asks
@@ -22,7 +24,7 @@ from fitevict.request.contract import parse_contract as _parse_contract
 from fitevict.server.bodies import BodyError
 from fitevict.server.errors import ApiError
 from fitevict.server.metrics import Metrics
-from fitevict.server.routes import CHAT, Route
+from fitevict.server.routes import CHAT, RERANK, Route
 from fitevict.server.sampler import MemorySampler
 from fitevict.engines.upstream import Upstream
 from fitevict.store import Store
@@ -157,6 +159,8 @@ class Door:
         if route.seat != CHAT:
             contract = for_embeddings(contract)  # any model: an embeddings seat is loaded for it
         asked = self.ask(entry, contract)
+        if route.seat == RERANK:
+            self.check_reranker(asked)
         changed = with_defaults(entry, body) or changed
         return Prepared(asked, changed, aliased)
 
@@ -176,6 +180,30 @@ class Door:
 
     def resolve(self, name: Any) -> CatalogEntry:
         return self.resolve_named(name)[0]
+
+    def ranks(self, entry: CatalogEntry, path: Path) -> bool:
+        """Whether a model reranks: its file declares rank pooling, or its arguments ask for it."""
+        args = entry.settings.extra_args
+        if "--reranking" in args or "--rerank" in args or any(
+                a == "--pooling" and b == "rank" for a, b in zip(args, args[1:])):
+            return True
+        if entry.engine != "llama-server":
+            return False
+        try:
+            return getattr(self.sup.prices.shape(path), "pooling_type", None) == POOLING_RANK
+        except (PricingError, OSError):
+            return False
+
+    def check_reranker(self, asked: Ask) -> None:
+        """A rerank request for a model that does not rerank (a generative model) is a 400 naming those that do."""
+        if self.ranks(asked.entry, asked.path):
+            return
+        rankers = [e.key for e in self.catalog.entries() if e.base is None and self.ranks(e, Path(e.path))]
+        which = f"the reranking models here: {', '.join(rankers)}" if rankers else (
+            "no model here reranks: add one whose GGUF declares rank pooling (a cross-encoder such as "
+            "bge-reranker), or give a model extra_args = [\"--pooling\", \"rank\"]")
+        raise ApiError(400, f"model {asked.entry.key!r} does not rerank (no rank pooling); {which}", param="model",
+                       code="not_a_reranker", extra={"rerankers": rankers})
 
     def resolve_named(self, name: Any) -> tuple[CatalogEntry, Aliased | None]:
         """The model ``name`` selects, and the ``[aliases]`` entry it came by (None: a catalog name). The catalog's
