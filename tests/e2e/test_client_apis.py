@@ -222,3 +222,15 @@ def test_two_models_take_turns_across_apis_and_a_full_queue_is_overloaded(door: 
     assert evicted and "med-b" in evicted[0]["reason"]
     loaded = [row for row in history(door, key=ADMIN, event="load") if row["model"] == "med-b"]
     assert loaded[0]["details"]["origin"]["route"] == "messages"
+
+
+def test_the_zoo_reranker_ranks_on_the_bare_engine(tmp_path: Path, llama_server: Path) -> None:
+    """The reranker the zoo writes is one the pinned engine ranks with, started as fitevict starts its seat."""
+    from _server import running_server
+
+    path = write_reranker(tmp_path, engine_root() / "src" / "vendor" / "llama.cpp")
+    with running_server(llama_server, path, "--embeddings", "--pooling", "rank", "-c", "512", "-np", "1") as srv:
+        r = httpx.post(srv.base_url + "/v1/rerank", json={"query": "a cat", "documents": ["cat", "sky", "car"],
+                                                          "top_n": 3}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert sorted(x["index"] for x in r.json()["results"]) == [0, 1, 2]

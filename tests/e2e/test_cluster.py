@@ -159,6 +159,24 @@ def test_streams_relay_through_the_cluster_door_and_name_the_node(fleet: Fleet) 
     assert len(chunks) >= 2 and chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_every_relayed_api_reaches_the_node_where_the_model_is(fleet: Fleet) -> None:
+    """Anthropic's Messages, OpenAI's Responses and llama.cpp's own routes go where chat goes (server.routes)."""
+    import anthropic
+
+    door = fleet.doors[0]
+    claude = anthropic.Anthropic(base_url=door.base_url, api_key="none", max_retries=0, timeout=300)
+    raw = claude.messages.with_raw_response.create(model="llama-medium", max_tokens=2, messages=CHAT)
+    assert raw.parse().type == "message"
+    answered = [raw.headers]
+    resp = _client(door).responses.with_raw_response.create(model="llama-medium", input="hi", max_output_tokens=2)
+    assert resp.parse().status == "completed"
+    answered.append(resp.headers)
+    tok = httpx.post(door.base_url + "/tokenize", json={"model": "llama-medium", "content": "hi"}, timeout=120)
+    assert tok.status_code == 200 and tok.json()["tokens"]
+    answered.append(tok.headers)
+    assert [(fleet.name_of(h["x-fitevict-node"]), h["x-fitevict-route"]) for h in answered] == [("b", "hit")] * 3
+
+
 def test_metrics_ps_and_the_dashboard_name_the_node(fleet: Fleet) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
