@@ -25,6 +25,7 @@ from fitevict.pricing.ggml_types import nbytes
 from fitevict.pricing.gguf_header import Header, HeaderError, read_header
 from fitevict.pricing.layers import (
     HYBRID_RULES,
+    MEMORYLESS_ARCHS,
     RECURRENT_ARCHS,
     SWA_ON_ATTENTION,
     LayerKinds,
@@ -398,7 +399,7 @@ def _layout(arch: str, key: Callable[[str], object | None], n_layer: int,
 
 def _unsupported(arch: str) -> str:
     """Why an architecture's context cannot be priced ("" when its KV/state rules are known)."""
-    known = ATTENTION_ARCHS | RECURRENT_ARCHS | HYBRID_ARCHS
+    known = ATTENTION_ARCHS | RECURRENT_ARCHS | HYBRID_ARCHS | MEMORYLESS_ARCHS
     if arch in known:
         return ""
     return (

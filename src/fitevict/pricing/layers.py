@@ -59,12 +59,22 @@ class LayerKinds:
         return "+".join(parts) or "none"
 
 
+# Architectures for which llama_model::create_memory makes no memory at all (it returns nullptr): encoders (BERT and
+# its kin), embedding-only and diffusion models. No block holds a KV cache or a recurrent state, at any context.
+MEMORYLESS_ARCHS: frozenset[str] = frozenset({
+    "bert", "jina-bert-v2", "jina-bert-v3", "nomic-bert", "nomic-bert-moe", "neo-bert", "eurobert",
+    "wavtokenizer-dec", "modern-bert", "gemma-embedding", "dream", "llada", "llada-moe", "rnd1",
+})
+
+
 def layer_kinds(arch: str, n_layer: int, n_nextn: int, n_head_kv: tuple[int, ...], n_ff: tuple[int, ...],
                 recurrent_key: list[int] | int | None = None, full_attention_interval: int | None = None
                 ) -> LayerKinds:
     """The layer kinds of ``arch`` (``n_layer`` blocks of which the last ``n_nextn`` are MTP blocks)."""
     trunk = n_layer - n_nextn
     idx = range(n_layer)
+    if arch in MEMORYLESS_ARCHS:
+        return LayerKinds((False,) * n_layer, (False,) * n_layer, "none")
     if arch in RECURRENT_ARCHS:
         return LayerKinds((False,) * n_layer, tuple(i < trunk for i in idx), "recurrent")
     rule = HYBRID_RULES.get(arch)
