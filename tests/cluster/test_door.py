@@ -233,3 +233,22 @@ def test_metrics_text_keeps_each_family_once() -> None:
     assert text.count("# TYPE x_total") == 1 and text.count("# TYPE y") == 1
     assert text.splitlines()[2:4] == ['x_total{node="n1",m="1"} 1.0', 'x_total{node="n2",m="1"} 1.0']
     assert json.dumps([f.name for f in text_string_to_metric_families(text)]) == '["x", "y"]'
+
+
+def test_an_alias_routes_to_its_model_and_the_node_is_sent_the_key() -> None:
+    """The config's [aliases] at the cluster's door: routed by the model it names, relayed naming the model's key
+    (the node's door need not know the alias); an unknown name on Anthropic's route is its 404, in its shape."""
+    seen: list[tuple[str, str, str]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.url.path, json.loads(request.read())["model"]))
+        return httpx.Response(200, headers={"content-type": "application/json"}, stream=httpx.ByteStream(b"{}"))
+
+    door = ClusterDoor(load_config(None, overrides={"aliases": {"claude-*": "m"}}), Fleet())  # type: ignore[arg-type]
+    door.client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    body = {"model": "claude-haiku-4-5", "max_tokens": 1, "messages": []}
+    r = call(door, "POST", "/v1/messages", json=body)
+    assert r.status_code == 200 and seen == [(N1, "/v1/messages", "m")], r.text
+    unknown = call(door, "POST", "/v1/messages", json={**body, "model": "nope"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+    assert unknown.json()["type"] == "error"

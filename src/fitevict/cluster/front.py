@@ -29,6 +29,7 @@ from fitevict.cluster.route import Candidate, Route, resolve, route, usable
 from fitevict.cluster.wire import Receive, Scope, Send, query, read_body, send_error, send_json
 from fitevict.config import Config
 from fitevict.server.door import Door, new_request_id
+from fitevict.request.aliases import Aliases
 from fitevict.server.errors import ApiError
 from fitevict.server.routes import ROUTES
 
@@ -36,7 +37,7 @@ log = logging.getLogger("fitevict.cluster")
 
 # every route a node's fast path relays to a seat (server.routes), and Ollama's
 INFERENCE = frozenset((*ROUTES, "/api/chat", "/api/generate", "/api/embed", "/api/embeddings"))
-REFUSALS = (503, 507)  # the node's door does not take it now: the next candidate may
+REFUSALS = (503, 507, 529)  # the node's door does not take it now (529: on Anthropic's routes): the next may
 PASSED_HEADERS = (b"content-type", b"content-length", b"retry-after", b"x-request-id", b"cache-control")
 
 
@@ -59,6 +60,7 @@ class ClusterDoor:
     def __init__(self, config: Config, fleet: Fleet) -> None:
         self.config, self.fleet = config, fleet
         self.keys = _Keys(config)
+        self.aliases = Aliases(config.aliases)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=None),
                                         limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
         self.routed: dict[tuple[str, str], int] = {}  # (node, route) -> requests served there
@@ -113,7 +115,7 @@ class ClusterDoor:
                 raise ApiError(405, "Method Not Allowed", headers={"Allow": "POST"})
             self.keys.check(scope)
             raw = await read_body(receive, self.config.server.max_body_bytes)
-            key, contract = self._model_of(raw)
+            key, contract, raw = self._model_of(raw)
         except ApiError as e:
             return await send_error(e, path, scope, receive, send)
         await self.relay(key, contract, raw, scope, receive, send)
@@ -149,7 +151,9 @@ class ClusterDoor:
                        code="no_node", headers={"x-should-retry": "false"})
         await send_error(err, path, scope, receive, send)
 
-    def _model_of(self, raw: bytes) -> tuple[str, dict | None]:
+    def _model_of(self, raw: bytes) -> tuple[str, dict | None, bytes]:
+        """The model key the body names, its contract, and the body to relay (naming the key where the body named
+        an ``[aliases]`` name: the node's door need not know the alias)."""
         try:
             body = json.loads(raw or b"null")
         except ValueError as e:
@@ -161,11 +165,18 @@ class ClusterDoor:
             raise ApiError(400, "'model' is required: name a model from GET /v1/models", param="model",
                            code="missing_model")
         contract = body.get("fitevict")
-        return self.resolve(name), contract if isinstance(contract, dict) else None
+        key = self.resolve(name)
+        if key.lower() != name.lower() and self.aliases.match(name) is not None and "model" in body:
+            raw = json.dumps({**body, "model": key}).encode()
+        return key, contract if isinstance(contract, dict) else None, raw
 
     def resolve(self, name: str) -> str:
-        """The model key ``name`` means on the nodes, or a 404."""
-        key = resolve(name, self.fleet.snapshot())
+        """The model key ``name`` means on the nodes (a name of the config's ``[aliases]``: its model's), or a 404."""
+        facts = self.fleet.snapshot()
+        key = resolve(name, facts)
+        aliased = self.aliases.match(name) if key is None and self.aliases else None
+        if aliased is not None:
+            key = resolve(aliased.target, facts)
         if key is None:
             raise ApiError(404, f"model {name!r} does not exist on any node (GET /v1/models lists them)",
                            type="not_found_error", param="model", code="model_not_found")

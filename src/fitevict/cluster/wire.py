@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from fitevict.server.errors import ApiError
+from fitevict.server.errors import OPENAI, ApiError
+from fitevict.server.routes import ROUTES
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -49,5 +50,6 @@ async def send_json(send: Send, status: int, doc: Any, headers: dict[str, str] |
 async def send_error(e: ApiError, path: str, scope: Scope, receive: Receive, send: Send) -> None:
     if path.startswith("/api/"):  # Ollama's shape
         await send_json(send, e.status, {"error": e.message}, e.headers)
-    else:
-        await e.response()(scope, receive, send)
+    else:  # the route's API's shape (Anthropic's on its routes), OpenAI's elsewhere
+        route = ROUTES.get(path)
+        await e.response(route.api if route is not None else OPENAI)(scope, receive, send)
