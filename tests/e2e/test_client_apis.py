@@ -161,8 +161,15 @@ def test_the_responses_api_through_the_openai_sdk(door: FrontDoor) -> None:
 
 def test_anthropics_messages_api_through_the_anthropic_sdk(door: FrontDoor) -> None:
     client = claude(door)  # the key goes as x-api-key
-    msg = client.messages.create(model="claude-haiku-4-5", max_tokens=6, system="Be brief.",
-                                 messages=[{"role": "user", "content": "hi"}], stop_sequences=["\n\n\n"])
+    unload(door, SMALL)
+    raw = client.messages.with_raw_response.create(model="claude-haiku-4-5", max_tokens=6, system="Be brief.",
+                                                   messages=[{"role": "user", "content": "hi"}],
+                                                   stop_sequences=["\n\n\n"], extra_headers={"x-request-id": "c1"})
+    msg = raw.parse()
+    # the alias is resolved once, at the door: the answer and the load's history name it and the model it chose
+    assert raw.headers["x-fitevict-model"] == SMALL and raw.headers["x-fitevict-alias"] == "claude-haiku-4-5"
+    (load,) = loads_for(door, "c1")
+    assert load["details"]["origin"] == {"route": "messages", "asked_as": "claude-haiku-4-5", "alias": "claude-*"}
     assert msg.type == "message" and msg.role == "assistant" and msg.content[0].type == "text"
     assert msg.usage.output_tokens >= 1 and msg.stop_reason in ("end_turn", "max_tokens", "stop_sequence")
     with client.messages.stream(model="claude-haiku-4-5", max_tokens=6,
