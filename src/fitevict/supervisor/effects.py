@@ -303,6 +303,7 @@ class LiveEffects:
                                                   floor_bytes=floor)
         details: dict[str, Any] = {
             "port": seat.port, "pid": seat.pid, "log": str(seat.log_path), "config": seat.config.to_json(),
+            "machine": parts.prices.machine,  # what was learned here prices this machine only
             "predicted": seat.predicted.to_json(),
             "measured": seat.measured.to_json() if seat.measured else seat.measured_note,
             "host_pss": mem_json(seat.host_mem),

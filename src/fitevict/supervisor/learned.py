@@ -16,13 +16,18 @@ from pathlib import Path
 from fitevict import planner as pl
 from fitevict.config import Config
 from fitevict.engines.base import Unavailable
+from fitevict.engines.machine import machine_key
 from fitevict.engines.overhead import RECORD_VERSION, calibrate_overhead, calibrated_overhead
+from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
 from fitevict.supervisor.pricebook import HISTORY_LOADS, PriceBook
 
-TORCH_OVERHEAD_KEY = "engine-overhead:transformers"
-PEFT_OVERHEAD_KEY = "engine-overhead:transformers+peft"  # a seat with PEFT adapters imports peft too
+def torch_overhead_key(*, adapters: bool = False, cpu: Cpu | None = None) -> str:
+    """The store key of a transformers seat's own process bytes on this CPU (a seat with PEFT adapters imports peft
+    too: its own key). Keyed by the CPU's fingerprint: another machine's figure, in a shared store, is not this one's."""
+    kind = "transformers+peft" if adapters else "transformers"
+    return f"engine-overhead:{kind}@{(cpu or this_cpu()).fingerprint}"
 
 
 def st_ok(binary: Path) -> bool:
@@ -30,12 +35,11 @@ def st_ok(binary: Path) -> bool:
     return binary.name == "llama-server" and binary.is_file() and os.access(binary, os.X_OK)
 
 
-def overhead_key(binary: Path) -> str:
+def overhead_key(binary: Path, cpu: Cpu | None = None) -> str:
     """The store key of what loads have shown of ``binary``'s process overhead (the part that does not scale with
-    the model: keyed with the calibration record's version, whose figure it raises)."""
-    st = binary.stat() if binary.exists() else None
-    return (f"engine-overhead:v{RECORD_VERSION}:{binary}:{st.st_size if st else 0}:"
-            f"{st.st_mtime_ns if st else 0}")
+    the model: keyed with the calibration record's version, whose figure it raises) on this machine: the engine
+    build and the CPU (``machine_key``), so that another machine sharing the store never raises this one's."""
+    return f"engine-overhead:v{RECORD_VERSION}:{machine_key(binary, cpu)}"
 
 
 def plan_policy(config: Config) -> pl.Policy:
@@ -55,11 +59,11 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
         calibrated = None if isinstance(got, Unavailable) else {k: int(v) for k, v in got["overhead"].items()}
     if calibrated:
         book.engine_overhead.update(calibrated)
-    if torch_known := store.compute_get(TORCH_OVERHEAD_KEY):
+    if torch_known := store.compute_get(torch_overhead_key(cpu=book.cpu)):
         book.torch_overhead = int(torch_known[HOST])
-    if peft_known := store.compute_get(PEFT_OVERHEAD_KEY):
+    if peft_known := store.compute_get(torch_overhead_key(adapters=True, cpu=book.cpu)):
         book.peft_overhead = int(peft_known[HOST])
-    for dev, n in (store.compute_get(overhead_key(binary)) or {}).items():  # loads since raise it (lower bounds)
+    for dev, n in (store.compute_get(overhead_key(binary, book.cpu)) or {}).items():  # loads since raise it (lower bounds)
         book.engine_overhead[dev] = max(int(n), book.engine_overhead.get(dev, 0))
     book.learn_history([ev.details for ev in store.events(event="load", limit=HISTORY_LOADS)])
     book.forget()
@@ -76,11 +80,11 @@ async def learn_torch_overhead(book: PriceBook, store: Store, seen: int, *, adap
         else:
             book.torch_overhead = seen
         book.forget()
-        await asyncio.to_thread(store.compute_put, PEFT_OVERHEAD_KEY if adapters else TORCH_OVERHEAD_KEY, {HOST: seen})
+        await asyncio.to_thread(store.compute_put, torch_overhead_key(adapters=adapters, cpu=book.cpu), {HOST: seen})
 
 
 async def learn_engine_overhead(book: PriceBook, store: Store, binary: Path, grown: dict[str, int]) -> None:
     """A load showed ``binary``'s process holding more beyond its buffers than known: raise it, and store it."""
     book.engine_overhead.update(grown)
     book.forget()
-    await asyncio.to_thread(store.compute_put, overhead_key(binary), dict(book.engine_overhead))
+    await asyncio.to_thread(store.compute_put, overhead_key(binary, book.cpu), dict(book.engine_overhead))

@@ -25,6 +25,7 @@ from fitevict.engines.dryrun import dry_run
 from fitevict.pricing.footprint import Footprint
 from fitevict.engines.overhead import engine_threads, tiled_here
 from fitevict.engines.machine import host_buffers, machine_key
+from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.hf_kv import training_context
 from fitevict.pricing.safetensors import load_hf_structure
@@ -52,11 +53,14 @@ class _HfShape:
 
 
 class PriceBook:
-    def __init__(self, store: Store, engine_dir: Path, default_alloc_mode: str) -> None:
+    def __init__(self, store: Store, engine_dir: Path, default_alloc_mode: str, cpu: Cpu | None = None) -> None:
+        """``cpu``: the CPU the book prices for (this one by default); with the engine build it keys every figure
+        learned and stored (``machine``)."""
         self.store = store
         self.engine_dir = engine_dir
         self.default_alloc_mode = default_alloc_mode
-        self.machine = machine_key(engine_dir / "llama-server")  # engine build @ CPU: keys stored measurements
+        self.cpu = cpu or this_cpu()
+        self.machine = machine_key(engine_dir / "llama-server", self.cpu)  # engine build @ CPU: keys what is learned
         self.host = host_buffers(engine_dir / "llama-server")  # this machine's extra host buffer types
         self.threads, self.tiled = engine_threads(), tiled_here()  # what a seat's work buffer depends on, here
         # bytes a seat's process holds beyond its buffers, per device; whoever changes it (or the two overheads
@@ -120,14 +124,18 @@ class PriceBook:
         self._changed(ident[0])
 
     def learn_history(self, details: Sequence[dict]) -> int:
-        """Learn from stored ``load`` records (their details, newest first): the accepted ones that name their file
-        (``file``: path, size, mtime_ns), configuration and measured buffers. Returns how many were learned."""
+        """Learn from stored ``load`` records (their details, newest first): the accepted ones made on this machine
+        (``machine``: engine build @ CPU) that name their file (``file``: path, size, mtime_ns), configuration and
+        measured buffers. A record of another machine sharing the store, or of none, is never learned from.
+        Returns how many were learned."""
         n = 0
         for d in details:
             crash = d.get("repack_crash")
             if isinstance(crash, dict) and crash.get("machine") == self.machine and isinstance(crash.get("file"), dict):
                 cf = crash["file"]
                 self._no_repack.add((str(cf["path"]), int(cf["size"]), int(cf["mtime_ns"])))
+            if d.get("machine") != self.machine:
+                continue
             f, guard = d.get("file"), d.get("guard") or {}
             if not (isinstance(f, dict) and isinstance(d.get("measured"), dict) and isinstance(d.get("config"), dict)
                     and guard.get("accepted")):

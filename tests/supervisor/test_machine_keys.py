@@ -1,0 +1,77 @@
+"""Two machines sharing one store (a real SQLite file): nothing one of them learned prices the other. Per kind of
+learned figure: a file's correction from an accepted load, the engine process overhead raised by loads, and the
+transformers seats' own overheads (with and without peft)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from fitevict.host.cpu import Cpu
+from fitevict.pricing.footprint import HOST
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.store import Store
+from fitevict.store.records import Event
+from fitevict.supervisor.learned import learn_engine_overhead, learn_torch_overhead, prime_price_book
+from fitevict.supervisor.pricebook import PriceBook
+
+CPU_A = Cpu("AMD EPYC 9B14", "x86_64", frozenset({"avx2", "avx512f"}))
+CPU_B = Cpu("Intel(R) Xeon(R) Platinum 8481C", "x86_64", frozenset({"avx2", "avx512f", "amx_tile", "amx_int8"}))
+
+
+@pytest.fixture
+def engine_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "llama-server").write_bytes(b"#!/bin/sh\n")  # the build's identity is its path, size and mtime
+    return d
+
+
+def book(store: Store, engine_dir: Path, cpu: Cpu) -> PriceBook:
+    return PriceBook(store, engine_dir, "max-gpu", cpu=cpu)
+
+
+def load_record(machine: str, model: Path) -> Event:
+    """An accepted load's history record as the supervisor writes it (effects: details with machine and file)."""
+    st = model.stat()
+    measured = {"devices": [{"name": "CPU", "model": {"bytes": 1000, "source": "engine-reported"},
+                             "context": {"bytes": 200, "source": "engine-reported"},
+                             "compute": {"bytes": 50, "source": "engine-reported"},
+                             "output": {"bytes": 10, "source": "engine-reported"}}]}
+    details = {"machine": machine, "file": {"path": str(model), "size": st.st_size, "mtime_ns": st.st_mtime_ns},
+               "config": LoadConfig(n_ctx=2048).to_json(), "measured": measured, "guard": {"accepted": True}}
+    return Event(time=1.0, event="load", model=model.stem, engine="llama-server", details=details)
+
+
+def test_a_files_correction_prices_only_the_machine_that_learned_it(tmp_path: Path, engine_dir: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    with Store.open(f"sqlite:///{tmp_path / 'shared.db'}") as store:
+        a, b = book(store, engine_dir, CPU_A), book(store, engine_dir, CPU_B)
+        assert a.machine != b.machine
+        store.record_event(load_record(a.machine, model))
+        store.record_event(load_record("an-old-record-without-a-machine", model))
+        details = [ev.details for ev in store.events(event="load")]
+        assert a.learn_history(details) == 1
+        assert b.learn_history(details) == 0
+
+
+def test_overheads_learned_on_one_machine_never_reach_the_other(tmp_path: Path, engine_dir: Path) -> None:
+    binary = engine_dir / "llama-server"
+    with Store.open(f"sqlite:///{tmp_path / 'shared.db'}") as store:
+        a = book(store, engine_dir, CPU_A)
+
+        async def learn() -> None:
+            await learn_engine_overhead(a, store, binary, {HOST: 77 << 20})
+            await learn_torch_overhead(a, store, 300 << 20)
+            await learn_torch_overhead(a, store, 440 << 20, adapters=True)
+
+        asyncio.run(learn())
+        again_a, b = book(store, engine_dir, CPU_A), book(store, engine_dir, CPU_B)
+        prime_price_book(again_a, store, binary, calibrate=False)
+        prime_price_book(b, store, binary, calibrate=False)
+        assert (again_a.engine_overhead.get(HOST), again_a.torch_overhead, again_a.peft_overhead) == (
+            77 << 20, 300 << 20, 440 << 20)
+        assert (b.engine_overhead.get(HOST), b.torch_overhead, b.peft_overhead) == (None, None, None)
