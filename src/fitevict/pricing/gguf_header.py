@@ -174,7 +174,7 @@ def _skip_short_strings(buf: memoryview | mmap.mmap, off: int, count: int, size:
     arr = np.frombuffer(buf, dtype=np.uint8)
     u64 = struct.Struct("<Q").unpack_from
     while count:
-        w = min(size - off, max(4096, min(count * 24, 8 << 20)))
+        w = min(size - off, max(4096, min(count * 24, 2 << 20)))
         if w < 64:
             off += 8 + u64(buf, off)[0]
             count -= 1
