@@ -61,6 +61,7 @@ class EngineConfig:
     stop_grace_seconds: float = 10.0
     release_timeout_seconds: float = 30.0
     orphans: str = "stop"  # one of ORPHAN_POLICIES
+    seat_logs_disk: int = 256 * MiB  # seat logs (data_dir/seats) kept, oldest pruned first; never a running seat's
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ KEYS: tuple[_Key, ...] = (
     _Key("engine.stop_grace_seconds", seconds(positive=False)),
     _Key("engine.release_timeout_seconds", seconds(positive=True)),
     _Key("engine.orphans", one_of(ORPHAN_POLICIES)),
+    _Key("engine.seat_logs_disk", size(optional=False)),
     _Key("budget.ram_limit", size(optional=True), env="FITEVICT_RAM_LIMIT"),
     _Key("budget.gpu_limit", size(optional=True), env="FITEVICT_GPU_LIMIT"),
     _Key("budget.ram_reserve", size(optional=False)),

@@ -134,6 +134,7 @@ class LiveEffects:
         """One load; whatever goes wrong in it (a bug included) ends as a failed load, so no request waits for a
         load that will never finish and no process outlives it."""
         try:
+            await self.parts.processes.prune_logs(self.parts.seats.values())  # within engine.seat_logs_disk
             await self._load_seat(waiter, plan)
         except Exception as e:
             log.error("loading %s failed unexpectedly", waiter.key, exc_info=e)
@@ -167,7 +168,7 @@ class LiveEffects:
             for attempt in (1, 2, 3):
                 # The port is free when chosen but another process may take it first; the engine then fails to
                 # bind at once, before it reads a weight, and one retry on a new port is enough.
-                seat = self._new_seat(key, entry, cfg, path, predicted, plan)
+                seat = self._new_seat(key, entry, cfg, path, predicted, plan, after=seat)
                 spec = parts.processes.launch_spec(entry, path, cfg, seat.port)
                 await spawn(seat, spec)
                 parts.table.attach(seat.seat, seat)
@@ -207,6 +208,7 @@ class LiveEffects:
                             if not parts.desk.closed else "fitevict is shutting down: load cancelled"),
                     request_id=waiter.request_id, freed_bytes=res.freed_bytes,
                     details={"cancelled_after_seconds": parts.clock() - t0, "note": str(why), **res.details()}))
+                parts.processes.done_with_log(seat.log_path)
             parts.scheduler.stopped(key)
             return
         assert seat is not None
@@ -241,9 +243,13 @@ class LiveEffects:
         seat.gpu_overhead = {d: n for d, n in parts.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{seat.key}")
 
-    def _new_seat(self, key: str, entry: Any, cfg: Any, path: Path, predicted: Any, plan: pl.Plan) -> SeatState:
-        """The record of a seat about to start: a fresh port and log, its price and signature."""
+    def _new_seat(self, key: str, entry: Any, cfg: Any, path: Path, predicted: Any, plan: pl.Plan,
+                  after: SeatState | None) -> SeatState:
+        """The record of a seat about to start: a fresh port and log, its price and signature (``after``: the
+        attempt before, which failed and was read: its log may go)."""
         parts = self.parts
+        if after is not None:
+            parts.processes.done_with_log(after.log_path)
         record = parts.table.get(key)
         assert record is not None, f"{key}: a load without its seat in the table"
         return SeatState(
@@ -274,6 +280,7 @@ class LiveEffects:
             time=parts.clock(), event="fail", model=key, engine=seat.engine, seconds=parts.clock() - t0,
             strategy=plan.action, reason=str(e), request_id=waiter.request_id,
             predicted_bytes=seat.predicted.total_bytes, freed_bytes=res.freed_bytes, details=details))
+        parts.processes.done_with_log(seat.log_path)
         parts.scheduler.load_failed(key, e)
 
     async def _record_load(self, seat: SeatState, plan: pl.Plan, waiter: Waiter, notes: Any) -> None:
@@ -395,6 +402,7 @@ class LiveEffects:
                                      if seat.config.devices else None), **res.details(),
                      **({"leak_check": leak_check(report, res)} if hasattr(engine, "teardown") else {}), **kept}))
         await self._record_teardown(seat, report, request_id)
+        parts.processes.done_with_log(seat.log_path)
         self._stopped(seat.key, res, slot_freed=seat.slot_freed)
         return res
 
@@ -425,6 +433,7 @@ class LiveEffects:
             reason=f"{seat.engine} exited unexpectedly with code {rc}; the next request reloads it",
             details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **timings(seat),
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
+        parts.processes.done_with_log(seat.log_path)
         self._stopped(seat.key, res, how=Exit.CRASHED)
 
     def watch_adopted(self, seat: SeatState) -> None:

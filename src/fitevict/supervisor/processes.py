@@ -1,12 +1,15 @@
 """How a seat's process is made: which engine runs a catalog entry, its argv and environment (the engine's one
 builder), a fresh port and log file, and the record the store keeps of a live seat (so that a restarted fitevict
-finds what an earlier one left)."""
+finds what an earlier one left). Seat logs are kept within ``engine.seat_logs_disk``: the oldest go first, never a
+log that a seat still writes or whose end is still being recorded."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,8 @@ from fitevict.store.records import SeatRecord
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.seat import SeatState
 
+log = logging.getLogger("fitevict.supervisor")
+
 
 class Processes:
     def __init__(self, config: Config, catalog: Catalog, engine_binary: Path, ports: Callable[[], int],
@@ -31,6 +36,7 @@ class Processes:
         self.kv = kv
         self.log_dir = Path(config.data_dir) / "seats"
         self._engines: dict[str, Engine] = {}
+        self.busy_logs: set[Path] = set()  # issued to a seat whose end is not recorded yet: never pruned
 
     def engine_for(self, entry: CatalogEntry) -> Engine:
         eng = self._engines.get(entry.engine)
@@ -56,8 +62,28 @@ class Processes:
         return engine.launch_spec(path, cfg, port, **kw)
 
     def log_path(self, key: str) -> Path:
-        """A fresh log file for a seat of ``key``."""
-        return self.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log"
+        """A fresh log file for a seat of ``key``, held from pruning until ``done_with_log``."""
+        path = self.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log"
+        self.busy_logs.add(path)
+        return path
+
+    def done_with_log(self, path: Path) -> None:
+        """The seat that wrote ``path`` has ended and its end is recorded: its log may be pruned from now on."""
+        self.busy_logs.discard(path)
+
+    async def prune_logs(self, running: Iterable[SeatState]) -> list[Path]:
+        """Remove the oldest seat logs until all of them fit ``engine.seat_logs_disk``; a running seat's log and a
+        busy one count but stay. Returns the logs removed (and says so in the server log)."""
+        keep = {Path(s.log_path) for s in running} | self.busy_logs
+        try:
+            removed, freed = await asyncio.to_thread(prune_dir, self.log_dir, self.config.engine.seat_logs_disk, keep)
+        except OSError as e:  # a log that cannot be removed must not fail the load that pruned
+            log.warning("seat logs in %s not pruned: %s", self.log_dir, e)
+            return []
+        if removed:
+            log.info("pruned %d seat log(s), %d bytes, oldest first, to keep %s within engine.seat_logs_disk=%d",
+                     len(removed), freed, self.log_dir, self.config.engine.seat_logs_disk)
+        return removed
 
     @staticmethod
     def record(seat: SeatState) -> SeatRecord:
@@ -65,3 +91,31 @@ class Processes:
         return SeatRecord(seat_id=seat.id, model=seat.key, engine=seat.engine, state=str(seat.state),
                           started_at=seat.started_at, fitevict_pid=os.getpid(), pid=seat.pid, pgid=seat.pgid,
                           port=seat.port, log_path=str(seat.log_path), config=seat.config.to_json())
+
+
+def prune_dir(folder: Path, budget: int, keep: set[Path]) -> tuple[list[Path], int]:
+    """Remove the oldest ``*.log`` files of ``folder`` (by mtime) until the folder's logs total at most ``budget``
+    bytes; ``keep`` are counted but never removed. Returns what was removed and its bytes."""
+    logs = []
+    for p in folder.glob("*.log"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        logs.append((st.st_mtime_ns, st.st_size, p))
+    total = sum(size for _, size, _ in logs)
+    removed: list[Path] = []
+    freed = 0
+    for _, size, p in sorted(logs):
+        if total <= budget:
+            break
+        if p in keep:
+            continue
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass  # removed meanwhile: its bytes are gone all the same
+        removed.append(p)
+        total -= size
+        freed += size
+    return removed, freed
