@@ -27,6 +27,7 @@ class Served:
 
     name: str
     base: str
+    pid: int = 0  # the front door's process
 
     def history(self, event: str | None = None) -> list[dict]:
         """``GET /v1/models/history``, newest first."""
@@ -65,7 +66,7 @@ def serve(tmp: Path, name: str, models: Path, config: str, env: dict[str, str] |
     with (root / "serve.log").open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=full_env)
-    served = Served(name, f"http://127.0.0.1:{port}")
+    served = Served(name, f"http://127.0.0.1:{port}", proc.pid)
     try:
         wait_for(lambda: up(proc, served.base, root / "serve.log"), f"{name}: fitevict serve healthy", 120)
         yield served
