@@ -241,3 +241,13 @@ def test_the_zoo_reranker_ranks_on_the_bare_engine(tmp_path: Path, llama_server:
                                                           "top_n": 3}, timeout=60)
     assert r.status_code == 200, r.text
     assert sorted(x["index"] for x in r.json()["results"]) == [0, 1, 2]
+
+
+def test_metrics_and_the_log_are_labelled_by_route(door: FrontDoor) -> None:
+    claude(door).messages.create(model="claude-haiku-4-5", max_tokens=1, messages=[{"role": "user", "content": "x"}])
+    oai(door).responses.create(model="gpt-5", input="x", max_output_tokens=1)
+    text = httpx.get(door.base_url + "/metrics", headers={"Authorization": f"Bearer {USER}"}, timeout=60).text
+    for endpoint in ("responses", "messages"):
+        assert f'endpoint="{endpoint}"' in text, endpoint
+    logged = door.log()
+    assert '"endpoint": "messages"' in logged and '"asked_as": "claude-haiku-4-5"' in logged
