@@ -17,7 +17,18 @@ def test_a_chat_is_bounded_by_its_serialized_bytes_plus_the_template_allowance()
     assert b == len(json.dumps([msgs], ensure_ascii=False).encode()) + TEMPLATE_ALLOWANCE
     assert b > len("Sei breve.Grüß dich, 世界".encode())  # multi-byte characters count as their bytes
     assert prompt_bound({"prompt": "abc"}) == 3 + TEMPLATE_ALLOWANCE
-    assert prompt_bound({"input": "x"}) is None
+    assert prompt_bound({"content": "x"}) is None  # no prompt to generate from (/tokenize)
+
+
+def test_anthropics_and_the_responses_apis_prompts_count_with_their_system_text_and_tools() -> None:
+    msgs, tools = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], [{"name": "f"}]
+    anthropic = {"system": "Be brief.", "messages": msgs, "tools": tools, "max_tokens": 5}
+    assert prompt_bound(anthropic) == len(json.dumps([msgs, "Be brief.", tools], ensure_ascii=False).encode()) + \
+        TEMPLATE_ALLOWANCE
+    responses = {"input": "hello", "instructions": "Be brief.", "max_output_tokens": 9}
+    got = need(responses)
+    assert got.prompt_bound == len(json.dumps(["hello", "Be brief."]).encode()) + TEMPLATE_ALLOWANCE
+    assert got.max_tokens == 9 and got.tokens == got.prompt_bound + 9
 
 
 def test_max_tokens_from_the_request_then_the_models_defaults_else_unknown() -> None:

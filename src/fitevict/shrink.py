@@ -4,7 +4,7 @@ Before a load nothing can tokenize, so the prompt is bounded from above by its U
 byte-level tokenizers llama.cpp runs covers at least one byte. A chat is counted as its messages serialized to JSON
 (the role names, quotes and braces stand in for the template's markers, which are fewer tokens than those bytes)
 plus ``TEMPLATE_ALLOWANCE`` tokens for the generation prompt and BOS. The answer needs ``max_tokens`` (or
-``max_completion_tokens``, Ollama's ``num_predict``); a request without one takes the model's default from its
+``max_completion_tokens``, the Responses API's ``max_output_tokens``, Ollama's ``num_predict``); a request without one takes the model's default from its
 request defaults, and with no default at all the answer may fill any context, so no smaller context is safe.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 TEMPLATE_ALLOWANCE = 64  # tokens beyond the serialized messages: generation prompt, BOS, a system default
-MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "n_predict", "num_predict")
+MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict", "num_predict")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +34,13 @@ class Need:
 
 
 def prompt_bound(body: Mapping[str, Any]) -> int | None:
-    """An upper bound on the request's prompt tokens (its UTF-8 bytes); None for a body with no text prompt."""
-    if isinstance(body.get("messages"), list):
-        parts = [body["messages"], *(body[k] for k in ("tools", "functions") if k in body)]
+    """An upper bound on the request's prompt tokens (its UTF-8 bytes); None for a body with no text prompt. A chat's
+    messages (Anthropic's with its ``system``), or a Responses request's ``input`` with its ``instructions``, count
+    with their tools."""
+    chat = isinstance(body.get("messages"), list)
+    if chat or isinstance(body.get("input"), (str, list)):
+        extra = ("system", "tools", "functions") if chat else ("instructions", "tools")
+        parts = [body["messages" if chat else "input"], *(body[k] for k in extra if k in body)]
         return len(json.dumps(parts, ensure_ascii=False).encode()) + TEMPLATE_ALLOWANCE
     prompt = body.get("prompt")
     if isinstance(prompt, str):
