@@ -126,9 +126,6 @@ def test_rerank_loads_the_reranker_on_demand(door: FrontDoor, path: str) -> None
     r = httpx.post(door.base_url + path, json={"model": RERANKER, "query": "what is a cat", "documents": docs,
                                                "top_n": 2},
                    headers={"Authorization": f"Bearer {USER}", "x-request-id": rid}, timeout=120)
-    if r.status_code == 507 and f"{RERANKER} cannot be priced: CPU context" in r.text:
-        pytest.xfail("fitevict's pricing has no rule for encoder architectures (bert keeps no KV cache: no KV/state "
-                     "rule, and neither the engine's dry run nor its log shows a cache to price from): pricing/kv.py")
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     assert len(results) == 2 and {x["index"] for x in results} <= {0, 1, 2}

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from fitevict.pricing.hostbufs import is_host_buffer
+from fitevict.pricing.layers import MEMORYLESS_ARCHS
 from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.units import MiB
 
@@ -42,6 +43,7 @@ _PARAM = re.compile(r"llama_context: (n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch
 _FA = re.compile(r"resolve_fused_ops: Flash Attention (enabled|disabled)")
 _BREAKDOWN = re.compile(r"memory_breakdown_print: \|\s+- (.+?)\s+\|(.*)\|\s*$")
 _DEBUG = re.compile(r"^\s*[0-9.]+ D ")
+_ARCH = re.compile(r"print_info: arch\s+= (\S+)")
 
 PRECISION_BYTES = MiB // 200  # the log prints MiB with 2 decimals: +- 0.005 MiB
 
@@ -78,6 +80,7 @@ class LoadLog:
     breakdown: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ("Host", (self, model, context, compute)), MiB
     notes: tuple[str, ...] = field(default=())
     precision_bytes: int = PRECISION_BYTES  # 0 once the allocator trace made every figure exact (pricing.buftrace)
+    arch: str | None = None  # print_info's architecture: for one llama.cpp makes no memory for, no cache line is due
 
     @property
     def loaded(self) -> bool:
@@ -111,7 +114,7 @@ class LoadLog:
             "compute": "no 'compute buffer size' line in the log (the load did not reach the graph reservation)",
             "output": "no 'output buffer size' line in the log",
         }
-        any_ctx = bool(self.kv_buffers or self.rs_buffers)
+        any_ctx = bool(self.kv_buffers or self.rs_buffers) or self.arch in MEMORYLESS_ARCHS
         out: list[DeviceFootprint] = []
         for dev in sorted(devs, key=lambda d: (d != HOST, d)):
             terms = devs[dev]
@@ -198,6 +201,7 @@ def parse_load_log(text: str) -> LoadLog:
     notes: list[str] = []
     if not model:
         notes.append("no model buffer lines: the log is not at -lv 4 or the load failed before the weights")
+    arch = next((m.group(1) for line in reversed(lines) if (m := _ARCH.search(line))), None)
     return LoadLog(
         model_buffers=_sum(model), kv_buffers=_sum(kv), kv_lines=tuple(kv), rs_buffers=_sum(rs), output_buffers=_sum(outb),
         compute_buffers=tuple(compute.items()), lora_buffers=_sum(lora),
@@ -208,7 +212,7 @@ def parse_load_log(text: str) -> LoadLog:
         flash_attn=str(vals["flash_attn"]) if "flash_attn" in vals else None,
         flash_attn_resolved=vals.get("fa_resolved"),  # type: ignore[arg-type]
         kv_unified=(vals["kv_unified"] == "true") if "kv_unified" in vals else None,
-        breakdown=tuple(breakdown[-8:]) if breakdown else (), notes=tuple(notes),
+        breakdown=tuple(breakdown[-8:]) if breakdown else (), notes=tuple(notes), arch=arch,
     )
 
 
