@@ -71,6 +71,17 @@ def engine_error(api: str, model: str, status: int, raw: bytes) -> tuple[int, by
     return new_status, json.dumps(body).encode()
 
 
+def stream_break(api: str, model: str, why: str) -> bytes:
+    """The last event of a stream its engine broke off (the seat died mid-answer), in ``api``'s shape: an SSE
+    ``error`` event (Anthropic's), else a ``data:`` event with OpenAI's error envelope; the SDKs raise either.
+    Blank lines first end an event the engine left half-written."""
+    err = ApiError(502, f"{model}: the engine broke off its answer: {why}; a new request loads it again",
+                   type="engine_error", code="engine_lost")
+    _, body = err.shaped(api)
+    data = json.dumps(body).encode()
+    return b"\n\nevent: error\ndata: " + data + b"\n\n" if api == ANTHROPIC else b"\n\ndata: " + data + b"\n\n"
+
+
 def _engine_message(raw: bytes) -> tuple[str, str]:
     """The message and type of an engine's error body (``{"error": {"message", "type"}}``), else its text."""
     try:

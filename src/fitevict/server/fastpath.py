@@ -33,7 +33,7 @@ from fitevict.server import plain, progress
 from fitevict.server.door import Door, Prepared, new_request_id, parse_json
 from fitevict.server.kvrestore import restore_for
 from fitevict.server.metrics import Metrics
-from fitevict.server.errors import ApiError, engine_error
+from fitevict.server.errors import ApiError, engine_error, stream_break
 from fitevict.server.relay import Relayed, relay
 from fitevict.server.routes import ROUTES, Route
 from fitevict.engines.upstream import UpstreamConn, UpstreamError
@@ -275,7 +275,8 @@ class FastPath:
             out = await relay(door.pool, send, seat.port, path, payload, rec.request_id, headers=named(prep, extra),
                               seat_headers=seat_headers,
                               on_sent=lambda: report.append(report_headers(rec.waits)),
-                              on_error=lambda status, raw: engine_error(route.api, seat.key, status, raw))
+                              on_error=lambda status, raw: engine_error(route.api, seat.key, status, raw),
+                              on_break=lambda why: stream_break(route.api, seat.key, why))
             hangup.disarm()
         except asyncio.CancelledError:
             hangup.disarm()

@@ -39,7 +39,8 @@ async def relay(upstream: Upstream, send: Send, port: int, path: str, body: byte
                 on_body: Callable[[bytes], bytes] | None = None, content_type: bytes | None = None,
                 headers: tuple[tuple[bytes, bytes], ...] = (),
                 seat_headers: Callable[[UpstreamConn], tuple[tuple[bytes, bytes], ...]] | None = None,
-                on_sent: Callable[[], object] | None = None, on_error: ErrorMap | None = None) -> Relayed:
+                on_sent: Callable[[], object] | None = None, on_error: ErrorMap | None = None,
+                on_break: Callable[[str], bytes] | None = None) -> Relayed:
     """POST ``body`` to ``path`` on the seat listening on ``port`` and relay the answer to ASGI ``send``.
 
     A streamed answer (no Content-Length) goes out chunk by chunk as it arrives: ``on_chunk`` maps each engine
@@ -48,7 +49,8 @@ async def relay(upstream: Upstream, send: Send, port: int, path: str, body: byte
     replaced by ``on_body(answer)``. An error answer (status 400 and above) is read whole and replaced by
     ``on_error(status, answer)``'s when given. ``content_type`` replaces the engine's; ``headers`` are added, and
     ``seat_headers(conn)``'s, made once the engine's answer head has come. ``on_sent`` is called as soon as the
-    request went to the engine (work there overlaps the engine's). Raises UpstreamError if the
+    request went to the engine (work there overlaps the engine's). A stream the engine breaks off (it died mid-answer)
+    ends with ``on_break(why)``'s bytes, an error event in the route's shape, when given. Raises UpstreamError if the
     engine does not answer (nothing was sent then). Cancelling the calling task aborts the engine
     connection, which stops the engine's generation."""
     conn = await upstream.open(port, path, body, request_id, on_sent=on_sent)
@@ -58,7 +60,7 @@ async def relay(upstream: Upstream, send: Send, port: int, path: str, body: byte
         if on_error is not None and conn.status >= 400:
             return await _relay_error(conn, send, head, on_error)
         if conn.content_length is None:
-            return await _relay_stream(conn, send, head, on_chunk, on_finish)
+            return await _relay_stream(conn, send, head, on_chunk, on_finish, on_break)
         return await _relay_whole(conn, send, head, on_body)
     finally:
         upstream.release(conn)
@@ -81,7 +83,7 @@ async def _relay_error(conn: UpstreamConn, send: Send, head: list, on_error: Err
 
 
 async def _relay_stream(conn: UpstreamConn, send: Send, head: list, on_chunk: Callable[[bytes], bytes] | None,
-                        on_finish: Callable[[], bytes] | None) -> Relayed:
+                        on_finish: Callable[[], bytes] | None, on_break: Callable[[str], bytes] | None) -> Relayed:
     await send({"type": "http.response.start", "status": conn.status,
                 "headers": [*head, (b"cache-control", b"no-cache")]})
     events, prev, last, finished = 0, b"", b"", False
@@ -97,6 +99,8 @@ async def _relay_stream(conn: UpstreamConn, send: Send, head: list, on_chunk: Ca
             if finished:
                 break
     except UpstreamError as e:
+        if on_break is not None:  # the client is told why, in its API's shape, and its stream ends cleanly
+            await send({"type": "http.response.body", "body": on_break(str(e)), "more_body": False})
         return Relayed(conn.status, True, events, (prev, last), str(e))
     if not finished:
         await send({"type": "http.response.body", "body": on_finish() if on_finish else b"", "more_body": False})

@@ -1,0 +1,112 @@
+"""A seat that dies or freezes while it serves, against one real front door (``fitevict serve``) and real seats.
+
+For each fault: what the client receives (through the official SDKs: an error in its API's shape, never a stream
+cut without a word), what history records (every load has an end, and the end says how), what remains running (no
+orphan engine, no zombie), and that the next request loads the model again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
+
+pytestmark = pytest.mark.e2e
+LONG = {"max_tokens": 4000, "ignore_eos": True}  # a stream that runs until it is cut
+
+
+@pytest.fixture(scope="module")
+def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
+    tmp = tmp_path_factory.mktemp("seatfaults")
+    models = tmp / "models"
+    models.mkdir()
+    for name in ("killed", "frozen", "claude-killed"):
+        shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
+    cfg = tmp / "fitevict.toml"
+    cfg.write_text("[policy]\nprompt_cache = false\n")
+    with front_door(tmp, "--config", str(cfg), "--models-dir", str(models)) as fd:
+        yield fd
+
+
+def seat_pid(fd: FrontDoor, model: str) -> int:
+    """The pid of the running seat of ``model`` (a child of the front door, its argv naming the file)."""
+    pids = [p for p in engine_pids_of(fd.proc.pid)
+            if f"/{model}.gguf" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def gone(pid: int) -> bool:
+    """No process and no zombie: the front door reaped it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "X"
+    except FileNotFoundError:
+        return True
+
+
+def ends(fd: FrontDoor, model: str) -> list[str]:
+    """The model's history oldest first: loads and what ended each."""
+    return [e["event"] for e in reversed(history(fd)) if e["model"] == model
+            and e["event"] in ("load", "crash", "unload", "evict", "idle-unload", "fail", "orphan")]
+
+
+def check_reloads(fd: FrontDoor, model: str, dead: int) -> None:
+    """The next request for ``model`` loads it again, on a new process."""
+    r = httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert seat_pid(fd, model) != dead
+    assert ends(fd, model)[-1] == "load"
+
+
+def test_seat_sigkill_mid_stream_openai(door: FrontDoor) -> None:
+    client = openai.OpenAI(base_url=door.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(model="killed", messages=[{"role": "user", "content": "hi"}],
+                                            stream=True, extra_body=LONG)
+    got, pid = 0, None
+    with pytest.raises(openai.APIError) as e:
+        for chunk in stream:
+            got += 1
+            if got == 3:
+                pid = seat_pid(door, "killed")
+                os.kill(pid, signal.SIGKILL)
+    assert pid is not None and 3 <= got < 4000
+    assert "killed: the engine broke off its answer" in e.value.message
+    assert e.value.body["code"] == "engine_lost" and e.value.body["type"] == "engine_error"
+    poll(lambda: gone(pid), f"seat pid {pid} reaped")
+    poll(lambda: ends(door, "killed")[-1:] == ["crash"], "the crash in history")
+    crash = next(e for e in history(door) if e["model"] == "killed" and e["event"] == "crash")
+    assert crash["details"]["exit_code"] == -signal.SIGKILL and crash["details"]["pid"] == pid
+    assert ends(door, "killed") == ["load", "crash"]
+    assert not [p for p in engine_pids_of(door.proc.pid) if p == pid]
+    check_reloads(door, "killed", pid)
+
+
+def test_seat_sigkill_mid_stream_anthropic(door: FrontDoor) -> None:
+    client = anthropic.Anthropic(base_url=door.base_url, api_key="none", max_retries=0, timeout=60)
+    got, pid = 0, None
+    with pytest.raises(anthropic.APIStatusError) as e:
+        with client.messages.stream(model="claude-killed", max_tokens=4000,
+                                    messages=[{"role": "user", "content": "hi"}],
+                                    extra_body={"ignore_eos": True}) as stream:
+            for _ in stream.text_stream:
+                got += 1
+                if got == 3:
+                    pid = seat_pid(door, "claude-killed")
+                    os.kill(pid, signal.SIGKILL)
+    assert pid is not None
+    assert "the engine broke off its answer" in str(e.value)
+    assert e.value.body["error"]["type"] == "api_error"
+    poll(lambda: gone(pid), f"seat pid {pid} reaped")
+    poll(lambda: ends(door, "claude-killed")[-1:] == ["crash"], "the crash in history")
+    check_reloads(door, "claude-killed", pid)
+
