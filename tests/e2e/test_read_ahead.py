@@ -104,3 +104,31 @@ def test_two_askers_of_one_dry_run_share_it(zoo: dict, tmp_path: Path, llama_ser
         asyncio.run(scenario())
     finally:
         store.close()
+
+
+def test_shutdown_during_a_read_ahead_leaves_no_engine_process(zoo: dict, tmp_path: Path, llama_server: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FITEVICT_CACHE_DIR", str(tmp_path / "cache"))  # the dry run runs, it is not read from disk
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "llama-medium.gguf").symlink_to(zoo["llama-medium"].path)
+    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": [str(models)]})
+    catalog = Catalog.from_config(cfg)
+    store = Store.open(cfg.store_url)
+
+    async def scenario() -> None:
+        sup = Supervisor(config=cfg, catalog=catalog, store=store, engine_binary=llama_server)
+        sup.read_ahead(["llama-medium"])
+        deadline = asyncio.get_running_loop().time() + 30
+        while not sup.prices.dry_runs_under_way:  # the read-ahead task reaches its dry run
+            assert asyncio.get_running_loop().time() < deadline, "the read-ahead never started its dry run"
+            await asyncio.sleep(0.005)
+        await sup.shutdown()
+        left = [c for c in psutil.Process().children(recursive=True) if c.is_running()
+                and c.status() != psutil.STATUS_ZOMBIE]
+        assert not left, [c.cmdline() for c in left]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()

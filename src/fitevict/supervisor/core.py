@@ -45,6 +45,7 @@ from fitevict.supervisor.orphans import cleanup_orphans
 from fitevict.supervisor.planning import Planning
 from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.processes import Processes
+from fitevict.supervisor.outgrowth import check_outgrowth
 from fitevict.supervisor.relieving import check_pressure
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
@@ -181,6 +182,7 @@ class Supervisor:
         for task in self._ahead:
             task.cancel()
         answered = len(self.scheduler.close("shutting down"))
+        await self.prices.dry_runs_ended()  # a price read ahead leaves no engine process behind
 
         def idle() -> bool:
             return all(s.in_flight == 0 for s in self.scheduler.seats.values())
@@ -237,6 +239,11 @@ class Supervisor:
         """One reading of the seats' committed bytes (the memory sampler's): memory pressure from other programs is
         acted on (``relieving``). Returns the relief decided, or None."""
         return await check_pressure(self.parts, live)
+
+    async def check_outgrowth(self, now: float) -> list[Event]:
+        """After the memory sampler's reading of every seat: the seats that now outgrow their price are marked, one
+        ``outgrew`` event each (``outgrowth``). Returns the events recorded."""
+        return await check_outgrowth(self.parts, now)
 
     # -- pricing and planning -------------------------------------------------------------------
 

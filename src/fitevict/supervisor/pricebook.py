@@ -66,6 +66,8 @@ class PriceBook:
         # bytes a seat's process holds beyond its buffers, per device; whoever changes it (or the two overheads
         # below) calls ``forget`` so that the sheets are read again
         self.engine_overhead: dict[str, int] = {}
+        # where the host figure of ``engine_overhead`` came from: "calibrated", "raised" (by loads here), or why not
+        self.overhead_origin = "not read yet: no calibration or load of this engine build was read"
         self._quant: dict[tuple[str, int, int], str] = {}
         # the engine's dry runs, per file: by configuration, or (context, projector) by placement-free configuration
         self._compute: dict[str, dict[LoadConfig, dict[str, int]]] = {}
@@ -342,6 +344,10 @@ class PriceBook:
         """A transformers seat's own process bytes: with adapters, peft's libraries too (measured apart; until one
         such seat was measured, the plain seat's figure, a lower bound)."""
         return (self.peft_overhead or self.torch_overhead) if adapters else self.torch_overhead
+
+    async def dry_runs_ended(self) -> None:
+        """Wait until every dry run under way has ended (its engine process gone): shutdown leaves none behind."""
+        await asyncio.gather(*self._dry_running.values(), return_exceptions=True)
 
     @property
     def dry_runs_under_way(self) -> tuple[tuple[str, LoadConfig], ...]:
