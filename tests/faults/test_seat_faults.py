@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
 
 pytestmark = pytest.mark.e2e
 LONG = {"max_tokens": 4000, "ignore_eos": True}  # a stream that runs until it is cut
+STALL_S = 2.0  # engine.stall_seconds: a seat stopped by a signal this long is killed
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontD
     for name in ("killed", "frozen", "claude-killed"):
         shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
     cfg = tmp / "fitevict.toml"
-    cfg.write_text("[policy]\nprompt_cache = false\n")
+    cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {STALL_S}\n")
     with front_door(tmp, "--config", str(cfg), "--models-dir", str(models)) as fd:
         yield fd
 
@@ -59,6 +61,17 @@ def ends(fd: FrontDoor, model: str) -> list[str]:
             and e["event"] in ("load", "crash", "unload", "evict", "idle-unload", "fail", "orphan")]
 
 
+def check_crashed(fd: FrontDoor, model: str, pid: int) -> dict:
+    """``model``'s seat ``pid`` is reaped and its load ended by a ``crash`` (returned); nothing else runs it."""
+    poll(lambda: gone(pid), f"seat pid {pid} reaped")
+    poll(lambda: ends(fd, model)[-1:] == ["crash"], "the crash in history")
+    assert ends(fd, model) == ["load", "crash"]
+    crash = next(e for e in history(fd) if e["model"] == model and e["event"] == "crash")
+    assert crash["details"]["exit_code"] == -signal.SIGKILL and crash["details"]["pid"] == pid
+    assert pid not in engine_pids_of(fd.proc.pid)
+    return crash
+
+
 def check_reloads(fd: FrontDoor, model: str, dead: int) -> None:
     """The next request for ``model`` loads it again, on a new process."""
     r = httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
@@ -68,26 +81,33 @@ def check_reloads(fd: FrontDoor, model: str, dead: int) -> None:
     assert ends(fd, model)[-1] == "load"
 
 
-def test_seat_sigkill_mid_stream_openai(door: FrontDoor) -> None:
-    client = openai.OpenAI(base_url=door.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
-    stream = client.chat.completions.create(model="killed", messages=[{"role": "user", "content": "hi"}],
+def openai_stream_cut(fd: FrontDoor, model: str, sig: signal.Signals) -> tuple[openai.APIError, int, float]:
+    """A long stream through the openai SDK whose seat gets ``sig`` after 3 chunks: the SDK's error, the seat's pid
+    and the seconds from the signal to the error. A seat left stopped by a failed test is continued."""
+    client = openai.OpenAI(base_url=fd.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                             stream=True, extra_body=LONG)
-    got, pid = 0, None
-    with pytest.raises(openai.APIError) as e:
-        for chunk in stream:
-            got += 1
-            if got == 3:
-                pid = seat_pid(door, "killed")
-                os.kill(pid, signal.SIGKILL)
+    got, pid, t0 = 0, None, 0.0
+    try:
+        with pytest.raises(openai.APIError) as e:
+            for _ in stream:
+                got += 1
+                if got == 3:
+                    pid = seat_pid(fd, model)
+                    os.kill(pid, sig)
+                    t0 = time.monotonic()
+    finally:
+        if pid is not None and not gone(pid):
+            os.kill(pid, signal.SIGCONT)
     assert pid is not None and 3 <= got < 4000
-    assert "killed: the engine broke off its answer" in e.value.message
-    assert e.value.body["code"] == "engine_lost" and e.value.body["type"] == "engine_error"
-    poll(lambda: gone(pid), f"seat pid {pid} reaped")
-    poll(lambda: ends(door, "killed")[-1:] == ["crash"], "the crash in history")
-    crash = next(e for e in history(door) if e["model"] == "killed" and e["event"] == "crash")
-    assert crash["details"]["exit_code"] == -signal.SIGKILL and crash["details"]["pid"] == pid
-    assert ends(door, "killed") == ["load", "crash"]
-    assert not [p for p in engine_pids_of(door.proc.pid) if p == pid]
+    return e.value, pid, time.monotonic() - t0
+
+
+def test_seat_sigkill_mid_stream_openai(door: FrontDoor) -> None:
+    error, pid, _ = openai_stream_cut(door, "killed", signal.SIGKILL)
+    assert "killed: the engine broke off its answer" in error.message
+    assert error.body["code"] == "engine_lost" and error.body["type"] == "engine_error"
+    assert "exited unexpectedly with code -9" in check_crashed(door, "killed", pid)["reason"]
     check_reloads(door, "killed", pid)
 
 
@@ -106,7 +126,14 @@ def test_seat_sigkill_mid_stream_anthropic(door: FrontDoor) -> None:
     assert pid is not None
     assert "the engine broke off its answer" in str(e.value)
     assert e.value.body["error"]["type"] == "api_error"
-    poll(lambda: gone(pid), f"seat pid {pid} reaped")
-    poll(lambda: ends(door, "claude-killed")[-1:] == ["crash"], "the crash in history")
+    check_crashed(door, "claude-killed", pid)
     check_reloads(door, "claude-killed", pid)
 
+
+def test_seat_sigstop_mid_stream_is_detected_and_replaced(door: FrontDoor) -> None:
+    error, pid, waited = openai_stream_cut(door, "frozen", signal.SIGSTOP)
+    assert STALL_S <= waited < STALL_S + 10  # told once the stall was seen, not when the client gave up
+    assert error.body["code"] == "engine_lost" and "frozen: the engine broke off its answer" in error.message
+    crash = check_crashed(door, "frozen", pid)
+    assert "stopped by a signal" in crash["reason"] and "engine.stall_seconds" in crash["reason"]
+    check_reloads(door, "frozen", pid)

@@ -26,6 +26,7 @@ from fitevict.request.loadreport import seat_load_report
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, seat_document, strategy, timings
 from fitevict.supervisor.crash import RepackCrash, retry_without_repack
+from fitevict.supervisor.frozen import watch_frozen
 from fitevict.supervisor.kvkeep import keep_before_stop
 from fitevict.supervisor.learned import learn_engine_overhead, learn_torch_overhead
 from fitevict.supervisor.ports import Ports
@@ -56,6 +57,7 @@ class LiveEffects:
         self.recording: set[asyncio.Future] = set()  # load records still being written (history readers settle)
         self._wake: asyncio.TimerHandle | None = None
         self.handed = 0  # requests handed a seat by ``dispatch`` (a load reads its seat after the first answer)
+        self.frozen: dict[SeatState, str] = {}  # seats killed because a signal stopped them (supervisor.frozen)
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -242,6 +244,8 @@ class LiveEffects:
         seat.overhead = host_overhead(seat.predicted, parts.prices.engine_overhead)
         seat.gpu_overhead = {d: n for d, n in parts.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{seat.key}")
+        self._spawn_task(watch_frozen(seat, parts.config.engine.stall_seconds, self.frozen.__setitem__),
+                         f"frozen-{seat.key}")
 
     def _new_seat(self, key: str, entry: Any, cfg: Any, path: Path, predicted: Any, plan: pl.Plan,
                   after: SeatState | None) -> SeatState:
@@ -430,7 +434,8 @@ class LiveEffects:
         res = await self._end(seat)
         await parts.history.record(Event(
             time=parts.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
-            reason=f"{seat.engine} exited unexpectedly with code {rc}; the next request reloads it",
+            reason=self.frozen.pop(seat, None) or (f"{seat.engine} exited unexpectedly with code {rc}; "
+                                                   "the next request reloads it"),
             details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **timings(seat),
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
         parts.processes.done_with_log(seat.log_path)
