@@ -1,0 +1,99 @@
+"""Files that change under a running front door: a model file truncated or deleted while it is listed, and the
+engine binary gone while seats run. One real ``fitevict serve`` for the module, its engine a link to the real
+llama-server (removed and put back by the test that needs it).
+
+For each: what the client receives (a clear error naming the file, never a traceback), what history records, and
+what keeps running.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _frontdoor import FrontDoor, engine_pids_of, front_door, history
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def door(zoo: dict, llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
+    tmp = tmp_path_factory.mktemp("filefaults")
+    models = tmp / "models"
+    models.mkdir()
+    for name in ("trunc", "gone", "alive", "other"):
+        shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
+    (tmp / "engine").mkdir()
+    (tmp / "engine" / "llama-server").symlink_to(llama_server)
+    with front_door(tmp, "--models-dir", str(models),
+                    env={"FITEVICT_LLAMA_SERVER": str(tmp / "engine" / "llama-server")}) as fd:
+        yield fd
+
+
+def ask(fd: FrontDoor, model: str) -> httpx.Response:
+    return httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+
+
+def seats_of(fd: FrontDoor, model: str) -> list[int]:
+    return [p for p in engine_pids_of(fd.proc.pid)
+            if f"/{model}.gguf" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+
+
+def listed(fd: FrontDoor) -> set[str]:
+    return {m["id"] for m in httpx.get(fd.base_url + "/v1/models", timeout=30).json()["data"]}
+
+
+def check_unreadable(fd: FrontDoor, model: str, why: str) -> None:
+    """``model`` is answered with OpenAI's error envelope naming its file and ``why``, nothing started for it, no
+    traceback anywhere, and history untouched by it."""
+    r = ask(fd, model)
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["code"] == "model_unreadable" and f"{model}.gguf" in err["message"] and why in err["message"]
+    assert "rescan" in err["message"]  # the remedy
+    assert not seats_of(fd, model)
+    assert not [e for e in history(fd) if e["model"] == model]
+    assert "Traceback" not in r.text and "Traceback" not in fd.log()
+
+
+def test_model_file_truncated_while_listed(door: FrontDoor) -> None:
+    assert "trunc" in listed(door)
+    path = next(door.data_dir.parent.glob("models/trunc.gguf"))
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    check_unreadable(door, "trunc", "truncated")
+
+
+def test_model_file_deleted_while_listed(door: FrontDoor) -> None:
+    assert "gone" in listed(door)
+    next(door.data_dir.parent.glob("models/gone.gguf")).unlink()
+    check_unreadable(door, "gone", "No such file")
+
+
+def test_engine_binary_missing_at_load(door: FrontDoor) -> None:
+    assert ask(door, "alive").status_code == 200
+    [running] = seats_of(door, "alive")
+    link = door.data_dir.parent / "engine" / "llama-server"
+    target = link.readlink()
+    link.unlink()
+    try:
+        r = ask(door, "other")
+        assert r.status_code == 502, r.text
+        err = r.json()["error"]
+        assert err["code"] == "load_failed" and str(link) in err["message"] and "No such file" in err["message"]
+        fail = next(e for e in history(door) if e["model"] == "other")
+        assert fail["event"] == "fail" and str(link) in fail["reason"]
+        assert not seats_of(door, "other")
+        # the running seat is untouched: same process, still answering
+        assert ask(door, "alive").status_code == 200 and seats_of(door, "alive") == [running]
+    finally:
+        link.symlink_to(target)
+    # the binary back: the same model loads
+    assert ask(door, "other").status_code == 200
+    assert [e["event"] for e in history(door) if e["model"] == "other"][:2] == ["load", "fail"]
+    assert "Traceback" not in door.log()
