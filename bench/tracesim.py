@@ -146,6 +146,7 @@ class _Process:
 
     sim: Sim
     key: str
+    outgrowing: bool = False  # a simulated seat holds what it was priced at
 
     def held(self) -> tuple[Mapping[str, int], str]:
         s = self.sim.seats.get(self.key)

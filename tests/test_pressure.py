@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fitevict.budget import Budget
-from fitevict.pressure import Idle, assess, strained
+from fitevict.pressure import Idle, assess, outgrowth, strained
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.units import GiB, MiB
@@ -109,3 +109,53 @@ def test_the_scheduler_stops_only_idle_seats() -> None:
     assert not s.relieve("busy", "pressure") and not s.relieve("pinned", "pressure")
     assert s.relieve("idle", "memory pressure") and not s.relieve("idle", "again")
     assert [c[1:4] for c in fx.kinds("stop")] == [("idle", "evict", "memory pressure")]
+
+
+# -- a seat outgrowing its price ------------------------------------------------------------------------------------
+
+
+def test_a_reading_outgrows_its_price_only_beyond_the_bound() -> None:
+    assert outgrowth(HOST, 100 * MiB + 16 * MiB, 100 * MiB, 16 * MiB) is None  # at the bound: noise, not growth
+    assert outgrowth(HOST, None, 100 * MiB, 16 * MiB) is None  # no reading: nothing said
+    o = outgrowth(HOST, 150 * MiB, 100 * MiB, 16 * MiB, base=90 * MiB, seconds=6.0)
+    assert o is not None and o.over == 50 * MiB and o.rate == 10 * MiB
+    assert "50.0 MiB over (bound 16.0 MiB, budget.outgrow_margin)" in o.reason("m") and "10.0 MiB/s" in o.reason("m")
+    assert o.to_json()["growth_bytes_per_second"] == 10 * MiB
+    assert outgrowth(HOST, 150 * MiB, 100 * MiB, 16 * MiB).rate is None  # without the load's reading: no rate
+
+
+def test_an_outgrowing_idle_seat_is_stopped_before_every_healthy_one() -> None:
+    for eviction in ("cost", "lru"):
+        seats = [idle("healthy", 300, priority=1.0, last_used=1.0),
+                 Idle("leaky", {HOST: 300 * MiB}, 9.0, 50.0, outgrowing=True)]
+        r = assess(host(1000 * MiB), MARGIN, frozenset(), seats, eviction)
+        assert [v.key for v in r.victims] == ["leaky"], eviction  # the cheapest, oldest healthy one stays
+        assert "stopping idle leaky (outgrowing its price)" in r.reason()
+
+
+class _Grown:
+    """A seat's process as its record reads it (``Holds``): what it holds now, and whether it outgrew its price."""
+
+    def __init__(self, n: int, outgrowing: bool) -> None:
+        self.n, self.outgrowing = n, outgrowing
+
+    def held(self) -> tuple[dict[str, int], str]:
+        return {HOST: self.n}, "measured"
+
+
+def test_the_planner_evicts_an_outgrowing_seat_first_and_counts_what_it_holds_now() -> None:
+    fx = Recorder({"healthy": 300 * MiB, "leaky": 300 * MiB, "new": 300 * MiB}, 1 * GiB)
+    s = Scheduler(fx, SchedPolicy(min_residency_seconds=0, eviction="lru"))
+    for key in ("healthy", "leaky"):
+        fx.t += 1.0
+        s.submit(Waiter(request(key), fx.t, key))
+        s.loaded(key, bytes={HOST: 300 * MiB}, bytes_source="measured", load_seconds=1.0)
+        s.finished(key)
+    s.table.attach(s.table["healthy"], _Grown(300 * MiB, False))
+    s.table.attach(s.table["leaky"], _Grown(450 * MiB, True))  # grew 150 MiB past its price since its load
+    assert [r.outgrowing for r in s.residents(fx.t)] == [False, True]
+    fx.t += 1.0
+    s.submit(Waiter(request("new"), fx.t, "new"))  # 750 MiB held + 300 MiB > 1 GiB: one must go
+    stops = fx.kinds("stop")
+    assert [c[1] for c in stops] == ["leaky"], fx.calls  # not "healthy", though it is the least recently used
+    assert "outgrowing its price" in stops[0][3]

@@ -11,7 +11,9 @@ not evict and reload in turn (hysteresis)::
 While a device is under pressure its reserve counts ``reserve + margin`` for planning too (:func:`strained`), so a
 load admitted in the meantime cannot push it straight back under. Victims are idle seats only (nothing in flight,
 nothing queued for them, not pinned, not loading), cheapest first by the eviction policy: GreedyDual-Size priority
-(``cost``) or least recently used (``lru``), and only seats that hold bytes on a device in need.
+(``cost``) or least recently used (``lru``), and only seats that hold bytes on a device in need. A seat **outgrowing
+its price** (:func:`outgrowth`: its latest reading exceeds its price by more than ``budget.outgrow_margin``) goes
+before every healthy one: it holds more than it was admitted for, and may still be growing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,49 @@ class Idle:
     bytes: Mapping[str, int]
     priority: float  # GreedyDual-Size H: lower goes first under ``cost``
     last_used: float  # lower goes first under ``lru``
+    outgrowing: bool = False  # its reading exceeded its price by more than the bound: it goes before healthy ones
+
+
+@dataclass(frozen=True, slots=True)
+class Outgrowth:
+    """A seat holding more on ``device`` than it was priced at, by more than ``bound``: the figures that say so."""
+
+    device: str
+    reading: int  # the latest reading (PSS of its process tree, or NVML)
+    price: int  # what it was priced and admitted at on this device
+    bound: int  # budget.outgrow_margin
+    base: int | None  # the reading right after its load
+    seconds: float | None  # from that reading to this one
+
+    @property
+    def over(self) -> int:
+        return self.reading - self.price
+
+    @property
+    def rate(self) -> float | None:
+        """Bytes per second it grew since the reading after its load (None without that reading or time)."""
+        if self.base is None or not self.seconds or self.seconds <= 0:
+            return None
+        return (self.reading - self.base) / self.seconds
+
+    def reason(self, key: str) -> str:
+        rate = "" if self.rate is None else f", growing {format_size(int(self.rate))}/s since its load"
+        return (f"{key} outgrew its price on {self.device}: read {format_size(self.reading)} against "
+                f"{format_size(self.price)} priced, {format_size(self.over)} over (bound "
+                f"{format_size(self.bound)}, budget.outgrow_margin){rate}")
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "reading_bytes": self.reading, "price_bytes": self.price,
+                "over_bytes": self.over, "bound_bytes": self.bound, "load_reading_bytes": self.base,
+                "seconds_since_load_reading": self.seconds, "growth_bytes_per_second": self.rate}
+
+
+def outgrowth(device: str, reading: int | None, price: int, bound: int, base: int | None = None,
+              seconds: float | None = None) -> Outgrowth | None:
+    """The seat outgrows its price on ``device`` when its reading exceeds the price by more than ``bound``."""
+    if reading is None or reading - price <= bound:
+        return None
+    return Outgrowth(device, reading, price, bound, base, seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +123,8 @@ class Relief:
                  f"(other processes hold {format_size(s.others)})" for s in self.strains if s.under]
         head = "memory pressure: " + "; ".join(parts) if parts else "no memory pressure"
         if self.victims:
-            head += f"; stopping idle {', '.join(v.key for v in self.victims)}"
+            head += "; stopping idle " + ", ".join(
+                f"{v.key} (outgrowing its price)" if v.outgrowing else v.key for v in self.victims)
         if self.short:
             head += "; still short " + ", ".join(f"{d} {format_size(n)}" for d, n in self.short.items()) + \
                     " with nothing idle left to stop"
@@ -93,10 +139,11 @@ def strain(d: DeviceBudget, margin: int, was_under: bool, pending: int = 0) -> S
 
 
 def order(idle: Sequence[Idle], eviction: str) -> list[Idle]:
-    """Cheapest first: by GreedyDual-Size priority (``cost``) or by recency (``lru``); the key breaks ties."""
+    """Seats outgrowing their price first, then cheapest first: by GreedyDual-Size priority (``cost``) or by recency
+    (``lru``); the key breaks ties."""
     if eviction == "lru":
-        return sorted(idle, key=lambda i: (i.last_used, i.key))
-    return sorted(idle, key=lambda i: (i.priority, i.last_used, i.key))
+        return sorted(idle, key=lambda i: (not i.outgrowing, i.last_used, i.key))
+    return sorted(idle, key=lambda i: (not i.outgrowing, i.priority, i.last_used, i.key))
 
 
 def assess(budget: Budget, margin: Mapping[str, int], was_under: frozenset[str], idle: Sequence[Idle],
@@ -134,4 +181,4 @@ def strained(budget: Budget, under: frozenset[str], margin: Mapping[str, int]) -
     return Budget(devices, budget.notes)
 
 
-__all__ = ["Idle", "Relief", "Strain", "assess", "order", "strain", "strained"]
+__all__ = ["Idle", "Outgrowth", "Relief", "Strain", "assess", "order", "outgrowth", "strain", "strained"]

@@ -71,6 +71,7 @@ def test_one_seat_per_key_and_a_new_one_starts_or_is_adopted_ready() -> None:
 class _Process:
     def __init__(self, n: int) -> None:
         self.n = n
+        self.outgrowing = False
 
     def held(self) -> tuple[dict[str, int], str]:
         return {HOST: self.n}, "measured"
@@ -85,7 +86,9 @@ def test_the_running_view_and_the_bytes_follow_the_process() -> None:
     t.attach(s, p)
     assert dict(t.running()) == {"m": p} and s.bytes == {HOST: 25} and s.bytes_source == "measured"
     p.n = 40  # what the planner counts is what the process holds now, not a copy
-    assert s.bytes == {HOST: 40}
+    assert s.bytes == {HOST: 40} and not s.outgrowing
+    p.outgrowing = True  # and whether it outgrew its price
+    assert s.outgrowing
     t.detach(s, _Process(1))  # another process: nothing changes
     assert t.running()["m"] is p
     t.detach(s, p)

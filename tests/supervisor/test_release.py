@@ -132,8 +132,7 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
                       model_path=Path("."), port=1,
                       log_path=Path("."), started_at=0.0, predicted=logged, signature="sig", strategy="load")
         s.measured = logged
-        s.host_mem = ProcessMemory((1,), pss - 100 * MiB, 100 * MiB, pss, "smaps_rollup")
-        s.gpu_bytes = {"CUDA0": nvml}
+        s.load_reading(0.0, ProcessMemory((1,), pss - 100 * MiB, 100 * MiB, pss, "smaps_rollup"), {"CUDA0": nvml})
         return s
 
     engine = _fake_binary(tmp_path)  # the learned overhead is kept per engine binary (path, size, mtime)

@@ -234,7 +234,7 @@ def ps(url: str | None = typer.Option(None, "--url", help=URL_HELP), key: str | 
         typer.echo(json.dumps(data, indent=2))
         return
     console.print(ps_table(data, time.time(), _url(url)))
-    console.print("[dim]host: measured; pred.: predicted; busy: in flight + waiting; --json: every figure "
+    console.print("[dim]host: measured (the latest reading); pred.: predicted; busy: in flight + waiting; --json: every figure "
                   "with its source[/]")
 
 
@@ -260,9 +260,12 @@ def ps_table(data: list[dict], now: float, url: str) -> Table:
         where = _where(r["placement"]) + (f" split {'/'.join(f'{w:g}' for w in ts)}" if ts else "")
         t.add_row(*[str(r.get("node") or "")[:8]] * nodes, r["key"], *[r.get("store") or ""] * stores, r["state"],
                   where,
-                  format_size(cpu.get("measured_bytes")),
+                  format_size(cpu.get("measured_bytes")) + ("!" if r.get("outgrew") else ""),
                   format_size(cpu.get("predicted_bytes")), str(r["ctx"]),
                   f"{r['in_flight']}+{r.get('waiting', 0)}", unload)
+    if any(r.get("outgrew") for r in data):
+        t.caption = "!: outgrowing its price (its reading exceeds it by more than budget.outgrow_margin; stopped " \
+                    "first under memory pressure; fitevict history --event outgrew)"
     return t
 
 

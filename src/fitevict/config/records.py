@@ -72,6 +72,10 @@ class BudgetConfig:
     gpu_reserve: int = 512 * MiB
     yield_to_others: bool = True  # stop idle seats when other programs take the reserve (fitevict.pressure)
     pressure_margin: int = 256 * MiB  # hysteresis: under pressure below reserve, calm again at reserve + margin
+    # a seat whose reading exceeds its price by more than this is outgrowing it (fitevict.pressure.outgrowth). From
+    # the measured noise: a healthy filled seat reads at most 56 MiB over its price (-1.25 % of the 4.5 GB life-size
+    # 8B), 4 MiB on the demo models; 64 MiB is above both
+    outgrow_margin: int = 64 * MiB
 
 
 @dataclass(frozen=True, slots=True)

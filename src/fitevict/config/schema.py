@@ -55,6 +55,7 @@ KEYS: tuple[_Key, ...] = (
     _Key("budget.gpu_reserve", size(optional=False)),
     _Key("budget.yield_to_others", boolean, env="FITEVICT_YIELD_TO_OTHERS"),
     _Key("budget.pressure_margin", size(optional=False)),
+    _Key("budget.outgrow_margin", size(optional=False)),
     _Key("policy.idle_unload_seconds", seconds(positive=False), env="FITEVICT_IDLE_UNLOAD_SECONDS"),
     _Key("policy.max_queue", integer(1)),
     _Key("policy.queue_timeout_seconds", seconds(positive=True)),

@@ -101,6 +101,7 @@ class Resident:
     # that a band of 25% measures the reload-cost term, not how far L has risen (then every seat would tie)
     priority: float = 0.0
     reload_seconds: float | None = None  # measured load time (None: never loaded here)
+    outgrowing: bool = False  # its reading exceeded its price by more than budget.outgrow_margin: a victim first
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bytes", _bytes_map(self.bytes, f"resident {self.key}"))

@@ -44,14 +44,15 @@ def priority_bands(pool: Iterable[Resident]) -> dict[str, int]:
 
 
 def victim_order(r: Resident, short: Mapping[str, int], eviction: str, bands: Mapping[str, int] | None = None) -> tuple:
-    """The order victims are taken in. ``cost``: GreedyDual-Size, the lowest band of H first (cheap to reload per
-    byte and not used lately; ``priority_bands``), then least recently used; ``lru``: least recently used first.
-    Ties: most bytes on the short devices, then the key."""
+    """The order victims are taken in: a seat outgrowing its price before every healthy one, then by ``cost``:
+    GreedyDual-Size, the lowest band of H first (cheap to reload per byte and not used lately; ``priority_bands``),
+    then least recently used; ``lru``: least recently used first. Ties: most bytes on the short devices, then the
+    key."""
     freed = -sum(r.bytes.get(d, 0) for d in short)
     if eviction == "cost":
         band = (bands or priority_bands([r]))[r.key]
-        return (band, r.last_used, freed, r.key)
-    return (r.last_used, freed, r.key)
+        return (not r.outgrowing, band, r.last_used, freed, r.key)
+    return (not r.outgrowing, r.last_used, freed, r.key)
 
 
 def choose(short: Mapping[str, int], pool: list[Resident], eviction: str = "lru") -> list[Resident]:
@@ -84,6 +85,8 @@ def choose(short: Mapping[str, int], pool: list[Resident], eviction: str = "lru"
 def victim_words(r: Resident, helps: list[str], eviction: str, now: float) -> str:
     idle = f"idle {max(0.0, now - r.last_used):.0f} s"
     frees = f"frees {per_device(r.bytes, helps)}"
+    if r.outgrowing:
+        return f"outgrowing its price (its outgrew event), so before every healthy seat ({idle}); {frees}"
     if eviction == "cost":
         reload = (f"reload {r.reload_seconds:.2f} s measured" if r.reload_seconds is not None
                   else "reload time not measured yet")

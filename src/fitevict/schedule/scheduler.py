@@ -465,6 +465,7 @@ class Scheduler:
                 last_used=s.last_used if s.last_used is not None else (s.ready_at or s.since),
                 bytes_source=held_source, pinned=s.pinned, in_flight=in_flight,
                 loading=s.status in PLACING, priority=s.priority - self.inflation, reload_seconds=s.reload_seconds,
+                outgrowing=s.outgrowing,
             ))
         return out
 

@@ -107,6 +107,11 @@ class Seat:
         return self.process.held() if self.process is not None else (self.loaded_bytes, self.loaded_source)
 
     @property
+    def outgrowing(self) -> bool:
+        """Its process holds more than it was priced at, by more than the bound (``Holds.outgrowing``)."""
+        return self.process is not None and self.process.outgrowing
+
+    @property
     def capacity(self) -> int:
         return max(1, self.config.n_parallel or 4)  # no -np: this engine runs 4 slots
 
@@ -115,9 +120,12 @@ class Seat:
 
 
 class Holds(Protocol):
-    """A seat's process that says what it holds: bytes per device and where that figure came from."""
+    """A seat's process that says what it holds: bytes per device and where that figure came from, and whether that
+    outgrew its price."""
 
     def held(self) -> tuple[Mapping[str, int], str]: ...
+    @property
+    def outgrowing(self) -> bool: ...
 
 
 class SeatView(Protocol):
@@ -157,6 +165,8 @@ class SeatView(Protocol):
     def keep_alive(self) -> float | None: ...
     @property
     def process(self) -> Any: ...
+    @property
+    def outgrowing(self) -> bool: ...
 
 
 def seat_room(slots: int, engine_queue_depth: int | None) -> int:

@@ -108,6 +108,19 @@ def device_card(dev: Any, residents: Sequence[dict], admin: bool) -> str:
     return f'<div class="card dev">{head}{"".join(rows)}{machine_row}</div>'
 
 
+def _outgrew_mark(v: dict) -> str:
+    """A resident outgrowing its price: a mark with its figures (its outgrew event), else nothing."""
+    o = v.get("outgrew")
+    if not o:
+        return ""
+    rate = o.get("growth_bytes_per_second")
+    title = (f"outgrowing its price on {o.get('device')}: read {_size(o.get('reading_bytes'))} against "
+             f"{_size(o.get('price_bytes'))} priced (bound {_size(o.get('bound_bytes'))}, budget.outgrow_margin)"
+             + (f", growing {_size(int(rate))}/s since its load" if rate else "")
+             + "; stopped first under memory pressure")
+    return f' <span class="miss outgrew" title="{escape(title)}">outgrew</span>'
+
+
 def residents_table(residents: Sequence[dict], peaks: dict[str, int | None], admin: bool, now: float) -> str:
     if not residents:
         return '<p class="empty">Nothing is loaded. A request for any model in the catalog loads it.</p>'
@@ -123,7 +136,8 @@ def residents_table(residents: Sequence[dict], peaks: dict[str, int | None], adm
             f'<tr class="resident" data-model="{escape(v["key"])}"><td><i class="dot" style="background:'
             f'{colour(v["key"])}"></i>{escape(v["key"])}</td><td>{escape(v["state"])}</td>'
             f'<td>{escape(v["placement"])}</td>'
-            f'<td title="{escape(str(cpu.get("measured_source")))}">{escape(_size(cpu.get("measured_bytes")))}</td>'
+            f'<td title="{escape(str(cpu.get("measured_source")))}">{escape(_size(cpu.get("measured_bytes")))}'
+            f'{_outgrew_mark(v)}</td>'
             f'<td title="{escape(str(cpu.get("predicted_source")))}">{escape(_size(cpu.get("predicted_bytes")))}'
             f'</td><td title="measured: smaps_rollup PSS of the seat\'s process tree, highest this window">'
             f'{escape(_size(peak))}</td><td>{v["ctx"]}</td><td>{v["in_flight"]}</td><td>{escape(idle)}</td>'

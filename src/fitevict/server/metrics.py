@@ -130,6 +130,13 @@ class Metrics:
                             "(total - free - held)", ["device"], registry=r)
         self.under_pressure = Gauge("fitevict_under_pressure", "1 while a device is under memory pressure",
                                     ["device"], registry=r)
+        self.outgrew = Counter("fitevict_outgrew_total", "Seats whose reading exceeded their price by more than "
+                               "budget.outgrow_margin (one outgrew event each)", ["model", "device"], registry=r)
+        self.outgrowing = Gauge("fitevict_resident_outgrowing", "1 while a resident's reading exceeds its price by "
+                                "more than budget.outgrow_margin (it is stopped first under memory pressure)",
+                                ["model"], registry=r)
+        self.reading_age = Gauge("fitevict_resident_reading_age_seconds", "Age of the reading behind a resident's "
+                                 "measured bytes (the memory sampler's latest)", ["model", "device"], registry=r)
         self.load_seconds = Histogram("fitevict_load_seconds", "Seconds from starting an engine to its seat being "
                                       "ready", ["model", "engine"], buckets=LOAD_BUCKETS, registry=r)
         self.release_seconds = Histogram("fitevict_release_seconds", "Seconds from a seat's exit until its memory "
@@ -148,6 +155,8 @@ class Metrics:
         leak = leak_reason(ev)
         if leak is not None and ev.event != "leak":
             self.leaks.labels(model, leak).inc()
+        if ev.event == "outgrew":
+            self.outgrew.labels(model, str(ev.details.get("device", "-"))).inc()
         if ev.event == "pressure":
             self.pressure.labels("stopped idle seats" if ev.details.get("stopped") else "nothing idle").inc()
         if ev.event == "load" and ev.seconds is not None:
@@ -159,7 +168,7 @@ class Metrics:
     def collect(self, budget: Any, residents: list[dict]) -> None:
         """Set the gauges from a budget reading (``Supervisor.budget()``) and ``Supervisor.resident_views()``."""
         for g in (self.budget, self.free, self.reserve, self.total_bytes, self.resident, self.others,
-                  self.under_pressure):
+                  self.under_pressure, self.outgrowing, self.reading_age):
             g.clear()
         for d in budget.devices:
             self.others.labels(d.name).set(d.others_bytes)
@@ -169,7 +178,10 @@ class Metrics:
             self.reserve.labels(d.name, d.reserve.source).set(d.reserve.bytes)
             self.total_bytes.labels(d.name, d.total.source).set(d.total.bytes)
         for v in residents:
+            self.outgrowing.labels(v["key"]).set(1 if v.get("outgrew") else 0)
             for dev, d in v["devices"].items():
+                if d.get("measured_age_seconds") is not None:
+                    self.reading_age.labels(v["key"], dev).set(d["measured_age_seconds"])
                 for figure in ("predicted", "allocated", "measured", "planned"):  # each under its own name
                     if d.get(f"{figure}_bytes") is not None:
                         self.resident.labels(v["key"], dev, figure).set(d[f"{figure}_bytes"])

@@ -39,6 +39,8 @@ class SeatReading:
     pss_reason: str
     gpu_bytes: int | None
     gpu_reason: str
+    memory: procmem.ProcessMemory | None = None  # the process tree as read (the seat's ``measured`` from now on)
+    gpu_by_device: dict[str, int | None] = field(default_factory=dict)  # NVML bytes of its processes per GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +118,14 @@ def _read(seats: list[tuple[str, int]], nvml: Any) -> tuple[int | None, str, dic
         else:
             pss, rss, why = tree.host_bytes, tree.rss_bytes, ""
         committed = tree.committed_bytes
+        used: dict[str, int | None] = {}
         if gpus is None or not gpus.available:
             gpu, gpu_why = None, f"unavailable, because {gpus.reason if gpus else 'no reading'}"
         else:
             used = gpus.used_by(set(tree.pids))
             gpu = None if any(v is None for v in used.values()) else sum(v or 0 for v in used.values())
             gpu_why = "" if gpu is not None else "unavailable, because NVML does not attribute memory to the seat"
-        out[seat_id] = SeatReading(pss, rss, committed, tree.source, why, gpu, gpu_why)
+        out[seat_id] = SeatReading(pss, rss, committed, tree.source, why, gpu, gpu_why, tree, used)
     return available, available_reason, out
 
 
@@ -137,6 +140,8 @@ class MemorySampler:
         self._last_available: int | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.ticks = 0  # readings taken of every seat so far
+        self._ticked: list[asyncio.Future] = []  # waiters for the next readings (``next_readings``)
 
     def poke(self, _ev: Event | None = None) -> None:
         """Sample now (registered on ``Supervisor.on_event``)."""
@@ -172,12 +177,28 @@ class MemorySampler:
                            available if first else self._last_available,
                            "the first reading, taken with the seat already running" if first else
                            "the host reading just before the seat was first seen")
-            self.windows[seat_id] = fold(w, readings[seat_id], available, why, len(live) - 1)
-            s.observe("CPU", readings[seat_id].pss_bytes)  # the seat's peak over its life (the residents view)
+            r = readings[seat_id]
+            self.windows[seat_id] = fold(w, r, available, why, len(live) - 1)
+            s.take_reading(now, r.memory, r.gpu_by_device)  # its measured figure, and its peak over its life
         if available is not None:
             self._last_available = available
+        await self.sup.check_outgrowth(now)  # a seat whose reading now exceeds its price: one outgrew event
         # memory pressure from other programs: the seats' committed bytes now are what fitevict holds
         await self.sup.check_pressure({s.key: readings[i].committed_bytes for i, s in live.items()})
+        self.ticks += 1
+        done, self._ticked = self._ticked, []
+        for f in done:
+            if not f.done():
+                f.set_result(self.ticks)
+
+    async def next_readings(self, n: int = 1) -> int:
+        """Wait until ``n`` more readings of every seat were taken, each on its own tick (and acted on); returns the
+        readings taken so far."""
+        for _ in range(n):
+            f = asyncio.get_running_loop().create_future()
+            self._ticked.append(f)
+            await f
+        return self.ticks
 
     async def _store(self, w: Window, now: float) -> None:
         await self.store.awrite(op_put_peaks(close(w, now)))

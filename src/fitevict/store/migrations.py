@@ -125,9 +125,18 @@ def _m0002_events_vocabulary(conn: Connection) -> None:
     _events_vocabulary(conn, V2_EVENTS)
 
 
+V4_EVENTS: tuple[str, ...] = (*V2_EVENTS, "pressure", "kv-restore")
+
+
 def _m0004_pressure_event(conn: Connection) -> None:
     """``pressure`` (memory given back to other programs) and ``kv-restore`` (a saved prompt restored) join the
     history vocabulary."""
+    _events_vocabulary(conn, V4_EVENTS)
+
+
+def _m0006_outgrew_event(conn: Connection) -> None:
+    """``outgrew`` (a seat whose reading exceeded its price by more than budget.outgrow_margin) joins the history
+    vocabulary."""
     _events_vocabulary(conn, EVENTS)
 
 
@@ -203,6 +212,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "seat_peaks", _m0003_seat_peaks),
     Migration(4, "events vocabulary: pressure, kv-restore", _m0004_pressure_event),
     Migration(5, "gguf_structures", _m0005_gguf_structures),
+    Migration(6, "events vocabulary: outgrew", _m0006_outgrew_event),
 )
 
 _md = sa.MetaData()

@@ -32,7 +32,8 @@ from fitevict.supervisor.learned import learn_engine_overhead, learn_torch_overh
 from fitevict.supervisor.ports import Ports
 from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
-from fitevict.supervisor.measure import grown_overhead, host_overhead, mem_json, overhead_seen, read_seat
+from fitevict.supervisor.measure import (grown_overhead, host_overhead, mem_json, overhead_label, overhead_seen,
+                                        read_seat)
 from fitevict.supervisor.release import StopResult, stop_and_verify
 from fitevict.schedule.scheduler import Waiter
 from fitevict.schedule.seats import PLACING, SERVING, Exit
@@ -228,7 +229,7 @@ class LiveEffects:
             if self.handed > handed:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(seat.answered.wait(), FIRST_ANSWER_WAIT_S)
-            read_seat(seat, engine, parts.nvml)
+            read_seat(seat, engine, parts.nvml, parts.clock())
             await self._record_load(seat, plan, waiter, spec.notes)
         finally:
             recorded.set_result(None)
@@ -241,7 +242,12 @@ class LiveEffects:
         seat.shrunk_from = parts.desk.shrinks.pop((seat.key, cfg.n_ctx), None)
         if seat.engine == "llama-server" and parts.config.policy.prompt_cache:
             seat.kv_candidates = await asyncio.to_thread(parts.kv.matching, seat.signature)
-        seat.overhead = host_overhead(seat.predicted, parts.prices.engine_overhead)
+        fixed = parts.prices.engine_overhead.get(HOST, 0)
+        if seat.engine == "llama-server":
+            seat.overhead = host_overhead(seat.predicted, parts.prices.engine_overhead)
+        else:  # a transformers seat's process is its own, never llama-server's calibration
+            seat.overhead = int(seat.predicted_overhead or 0)
+        seat.overhead_label = overhead_label(seat.engine, fixed, parts.prices.overhead_origin, seat.predicted_overhead)
         seat.gpu_overhead = {d: n for d, n in parts.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{seat.key}")
         self._spawn_task(watch_frozen(seat, parts.config.engine.stall_seconds, self.frozen.__setitem__),
@@ -292,11 +298,12 @@ class LiveEffects:
         parts, request_id = self.parts, waiter.request_id
         log_text = seat.log_path.read_text(errors="replace")
         walk = seat_document(parts.processes.engine_for(seat.entry), log_text)
-        if walk is not None and seat.host_mem is not None and seat.host_mem.host_bytes is not None:
+        mem = seat.load_mem  # the reading right after the load (the sampler's later ones are the live figure)
+        if walk is not None and mem is not None and mem.host_bytes is not None:
             # a transformers seat: its own process (Python, torch and their libraries, as the budget counts them:
             # PSS) is what it holds beyond its priced model, cache and activations; the largest seen is kept
             priced = seat.predicted.bytes_on(HOST) - int(seat.predicted_overhead or 0)
-            await learn_torch_overhead(parts.prices, parts.store, seat.host_mem.host_bytes - priced,
+            await learn_torch_overhead(parts.prices, parts.store, mem.host_bytes - priced,
                                        adapters=bool(seat.config.loras))
         else:
             grown = grown_overhead(parts.prices.engine_overhead, overhead_seen(seat, parts.prices.engine_overhead))
@@ -317,7 +324,7 @@ class LiveEffects:
             "machine": parts.prices.machine,  # what was learned here prices this machine only
             "predicted": seat.predicted.to_json(),
             "measured": seat.measured.to_json() if seat.measured else seat.measured_note,
-            "host_pss": mem_json(seat.host_mem),
+            "host_pss": mem_json(mem),
             "guard": {"accepted": verdict.accepted, "check": verdict.check, "reason": verdict.reason},
             "notes": list(notes), "compute_source": parts.prices.compute_source(seat.model_path, seat.config),
             "previous_measured_bytes": previous.total_bytes if previous else None,
@@ -339,8 +346,8 @@ class LiveEffects:
             await asyncio.to_thread(parts.store.put_measurement, Measurement(
                 signature=seat.signature, model=seat.key, engine=seat.engine, measured_at=parts.clock(),
                 footprint=seat.measured.to_json(),
-                host_committed_bytes=seat.host_mem.committed_bytes if seat.host_mem else None,
-                host_mapped_bytes=seat.host_mem.mapped_bytes if seat.host_mem else None, total_bytes=measured_total))
+                host_committed_bytes=mem.committed_bytes if mem else None,
+                host_mapped_bytes=mem.mapped_bytes if mem else None, total_bytes=measured_total))
             parts.prices.forget()  # a new measurement overrides the priced figure for its signature
             if learnable:
                 parts.prices.learn(seat.model_path, seat.config, seat.measured)

@@ -53,17 +53,24 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
     engine's process overhead now when this build was never calibrated (the server does; a dry ``plan`` does not,
     and then prices without it, as a first load would before calibration)."""
     calibrated = calibrated_overhead(binary) if st_ok(binary) else None
+    book.overhead_origin = (f"{binary} is not an executable named llama-server, so it was never calibrated"
+                            if not st_ok(binary) else "this engine build was never calibrated on this machine")
     if calibrated is None and calibrate and st_ok(binary):
         # first serve with this build: measure its own process overhead once, on the smallest model, filled
         got = calibrate_overhead(binary, timeout_s=60.0)
         calibrated = None if isinstance(got, Unavailable) else {k: int(v) for k, v in got["overhead"].items()}
+        if isinstance(got, Unavailable):
+            book.overhead_origin = f"its calibration failed: {got.reason}"
     if calibrated:
         book.engine_overhead.update(calibrated)
+        book.overhead_origin = "calibrated"
     if torch_known := store.compute_get(torch_overhead_key(cpu=book.cpu)):
         book.torch_overhead = int(torch_known[HOST])
     if peft_known := store.compute_get(torch_overhead_key(adapters=True, cpu=book.cpu)):
         book.peft_overhead = int(peft_known[HOST])
     for dev, n in (store.compute_get(overhead_key(binary, book.cpu)) or {}).items():  # loads since raise it (lower bounds)
+        if dev == HOST and int(n) > book.engine_overhead.get(HOST, 0):
+            book.overhead_origin = "raised"
         book.engine_overhead[dev] = max(int(n), book.engine_overhead.get(dev, 0))
     book.learn_history([ev.details for ev in store.events(event="load", limit=HISTORY_LOADS)])
     book.forget()
@@ -86,5 +93,7 @@ async def learn_torch_overhead(book: PriceBook, store: Store, seen: int, *, adap
 async def learn_engine_overhead(book: PriceBook, store: Store, binary: Path, grown: dict[str, int]) -> None:
     """A load showed ``binary``'s process holding more beyond its buffers than known: raise it, and store it."""
     book.engine_overhead.update(grown)
+    if HOST in grown:
+        book.overhead_origin = "raised"
     book.forget()
     await asyncio.to_thread(store.compute_put, overhead_key(binary, book.cpu), dict(book.engine_overhead))

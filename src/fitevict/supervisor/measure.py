@@ -18,37 +18,39 @@ from fitevict.supervisor.seat import SeatState
 from fitevict.units import format_size
 
 
-def read_seat(seat: SeatState, engine: Any, nvml: Any) -> None:
-    """Fill ``seat.measured`` (the engine's account of its buffers), ``host_mem`` (PSS of its process tree)
-    and ``gpu_bytes`` (NVML per process). A reading that fails says why; it is never 0."""
+def read_seat(seat: SeatState, engine: Any, nvml: Any, now: float) -> None:
+    """Fill ``seat.measured`` (the engine's account of its buffers) and take the reading right after its load: PSS of
+    its process tree and NVML per process (``SeatState.take_reading``), kept apart as ``load_mem``/``load_bytes``
+    (what the load record stores and the growth rate starts from; the memory sampler's later readings replace the
+    live figure). A reading that fails says why; it is never 0."""
     try:
         seat.measured = engine.measured_footprint(seat.log_path.read_text(errors="replace"))
     except (OSError, ValueError) as e:
         seat.measured, seat.measured_note = None, f"unavailable, because the load log could not be parsed: {e}"
-    if seat.pid is not None:
-        seat.host_mem = procmem.read_tree(seat.pid)
-        seat.observe(HOST, seat.host_mem.host_bytes)
-    if seat.config.devices and seat.pid is not None:
+    if seat.pid is None:
+        return
+    mem = procmem.read_tree(seat.pid)
+    gpu: dict[str, int | None] = {}
+    if seat.config.devices:
         gpus = read_gpus(nvml)
-        pids = set(seat.host_mem.pids) if seat.host_mem is not None else set()
-        for dev, n in gpus.used_by(pids or {seat.pid}).items():
-            if n is not None and dev in seat.config.devices:
-                seat.gpu_bytes[dev] = n
-                seat.observe(dev, n)
+        gpu = {d: n for d, n in gpus.used_by(set(mem.pids) or {seat.pid}).items() if d in seat.config.devices}
+    seat.load_reading(now, mem, gpu)
 
 
 def overhead_seen(seat: SeatState, known: Mapping[str, int] | None = None) -> dict[str, int]:
-    """The engine process's own memory per device in this seat, beyond the buffers its log reports: host, PSS
-    less the buffers and less the parts of the seat's overhead that scale with its model (its ``overhead`` beyond
-    the ``known`` calibrated figure), so that what is left is comparable with the calibrated part; a GPU, NVML's
-    bytes for the process (its CUDA context is the difference)."""
+    """The engine process's own memory per device in this seat at the reading right after its load, beyond the
+    buffers its log reports: host, PSS less the buffers and less the parts of the seat's overhead that scale with its
+    model (its ``overhead`` beyond the ``known`` calibrated figure), so that what is left is comparable with the
+    calibrated part; a GPU, NVML's bytes for the process (its CUDA context is the difference)."""
     if seat.measured is None:
         return {}
     seen: dict[str, int] = {}
-    if seat.host_mem is not None and seat.host_mem.host_bytes is not None:
+    if seat.load_mem is not None and seat.load_mem.host_bytes is not None:
         scaling = max(0, seat.overhead - (known or {}).get(HOST, 0))
-        seen[HOST] = seat.host_mem.host_bytes - seat.measured.bytes_on(HOST) - scaling
-    for dev, n in seat.gpu_bytes.items():
+        seen[HOST] = seat.load_mem.host_bytes - seat.measured.bytes_on(HOST) - scaling
+    for dev, n in seat.load_bytes.items():
+        if dev == HOST:
+            continue
         if seat.measured.device(dev) is not None:
             seen[dev] = n - seat.measured.bytes_on(dev)
     return seen
@@ -77,7 +79,8 @@ def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str
     notes = list(fp.notes)
     if fixed > 0:
         notes.append(f"host includes {format_size(fixed)} of {engine} process overhead (measured: peak PSS beyond "
-                     "its buffers through a filled context of the calibration model)")
+                     "its buffers through a filled context of the calibration model, or more where loads of this "
+                     "build here showed more)")
     notes += [f"host includes {format_size(t.bytes)} of {engine} {t.name} ({t.rule})" for t in terms if t.bytes]
     for d, n in gpus:
         notes.append(f"{d} includes {format_size(n)} of {engine} process overhead "
@@ -85,6 +88,23 @@ def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str
     return replace(fp, host_committed_bytes=fp.host_committed_bytes + host, notes=tuple(notes),
                    host_source=f"{fp.host_source}+measured" if fixed > 0 else fp.host_source,  # type: ignore[arg-type]
                    overhead=(*gpus, *(((HOST, host),) if host > 0 else ())))
+
+
+def overhead_label(engine: str, fixed: int, origin: str, own: int | None = None) -> str:
+    """What a seat's host ``overhead`` figure is and where it came from. llama-server: its fixed part ``fixed`` is
+    ``calibrated`` (a filled peak of the calibration model), ``raised`` (the largest seen by loads here), or, when
+    neither happened (``origin`` says why), not counted: the figure is then the rules' alone. A transformers seat's
+    (``own``): its own process, measured on this machine's earlier seats, or unavailable until one was."""
+    if engine != "llama-server":
+        return (f"measured: this machine's {engine} seats' own process (PSS beyond the price), the largest seen"
+                if own else f"unavailable, because no {engine} seat was measured on this machine yet: counted as 0")
+    rules = "the rules that scale with the model (tokenizer, work buffer, context)"
+    if fixed > 0 and origin == "calibrated":
+        return f"measured: the engine process's own, calibrated at a filled peak of the calibration model, with {rules}"
+    if fixed > 0 and origin == "raised":
+        return ("measured: the engine process's own, the largest seen beyond the logged buffers by loads of this build "
+                f"here, with {rules}")
+    return f"rule: {rules} only; the process's fixed part is not counted, because {origin}"
 
 
 def host_overhead(fp: Footprint, known: Mapping[str, int]) -> int:

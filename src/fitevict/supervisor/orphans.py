@@ -85,7 +85,7 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
         seat.measured = parts.processes.engine_for(entry).measured_footprint(seat.log_path.read_text(errors="replace"))
     except (OSError, ValueError) as e:
         seat.measured_note = f"unavailable, because the adopted seat's log could not be read: {e}"
-    seat.host_mem = procmem.read_tree(rec.pid)
+    seat.load_reading(now, procmem.read_tree(rec.pid), {})
     record.loaded_bytes = {HOST: seat.bytes_on(HOST)}
     install(seat)
     await asyncio.to_thread(parts.store.seat_upsert, parts.processes.record(seat))

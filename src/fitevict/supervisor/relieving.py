@@ -39,7 +39,8 @@ async def check_pressure(parts: Ports, live: Mapping[str, int | None]) -> Relief
             for dev, n in per_seat.get(key, {}).items():
                 pending[dev] = pending.get(dev, 0) + n
     idle = [Idle(s.key, per_seat.get(s.key, dict(s.bytes)), s.priority,
-                 s.last_used if s.last_used is not None else (s.ready_at or s.since)) for s in sched.idle()]
+                 s.last_used if s.last_used is not None else (s.ready_at or s.since), _outgrowing(parts, s.key))
+            for s in sched.idle()]
     relief = assess(budget, watch.margins(budget), watch.under, idle, parts.config.policy.eviction, pending)
     now = parts.clock()
     if watch.observe(relief, now):
@@ -54,7 +55,7 @@ async def _relieve(parts: Ports, relief: Relief, detected: float) -> None:
     stopping = {}
     for v in relief.victims:
         seat = parts.seats.get(v.key)
-        if seat is not None and parts.scheduler.relieve(v.key, _victim_reason(relief, grew)):
+        if seat is not None and parts.scheduler.relieve(v.key, _victim_reason(relief, grew, v)):
             stopping[v.key] = seat
     exclude = {os.getpid(), *(p for s in parts.seats.values() for p in (s.pid, s.pgid) if p)}
     top = await asyncio.to_thread(largest_processes, exclude)
@@ -89,7 +90,12 @@ def relief_bytes(relief: Relief, key: str) -> dict[str, int]:
     return next((dict(v.bytes) for v in relief.victims if v.key == key), {})
 
 
-def _victim_reason(relief: Relief, grew: Mapping[str, Mapping[str, Any]]) -> str:
+def _outgrowing(parts: Ports, key: str) -> bool:
+    seat = parts.seats.get(key)
+    return seat is not None and seat.outgrowing
+
+
+def _victim_reason(relief: Relief, grew: Mapping[str, Mapping[str, Any]], victim: Idle) -> str:
     parts = []
     for s in relief.strains:
         if not s.under:
@@ -97,7 +103,9 @@ def _victim_reason(relief: Relief, grew: Mapping[str, Mapping[str, Any]]) -> str
         g = grew[s.device].get("others_grew_bytes")
         parts.append(f"{s.device} free {format_size(s.free)} < reserve {format_size(s.reserve)}"
                      + (f", other processes grew {format_size(g)}" if g else ""))
-    return "memory pressure from other programs: " + "; ".join(parts) + "; idle, so it gives its memory back"
+    why = ("idle and outgrowing its price (its outgrew event), so it goes before every healthy seat"
+           if victim.outgrowing else "idle, so it gives its memory back")
+    return "memory pressure from other programs: " + "; ".join(parts) + "; " + why
 
 
 __all__ = ["EXIT_SLACK", "check_pressure"]

@@ -9,7 +9,7 @@ then the caller verifies that the memory came back (``supervisor.release``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,10 +54,17 @@ class SeatState:
     pgid: int | None = None
     overhead: int = 0  # the engine process's own host memory beyond its buffers (measured estimate)
     gpu_overhead: dict[str, int] = field(default_factory=dict)  # the same per GPU (CUDA context), measured
+    overhead_label: str = ""  # what ``overhead`` is and where it came from (``overhead_source`` in its figures)
     measured: Footprint | None = None
     measured_note: str = ""
-    host_mem: procmem.ProcessMemory | None = None
-    gpu_bytes: dict[str, int] = field(default_factory=dict)
+    host_mem: procmem.ProcessMemory | None = None  # the latest reading of its process tree (the sampler's)
+    gpu_bytes: dict[str, int] = field(default_factory=dict)  # the latest NVML reading per GPU
+    read_at: float | None = None  # when ``host_mem`` and ``gpu_bytes`` were read
+    readings: int = 0  # readings of it so far: the one after its load and every sampler tick's
+    load_mem: procmem.ProcessMemory | None = None  # the reading right after its load (what the load record keeps)
+    load_bytes: dict[str, int] = field(default_factory=dict)  # that reading per device, and when it was taken:
+    load_read_at: float | None = None  # the start of its growth rate
+    outgrew: dict | None = None  # once a reading exceeded its price by more than budget.outgrow_margin: the figures
     predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
     watcher: asyncio.Task | None = None
@@ -135,42 +142,77 @@ class SeatState:
             return "engine-reported"
         return pred_source(self.predicted, device)
 
-    def figures(self, device: str) -> dict:
+    def figures(self, device: str, now: float | None = None) -> dict:
         """The seat's figures on ``device``, each named for what it is: ``predicted`` (the price, with its sources),
-        ``allocated`` (engine-reported buffers, with the calibrated process overhead apart), ``measured`` (PSS of its
-        process tree, or NVML, at the last reading, and the peak seen over its life) and ``planned`` (what the
-        planner counts: the larger of allocated + overhead and measured). A figure not read is None, with why."""
+        ``allocated`` (engine-reported buffers, with the process overhead apart), ``measured`` (PSS of its process
+        tree, or NVML: the latest reading, with its time and age at ``now``), ``measured_peak`` (the highest of every
+        reading over its life) and ``planned`` (what the planner counts: the larger of allocated + overhead and
+        measured). A figure not read is None, with why."""
         alloc = self.measured.bytes_on(device) if self.measured is not None and (
             device == HOST or self.measured.device(device) is not None) else None
         overhead = self.overhead if device == HOST else self.gpu_overhead.get(device, 0)
         if device == HOST:
-            now = self.host_mem.host_bytes if self.host_mem is not None else None
+            live = self.host_mem.host_bytes if self.host_mem is not None else None
             how = "PSS of the process tree (/proc/PID/smaps_rollup)"
             why_not = (self.host_mem.reason if self.host_mem is not None and self.host_mem.reason
                        else "the process was not read yet")
         else:
-            now, how, why_not = self.gpu_bytes.get(device), "NVML bytes of the process", "no NVML reading yet"
+            live, how, why_not = self.gpu_bytes.get(device), "NVML bytes of the process", "no NVML reading yet"
         return {
             "predicted_bytes": self.predicted.bytes_on(device), "predicted_source": pred_source(self.predicted, device),
             "allocated_bytes": alloc,
             "allocated_source": ("engine-reported: its buffers (load log, to 0.01 MiB)" if alloc is not None else
                                  f"unavailable, because {self.measured_note or 'the load log was not read yet'}"),
             "overhead_bytes": overhead,
-            "overhead_source": ("measured: the engine process's own, calibrated at a filled peak, with the rules that "
-                                "scale with the model (tokenizer, work buffer, context)" if device == HOST else
-                                "measured: the engine process's own (NVML process bytes minus its buffers)"),
-            "measured_bytes": now,
-            "measured_source": f"measured: {how}" if now is not None else f"unavailable, because {why_not}",
+            "overhead_source": (self.overhead_label or "rule: no overhead was set for this seat") if device == HOST
+            else "measured: the engine process's own (NVML process bytes minus its buffers)",
+            "measured_bytes": live,
+            "measured_source": (f"measured: {how}, the latest of {self.readings} readings (the memory sampler reads "
+                                "every server.sample_seconds)" if live is not None
+                                else f"unavailable, because {why_not}"),
+            "measured_at": self.read_at if live is not None else None,
+            "measured_age_seconds": (max(0.0, now - self.read_at) if live is not None and now is not None
+                                     and self.read_at is not None else None),
             "measured_peak_bytes": self.peak_bytes.get(device),
+            "measured_peak_source": "measured: the highest of every reading over its life",
             "planned_bytes": self.bytes_on(device),
-            "planned_source": ("planned: the larger of allocated + overhead and measured"
-                               if alloc is not None or now is not None else "planned: the prediction, nothing read yet"),
+            "planned_source": ("planned: the larger of allocated + overhead and measured (the latest reading)"
+                               if alloc is not None or live is not None else
+                               "planned: the prediction, nothing read yet"),
         }
 
     def observe(self, device: str, n: int | None) -> None:
         """A reading of ``device`` (PSS or NVML): the peak over the seat's life follows it."""
         if n is not None and n > self.peak_bytes.get(device, -1):
             self.peak_bytes[device] = n
+
+    def take_reading(self, now: float, mem: procmem.ProcessMemory | None, gpu: Mapping[str, int | None]) -> None:
+        """A reading of its process tree (PSS) and its GPUs (NVML): what ``measured`` shows and ``bytes_on`` counts
+        from now on; the peaks follow every reading. A failed reading is kept with its reason (never 0)."""
+        if mem is not None:
+            self.host_mem = mem
+            self.observe(HOST, mem.host_bytes)
+        for dev, n in gpu.items():
+            if n is not None and dev in self.config.devices:
+                self.gpu_bytes[dev] = n
+                self.observe(dev, n)
+        self.read_at, self.readings = now, self.readings + 1
+
+    def load_reading(self, now: float, mem: procmem.ProcessMemory | None, gpu: Mapping[str, int | None]) -> None:
+        """The reading right after its load (``take_reading``), kept apart: what the load record stores and where its
+        growth rate starts."""
+        self.take_reading(now, mem, gpu)
+        self.load_mem, self.load_read_at, self.load_bytes = mem, now, self.live_bytes()
+
+    def live_bytes(self) -> dict[str, int]:
+        """The latest reading per device (host PSS, GPU NVML), where one was read."""
+        host = self.host_mem.host_bytes if self.host_mem is not None else None
+        return {**({HOST: host} if host is not None else {}), **self.gpu_bytes}
+
+    @property
+    def outgrowing(self) -> bool:
+        """Its reading exceeded its price by more than budget.outgrow_margin (``outgrew`` says by how much)."""
+        return self.outgrew is not None
 
     def held(self) -> tuple[dict[str, int], str]:
         """What the planner counts for this seat now, per device (``bytes_on``), and where the host figure came

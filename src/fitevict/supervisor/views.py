@@ -9,10 +9,11 @@ from fitevict.supervisor.ports import Ports
 
 def resident_views(parts: Ports) -> list[dict]:
     out = []
+    now = parts.clock()
     for s in parts.seats.values():
         slot = parts.scheduler.seats.get(s.key)
         devices = [HOST, *s.config.devices]
-        per_dev = {d: s.figures(d) for d in devices}
+        per_dev = {d: s.figures(d, now) for d in devices}
         gpu = sum(s.bytes_on(d) for d in s.config.devices)
         host = s.bytes_on(HOST)
         total = gpu + host
@@ -33,6 +34,9 @@ def resident_views(parts: Ports) -> list[dict]:
             "greedy_dual": ({"priority": slot.priority, "floor": parts.scheduler.inflation,
                              "reload_seconds": slot.reload_seconds} if slot is not None else None),
             "host_pss": mem_json(s.host_mem),
+            "measured_at": s.read_at, "readings": s.readings,
+            # its reading exceeded its price by more than budget.outgrow_margin: the figures, else None
+            "outgrew": s.outgrew,
             "engine_timings": s.timings.to_json(),
         })
     return out

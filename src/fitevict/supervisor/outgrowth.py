@@ -1,0 +1,68 @@
+"""Seats that outgrow their price: the memory sampler's latest reading of each seat against what it was priced at.
+
+A seat holds more than its price when its context fills beyond a stale price, when its engine leaks, or when a
+transformers seat keeps tensors. The planner counts the live reading already (``SeatState.bytes_on``); this is the
+seat's mark: once its reading exceeds its price by more than ``budget.outgrow_margin`` (the rule is
+:func:`fitevict.pressure.outgrowth`), it gets one ``outgrew`` history event with the figures and its growth rate since
+its load, it is marked in the residents view, ``ps``, the dashboard and ``/metrics``, and under memory pressure it is
+stopped before every healthy idle seat (``pressure.order``, ``planner.victims.victim_order``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fitevict.pressure import Outgrowth, outgrowth
+from fitevict.pricing.footprint import HOST
+from fitevict.schedule.seats import SERVING
+from fitevict.store.records import Event
+from fitevict.supervisor.ports import Ports
+from fitevict.supervisor.seat import SeatState
+
+log = logging.getLogger("fitevict.outgrowth")
+
+SOURCE = ("measured: the memory sampler's latest reading (host: PSS of the process tree from smaps_rollup; GPU: NVML "
+          "bytes of its processes) against the seat's price (predicted); growth rate from the reading after its load")
+
+
+def seat_outgrowth(seat: SeatState, bound: int, now: float) -> Outgrowth | None:
+    """The device on which ``seat``'s latest reading exceeds its price by the most beyond ``bound`` (None: none)."""
+    live = seat.live_bytes()
+    found = []
+    for dev in (HOST, *seat.config.devices):
+        since = now - seat.load_read_at if seat.load_read_at is not None else None
+        o = outgrowth(dev, live.get(dev), seat.predicted.bytes_on(dev), bound, seat.load_bytes.get(dev), since)
+        if o is not None:
+            found.append(o)
+    return max(found, key=lambda o: o.over - o.bound, default=None)
+
+
+async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
+    """After a reading of every seat: each serving seat that now outgrows its price (and did not before) is marked
+    and gets its one ``outgrew`` event. Returns the events recorded."""
+    bound = int(parts.config.budget.outgrow_margin)
+    out = []
+    for seat in list(parts.seats.values()):
+        if seat.outgrew is not None or seat.load_read_at is None or seat.state not in SERVING:
+            continue
+        found = seat_outgrowth(seat, bound, now)
+        if found is None:
+            continue
+        seat.outgrew = {**found.to_json(), "at": now, "readings": seat.readings}
+        alloc = seat.measured.bytes_on(found.device) if seat.measured is not None else None
+        ev = Event(time=now, event="outgrew", model=seat.key, engine=seat.engine, reason=found.reason(seat.key),
+                   host_bytes=found.reading if found.device == HOST else None,
+                   vram_bytes=found.reading if found.device != HOST else None,
+                   predicted_bytes=found.price, measured_bytes=found.reading,
+                   details={**found.to_json(), "source": SOURCE, "config": seat.config.to_json(),
+                            "machine": parts.prices.machine, "pid": seat.pid, "readings": seat.readings,
+                            "allocated_bytes": alloc, "overhead_bytes": seat.overhead if found.device == HOST
+                            else seat.gpu_overhead.get(found.device, 0),
+                            "planned_bytes": seat.bytes_on(found.device),
+                            "peak_bytes": seat.peak_bytes.get(found.device)})
+        log.warning("%s", ev.reason)
+        out.append(await parts.history.record(ev))
+    return out
+
+
+__all__ = ["SOURCE", "check_outgrowth", "seat_outgrowth"]
