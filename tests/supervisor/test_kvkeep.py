@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
-from fitevict.supervisor.kvkeep import PromptKeep, SavedPrompt
+from fitevict.supervisor.kvkeep import PromptKeep, Restored, SavedPrompt, engine_seconds, timing_source
 
 
 def slot_file(path: Path, tokens: list[int], *, packed: bool = True, state: bytes = b"\0" * 64) -> Path:
@@ -80,3 +80,16 @@ def test_the_disk_budget_drops_the_oldest_and_a_newer_prompt_replaces_one_it_ext
     huge = saved(keep, "huge.bin", [1, 1], sig="w", at=5.0, size=1000)
     assert not keep._fit(huge)  # larger than the whole budget: dropped, and nothing else for it
     assert sorted(s.file for s in keep.index()) == ["longer.bin", "new.bin"]
+
+
+def test_a_timing_the_engine_did_not_send_is_none_with_its_reason_never_zero() -> None:
+    assert engine_seconds({"n_saved": 10, "timings": {"save_ms": 6.7}}, "save_ms") == pytest.approx(0.0067)
+    assert engine_seconds({"n_restored": 10, "timings": {"restore_ms": 0}}, "restore_ms") == 0.0  # sent: 0 ms
+    for doc in ({"n_restored": 10}, {"n_restored": 10, "timings": {}}, {"timings": None}):
+        assert engine_seconds(doc, "restore_ms") is None
+    r = Restored(file="f", slot=0, shared_tokens=100, kv_restored_tokens=100, kv_restore_seconds=None,
+                 prefill_seconds_saved=None)
+    assert r.to_json()["kv_restore_seconds"] is None
+    assert r.to_json()["sources"]["kv_restore_seconds"] == ("unavailable, because the engine's answer had no "
+                                                            "timings.restore_ms")
+    assert timing_source(0.005, "save_ms") == "measured by the engine: timings.save_ms"

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from fitevict.store.records import Event
-from fitevict.supervisor.kvkeep import Restored, SavedPrompt
+from fitevict.supervisor.kvkeep import Restored, SavedPrompt, engine_seconds
 
 log = logging.getLogger("fitevict.kvkeep")
 MAX_CHECKS = 4  # requests a new seat compares with its saved prompts before it stops looking
@@ -53,7 +53,7 @@ async def _restore(c: httpx.AsyncClient, slot: int, saved: SavedPrompt, shared: 
     doc = r.json()
     rate = saved.prompt_per_second
     return Restored(file=saved.file, slot=slot, shared_tokens=shared, kv_restored_tokens=int(doc["n_restored"]),
-                    kv_restore_seconds=float(doc.get("timings", {}).get("restore_ms", 0.0)) / 1000,
+                    kv_restore_seconds=engine_seconds(doc, "restore_ms"),
                     prefill_seconds_saved=round(shared / rate, 3) if rate else None)
 
 

@@ -51,7 +51,7 @@ class SavedPrompt:
     tokens: int  # the engine's count of what it saved (n_saved)
     bytes: int  # the engine's count of what it wrote (n_written)
     saved_at: float
-    save_seconds: float  # the engine's save_ms, in seconds
+    save_seconds: float | None  # the engine's save_ms, in seconds; None when its answer had none (``engine_seconds``)
     prompt_per_second: float | None  # the seat's prefill rate (its engine timings); None when it had none
 
 
@@ -63,15 +63,27 @@ class Restored:
     slot: int
     shared_tokens: int  # the request's prompt and the saved one share this many leading tokens (compared here)
     kv_restored_tokens: int  # the engine's n_restored
-    kv_restore_seconds: float  # the engine's restore_ms, in seconds
+    kv_restore_seconds: float | None  # the engine's restore_ms, in seconds; None when its answer had none
     prefill_seconds_saved: float | None  # an estimate (ESTIMATE); None when no prefill rate was known
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "sources": {
             "shared_tokens": "compared token by token with the engine's own tokenization of the request",
-            "kv_restored_tokens": "engine-reported: n_restored", "kv_restore_seconds": "measured by the engine: "
-            "restore_ms", "prefill_seconds_saved": ESTIMATE if self.prefill_seconds_saved is not None else
+            "kv_restored_tokens": "engine-reported: n_restored",
+            "kv_restore_seconds": timing_source(self.kv_restore_seconds, "restore_ms"), "prefill_seconds_saved": ESTIMATE if self.prefill_seconds_saved is not None else
             "unavailable, because the model's last seat prefilled no long prompt"}}
+
+
+def engine_seconds(doc: Any, key: str) -> float | None:
+    """One of the engine's own timings of a slot action (``timings[key]``, milliseconds) in seconds; None when its
+    answer did not send it (never 0.0: ``timing_source`` says why)."""
+    v = (doc.get("timings") or {}).get(key) if isinstance(doc, dict) else None
+    return float(v) / 1000 if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def timing_source(seconds: float | None, key: str) -> str:
+    return (f"measured by the engine: timings.{key}" if seconds is not None else
+            f"unavailable, because the engine's answer had no timings.{key}")
 
 
 class PromptKeep:
@@ -166,7 +178,7 @@ class PromptKeep:
         doc = r.json()
         keep = SavedPrompt(file=name, model=model, signature=signature, engine=engine, tokens=int(doc["n_saved"]),
                            bytes=int(doc["n_written"]), saved_at=time.time(),
-                           save_seconds=float(doc.get("timings", {}).get("save_ms", 0.0)) / 1000,
+                           save_seconds=engine_seconds(doc, "save_ms"),
                            prompt_per_second=rate)
         await asyncio.to_thread(self._file, keep)
         if not await asyncio.to_thread(self._fit, keep):
@@ -212,9 +224,10 @@ async def keep_before_stop(parts: Any, seat: Any, event: str) -> dict[str, Any]:
         log.warning("%s: saving its prompts before the stop failed: %s", seat.key, e)
         saved, notes = [], [f"saving failed: {type(e).__name__}: {e}"]
     return {"kv_saved": [{"file": s.file, "tokens": s.tokens, "bytes": s.bytes, "signature": s.signature,
-                          "save_seconds": s.save_seconds} for s in saved],
+                          "save_seconds": s.save_seconds,
+                          "save_seconds_source": timing_source(s.save_seconds, "save_ms")} for s in saved],
             "kv_save_seconds": parts.clock() - t0, "kv_save_notes": notes,
             "kv_save_source": "measured: the time the saves added to this stop; tokens and bytes engine-reported"}
 
 
-__all__ = ["ESTIMATE", "keep_before_stop", "PromptKeep", "Restored", "SavedPrompt"]
+__all__ = ["ESTIMATE", "engine_seconds", "keep_before_stop", "PromptKeep", "Restored", "SavedPrompt", "timing_source"]
