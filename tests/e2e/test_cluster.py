@@ -257,6 +257,7 @@ def test_two_front_doors_route_alike_and_load_once(fleet: Fleet, tmp_path: Path)
         doors = [fleet.doors[0], second, fleet.doors[0], second]
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda d: chat(d, "llama-q8_0"), doors))
+    assert second.proc.returncode == 0  # SIGTERM (front_door's stop): a clean shutdown, not an exit by the signal
     assert len({n for n, _why in got}) == 1, got
     assert fleet.name_of(got[0][0]) == "a"  # a and b have it; a has more room left after it
     assert len(loads(fleet.doors[0], "llama-q8_0")) == 1

@@ -299,15 +299,27 @@ class ClusterDoor:
 
     async def each_node(self, path: str, params: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
         """``GET path`` on every routable node's door, at once, as JSON; a node that fails is left out (and
-        logged)."""
+        logged). A node's 400 is the query's fault (every node runs the same rules): it is the client's answer."""
         out = {}
         for node, r in (await self.ask_each("GET", path, params=params)).items():
+            if r.status_code == 400:
+                raise _refused_by(node, r)
             try:
                 r.raise_for_status()
                 out[node] = r.json()
             except (httpx.HTTPError, ValueError) as e:
                 log.warning("node %s: %s failed: %r", node, path, e)
         return out
+
+
+def _refused_by(node: str, r: httpx.Response) -> ApiError:
+    """A node's 400 passed through, its message and param kept, naming the node."""
+    try:
+        err = r.json()["error"]
+        message, param = str(err["message"]), err.get("param")
+    except (ValueError, KeyError, TypeError):
+        message, param = r.text[:500], None
+    return ApiError(400, message, param=param, headers={"x-fitevict-node": node}, extra={"node": node})
 
 
 def _lost(node: str, path: str, e: Exception) -> ApiError:

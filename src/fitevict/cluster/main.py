@@ -45,8 +45,11 @@ def main(args: list[str] | None = None) -> int:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     print(f"fitevict: Ray cluster at {spec['ray']}: {len(nodes)} node(s) alive", file=sys.stderr, flush=True)
     app = ClusterDoor(cfg, Fleet(key=cfg.server.cluster_key))
-    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=level.lower(),
-                access_log=False, lifespan="on")
+    from fitevict.server.runner import CleanExitServer
+
+    # SIGTERM or SIGINT: a clean shutdown that exits 0 (uvicorn.run raises the signal again, an exit by it)
+    CleanExitServer(uvicorn.Config(app, host=cfg.server.host, port=cfg.server.port, log_level=level.lower(),
+                                   access_log=False, lifespan="on")).run()
     return 0
 
 

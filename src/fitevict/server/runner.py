@@ -15,6 +15,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -22,7 +23,27 @@ from fitevict.server.gathered import GatheredHttpToolsProtocol
 from fitevict.supervisor import ShutdownSummary, Supervisor
 
 
-class _Server(uvicorn.Server):
+class CleanExitServer(uvicorn.Server):
+    """A uvicorn server whose SIGINT/SIGTERM go to ``handle_exit`` while serving; unlike uvicorn's own, the signal
+    is not raised again afterwards, so a clean shutdown exits 0 (the cluster's door runs one too)."""
+
+    def signal_handlers(self) -> dict[int, Any]:
+        return {signal.SIGINT: self.handle_exit, signal.SIGTERM: self.handle_exit}
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {s: signal.signal(s, h) for s, h in self.signal_handlers().items()}
+        try:
+            yield
+        finally:
+            for s, h in original.items():
+                signal.signal(s, h)
+
+
+class _Server(CleanExitServer):
     def __init__(self, config: uvicorn.Config, sup: Supervisor, watch=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config)
         self.sup = sup
@@ -30,20 +51,8 @@ class _Server(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM go to ``handle_exit`` while serving; unlike uvicorn's own, the signal is not raised
-        again afterwards, so a clean shutdown exits 0."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        original = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
-        original[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.handle_hangup)
-        try:
-            yield
-        finally:
-            for s, h in original.items():
-                signal.signal(s, h)
+    def signal_handlers(self) -> dict[int, Any]:
+        return {**super().signal_handlers(), signal.SIGHUP: self.handle_hangup}
 
     def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
         """SIGHUP: rescan the models directories (enqueued on the event loop)."""
@@ -86,4 +95,4 @@ def serve(app, sup: Supervisor, *, host: str, port: int, log_level: str) -> Shut
     return sup.summary
 
 
-__all__ = ["serve"]
+__all__ = ["CleanExitServer", "serve"]
