@@ -78,3 +78,11 @@ def test_the_overhead_label_says_what_the_figure_is() -> None:
                                                                                     "transformers seat")
     assert overhead_label("transformers", 0, "calibrated", 300 * MiB).startswith("measured: this machine's "
                                                                                  "transformers seats' own")
+
+
+def test_process_bytes_the_price_knowingly_left_out_count_with_it() -> None:
+    s = _seat()
+    s.load_reading(10.0, _pss(70), {})
+    s.take_reading(12.0, _pss(150), {})  # 50 MiB over a 100 MiB price
+    assert seat_outgrowth(s, 16 * MiB, 12.0) is not None
+    assert seat_outgrowth(s, 16 * MiB, 12.0, unpriced=40 * MiB) is None  # a process overhead learned after the price

@@ -70,7 +70,8 @@ class Restored:
         return {**asdict(self), "sources": {
             "shared_tokens": "compared token by token with the engine's own tokenization of the request",
             "kv_restored_tokens": "engine-reported: n_restored",
-            "kv_restore_seconds": timing_source(self.kv_restore_seconds, "restore_ms"), "prefill_seconds_saved": ESTIMATE if self.prefill_seconds_saved is not None else
+            "kv_restore_seconds": timing_source(self.kv_restore_seconds, "restore_ms"),
+            "prefill_seconds_saved": ESTIMATE if self.prefill_seconds_saved is not None else
             "unavailable, because the model's last seat prefilled no long prompt"}}
 
 

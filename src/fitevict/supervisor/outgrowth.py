@@ -25,13 +25,16 @@ SOURCE = ("measured: the memory sampler's latest reading (host: PSS of the proce
           "bytes of its processes) against the seat's price (predicted); growth rate from the reading after its load")
 
 
-def seat_outgrowth(seat: SeatState, bound: int, now: float) -> Outgrowth | None:
-    """The device on which ``seat``'s latest reading exceeds its price by the most beyond ``bound`` (None: none)."""
+def seat_outgrowth(seat: SeatState, bound: int, now: float, unpriced: int = 0) -> Outgrowth | None:
+    """The device on which ``seat``'s latest reading exceeds its price by the most beyond ``bound`` (None: none).
+    ``unpriced``: host bytes its price knowingly left out and that are known now (a transformers seat priced before
+    this machine's first such seat measured its process), counted with the price."""
     live = seat.live_bytes()
     found = []
     for dev in (HOST, *seat.config.devices):
         since = now - seat.load_read_at if seat.load_read_at is not None else None
-        o = outgrowth(dev, live.get(dev), seat.predicted.bytes_on(dev), bound, seat.load_bytes.get(dev), since)
+        price = seat.predicted.bytes_on(dev) + (unpriced if dev == HOST else 0)
+        o = outgrowth(dev, live.get(dev), price, bound, seat.load_bytes.get(dev), since)
         if o is not None:
             found.append(o)
     return max(found, key=lambda o: o.over - o.bound, default=None)
@@ -45,7 +48,11 @@ async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
     for seat in list(parts.seats.values()):
         if seat.outgrew is not None or seat.load_read_at is None or seat.state not in SERVING:
             continue
-        found = seat_outgrowth(seat, bound, now)
+        unpriced = 0
+        if seat.engine != "llama-server":  # its process overhead, if learned only after its price was made
+            known = parts.prices.torch_overhead_for(seat.config.loras) or 0
+            unpriced = max(0, known - (seat.predicted_overhead or 0))
+        found = seat_outgrowth(seat, bound, now, unpriced)
         if found is None:
             continue
         seat.outgrew = {**found.to_json(), "at": now, "readings": seat.readings}
@@ -58,7 +65,7 @@ async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
                             "machine": parts.prices.machine, "pid": seat.pid, "readings": seat.readings,
                             "allocated_bytes": alloc, "overhead_bytes": seat.overhead if found.device == HOST
                             else seat.gpu_overhead.get(found.device, 0),
-                            "planned_bytes": seat.bytes_on(found.device),
+                            "planned_bytes": seat.bytes_on(found.device), "unpriced_overhead_bytes": unpriced,
                             "peak_bytes": seat.peak_bytes.get(found.device)})
         log.warning("%s", ev.reason)
         out.append(await parts.history.record(ev))
