@@ -58,7 +58,8 @@ def kill_door_mid_load(fd: FrontDoor) -> tuple[int, list[BaseException]]:
 
     t = threading.Thread(target=client)
     t.start()
-    [pid] = poll(lambda: engine_pids_of(fd.proc.pid), "the seat's process", timeout=30)
+    [pid] = poll(lambda: len(m := [p for p in engine_pids_of(fd.proc.pid) if _is_seat(cmdline(p))]) == 1 and m,
+                 "the seat's process", timeout=30)
     os.kill(pid, signal.SIGSTOP)
     poll(lambda: (pid, "slow") in stored_seats(fd.data_dir), "the seat's record", timeout=30)
     os.kill(fd.proc.pid, signal.SIGKILL)
@@ -94,6 +95,11 @@ def test_door_sigkill_during_a_load_then_restart(tmp_path: Path, zoo: dict) -> N
     finally:
         if alive(seat):
             os.kill(seat, signal.SIGKILL)
+
+
+def _is_seat(argv: list[str]) -> bool:
+    """A seat of the model (not the engine's calibration or a dry run the door may run meanwhile)."""
+    return "--port" in argv and any(a.endswith("/slow.gguf") for a in argv)
 
 
 def history_of(tmp_path: Path) -> list[tuple[str, str]]:
