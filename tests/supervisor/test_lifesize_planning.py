@@ -2,15 +2,25 @@
 models of 4 to 9 GiB whose loads take tens of seconds, longer than the starvation bound, under a budget that holds
 two of three. Closed-loop clients in any pattern: every request is answered, none is refused or timed out, resident
 bytes (a seat counts from the start of its load to the end of its release) never pass the budget, and no seat is
-stopped while it serves one."""
+stopped while it serves one. And a seat is never counted below its price before its engine's buffers are read (a
+known failure, marked: it let a real run plan past its limit)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fitevict.config import load_config
+from fitevict.host.procmem import ProcessMemory
+from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.schedule.seats import Seat
 from fitevict.supervisor.core import sched_policy
+from fitevict.supervisor.seat import SeatState
+from fitevict.units import MiB
 
 from .schedsim import World
 
@@ -46,3 +56,20 @@ def test_two_of_three_life_size_models_nothing_lost_never_over(clients, rounds, 
     assert all(r.rejected is None and r.done is not None for r in w.requests.values())
     assert w.peak_over <= 0
     assert not owed, owed
+
+
+@pytest.mark.xfail(strict=True, reason="issue 32 item 0 (799cab7): a seat whose engine buffers are not read yet "
+                   "(loading, or ready before its load log) is counted at its live PSS, which for mmap'd weights not "
+                   "yet touched is far below its price; the real run in docs/benchmarks.md (lifesize-planning) "
+                   "planned 3.41 GiB against a 3.09 GiB limit that way", raises=AssertionError)
+def test_a_seat_is_never_counted_below_its_price_before_its_buffers_are_read() -> None:
+    price = Footprint((DeviceFootprint(HOST, Term(600 * MiB, "formula"), Term(40 * MiB, "formula")),),
+                      host_mapped_bytes=600 * MiB, host_committed_bytes=40 * MiB, host_source="formula")
+    record = Seat("m", LoadConfig(n_ctx=4096, n_parallel=1), "m", 0.0)
+    s = SeatState(id="s", seat=record, entry=None, engine="llama-server",  # type: ignore[arg-type]
+                  model_path=Path("."), port=1, log_path=Path("."), started_at=0.0,
+                  predicted=price, signature="sig", strategy="load")
+    # a sampler reading while it loads: 1 MiB of its weights touched so far (measured 2026-12-02: 0.2 % of the price)
+    s.take_reading(1.0, ProcessMemory((1,), 1 * MiB, 0, 1 * MiB, "smaps_rollup"), {})
+    assert s.measured is None
+    assert s.bytes_on(HOST) >= price.bytes_on(HOST) == 640 * MiB
