@@ -175,7 +175,9 @@ def notes(data: Mapping, rows: Sequence) -> list[str]:
         out.append(f"- **Over budget**: only count-LRU with a models-max chosen by mean size (up to "
                    f"{worst[1].over_budget_bytes / GiB:.2f} GiB over on {worst[0]}); fitevict's rows never pass it.")
     runs = data.get("real", {})
-    went = [label for label, run in runs.items() if real_summary(run)["peak_planned"] > run["limit_bytes"]]
+    went = [f"{label} (planned {real_summary(run)['peak_planned'] / GiB:.3f} GiB, PSS "
+            f"{real_summary(run)['peak_pss'] / GiB:.3f} GiB)" for label, run in sorted(runs.items())
+            if real_summary(run)["peak_planned"] > run["limit_bytes"]]
     out.append("- **The real runs** check the same two rules on real seats (planned bytes and PSS against the limit). "
                "A front door that counts a seat below its price (a loading seat at its partial PSS, a ready one at "
                "PSS before its engine's buffers are read) can admit a third model. Runs whose planned bytes passed "
@@ -230,7 +232,7 @@ def doc_body(data: Mapping, rows: Sequence, took: float) -> str:
         lines += [f"**queue_timeout_seconds {timeout:g}**" + (" (the default)" if timeout == rows[0][0] else
                                                               " (every policy)"), "", sim_table(part), ""]
     lines += [*verdicts(rows), "", *notes(data, rows), ""]
-    for label, run in data.get("real", {}).items():
+    for label, run in sorted(data.get("real", {}).items(), key=lambda x: x[1]["when"]):
         lines += real_section(label, run) + [""]
     if not data.get("real"):
         lines += ["The real run was not made yet (`--real`)."]
