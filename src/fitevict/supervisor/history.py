@@ -1,16 +1,25 @@
 """What the supervisor did, as it happens: every event written to the store (its one writer), the last 1,000 kept for
-readers that settle on them, hooks called with each, and one condition that wakes whoever waits for a change."""
+readers that settle on them, hooks called with each, and one condition that wakes whoever waits for a change.
+
+An event the store refuses (its database locked by another writer past the busy timeout, its disk full, its server
+gone) is kept here and still announced, the server log says which and why, and it is written, in order, before the
+next event: a store that fails loses no history and stops nothing (a stop that cannot be recorded is still a stop)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import replace
+
+import sqlalchemy as sa
 
 from fitevict.store import Store
 from fitevict.store.records import Event
 
 KEPT = 1000  # events kept in memory for readers (the store holds every one)
+STORE_FAULTS = (sa.exc.DBAPIError, OSError)  # the store could not take a write now; a later one may succeed
+log = logging.getLogger("fitevict.supervisor")
 
 
 class History:
@@ -19,16 +28,39 @@ class History:
         self._events: list[Event] = []
         self._changed = asyncio.Condition()
         self.on_event: list[Callable[[Event], None]] = []  # called with each event once it is recorded
+        self.unstored: list[Event] = []  # refused by the store, oldest first: written before the next event
+        self._writing = asyncio.Lock()
 
     async def record(self, ev: Event) -> Event:
-        """Write ``ev`` (off the event loop), keep it, call the hooks, wake the waiters. Returns it with its id."""
-        ev = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
+        """Write ``ev`` (off the event loop), keep it, call the hooks, wake the waiters. Returns it with its id (none
+        while the store refuses it)."""
+        async with self._writing:
+            self.unstored.append(ev)
+            stored = await self._write_unstored()
+        self._events = [stored.get(id(e), e) for e in self._events]
+        ev = stored.get(id(ev), ev)
         self._events.append(ev)
         del self._events[:-KEPT]
         for hook in self.on_event:
             hook(ev)
         await self.changed()
         return ev
+
+    async def _write_unstored(self) -> dict[int, Event]:
+        """Write the events the store has not taken yet, oldest first, until one is refused: those written, with their
+        ids, by the identity of the event kept."""
+        done: dict[int, Event] = {}
+        while self.unstored:
+            ev = self.unstored[0]
+            try:
+                done[id(ev)] = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
+            except STORE_FAULTS as e:
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                log.warning("history: %d event(s) not stored yet, kept and written before the next one (the store "
+                            "refused %s of %s: %s)", len(self.unstored), ev.event, ev.model, why)
+                break
+            self.unstored.pop(0)
+        return done
 
     @property
     def recent(self) -> tuple[Event, ...]:
