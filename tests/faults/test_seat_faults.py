@@ -107,7 +107,8 @@ def test_seat_sigkill_mid_stream_openai(door: FrontDoor) -> None:
     error, pid, _ = openai_stream_cut(door, "killed", signal.SIGKILL)
     assert "killed: the engine broke off its answer" in error.message
     assert error.body["code"] == "engine_lost" and error.body["type"] == "engine_error"
-    assert "exited unexpectedly with code -9" in check_crashed(door, "killed", pid)["reason"]
+    assert "llama-server was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in \
+        check_crashed(door, "killed", pid)["reason"]
     check_reloads(door, "killed", pid)
 
 

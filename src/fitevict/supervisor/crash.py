@@ -57,3 +57,18 @@ def retry_without_repack(engine: str, cfg: LoadConfig, returncode: int | None) -
     if engine != "llama-server" or not cfg.repack:
         return None
     return crash_signal(returncode)
+
+
+def exit_reason(engine: str, code: int | None) -> str:
+    """Why a serving seat's process ended, from its exit code: a kill (SIGKILL: the kernel's OOM killer, or another
+    program; fitevict's own stops are expected and never reach here), a crash by another signal, or an exit."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if -code == signal.SIGKILL:
+            return (f"{engine} was killed (SIGKILL, exit code {code}: the kernel's OOM killer, or another program); "
+                    "the next request reloads it")
+        return f"{engine} died by {name} (exit code {code}); the next request reloads it"
+    return f"{engine} exited unexpectedly with code {code}; the next request reloads it"

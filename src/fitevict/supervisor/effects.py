@@ -25,7 +25,7 @@ from fitevict.request.ask import passthrough_args
 from fitevict.request.loadreport import seat_load_report
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, seat_document, strategy, timings
-from fitevict.supervisor.crash import RepackCrash, retry_without_repack
+from fitevict.supervisor.crash import RepackCrash, exit_reason, retry_without_repack
 from fitevict.supervisor.frozen import watch_frozen
 from fitevict.supervisor.history import STORE_FAULTS
 from fitevict.supervisor.kvkeep import keep_before_stop
@@ -445,8 +445,7 @@ class LiveEffects:
         res = await self._end(seat)
         await parts.history.record(Event(
             time=parts.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
-            reason=self.frozen.pop(seat, None) or (f"{seat.engine} exited unexpectedly with code {rc}; "
-                                                   "the next request reloads it"),
+            reason=self.frozen.pop(seat, None) or exit_reason(seat.engine, rc),
             details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **timings(seat),
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
         parts.processes.done_with_log(seat.log_path)
