@@ -52,3 +52,24 @@ def test_plan_verdicts_in_a_few_words() -> None:
     assert plan_verdict(evict) == ("evicts x (300 MiB)", "evict")
     assert plan_verdict({**base, "action": "refuse", "largest_ctx": 3840}) == (
         "refused; largest ctx that fits: 3840", "refuse")
+
+
+def test_a_resident_outgrowing_its_price_is_marked_and_its_event_shown() -> None:
+    from fitevict.server.dashboard_view import residents_table, timeline
+    from fitevict.store.records import Event
+
+    cpu = {"measured_bytes": 70 * MiB, "measured_source": "measured: PSS", "predicted_bytes": 40 * MiB,
+           "predicted_source": "formula"}
+    row = {"key": "leaky", "state": "ready", "placement": "100% CPU", "devices": {"CPU": cpu}, "ctx": 4096,
+           "in_flight": 0, "last_used": 1.0, "unload_at": None}
+    outgrew = {"device": "CPU", "reading_bytes": 70 * MiB, "price_bytes": 40 * MiB, "bound_bytes": 16 * MiB,
+               "growth_bytes_per_second": 2 * MiB}
+    html = residents_table([{**row, "outgrew": outgrew}, {**row, "key": "healthy", "outgrew": None}], {}, False, 2.0)
+    marked = re.findall(r'<tr class="resident" data-model="(\w+)">.*?</tr>', html)
+    assert marked == ["leaky", "healthy"]
+    leaky, healthy = html.split('data-model="healthy"')
+    assert 'class="miss outgrew"' in leaky and "70.0 MiB against 40.0 MiB priced" in leaky
+    assert "outgrew" not in healthy
+    ev = Event(time=3.0, event="outgrew", model="leaky", engine="llama-server", reason="leaky outgrew its price",
+               predicted_bytes=40 * MiB, measured_bytes=70 * MiB, details={"source": "measured: the sampler's"})
+    assert "read 70.0 MiB of 40.0 MiB priced" in timeline([ev])

@@ -73,7 +73,7 @@ button.act[data-act=unload]:hover{background:#c0392b;color:#fff}
 padding:.35em .8em;border-bottom:1px solid var(--line);font-size:13px}
 .ev time{color:var(--mute);font-variant-numeric:tabular-nums}.ev .kind{font-weight:600}
 .ev .track{height:8px;background:#f1f3f6;border-radius:4px;overflow:hidden}.ev .dur{height:100%;background:#4a78c9}
-.ev.evict .dur,.ev.idle-unload .dur{background:#e0a13a}.ev.pressure .dur{background:#c0392b}.ev.unload .dur{background:#8e98aa}
+.ev.evict .dur,.ev.idle-unload .dur{background:#e0a13a}.ev.pressure .dur{background:#c0392b}.ev.outgrew .kind{color:#c0392b}.ev.unload .dur{background:#8e98aa}
 .ev.fail .kind,.ev.crash .kind,.ev.refuse .kind,.ev.leak .kind{color:#b02a2a}.ev.evict .kind{color:#a86a00}
 .ev.load .kind{color:#1f6f3f}.ev .secs,.ev .bytes{font-variant-numeric:tabular-nums;color:#39414f}
 .ev .why{color:var(--mute);overflow:hidden;text-overflow:ellipsis;white-space:nowrap}

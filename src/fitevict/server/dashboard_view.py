@@ -20,7 +20,8 @@ from fitevict.store.records import Event
 from fitevict.server.labels import history_sources
 from fitevict.units import format_size
 
-TIMELINE_EVENTS = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan", "leak", "pressure")
+TIMELINE_EVENTS = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan", "leak", "pressure",
+                   "outgrew")
 
 
 _PALETTE: dict[str, str] = {}
@@ -231,7 +232,9 @@ def timeline(events: Sequence[Event]) -> str:
             (f"freed {_size(e.freed_bytes)}", src["freed"]) if e.event in ("evict", "unload", "idle-unload", "crash",
                                                                             "pressure")
             else (f"host {_size(e.host_bytes)}", src["host"]) if e.event == "load"
-            else (f"needs {_size(e.predicted_bytes)}", src["predicted"]) if e.event == "refuse" else ("", ""))
+            else (f"needs {_size(e.predicted_bytes)}", src["predicted"]) if e.event == "refuse"
+            else (f"read {_size(e.measured_bytes)} of {_size(e.predicted_bytes)} priced",
+                  str(e.details.get("source", ""))) if e.event == "outgrew" else ("", ""))
         out.append(
             f'<li class="ev {escape(e.event)}"><time>{time.strftime("%H:%M:%S", time.localtime(e.time))}</time>'
             f'<span class="kind">{escape(e.event)}</span><span class="who">{escape(e.model or "")}</span>'
