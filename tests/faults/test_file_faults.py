@@ -25,7 +25,7 @@ def door(zoo: dict, llama_server: Path, tmp_path_factory: pytest.TempPathFactory
     tmp = tmp_path_factory.mktemp("filefaults")
     models = tmp / "models"
     models.mkdir()
-    for name in ("trunc", "gone", "alive", "other"):
+    for name in ("trunc", "gone", "alive", "other", "growing"):
         shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
     (tmp / "engine").mkdir()
     (tmp / "engine" / "llama-server").symlink_to(llama_server)
@@ -73,6 +73,21 @@ def test_model_file_deleted_while_listed(door: FrontDoor) -> None:
     assert "gone" in listed(door)
     next(door.data_dir.parent.glob("models/gone.gguf")).unlink()
     check_unreadable(door, "gone", "No such file")
+
+
+def test_model_file_still_being_copied_then_complete(door: FrontDoor) -> None:
+    """A download into the models folder: listed while half written (a clear error naming it), served once whole,
+    with no rescan."""
+    path = next(door.data_dir.parent.glob("models/growing.gguf"))
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 3])  # the copy so far
+    assert "growing" in listed(door)
+    check_unreadable(door, "growing", "truncated")
+    with path.open("ab") as f:  # the rest arrives
+        f.write(whole[len(whole) // 3:])
+    r = ask(door, "growing")
+    assert r.status_code == 200, r.text
+    assert [e["event"] for e in history(door) if e["model"] == "growing"] == ["load"]
 
 
 def test_engine_binary_missing_at_load(door: FrontDoor) -> None:
