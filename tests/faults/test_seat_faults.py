@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -31,7 +33,7 @@ def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontD
     tmp = tmp_path_factory.mktemp("seatfaults")
     models = tmp / "models"
     models.mkdir()
-    for name in ("killed", "frozen", "claude-killed"):
+    for name in ("killed", "frozen", "claude-killed", "ollama-killed", "whole-killed"):
         shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
     cfg = tmp / "fitevict.toml"
     cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {STALL_S}\n")
@@ -138,3 +140,45 @@ def test_seat_sigstop_mid_stream_is_detected_and_replaced(door: FrontDoor) -> No
     crash = check_crashed(door, "frozen", pid)
     assert "stopped by a signal" in crash["reason"] and "engine.stall_seconds" in crash["reason"]
     check_reloads(door, "frozen", pid)
+
+
+def test_seat_sigkill_mid_stream_ollama(door: FrontDoor) -> None:
+    client = ollama.Client(host=door.base_url, timeout=60)
+    got, pid = 0, None
+    with pytest.raises(ollama.ResponseError) as e:
+        for _ in client.chat(model="ollama-killed", messages=[{"role": "user", "content": "hi"}], stream=True,
+                             options={"num_predict": 4000, "ignore_eos": True}):
+            got += 1
+            if got == 3:
+                pid = seat_pid(door, "ollama-killed")
+                os.kill(pid, signal.SIGKILL)
+    assert pid is not None
+    assert "the engine broke off mid-stream" in e.value.error
+    check_crashed(door, "ollama-killed", pid)
+    check_reloads(door, "ollama-killed", pid)
+    assert "Traceback" not in door.log()
+
+
+def test_seat_sigkill_during_a_whole_answer(door: FrontDoor) -> None:
+    """A request not streamed: the seat dies while it generates, before a byte of the answer."""
+    client = openai.OpenAI(base_url=door.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
+    pid: list[int] = []
+
+    def kill_when_generating() -> bool:
+        rows = httpx.get(door.base_url + "/v1/models/residents", timeout=30).json()["data"]
+        if any(r["key"] == "whole-killed" and r["in_flight"] == 1 for r in rows):
+            pid.append(seat_pid(door, "whole-killed"))
+            os.kill(pid[0], signal.SIGKILL)
+            return True
+        return False
+
+    t = threading.Thread(target=lambda: poll(kill_when_generating, "the request in flight"))
+    t.start()
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model="whole-killed", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"max_tokens": 100000, "ignore_eos": True})
+    t.join(60)
+    assert e.value.status_code == 502 and e.value.body["type"] == "engine_error"
+    assert "whole-killed" in e.value.message
+    check_crashed(door, "whole-killed", pid[0])
+    check_reloads(door, "whole-killed", pid[0])
