@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from fitevict.engines.base import Unavailable
+from fitevict.engines.buftrace import buftrace_library, preload_env
 from fitevict.engines.dryrun import dry_run
 from fitevict.engines.fill import MAX_TOKENS, SAMPLE_S, PeakSampler, fill, healthy
 from fitevict.engines.llama_server import LlamaServerEngine
@@ -35,6 +36,7 @@ from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.hostbufs import HostBuffers
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
 from fitevict.supervisor.measure import with_engine_overhead
@@ -96,6 +98,8 @@ class Filled:
     load_s: float
     fill_s: float
     neighbours: int  # other processes running the same engine binary meanwhile (they split its pages' PSS)
+    exact_buffers: int | None = None  # the host buffers the allocator trace saw, to the byte (None: not traced)
+    exact_notes: tuple[str, ...] = ()  # why a traced figure is not exact
 
 
 def neighbours(binary: Path, own: int) -> set[int]:
@@ -109,14 +113,21 @@ def neighbours(binary: Path, own: int) -> set[int]:
 
 
 def run_filled(binary: Path, model: Path, cfg: LoadConfig, pred: Predicted, log_path: Path, *,
-               max_tokens: int = MAX_TOKENS, timeout: float = 180.0) -> Filled:
+               max_tokens: int = MAX_TOKENS, timeout: float = 180.0, trace: bool = False) -> Filled:
     """Start ``model`` as a seat, sample its PSS through the load and through every slot filled to
-    ``n_ctx_seq`` tokens (prompt ``n_ctx_seq - max_tokens``, then ``max_tokens`` generated); then stop it."""
+    ``n_ctx_seq`` tokens (prompt ``n_ctx_seq - max_tokens``, then ``max_tokens`` generated); then stop it.
+    ``trace``: preload the allocator trace (``engines.buftrace``) for the exact bytes of the host buffers."""
     spec = LlamaServerEngine(binary).launch_spec(model, cfg, free_port())
     base = f"http://127.0.0.1:{spec.port}"
+    env = dict(spec.env)
+    if trace:
+        lib = buftrace_library()
+        if isinstance(lib, Unavailable):
+            raise RuntimeError(lib.reason)
+        env = preload_env(lib, env)
     with log_path.open("wb") as log:
         t0 = time.monotonic()
-        proc = subprocess.Popen(list(spec.argv), env=dict(spec.env), stdin=subprocess.DEVNULL, stdout=log,
+        proc = subprocess.Popen(list(spec.argv), env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     sampler = PeakSampler(proc.pid, model=model).start()
     try:
@@ -134,7 +145,10 @@ def run_filled(binary: Path, model: Path, cfg: LoadConfig, pred: Predicted, log_
     finally:
         sampler.stop()
         stop_group(proc)
-    logged = parse_load_log(log_path.read_text(errors="replace")).to_footprint()
+    text = log_path.read_text(errors="replace")
+    logged = parse_load_log(text).to_footprint()
+    exact = parse_exact_log(text) if trace else None
+    exact_fp = exact.to_footprint() if exact is not None else None
     load, top = sampler.peak("load"), sampler.peak("load", "fill")
     load_pss, top_pss = sampler.peak_raw("load"), sampler.peak_raw("load", "fill")
     if load is None or top is None or load_pss is None or top_pss is None:
@@ -142,7 +156,9 @@ def run_filled(binary: Path, model: Path, cfg: LoadConfig, pred: Predicted, log_
     return Filled(load.alone, top.alone, load_pss, top_pss, top.committed, top.mapped,
                   logged.bytes_on(HOST) if logged is not None else None,
                   logged.host_mapped_bytes if logged is not None else None, tokens, sampler.samples,
-                  (sampler.ended - sampler.started) / sampler.samples, sampler.max_gap, load_s, fill_s, len(others))
+                  (sampler.ended - sampler.started) / sampler.samples, sampler.max_gap, load_s, fill_s, len(others),
+                  exact_fp.bytes_on(HOST) if exact_fp is not None else None,
+                  tuple(n for n in exact.notes if n.startswith("not exact")) if exact is not None else ())
 
 
 def allowed(peak: int, file_bytes: int) -> tuple[int, int]:
