@@ -57,3 +57,19 @@ def test_a_locked_database_loses_no_history_and_stops_nothing(tmp_path: Path, zo
         if "the memory sampler failed" in fd.log():  # server/sampler.py: a store error ends the sampler for good
             pytest.xfail("the memory sampler stops for good when the store refuses a write (server/sampler.py)")
         assert "Traceback" not in fd.log()
+
+
+def test_a_corrupt_database_file_is_moved_aside_and_the_door_serves(tmp_path: Path, zoo: dict) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copyfile(zoo["llama-gqa"].path, models / "a.gguf")
+    (tmp_path / "data").mkdir()
+    garbage = b"\x00not a database\xff" * 4096
+    (tmp_path / "data" / "fitevict.db").write_bytes(garbage)
+    with front_door(tmp_path, "--models-dir", str(models)) as fd:
+        assert "could not be read (file is not a database): moved aside to" in fd.log()
+        [aside] = fd.data_dir.glob("fitevict.db.corrupt-*[0-9]")
+        assert aside.read_bytes() == garbage  # nothing deleted
+        assert ask(fd, "a").status_code == 200
+        poll(lambda: [e for e in history(fd) if e["event"] == "load"], "the load in the new store")
+        assert "Traceback" not in fd.log()

@@ -92,3 +92,30 @@ def _postgres_engine(u: sa.URL) -> Engine:
             f"which is not installed ({e}). Install fitevict with its postgres extra: pip install 'fitevict[postgres]' "
             "(psycopg 3), and use postgresql:// or postgresql+psycopg://"
         ) from e
+
+
+# what SQLite says of a file that is not (or no longer) a database: never a lock or a busy file
+CORRUPT = ("file is not a database", "database disk image is malformed")
+
+
+def move_aside_corrupt(url: str, error: Exception) -> Path | None:
+    """A SQLite store file that SQLite cannot read as a database (``error`` says so) is renamed, with its ``-wal``
+    and ``-shm`` files, to ``<name>.corrupt-<unix time>``, so that a new, empty store can start in its place and
+    nothing it held is deleted. Returns the new name; None (nothing moved) for any other error or store."""
+    import sqlite3
+    import time
+
+    u = sa.engine.make_url(url)
+    orig = getattr(error, "orig", None)
+    if (u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:"
+            or not isinstance(orig, sqlite3.DatabaseError) or isinstance(orig, sqlite3.OperationalError)
+            or not str(orig).startswith(CORRUPT)):
+        return None
+    path = Path(u.database).expanduser()
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.rename(aside.with_name(aside.name + suffix))
+    path.rename(aside)
+    return aside

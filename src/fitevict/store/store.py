@@ -23,13 +23,15 @@ migrations are serialised between processes (see :mod:`fitevict.store.migrations
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from fitevict.store.connect import POSTGRES_DRIVER, StoreError, default_url, make_engine
+from fitevict.store.connect import POSTGRES_DRIVER, StoreError, default_url, make_engine, move_aside_corrupt
 from fitevict.store.migrations import MIGRATIONS, Migration, migrate
 from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUREMENT_SOURCES, Order, measurement_of,
                                     op_compute_put, op_put_measurement, op_record_event, op_seat_remove,
@@ -39,6 +41,7 @@ from fitevict.store.records import Event, Measurement, SeatRecord
 from fitevict.store.writer import Writer
 
 T = TypeVar("T")
+log = logging.getLogger("fitevict.store")
 
 __all__ = ["EVENT_SORT_COLUMNS", "MAX_EVENTS_LIMIT", "MEASUREMENT_SOURCES", "POSTGRES_DRIVER", "AsyncStore", "Store",
            "StoreError", "default_url", "make_engine"]
@@ -60,8 +63,23 @@ class Store:
         busy_timeout_s: float = 5.0,
         migrations: tuple[Migration, ...] = MIGRATIONS,
     ) -> "Store":
-        """Open (creating if needed) the store at ``url`` (default :func:`default_url`) and migrate it."""
-        engine = make_engine(url or default_url(), busy_timeout_s=busy_timeout_s)
+        """Open (creating if needed) the store at ``url`` (default :func:`default_url`) and migrate it. A SQLite
+        file that is not a database (corrupt, or another file in its place) is moved aside, said in the log, and a new
+        store starts in its place (``connect.move_aside_corrupt``)."""
+        url = url or default_url()
+        try:
+            return cls._open(url, busy_timeout_s, migrations)
+        except sa.exc.DatabaseError as e:
+            aside = move_aside_corrupt(url, e)
+            if aside is None:
+                raise
+            log.warning("the store %s could not be read (%s): moved aside to %s, its history and measurements kept "
+                        "there unread; starting with a new, empty store", url, e.orig, aside)
+        return cls._open(url, busy_timeout_s, migrations)
+
+    @classmethod
+    def _open(cls, url: str, busy_timeout_s: float, migrations: tuple[Migration, ...]) -> "Store":
+        engine = make_engine(url, busy_timeout_s=busy_timeout_s)
         try:
             with engine.connect().execution_options(fitevict_begin="IMMEDIATE") as conn:
                 migrate(conn, migrations, where=f" at {engine.url.render_as_string(hide_password=True)}")
