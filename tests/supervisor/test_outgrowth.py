@@ -86,3 +86,13 @@ def test_process_bytes_the_price_knowingly_left_out_count_with_it() -> None:
     s.take_reading(12.0, _pss(150), {})  # 50 MiB over a 100 MiB price
     assert seat_outgrowth(s, 16 * MiB, 12.0) is not None
     assert seat_outgrowth(s, 16 * MiB, 12.0, unpriced=40 * MiB) is None  # a process overhead learned after the price
+
+
+def test_a_loading_seat_counts_at_least_its_price_until_the_reading_after_its_load() -> None:
+    s = _seat()
+    s.measured = None  # loading: no log read yet
+    s.take_reading(1.0, _pss(30), {})  # the sampler read it mid-load: 30 MiB touched so far
+    assert s.bytes_on(HOST) == 100 * MiB and s.figures(HOST)["measured_bytes"] == 30 * MiB
+    s.measured = PRICE
+    s.load_reading(2.0, _pss(70), {})
+    assert s.bytes_on(HOST) == 110 * MiB  # allocated + overhead, the larger

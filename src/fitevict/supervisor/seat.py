@@ -109,7 +109,13 @@ class SeatState:
         return f"http://127.0.0.1:{self.port}"
 
     def bytes_on(self, device: str) -> int:
-        """What the planner counts for this seat on ``device``: measured where we have it."""
+        """What the planner counts for this seat on ``device``: the latest reading and the engine's buffers where we
+        have them; until the reading after its load, never less than its price (a loading seat has touched only part
+        of what it will hold)."""
+        held = self._held_on(device)
+        return max(held, self.predicted.bytes_on(device)) if self.load_read_at is None else held
+
+    def _held_on(self, device: str) -> int:
         if device == HOST:
             # The engine's own buffers (from its log) are what the seat grows to as its context fills;
             # PSS is what it touches now plus the process itself. Both are measurements of different
