@@ -58,10 +58,6 @@ def test_two_of_three_life_size_models_nothing_lost_never_over(clients, rounds, 
     assert not owed, owed
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32 item 0 (799cab7): a seat whose engine buffers are not read yet "
-                   "(loading, or ready before its load log) is counted at its live PSS, which for mmap'd weights not "
-                   "yet touched is far below its price; the real run in docs/benchmarks.md (lifesize-planning) "
-                   "planned 3.41 GiB against a 3.09 GiB limit that way", raises=AssertionError)
 def test_a_seat_is_never_counted_below_its_price_before_its_buffers_are_read() -> None:
     price = Footprint((DeviceFootprint(HOST, Term(600 * MiB, "formula"), Term(40 * MiB, "formula")),),
                       host_mapped_bytes=600 * MiB, host_committed_bytes=40 * MiB, host_source="formula")
