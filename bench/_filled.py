@@ -100,6 +100,8 @@ class Filled:
     neighbours: int  # other processes running the same engine binary meanwhile (they split its pages' PSS)
     exact_buffers: int | None = None  # the host buffers the allocator trace saw, to the byte (None: not traced)
     exact_notes: tuple[str, ...] = ()  # why a traced figure is not exact
+    peak_fill_only_pss: int | None = None  # the peak PSS as read during the fill alone, after the load ended
+    peak_fill_only: int | None = None  # the same with the code pages counted whole
 
 
 def neighbours(binary: Path, own: int) -> set[int]:
@@ -144,10 +146,11 @@ def run_filled(binary: Path, model: Path, cfg: LoadConfig, pred: Predicted, log_
         others |= neighbours(binary, proc.pid)
     finally:
         sampler.stop()
+        served = log_path.stat().st_size  # the trace after this is the stop freeing every buffer
         stop_group(proc)
     text = log_path.read_text(errors="replace")
     logged = parse_load_log(text).to_footprint()
-    exact = parse_exact_log(text) if trace else None
+    exact = parse_exact_log(text[:served]) if trace else None
     exact_fp = exact.to_footprint() if exact is not None else None
     load, top = sampler.peak("load"), sampler.peak("load", "fill")
     load_pss, top_pss = sampler.peak_raw("load"), sampler.peak_raw("load", "fill")
@@ -158,7 +161,8 @@ def run_filled(binary: Path, model: Path, cfg: LoadConfig, pred: Predicted, log_
                   logged.host_mapped_bytes if logged is not None else None, tokens, sampler.samples,
                   (sampler.ended - sampler.started) / sampler.samples, sampler.max_gap, load_s, fill_s, len(others),
                   exact_fp.bytes_on(HOST) if exact_fp is not None else None,
-                  tuple(n for n in exact.notes if n.startswith("not exact")) if exact is not None else ())
+                  tuple(n for n in exact.notes if n.startswith("not exact")) if exact is not None else (),
+                  sampler.peak_raw("fill"), fill_only.alone if (fill_only := sampler.peak("fill")) else None)
 
 
 def allowed(peak: int, file_bytes: int) -> tuple[int, int]:
