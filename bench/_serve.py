@@ -74,6 +74,15 @@ def serve(tmp: Path, name: str, models: Path, config: str, env: dict[str, str] |
         stop_group(proc, 30.0)  # the front door and its seats: one process group
 
 
+def prices_read_ahead(base: str, timeout: float = 600.0) -> None:
+    """Wait until the front door has read every model's price ahead (``server.read_prices_ahead``, in ``/health``)."""
+    def done() -> bool:
+        ahead = httpx.get(base + "/health", timeout=30).json()["prices_read_ahead"]
+        return bool(ahead["models"]) and ahead["done"] >= ahead["models"]
+
+    wait_for(done, "prices read ahead", timeout, 0.05)
+
+
 def wait_for(fn, what: str, timeout: float = 120.0, step: float = 0.05):
     """The first truthy result of ``fn``, polled every ``step`` seconds."""
     deadline = time.monotonic() + timeout

@@ -31,7 +31,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
 from _lifesize import life_size_models  # noqa: E402
-from _serve import cpu_model, load_average, serve  # noqa: E402
+from _serve import cpu_model, load_average, prices_read_ahead, serve  # noqa: E402
 
 from fitevict.units import MiB
 
@@ -125,11 +125,8 @@ def first_request_wait(base: str, pid: int, model: str) -> float:
 
 def read_ahead_seconds(base: str, t0: float) -> float:
     """Seconds from the front door's start until it has read every model's price ahead (``/health``)."""
-    while True:
-        ahead = httpx.get(base + "/health", timeout=30).json()["prices_read_ahead"]
-        if ahead["models"] and ahead["done"] >= ahead["models"]:
-            return time.monotonic() - t0
-        time.sleep(0.05)
+    prices_read_ahead(base)
+    return time.monotonic() - t0
 
 
 def listing(files: list[Path], n: int, tmp: Path) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from _serve import Served, cpu_model, load_average, serve, wait_for
+from _serve import Served, cpu_model, load_average, prices_read_ahead, serve
 
 CLIENTS = 6
 MAX_TOKENS = 4
@@ -28,14 +28,6 @@ SAMPLE_S = 0.25
 TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")  # kept of llama-server's timings
 HISTORY_KEYS = ("id", "time", "event", "model", "seconds", "reason", "host_gb", "freed_gb")  # kept per history row
 FIGURES = ("predicted", "allocated", "measured", "planned")  # per seat and sample, after its state
-
-
-def read_ahead(base: str) -> None:
-    def done() -> bool:
-        ahead = httpx.get(base + "/health", timeout=30).json()["prices_read_ahead"]
-        return bool(ahead["models"]) and ahead["done"] >= ahead["models"]
-
-    wait_for(done, "prices read ahead", 600, 0.1)
 
 
 def plan_of(base: str, key: str) -> dict:
@@ -51,7 +43,7 @@ def measure(models_dir: Path, keys: Sequence[str], tmp: Path) -> dict:
     out: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(),
                  "load_average_before": load_average(), "models": {}}
     with serve(tmp, "measure", models_dir, config) as s:
-        read_ahead(s.base)
+        prices_read_ahead(s.base)
         for key in keys:
             plan = plan_of(s.base, key)
             t = time.perf_counter()
@@ -157,7 +149,7 @@ def contend(models_dir: Path, keys: Sequence[str], limit_bytes: int, seconds: fl
                  "load_average_before": load_average(), "keys": list(keys), "limit_bytes": limit_bytes,
                  "clients": CLIENTS, "seconds": seconds, "max_tokens": MAX_TOKENS}
     with serve(tmp, "contend", models_dir, config) as s:
-        read_ahead(s.base)
+        prices_read_ahead(s.base)
         out["prices"] = {k: plan_of(s.base, k)["needed_bytes"]["CPU"] for k in keys}
         sampler = Sampler(s)
         sampler.start()

@@ -34,7 +34,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
 from _lifesize import life_size_models  # noqa: E402
-from _serve import cpu_model, load_average, serve, wait_for  # noqa: E402
+from _serve import cpu_model, load_average, prices_read_ahead, serve, wait_for  # noqa: E402
 
 from fitevict.engines.install import resolve_binary
 from fitevict.engines.llama_server import LlamaServerEngine
@@ -99,14 +99,6 @@ def unload(base: str, model: str) -> None:
     httpx.post(f"{base}/v1/models/{model}/unload", timeout=300).raise_for_status()
 
 
-def read_ahead(base: str) -> None:
-    def done() -> bool:
-        ahead = httpx.get(base + "/health", timeout=30).json()["prices_read_ahead"]
-        return bool(ahead["models"]) and ahead["done"] >= ahead["models"]
-
-    wait_for(done, "prices read ahead", 600, 0.05)
-
-
 def swap_step(base: str, model: str) -> dict:
     """One streamed request with progress comments: the arrival of each phase, seconds from sending."""
     t = time.perf_counter()
@@ -154,7 +146,7 @@ def measure(names: list[str], swap: tuple[str, str], repeat: int = 3) -> dict:
         for name in {*names, *swap}:
             (folder / f"{name}.gguf").symlink_to(models[name])
         with serve(Path(tmp), "door", folder, CONFIG) as s:
-            read_ahead(s.base)
+            prices_read_ahead(s.base)
             for row in rows:
                 drop(models[row["model"]])
                 row["fitevict_cold"] = through(s.base, row["model"])
@@ -168,7 +160,7 @@ def measure(names: list[str], swap: tuple[str, str], repeat: int = 3) -> dict:
             limits = resident_bytes(s.base, swap)
         budget = max(limits.values()) + min(limits.values()) // 2  # either one, never both
         with serve(Path(tmp), "swap", folder, CONFIG + f"[budget]\nram_limit = {budget}\nram_reserve = 0\n") as s:
-            read_ahead(s.base)
+            prices_read_ahead(s.base)
             a, b = swap
             steps = []
             for model in (a, b, a):

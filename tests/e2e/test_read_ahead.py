@@ -47,16 +47,21 @@ class DryRunWatch:
         self._thread.join()
 
 
+def served(tmp_path: Path, zoo: dict, names: tuple[str, ...]) -> tuple:
+    """A models folder linking ``names`` from the zoo, its config (no file), catalog and a fresh SQLite store."""
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    for name in names:
+        (models / f"{name}.gguf").symlink_to(zoo[name].path)
+    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": [str(models)]})
+    return cfg, Catalog.from_config(cfg), Store.open(cfg.store_url)
+
+
 def test_every_model_is_priced_ahead_and_a_broken_one_is_left_to_its_request(zoo: dict, tmp_path: Path,
                                                                              llama_server: Path) -> None:
-    models = tmp_path / "models"
-    models.mkdir()
-    for name in ("llama-gqa", "gemma2-swa"):
-        (models / f"{name}.gguf").symlink_to(zoo[name].path)
-    (models / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 7)  # a header cut short
-    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": [str(models)]})
-    catalog = Catalog.from_config(cfg)
-    store = Store.open(cfg.store_url)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 7)  # a header cut short
+    cfg, catalog, store = served(tmp_path, zoo, ("llama-gqa", "gemma2-swa"))
 
     async def scenario() -> None:
         sup = Supervisor(config=cfg, catalog=catalog, store=store, engine_binary=llama_server)
@@ -82,12 +87,7 @@ def test_every_model_is_priced_ahead_and_a_broken_one_is_left_to_its_request(zoo
 def test_two_askers_of_one_dry_run_share_it(zoo: dict, tmp_path: Path, llama_server: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FITEVICT_CACHE_DIR", str(tmp_path / "cache"))  # no dry run cached on disk yet
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "llama-gqa.gguf").symlink_to(zoo["llama-gqa"].path)
-    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": [str(models)]})
-    catalog = Catalog.from_config(cfg)
-    store = Store.open(cfg.store_url)
+    cfg, catalog, store = served(tmp_path, zoo, ("llama-gqa",))
 
     async def scenario() -> None:
         sup = Supervisor(config=cfg, catalog=catalog, store=store, engine_binary=llama_server)
@@ -109,12 +109,7 @@ def test_two_askers_of_one_dry_run_share_it(zoo: dict, tmp_path: Path, llama_ser
 def test_shutdown_during_a_read_ahead_leaves_no_engine_process(zoo: dict, tmp_path: Path, llama_server: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FITEVICT_CACHE_DIR", str(tmp_path / "cache"))  # the dry run runs, it is not read from disk
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "llama-medium.gguf").symlink_to(zoo["llama-medium"].path)
-    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": [str(models)]})
-    catalog = Catalog.from_config(cfg)
-    store = Store.open(cfg.store_url)
+    cfg, catalog, store = served(tmp_path, zoo, ("llama-medium",))
 
     async def scenario() -> None:
         sup = Supervisor(config=cfg, catalog=catalog, store=store, engine_binary=llama_server)
