@@ -48,10 +48,17 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     door = Door(config, catalog, store, sup, metrics, pool, sampler)
     sup.on_event.append(sampler.poke)
     watch = CatalogWatch(config, catalog)
-    # a rescan reads the price sheets again (files may have changed) and reads the added models' ahead
-    watch.on_change.append(lambda added, _removed: sup.prices.rescanned(e for k in added if (e := catalog.get(k))))
-    if config.server.read_prices_ahead:  # and the added models' dry runs too, so a first request waits for none
-        watch.on_change.append(lambda added, _removed: sup.read_ahead(added))
+    watch.on_change.append(lambda added, _removed: rescanned(added))
+
+    def rescanned(added: list[str]) -> None:
+        """Files may have changed on disk: every sheet is read again; the added models' prices are read ahead (their
+        dry runs too, with ``read_prices_ahead``; else their sheets alone), once each."""
+        if config.server.read_prices_ahead:
+            sup.prices.forget()
+            sup.read_ahead(added)
+        else:
+            sup.prices.rescanned(e for k in added if (e := catalog.get(k)))
+
     structures = StoredStructures(store)
     unshelve: list[Callable[[], None]] = []
     state = State({"supervisor": sup, "catalog": catalog, "store": store, "config": config, "sampler": sampler,
