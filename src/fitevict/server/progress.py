@@ -116,10 +116,7 @@ async def follow(sup: Supervisor, key: str, contract: Contract | None, done: asy
             predicted = seat.predicted.bytes_on(HOST)
             if not started:
                 started = True
-                yield Step("start", f"engine started: {seat.engine} pid {seat.pid}",
-                           {"pid": seat.pid, "engine": seat.engine, "predicted_bytes": predicted,
-                            "predicted_total_bytes": seat.predicted.total_bytes,
-                            "predicted_source": seat.predicted.host_source})
+                yield started_step(seat)
             mem = procmem.read_tree(seat.pid)
             step = max(MiB, predicted // 100)  # report a change of 1% (at least 1 MiB), not every page
             if mem.host_bytes is not None and (last_bytes is None or abs(mem.host_bytes - last_bytes) >= step):
@@ -140,11 +137,21 @@ async def follow(sup: Supervisor, key: str, contract: Contract | None, done: asy
         return
     measured = seat.bytes_on(HOST)
     hit = seat is before
+    if not hit and not started and seat.pid:  # a load quicker than one look: its start is said before its end
+        yield started_step(seat)
     yield Step("ready", ("already resident" if hit else f"ready in {seat.load_seconds or 0:.2f} s") +
                f": {format_size(measured)} on {HOST}",
                {"hit": hit, "load_seconds": seat.load_seconds, "host_bytes": measured,
                 "host_source": seat.source_on(HOST), "predicted_bytes": seat.predicted.bytes_on(HOST),
                 "predicted_source": seat.predicted.host_source, "pid": seat.pid})
+
+
+def started_step(seat: Any) -> Step:
+    """The ``start`` step of a seat whose engine process runs."""
+    return Step("start", f"engine started: {seat.engine} pid {seat.pid}",
+                {"pid": seat.pid, "engine": seat.engine, "predicted_bytes": seat.predicted.bytes_on(HOST),
+                 "predicted_total_bytes": seat.predicted.total_bytes,
+                 "predicted_source": seat.predicted.host_source})
 
 
 def sse(step: Step) -> bytes:
