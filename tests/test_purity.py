@@ -1,5 +1,9 @@
 """Modules that call themselves pure do no I/O: their functions run under an audit hook that fails on any file,
 directory, process, database or socket access (sys.addaudithook; in a child process, since a hook cannot be removed).
+What the hook cannot see is watched too, in the same child: ``os.stat``, ``os.lstat``, ``os.path.exists`` /
+``isfile`` / ``isdir``, ``Path.exists`` / ``is_file`` / ``is_dir`` / ``stat`` and ``os.read`` / ``os.pread`` are
+wrapped, and a read through a descriptor opened before arming (a file object held from setup, read later) is caught
+by its file offset moving.
 
 The server's plan is among them: ``planner.plan`` priced by a price sheet (``supervisor.pricesheet``) read from a
 real SQLite store (holding a measurement of the plan's own signature) and a real zoo file, and a sheet the price
@@ -88,6 +92,33 @@ CHECK = textwrap.dedent('''
                       or event.startswith(("os.", "shutil.", "glob.", "pathlib.", "sqlite3."))):
             seen.append(event)
 
+    import os, pathlib
+    lseek = os.lseek
+
+    def watched(name, real):  # what raises no audit event: a stat, an existence test, a read of a held descriptor
+        def call(*args, **kwargs):
+            if armed:
+                seen.append(name)
+            return real(*args, **kwargs)
+        return call
+
+    for where, label, attrs in ((os, "os", ("stat", "lstat", "read", "pread")),
+                                (os.path, "os.path", ("exists", "isfile", "isdir")),
+                                (pathlib.Path, "Path", ("exists", "is_file", "is_dir", "stat"))):
+        for attr in attrs:
+            setattr(where, attr, watched(f"{label}.{attr}", getattr(where, attr)))
+
+    def offsets():  # the file offset of every descriptor that has one (pipes, sockets and the like have none)
+        out = {}
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                out[fd] = lseek(fd, 0, os.SEEK_CUR)
+            except OSError:
+                continue  # no offset to watch: not a file (or the listing's own descriptor, closed by now)
+        return out
+
+    HELD = open(sys.argv[1], "rb")  # a descriptor opened before arming, as a module-level handle would be
+
     on_the_loop = plan_on_the_loop()
     store.close()  # a database read from here would have to connect again: the hook sees sqlite3.connect
     sys.addaudithook(hook)
@@ -111,14 +142,22 @@ CHECK = textwrap.dedent('''
                                                placement.place(s, LoadConfig(n_ctx=1000), table), n_threads=4,
                                                tiled=True, cells=1000),
     }
+    failed = False
     for name, call in calls.items():
+        before = offsets()
         armed = True
         call()
         armed = False
+        after = offsets()
+        seen += [f"read of descriptor {fd}" for fd in before if fd in after and after[fd] != before[fd]]
         if seen:
             print(f"{name}: {sorted(set(seen))}")
-            sys.exit(1)
+            failed = True
+            seen.clear()
+            continue
         print(f"{name}: no I/O")
+    if failed:
+        sys.exit(1)
     rebuilt = loop.run_until_complete(book.sheet(model, asked))
     assert rebuilt is not sheet and book.current(rebuilt) and rebuilt.version > sheet.version
 ''')
@@ -131,13 +170,32 @@ def test_pure_functions_do_no_io(zoo: dict, tmp_path: Path) -> None:
     assert r.stdout.count("no I/O") == 13, r.stdout
 
 
-def test_the_hook_sees_io(zoo: dict, tmp_path: Path) -> None:
-    # the check itself can fail: a function that opens a file is caught
-    probe = CHECK.replace('"crash": lambda: retry_without_repack("llama-server", LoadConfig(), -11),',
-                          '"crash": lambda: open(sys.argv[1], "rb").close(),')
+CRASH = '"crash": lambda: retry_without_repack("llama-server", LoadConfig(), -11),'
+# I/O a pure function could do, and what the check names it by
+DOES_IO = {
+    "open": ('open(sys.argv[1], "rb").close()', "'open'"),
+    "os.stat": ("os.stat(sys.argv[1])", "'os.stat'"),
+    "os.path.exists": ("os.path.exists(sys.argv[1])", "'os.path.exists'"),
+    "os.path.isfile": ("os.path.isfile(sys.argv[1])", "'os.path.isfile'"),
+    "Path.exists": ("Path(sys.argv[1]).exists()", "'Path.exists'"),
+    "Path.is_file": ("Path(sys.argv[1]).is_file()", "'Path.is_file'"),
+    "Path.is_dir": ("Path(sys.argv[2]).is_dir()", "'Path.is_dir'"),
+    "open on a held descriptor": ("open(HELD.fileno(), 'rb', closefd=False).read(8)", "'open'"),
+    "read of a held handle": ("HELD.read(4096)", "'read of descriptor"),
+}
+
+
+def test_the_check_sees_io(zoo: dict, tmp_path: Path) -> None:
+    # the check itself can fail: each kind of I/O, put among the pure calls, is caught and named by what it did
+    probe = CHECK.replace(CRASH, CRASH + "".join(f"\n        {k!r}: lambda: {io}," for k, (io, _) in DOES_IO.items()))
+    assert probe != CHECK
     r = subprocess.run([sys.executable, "-c", probe, str(zoo["llama-q4_0"].path), str(tmp_path)], capture_output=True,
                        text=True, timeout=120)
-    assert r.returncode != 0 and "crash: ['open']" in r.stdout, r.stdout + r.stderr
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert {k: caught in lines.get(k, "") for k, (_, caught) in DOES_IO.items()} == {k: True for k in DOES_IO}, \
+        r.stdout + r.stderr
+    assert r.stdout.count("no I/O") == 13, r.stdout  # the pure calls still pass beside them
 
 
 def test_the_hook_sees_a_database_read(zoo: dict, tmp_path: Path) -> None:
