@@ -23,6 +23,7 @@ from fitevict.server.fastpath import FastPath
 from fitevict.server.metrics import Metrics
 from fitevict.server.rescan import CatalogWatch
 from fitevict.server.sampler import MemorySampler
+from fitevict.server.upkeep import Upkeep
 from fitevict.engines.upstream import Upstream
 from fitevict.pricing.gguf import use_shelf
 from fitevict.store import Store
@@ -45,7 +46,8 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     metrics = Metrics()
     sup.on_event.append(metrics.observe_event)
     sampler = MemorySampler(sup, store, config.server.sample_seconds)
-    door = Door(config, catalog, store, sup, metrics, pool, sampler)
+    upkeep = Upkeep(store, config)
+    door = Door(config, catalog, store, sup, metrics, pool, sampler, upkeep)
     sup.on_event.append(sampler.poke)
     watch = CatalogWatch(config, catalog)
     watch.on_change.append(lambda added, _removed: rescanned(added))
@@ -72,6 +74,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         if config.server.read_prices_ahead:
             sup.read_ahead(e.key for e in catalog.entries())
         sampler.start()
+        upkeep.start()
         watch.start()
         gc.collect()
         gc.freeze()  # what start-up built lives as long as the server: full collections no longer walk it
@@ -79,6 +82,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     async def shutdown() -> None:
         await watch.stop()
         await sampler.stop()
+        await upkeep.stop()
         await sup.shutdown()
         pool.close()
         while unshelve:
