@@ -1,4 +1,5 @@
-"""Seat logs stay within ``engine.seat_logs_disk``: the oldest go first, a running seat's log never does.
+"""Seat logs stay within ``[logs]``: a model's newest ``logs.seats_per_model``, all within ``logs.seats_disk``, the
+oldest going first; a running seat's log never goes.
 
 Every seat writes a new ``-lv 4`` log to ``data_dir/seats``; real seats are started and stopped here against a
 folder seeded with logs an earlier run left, and the folder is read after every load.
@@ -51,6 +52,24 @@ def test_prune_removes_oldest_first_and_never_a_kept_log(tmp_path: Path) -> None
     assert sorted(_logs(tmp_path / "seats")) == [names[0]]
 
 
+def test_each_model_keeps_its_newest_logs_and_never_a_kept_one(tmp_path: Path) -> None:
+    folder = tmp_path / "seats"
+    folder.mkdir()
+    made: dict[str, list[str]] = {"qwen2.5-0.5b": [], "llama-3.2-1b": []}
+    for i in range(8):  # interleaved in time: qwen2.5, llama, qwen2.5, ...
+        model = list(made)[i % 2]
+        p = folder / f"{model}-{i:08x}.log"
+        p.write_bytes(b"x" * (100 + i))
+        os.utime(p, (2_000_000 + i, 2_000_000 + i))
+        made[model].append(p.name)
+    keep = {folder / made["llama-3.2-1b"][0]}  # that model's oldest, a running seat's
+    removed, freed = prune_dir(folder, 10**9, keep, per_model=2)
+    left = set(_logs(folder))
+    assert left == {*made["qwen2.5-0.5b"][-2:], *made["llama-3.2-1b"][-2:], made["llama-3.2-1b"][0]}
+    assert {p.name for p in removed} == {*made["qwen2.5-0.5b"][:2], *made["llama-3.2-1b"][1:2]}
+    assert freed == sum(100 + int(p.stem.rsplit("-", 1)[1], 16) for p in removed)
+
+
 def test_seat_logs_stay_within_the_bound_and_running_logs_are_kept(tmp_path: Path, zoo: dict,
                                                                   llama_server: Path) -> None:
     """A budget of 0: before each seat starts, every log goes but those of seats that run; so the folder holds
@@ -63,7 +82,7 @@ def test_seat_logs_stay_within_the_bound_and_running_logs_are_kept(tmp_path: Pat
     _seed(seats, 6)
     cfg = load_config(None, env={}, overrides={
         "data_dir": str(tmp_path / "data"), "models_dirs": [str(models)], "budget.ram_limit": 4 * 1024**3,
-        "budget.ram_reserve": 0, "engine.seat_logs_disk": 0, "policy.prompt_cache": False})
+        "budget.ram_reserve": 0, "logs.seats_disk": 0, "policy.prompt_cache": False})
     store = Store.open(cfg.store_url)
 
     async def scenario() -> list[tuple[set[str], set[str]]]:
@@ -95,3 +114,47 @@ def test_seat_logs_stay_within_the_bound_and_running_logs_are_kept(tmp_path: Pat
     assert not ended & seen[2][0]
     events = store.events()
     assert sorted(e.event for e in events if e.event in ("load", "unload")) == ["load"] * 3 + ["unload"] * 3  # the last at shutdown
+
+
+@pytest.mark.fault(
+    fault="history and load records piling up in the store over months; its write-ahead log growing",
+    client="nothing; `/health` has `data_dir` (the data folder's measured size by part) and `fitevict ps` prints it",
+    history="at start-up and every `logs.prune_seconds`: events older than `logs.history_days` go, then the oldest "
+            "beyond `logs.history_rows`; a configuration's newest load record always stays; the server log says "
+            "what went",
+    running="the door and its seats as usual",
+    lost="history older than the bound (by design)")
+def test_the_door_prunes_its_store_and_says_its_data_folders_size(tmp_path: Path, zoo: dict) -> None:
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from _frontdoor import front_door, history, poll
+
+    from fitevict.store import Event
+
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copyfile(zoo["llama-gqa"].path, models / "a.gguf")
+    now = time.time()
+    with Store.open(f"sqlite:///{tmp_path / 'data' / 'fitevict.db'}") as store:
+        for i in range(12):  # a year ago and on: beyond 30 days
+            store.record_event(Event(time=now - (365 - i) * 86_400, event="load", model="a"))
+        for i in range(3):  # this week
+            store.record_event(Event(time=now - (3 - i) * 86_400, event="unload", model="a"))
+    _seed(tmp_path / "data" / "seats", 2)
+    cfg = tmp_path / "fitevict.toml"
+    cfg.write_text("[logs]\nhistory_days = 30\n")
+    with front_door(tmp_path, "--config", str(cfg), "--models-dir", str(models)) as fd:
+        usage = poll(lambda: httpx.get(fd.base_url + "/health", timeout=10).json()["data_dir"], "the data folder read")
+        kept = history(fd)
+        assert [e["event"] for e in kept] == ["unload"] * 3  # the year-old loads pruned at start-up
+        assert "pruned 12 history event(s)" in fd.log()
+        on_disk = {p: p.stat().st_blocks * 512 for p in (tmp_path / "data").rglob("*") if p.is_file()}
+        assert usage["parts"]["seat logs"] == sum(n for p, n in on_disk.items() if p.parent.name == "seats")
+        assert usage["parts"]["store"] > 0 and usage["path"] == str(tmp_path / "data")
+        ps = subprocess.run([sys.executable, "-m", "fitevict.cli", "ps", "--url", fd.base_url], capture_output=True,
+                            text=True, timeout=60)
+        assert ps.returncode == 0, ps.stderr
+        assert "data folder" in ps.stdout and "seat logs" in ps.stdout

@@ -236,6 +236,17 @@ def ps(url: str | None = typer.Option(None, "--url", help=URL_HELP), key: str | 
     console.print(ps_table(data, time.time(), _url(url)))
     console.print("[dim]host: measured (the latest reading); pred.: predicted; busy: in flight + waiting; --json: every figure "
                   "with its source[/]")
+    usage = admin_call(url, key, "GET", "/health").get("data_dir")
+    if usage:
+        console.print(f"[dim]data folder {escape(data_dir_line(usage))}[/]")
+
+
+def data_dir_line(usage: dict) -> str:
+    """The data folder's measured size by part (``/health``'s ``data_dir``), in one line."""
+    if usage.get("total_bytes") is None:
+        return f"{usage.get('path')}: size unavailable, because {usage.get('why')}"
+    parts = ", ".join(f"{k} {format_size(v)}" for k, v in sorted(usage["parts"].items(), key=lambda kv: -kv[1]) if v)
+    return f"{usage['path']}: {format_size(usage['total_bytes'])} on disk ({parts or 'empty'})"
 
 
 def _where(placement: str) -> str:

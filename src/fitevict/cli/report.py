@@ -42,7 +42,9 @@ def report_cmd(
     store_url: str | None = typer.Option(None, "--store-url", help="The store's URL (sqlite:///... or postgresql)."),
 ) -> None:
     """Peak PSS, RSS, GPU and MemAvailable drop per model and engine, each beside its declared threshold."""
+    from fitevict.cli.admin import data_dir_line
     from fitevict.cli.serve import build_config
+    from fitevict.host.datadir import data_dir_usage
     from fitevict.report import (ThresholdsError, ab_markdown, compare, legs, load_thresholds, markdown,
                                  report_rows)
     from fitevict.store import Store
@@ -75,6 +77,8 @@ def report_cmd(
         text = markdown(rows, limits)
         if not rows:
             text += "\nNo serving windows stored yet: serve some models, then stop them or the server.\n"
+        doc["data_dir"] = data_dir_usage(Path(cfg.data_dir)).to_json()
+        text += f"\nData folder {data_dir_line(doc['data_dir'])} (measured now; `[logs]` bounds it).\n"
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.md").write_text(text)

@@ -11,9 +11,9 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict import paths
-from fitevict.config.records import (BudgetConfig, Config, ConfigError, EngineConfig, ModelConfig, PolicyConfig,
-                                     ServerConfig, StoresConfig)
-from fitevict.config.schema import OTHER_ENV, BY_KEY, KEYS, MODEL_FIELDS, SECTIONS, TOP_LEVEL, env_variables
+from fitevict.config.records import (BudgetConfig, Config, ConfigError, EngineConfig, LogsConfig, ModelConfig,
+                                     PolicyConfig, ServerConfig, StoresConfig)
+from fitevict.config.schema import MOVED, OTHER_ENV, BY_KEY, KEYS, MODEL_FIELDS, SECTIONS, TOP_LEVEL, env_variables
 from fitevict.config.parsers import Parser, BadValue, KEY_RE, Origin
 
 
@@ -25,6 +25,12 @@ def default_config_path(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base).expanduser() / "fitevict" / "config.toml"
+
+
+def _check_moved(dotted: str, origin: str) -> None:
+    """A key that moved is refused with its new name (one name per knob, never two that both work)."""
+    if dotted in MOVED:
+        raise ConfigError(f"{dotted} (in {origin}) is now {MOVED[dotted]}: rename it there, value unchanged")
 
 
 def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
@@ -59,6 +65,7 @@ def _flatten_file(data: dict[str, Any], origin: Origin, raw: _Raw, models: dict[
                 raise ConfigError(f"{top} = {value!r} in {origin.text}: expected a table [{top}]")
             names = [k.key.split(".", 1)[1] for k in KEYS if k.key.startswith(top + ".") and k.in_file]
             for name, v in value.items():
+                _check_moved(f"{top}.{name}", origin.text)
                 if name not in names:
                     raise ConfigError(f"{top}.{name}: unknown key in {origin.text}" + _did_you_mean(name, names))
                 raw[f"{top}.{name}"] = (v, origin)
@@ -113,6 +120,7 @@ def _from_overrides(overrides: Mapping[str, object], raw: _Raw, models: dict[str
         elif dotted in BY_KEY:
             raw[dotted] = (value, origin)
         else:
+            _check_moved(dotted, origin.text)
             raise ConfigError(f"{dotted}: unknown key in override" + _did_you_mean(dotted, settable))
 
 
@@ -207,6 +215,7 @@ def load_config(
         budget=section(BudgetConfig, "budget"),
         policy=policy,
         stores=section(StoresConfig, "stores"),
+        logs=section(LogsConfig, "logs"),
         models=MappingProxyType(models),
         models_dirs=values.get("models_dirs", ()),
         aliases=values.get("aliases", MappingProxyType({})),

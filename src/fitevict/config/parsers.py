@@ -68,6 +68,14 @@ def seconds(*, positive: bool) -> Parser:
     return parse
 
 
+def days(v: Any, o: Origin) -> float:
+    """A number of days >= 0 (0: no bound by age)."""
+    try:
+        return seconds(positive=False)(v, o)
+    except BadValue:
+        raise BadValue("a number of days >= 0, e.g. 90 (0: kept for ever)") from None
+
+
 def integer_or(word: str, lo: int) -> Parser:
     """An integer >= ``lo``, or ``word`` (read as None: the default the word names)."""
     whole = integer(lo)

@@ -61,7 +61,17 @@ class EngineConfig:
     stop_grace_seconds: float = 10.0
     release_timeout_seconds: float = 30.0
     orphans: str = "stop"  # one of ORPHAN_POLICIES
-    seat_logs_disk: int = 256 * MiB  # seat logs (data_dir/seats) kept, oldest pruned first; never a running seat's
+
+
+@dataclass(frozen=True, slots=True)
+class LogsConfig:
+    """What fitevict keeps on disk of what happened: seat logs (``data_dir/seats``) and the store's history."""
+
+    seats_disk: int = 256 * MiB  # all seat logs together; the oldest pruned first, never a running seat's
+    seats_per_model: int = 5  # a model's newest seat logs kept; older ones pruned (a running seat's never)
+    history_days: float = 90.0  # history events and load records older than this are pruned; 0 = kept for ever
+    history_rows: int = 1_000_000  # at most this many history events (the oldest pruned first); 0 = no bound
+    prune_seconds: float = 3600.0  # how often the store is pruned and its write-ahead log checkpointed
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +155,7 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     stores: StoresConfig = field(default_factory=StoresConfig)
+    logs: LogsConfig = field(default_factory=LogsConfig)
     models: Mapping[str, ModelConfig] = field(default_factory=_empty_mapping)
     models_dirs: tuple[Path, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=_empty_mapping)  # [aliases]: client names -> catalog models
@@ -167,6 +178,7 @@ class Config:
             "budget": {f.name: getattr(self.budget, f.name) for f in fields(self.budget)},
             "policy": {f.name: getattr(self.policy, f.name) for f in fields(self.policy)},
             "stores": {f.name: _jsonable(getattr(self.stores, f.name)) for f in fields(self.stores)},
+            "logs": {f.name: getattr(self.logs, f.name) for f in fields(self.logs)},
             "models_dirs": [str(p) for p in self.models_dirs],
             "data_dir": str(self.data_dir),
             "store_url": redact_url(self.store_url),

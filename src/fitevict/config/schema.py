@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fitevict.config.records import CACHE_TYPES
 from fitevict.config.records import ALLOC_MODES, ENGINES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
-from fitevict.config.parsers import (Parser, alias, alias_table, arg_list, boolean, one_of, fraction, integer, integer_or, origin_url,
+from fitevict.config.parsers import (Parser, alias, alias_table, arg_list, boolean, days, one_of, fraction, integer, integer_or, origin_url,
                                      path_value, positive_size, request_defaults, seconds, secret, size, store_url,
                                      store_source, str_list, nonempty_text)
 
@@ -48,7 +48,6 @@ KEYS: tuple[_Key, ...] = (
     _Key("engine.stop_grace_seconds", seconds(positive=False)),
     _Key("engine.release_timeout_seconds", seconds(positive=True)),
     _Key("engine.orphans", one_of(ORPHAN_POLICIES)),
-    _Key("engine.seat_logs_disk", size(optional=False)),
     _Key("budget.ram_limit", size(optional=True), env="FITEVICT_RAM_LIMIT"),
     _Key("budget.gpu_limit", size(optional=True), env="FITEVICT_GPU_LIMIT"),
     _Key("budget.ram_reserve", size(optional=False)),
@@ -74,11 +73,16 @@ KEYS: tuple[_Key, ...] = (
     _Key("stores.ollama", store_source, env="FITEVICT_OLLAMA"),
     _Key("stores.hf_cache", store_source, env="FITEVICT_HF_CACHE"),
     _Key("stores.lmstudio", store_source, env="FITEVICT_LMSTUDIO"),
+    _Key("logs.seats_disk", size(optional=False)),
+    _Key("logs.seats_per_model", integer(1)),
+    _Key("logs.history_days", days),
+    _Key("logs.history_rows", integer(0)),
+    _Key("logs.prune_seconds", seconds(positive=True)),
     _Key("aliases", alias_table),  # a table: names clients send (``*`` patterns too) -> catalog models
 )
 BY_KEY: dict[str, _Key] = {k.key: k for k in KEYS}
-SECTIONS = ("server", "engine", "budget", "policy", "stores")
-TOP_LEVEL = ("server", "engine", "budget", "policy", "stores", "models", "models_dirs", "data_dir", "store_url",
+SECTIONS = ("server", "engine", "budget", "policy", "stores", "logs")
+TOP_LEVEL = ("server", "engine", "budget", "policy", "stores", "logs", "models", "models_dirs", "data_dir", "store_url",
              "aliases")
 
 MODEL_FIELDS: dict[str, Parser] = {
@@ -101,6 +105,9 @@ MODEL_FIELDS: dict[str, Parser] = {
     "n_cpu_moe": integer(0),
     "base": alias,
 }
+
+#: Keys that moved: a config that sets one is refused with the new name (one name per knob).
+MOVED: dict[str, str] = {"engine.seat_logs_disk": "logs.seats_disk"}
 
 #: FITEVICT_* variables read elsewhere, which are not config keys.
 OTHER_ENV: tuple[str, ...] = ("FITEVICT_CONFIG", "FITEVICT_CACHE_DIR")

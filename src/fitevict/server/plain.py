@@ -24,9 +24,21 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON = b"application/json"
 
 
+def store_health(door: Door) -> dict[str, Any]:
+    """What the store refused since its last successful write (``store.faults``) and what is held in memory to be
+    written when it takes writes again: history events (``supervisor.history``) and memory peaks (``sampler``)."""
+    held = {"history events": len(door.sup.history.unstored)}
+    if door.sampler is not None:
+        held["memory peaks (seat_peaks)"] = len(door.sampler.unstored)
+    return {**door.store.faults.to_json(), "held": held}
+
+
 def health(door: Door) -> dict[str, Any]:
-    return {"status": "ok", "version": __version__, "residents": len(door.sup.seats),
-            "models": len(door.catalog.entries()), "prices_read_ahead": dict(door.sup.prices_ahead)}
+    usage = door.upkeep.usage if door.upkeep is not None else None
+    store = store_health(door)
+    return {"status": "ok" if store["ok"] else "degraded", "version": __version__, "residents": len(door.sup.seats),
+            "models": len(door.catalog.entries()), "prices_read_ahead": dict(door.sup.prices_ahead),
+            "data_dir": usage.to_json() if usage is not None else None, "store": store}
 
 
 def model_list(door: Door) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """How a seat's process is made: which engine runs a catalog entry, its argv and environment (the engine's one
 builder), a fresh port and log file, and the record the store keeps of a live seat (so that a restarted fitevict
-finds what an earlier one left). Seat logs are kept within ``engine.seat_logs_disk``: the oldest go first, never a
-log that a seat still writes or whose end is still being recorded."""
+finds what an earlier one left). Seat logs are kept within ``[logs]``: a model's newest ``logs.seats_per_model``, all
+of them within ``logs.seats_disk``, the oldest going first; never a log that a seat still writes or whose end is still
+being recorded."""
 
 from __future__ import annotations
 
@@ -72,17 +73,20 @@ class Processes:
         self.busy_logs.discard(path)
 
     async def prune_logs(self, running: Iterable[SeatState]) -> list[Path]:
-        """Remove the oldest seat logs until all of them fit ``engine.seat_logs_disk``; a running seat's log and a
-        busy one count but stay. Returns the logs removed (and says so in the server log)."""
+        """Remove seat logs beyond ``[logs]``: each model's oldest beyond ``logs.seats_per_model``, then the oldest
+        of all until they fit ``logs.seats_disk``; a running seat's log and a busy one count but stay. Returns the
+        logs removed (and says so in the server log)."""
         keep = {Path(s.log_path) for s in running} | self.busy_logs
+        bound = self.config.logs
         try:
-            removed, freed = await asyncio.to_thread(prune_dir, self.log_dir, self.config.engine.seat_logs_disk, keep)
+            removed, freed = await asyncio.to_thread(prune_dir, self.log_dir, bound.seats_disk, keep,
+                                                     bound.seats_per_model)
         except OSError as e:  # a log that cannot be removed must not fail the load that pruned
             log.warning("seat logs in %s not pruned: %s", self.log_dir, e)
             return []
         if removed:
-            log.info("pruned %d seat log(s), %d bytes, oldest first, to keep %s within engine.seat_logs_disk=%d",
-                     len(removed), freed, self.log_dir, self.config.engine.seat_logs_disk)
+            log.info("pruned %d seat log(s), %d bytes, oldest first, to keep %s within logs.seats_per_model=%d and "
+                     "logs.seats_disk=%d", len(removed), freed, self.log_dir, bound.seats_per_model, bound.seats_disk)
         return removed
 
     @staticmethod
@@ -93,9 +97,17 @@ class Processes:
                           port=seat.port, log_path=str(seat.log_path), config=seat.config.to_json())
 
 
-def prune_dir(folder: Path, budget: int, keep: set[Path]) -> tuple[list[Path], int]:
-    """Remove the oldest ``*.log`` files of ``folder`` (by mtime) until the folder's logs total at most ``budget``
-    bytes; ``keep`` are counted but never removed. Returns what was removed and its bytes."""
+def log_model(path: Path) -> str:
+    """The model a seat log belongs to, from its name (``<key>-<8 hex>.log``, see ``Processes.log_path``)."""
+    stem = path.stem
+    head, sep, tail = stem.rpartition("-")
+    return head if sep and len(tail) == 8 else stem
+
+
+def prune_dir(folder: Path, budget: int, keep: set[Path], per_model: int | None = None) -> tuple[list[Path], int]:
+    """Remove ``*.log`` files of ``folder``: each model's oldest (by mtime) beyond its newest ``per_model``, then the
+    oldest of all until the folder's logs total at most ``budget`` bytes; ``keep`` are counted but never removed.
+    Returns what was removed and its bytes."""
     logs = []
     for p in folder.glob("*.log"):
         try:
@@ -103,19 +115,31 @@ def prune_dir(folder: Path, budget: int, keep: set[Path]) -> tuple[list[Path], i
         except FileNotFoundError:
             continue  # removed meanwhile
         logs.append((st.st_mtime_ns, st.st_size, p))
-    total = sum(size for _, size, _ in logs)
-    removed: list[Path] = []
-    freed = 0
-    for _, size, p in sorted(logs):
+    logs.sort()
+    doomed: list[tuple[int, Path]] = []
+    if per_model is not None:
+        seen: dict[str, int] = {}
+        for _, size, p in reversed(logs):  # newest first
+            model = log_model(p)
+            seen[model] = seen.get(model, 0) + 1
+            if seen[model] > per_model and p not in keep:
+                doomed.append((size, p))
+    total = sum(size for _, size, _ in logs) - sum(size for size, _ in doomed)
+    gone = {p for _, p in doomed}
+    for _, size, p in logs:
         if total <= budget:
             break
-        if p in keep:
+        if p in keep or p in gone:
             continue
+        doomed.append((size, p))
+        total -= size
+    removed: list[Path] = []
+    freed = 0
+    for size, p in doomed:
         try:
             p.unlink()
         except FileNotFoundError:
-            pass  # removed meanwhile: its bytes are gone all the same
+            log.debug("seat log %s was removed meanwhile", p)  # its bytes are gone all the same
         removed.append(p)
-        total -= size
         freed += size
     return removed, freed
