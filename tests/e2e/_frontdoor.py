@@ -48,9 +48,10 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeou
 
 
 @contextmanager
-def front_door(tmp: Path, *args: str, env: dict | None = None) -> Iterator[FrontDoor]:
+def front_door(tmp: Path, *args: str, env: dict | None = None, timeout: float = 60.0) -> Iterator[FrontDoor]:
     """``fitevict serve`` with this process's environment, ``env`` over it (a value of None unsets a variable):
-    no config file and, as for every test, no store unless ``env`` turns one on (tests/conftest.py)."""
+    no config file and, as for every test, no store unless ``env`` turns one on (tests/conftest.py). ``timeout``:
+    seconds to wait for its /health."""
     port = free_port()
     data = tmp / "data"
     log_path = tmp / f"serve-{port}.log"
@@ -60,7 +61,7 @@ def front_door(tmp: Path, *args: str, env: dict | None = None) -> Iterator[Front
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=full_env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(proc, url, log_path)
+        wait_healthy(proc, url, log_path, timeout)
         yield FrontDoor(port, url, proc, log_path, data)
     finally:
         if proc.poll() is None:
