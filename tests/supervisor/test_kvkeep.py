@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
-from fitevict.supervisor.kvkeep import PromptKeep, Restored, SavedPrompt, engine_seconds, timing_source
+from fitevict.supervisor.kvkeep import PromptKeep, Restored, SavedPrompt, engine_seconds, restore_effect, timing_source
 
 
 def slot_file(path: Path, tokens: list[int], *, packed: bool = True, state: bytes = b"\0" * 64) -> Path:
@@ -87,9 +87,23 @@ def test_a_timing_the_engine_did_not_send_is_none_with_its_reason_never_zero() -
     assert engine_seconds({"n_restored": 10, "timings": {"restore_ms": 0}}, "restore_ms") == 0.0  # sent: 0 ms
     for doc in ({"n_restored": 10}, {"n_restored": 10, "timings": {}}, {"timings": None}):
         assert engine_seconds(doc, "restore_ms") is None
-    r = Restored(file="f", slot=0, shared_tokens=100, kv_restored_tokens=100, kv_restore_seconds=None,
+    r = Restored(file="f", slot=0, shared_tokens=100, prompt_tokens=120, kv_restored_tokens=100,
+                 kv_restore_seconds=None,
                  prefill_seconds_saved=None)
     assert r.to_json()["kv_restore_seconds"] is None
     assert r.to_json()["sources"]["kv_restore_seconds"] == ("unavailable, because the engine's answer had no "
                                                             "timings.restore_ms")
     assert timing_source(0.005, "save_ms") == "measured by the engine: timings.save_ms"
+
+
+def test_a_restore_without_cache_n_is_judged_by_prompt_n_and_without_either_is_unknown() -> None:
+    """An engine that sends ``prompt_n`` alone: the prompt's tokens beyond the shared prefix may be processed, any more
+    were restored tokens processed again; with no timings the effect is unknown, never assumed."""
+    r = Restored(file="f", slot=0, shared_tokens=500, prompt_tokens=520, kv_restored_tokens=510,
+                 kv_restore_seconds=0.001, prefill_seconds_saved=None)
+    kept, lost = restore_effect(r, {"prompt_n": 21}), restore_effect(r, {"prompt_n": 520})
+    assert kept["effective"] is True and kept["reprocessed_tokens"] == 1
+    assert lost["effective"] is False and lost["reprocessed_tokens"] == 500 and "not effective" in lost["effect"]
+    assert "prompt_n" in lost["reprocessed_source"]
+    unknown = restore_effect(r, {})
+    assert unknown["effective"] is None and unknown["effect"].startswith("unavailable, because")

@@ -31,7 +31,7 @@ from fitevict.request.contract import with_lora
 from fitevict.request.loadreport import report_headers
 from fitevict.server import plain, progress
 from fitevict.server.door import Door, Prepared, new_request_id, parse_json
-from fitevict.server.kvrestore import restore_for
+from fitevict.server.kvrestore import record_restore, restore_for
 from fitevict.server.metrics import Metrics
 from fitevict.server.errors import ApiError, engine_error, stream_break
 from fitevict.server.relay import Relayed, relay
@@ -250,6 +250,7 @@ class FastPath:
         held = None
         out: Relayed | None = None
         extra: dict[str, Any] = {}
+        restored = None
         try:
             need = shrink.need(body, prep.entry.settings.request_defaults) if door.config.policy.shrink_ctx else None
             cm = door.sup.acquire(prep.ask, request_id=rec.request_id, timing=rec.waits, need=need,
@@ -304,6 +305,10 @@ class FastPath:
                 if out is not None:  # the answer has gone out: its figures, and the seat's timing totals
                     rec.status = out.status if out.error is None else 502
                     self._account(rec, out, body, extra, seat)
+                if restored is not None:  # whether it counted, by the answer's own timings
+                    seen = {**extra.get("engine_timings", {}), **_cache_n(out)}
+                    extra["kv_restore"] = {**restored.to_json(),
+                                           **await record_restore(door.sup, seat, restored, seen, rec.request_id)}
             finally:
                 if held is not None:
                     await held.__aexit__(None, None, None)
@@ -363,6 +368,14 @@ def total_tokens(content: bytes) -> int | None:
             _int_after(content, b'"cache_read_input_tokens":') or 0)
     prompt, predicted = _int_after(content, b'"prompt_n":'), _int_after(content, b'"predicted_n":')
     return prompt + predicted if prompt is not None and predicted is not None else None
+
+
+def _cache_n(out: Relayed | None) -> dict[str, int]:
+    """The prompt tokens the engine took from its cache for this answer (its ``timings.cache_n``), if it said."""
+    if out is None:
+        return {}
+    n = _int_after(out.body[0] if len(out.body) == 1 else b"".join(out.body), b'"cache_n":')
+    return {} if n is None else {"cache_n": n}
 
 
 TIMING_KEYS = ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second")

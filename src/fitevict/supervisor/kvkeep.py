@@ -24,7 +24,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ class Restored:
     file: str
     slot: int
     shared_tokens: int  # the request's prompt and the saved one share this many leading tokens (compared here)
+    prompt_tokens: int  # the request's prompt, as the engine tokenized it
     kv_restored_tokens: int  # the engine's n_restored
     kv_restore_seconds: float | None  # the engine's restore_ms, in seconds; None when its answer had none
     prefill_seconds_saved: float | None  # an estimate (ESTIMATE); None when no prefill rate was known
@@ -69,10 +70,40 @@ class Restored:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "sources": {
             "shared_tokens": "compared token by token with the engine's own tokenization of the request",
+            "prompt_tokens": "the engine's own tokenization of the request (/apply-template, /tokenize)",
             "kv_restored_tokens": "engine-reported: n_restored",
             "kv_restore_seconds": timing_source(self.kv_restore_seconds, "restore_ms"),
             "prefill_seconds_saved": ESTIMATE if self.prefill_seconds_saved is not None else
             "unavailable, because the model's last seat prefilled no long prompt"}}
+
+
+def restore_effect(done: Restored, timings: Mapping[str, float]) -> dict[str, Any]:
+    """Whether a restore counted, from the next answer's own timings (llama.cpp #26676: a restore can report success
+    and the engine still process the whole prompt again). The restored prefix counts as kept when the engine took
+    all of it but at most one token from its cache (``timings.cache_n``; llama-server evaluates the last token of a
+    prompt it holds whole again, for its logits); without ``cache_n``, when it processed (``timings.prompt_n``) no
+    more than the prompt's tokens beyond the shared prefix, plus that one."""
+    prompt_n, cache_n = timings.get("prompt_n"), timings.get("cache_n")
+    figures = {"kv_restored_tokens": done.kv_restored_tokens, "shared_tokens": done.shared_tokens,
+               "prompt_tokens": done.prompt_tokens, "engine_prompt_n": None if prompt_n is None else int(prompt_n),
+               "engine_cache_n": None if cache_n is None else int(cache_n)}
+    if cache_n is not None:
+        again = max(0, done.shared_tokens - int(cache_n))
+        how = "the shared prefix less the engine's timings.cache_n"
+    elif prompt_n is not None:
+        again = max(0, int(prompt_n) - (done.prompt_tokens - done.shared_tokens))
+        how = "the engine's timings.prompt_n less the prompt's tokens beyond the shared prefix"
+    else:
+        return {**figures, "effective": None, "reprocessed_tokens": None,
+                "effect": "unavailable, because the answer after the restore carried no timings.prompt_n or cache_n"}
+    effective = again <= 1
+    said = (f"effective: the engine processed {figures['engine_prompt_n']} prompt tokens, {again} of the "
+            f"{done.shared_tokens} restored" if effective else
+            f"not effective: the restore reported {done.kv_restored_tokens} tokens restored, yet the engine "
+            f"processed {figures['engine_prompt_n']} prompt tokens, {again} of the {done.shared_tokens} shared ones "
+            "again (llama.cpp #26676)")
+    return {**figures, "effective": effective, "reprocessed_tokens": again, "effect": said,
+            "reprocessed_source": f"engine-reported: {how}"}
 
 
 def engine_seconds(doc: Any, key: str) -> float | None:
@@ -231,4 +262,4 @@ async def keep_before_stop(parts: Any, seat: Any, event: str) -> dict[str, Any]:
             "kv_save_source": "measured: the time the saves added to this stop; tokens and bytes engine-reported"}
 
 
-__all__ = ["ESTIMATE", "engine_seconds", "keep_before_stop", "PromptKeep", "Restored", "SavedPrompt", "timing_source"]
+__all__ = ["ESTIMATE", "engine_seconds", "restore_effect", "keep_before_stop", "PromptKeep", "Restored", "SavedPrompt", "timing_source"]
