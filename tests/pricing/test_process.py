@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,8 +14,7 @@ from fitevict.pricing.hostbufs import rule_table
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import place
-from fitevict.pricing.process import (CACHE_LINE, CONTEXT_TOKEN_BYTES, MERGE_BYTES, TILED_SLOT_BYTES,
-                                      VOCAB_ENTRY_BYTES, process_terms, row_size, vec_dot_type, work_buffer)
+from fitevict.pricing.process import CACHE_LINE, TILED_SLOT_BYTES, process_terms, row_size, vec_dot_type, work_buffer
 from fitevict.zoo import write_zoo
 
 NO_EXTRAS = rule_table([], "x86_64")  # no extra host buffer type: every weight in CPU_Mapped
@@ -82,16 +82,35 @@ def test_layers_on_a_gpu_are_not_multiplied_on_the_cpu(zoo: dict[str, Path]) -> 
     assert _work(s) > 0 and _work(s, gpu) == 0  # every layer and the output there: nothing multiplied here
 
 
+def _terms(s, cfg: LoadConfig) -> dict:
+    rc = resolve_context(s, cfg)
+    return {t.name: t for t in process_terms(s, rc, place(s, cfg, NO_EXTRAS), n_threads=2, tiled=True,
+                                             cells=rc.n_ctx_seq)}
+
+
+def _rule_factors(rule: str) -> list[tuple[int, int]]:
+    """The "<bytes> B x <count> <what>" products a term's rule names."""
+    return [(int(b), int(n)) for b, n in re.findall(r"(\d+) B x (\d+) ", rule)]
+
+
 def test_the_terms_carry_their_rules(zoo: dict[str, Path]) -> None:
     s = load_structure(zoo["llama-gqa"])
-    cfg = LoadConfig(n_ctx=4096, n_parallel=2)
-    rc = resolve_context(s, cfg)
-    terms = {t.name: t for t in process_terms(s, rc, place(s, cfg, NO_EXTRAS), n_threads=2, tiled=True,
-                                              cells=rc.n_ctx_seq)}
-    assert terms["tokenizer"].bytes == s.n_vocab * VOCAB_ENTRY_BYTES and "1003 entries" in terms["tokenizer"].rule
-    assert terms["context"].bytes == 4096 * CONTEXT_TOKEN_BYTES  # both slots full
-    assert terms["work buffer"].bytes == _work(s, cfg)
+    terms = _terms(s, LoadConfig(n_ctx=4096, n_parallel=2))
     assert all(t.rule.startswith("rule: ") for t in terms.values())
-    bpe = replace(s, n_merges=1000)
-    got = process_terms(bpe, rc, place(bpe, cfg, NO_EXTRAS), n_threads=2, tiled=True, cells=rc.n_ctx_seq)
-    assert got[0].bytes == s.n_vocab * VOCAB_ENTRY_BYTES + 1000 * MERGE_BYTES and "1000 merges" in got[0].rule
+    # each term's bytes are what its rule says they are, on this model's own counts
+    tok, ctx = _rule_factors(terms["tokenizer"].rule), _rule_factors(terms["context"].rule)
+    assert [n for _, n in tok] == [s.n_vocab] and sum(b * n for b, n in tok) == terms["tokenizer"].bytes > 0
+    assert [n for _, n in ctx] == [4096] and sum(b * n for b, n in ctx) == terms["context"].bytes > 0
+    assert terms["work buffer"].bytes == _work(s, LoadConfig(n_ctx=4096, n_parallel=2))
+    # the tokenizer grows with the vocabulary alone: twice the entries hold twice the bytes, the rest is unmoved
+    twice = _terms(replace(s, n_vocab=2 * s.n_vocab), LoadConfig(n_ctx=4096, n_parallel=2))
+    assert twice["tokenizer"].bytes == 2 * terms["tokenizer"].bytes and twice["context"] == terms["context"]
+    # the context's heap counts every slot's tokens: two full slots of 2,048 hold what one of 4,096 does, twice one
+    # of 2,048
+    one = _terms(s, LoadConfig(n_ctx=2048, n_parallel=1))["context"].bytes
+    assert _terms(s, LoadConfig(n_ctx=4096, n_parallel=1))["context"].bytes == terms["context"].bytes == 2 * one
+    # a BPE vocabulary's merges add to the tokenizer, named in its rule beside the entries
+    bpe = _terms(replace(s, n_merges=1000), LoadConfig(n_ctx=4096, n_parallel=2))["tokenizer"]
+    merges = _rule_factors(bpe.rule)
+    assert [n for _, n in merges] == [s.n_vocab, 1000] and sum(b * n for b, n in merges) == bpe.bytes
+    assert bpe.bytes > terms["tokenizer"].bytes

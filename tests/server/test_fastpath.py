@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 
 import pytest
 
@@ -32,11 +33,24 @@ CHAT = "/v1/chat/completions"
 ], ids=["no key", "wrong key", "x-api-key", "admin key"])
 def test_keys_gate_the_fast_path(make_client, request_lines, headers, status, etype, code) -> None:
     c = make_client(**{"server.api_keys": ["u1"], "server.admin_keys": ["a1"]})
-    r = c.post(CHAT, json={"model": "nope", "messages": []}, headers={"x-request-id": "rid-1", **headers})
+    gap = 0.05
+
+    def slow_body():  # the body's second half comes a known time after the first: a floor under the request's time
+        yield b'{"model": "nope", '
+        time.sleep(gap)
+        yield b'"messages": []}'
+
+    t0 = time.perf_counter()
+    r = c.post(CHAT, content=slow_body(), headers={"x-request-id": "rid-1", "content-type": "application/json",
+                                                   **headers})
+    took = time.perf_counter() - t0
     assert r.status_code == status and r.json()["error"]["type"] == etype and r.json()["error"]["code"] == code
     line = request_lines()[-1]
     assert line["request_id"] == "rid-1" and line["status"] == status and line["error"] == code
-    assert line["endpoint"] == "chat" and line["latency_s"] is None and line["total_s"] >= 0
+    # the line's own time is the request's: inside the call the client saw, and at least the body's wait where the
+    # key let the body be read
+    floor = gap if status == 404 else 0.0
+    assert line["endpoint"] == "chat" and line["latency_s"] is None and floor <= line["total_s"] < took, (line, took)
 
 
 def test_bodies_are_checked_before_anything_changes(make_client, request_lines) -> None:
