@@ -16,6 +16,7 @@ be closed before any byte of the answer arrives is retried once on a fresh one.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -58,6 +59,7 @@ class UpstreamConn(asyncio.Protocol):
         self.error: BaseException | None = None
         self.answered = False  # any byte of this response arrived
         self.waiter: asyncio.Future[None] | None = None
+        self.waiting_since: float | None = None  # monotonic time since when the reader has waited for the engine
 
     # -- the transport's callbacks ---------------------------------------------------------------
 
@@ -113,10 +115,11 @@ class UpstreamConn(asyncio.Protocol):
 
     async def _wait(self) -> None:
         self.waiter = asyncio.get_running_loop().create_future()
+        self.waiting_since = time.monotonic()
         try:
             await self.waiter
         finally:
-            self.waiter = None
+            self.waiter = self.waiting_since = None
 
     async def _send(self, request: bytes, on_sent: Callable[[], object] | None = None) -> None:
         """Write the request, call ``on_sent`` (work that overlaps the engine's), wait for the response's head."""
@@ -162,6 +165,7 @@ class Upstream:
     def __init__(self, *, connect_timeout: float = 10.0) -> None:
         self.connect_timeout = connect_timeout
         self.idle: dict[int, list[UpstreamConn]] = {}
+        self.busy: dict[int, set[UpstreamConn]] = {}  # connections with a request in progress, by port
         self.closed = False
 
     async def open(self, port: int, path: str, body: bytes, request_id: str,
@@ -176,13 +180,29 @@ class Upstream:
         conn = self._pooled(port)
         if conn is not None:
             try:
-                await self._send(conn, request, pooled=True, on_sent=on_sent)
-                return conn
+                return await self._sent(conn, request, pooled=True, on_sent=on_sent)
             except _Stale:
                 pass  # the engine closed it after an earlier stream: once more on a fresh connection
         conn = await self._connect(port)
-        await self._send(conn, request, pooled=False, on_sent=on_sent)
+        return await self._sent(conn, request, pooled=False, on_sent=on_sent)
+
+    async def _sent(self, conn: UpstreamConn, request: bytes, *, pooled: bool,
+                    on_sent: Callable[[], object] | None) -> UpstreamConn:
+        """``conn`` counted busy (until ``release``) with ``request`` sent and the response's head in."""
+        busy = self.busy.setdefault(conn.port, set())
+        busy.add(conn)
+        try:
+            await self._send(conn, request, pooled=pooled, on_sent=on_sent)
+        except BaseException:
+            busy.discard(conn)
+            raise
         return conn
+
+    def silent_for(self, port: int) -> float | None:
+        """Seconds the longest-waiting reader of the seat on ``port`` has waited for its next byte; None when no
+        reader waits on it (no request in progress, or every one busy passing bytes on to its client)."""
+        since = [c.waiting_since for c in self.busy.get(port, ()) if c.waiting_since is not None]
+        return time.monotonic() - min(since) if since else None
 
     async def _send(self, conn: UpstreamConn, request: bytes, *, pooled: bool,
                     on_sent: Callable[[], object] | None = None) -> None:
@@ -216,6 +236,11 @@ class Upstream:
 
     def release(self, conn: UpstreamConn) -> None:
         """Done with ``conn``: keep it for the next request if its response ended cleanly and allows it."""
+        busy = self.busy.get(conn.port)
+        if busy is not None:
+            busy.discard(conn)
+            if not busy:
+                del self.busy[conn.port]
         if (not self.closed and conn.drained and conn.error is None and not conn.lost
                 and conn.keep_alive):
             self.idle.setdefault(conn.port, []).append(conn)

@@ -51,24 +51,41 @@ def crash_signal(returncode: int | None) -> str | None:
     return sig.name if sig in CRASH_SIGNALS else None
 
 
-def retry_without_repack(engine: str, cfg: LoadConfig, returncode: int | None) -> str | None:
+def retry_without_repack(repacks: bool, cfg: LoadConfig, returncode: int | None) -> str | None:
     """The signal that makes this failed load worth one retry with ``-nr``, or None: a llama-server seat, started
     with repacking on, that crashed (not one killed by SIGKILL or one that exited)."""
-    if engine != "llama-server" or not cfg.repack:
+    if not repacks or not cfg.repack:
         return None
     return crash_signal(returncode)
 
 
-def exit_reason(engine: str, code: int | None) -> str:
-    """Why a serving seat's process ended, from its exit code: a kill (SIGKILL: the kernel's OOM killer, or another
-    program; fitevict's own stops are expected and never reach here), a crash by another signal, or an exit."""
+def exit_cause(code: int | None, oom: str | None = None) -> str:
+    """How a serving seat's process ended, in one word: ``oom-killer`` (SIGKILL, and the kernel said it was its OOM
+    killer: ``oom``, from ``host.oomkill.oom_evidence``), ``killed`` (SIGKILL, sender unknown), ``signal`` (another
+    signal) or ``exit`` (an exit code)."""
     if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
         if -code == signal.SIGKILL:
-            return (f"{engine} was killed (SIGKILL, exit code {code}: the kernel's OOM killer, or another program); "
-                    "the next request reloads it")
+            return "oom-killer" if oom else "killed"
+        return "signal"
+    return "exit"
+
+
+def exit_reason(engine: str, code: int | None, oom: str | None = None) -> str:
+    """Why a serving seat's process ended, from its exit code: a kill by the kernel's OOM killer (``oom``: what the
+    kernel said), a kill by SIGKILL from an unknown sender (the OOM killer where the kernel cannot be asked, or
+    another program; fitevict's own stops are expected and never reach here), a crash by another signal, or an
+    exit."""
+    cause = exit_cause(code, oom)
+    if cause == "oom-killer":
+        return (f"{engine} was killed by the kernel's OOM killer (SIGKILL, exit code {code}): {oom}; "
+                "the next request reloads it")
+    if cause == "killed":
+        return (f"{engine} was killed (SIGKILL, exit code {code}: the kernel's OOM killer, or another program); "
+                "the next request reloads it")
+    if cause == "signal":
+        try:
+            name = signal.Signals(-code).name  # type: ignore[operator]
+        except ValueError:
+            name = f"signal {-code}"  # type: ignore[operator]
         return f"{engine} died by {name} (exit code {code}); the next request reloads it"
     return f"{engine} exited unexpectedly with code {code}; the next request reloads it"

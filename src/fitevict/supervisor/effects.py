@@ -25,7 +25,8 @@ from fitevict.request.ask import passthrough_args
 from fitevict.request.loadreport import seat_load_report
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, seat_document, strategy, timings
-from fitevict.supervisor.crash import RepackCrash, exit_reason, retry_without_repack
+from fitevict.host.oomkill import oom_evidence
+from fitevict.supervisor.crash import RepackCrash, exit_cause, exit_reason, retry_without_repack
 from fitevict.supervisor.frozen import watch_frozen
 from fitevict.supervisor.history import STORE_FAULTS
 from fitevict.supervisor.kvkeep import keep_before_stop
@@ -59,7 +60,10 @@ class LiveEffects:
         self.recording: set[asyncio.Future] = set()  # load records still being written (history readers settle)
         self._wake: asyncio.TimerHandle | None = None
         self.handed = 0  # requests handed a seat by ``dispatch`` (a load reads its seat after the first answer)
-        self.frozen: dict[SeatState, str] = {}  # seats killed because a signal stopped them (supervisor.frozen)
+        self.frozen: dict[SeatState, str] = {}  # seats killed because they were stopped or stuck (supervisor.frozen)
+        # seconds the front door has waited for the next byte from the seat on a port (None: it waits for none);
+        # the server sets it from its connection pool, so that a stuck seat can be told from a slow client
+        self.silent_for: Callable[[int], float | None] = lambda port: None
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -251,8 +255,8 @@ class LiveEffects:
         seat.overhead_label = overhead_label(seat.engine, fixed, parts.prices.overhead_origin, seat.predicted_overhead)
         seat.gpu_overhead = {d: n for d, n in parts.prices.engine_overhead.items() if d in cfg.devices}
         seat.watcher = self._spawn_task(self._watch(seat), f"watch-{seat.key}")
-        self._spawn_task(watch_frozen(seat, parts.config.engine.stall_seconds, self.frozen.__setitem__),
-                         f"frozen-{seat.key}")
+        self._spawn_task(watch_frozen(seat, parts.config.engine.stall_seconds, self.frozen.__setitem__,
+                                      lambda port: self.silent_for(port)), f"frozen-{seat.key}")
 
     def _new_seat(self, key: str, entry: Any, cfg: Any, path: Path, predicted: Any, plan: pl.Plan,
                   after: SeatState | None) -> SeatState:
@@ -443,10 +447,13 @@ class LiveEffects:
         parts = self.parts
         parts.scheduler.ending(seat.key)  # it serves nothing more while its stop is verified
         res = await self._end(seat)
+        frozen = self.frozen.pop(seat, None)
+        oom = await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen) if rc == -9 and not frozen else None
         await parts.history.record(Event(
             time=parts.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
-            reason=self.frozen.pop(seat, None) or exit_reason(seat.engine, rc),
+            reason=frozen or exit_reason(seat.engine, rc, oom),
             details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **timings(seat),
+                     "cause": "frozen" if frozen else exit_cause(rc, oom), "oom": oom,
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
         parts.processes.done_with_log(seat.log_path)
         self._stopped(seat.key, res, how=Exit.CRASHED)

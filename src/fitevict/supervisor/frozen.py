@@ -1,8 +1,20 @@
-"""A seat frozen while it runs: its process stopped by a signal (``SIGSTOP``, ``SIGTSTP``, ``SIGTTIN``, ``SIGTTOU``:
-state ``T`` in /proc) answers nothing, and every request sent to it waits for ever. A seat stopped for
-``engine.stall_seconds`` is killed; its watcher then records the crash with this reason and the next request loads
-the model again (a client whose stream was cut is told by the relay). A traced process (state ``t``: a debugger) is
-left alone. There is no event for a state change, so /proc is read a few times per stall period."""
+"""A seat frozen while it runs answers nothing, and every request sent to it would wait for ever. Two kinds are told
+apart and killed after ``engine.stall_seconds``; the seat's watcher then records the crash with the reason given
+here, and the next request loads the model again (a client whose stream was cut is told by the relay):
+
+- **stopped**: its process stopped by a signal (``SIGSTOP``, ``SIGTSTP``, ``SIGTTIN``, ``SIGTTOU``: state ``T``). A
+  traced process (state ``t``: a debugger) is left alone.
+- **stuck**: alive and asleep (a deadlock, a frozen cgroup) while the front door waits on it. All three must hold
+  for the whole stall period, so that a slow machine is never taken for a stuck seat: a request is in flight on it
+  and the front door has waited that long for its next byte (``silent_for``: a slow client that stopped reading is
+  not the engine's fault, so a relay blocked on its client does not count); none of its threads ran or waited on
+  the disk (no thread in state ``R`` or ``D`` at any look: a starved or paging engine is slow, not stuck); and its
+  CPU time did not move by one clock tick. An engine that spins while deadlocked uses CPU time and is not caught.
+
+The same look keeps what the kernel says of the process (its start and memory cgroup: ``host.oomkill``), so that a
+SIGKILL can later be told to be the OOM killer's. There is no event for a state change, so /proc is read a few
+times per stall period.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +23,12 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from fitevict.host import oomkill
 from fitevict.supervisor.seat import SeatState
+
+BUSY_STATES = frozenset("RD")  # a thread running (or runnable) or waiting on I/O: the engine is not stuck
 
 
 def process_state(pid: int) -> str | None:
@@ -24,20 +40,68 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+def progress(pid: int) -> tuple[int, bool] | None:
+    """``pid``'s CPU time so far (user + system, clock ticks) and whether any of its threads is running or waiting
+    on I/O; None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except (OSError, IndexError, ValueError):
+        return None
+    busy = False
+    for task in tasks:
+        try:
+            busy = busy or task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] in BUSY_STATES
+        except (OSError, IndexError):
+            continue  # a thread that ended meanwhile
+    return ticks, busy
+
+
+class StuckWatch:
+    """Since when a seat has made no progress while a request waits on it (see the module's doc)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.ticks: int | None = None
+
+    def look(self, seat: SeatState, now: float, silent_for: Callable[[int], float | None]) -> float:
+        """Seconds the seat has been stuck, as of this look (0 when it is not)."""
+        seen = progress(seat.pid) if seat.pid is not None else None
+        waited = silent_for(seat.port) if seat.seat.in_flight else None
+        if seen is None or seen[1] or seen[0] != self.ticks or waited is None:
+            self.since, self.ticks = None, (seen[0] if seen is not None else None)
+            return 0.0
+        if self.since is None:
+            self.since = now
+        return min(now - self.since, waited)
+
+
 async def watch_frozen(seat: SeatState, stall_seconds: float, frozen: Callable[[SeatState, str], None],
+                       silent_for: Callable[[int], float | None] = lambda port: None,
                        clock: Callable[[], float] = time.monotonic) -> None:
-    """Until ``seat``'s process is gone: when it has been stopped by a signal for ``stall_seconds``, say why
-    (``frozen(seat, why)``) and kill its process group."""
+    """Until ``seat``'s process is gone: when it has been stopped by a signal, or stuck while the front door waits
+    on it (``silent_for(port)``: seconds the door has waited for its next byte, None when it waits for none), for
+    ``stall_seconds``, say why (``frozen(seat, why)``) and kill its process group. Each look also keeps what the
+    kernel says of it (``seat.kernel_seen``)."""
     assert seat.pid is not None
     since: float | None = None
+    stuck = StuckWatch()
     while (state := process_state(seat.pid)) not in (None, "Z", "X") and not seat.expected_exit:
         now = clock()
+        seat.kernel_seen = oomkill.observe(seat.pid)
         since = (since if since is not None else now) if state == "T" else None
+        why = None
         if since is not None and now - since >= stall_seconds:
-            frozen(seat, f"{seat.engine} pid {seat.pid} was stopped by a signal (state T) for {now - since:.1f} s "
-                         f"(engine.stall_seconds={stall_seconds:g}): killed; the next request loads it again")
+            why = f"was stopped by a signal (state T) for {now - since:.1f} s"
+        elif (quiet := stuck.look(seat, now, silent_for)) >= stall_seconds:
+            why = (f"made no progress for {quiet:.1f} s while a request waited on it (state {state}: no CPU time "
+                   "used, no thread running or on I/O, no byte sent)")
+        if why is not None:
+            frozen(seat, f"{seat.engine} pid {seat.pid} {why} (engine.stall_seconds={stall_seconds:g}): killed; the "
+                         "next request loads it again")
             try:
-                os.killpg(seat.pgid or seat.pid, signal.SIGKILL)  # a stopped process dies of SIGKILL at once
+                os.killpg(seat.pgid or seat.pid, signal.SIGKILL)  # a stopped or frozen process dies of it at once
             except ProcessLookupError:
                 pass  # it exited meanwhile: its watcher records that
             return

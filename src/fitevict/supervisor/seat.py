@@ -26,6 +26,7 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.supervisor.timings import EngineTimings
 
 if TYPE_CHECKING:
+    from fitevict.host.oomkill import Seen
     from fitevict.supervisor.crash import RepackCrash
 
 BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
@@ -76,6 +77,7 @@ class SeatState:
     shrunk_from: dict | None = None  # policy.shrink_ctx loaded this seat for a larger asked context: what and why
     kv_candidates: list = field(default_factory=list)  # kvkeep.SavedPrompt of this signature, not yet tried
     kv_checks: int = 0  # requests compared with the saved prompts so far
+    kernel_seen: Seen | None = None  # host.oomkill.Seen: its start and memory cgroup when last looked at
     repack_crash: RepackCrash | None = None  # crash.RepackCrash: this seat is the -nr retry of a load that crashed with repacking
 
     @property

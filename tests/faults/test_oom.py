@@ -1,0 +1,131 @@
+"""A seat ended by the kernel, against one real front door (``fitevict serve``) and real seats: killed by the OOM
+killer of a memory cgroup it was moved into, killed by a SIGKILL whose sender the kernel does not name, and frozen
+without a stop signal (its cgroup frozen: alive, asleep, no progress) while a request waits on it.
+
+For each: what the client receives (an error in its API's shape), what history's ``crash`` says (how the seat
+ended, and the kernel's own words where it gives them), what remains running (the seat reaped), and that the next
+request loads the model again. Where this machine gives no cgroup to use (not root, no memory controller, a
+read-only hierarchy), the test says so and is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from _cgroups import memory_cgroup, new_cgroup, remove_cgroup, unified_root
+from _frontdoor import FrontDoor, front_door
+from test_seat_faults import check_crashed, check_reloads, gone, openai_stream_cut, seat_pid
+
+pytestmark = pytest.mark.e2e
+STALL_S = 2.0  # engine.stall_seconds
+CAP_BYTES = 2 << 20  # the memory cap: a seat charges ~8 MB more to its new cgroup as its 4k context fills
+LONG_PROMPT = "hello world " * 300  # ~600 tokens: the seat's buffers fill past the cap at once
+
+
+@pytest.fixture(scope="module")
+def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
+    tmp = tmp_path_factory.mktemp("oomfaults")
+    models = tmp / "models"
+    models.mkdir()
+    for name in ("oom", "killed", "stuck"):
+        shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
+    cfg = tmp / "fitevict.toml"
+    cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {STALL_S}\n")
+    with front_door(tmp, "--config", str(cfg), "--models-dir", str(models)) as fd:
+        yield fd
+
+
+def ask(fd: FrontDoor, model: str, prompt: str = "hi", **extra) -> openai.types.chat.ChatCompletion:
+    client = openai.OpenAI(base_url=fd.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], **extra)
+
+
+@pytest.mark.fault(
+    fault="a seat killed by the kernel's OOM killer: moved into a memory cgroup capped at 2 MiB, then asked a long "
+          "prompt (its buffers fill past the cap)",
+    client="a `502` `engine_error` naming the model (`openai.APIStatusError`)",
+    history="`load`, then a `crash` (exit code -9, `cause: oom-killer`) whose reason says \"killed by the kernel's "
+            "OOM killer\" with the kernel's own words: its log line naming the pid, or the cgroup's `oom_kill` "
+            "count risen",
+    running="nothing of that seat (reaped); the next request loads it again, outside the cgroup",
+    lost="that one answer")
+def test_seat_oom_killed_in_a_memory_cgroup(door: FrontDoor) -> None:
+    ask(door, "oom", max_tokens=2)
+    pid = seat_pid(door, "oom")
+    cgroup = memory_cgroup(CAP_BYTES, "OOM kill in a memory cgroup")
+    try:
+        (cgroup / "cgroup.procs").write_text(str(pid))
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(door, "oom", LONG_PROMPT, max_tokens=200)
+        assert e.value.status_code == 502 and e.value.body["type"] == "engine_error" and "oom" in e.value.message
+        crash = check_crashed(door, "oom", pid)
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+        remove_cgroup(cgroup)
+    assert crash["details"]["cause"] == "oom-killer", crash
+    assert "killed by the kernel's OOM killer" in crash["reason"] and crash["details"]["oom"] in crash["reason"]
+    assert f"Killed process {pid} (" in crash["reason"] or str(cgroup) in crash["reason"]
+    check_reloads(door, "oom", pid)
+
+
+@pytest.mark.fault(
+    fault="a seat `SIGKILL`ed mid-stream with `oom_score_adj` 1000 (the OOM killer's first choice), by a sender the "
+          "kernel does not name",
+    client="the chunks before the kill, then the `engine_lost` error event (`openai.APIError`)",
+    history="`load`, then a `crash` (exit code -9, `cause: killed`, `oom: null`): \"killed (SIGKILL, exit code -9: "
+            "the kernel's OOM killer, or another program)\"; never called an OOM kill without the kernel's word",
+    running="nothing of that seat (reaped); the next request loads it again",
+    lost="the rest of that one answer")
+def test_a_sigkill_the_kernel_does_not_name_is_killed_not_oom(door: FrontDoor) -> None:
+    ask(door, "killed", max_tokens=2)
+    Path(f"/proc/{seat_pid(door, 'killed')}/oom_score_adj").write_text("1000")
+    e, pid, _ = openai_stream_cut(door, "killed", signal.SIGKILL)
+    assert e.body["code"] == "engine_lost"
+    crash = check_crashed(door, "killed", pid)
+    assert crash["details"]["cause"] == "killed" and crash["details"]["oom"] is None
+    assert "was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in crash["reason"]
+    check_reloads(door, "killed", pid)
+
+
+@pytest.mark.fault(
+    fault="a seat frozen without a stop signal mid-stream (its cgroup frozen through cgroup v2's `cgroup.freeze`: "
+          "alive, state S, no CPU time, no byte), as a deadlock leaves it",
+    client="after `engine.stall_seconds` (2 s in the test), the `engine_lost` error event (`openai.APIError`); "
+           "before the fix the request waited for ever",
+    history="`load`, then a `crash` (`cause: frozen`) whose reason says the seat made no progress while a request "
+            "waited on it (no CPU time, no thread running or on I/O, no byte sent) and was killed",
+    running="the stuck seat killed and reaped; the next request loads it again",
+    lost="the rest of that one answer")
+def test_a_seat_stuck_without_a_stop_signal_is_detected_and_replaced(door: FrontDoor) -> None:
+    what = "a seat stuck without a stop signal (cgroup v2's freezer makes the fault)"
+    cgroup = new_cgroup(unified_root(what), what)
+    stream = ask(door, "stuck", stream=True, max_tokens=4000, extra_body={"ignore_eos": True})
+    got, pid, t0 = 0, None, 0.0
+    try:
+        with pytest.raises(openai.APIError) as e:
+            for _ in stream:
+                got += 1
+                if got == 3:
+                    pid = seat_pid(door, "stuck")
+                    (cgroup / "cgroup.procs").write_text(str(pid))
+                    (cgroup / "cgroup.freeze").write_text("1")
+                    t0 = time.monotonic()
+        waited = time.monotonic() - t0
+        assert pid is not None and e.value.body["code"] == "engine_lost"
+        assert STALL_S <= waited < STALL_S + 10  # told once the stall was seen, not when the client gave up
+        crash = check_crashed(door, "stuck", pid)
+    finally:
+        (cgroup / "cgroup.freeze").write_text("0")
+        remove_cgroup(cgroup)
+    assert crash["details"]["cause"] == "frozen"
+    assert "made no progress" in crash["reason"] and "while a request waited on it" in crash["reason"]
+    check_reloads(door, "stuck", pid)
