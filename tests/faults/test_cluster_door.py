@@ -54,6 +54,13 @@ def get(node: FrontDoor, path: str, **params: str) -> httpx.Response:
     return asyncio.run(go())
 
 
+@pytest.mark.fault(
+    fault="a node's 400 to a merged GET of the cluster's door (`/v1/models/history?limit=0`)",
+    client="`400` with the node's own message and `param`, naming the node (`error.node`, `x-fitevict-node`); before "
+           "the fix, `200` with an empty list",
+    history="nothing",
+    running="nothing",
+    lost="nothing")
 def test_a_nodes_400_is_passed_through(node: FrontDoor) -> None:
     direct = httpx.get(node.base_url + "/v1/models/history", params={"limit": "0"}, timeout=30)
     assert direct.status_code == 400

@@ -41,6 +41,13 @@ def _seed(folder: Path, n: int) -> list[str]:
     return names
 
 
+@pytest.mark.fault(
+    fault="seat logs over `logs.seats_disk` (the pruning rule alone)",
+    client="nothing",
+    history="unchanged",
+    running="the oldest logs removed first until all fit; a kept log (a running seat's, or one whose end is still "
+            "being recorded) never removed",
+    lost="old seat logs (by design)")
 def test_prune_removes_oldest_first_and_never_a_kept_log(tmp_path: Path) -> None:
     names = _seed(tmp_path / "seats", 6)
     keep = {tmp_path / "seats" / names[0]}  # the oldest, but a running seat's
@@ -52,6 +59,13 @@ def test_prune_removes_oldest_first_and_never_a_kept_log(tmp_path: Path) -> None
     assert sorted(_logs(tmp_path / "seats")) == [names[0]]
 
 
+@pytest.mark.fault(
+    fault="one model's seat logs over `logs.seats_per_model` (the pruning rule alone)",
+    client="nothing",
+    history="unchanged",
+    running="each model's newest logs kept (2 in the test), older ones removed; a kept log (a running seat's) never "
+            "removed, even beyond the count",
+    lost="old seat logs (by design)")
 def test_each_model_keeps_its_newest_logs_and_never_a_kept_one(tmp_path: Path) -> None:
     folder = tmp_path / "seats"
     folder.mkdir()
@@ -70,6 +84,13 @@ def test_each_model_keeps_its_newest_logs_and_never_a_kept_one(tmp_path: Path) -
     assert freed == sum(100 + int(p.stem.rsplit("-", 1)[1], 16) for p in removed)
 
 
+@pytest.mark.fault(
+    fault="seat logs piling up in `data_dir/seats/` (every seat writes a new `-lv 4` log), real seats started and "
+          "stopped with `logs.seats_disk` 0",
+    client="nothing",
+    history="unchanged (an event's `log` may name a pruned file)",
+    running="after each load exactly the running seats' logs remain",
+    lost="old seat logs (by design)")
 def test_seat_logs_stay_within_the_bound_and_running_logs_are_kept(tmp_path: Path, zoo: dict,
                                                                   llama_server: Path) -> None:
     """A budget of 0: before each seat starts, every log goes but those of seats that run; so the folder holds

@@ -61,6 +61,14 @@ def check_unreadable(fd: FrontDoor, model: str, why: str) -> None:
     assert "Traceback" not in r.text and "Traceback" not in fd.log()
 
 
+@pytest.mark.fault(
+    fault="a listed model's file truncated",
+    client="`500` `model_unreadable`: \"model 'trunc': its file cannot be read (...trunc.gguf: truncated: its "
+           "tensors end at byte N but the file has M bytes; re-download or re-convert it); replace or remove the "
+           "file, then rescan the models\"",
+    history="nothing",
+    running="nothing started for it",
+    lost="nothing")
 def test_model_file_truncated_while_listed(door: FrontDoor) -> None:
     assert "trunc" in listed(door)
     path = next(door.data_dir.parent.glob("models/trunc.gguf"))
@@ -69,12 +77,25 @@ def test_model_file_truncated_while_listed(door: FrontDoor) -> None:
     check_unreadable(door, "trunc", "truncated")
 
 
+@pytest.mark.fault(
+    fault="a listed model's file deleted",
+    client='`500` `model_unreadable`, naming the file and "No such file or directory", with the same remedy',
+    history="nothing",
+    running="nothing started for it",
+    lost="nothing")
 def test_model_file_deleted_while_listed(door: FrontDoor) -> None:
     assert "gone" in listed(door)
     next(door.data_dir.parent.glob("models/gone.gguf")).unlink()
     check_unreadable(door, "gone", "No such file")
 
 
+@pytest.mark.fault(
+    fault="a model file still being copied into the models folder (a third of it there), then complete",
+    client='while partial: `500` `model_unreadable` naming it ("truncated"); once whole: a normal answer, with no '
+           'rescan',
+    history="nothing while partial; then its `load`",
+    running="nothing for it while partial",
+    lost="nothing")
 def test_model_file_still_being_copied_then_complete(door: FrontDoor) -> None:
     """A download into the models folder: listed while half written (a clear error naming it), served once whole,
     with no rescan."""
@@ -90,6 +111,13 @@ def test_model_file_still_being_copied_then_complete(door: FrontDoor) -> None:
     assert [e["event"] for e in history(door) if e["model"] == "growing"] == ["load"]
 
 
+@pytest.mark.fault(
+    fault="the engine binary removed while a seat runs, then a load of another model",
+    client='`502` `load_failed` naming the missing binary ("failed to execute .../llama-server: No such file or '
+           'directory"); the running model still answers `200`; once the binary is back, the model loads',
+    history="a `fail` for the load, naming the binary; then, with the binary back, its `load`",
+    running="the running seat, same process, untouched; nothing for the failed model",
+    lost="nothing")
 def test_engine_binary_missing_at_load(door: FrontDoor) -> None:
     assert ask(door, "alive").status_code == 200
     [running] = seats_of(door, "alive")

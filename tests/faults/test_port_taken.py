@@ -20,6 +20,13 @@ from fitevict.supervisor.seat import BIND_FAILED
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.fault(
+    fault="a seat's port taken by another program between fitevict's choice and the engine's bind",
+    client="a normal answer (the load took one more engine start)",
+    history="one `load`, on the second port; no `fail`",
+    running="the seat on its new port; the other program still owns its port; the failed attempt's log (it says "
+            "\"couldn't bind\") kept beside the seat's",
+    lost="nothing")
 def test_a_taken_port_is_retried_on_another(tmp_path: Path, zoo: dict, llama_server: Path) -> None:
     models = tmp_path / "models"
     models.mkdir()

@@ -105,6 +105,16 @@ def openai_stream_cut(fd: FrontDoor, model: str, sig: signal.Signals) -> tuple[o
     return e.value, pid, time.monotonic() - t0
 
 
+@pytest.mark.fault(
+    fault="a seat `SIGKILL`ed mid-stream (chat, OpenAI's SDK)",
+    client='the chunks before the kill, then an `APIError` from the SDK: a last `data:` event with `{"error": '
+           '{"type": "engine_error", "code": "engine_lost", "message": "<model>: the engine broke off its answer: '
+           '..."}}`, and the stream ended cleanly',
+    history="the seat's `load`, then a `crash` with exit code -9 and its pid, its reason \"llama-server was killed "
+            "(SIGKILL, exit code -9: the kernel's OOM killer, or another program)\"",
+    running="nothing of that seat: its process reaped (no zombie), no other engine for the model; the next request "
+            "loads it again (a new `load`, a new pid)",
+    lost="the rest of that one answer")
 def test_seat_sigkill_mid_stream_openai(door: FrontDoor) -> None:
     error, pid, _ = openai_stream_cut(door, "killed", signal.SIGKILL)
     assert "killed: the engine broke off its answer" in error.message
@@ -114,6 +124,13 @@ def test_seat_sigkill_mid_stream_openai(door: FrontDoor) -> None:
     check_reloads(door, "killed", pid)
 
 
+@pytest.mark.fault(
+    fault="a seat `SIGKILL`ed mid-stream through Anthropic's Messages API (its SDK, streaming)",
+    client='an `APIStatusError` from the SDK: an `event: error` with `{"type": "error", "error": {"type": '
+           '"api_error", ...}}`',
+    history="`load`, then a `crash` with exit code -9 and its pid",
+    running="the seat reaped, no other engine for the model; the next request loads it again",
+    lost="the rest of that one answer")
 def test_seat_sigkill_mid_stream_anthropic(door: FrontDoor) -> None:
     client = anthropic.Anthropic(base_url=door.base_url, api_key="none", max_retries=0, timeout=60)
     got, pid = 0, None
@@ -133,6 +150,13 @@ def test_seat_sigkill_mid_stream_anthropic(door: FrontDoor) -> None:
     check_reloads(door, "claude-killed", pid)
 
 
+@pytest.mark.fault(
+    fault="a seat `SIGSTOP`ped mid-stream (frozen, not dead)",
+    client="after `engine.stall_seconds` (2 s in the test), the same `engine_lost` error through the OpenAI SDK",
+    history="`load`, then a `crash` whose reason says the seat was stopped by a signal (state T) for the stall "
+            "period and was killed",
+    running="the frozen seat killed and reaped; the next request loads it again",
+    lost="the rest of that one answer")
 def test_seat_sigstop_mid_stream_is_detected_and_replaced(door: FrontDoor) -> None:
     error, pid, waited = openai_stream_cut(door, "frozen", signal.SIGSTOP)
     assert STALL_S <= waited < STALL_S + 10  # told once the stall was seen, not when the client gave up
@@ -142,6 +166,13 @@ def test_seat_sigstop_mid_stream_is_detected_and_replaced(door: FrontDoor) -> No
     check_reloads(door, "frozen", pid)
 
 
+@pytest.mark.fault(
+    fault="a seat `SIGKILL`ed mid-stream on Ollama's `/api/chat` (the `ollama` client, streaming)",
+    client='a `ResponseError` from the client: a last NDJSON line `{"error": "the engine broke off mid-stream: '
+           '..."}`; no traceback in the server log',
+    history="`load`, then a `crash` with exit code -9 and its pid",
+    running="the seat reaped, no other engine for the model; the next request loads it again",
+    lost="the rest of that one answer")
 def test_seat_sigkill_mid_stream_ollama(door: FrontDoor) -> None:
     client = ollama.Client(host=door.base_url, timeout=60)
     got, pid = 0, None
@@ -159,6 +190,12 @@ def test_seat_sigkill_mid_stream_ollama(door: FrontDoor) -> None:
     assert "Traceback" not in door.log()
 
 
+@pytest.mark.fault(
+    fault="a seat `SIGKILL`ed while it generates an answer that is not streamed",
+    client="a `502` `engine_error` naming the model (`openai.APIStatusError`)",
+    history="`load`, then a `crash` with exit code -9 and its pid",
+    running="the seat reaped, no other engine for the model; the next request loads it again",
+    lost="that one answer")
 def test_seat_sigkill_during_a_whole_answer(door: FrontDoor) -> None:
     """A request not streamed: the seat dies while it generates, before a byte of the answer."""
     client = openai.OpenAI(base_url=door.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
