@@ -139,6 +139,11 @@ class Footprint:
     # Per GPU: the engine process's own memory there beyond its buffers (the CUDA context), measured; counted
     # on a device only where the model has buffers. Host overhead is part of host_committed_bytes.
     overhead: tuple[tuple[str, int], ...] = field(default=())
+    # Per device: what seats of this file and configuration were seen to need beyond their price on this machine
+    # (``pricing.grown``, learned from an outgrew event; ``grown_from`` says which): on the host part of
+    # host_committed_bytes, on a GPU counted by ``bytes_on``.
+    grown: tuple[tuple[str, int], ...] = field(default=())
+    grown_from: str = ""
 
     def device(self, name: str) -> DeviceFootprint | None:
         for d in self.devices:
@@ -151,7 +156,7 @@ class Footprint:
         if name == HOST:
             return self.host_mapped_bytes + self.host_committed_bytes
         d = self.device(name)
-        return d.total_bytes + dict(self.overhead).get(name, 0) if d else 0
+        return d.total_bytes + dict(self.overhead).get(name, 0) + dict(self.grown).get(name, 0) if d else 0
 
     @property
     def gpu_names(self) -> tuple[str, ...]:
@@ -173,6 +178,7 @@ class Footprint:
             },
             "total_bytes": self.total_bytes,
             **({"overhead": dict(self.overhead)} if self.overhead else {}),
+            **({"grown": dict(self.grown), "grown_from": self.grown_from} if self.grown else {}),
             **({"notes": list(self.notes)} if self.notes else {}),
         }
 

@@ -73,6 +73,7 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
             book.overhead_origin = "raised"
         book.engine_overhead[dev] = max(int(n), book.engine_overhead.get(dev, 0))
     book.learn_history([ev.details for ev in store.events(event="load", limit=HISTORY_LOADS)])
+    book.learn_outgrowths((ev.time, ev.details) for ev in store.events(event="outgrew", limit=HISTORY_LOADS))
     book.forget()
 
 

@@ -5,14 +5,19 @@ transformers seat keeps tensors. The planner counts the live reading already (``
 seat's mark: once its reading exceeds its price by more than ``budget.outgrow_margin`` (the rule is
 :func:`fitevict.pressure.outgrowth`), it gets one ``outgrew`` history event with the figures and its growth rate since
 its load, it is marked in the residents view, ``ps``, the dashboard and ``/metrics``, and under memory pressure it is
-stopped before every healthy idle seat (``pressure.order``, ``planner.victims.victim_order``).
+stopped before every healthy idle seat (``pressure.order``, ``planner.victims.victim_order``). The price book learns
+from it: the seat's peak reading per device less its price (``pricing.grown``) joins the next price of the same file
+and configuration on this machine, and the event carries it (``price_learned``) so that a restart learns it again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 
 from fitevict.pressure import Outgrowth, outgrowth
+from fitevict.pricing.grown import Grown, grown, without_grown
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.seats import SERVING
 from fitevict.store.records import Event
@@ -56,6 +61,7 @@ async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
         if found is None:
             continue
         seat.outgrew = {**found.to_json(), "at": now, "readings": seat.readings}
+        learned = await _learn(parts, seat, now, unpriced)
         alloc = seat.measured.bytes_on(found.device) if seat.measured is not None else None
         ev = Event(time=now, event="outgrew", model=seat.key, engine=seat.engine, reason=found.reason(seat.key),
                    host_bytes=found.reading if found.device == HOST else None,
@@ -66,10 +72,29 @@ async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
                             "allocated_bytes": alloc, "overhead_bytes": seat.overhead if found.device == HOST
                             else seat.gpu_overhead.get(found.device, 0),
                             "planned_bytes": seat.bytes_on(found.device), "unpriced_overhead_bytes": unpriced,
-                            "peak_bytes": seat.peak_bytes.get(found.device)})
+                            "peak_bytes": seat.peak_bytes.get(found.device), "price_learned": learned})
         log.warning("%s", ev.reason)
         out.append(await parts.history.record(ev))
     return out
+
+
+async def _learn(parts: Ports, seat: SeatState, now: float, unpriced: int) -> dict | None:
+    """What the price book learns from ``seat``'s outgrowth (``pricing.grown``): its peak reading per device less its
+    price without any earlier lesson; the next price of its file and configuration on this machine includes it. The
+    event's ``price_learned`` (None when the file cannot be read, with the reason in the log)."""
+    price = {d: without_grown(seat.predicted, d) + (unpriced if d == HOST else 0) for d in (HOST, *seat.config.devices)}
+    g: Grown | None = grown(seat.peak_bytes, price, now)
+    if g is None:
+        return None
+    try:
+        st = await asyncio.to_thread(os.stat, seat.model_path)
+    except OSError as e:
+        log.warning("%s: its outgrowth is not learned, because its file cannot be read: %s", seat.key, e)
+        return None
+    ident = (str(seat.model_path), st.st_size, st.st_mtime_ns)
+    parts.prices.learn_outgrowth(ident, seat.config, g)
+    return {**g.to_json(), "file": {"path": ident[0], "size": ident[1], "mtime_ns": ident[2]},
+            "priced_bytes": price, "label": g.label()}
 
 
 __all__ = ["SOURCE", "check_outgrowth", "seat_outgrowth"]

@@ -27,6 +27,7 @@ from fitevict.engines.overhead import engine_threads, tiled_here
 from fitevict.engines.machine import host_buffers, machine_key
 from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.gguf import PricingError, load_structure
+from fitevict.pricing.grown import Grown
 from fitevict.pricing.hf_kv import training_context
 from fitevict.pricing.safetensors import load_hf_structure
 from fitevict.pricing.kv import resolve_context
@@ -81,6 +82,8 @@ class PriceBook:
         self.peft_overhead: int | None = None  # the same for a seat with PEFT adapters (peft's import: ~136 MiB more)
         # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
         self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}
+        # file identity -> configuration -> what its seats outgrew to here beyond their price (newest outgrew event)
+        self._grown: dict[tuple[str, int, int], dict[LoadConfig, Grown]] = {}
         # files whose load crashed the engine with repacking on, on this machine: they load with -nr (supervisor/crash)
         self._no_repack: set[tuple[str, int, int]] = set()
         # the sheets, by (file, adapters); the versions of what they were read from: every file's, each file's
@@ -124,6 +127,29 @@ class PriceBook:
             ident = _ident(path)
         self._learned.setdefault(ident, {})[cfg] = measured
         self._changed(ident[0])
+
+    def learn_outgrowth(self, ident: tuple[str, int, int], cfg: LoadConfig, grown: Grown) -> None:
+        """A seat of ``ident`` under ``cfg`` outgrew its price here: the next price of both includes ``grown``."""
+        self._grown.setdefault(ident, {})[cfg] = grown
+        self._changed(ident[0])
+
+    def learn_outgrowths(self, events: Iterable[tuple[float, dict]]) -> int:
+        """Learn from stored ``outgrew`` events ((time, details), newest first): those of this machine that carry
+        what the seat needed beyond its price (``price_learned``), the newest per file and configuration. Returns
+        how many were learned."""
+        n = 0
+        for at, d in events:
+            lesson, config = d.get("price_learned"), d.get("config")
+            if d.get("machine") != self.machine or not isinstance(lesson, dict) or not isinstance(config, dict):
+                continue
+            f, cfg, g = lesson.get("file") or {}, LoadConfig.from_json(config), Grown.from_json(lesson, at)
+            ident = (str(f.get("path")), int(f.get("size", -1)), int(f.get("mtime_ns", -1)))
+            if g is not None and cfg not in self._grown.get(ident, {}):
+                self._grown.setdefault(ident, {})[cfg] = g
+                n += 1
+        if n:
+            self.forget()
+        return n
 
     def learn_history(self, details: Sequence[dict]) -> int:
         """Learn from stored ``load`` records (their details, newest first): the accepted ones made on this machine
@@ -197,7 +223,7 @@ class PriceBook:
             compute=dict(self._compute.get(p, {})), dry_context=dict(self._dry_context.get(p, {})),
             projector_estimate=dict(self._projector_estimate.get(p, {})), mmproj=self._mmproj.get(p),
             extra_args=self._extra_args.get(p, ()), torch_overhead=self.torch_overhead,
-            peft_overhead=self.peft_overhead)
+            peft_overhead=self.peft_overhead, grown={i: dict(v) for i, v in list(self._grown.items()) if i[0] == p})
 
     def _stored_now(self) -> Mapping[str, Mapping]:
         """The newest stored measurement of every signature, read once per version of the book (one query)."""

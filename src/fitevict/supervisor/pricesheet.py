@@ -29,6 +29,7 @@ from fitevict.pricing import price as pricing
 from fitevict.pricing.correction import Correction, apply_correction, correction
 from fitevict.pricing.footprint import Footprint, as_stored
 from fitevict.pricing.gguf import PricingError, load_structure
+from fitevict.pricing.grown import Grown, with_grown
 from fitevict.pricing.hf_price import price_hf
 from fitevict.pricing.hostbufs import HostBuffers
 from fitevict.pricing.loadconfig import LoadConfig
@@ -66,6 +67,8 @@ class SheetInputs:
     extra_args: tuple[str, ...]  # an HF seat's own flags (dtype, quant, ...)
     torch_overhead: int | None
     peft_overhead: int | None
+    # what seats of this file outgrew to on this machine, beyond their price, by file identity and configuration
+    grown: Mapping[Ident, Mapping[LoadConfig, Grown]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, tuple[str, ...]]:
@@ -100,6 +103,7 @@ class PriceSheet:
     torch_overhead: int | None
     peft_overhead: int | None
     version: tuple[int, int]
+    grown: Mapping[LoadConfig, Grown]  # per configuration: what its seats outgrew to here (``pricing.grown``)
     # each configuration priced once (the planner asks for the same rung many times); what it holds follows from the
     # fields above, so the sheet stays what it was built as
     _priced: dict[LoadConfig, Footprint] = field(default_factory=dict, repr=False)
@@ -120,10 +124,11 @@ class PriceSheet:
 
     def footprint(self, cfg: LoadConfig) -> Footprint:
         """The measured footprint stored for this signature (labelled stored-measurement), else the price corrected
-        by this file's accepted loads, with the model's projector; with the engine process's overhead."""
+        by this file's accepted loads, with the model's projector; with the engine process's overhead, and what a
+        seat of this configuration was seen to need beyond its price here (learned from its outgrowth)."""
         hit = self._priced.get(cfg)
         if hit is None:
-            hit = self._priced[cfg] = self._price(cfg)
+            hit = self._priced[cfg] = with_grown(self._price(cfg), self.grown.get(cfg))
         return hit
 
     def _price(self, cfg: LoadConfig) -> Footprint:
@@ -194,7 +199,7 @@ def read_sheet(inputs: SheetInputs, stored: Mapping[str, Mapping], structure: Ca
         threads=inputs.threads, tiled=inputs.tiled,
         loras=inputs.loras, lora_files=_frozen({} if is_hf else {a: load_adapter(a) for a in inputs.loras}),
         peft=_frozen(peft), extra_args=inputs.extra_args, torch_overhead=inputs.torch_overhead,
-        peft_overhead=inputs.peft_overhead, version=inputs.version)
+        peft_overhead=inputs.peft_overhead, version=inputs.version, grown=_frozen(inputs.grown.get(ident, {})))
 
 
 def _frozen(d: Mapping) -> Mapping:

@@ -37,6 +37,9 @@ def resident_views(parts: Ports) -> list[dict]:
             "measured_at": s.read_at, "readings": s.readings,
             # its reading exceeded its price by more than budget.outgrow_margin: the figures, else None
             "outgrew": s.outgrew,
+            # what an earlier seat of this file and configuration outgrew to here, in its price (``pricing.grown``)
+            "price_learned": ({"extra_bytes": dict(s.predicted.grown), "source": s.predicted.grown_from}
+                              if s.predicted.grown else None),
             "engine_timings": s.timings.to_json(),
         })
     return out
