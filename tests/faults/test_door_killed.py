@@ -7,7 +7,11 @@ closes that record with an ``orphan`` event (the process no longer running), kee
 the next request with exactly one new seat.
 
 The load is held mid-way by stopping the new seat (SIGSTOP) once its process exists and its record is stored, so
-the door dies while the load waits for /health.
+the door dies while the load waits for /health. A stop is held the same way: the seat stopped before its unload, the
+door killed once the store's record of the seat says its stop began (``stopping:unload``), while the stop waits out
+its grace period. A prompt save before an idle unload is held inside the engine: the fault shim (``faultshim.c``)
+lets the engine write the first bytes of the slot file, then blocks it and says so in a marker file; the door is
+killed on that marker, and the engine dies with it, leaving a partial file.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import httpx
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
+from _shim import build_shim, shim_env
 from fitevict.engines.process import alive, cmdline
 
 pytestmark = pytest.mark.e2e
@@ -33,10 +38,10 @@ def chat(fd: FrontDoor) -> httpx.Response:
         "model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
 
 
-def stored_seats(data: Path) -> list[tuple[int, str]]:
-    """(pid, model) of every seat record in the door's SQLite store, read-only."""
+def stored_seats(data: Path, *columns: str) -> list[tuple]:
+    """(pid, model, *columns) of every seat record in the door's SQLite store, read-only."""
     with sqlite3.connect(f"file:{data / 'fitevict.db'}?mode=ro", uri=True) as db:
-        return [tuple(r) for r in db.execute("SELECT pid, model FROM seats")]
+        return [tuple(r) for r in db.execute(f"SELECT {', '.join(('pid', 'model', *columns))} FROM seats")]
 
 
 def engines_of(model: Path) -> list[int]:
@@ -48,33 +53,28 @@ def engines_of(model: Path) -> list[int]:
 def kill_door_mid_load(fd: FrontDoor) -> tuple[int, list[BaseException]]:
     """Ask for the model, stop its seat once it exists and is recorded, SIGKILL the door. Returns the seat's pid and
     what the client got (its connection died with the door)."""
-    got: list[BaseException] = []
-
-    def client() -> None:
-        try:
-            chat(fd)
-        except httpx.TransportError as e:
-            got.append(e)
-
-    t = threading.Thread(target=client)
-    t.start()
-    [pid] = poll(lambda: len(m := [p for p in engine_pids_of(fd.proc.pid) if _is_seat(cmdline(p))]) == 1 and m,
-                 "the seat's process", timeout=30)
+    t, got = in_flight(lambda: chat(fd))
+    pid = one_seat(fd)
     os.kill(pid, signal.SIGSTOP)
-    poll(lambda: (pid, "slow") in stored_seats(fd.data_dir), "the seat's record", timeout=30)
+    poll(lambda: {(pid, "slow", "starting"), (pid, "slow", "loading")} & set(stored_seats(fd.data_dir, "state")),
+         "the seat's record", timeout=30)
     os.kill(fd.proc.pid, signal.SIGKILL)
     fd.proc.wait(30)
     t.join(30)
     return pid, got
 
 
+@pytest.mark.fault(
+    fault="the front door `SIGKILL`ed while a load waits for `/health`, then started again on the same data dir",
+    client="the request in flight: its connection closed with the door (no answer); after the restart, a normal "
+           "answer",
+    history="nothing for the unfinished load before the restart; at restart an `orphan` event closes the store's "
+            "record of that seat (`was_alive: false`, \"process no longer running\"), then the new `load`",
+    running="the seat died with its door (the kernel's parent-death signal); after the restart exactly one seat runs "
+            "the model and the store holds exactly its record",
+    lost="the one request in flight")
 def test_door_sigkill_during_a_load_then_restart(tmp_path: Path, zoo: dict) -> None:
-    models = tmp_path / "models"
-    models.mkdir()
-    shutil.copyfile(zoo["llama-gqa"].path, models / "slow.gguf")
-    cfg = tmp_path / "fitevict.toml"
-    cfg.write_text("[policy]\nprompt_cache = false\n")
-    args = ("--config", str(cfg), "--models-dir", str(models))
+    models, args = _models_dir(tmp_path, zoo, "[policy]\nprompt_cache = false\n")
     with front_door(tmp_path, *args) as first:
         seat, got = kill_door_mid_load(first)
     try:
@@ -87,6 +87,7 @@ def test_door_sigkill_during_a_load_then_restart(tmp_path: Path, zoo: dict) -> N
             orphan = next(e for e in history(second) if e["event"] == "orphan")
             assert orphan["model"] == "slow" and orphan["details"]["pid"] == seat
             assert orphan["details"]["was_alive"] is False and "no longer running" in orphan["reason"]
+            assert orphan["details"]["interrupted"] == "load" and "its load was interrupted" in orphan["reason"]
             assert chat(second).status_code == 200
             running = engines_of(models / "slow.gguf")
             assert len(running) == 1 and running != [seat]  # one new seat, no duplicate
@@ -106,3 +107,137 @@ def history_of(tmp_path: Path) -> list[tuple[str, str]]:
     """(event, model) of every history row in the store, read without a door."""
     with sqlite3.connect(f"file:{tmp_path / 'data' / 'fitevict.db'}?mode=ro", uri=True) as db:
         return [tuple(r) for r in db.execute("SELECT event, model FROM events")]
+
+
+def in_flight(call) -> tuple[threading.Thread, list[BaseException]]:
+    """``call`` in a thread; what it raised when its connection died with the door."""
+    got: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            call()
+        except httpx.TransportError as e:
+            got.append(e)
+
+    t = threading.Thread(target=client)
+    t.start()
+    return t, got
+
+
+def _models_dir(tmp_path: Path, zoo: dict, config: str) -> tuple[Path, tuple[str, ...]]:
+    """A models folder with one model, ``slow``, and the door's arguments with ``config`` as its config file."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copyfile(zoo["llama-gqa"].path, models / "slow.gguf")
+    cfg = tmp_path / "fitevict.toml"
+    cfg.write_text(config)
+    return models, ("--config", str(cfg), "--models-dir", str(models))
+
+
+def one_seat(fd: FrontDoor) -> int:
+    [pid] = poll(lambda: len(m := [p for p in engine_pids_of(fd.proc.pid) if _is_seat(cmdline(p))]) == 1 and m,
+                 "the seat's process", timeout=30)
+    return pid
+
+
+@pytest.mark.fault(
+    fault="the front door `SIGKILL`ed during a stop (an unload waiting out its grace period), then started again on "
+          "the same data dir",
+    client="the unload in flight: its connection closed with the door (no answer); after the restart, a normal "
+           "answer",
+    history="the seat's `load`; nothing for the unfinished unload before the restart; at restart an `orphan` event "
+            "closes it: `interrupted: \"unload\"` (the store's record of the seat said `stopping:unload`), "
+            "`was_alive: false`, no process of its group left; then the new `load`",
+    running="the seat died with its door (the kernel's parent-death signal); after the restart exactly one seat runs "
+            "the model and the store holds exactly its record",
+    lost="the one unload in flight (its answer)")
+def test_door_sigkill_during_a_stop_then_restart(tmp_path: Path, zoo: dict) -> None:
+    models, args = _models_dir(tmp_path, zoo, "[policy]\nprompt_cache = false\n")
+    with front_door(tmp_path, *args) as first:
+        assert chat(first).status_code == 200
+        seat = one_seat(first)
+        os.kill(seat, signal.SIGSTOP)  # its stop now waits out the grace period: the door dies in the middle
+        t, got = in_flight(lambda: httpx.post(f"{first.base_url}/v1/models/slow/unload", timeout=60))
+        poll(lambda: (seat, "slow", "stopping:unload") in stored_seats(first.data_dir, "state"), "the stop begun")
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+        t.join(30)
+    try:
+        assert len(got) == 1  # the client's connection died with the door: no answer, no hang
+        poll(lambda: not alive(seat), f"seat {seat} killed with its door")
+        assert [e[0] for e in history_of(tmp_path)] == ["load"]  # the unload never ended
+        with front_door(tmp_path, *args) as second:
+            orphan = next(e for e in history(second) if e["event"] == "orphan")
+            assert orphan["details"]["pid"] == seat and orphan["details"]["interrupted"] == "unload"
+            assert orphan["details"]["was_alive"] is False and orphan["details"]["group_left"] is False
+            assert "its unload was interrupted" in orphan["reason"]
+            assert chat(second).status_code == 200
+            running = engines_of(models / "slow.gguf")
+            assert len(running) == 1 and running != [seat]  # one new seat, no duplicate
+            assert [pid for pid, _ in stored_seats(tmp_path / "data")] == running  # no stale record
+            assert [e["event"] for e in history(second) if e["model"] == "slow"] == ["load", "orphan", "load"]
+            assert "Traceback" not in second.log()
+    finally:
+        if alive(seat):
+            os.kill(seat, signal.SIGKILL)
+
+
+PROMPT = " ".join(f"Rule {i}: answer briefly." for i in range(40))  # ~250 tokens: saved at an idle unload
+
+
+def kv_files(data: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in (data / "kv").iterdir()}
+
+
+@pytest.mark.fault(
+    fault="the front door `SIGKILL`ed during a prompt (KV) save before an idle unload, the engine held after the "
+          "first bytes of its slot file, then started again on the same data dir",
+    client="nothing in flight (an idle unload); after the restart, a normal answer, its prompt restored from the "
+           "complete earlier save",
+    history="nothing for the unfinished `idle-unload`; at restart an `orphan` event with `interrupted: "
+            "\"idle-unload\"`; the next load's `kv-restore` names the earlier, complete file",
+    running="the seat died with its door; the partial slot file (no record) removed at restart and the log says "
+            "so; the complete earlier save kept and listed",
+    lost="the prompt being saved (the engine's KV of that slot)")
+def test_door_sigkill_during_a_kv_save_then_restart(tmp_path: Path, tmp_path_factory, zoo: dict) -> None:
+    models, args = _models_dir(tmp_path, zoo, "[policy]\nprompt_cache_min_tokens = 64\nidle_unload_seconds = 1\n")
+    flag = tmp_path / "hold"
+    env = shim_env(build_shim(tmp_path_factory.mktemp("shim")), tmp_path / "data" / "kv", flag, "hold")
+
+    def ask(fd: FrontDoor) -> httpx.Response:
+        return httpx.post(fd.base_url + "/v1/chat/completions", timeout=60, json={
+            "model": "slow", "max_tokens": 3, "messages": [{"role": "system", "content": PROMPT},
+                                                          {"role": "user", "content": "hi"}]})
+
+    with front_door(tmp_path, *args, env=env) as first:
+        assert ask(first).status_code == 200
+        saved = poll(lambda: [e for e in history(first, event="idle-unload") if e["details"].get("kv_saved")],
+                     "the first prompt saved")[0]["details"]["kv_saved"][0]
+        complete = kv_files(first.data_dir)
+        assert complete == {saved["file"]: saved["bytes"], saved["file"] + ".json": complete[saved["file"] + ".json"]}
+        flag.touch()  # the next save is held inside the engine after its first bytes
+        assert ask(first).status_code == 200
+        held = Path(f"{flag}.held")
+        poll(held.exists, "the engine held in its prompt save", timeout=30)
+        engine = int(held.read_text())
+        assert engine in engine_pids_of(first.proc.pid)
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+    try:
+        poll(lambda: not alive(engine), f"seat {engine} killed with its door")
+        partial = {n: size for n, size in kv_files(tmp_path / "data").items() if n not in complete}
+        assert len(partial) == 1 and not next(iter(partial)).endswith(".json")  # a slot file cut short, no record
+        assert 0 < next(iter(partial.values())) < saved["bytes"]
+        flag.unlink()
+        with front_door(tmp_path, *args, env=env) as second:
+            assert kv_files(second.data_dir) == complete  # the partial file removed, the complete one kept
+            assert f"saved prompt {next(iter(partial))} removed: a slot file without a record" in second.log()
+            orphan = next(e for e in history(second) if e["event"] == "orphan")
+            assert orphan["details"]["pid"] == engine and orphan["details"]["interrupted"] == "idle-unload"
+            assert ask(second).status_code == 200
+            restored = poll(lambda: history(second, event="kv-restore"), "the complete save restored")
+            assert restored[0]["details"]["file"] == saved["file"]
+            assert "Traceback" not in second.log()
+    finally:
+        if alive(engine):
+            os.kill(engine, signal.SIGKILL)

@@ -1,6 +1,9 @@
 """The memory sampler: while the server runs, it reads every seat (PSS and RSS of its process tree from
 smaps_rollup, GPU bytes from NVML where a GPU exists) and the host (MemAvailable), keeps each seat's peaks over
-its serving window, and stores the window (``seat_peaks``) through the store's writer when the seat is gone.
+its serving window, and stores the window (``seat_peaks``) through the store's writer when the seat is gone. A
+window the store refuses (its disk full, its file locked or corrupt) is logged with the reason, held, and stored
+again, in order, at the next reading; sampling goes on (``HELD``: windows held at most, the oldest dropped
+and counted beyond it).
 
 It is a task of the server app's lifespan, woken every ``server.sample_seconds`` and at once by every recorded
 history event (``Supervisor.on_event``), so a stopped seat's window is closed and stored without waiting a tick.
@@ -21,11 +24,13 @@ from typing import Any
 from fitevict.host import procmem
 from fitevict.host.nvml import read_gpus
 from fitevict.store import Store
+from fitevict.store.faults import STORE_FAULTS, reason
 from fitevict.store.peaks import SeatPeaks, op_put_peaks
 from fitevict.store.records import Event
 from fitevict.schedule.seats import SeatStatus
 
 log = logging.getLogger("fitevict.sampler")
+HELD = 1000  # windows the store refused, held for the next try (one per seat that ended)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,9 @@ class MemorySampler:
         self._task: asyncio.Task | None = None
         self.ticks = 0  # readings taken of every seat so far
         self._ticked: list[asyncio.Future] = []  # waiters for the next readings (``next_readings``)
+        self.unstored: list[SeatPeaks] = []  # windows the store refused, oldest first: tried again with the next
+        self.dropped = 0  # windows dropped beyond ``HELD`` while the store refused them
+        self._warned = 0  # windows held when the last refusal was logged
 
     def poke(self, _ev: Event | None = None) -> None:
         """Sample now (registered on ``Supervisor.on_event``)."""
@@ -169,6 +177,8 @@ class MemorySampler:
         now = self.sup.clock()
         for seat_id in [i for i in self.windows if i not in live]:
             await self._store(self.windows.pop(seat_id), now)
+        if self.unstored:  # refused before: the store may take them now
+            await self._store_held()
         for seat_id, s in live.items():
             w = self.windows.get(seat_id)
             if w is None:
@@ -201,7 +211,28 @@ class MemorySampler:
         return self.ticks
 
     async def _store(self, w: Window, now: float) -> None:
-        await self.store.awrite(op_put_peaks(close(w, now)))
+        """Store ``w``'s window after those held; one the store refuses is held (the log says why)."""
+        self.unstored.append(close(w, now))
+        await self._store_held()
+
+    async def _store_held(self) -> None:
+        """Store the held windows, oldest first, until the store refuses one."""
+        while self.unstored:
+            peaks = self.unstored[0]
+            try:
+                await self.store.awrite(op_put_peaks(peaks))
+            except STORE_FAULTS as e:
+                if len(self.unstored) != self._warned:  # once per window held, not at every reading
+                    self._warned = len(self.unstored)
+                    log.warning("the memory peaks of %s (seat %s) not stored: %s; %d window(s) held, tried again at "
+                                "each reading", peaks.model, peaks.seat_id, reason(e), len(self.unstored))
+                break
+            self.unstored.pop(0)
+        if len(self.unstored) > HELD:
+            self.dropped += len(self.unstored) - HELD
+            log.error("the memory sampler dropped %d held window(s) (%d in all) while the store refused them",
+                      len(self.unstored) - HELD, self.dropped)
+            del self.unstored[:-HELD]
 
     async def stop(self) -> None:
         """Stop sampling and store every open window (ended now)."""
@@ -213,6 +244,9 @@ class MemorySampler:
         for w in list(self.windows.values()):
             await self._store(w, now)
         self.windows.clear()
+        if self.unstored:
+            log.error("the memory peaks of %d seat window(s) never stored, lost as fitevict stops: %s",
+                      len(self.unstored), ", ".join(f"{p.model} (seat {p.seat_id})" for p in self.unstored))
 
     def open_windows(self) -> list[SeatPeaks]:
         """The windows still open, as they would be stored now (for the live report)."""

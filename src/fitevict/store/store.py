@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from fitevict.store.faults import READS, STORE_FAULTS, StoreFaults
 from fitevict.store.connect import POSTGRES_DRIVER, StoreError, default_url, make_engine, move_aside_corrupt
 from fitevict.store.migrations import MIGRATIONS, Migration, migrate
 from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUREMENT_SOURCES, Order, measurement_of,
@@ -53,6 +54,7 @@ class Store:
     def __init__(self, engine: Engine, writer: Writer) -> None:
         self._engine = engine
         self._writer = writer
+        self.faults: StoreFaults = writer.faults  # what the store refused lately (``/health`` shows it)
         self.aio = AsyncStore(self)
 
     @classmethod
@@ -128,8 +130,12 @@ class Store:
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn(conn)`` on a fresh read connection (sees the last committed data)."""
-        with self._engine.connect() as conn:
-            return fn(conn)
+        try:
+            with self._engine.connect() as conn:
+                return fn(conn)
+        except STORE_FAULTS as e:
+            self.faults.refuse(READS, e)
+            raise
 
     async def aread(self, fn: Callable[[Connection], T]) -> T:
         return await asyncio.to_thread(self.read, fn)

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from fitevict.store.faults import STORE_FAULTS, StoreFaults, figure
+
 T = TypeVar("T")
 
 _STOP = object()
@@ -41,8 +43,10 @@ class _Reconnect(Exception):
 class Writer:
     """Runs ``fn(conn)`` for each submitted write, in submission order, on one thread."""
 
-    def __init__(self, engine: Engine, *, name: str = "fitevict-store-writer") -> None:
+    def __init__(self, engine: Engine, *, name: str = "fitevict-store-writer",
+                 faults: StoreFaults | None = None) -> None:
         self._engine = engine
+        self.faults = faults or StoreFaults()  # what the store refused (``store.faults``)
         self._ping = engine.dialect.name != "sqlite"  # a file cannot drop the connection; a server can
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -104,10 +108,13 @@ class Writer:
             try:
                 result = self._transaction(conn, fn)
             except BaseException as e:
+                if isinstance(e, STORE_FAULTS):
+                    self.faults.refuse(figure(fn), e)
                 fut.set_exception(e)
                 if not isinstance(e, Exception):
                     raise
             else:
+                self.faults.wrote()
                 fut.set_result(result)
 
     def _transaction(self, conn: Connection, fn: Callable[[Connection], T]) -> T:

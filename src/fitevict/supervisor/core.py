@@ -158,8 +158,9 @@ class Supervisor:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> list[Event]:
-        """Load what was learned about the engine, and deal with the seats a previous run left."""
+        """Load what was learned about the engine, and deal with the seats and saved prompts a previous run left."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.kv.sweep)  # a save cut short leaves no partial file (kvkeep)
         await asyncio.to_thread(prime_price_book, self.prices, self.store, self.engine_binary, calibrate=True)
         return await cleanup_orphans(self.parts, self.fx.install)
 
@@ -204,6 +205,7 @@ class Supervisor:
         while self.parts.tasks:  # records and stops that those started: all written before the store closes
             await asyncio.gather(*list(self.parts.tasks), return_exceptions=True)
         self.summary = _summary(answered, cut, self.clock() - t0, [s.key for s in seats], results)
+        self.history.abandon()  # events the store never took are lost now: the log says which
         return self.summary
 
     def _measure_budget(self) -> Budget:

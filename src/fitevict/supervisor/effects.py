@@ -37,6 +37,7 @@ from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import (grown_overhead, host_overhead, mem_json, overhead_label, overhead_seen,
                                         read_seat)
 from fitevict.supervisor.release import StopResult, stop_and_verify
+from fitevict.supervisor.storing import STOPPING, keep_record, last_measurement, store_measurement
 from fitevict.schedule.scheduler import Waiter
 from fitevict.schedule.seats import PLACING, SERVING, Exit
 from fitevict.supervisor.seat import BIND_FAILED, SeatState, log_tail, spawn, wait_ready
@@ -182,8 +183,7 @@ class LiveEffects:
                 parts.table.attach(seat.seat, seat)
                 parts.scheduler.spawned(key, cfg)
                 await parts.history.changed()
-                self._spawn_task(asyncio.to_thread(parts.store.seat_upsert, parts.processes.record(seat)),
-                                 "seat-record")
+                keep_record(parts, seat)  # a restart finds it, and that its load had not ended (``storing``)
                 try:
                     await wait_ready(seat, clock=parts.clock, health_timeout=parts.config.engine.health_timeout_seconds,
                                      stall_seconds=parts.config.engine.stall_seconds, health_path=spec.health_path)
@@ -221,6 +221,7 @@ class LiveEffects:
             return
         assert seat is not None
         self.loads.pop(key, None)
+        keep_record(parts, seat, "ready")
         load_seconds = parts.clock() - t0
         await self._ready(seat, crash)
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
@@ -315,7 +316,7 @@ class LiveEffects:
             if grown:
                 await learn_engine_overhead(parts.prices, parts.store, parts.processes.engine_binary, grown)
         measured_total = seat.measured.total_bytes if seat.measured else None
-        previous = await asyncio.to_thread(parts.store.last_measurement, seat.signature)
+        previous = await last_measurement(parts.store, seat.signature)
         verdict = guard_mod.check_walk(walk["walk"].get("weight_bytes")) if walk is not None else None
         if verdict is None or verdict.accepted:
             # the 1 MiB floor is llama.cpp's (its buffers alone exceed it); a walk that found weights is the proof
@@ -348,7 +349,7 @@ class LiveEffects:
             st = seat.model_path.stat()
             details["file"] = {"path": str(seat.model_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         if verdict.accepted and seat.measured is not None:
-            await asyncio.to_thread(parts.store.put_measurement, Measurement(
+            details["measurement_stored"] = await store_measurement(parts.store, Measurement(
                 signature=seat.signature, model=seat.key, engine=seat.engine, measured_at=parts.clock(),
                 footprint=seat.measured.to_json(),
                 host_committed_bytes=mem.committed_bytes if mem else None,
@@ -407,6 +408,7 @@ class LiveEffects:
 
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         parts = self.parts
+        keep_record(parts, seat, STOPPING + event)  # a restart knows this stop was under way
         kept = await keep_before_stop(self.parts, seat, event)
         res = await self._end(seat, free_slot=True)
         engine = parts.processes.engine_for(seat.entry)

@@ -3,7 +3,9 @@ readers that settle on them, hooks called with each, and one condition that wake
 
 An event the store refuses (its database locked by another writer past the busy timeout, its disk full, its server
 gone) is kept here and still announced, the server log says which and why, and it is written, in order, before the
-next event: a store that fails loses no history and stops nothing (a stop that cannot be recorded is still a stop)."""
+next event, or by a retry ``RETRY_S`` after the refusal, whichever comes first: a store that fails loses no history
+and stops nothing (a stop that cannot be recorded is still a stop). Events still held when fitevict stops are lost,
+and the log counts them (``abandon``)."""
 
 from __future__ import annotations
 
@@ -11,14 +13,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-
-import sqlalchemy as sa
+from typing import Any
 
 from fitevict.store import Store
+from fitevict.store.faults import STORE_FAULTS, reason
 from fitevict.store.records import Event
 
 KEPT = 1000  # events kept in memory for readers (the store holds every one)
-STORE_FAULTS = (sa.exc.DBAPIError, OSError)  # the store could not take a write now; a later one may succeed
+RETRY_S = 2.0  # after a refused write, the held events are tried again this long after it
 log = logging.getLogger("fitevict.supervisor")
 
 
@@ -30,6 +32,8 @@ class History:
         self.on_event: list[Callable[[Event], None]] = []  # called with each event once it is recorded
         self.unstored: list[Event] = []  # refused by the store, oldest first: written before the next event
         self._writing = asyncio.Lock()
+        self._retry: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task] = set()
 
     async def record(self, ev: Event) -> Event:
         """Write ``ev`` (off the event loop), keep it, call the hooks, wake the waiters. Returns it with its id (none
@@ -37,14 +41,48 @@ class History:
         async with self._writing:
             self.unstored.append(ev)
             stored = await self._write_unstored()
-        self._events = [stored.get(id(e), e) for e in self._events]
-        ev = stored.get(id(ev), ev)
         self._events.append(ev)
-        del self._events[:-KEPT]
+        self._took(stored)
+        ev = stored.get(id(ev), ev)
         for hook in self.on_event:
             hook(ev)
         await self.changed()
         return ev
+
+    def _took(self, stored: dict[int, Event]) -> None:
+        """The kept events with the ids the store gave those just written; a retry if some are still held."""
+        self._events = [stored.get(id(e), e) for e in self._events]
+        del self._events[:-KEPT]
+        if self.unstored and self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(RETRY_S, self._start_flush)
+
+    def _start_flush(self) -> None:
+        self._retry = None
+        task = asyncio.get_running_loop().create_task(self.flush(), name="fitevict-history-retry")
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def flush(self) -> int:
+        """Write the held events now, in order (the retry). Returns how many are still held."""
+        async with self._writing:
+            held = len(self.unstored)
+            stored = await self._write_unstored()
+        self._took(stored)
+        if stored:
+            log.warning("history: %d held event(s) written, in order; %d still held", len(stored), held - len(stored))
+            await self.changed()
+        return len(self.unstored)
+
+    def abandon(self) -> list[dict[str, Any]]:
+        """fitevict stops with events the store never took: each is said in the log, and they are lost."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        lost = [{"event": e.event, "model": e.model, "time": e.time} for e in self.unstored]
+        if lost:
+            log.error("history: %d event(s) never stored, lost as fitevict stops (the store refused them): %s",
+                      len(lost), ", ".join(f"{e['event']} of {e['model']}" for e in lost))
+        return lost
 
     async def _write_unstored(self) -> dict[int, Event]:
         """Write the events the store has not taken yet, oldest first, until one is refused: those written, with their
@@ -55,7 +93,7 @@ class History:
             try:
                 done[id(ev)] = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
             except STORE_FAULTS as e:
-                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                why = reason(e)
                 log.warning("history: %d event(s) not stored yet, kept and written before the next one (the store "
                             "refused %s of %s: %s)", len(self.unstored), ev.event, ev.model, why)
                 break

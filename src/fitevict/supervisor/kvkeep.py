@@ -145,6 +145,36 @@ class PromptKeep:
                 rec.unlink(missing_ok=True)
         return out
 
+    def sweep(self) -> list[tuple[str, str]]:
+        """At start: remove what a save that never finished left (fitevict killed during it): a slot file without its
+        record, a file shorter or longer than its record says (the engine's n_written), a record that cannot be read
+        or whose file is gone, a record half written. Returns (name, why) for each file removed, also logged."""
+        removed: list[tuple[str, str]] = []
+        files = {p.name: p for p in self.root.iterdir() if p.is_file()} if self.root.is_dir() else {}
+        kept: set[str] = set()
+        for name, path in files.items():
+            if not name.endswith(".json"):
+                continue
+            try:
+                saved = SavedPrompt(**json.loads(path.read_text()))
+                size = files[saved.file].stat().st_size if saved.file in files else None
+            except (OSError, ValueError, TypeError) as e:
+                size, why = None, f"its record cannot be read ({e})"
+            else:
+                why = (f"its slot file {saved.file} is missing" if size is None else
+                       f"its slot file has {size} bytes, its record says {saved.bytes}" if size != saved.bytes else "")
+            if not why:
+                kept.update((name, saved.file))
+                continue
+            removed.append((name, why))
+        removed += [(n, "a record half written" if n.endswith(".tmp") else
+                     "a slot file without a record: its save never finished")
+                    for n in files if n not in kept and not n.endswith(".json")]
+        for name, why in removed:
+            (self.root / name).unlink(missing_ok=True)
+            log.warning("saved prompt %s removed: %s", name, why)
+        return removed
+
     def matching(self, signature: str) -> list[SavedPrompt]:
         return [s for s in self.index() if s.signature == signature]
 
@@ -219,7 +249,9 @@ class PromptKeep:
 
     def _file(self, keep: SavedPrompt) -> None:
         """Write ``keep``'s record; drop older prompts of the same signature that it extends."""
-        (self.root / f"{keep.file}.json").write_text(json.dumps(asdict(keep)))
+        record, tmp = self.root / f"{keep.file}.json", self.root / f"{keep.file}.json.tmp"
+        tmp.write_text(json.dumps(asdict(keep)))
+        tmp.replace(record)  # a record is whole or absent, never half written
         new = read_tokens(self.root / keep.file)
         for old in self.matching(keep.signature):
             if old.file == keep.file:

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from fitevict.engines.process import alive, cmdline
+from fitevict.engines.process import alive, cmdline, group_alive
 from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.seats import Seat, SeatStatus
+from fitevict.store.faults import STORE_FAULTS, reason
 from fitevict.store.records import Event, SeatRecord
 from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.release import stop_and_verify
 from fitevict.supervisor.seat import SeatState
+from fitevict.supervisor.storing import interrupted
+
+log = logging.getLogger("fitevict.supervisor")
 
 
 def _is_engine(argv: list[str], rec: SeatRecord) -> bool:
@@ -28,15 +33,20 @@ def _is_engine(argv: list[str], rec: SeatRecord) -> bool:
 async def cleanup_orphans(parts: Ports, install: Callable[[SeatState], None]) -> list[Event]:
     """``engine.orphans = "stop"`` (default) stops every live one; ``"adopt"`` keeps a healthy seat of a model
     still in the catalog as a resident, and stops the rest. Each is recorded as an ``orphan``, a stop with
-    its release verified like every other stop."""
+    its release verified like every other stop. A seat whose load or stop the earlier fitevict was in the middle of
+    (its record's state, ``storing``) closes that load or stop: ``details["interrupted"]`` names it."""
     events = []
     for rec in await asyncio.to_thread(parts.store.seats):
         argv = cmdline(rec.pid) if rec.pid is not None else []
         live = rec.pid is not None and alive(rec.pid) and _is_engine(argv, rec)
-        await asyncio.to_thread(parts.store.seat_remove, rec.seat_id)
+        try:
+            await asyncio.to_thread(parts.store.seat_remove, rec.seat_id)
+        except STORE_FAULTS as e:  # kept: the next start forgets it again
+            log.warning("%s: the seat record %s of an earlier fitevict not removed: %s", rec.model, rec.seat_id,
+                        reason(e))
         adopted = await adopt(parts, install, rec, argv) if live and parts.config.engine.orphans == "adopt" else None
         details: dict = {"pid": rec.pid, "was_alive": live, "adopted": adopted is not None,
-                         "fitevict_pid": rec.fitevict_pid}
+                         "fitevict_pid": rec.fitevict_pid, "interrupted": interrupted(rec), "state": rec.state}
         freed = None
         if adopted is not None:
             action = (f"adopted healthy orphan {rec.engine} pid {rec.pid} (port {rec.port}) of {rec.model}, "
@@ -53,7 +63,11 @@ async def cleanup_orphans(parts: Ports, install: Callable[[SeatState], None]) ->
                       f"{rec.fitevict_pid} in {res.exit_seconds:.2f} s (engine.orphans={parts.config.engine.orphans}); "
                       f"{res.note}")
         else:
+            details["group_left"] = bool(rec.pgid and group_alive(rec.pgid))  # no process of its group runs
             action = f"forgot seat record of {rec.model} (pid {rec.pid}): process no longer running"
+        if details["interrupted"] is not None:
+            action += (f"; its {details['interrupted']} was interrupted: fitevict pid {rec.fitevict_pid} ended "
+                       f"during it")
         events.append(await parts.history.record(Event(
             time=parts.clock(), event="orphan", model=rec.model, engine=rec.engine, reason=action, freed_bytes=freed,
             details=details)))

@@ -1,0 +1,69 @@
+"""What the supervisor stores besides its history, none of which a refusing store may stop (its disk full, its file
+locked or corrupt): each refusal is logged with the store's reason, and the work goes on.
+
+The store's record of each live seat is kept as the seat changes, so that a restarted fitevict knows what an earlier
+one left and what it was doing with it: ``loading`` from its spawn, ``ready`` once it answered its health check, and
+``stopping:<event>`` from the moment its stop begins (the prompt save before an eviction included). The records go
+to the store's one writer in the order they are made, and nothing waits for them: a record the store refuses is
+logged with the reason, and the seat runs (or stops) all the same."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+from fitevict.store.faults import STORE_FAULTS, reason
+from fitevict.store.queries import op_seat_upsert
+from fitevict.store.records import Measurement, SeatRecord
+
+log = logging.getLogger("fitevict.supervisor")
+STOPPING = "stopping:"  # a record's state while its stop runs: followed by the stop's event (evict, unload, ...)
+LOADING = ("starting", "loading")  # a record's states before its seat answered its health check
+
+
+def keep_record(parts: Any, seat: Any, state: str | None = None) -> None:
+    """Queue ``seat``'s record (its own state, or ``state``) to the store's writer; a refusal is logged."""
+    rec = parts.processes.record(seat)
+    if state is not None:
+        rec = replace(rec, state=state)
+    try:
+        fut = parts.store.submit(op_seat_upsert(rec))
+    except RuntimeError as e:  # the store is closed (fitevict is stopping)
+        log.warning("%s: seat record %s (%s) not stored: %s", seat.key, seat.id, rec.state, e)
+        return
+
+    def done(f: Future) -> None:
+        if (err := f.exception()) is not None:
+            log.warning("%s: seat record %s (%s) not stored: %s", seat.key, seat.id, rec.state, reason(err))
+
+    fut.add_done_callback(done)
+
+
+def interrupted(rec: SeatRecord) -> str | None:
+    """What the fitevict that left ``rec`` was doing with that seat when it ended: ``load`` (the seat never said
+    ready), the stop's event (``unload``, ``evict``, ``idle-unload``, ...), or None (the seat served)."""
+    if rec.state.startswith(STOPPING):
+        return rec.state[len(STOPPING):]
+    return "load" if rec.state in LOADING else None
+
+
+async def store_measurement(store: Any, m: Measurement) -> bool | str:
+    """Store an accepted measurement: True, or why the store refused it (the load's record says so)."""
+    try:
+        await asyncio.to_thread(store.put_measurement, m)
+    except STORE_FAULTS as e:
+        log.warning("%s: its measurement not stored: %s; its next load is priced without it", m.model, reason(e))
+        return f"not stored, because the store refused it: {reason(e)}"
+    return True
+
+
+async def last_measurement(store: Any, signature: str) -> Measurement | None:
+    """The newest stored measurement of ``signature``; None when there is none or the store cannot be read (logged)."""
+    try:
+        return await asyncio.to_thread(store.last_measurement, signature)
+    except STORE_FAULTS as e:
+        log.warning("the stored measurement of %s could not be read: %s", signature, reason(e))
+        return None
