@@ -13,7 +13,12 @@ From the servers: the seconds the save added to each stop (``kv_save_seconds`` o
 and tokens of each saved prompt (engine-reported), the restore (``kv_restore`` of the load report) and the
 engine's own prefill timings (the stream's last chunk).
 
-    .venv/bin/python bench/prompt_keep.py [--swaps 5] [--no-doc]
+The ratio is read per swap (cache off / cache on, the two servers' requests of the same swap), and reported as the
+median with its spread (quartiles, range, and the median of each half of the run, to show it has settled). The raw
+rows are kept in ``bench/prompt_keep.json``; ``--render`` writes the section again from them.
+
+    .venv/bin/python bench/prompt_keep.py [--swaps 15] [--no-doc]
+    .venv/bin/python bench/prompt_keep.py --render   # the section again from bench/prompt_keep.json
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -31,11 +37,12 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import write_section  # noqa: E402
+from _docs import run_stamp, write_section  # noqa: E402
 from _serve import Served, cpu_model, fmt, load_average, med, scale, serve, signal_exit  # noqa: E402
 
 MODEL = "llama-medium"
 COPIES = ("med-a", "med-b")
+RAW = Path(__file__).resolve().parent / "prompt_keep.json"
 SYSTEM = " ".join(f"Clause {i}: keep every answer short and name the clause it follows." for i in range(80))
 
 
@@ -109,8 +116,25 @@ def swapped(rows: list[dict]) -> int:
     return sum(1 for r in rows if r["report"] and not r["report"]["base_hit"] and r["report"]["evicted"])
 
 
+def ratios(on: list[dict], off: list[dict]) -> list[float]:
+    """Per swap: the cache-off server's time to first token over the cache-on server's, for the same swap."""
+    return [a["ttft"] / b["ttft"] for a, b in zip(off, on) if a["ttft"] and b["ttft"]]
+
+
+def spread(xs: list[float]) -> str:
+    """Median, quartiles, range and the median of each half of the run, of per-swap ratios."""
+    if len(xs) < 4:
+        return "too few swaps for a spread"
+    q1, q2, q3 = statistics.quantiles(xs, n=4)
+    half = len(xs) // 2
+    return (f"median {q2:.2f}x, quartiles {q1:.2f}x to {q3:.2f}x, range {min(xs):.2f}x to {max(xs):.2f}x; "
+            f"median of swaps 1-{half} {statistics.median(xs[:half]):.2f}x, of swaps {half + 1}-{len(xs)} "
+            f"{statistics.median(xs[half:]):.2f}x")
+
+
 def table(on: list[dict], off: list[dict]) -> list[str]:
     ttft_on, ttft_off = med([r["ttft"] for r in on]), med([r["ttft"] for r in off])
+    per = ratios(on, off)
 
     def both(key: str, spec: str, k: float = 1.0) -> str:
         return f"{fmt(scale(engine(off, key), k), spec)} | {fmt(scale(engine(on, key), k), spec)}"
@@ -119,11 +143,14 @@ def table(on: list[dict], off: list[dict]) -> list[str]:
         "| per swap (median) | cache off | cache on | off / on |",
         "|---|---:|---:|---:|",
         f"| time to first token (measured, client), s | {fmt(ttft_off)} | {fmt(ttft_on)} | "
-        f"{fmt(ttft_off / ttft_on if ttft_on and ttft_off else None, '.2f')} |",
+        f"{fmt(med(per), '.2f')} (per swap) |",
         f"| load seconds (load report `base_load_seconds`) | {fmt(loaded(off))} | {fmt(loaded(on))} | |",
         f"| tokens prefilled (engine `prompt_n`) | {both('prompt_n', '.0f')} | |",
         f"| prefill seconds (engine `prompt_ms`) | {both('prompt_ms', '.3f', 1e-3)} | |",
         f"| tokens reused (engine `cache_n`) | {both('cache_n', '.0f')} | |",
+        "",
+        f"Off / on, per swap: {spread(per)} ({len(per)} swaps; the ratio of the two medians is "
+        f"{fmt(ttft_off / ttft_on if ttft_on and ttft_off else None, '.2f')}x).",
         "",
         "Runs (off / on), time to first token s: " + ", ".join(f"{r['ttft']:.3f}" for r in off) + " / "
         + ", ".join(f"{r['ttft']:.3f}" for r in on) + ".",
@@ -154,7 +181,7 @@ def report(got: dict[str, list[dict]], kept: dict, ctx: dict) -> str:
     return "\n".join([
         "## Prompt cache across swaps (`bench/prompt_keep.py`)",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {ctx['cpu']} ({platform.machine()}, {ctx['cores']} cores shared "
+        f"Measured {ctx['date']} on {ctx['cpu']} ({platform.machine()}, {ctx['cores']} cores shared "
         f"with other work: load average {ctx['load_before']} before, {ctx['load_after']} after; read the ratio, not "
         f"the absolute times), CPU only. Two `fitevict serve` side by side on two copies of `{MODEL}` (demo zoo, "
         f"f16) with `--ram-limit` {ctx['limit'] / 2**20:.0f} MiB (1.5 models priced at ctx 4096, -np 1), so loading "
@@ -170,15 +197,21 @@ def report(got: dict[str, list[dict]], kept: dict, ctx: dict) -> str:
         "",
         kept_text(on, off, kept),
         "",
-        "Rerun: `.venv/bin/python bench/prompt_keep.py --swaps 5` (writes this section; `--no-doc` prints it only).",
+        f"Rerun: `nice -n 5 .venv/bin/python bench/prompt_keep.py --swaps {len(on)}` (writes this section and "
+        f"`bench/prompt_keep.json`; `--no-doc` prints it only; `--render` writes it from the json). {ctx['stamp']}.",
     ])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--swaps", type=int, default=5)
+    ap.add_argument("--swaps", type=int, default=15)
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--render", action="store_true", help="write the section from bench/prompt_keep.json; run nothing")
     args = ap.parse_args()
+    if args.render:
+        saved = json.loads(RAW.read_text())
+        write_section("prompt_keep", report(saved["got"], saved["kept"], saved["ctx"]))
+        return
     signal_exit()
     from fitevict.engines.machine import host_buffers
     from fitevict.pricing.footprint import HOST
@@ -197,7 +230,8 @@ def main() -> None:
                 host=host_buffers()).footprint.bytes_on(HOST)
     limit = int(1.5 * one)
     config = f"[budget]\nram_limit = {limit}\n[policy]\nmin_residency_seconds = 0\nidle_unload_seconds = 0\n"
-    ctx = {"cpu": cpu_model(), "cores": os.cpu_count(), "limit": limit, "load_before": load_average()}
+    ctx = {"cpu": cpu_model(), "cores": os.cpu_count(), "limit": limit, "load_before": load_average(),
+           "date": time.strftime("%Y-%m-%d"), "stamp": run_stamp()}
     try:
         with serve(tmp, "on", models, config, {"FITEVICT_PROMPT_CACHE": "true"}) as on, \
                 serve(tmp, "off", models, config, {"FITEVICT_PROMPT_CACHE": "false"}) as off:
@@ -210,6 +244,7 @@ def main() -> None:
     ctx["load_after"] = load_average()
     ctx["prompt_tokens"] = fmt(engine(got["off"], "prompt_n"), ".0f")
     body = report(got, kept, ctx)
+    RAW.write_text(json.dumps({"got": got, "kept": kept, "ctx": ctx}, indent=1) + "\n")
     if not args.no_doc:
         write_section("prompt_keep", body)
     print(body)
