@@ -107,6 +107,33 @@ def fault_table(faults: list[dict], verdicts: list[dict]) -> list[str]:
     return lines
 
 
+def _series_fit(samples: list[dict], key: str, t_warm: float, div: float = 1.0) -> dict:
+    pts = [(x["t"], x[key] / div) for x in samples if x["t"] >= t_warm and x.get(key) is not None]
+    return fit([p[0] for p in pts], [p[1] for p in pts])
+
+
+def targets(samples: list[dict], t_warm: float, lost: int, b: dict) -> str:
+    """Each target against what was measured: met, or not, with the figures."""
+    rss = _series_fit(samples, "rss", t_warm, MiB)
+
+    def flat(key: str) -> str:
+        f = _series_fit(samples, key, t_warm)
+        if f["slope"] is None:
+            return "unavailable (too few samples after warm-up)"
+        drift = abs(f["slope"]) > 2 * f["se"]
+        return f"{'drifting' if drift else 'flat within twice its standard error'} ({f['slope']:+.2f} ± {f['se']:.2f}/h)"
+
+    logs = max((x["seat_logs_bytes"] for x in samples), default=None)
+    rss_ok = rss["slope"] is not None and rss["slope"] <= 5
+    return ("Targets: " + f"requests lost outside the faults' cuts: {lost} ({'met' if lost == 0 else 'not met'}); "
+            f"front-door RSS growth after warm-up {_f(rss['slope'])} ± {_f(rss['se'])} MiB/h against ≤ 5 "
+            f"({'met' if rss_ok else 'not met' if rss['slope'] is not None else 'unavailable'}); descriptors "
+            f"{flat('fds')}; children {flat('children')}; zombies at most "
+            f"{max((x['zombies'] for x in samples), default=0)}; seat logs at most "
+            f"{_f(logs and logs / MiB, '.1f')} MiB against `logs.seats_disk` {b['seat_logs'] / MiB:.0f} MiB "
+            f"({'within' if logs is not None and logs <= b['seat_logs'] else 'over'}).")
+
+
 def history_line(end: dict | None) -> str:
     """The door's own account of the run: its history events by kind."""
     if end is None or isinstance(end.get("history"), str) or "history" not in end:
@@ -219,6 +246,8 @@ def body(recs: dict[str, list[dict]], warmup_min: float | None) -> str:
         "≤ 5 MiB/h; descriptors and children flat (children are the seats loaded at the moment, and any zombie).",
         "",
         *growth_table(samples, t_warm),
+        "",
+        targets(samples, t_warm, c["lost"], b),
         "",
         f"The data directory's largest size: {_f(data_max and data_max / MiB, '.1f')} MiB; its configured bounds: "
         f"{bounds_text(b)}.",
