@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term, as_stored
@@ -103,7 +104,8 @@ def test_dashboard_history_labels_follow_the_data(tmp_path: Path) -> None:
     cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"), "models_dirs": []})
     store = Store.open(cfg.store_url)
     try:
-        store.record_event(Event(time=1.0, event="unload", model="m", freed_bytes=None, host_bytes=3 * MiB,
+        # now: an event of 1970 would be pruned at start-up (logs.history_days)
+        store.record_event(Event(time=time.time(), event="unload", model="m", freed_bytes=None, host_bytes=3 * MiB,
                                  details={"release_verified": False, "release_note": "unverified: never measured",
                                           "host_source": "predicted (formula)"}))
     finally:
