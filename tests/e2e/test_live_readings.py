@@ -132,16 +132,21 @@ def test_measured_is_the_live_reading_of_a_filled_seat(zoo: dict, tmp_path: Path
         assert not _residents(base)["gqa"]["outgrew"]  # a filled seat within its price is healthy
 
 
-@pytest.fixture()
-def shim(tmp_path: Path) -> Path:
+def build_shim(dest: Path, leak_mib: int = LEAK_MIB) -> Path:
+    """The leaking shim, built with the system cc into ``dest``: ``leak_mib`` MiB per request carrying MARKER."""
     cc = shutil.which("cc")
     if cc is None:
         pytest.skip("no system C compiler (cc) to build the leaking LD_PRELOAD shim")
-    src, lib = tmp_path / "leak.c", tmp_path / "libleak.so"
+    src, lib = dest / "leak.c", dest / f"libleak{leak_mib}.so"
     src.write_text(SHIM)
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", f"-DLEAK_MIB={LEAK_MIB}", f'-DMARKER="{MARKER}"', "-o",
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", f"-DLEAK_MIB={leak_mib}", f'-DMARKER="{MARKER}"', "-o",
                     str(lib), str(src), "-ldl"], check=True, capture_output=True)
     return lib
+
+
+@pytest.fixture()
+def shim(tmp_path: Path) -> Path:
+    return build_shim(tmp_path)
 
 
 HOG_CODE = """

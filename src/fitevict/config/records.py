@@ -105,6 +105,9 @@ class PolicyConfig:
     prompt_cache: bool = True  # llama-server seats: save long prompts' KV before a stop, restore it on the next load
     prompt_cache_min_tokens: int = 1024  # a slot's prompt is saved only from this many tokens
     prompt_cache_disk: int = 4 * GiB  # saved prompts kept on disk, all models together (never past free disk - 1 GiB)
+    # a seat outgrowing its price is drained and loaded again (off: the pressure rule stops it first when memory is
+    # short, and a growth a restart does not cure, a filled context, is priced by what it outgrew to)
+    recycle_outgrown: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,7 @@ KEYS: tuple[_Key, ...] = (
     _Key("policy.prompt_cache", boolean, env="FITEVICT_PROMPT_CACHE"),
     _Key("policy.prompt_cache_min_tokens", integer(1)),
     _Key("policy.prompt_cache_disk", size(optional=False)),
+    _Key("policy.recycle_outgrown", boolean, env="FITEVICT_RECYCLE_OUTGROWN"),
     _Key("stores.ollama", store_source, env="FITEVICT_OLLAMA"),
     _Key("stores.hf_cache", store_source, env="FITEVICT_HF_CACHE"),
     _Key("stores.lmstudio", store_source, env="FITEVICT_LMSTUDIO"),

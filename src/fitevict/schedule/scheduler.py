@@ -232,17 +232,18 @@ class Scheduler:
     def tick(self) -> None:
         self._pump()
 
-    def unload(self, key: str, reason: str, request_id: str | None = None) -> bool:
-        """Stop ``key`` once its requests in flight finish. False when it is not resident."""
+    def unload(self, key: str, reason: str, request_id: str | None = None, event: str = "unload") -> bool:
+        """Stop ``key`` once its requests in flight finish (its history event: ``event``); meanwhile it takes nothing
+        new and requests for it wait. False when it is not resident."""
         s = self.table.get(key)
         if s is None or s.status is S.STOPPING:
             return False
         if s.status in PLACING:
             self.table.move(s, S.STOPPING)
-            self.fx.stop(key, "unload", reason, request_id)
+            self.fx.stop(key, event, reason, request_id)
         else:
             self.table.move(s, S.DRAINING)
-            s.stop_after = ("unload", reason)
+            s.stop_after = (event, reason)
         self._pump()
         return True
 

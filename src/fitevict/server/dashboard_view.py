@@ -21,7 +21,7 @@ from fitevict.server.labels import history_sources
 from fitevict.units import format_size
 
 TIMELINE_EVENTS = ("load", "evict", "unload", "idle-unload", "fail", "refuse", "crash", "orphan", "leak", "pressure",
-                   "outgrew")
+                   "outgrew", "recycle")
 
 
 _PALETTE: dict[str, str] = {}
@@ -230,7 +230,7 @@ def timeline(events: Sequence[Event]) -> str:
         src = history_sources(e)  # every figure's label follows the event's own data
         bytes_, source = (
             (f"freed {_size(e.freed_bytes)}", src["freed"]) if e.event in ("evict", "unload", "idle-unload", "crash",
-                                                                            "pressure")
+                                                                            "pressure", "recycle")
             else (f"host {_size(e.host_bytes)}", src["host"]) if e.event == "load"
             else (f"needs {_size(e.predicted_bytes)}", src["predicted"]) if e.event == "refuse"
             else (f"read {_size(e.measured_bytes)} of {_size(e.predicted_bytes)} priced",

@@ -22,7 +22,7 @@ from fitevict.store.records import Event
 
 LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 RELEASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-STOP_EVENTS = ("evict", "unload", "idle-unload")
+STOP_EVENTS = ("evict", "unload", "idle-unload", "recycle")
 
 
 def reason_label(ev: Event) -> str:
@@ -143,8 +143,8 @@ class Metrics:
                                          "was verified back (measured)", ["event"], buckets=RELEASE_BUCKETS,
                                          registry=r)
         self._by_event = {"load": self.loads, "evict": self.evictions, "unload": self.unloads,
-                          "idle-unload": self.unloads, "refuse": self.refusals, "fail": self.failed,
-                          "crash": self.crashes, "leak": self.leaks}
+                          "idle-unload": self.unloads, "recycle": self.unloads, "refuse": self.refusals,
+                          "fail": self.failed, "crash": self.crashes, "leak": self.leaks}
 
     def observe_event(self, ev: Event) -> None:
         """Move the counters and histograms for one recorded history event (``Supervisor.on_event``)."""

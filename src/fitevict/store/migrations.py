@@ -134,9 +134,18 @@ def _m0004_pressure_event(conn: Connection) -> None:
     _events_vocabulary(conn, V4_EVENTS)
 
 
+V6_EVENTS: tuple[str, ...] = (*V4_EVENTS, "outgrew")
+
+
 def _m0006_outgrew_event(conn: Connection) -> None:
     """``outgrew`` (a seat whose reading exceeded its price by more than budget.outgrow_margin) joins the history
     vocabulary."""
+    _events_vocabulary(conn, V6_EVENTS)
+
+
+def _m0007_recycle_event(conn: Connection) -> None:
+    """``recycle`` (a seat outgrowing its price, drained and stopped to be loaded again: policy.recycle_outgrown)
+    joins the history vocabulary."""
     _events_vocabulary(conn, EVENTS)
 
 
@@ -213,6 +222,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "events vocabulary: pressure, kv-restore", _m0004_pressure_event),
     Migration(5, "gguf_structures", _m0005_gguf_structures),
     Migration(6, "events vocabulary: outgrew", _m0006_outgrew_event),
+    Migration(7, "events vocabulary: recycle", _m0007_recycle_event),
 )
 
 _md = sa.MetaData()

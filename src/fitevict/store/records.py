@@ -14,7 +14,7 @@ from typing import Any
 
 EVENTS: tuple[str, ...] = ("load", "evict", "unload", "idle-unload", "fail", "reject", "refuse", "crash", "orphan",
                            "leak", "pressure",
-                           "kv-restore", "outgrew")
+                           "kv-restore", "outgrew", "recycle")
 """The history vocabulary. Anything else is refused, by the record and by the table's CHECK."""
 
 _EVENT_BYTE_FIELDS: tuple[str, ...] = (

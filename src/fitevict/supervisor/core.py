@@ -45,7 +45,7 @@ from fitevict.supervisor.orphans import cleanup_orphans
 from fitevict.supervisor.planning import Planning
 from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.outgrowth import check_outgrowth
+from fitevict.supervisor.outgrowth import check_outgrowth, recycle
 from fitevict.supervisor.relieving import check_pressure
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
@@ -244,8 +244,13 @@ class Supervisor:
 
     async def check_outgrowth(self, now: float) -> list[Event]:
         """After the memory sampler's reading of every seat: the seats that now outgrow their price are marked, one
-        ``outgrew`` event each (``outgrowth``). Returns the events recorded."""
-        return await check_outgrowth(self.parts, now)
+        ``outgrew`` event each (``outgrowth``), and with ``policy.recycle_outgrown`` drained and loaded again.
+        Returns the events recorded."""
+        events = await check_outgrowth(self.parts, now)
+        if self.config.policy.recycle_outgrown:
+            for ev in events:
+                self.parts.spawn(recycle(self.parts, ev, self.load), f"fitevict-recycle-{ev.model}")
+        return events
 
     # -- pricing and planning -------------------------------------------------------------------
 

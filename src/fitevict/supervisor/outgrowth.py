@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 
 from fitevict.pressure import Outgrowth, outgrowth
 from fitevict.pricing.grown import Grown, grown, without_grown
@@ -97,4 +98,28 @@ async def _learn(parts: Ports, seat: SeatState, now: float, unpriced: int) -> di
             "priced_bytes": price, "label": g.label()}
 
 
-__all__ = ["SOURCE", "check_outgrowth", "seat_outgrowth"]
+async def recycle(parts: Ports, outgrew: Event, load: Callable[[str], Awaitable[object]]) -> None:
+    """``policy.recycle_outgrown``: the seat that ``outgrew`` names is drained (it takes nothing new; requests for the
+    model wait), stopped once its requests in flight end (a ``recycle`` event with the outgrowth's figures) and
+    loaded again: by the requests waiting for it, else here (``load``: its default configuration), priced with
+    what it outgrew to (``pricing.grown``)."""
+    key = outgrew.model
+    slot = parts.scheduler.seats.get(key)
+    if slot is None or parts.seats.get(key) is None:
+        return
+    reason = (f"recycled (policy.recycle_outgrown): {outgrew.reason}; {slot.in_flight} request(s) in flight when "
+              "it outgrew, drained before the stop; loaded again for the requests waiting, else at once (its default "
+              "configuration)")
+    fut = parts.desk.stop_future(key)
+    if not parts.scheduler.unload(key, reason, event="recycle"):
+        parts.desk.forget_stop_future(key, fut)
+        return
+    await fut
+    if not parts.scheduler.waiting(key) and not parts.desk.closed and parts.seats.get(key) is None:
+        try:
+            await load(key)
+        except Exception as e:  # noqa: BLE001 - the model loads on its next request; the failure is in history
+            log.warning("%s: loading it again after its recycle failed: %s: %s", key, type(e).__name__, e)
+
+
+__all__ = ["SOURCE", "check_outgrowth", "recycle", "seat_outgrowth"]
