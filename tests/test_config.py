@@ -199,7 +199,6 @@ INVALID_FILE = [
     ('[models.qwen]\ncache_type_k = "q3"', "models.qwen.cache_type_k", "'q3'", "q8_0"),
     ('[models.qwen]\nkv_cache_type = "int8"', "models.qwen.kv_cache_type", "'int8'", "q4_0"),
     ('[models.qwen]\nflash_attn = "yes"', "models.qwen.flash_attn", "'yes'", "one of on, off, auto"),
-    ('[models.qwen]\nengine = "ollama"', "models.qwen.engine", "'ollama'", "llama-server, transformers"),
     ('[models.qwen]\naliases = ["a b"]', "models.qwen.aliases", "['a b']", "names without whitespace"),
     ('[models.qwen]\npin = "true"', "models.qwen.pin", "'true'", "true or false"),
     ('[models.qwen]\nrequest_defaults = { model = "x" }', "models.qwen.request_defaults", "{'model': 'x'}", "'model' cannot have a default"),

@@ -132,7 +132,7 @@ CHECK = textwrap.dedent('''
         "buftrace": lambda: parse_exact_log(LOG),
         "dry_run_check": lambda: dry_run_check([("AMX", 1 << 20)], {"Host": 3, "AMX": 1}),
         "contract": lambda: (parse_contract({"ctx": 4096}), fixed_fields(Contract(ctx=4096))),
-        "crash": lambda: retry_without_repack("llama-server", LoadConfig(), -11),
+        "crash": lambda: retry_without_repack(True, LoadConfig(), -11),
         "plan_on_a_sheet": lambda: pl.plan(req, [], gpu_budget, lambda _k, c: sheet.footprint(c), pl.Policy(), 0.0),
         # the server's path, on the sheet read ahead (before plan_on_the_loop makes the book stale: off an event
         # loop a stale sheet is read again in place, as the CLI wants)
@@ -170,7 +170,7 @@ def test_pure_functions_do_no_io(zoo: dict, tmp_path: Path) -> None:
     assert r.stdout.count("no I/O") == 13, r.stdout
 
 
-CRASH = '"crash": lambda: retry_without_repack("llama-server", LoadConfig(), -11),'
+CRASH = '"crash": lambda: retry_without_repack(True, LoadConfig(), -11),'
 # I/O a pure function could do, and what the check names it by
 DOES_IO = {
     "open": ('open(sys.argv[1], "rb").close()', "'open'"),

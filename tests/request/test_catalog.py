@@ -115,8 +115,17 @@ def test_hf_dir_is_listed_but_not_servable_by_llama_server(tmp_path: Path) -> No
     e = cat.resolve("qwen3-0.6b")
     assert (e.kind, e.engine, e.llama_servable, e.path) == ("hf", "transformers", False, hf)
     assert e.file_bytes == (hf / "model.safetensors").stat().st_size
-    with pytest.raises(ConfigError, match=r"models\.Qwen3-0\.6B\.engine = 'llama-server'.*cannot load"):
+    with pytest.raises(ConfigError, match=r"models\.Qwen3-0\.6B\.engine = 'llama-server'.*cannot load.*"
+                                          r"use engine 'transformers'"):
         catalog_for(tmp_path, '[models."Qwen3-0.6B"]\nengine = "llama-server"', root)
+
+
+def test_an_engine_no_registry_has_is_refused_with_those_there_are(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    make_hf(root / "Qwen" / "Qwen3-0.6B")
+    with pytest.raises(ConfigError, match=r"models\.Qwen3-0\.6B\.engine = 'ollama': unknown engine 'ollama'; "
+                                          r"available engines: llama-server, transformers"):
+        catalog_for(tmp_path, '[models."Qwen3-0.6B"]\nengine = "ollama"', root)
 
 
 def test_a_diffusers_pipeline_is_one_hf_model_with_its_components_weights(tmp_path: Path) -> None:

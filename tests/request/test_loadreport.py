@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
-from fitevict.request.loadreport import HEADER, LoadReport, adapter_load_seconds, load_report, report_headers
+from fitevict.engines.llama_server import LlamaServerEngine
+from fitevict.request.loadreport import HEADER, LoadReport, load_report, report_headers
+
+adapter_load_seconds = LlamaServerEngine.adapter_seconds
 
 # lines as the pinned llama-server writes them (-lv 4), M.s.ms.us timestamps
 LOG = """0.00.029.750 I load_tensors:   CPU_Mapped model buffer size =     0.92 MiB

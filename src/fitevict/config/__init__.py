@@ -13,12 +13,12 @@ matches. docs/config.md is the reference of every key.
 """
 
 from fitevict.config.load import default_config_path, load_config
-from fitevict.config.records import (ALLOC_MODES, ENGINES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES, REDACTED,
+from fitevict.config.records import (ALLOC_MODES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES, REDACTED,
                                      STORE_SCHEMES, BudgetConfig, Config, ConfigError, EngineConfig, LogsConfig,
                                      ModelConfig, PolicyConfig, ServerConfig, StoresConfig, redact_url)
 from fitevict.config.schema import OTHER_ENV, config_keys, env_variables
 
-__all__ = ["ALLOC_MODES", "ENGINES", "EVICTION_POLICIES", "FLASH_ATTN", "ORPHAN_POLICIES", "OTHER_ENV", "REDACTED",
+__all__ = ["ALLOC_MODES", "EVICTION_POLICIES", "FLASH_ATTN", "ORPHAN_POLICIES", "OTHER_ENV", "REDACTED",
            "STORE_SCHEMES", "BudgetConfig", "Config", "ConfigError", "EngineConfig", "LogsConfig", "ModelConfig", "PolicyConfig",
            "ServerConfig", "StoresConfig", "config_keys", "default_config_path", "env_variables", "load_config",
            "redact_url"]

@@ -1,10 +1,15 @@
-"""Engines behind one protocol, chosen from a registry of import strings (like uvicorn's)."""
+"""Engines behind one protocol, chosen from a registry of import strings (like uvicorn's).
+
+Every rule that differs by engine reads the engine's :class:`~fitevict.engines.base.Traits` (``traits(name)``) or
+calls its protocol methods; nothing outside this package compares an engine's name. Adding an engine is one module
+(a class with ``name``, ``traits`` and the protocol's methods) and one entry here."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 
-from fitevict.engines.base import Engine
+from fitevict.engines.base import Engine, EngineBase, Traits
 
 # name -> "module:attribute", imported when an entry first names the engine (torch stays out of the front door)
 REGISTRY: dict[str, str] = {
@@ -19,10 +24,33 @@ class UnknownEngine(LookupError):
         self.name = name
 
 
-def engine_class(name: str) -> type[Engine]:
+def engine_class(name: str) -> type[EngineBase]:
     try:
         target = REGISTRY[name]
     except KeyError:
         raise UnknownEngine(name) from None
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def traits(name: str) -> Traits:
+    """What engine ``name`` can do (raises ``UnknownEngine``)."""
+    return engine_class(name).traits
+
+
+def engine_for_kind(kind: str) -> str:
+    """The engine that loads a model file of ``kind`` ("gguf", "hf") by default: the first registered that can."""
+    for name in REGISTRY:
+        if kind in traits(name).file_kinds:
+            return name
+    raise UnknownEngine(f"(none loads {kind} models)")
+
+
+def is_engine_process(argv: Sequence[str]) -> bool:
+    """Whether a process's command line is one of a registered engine's seats (a recorded pid not yet recycled)."""
+    head = " ".join(argv[:4])
+    return any(mark in head for name in REGISTRY for mark in traits(name).process_marks)
+
+
+__all__ = ["REGISTRY", "Engine", "EngineBase", "Traits", "UnknownEngine", "engine_class", "engine_for_kind",
+           "is_engine_process", "traits"]

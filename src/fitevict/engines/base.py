@@ -29,15 +29,88 @@ class Unavailable:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Traits:
+    """What an engine can do and how fitevict treats it: every rule outside ``engines/`` that differs by engine asks
+    these, never the engine's name. Each engine class declares its own as ``traits``."""
+
+    file_kinds: tuple[str, ...]  # the model files it loads: "gguf" (one file), "hf" (a Hugging Face folder)
+    dry_run: bool = False  # the engine's own dry run prices its compute buffers (run before a GPU placement's load)
+    repacks: bool = False  # it may repack weights into extra host buffers; a crash while repacking is retried without
+    keeps_prompts: bool = False  # its slots' KV can be saved to disk before a stop and restored after (kvkeep)
+    memory_flags_priced: bool = False  # memory flags among its extra arguments (-nr, -ctk, ...) are priced as config
+    flags_set_price: bool = False  # its own extra arguments (dtype, quantization) change what it costs
+    engine_args: bool = False  # ``engine.extra_args`` (the configured llama-server's) go on its command line
+    pooling_in_file: bool = False  # whether a model reranks is read from its file (GGUF pooling type)
+    overhead: str = "own-process"  # "calibrated": the engine build's calibrated overhead; "own-process": learned
+    # LoRA adapters on a seat: "scale-0": each request sends every adapter's scale (0 for the base itself), the engine
+    # applies them inside the request; "switched": the seat switches its active adapter and times the switch; "none"
+    adapters: str = "none"
+    reports_teardown: bool = False  # the seat reports a leak check on its way out (``teardown``)
+    process_marks: tuple[str, ...] = ()  # words in argv[0:4] that mark a process as one of this engine's seats
+
+
 class Engine(Protocol):
+    """One kind of engine process: how it starts, what its log says it holds, how it fails and ends."""
+
     name: str
+    traits: Traits
 
     def launch_spec(self, model_path: Path, config: LoadConfig, port: int, *,
                     extra_args: Sequence[str] = (), embeddings: bool = False,
-                    mmproj: Path | None = None) -> LaunchSpec:
+                    mmproj: Path | None = None, slot_save_path: Path | None = None) -> LaunchSpec:
         """The argv and environment that start ``model_path`` under ``config`` on ``port``."""
         ...
 
     def measured_footprint(self, log_text: str) -> Footprint | None:
-        """The engine's own account of its buffers, parsed from its load log (source: measured)."""
+        """The engine's own account of its buffers, parsed from its load log (source: engine-reported)."""
         ...
+
+    @classmethod
+    def document(cls, log_text: str) -> dict | None:
+        """The seat's own account of its load beyond its buffers (a torch seat's object walk), or None."""
+        ...
+
+    @classmethod
+    def failure(cls, log_text: str) -> str | None:
+        """A failed load's reason as the engine logged it, or None (then the exit code and log tail say it)."""
+        ...
+
+    @classmethod
+    def teardown(cls, log_text: str) -> dict | None:
+        """What the seat reported on its way out (a leak check), or None when the engine reports nothing."""
+        ...
+
+    @classmethod
+    def adapter_seconds(cls, log_text: str) -> float | None:
+        """Seconds the seat's start spent loading its LoRA adapters, by its own account, or None."""
+        ...
+
+
+class EngineBase:
+    """Defaults for what an engine does not report: subclasses override what they have."""
+
+    name: str
+    traits: Traits
+
+    @classmethod
+    def for_binary(cls, binary: Path) -> "EngineBase":
+        """The engine as this fitevict runs it; ``binary`` is the configured llama-server build (used by an engine
+        that runs it; another ignores it)."""
+        return cls()
+
+    @classmethod
+    def document(cls, log_text: str) -> dict | None:
+        return None
+
+    @classmethod
+    def failure(cls, log_text: str) -> str | None:
+        return None
+
+    @classmethod
+    def teardown(cls, log_text: str) -> dict | None:
+        return None
+
+    @classmethod
+    def adapter_seconds(cls, log_text: str) -> float | None:
+        return None

@@ -16,9 +16,19 @@ from functools import lru_cache
 from pathlib import Path
 
 from fitevict.pricing.flags import switch_args, value_args
-from fitevict.engines.base import LaunchSpec
+from fitevict.engines.base import EngineBase, LaunchSpec, Traits
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
+
+_STAMP = r"^\s*(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) \S "
+_LORA_START = re.compile(_STAMP + r"llama_adapter_lora_init: loading lora adapter")
+_LORA_DONE = re.compile(_STAMP + r"llama_adapter_lora_init_impl: loaded \d+ tensors from lora file")
+
+
+def _stamp_seconds(m: re.Match[str]) -> float:
+    """A log line's timestamp (minutes.seconds.milliseconds.microseconds) in seconds."""
+    return int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
+
 
 _FLAG = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 
@@ -118,12 +128,31 @@ def lora_args(cfg: LoadConfig) -> list[str]:
     return ["--lora", ",".join(cfg.loras), "--lora-init-without-apply"]
 
 
-class LlamaServerEngine:
+class LlamaServerEngine(EngineBase):
     name = "llama-server"
+    traits = Traits(file_kinds=("gguf",), dry_run=True, repacks=True, keeps_prompts=True, memory_flags_priced=True,
+                    engine_args=True, pooling_in_file=True, overhead="calibrated", adapters="scale-0",
+                    process_marks=("llama-server",))
 
     def __init__(self, binary: Path) -> None:
         self.binary = Path(binary)
         self.flags = supported_flags(self.binary)
+
+    @classmethod
+    def for_binary(cls, binary: Path) -> "LlamaServerEngine":
+        return cls(binary)
+
+    @classmethod
+    def adapter_seconds(cls, log_text: str) -> float | None:
+        """Seconds the engine spent loading LoRA adapters at start (its log's timestamps, from the first
+        "loading lora adapter" to the last "loaded N tensors from lora file"); None when the log has no adapter."""
+        start = done = None
+        for line in log_text.splitlines():
+            if start is None and (m := _LORA_START.match(line)):
+                start = _stamp_seconds(m)
+            elif m := _LORA_DONE.match(line):
+                done = _stamp_seconds(m)
+        return done - start if start is not None and done is not None and done >= start else None
 
     def _has(self, flag: str) -> bool:
         return flag in self.flags

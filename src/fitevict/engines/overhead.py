@@ -57,6 +57,11 @@ RUNS = 2  # calibration runs; the largest figure is kept
 RECORD_VERSION = 3  # v3: at the peak of a filled context, less the model's scaling parts (v2: once it listened)
 
 
+def calibratable(binary: Path) -> bool:
+    """A real llama-server build to calibrate: an executable file named llama-server."""
+    return binary.name == "llama-server" and binary.is_file() and os.access(binary, os.X_OK)
+
+
 def _record_path(binary: Path) -> Path:
     st = binary.stat()
     ident = hashlib.sha256(str(binary.resolve()).encode()).hexdigest()[:12]

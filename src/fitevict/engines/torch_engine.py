@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fitevict.engines.base import LaunchSpec
+from fitevict.engines.base import EngineBase, LaunchSpec, Traits
 from fitevict.engines.torch_seat import (FAILED_LINE, FOOTPRINT_LINE, TEARDOWN_LINE, SeatArgs, parse_seat_argv,
                                          seat_argv)
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
@@ -106,15 +106,18 @@ def seat_overhead(doc: dict) -> tuple[int, int]:
     return int(b["committed_bytes"] or 0), int(b["mapped_bytes"] or 0)
 
 
-class TransformersEngine:
+class TransformersEngine(EngineBase):
     name = "transformers"
+    traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched", reports_teardown=True,
+                    process_marks=("fitevict.engines.torch_seat",))
 
     def __init__(self, python: Path | None = None) -> None:
         self.python = Path(python or sys.executable)
 
     def launch_spec(self, model_path: Path, config: LoadConfig | HfLoadConfig, port: int, *,
-                    extra_args: Sequence[str] = (), embeddings: bool = False,
-                    test_keep_tensor: str | None = None) -> LaunchSpec:
+                    extra_args: Sequence[str] = (), embeddings: bool = False, mmproj: Path | None = None,
+                    slot_save_path: Path | None = None, test_keep_tensor: str | None = None) -> LaunchSpec:
+        """``mmproj`` and ``slot_save_path`` are not this engine's (its traits say so): never set here."""
         cfg = hf_config(config, embeddings=embeddings, extra_args=extra_args)  # priced under the same cfg
         args = SeatArgs(Path(model_path), port, cfg, Path(model_path).name, test_keep_tensor)
         argv = (str(self.python), "-m", "fitevict.engines.torch_seat", *seat_argv(args))
@@ -132,21 +135,26 @@ class TransformersEngine:
         doc = _last_json(log_text, FOOTPRINT_LINE)
         return footprint_from_walk(doc) if doc else None
 
-    @staticmethod
-    def document(log_text: str) -> dict | None:
+    @classmethod
+    def document(cls, log_text: str) -> dict | None:
         """The seat's footprint document as it logged it after load (walk, process baseline), or None."""
         return _last_json(log_text, FOOTPRINT_LINE)
 
-    @staticmethod
-    def failure(log_text: str) -> str | None:
+    @classmethod
+    def failure(cls, log_text: str) -> str | None:
         """A failed load's reason, as the seat logged it."""
         doc = _last_json(log_text, FAILED_LINE)
         return str(doc["reason"]) if doc else None
 
-    @staticmethod
-    def teardown(log_text: str) -> dict | None:
+    @classmethod
+    def teardown(cls, log_text: str) -> dict | None:
         """The leak breaker's report, as the seat logged it on its way out."""
         return _last_json(log_text, TEARDOWN_LINE)
+
+    @classmethod
+    def adapter_seconds(cls, log_text: str) -> float | None:
+        """The seconds its adapters took to load, by the seat's own footprint document."""
+        return adapter_load_seconds(cls.document(log_text))
 
     @staticmethod
     def fetch_footprint(port: int, timeout: float = 10.0) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fitevict import planner as pl
+from fitevict.engines import traits
 from fitevict.pricing.cmdline import absorb_memory_flags
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry, resolve_gguf_file
@@ -71,7 +72,7 @@ def ask(entry: CatalogEntry, contract: Contract | None, shapes: Shapes) -> Ask:
     own, so that the seat starts with the explicit context it was priced for. Raises ``GgufFileError`` for a
     ``gguf_file`` the model does not have, and ``PricingError``/``OSError`` for a file that cannot be read."""
     cfg, mode, path = load_config_for(entry, contract, shapes.default_alloc_mode)
-    if entry.engine == "llama-server" and cfg.repack and not shapes.repacks(path):
+    if traits(entry.engine).repacks and cfg.repack and not shapes.repacks(path):
         cfg = cfg.with_(repack=False)
     if cfg.n_ctx == 0:
         cfg = cfg.with_(n_ctx=shapes.context(path, cfg))
@@ -123,7 +124,7 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
         embeddings=c.embeddings if c.embeddings is not None else bool(s.embeddings),
         loras=tuple(str(p) for p in entry.loras),
     )
-    if entry.engine == "llama-server":
+    if traits(entry.engine).memory_flags_priced:
         cfg = absorb_memory_flags(cfg, s.extra_args)[0]  # -nr among the extra arguments is priced
     mode = c.alloc_mode or s.alloc_mode or default_alloc_mode
     path = Path(entry.base_path if entry.base_path is not None else entry.path)
@@ -135,7 +136,7 @@ def load_config_for(entry: CatalogEntry, contract: Contract | None,
 def passthrough_args(entry: CatalogEntry) -> tuple[str, ...]:
     """A model's extra arguments (``engine.extra_args`` first) less those its LoadConfig carries: what goes on the
     engine's command line as given, after the flags the argv builder spells from the LoadConfig."""
-    if entry.engine != "llama-server":
+    if not traits(entry.engine).memory_flags_priced:
         return tuple(entry.settings.extra_args)
     return absorb_memory_flags(LoadConfig(), entry.settings.extra_args)[1]
 

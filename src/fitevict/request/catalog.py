@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fitevict.config import Config, ConfigError, ModelConfig
+from fitevict.engines import REGISTRY, Traits, UnknownEngine, engine_for_kind, traits
 from fitevict.request.lora import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
 from fitevict.request.names import AmbiguousModel, UnknownModel, candidates
 from fitevict.request.store_settings import (adapter_models, digest_key, drop_clashing_aliases, store_settings,
@@ -299,16 +300,30 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+_KIND_NAMES = {"gguf": "GGUF model", "hf": "Hugging Face safetensors model"}
+
+
+def _engine_traits(where: str, engine: str) -> Traits:
+    """What the engine a model names can do; a name no engine has is a configuration error naming the ones there are."""
+    try:
+        return traits(engine)
+    except UnknownEngine as e:
+        raise ConfigError(f"{where}.engine = {engine!r}: {e}") from None
+
+
 def _entry(f: _Found, settings: ModelConfig, engine_args: tuple[str, ...] = ()) -> CatalogEntry:
     """The catalog entry of a found model under its settings (``[models.<key>]``, or an empty one)."""
     where = f"models.{settings.key}"
-    engine = settings.engine or ("llama-server" if f.kind == "gguf" else "transformers")
-    if f.kind == "hf" and engine == "llama-server":
+    engine = settings.engine or engine_for_kind(f.kind)
+    can = _engine_traits(where, engine)
+    if f.kind not in can.file_kinds:
+        others = [n for n in REGISTRY if f.kind in traits(n).file_kinds]
         raise ConfigError(
-            f"{where}.engine = 'llama-server': {f.path} is a Hugging Face safetensors model, which llama-server "
-            "cannot load; use engine 'transformers' or 'vllm', or convert it to GGUF"
+            f"{where}.engine = {engine!r}: {f.path} is a {_KIND_NAMES.get(f.kind, f.kind)}, which {engine} cannot "
+            f"load (it loads {' and '.join(_KIND_NAMES.get(k, k) + 's' for k in can.file_kinds)}); use engine "
+            f"{' or '.join(repr(n) for n in others) or 'another'}, or convert the model"
         )
-    if engine == "llama-server" and engine_args:
+    if can.engine_args and engine_args:
         settings = dataclasses.replace(settings, extra_args=(*engine_args, *settings.extra_args))
     mmproj = f.mmproj
     if settings.mmproj is not None:

@@ -16,40 +16,17 @@ It goes in the history (a ``load`` event's ``details["load_report"]``), in the r
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from fitevict.engines.torch_engine import TransformersEngine
-from fitevict.engines.torch_engine import adapter_load_seconds as torch_adapter_seconds
+from fitevict.engines import engine_class, traits
 from fitevict.request.contract import ADAPTER_KINDS
 
 HEADER = "x-fitevict-load-report"
 SHRUNK_HEADER = "x-fitevict-ctx-shrunk"  # "<asked>-><loaded>": policy.shrink_ctx loaded a smaller context
 SHRUNK = "ctx shrunk"
-
-_STAMP = r"^\s*(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) \S "
-_LORA_START = re.compile(_STAMP + r"llama_adapter_lora_init: loading lora adapter")
-_LORA_DONE = re.compile(_STAMP + r"llama_adapter_lora_init_impl: loaded \d+ tensors from lora file")
-
-
-def _seconds(m: re.Match[str]) -> float:
-    return int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
-
-
-def adapter_load_seconds(log_text: str) -> float | None:
-    """Seconds the engine spent loading LoRA adapters at start (its log's timestamps, from the first
-    "loading lora adapter" to the last "loaded N tensors from lora file"); None when the log has no adapter."""
-    start = done = None
-    for line in log_text.splitlines():
-        if start is None and (m := _LORA_START.match(line)):
-            start = _seconds(m)
-        elif m := _LORA_DONE.match(line):
-            done = _seconds(m)
-    return done - start if start is not None and done is not None and done >= start else None
-
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
@@ -120,16 +97,16 @@ def load_report(*, model: str, base: str, adapter: str | None, seat_loras: tuple
         base_s = adapter_s = None
         hit = True
         ahit = (adapter in seat_loras) if adapter else None
-    torch = engine == "transformers"
+    switched = traits(engine).adapters == "switched"  # the seat switches its active adapter and times the switch
     if adapter is None and seat_loras:
         notes.append(f"the base itself: the seat runs it with its {len(seat_loras)} adapter(s) disabled"
-                     if torch else f"the base itself: all {len(seat_loras)} adapter(s) sent at scale 0 (llama-server "
+                     if switched else f"the base itself: all {len(seat_loras)} adapter(s) sent at scale 0 ({engine} "
                      "applies them when a request omits them)")
     activate = None
-    if torch and seat_loras:
+    if switched and seat_loras:
         notes.append(_ACTIVATE_PENDING)
     elif adapter:
-        notes.append("activate_seconds unavailable, because llama-server applies an adapter inside the request "
+        notes.append(f"activate_seconds unavailable, because {engine} applies an adapter inside the request "
                      "(a graph re-reservation when the scales change), which is part of the request's own time")
     return LoadReport(model=model, base=base, adapter=name, was_cached=not loaded, base_hit=hit, adapter_hit=ahit,
                       base_load_seconds=base_s, adapter_load_seconds=adapter_s, activate_seconds=activate,
@@ -157,11 +134,8 @@ def with_activation(report: LoadReport, seat_header: bytes | None) -> LoadReport
 
 
 def seat_adapter_seconds(engine: str, log_text: str) -> float | None:
-    """Seconds a seat's start spent loading its adapters: a transformers seat's own account (its footprint
-    document), llama-server's log timestamps."""
-    if engine == "transformers":
-        return torch_adapter_seconds(TransformersEngine.document(log_text))
-    return adapter_load_seconds(log_text)
+    """Seconds a seat's start spent loading its adapters, by the engine's own account (its log)."""
+    return engine_class(engine).adapter_seconds(log_text)
 
 
 def resident_bytes(seats) -> dict[str, tuple[int, str]]:

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 
 from fitevict.config import Config
-from fitevict.engines import REGISTRY
+from fitevict.engines import REGISTRY, traits
 from fitevict.engines.llama_server import POOLING_RANK
 from fitevict.pricing.gguf import PricingError
 from fitevict.request.aliases import Aliased, Aliases
@@ -189,7 +189,7 @@ class Door:
         if "--reranking" in args or "--rerank" in args or any(
                 a == "--pooling" and b == "rank" for a, b in zip(args, args[1:])):
             return True
-        if entry.engine != "llama-server":
+        if not traits(entry.engine).pooling_in_file:
             return False
         try:
             return getattr(self.sup.prices.shape(path), "pooling_type", None) == POOLING_RANK

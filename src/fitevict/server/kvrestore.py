@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from fitevict.engines import traits
 from fitevict.store.records import Event
 from fitevict.supervisor.kvkeep import Restored, SavedPrompt, engine_seconds, restore_effect
 
@@ -63,7 +64,7 @@ async def _restore(c: httpx.AsyncClient, slot: int, saved: SavedPrompt, shared: 
 
 async def restore_for(sup: Any, seat: Any, endpoint: str, body: dict, request_id: str) -> tuple[dict, Restored | None]:
     """The body to send (with ``id_slot`` when a saved prompt was restored for it) and what was restored."""
-    if not seat.kv_candidates or seat.engine != "llama-server":
+    if not seat.kv_candidates or not traits(seat.engine).keeps_prompts:
         return body, None
     seat.kv_checks += 1
     if seat.kv_checks > MAX_CHECKS:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fitevict import planner as pl
+from fitevict.engines import Engine
 from fitevict.supervisor.release import StopResult
 from fitevict.supervisor.seat import SeatState
 
@@ -27,18 +28,10 @@ def timings(seat: SeatState) -> dict:
     return {"engine_timings": t} if t is not None else {}
 
 
-def seat_document(engine: Any, log_text: str) -> dict | None:
-    """A transformers seat's footprint document (its object walk and process baseline), from its log."""
-    document = getattr(engine, "document", None)
-    return document(log_text) if document is not None else None
-
-
-def engine_failure(engine: Any, log_path: Path) -> str | None:
-    failure = getattr(engine, "failure", None)
-    if failure is None:
-        return None
+def engine_failure(engine: Engine, log_path: Path) -> str | None:
+    """A failed load's reason as the engine logged it (None: it logged none, or its log cannot be read)."""
     try:
-        return failure(log_path.read_text(errors="replace"))
+        return engine.failure(log_path.read_text(errors="replace"))
     except OSError:
         return None
 

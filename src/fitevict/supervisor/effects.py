@@ -19,12 +19,13 @@ from typing import Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
+from fitevict.engines import traits
 from fitevict.budget import Budget
 from fitevict.pricing.footprint import HOST
 from fitevict.request.ask import passthrough_args
 from fitevict.request.loadreport import seat_load_report
 from fitevict.store.records import Event, Measurement
-from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, seat_document, strategy, timings
+from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, strategy, timings
 from fitevict.host.oomkill import oom_evidence
 from fitevict.supervisor.crash import RepackCrash, exit_cause, exit_reason, retry_without_repack
 from fitevict.supervisor.frozen import watch_frozen
@@ -165,7 +166,7 @@ class LiveEffects:
         entry = parts.catalog.resolve(key)
         assert plan.config is not None
         cfg, path = plan.config, parts.planning.path_for(waiter.request)
-        if cfg.devices and entry.engine == "llama-server" and not parts.prices.has_dry_run(path, cfg):
+        if cfg.devices and traits(entry.engine).dry_run and not parts.prices.has_dry_run(path, cfg):
             # a GPU placement: its compute buffers come from the engine's own dry run of that placement (cached)
             await parts.prices.dry_run(entry, cfg, path, passthrough_args(entry))
         predicted = (await parts.prices.sheet(path, cfg)).footprint(cfg)
@@ -193,7 +194,7 @@ class LiveEffects:
                     res = await self._end(seat)
                     if attempt == 1 and BIND_FAILED in log_tail(seat.log_path, 200):
                         continue
-                    sig = retry_without_repack(entry.engine, cfg, code) if crash is None else None
+                    sig = retry_without_repack(traits(entry.engine).repacks, cfg, code) if crash is None else None
                     if sig is not None:  # once, with no extra CPU buffer types, priced for that configuration
                         crash = RepackCrash(sig, parts.clock() - t0, str(seat.log_path), predicted.total_bytes,
                                             res.freed_bytes, parts.prices.host.label())
@@ -246,12 +247,12 @@ class LiveEffects:
         parts, cfg = self.parts, seat.config
         seat.repack_crash = crash
         seat.shrunk_from = parts.desk.shrinks.pop((seat.key, cfg.n_ctx), None)
-        if seat.engine == "llama-server" and parts.config.policy.prompt_cache:
+        if traits(seat.engine).keeps_prompts and parts.config.policy.prompt_cache:
             seat.kv_candidates = await asyncio.to_thread(parts.kv.matching, seat.signature)
         fixed = parts.prices.engine_overhead.get(HOST, 0)
-        if seat.engine == "llama-server":
+        if traits(seat.engine).overhead == "calibrated":
             seat.overhead = host_overhead(seat.predicted, parts.prices.engine_overhead)
-        else:  # a transformers seat's process is its own, never llama-server's calibration
+        else:  # a seat whose process is its own (a torch seat's), never the llama-server build's calibration
             seat.overhead = int(seat.predicted_overhead or 0)
         seat.overhead_label = overhead_label(seat.engine, fixed, parts.prices.overhead_origin, seat.predicted_overhead)
         seat.gpu_overhead = {d: n for d, n in parts.prices.engine_overhead.items() if d in cfg.devices}
@@ -303,7 +304,7 @@ class LiveEffects:
         """Learn the overhead, guard the measurement, store it if accepted, record a ``load`` (or ``reject``)."""
         parts, request_id = self.parts, waiter.request_id
         log_text = seat.log_path.read_text(errors="replace")
-        walk = seat_document(parts.processes.engine_for(seat.entry), log_text)
+        walk = parts.processes.engine_for(seat.entry).document(log_text)
         mem = seat.load_mem  # the reading right after the load (the sampler's later ones are the live figure)
         if walk is not None and mem is not None and mem.host_bytes is not None:
             # a transformers seat: its own process (Python, torch and their libraries, as the budget counts them:
@@ -412,7 +413,7 @@ class LiveEffects:
         kept = await keep_before_stop(self.parts, seat, event)
         res = await self._end(seat, free_slot=True)
         engine = parts.processes.engine_for(seat.entry)
-        report = engine.teardown(seat.log_path.read_text(errors="replace")) if hasattr(engine, "teardown") else None
+        report = engine.teardown(seat.log_path.read_text(errors="replace"))
         await parts.history.record(Event(
             time=parts.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
             host_bytes=seat.bytes_on(HOST), vram_bytes=parts.planning.gpu_figure(seat), reason=reason,
@@ -421,7 +422,7 @@ class LiveEffects:
                      "host_source": f"{seat.source_on(HOST)}: what the seat was counted at when it stopped",
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details(),
-                     **({"leak_check": leak_check(report, res)} if hasattr(engine, "teardown") else {}), **kept}))
+                     **({"leak_check": leak_check(report, res)} if engine.traits.reports_teardown else {}), **kept}))
         await self._record_teardown(seat, report, request_id)
         parts.processes.done_with_log(seat.log_path)
         self._stopped(seat.key, res, slot_freed=seat.slot_freed)

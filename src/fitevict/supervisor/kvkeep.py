@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from fitevict.engines import traits
 from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
 from fitevict.units import GiB, format_size
 
@@ -278,7 +279,7 @@ class PromptKeep:
 
 async def keep_before_stop(parts: Any, seat: Any, event: str) -> dict[str, Any]:
     """Save the seat's long prompts before an eviction or idle unload (kvkeep); the stop event's details."""
-    if event not in ("evict", "idle-unload") or seat.engine != "llama-server" or not parts.config.policy.prompt_cache:
+    if event not in ("evict", "idle-unload") or not traits(seat.engine).keeps_prompts or not parts.config.policy.prompt_cache:
         return {}
     t0 = parts.clock()
     try:

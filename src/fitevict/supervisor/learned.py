@@ -17,7 +17,7 @@ from fitevict import planner as pl
 from fitevict.config import Config
 from fitevict.engines.base import Unavailable
 from fitevict.engines.machine import machine_key
-from fitevict.engines.overhead import RECORD_VERSION, calibrate_overhead, calibrated_overhead
+from fitevict.engines.overhead import RECORD_VERSION, calibratable, calibrate_overhead, calibrated_overhead
 from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
@@ -28,11 +28,6 @@ def torch_overhead_key(*, adapters: bool = False, cpu: Cpu | None = None) -> str
     too: its own key). Keyed by the CPU's fingerprint: another machine's figure, in a shared store, is not this one's."""
     kind = "transformers+peft" if adapters else "transformers"
     return f"engine-overhead:{kind}@{(cpu or this_cpu()).fingerprint}"
-
-
-def st_ok(binary: Path) -> bool:
-    """A real engine build to calibrate: an executable file named llama-server."""
-    return binary.name == "llama-server" and binary.is_file() and os.access(binary, os.X_OK)
 
 
 def overhead_key(binary: Path, cpu: Cpu | None = None) -> str:
@@ -52,10 +47,10 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
     """Read what was learned into ``book`` (blocking I/O: run it off the event loop). ``calibrate``: measure the
     engine's process overhead now when this build was never calibrated (the server does; a dry ``plan`` does not,
     and then prices without it, as a first load would before calibration)."""
-    calibrated = calibrated_overhead(binary) if st_ok(binary) else None
+    calibrated = calibrated_overhead(binary) if calibratable(binary) else None
     book.overhead_origin = (f"{binary} is not an executable named llama-server, so it was never calibrated"
-                            if not st_ok(binary) else "this engine build was never calibrated on this machine")
-    if calibrated is None and calibrate and st_ok(binary):
+                            if not calibratable(binary) else "this engine build was never calibrated on this machine")
+    if calibrated is None and calibrate and calibratable(binary):
         # first serve with this build: measure its own process overhead once, on the smallest model, filled
         got = calibrate_overhead(binary, timeout_s=60.0)
         calibrated = None if isinstance(got, Unavailable) else {k: int(v) for k, v in got["overhead"].items()}

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from fitevict.engines import traits
 from fitevict.host import procmem
 from fitevict.host.nvml import read_gpus
 from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
@@ -95,7 +96,7 @@ def overhead_label(engine: str, fixed: int, origin: str, own: int | None = None)
     ``calibrated`` (a filled peak of the calibration model), ``raised`` (the largest seen by loads here), or, when
     neither happened (``origin`` says why), not counted: the figure is then the rules' alone. A transformers seat's
     (``own``): its own process, measured on this machine's earlier seats, or unavailable until one was."""
-    if engine != "llama-server":
+    if traits(engine).overhead != "calibrated":
         return (f"measured: this machine's {engine} seats' own process (PSS beyond the price), the largest seen"
                 if own else f"unavailable, because no {engine} seat was measured on this machine yet: counted as 0")
     rules = "the rules that scale with the model (tokenizer, work buffer, context)"

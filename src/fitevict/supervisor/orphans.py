@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from fitevict.engines import is_engine_process
 from fitevict.engines.process import alive, cmdline, group_alive
 from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
@@ -27,7 +28,7 @@ def _is_engine(argv: list[str], rec: SeatRecord) -> bool:
     """The recorded pid still runs the engine it ran for us (not a recycled pid)."""
     if not argv or str(rec.port) not in argv:
         return False
-    return "llama-server" in Path(argv[0]).name or any("fitevict.engines" in a for a in argv[:4])
+    return is_engine_process(argv)
 
 
 async def cleanup_orphans(parts: Ports, install: Callable[[SeatState], None]) -> list[Event]:

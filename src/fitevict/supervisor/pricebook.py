@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
+from fitevict.engines import traits
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing.footprint import Footprint
 from fitevict.engines.overhead import engine_threads, tiled_here
@@ -347,7 +348,7 @@ class PriceBook:
 
     def note_flags(self, entry: CatalogEntry, path: Path) -> None:
         """A transformers seat's own flags (dtype, quantization) set what it costs: a change reads its sheets again."""
-        if entry.engine == "transformers" and self._extra_args.get(str(path)) != tuple(entry.settings.extra_args):
+        if traits(entry.engine).flags_set_price and self._extra_args.get(str(path)) != tuple(entry.settings.extra_args):
             self._extra_args[str(path)] = tuple(entry.settings.extra_args)
             self._changed(str(path))
 

@@ -12,7 +12,6 @@ import os
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from fitevict.config import Config
 from fitevict.engines import engine_class
@@ -42,9 +41,8 @@ class Processes:
     def engine_for(self, entry: CatalogEntry) -> Engine:
         eng = self._engines.get(entry.engine)
         if eng is None:
-            cls = engine_class(entry.engine)
-            # llama-server runs the configured build; a transformers seat runs this Python
-            eng = self._engines[entry.engine] = cls(self.engine_binary) if entry.engine == "llama-server" else cls()
+            # an engine that runs the configured llama-server build gets it; another runs its own program
+            eng = self._engines[entry.engine] = engine_class(entry.engine).for_binary(self.engine_binary)
         return eng
 
     def engine_name(self, key: str) -> str:
@@ -54,13 +52,10 @@ class Processes:
     def launch_spec(self, entry: CatalogEntry, path: Path, cfg: LoadConfig, port: int) -> LaunchSpec:
         """The argv and environment that start ``entry`` under ``cfg`` (the engine's one builder)."""
         engine = self.engine_for(entry)
-        kw: dict[str, Any] = {"extra_args": passthrough_args(entry),
-                              "embeddings": bool(entry.settings.embeddings)}
-        if entry.engine == "llama-server":
-            kw["mmproj"] = entry.mmproj
-            if self.config.policy.prompt_cache:
-                kw["slot_save_path"] = self.kv.prepare()
-        return engine.launch_spec(path, cfg, port, **kw)
+        keep = engine.traits.keeps_prompts and self.config.policy.prompt_cache
+        return engine.launch_spec(path, cfg, port, extra_args=passthrough_args(entry),
+                                  embeddings=bool(entry.settings.embeddings), mmproj=entry.mmproj,
+                                  slot_save_path=self.kv.prepare() if keep else None)
 
     def log_path(self, key: str) -> Path:
         """A fresh log file for a seat of ``key``, held from pruning until ``done_with_log``."""
