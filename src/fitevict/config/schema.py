@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from fitevict.config.records import CACHE_TYPES
-from fitevict.config.records import ALLOC_MODES, ENGINES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
+from fitevict.config.records import ALLOC_MODES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
 from fitevict.config.parsers import (Parser, alias, alias_table, arg_list, boolean, days, one_of, fraction, integer, integer_or, origin_url,
                                      path_value, positive_size, request_defaults, seconds, secret, size, store_url,
                                      store_source, str_list, nonempty_text)
@@ -88,7 +88,7 @@ TOP_LEVEL = ("server", "engine", "budget", "policy", "stores", "logs", "models",
 
 MODEL_FIELDS: dict[str, Parser] = {
     "path": path_value,
-    "engine": one_of(ENGINES),
+    "engine": nonempty_text,  # one of the engines registered (fitevict.engines.REGISTRY): the catalog checks it
     "ctx": integer(0),
     "parallel": integer(1),
     "cache_type_k": one_of(CACHE_TYPES),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fitevict import planner as pl
+from fitevict.engines import traits
 from fitevict.config import Config
 from fitevict.engines.base import Engine, LaunchSpec
 from fitevict.engines.process import free_port
@@ -274,7 +275,7 @@ class Supervisor:
         buffer first (once per file and configuration, cached on disk) unless the seat already runs."""
         path = self.path_for(request)
         self.prices.note_flags(entry, path)  # a transformers seat's own flags set what it costs
-        if entry.engine == "llama-server" and not resident:
+        if traits(entry.engine).dry_run and not resident:
             await self.prices.dry_run(entry, request.config, path, passthrough_args(entry))
         await self.prices.sheet(path, request.config)
 
