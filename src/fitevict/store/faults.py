@@ -20,17 +20,18 @@ import sqlalchemy as sa
 STORE_FAULTS = (sa.exc.DBAPIError, OSError)  # the store could not take a write (or serve a read) now
 log = logging.getLogger("fitevict.store")
 
-# what each write of the store holds, by its write function's name (``store.queries``, ``peaks``, ``structures``)
+# what each write of the store holds, by its write function's name (``store.queries``, ``peaks``, ``retention``) or,
+# for an upsert (``queries.upsert``), by its table
 FIGURES = {"op_record_event": "history events", "op_put_measurement": "measurements",
-           "op_put_peaks": "memory peaks (seat_peaks)", "op_seat_upsert": "seat records",
-           "op_seat_remove": "seat records", "op_compute_put": "learned engine overheads and dry-run buffers",
-           "upsert": "parsed GGUF structures", "op_prune": "history pruning"}
+           "op_put_peaks": "memory peaks (seat_peaks)", "op_seat_remove": "seat records", "op_prune": "history pruning",
+           "seats": "seat records", "compute_cache": "learned engine overheads and dry-run buffers",
+           "gguf_structures": "parsed GGUF structures"}
 READS = "reads"
 
 
 def figure(fn: Callable[..., Any]) -> str:
     """What a write function stores, in words (its own name when it is none of ``FIGURES``)."""
-    name = getattr(fn, "__qualname__", type(fn).__name__).split(".<locals>")[0]
+    name = getattr(fn, "table", None) or getattr(fn, "__qualname__", type(fn).__name__).split(".<locals>")[0]
     return FIGURES.get(name, name)
 
 

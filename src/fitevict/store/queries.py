@@ -251,6 +251,7 @@ def upsert(table: sa.TableClause, key_col: str | tuple[str, ...], values: dict[s
         stmt = _UPSERT_INSERTS[conn.dialect.name](table).values(**values)
         conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_={k: stmt.excluded[k] for k in rest}))
 
+    fn.table = table.name  # type: ignore[attr-defined]  # what it writes, for the store's faults (store.faults)
     return fn
 
 
