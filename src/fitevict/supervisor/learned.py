@@ -9,8 +9,6 @@ store and the cache, so ``fitevict plan`` offline and the server's plan price th
 
 from __future__ import annotations
 
-import asyncio
-import os
 from pathlib import Path
 
 from fitevict import planner as pl
@@ -21,6 +19,7 @@ from fitevict.engines.overhead import RECORD_VERSION, calibratable, calibrate_ov
 from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
+from fitevict.supervisor.storing import store_learned
 from fitevict.supervisor.pricebook import HISTORY_LOADS, PriceBook
 
 def torch_overhead_key(*, adapters: bool = False, cpu: Cpu | None = None) -> str:
@@ -83,7 +82,7 @@ async def learn_torch_overhead(book: PriceBook, store: Store, seen: int, *, adap
         else:
             book.torch_overhead = seen
         book.forget()
-        await asyncio.to_thread(store.compute_put, torch_overhead_key(adapters=adapters, cpu=book.cpu), {HOST: seen})
+        await store_learned(store, torch_overhead_key(adapters=adapters, cpu=book.cpu), {HOST: seen})
 
 
 async def learn_engine_overhead(book: PriceBook, store: Store, binary: Path, grown: dict[str, int]) -> None:
@@ -92,4 +91,4 @@ async def learn_engine_overhead(book: PriceBook, store: Store, binary: Path, gro
     if HOST in grown:
         book.overhead_origin = "raised"
     book.forget()
-    await asyncio.to_thread(store.compute_put, overhead_key(binary, book.cpu), dict(book.engine_overhead))
+    await store_learned(store, overhead_key(binary, book.cpu), dict(book.engine_overhead))
