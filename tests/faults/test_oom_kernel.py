@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from _cgroups import memory_cgroup, remove_cgroup
 from fitevict.host import oomkill
 from fitevict.supervisor.crash import exit_cause, exit_reason
@@ -15,6 +17,15 @@ from fitevict.supervisor.crash import exit_cause, exit_reason
 HOG = "import sys; sys.stdin.readline(); b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096])"
 
 
+@pytest.mark.fault(
+    fault="a process OOM-killed in a real memory cgroup (8 MiB cap), read by the kernel's two witnesses (skipped "
+          "where the machine gives no cgroup)",
+    client="no client: the witnesses alone",
+    history="the reason a seat's `crash` would carry: cause `oom-killer`, naming the OOM killer with its evidence "
+            "(the cgroup's `oom_kill` count 0 -> 1; the kernel's log line naming the pid where `/dev/kmsg` is "
+            "readable)",
+    running="nothing: the process killed by the kernel, the test's cgroup removed",
+    lost="nothing")
 def test_an_oom_kill_in_a_memory_cgroup_is_told_by_both_witnesses() -> None:
     cgroup = memory_cgroup(8 << 20, "an OOM kill in a memory cgroup")
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE)
@@ -42,6 +53,12 @@ def test_an_oom_kill_in_a_memory_cgroup_is_told_by_both_witnesses() -> None:
         remove_cgroup(cgroup)
 
 
+@pytest.mark.fault(
+    fault="a process `SIGKILL`ed by another program (no OOM)",
+    client="no client: the witnesses alone",
+    history="cause `killed`, with no OOM evidence (another signal is `signal`, an exit code `exit`)",
+    running="nothing",
+    lost="nothing")
 def test_a_plain_sigkill_is_not_called_an_oom_kill() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     seen = oomkill.observe(proc.pid)

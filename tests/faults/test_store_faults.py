@@ -83,6 +83,13 @@ def test_a_locked_database_loses_no_history_and_stops_nothing(tmp_path: Path, zo
         assert "Traceback" not in fd.log()
 
 
+@pytest.mark.fault(
+    fault="the store's database file corrupt (not a database: random bytes) when the front door starts",
+    client="normal answers",
+    history="a new, empty store: the first event is the new `load`; the old file moved aside to "
+            "`fitevict.db.corrupt-<unix time>`, kept byte for byte, and the server log says so (no traceback)",
+    running="the door and its seats as usual",
+    lost="the old history, unread (kept in the moved file)")
 def test_a_corrupt_database_file_is_moved_aside_and_the_door_serves(tmp_path: Path, zoo: dict) -> None:
     models = tmp_path / "models"
     models.mkdir()
