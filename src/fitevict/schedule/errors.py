@@ -23,6 +23,22 @@ class Refused(SupervisorError):
         self.plan = plan
 
 
+class ModelUnreadable(SupervisorError):
+    """A model's file cannot be read when its price is read for a load (truncated, gone, not a model any more),
+    though it could when the request was read: answered as the front door answers an unreadable file."""
+
+    status = 500
+
+    def __init__(self, key: str, why: object) -> None:
+        super().__init__(unreadable_message(key, why))
+
+
+def unreadable_message(key: str, why: object) -> str:
+    """The one wording of a model whose file cannot be read: which, why, and what to do."""
+    return (f"model {key!r}: its file cannot be read ({why}); replace or remove the file, then rescan the models "
+            "(POST /v1/models/rescan, or SIGHUP)")
+
+
 class Busy(SupervisorError):
     """The queue for a model is full, a wait ran past its bound, or fitevict is shutting down: retry later."""
 

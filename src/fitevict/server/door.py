@@ -29,6 +29,7 @@ from fitevict.server.sampler import MemorySampler
 from fitevict.server.upkeep import Upkeep
 from fitevict.engines.upstream import Upstream
 from fitevict.store import Store
+from fitevict.schedule.errors import ModelUnreadable, unreadable_message
 from fitevict.supervisor import Busy, LoadFailed, Refused, Supervisor, SupervisorError
 
 
@@ -176,8 +177,7 @@ class Door:
         except GgufFileError as e:
             raise ApiError(400, str(e), param="fitevict.gguf_file", code="invalid_gguf_file") from None
         except (PricingError, OSError) as e:
-            raise ApiError(500, f"model {entry.key!r}: its file cannot be read ({e}); replace or remove the file, "
-                                "then rescan the models (POST /v1/models/rescan, or SIGHUP)", type="server_error",
+            raise ApiError(500, unreadable_message(entry.key, e), type="server_error",
                            code="model_unreadable") from None
 
     def resolve(self, name: Any) -> CatalogEntry:
@@ -242,6 +242,8 @@ class Door:
                             headers={"x-should-retry": "false"}, extra={"plan": e.plan.to_json()})
         if isinstance(e, LoadFailed):
             return ApiError(502, str(e), type="engine_error", code="load_failed", headers={"x-should-retry": "false"})
+        if isinstance(e, ModelUnreadable):
+            return ApiError(500, str(e), type="server_error", code="model_unreadable")
         return ApiError(500, str(e), type="server_error")
 
 

@@ -104,9 +104,12 @@ class OllamaRoutes:
         for e in self.door.catalog.entries():
             path = Path(e.path)
             mtime = path.stat().st_mtime if path.exists() else None
+            size, source = sh.file_bytes_now(e.files or (path,))
+            if size is None:  # Ollama's clients want a number: the scan's, said so
+                size, source = e.file_bytes, f"file-size at the catalog's scan; now {source}"
             models.append({"name": e.key, "model": e.key, "modified_at": sh.iso(mtime) if mtime else None,
-                           "size": e.file_bytes, "digest": sh.identity_digest(path), "details": self.described(e),
-                           "fitevict": {"size_source": "file-size", "aliases": list(e.aliases), "engine": e.engine,
+                           "size": size, "digest": sh.identity_digest(path), "details": self.described(e),
+                           "fitevict": {"size_source": source, "aliases": list(e.aliases), "engine": e.engine,
                                         "store": e.store}})
         return JSONResponse({"models": models})
 

@@ -237,6 +237,16 @@ def identity_digest(path: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
+def file_bytes_now(files: tuple[Path, ...]) -> tuple[int | None, str]:
+    """The bytes of a model's weight ``files`` as they are on disk now, and the figure's source: a file replaced,
+    truncated or still growing since the catalog was scanned shows at once. (None, "unavailable, because ...") when
+    one cannot be read."""
+    try:
+        return sum(p.stat().st_size for p in files), "file-size"
+    except OSError as e:
+        return None, f"unavailable, because {e.filename}: {e.strerror}"
+
+
 def details_of(structure: Any, kind: str) -> dict[str, Any]:
     """Ollama's model ``details`` from a GGUF structure (``None``: not a GGUF, or unreadable)."""
     if structure is None:

@@ -19,6 +19,7 @@ from fitevict import __version__
 from fitevict.pricing.lora import listed_adapter_bytes
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
+from fitevict.server.ollama_shapes import file_bytes_now
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON = b"application/json"
@@ -53,11 +54,12 @@ def model_list(door: Door) -> dict[str, Any]:
     for e in catalog.entries():
         v = views.get(e.base or e.key)  # an adapter is resident with its base's seat
         path = Path(e.path)
+        size, source = file_bytes_now(e.files or (path,))  # as on disk now: a file replaced since the scan shows
         data.append({
             "id": e.key, "object": "model", "created": int(path.stat().st_mtime) if path.exists() else 0,
             "owned_by": "fitevict",
             "fitevict": {"engine": e.engine, "store": e.store, "aliases": list(e.aliases), "pinned": e.pinned,
-                         "file": {"bytes": e.file_bytes, "source": "file-size"},
+                         "file": {"bytes": size, "source": source},
                          "resident": v is not None, "state": v["state"] if v else None,
                          "resident_bytes": v["devices"] if v else None,
                          **({"base": e.base, "adapter_bytes": listed_adapter_bytes(e.kind, e.files)}

@@ -39,7 +39,7 @@ from fitevict.supervisor.desk import Desk
 from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.history import History
 from fitevict.shrink import Need
-from fitevict.schedule.errors import Busy, Refused, SupervisorError
+from fitevict.schedule.errors import Busy, ModelUnreadable, Refused, SupervisorError
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.neighbours import PressureWatch, holdings
 from fitevict.supervisor.orphans import cleanup_orphans
@@ -377,7 +377,10 @@ class Supervisor:
         if self.closed:
             raise Busy(f"{w.key}: fitevict is shutting down; retry later", retry_after=5)
         # its price, read off the event loop before it is queued: the scheduler's plan prices without I/O
-        await self._read_price(entry, w.request, resident=w.key in self.seats)
+        try:
+            await self._read_price(entry, w.request, resident=w.key in self.seats)
+        except (PricingError, OSError) as e:  # its file changed since the request was read (truncated, gone)
+            raise ModelUnreadable(w.key, e) from None
         fut = asyncio.get_running_loop().create_future()
         self.desk.futures[w] = fut
         t0 = self.clock()

@@ -41,7 +41,7 @@ from fitevict.supervisor.release import StopResult, stop_and_verify
 from fitevict.supervisor.storing import STOPPING, keep_record, last_measurement, store_measurement
 from fitevict.schedule.scheduler import Waiter
 from fitevict.schedule.seats import PLACING, SERVING, Exit
-from fitevict.supervisor.seat import BIND_FAILED, SeatState, log_tail, spawn, wait_ready
+from fitevict.supervisor.seat import BIND_FAILED, SeatState, file_changed, log_tail, spawn, wait_ready
 
 log = logging.getLogger("fitevict.supervisor")
 VERIFY_HOLD_S = 2.0  # a stop holds the next placement at most this long after its processes exited (see _end)
@@ -452,11 +452,12 @@ class LiveEffects:
         res = await self._end(seat)
         frozen = self.frozen.pop(seat, None)
         oom = await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen) if rc == -9 and not frozen else None
+        changed = file_changed(seat)  # a seat whose mapped file was cut short dies of SIGBUS: say so
         await parts.history.record(Event(
             time=parts.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
-            reason=frozen or exit_reason(seat.engine, rc, oom),
+            reason=(frozen or exit_reason(seat.engine, rc, oom)) + (f"; {changed}" if changed else ""),
             details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **timings(seat),
-                     "cause": "frozen" if frozen else exit_cause(rc, oom), "oom": oom,
+                     "cause": "frozen" if frozen else exit_cause(rc, oom), "oom": oom, "file_changed": changed,
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
         parts.processes.done_with_log(seat.log_path)
         self._stopped(seat.key, res, how=Exit.CRASHED)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ class PriceBook:
         self._dry_notes: dict[str, dict[LoadConfig, str]] = {}
         self._dry_context: dict[str, dict[LoadConfig, Any]] = {}
         self._projector_estimate: dict[str, dict[LoadConfig, int]] = {}
+        self._dry_file: dict[str, tuple[int, int, int]] = {}  # file -> (size, mtime_ns, inode) its dry runs ran on
         self._mmproj: dict[str, Path] = {}  # model file -> its projector (from the catalog)
         self._extra_args: dict[str, tuple[str, ...]] = {}  # HF folder -> the seat's own flags (dtype, quant, ...)
         self._hf: dict[tuple[str, int], Any] = {}
@@ -382,7 +384,24 @@ class PriceBook:
         return tuple(self._dry_running)
 
     def has_dry_run(self, path: Path, cfg: LoadConfig) -> bool:
+        self._drop_replaced(str(path))
         return cfg in self._compute.get(str(path), {})
+
+    def _drop_replaced(self, p: str) -> None:
+        """Forget the dry runs of ``p`` when the file there is no longer the one they ran on (another file put in
+        its place under the same name, or the same one rewritten): they priced what is gone, and the next load runs
+        them again. A file that cannot be read is left to its plan, which says why."""
+        try:
+            st = os.stat(p)
+        except OSError:
+            return
+        now = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if self._dry_file.setdefault(p, now) != now:
+            self._dry_file[p] = now
+            for runs in (self._compute, self._dry_context, self._projector_estimate, self._dry_notes):
+                runs.pop(p, None)
+            log.info("%s changed on disk: its dry runs are forgotten and run again at its next load", p)
+            self._changed(p)
 
     def compute_source(self, path: Path, cfg: LoadConfig) -> str:
         if self.has_dry_run(path, cfg):
@@ -394,6 +413,7 @@ class PriceBook:
         """Price the compute buffer of ``cfg`` with the engine's own dry run, once per file and configuration
         (also cached on disk); a dry run that gives no figure leaves the labelled formula in place."""
         p = str(path)
+        self._drop_replaced(p)
         if cfg in self._compute.get(p, {}) or cfg in self._dry_notes.get(p, {}):
             return
         if entry.mmproj is not None and self._mmproj.get(p) != Path(entry.mmproj):

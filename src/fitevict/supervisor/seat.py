@@ -77,6 +77,7 @@ class SeatState:
     shrunk_from: dict | None = None  # policy.shrink_ctx loaded this seat for a larger asked context: what and why
     kv_candidates: list = field(default_factory=list)  # kvkeep.SavedPrompt of this signature, not yet tried
     kv_checks: int = 0  # requests compared with the saved prompts so far
+    file_at_start: tuple[int, int] | None = None  # its model file's (size, inode) when its process started
     kernel_seen: Seen | None = None  # host.oomkill.Seen: its start and memory cgroup when last looked at
     repack_crash: RepackCrash | None = None  # crash.RepackCrash: this seat is the -nr retry of a load that crashed with repacking
 
@@ -254,9 +255,36 @@ def log_tail(path: Path, n: int = 25) -> str:
 
 async def spawn(seat: SeatState, spec: LaunchSpec) -> None:
     """Start the engine process (own process group, own log file)."""
+    seat.file_at_start = _file_now(seat.model_path)
     with seat.log_path.open("wb") as log:
         seat.proc = start_child(spec.argv, stdout=log, env=dict(spec.env))
     seat.pid = seat.pgid = seat.proc.pid
+
+
+def _file_now(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_ino
+
+
+def file_changed(seat: SeatState) -> str | None:
+    """What happened to the seat's model file since its process started, in words (truncated, grown, replaced by
+    another file, gone); None when it is the same (or was never read). A seat that maps a file cut short dies of
+    SIGBUS at its next read of the lost part."""
+    if seat.file_at_start is None or seat.model_path.is_dir():
+        return None
+    then, now = seat.file_at_start, _file_now(seat.model_path)
+    if now == then:
+        return None
+    if now is None:
+        return f"its model file {seat.model_path} is gone since the seat started"
+    if now[1] != then[1]:
+        return (f"its model file {seat.model_path} was replaced by another file since the seat started ({then[0]} "
+                f"bytes then, {now[0]} now)")
+    how = "truncated" if now[0] < then[0] else "grown"
+    return f"its model file {seat.model_path} was {how} since the seat started ({then[0]} bytes then, {now[0]} now)"
 
 
 async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_timeout: float, stall_seconds: float,
