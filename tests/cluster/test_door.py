@@ -252,3 +252,39 @@ def test_an_alias_routes_to_its_model_and_the_node_is_sent_the_key() -> None:
     unknown = call(door, "POST", "/v1/messages", json={**body, "model": "nope"})
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
     assert unknown.json()["type"] == "error"
+
+
+class _Body(httpx.AsyncByteStream):
+    """A node door's streamed body, as it comes over a connection: ``chunks``, then the connection reset when
+    ``cut``."""
+
+    def __init__(self, *chunks: bytes, cut: bool = False) -> None:
+        self.chunks, self.cut = chunks, cut
+
+    async def __aiter__(self):
+        for chunk in self.chunks:
+            yield chunk
+        if self.cut:
+            raise httpx.ReadError("connection reset by peer")
+
+
+def test_a_stream_lost_before_its_first_byte_goes_to_the_next_node() -> None:
+    calls: list[tuple[str, str, str]] = []
+    others = node_door(set(), calls)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/chat/completions":
+            return others(request)
+        calls.append((request.url.host, request.method, request.url.path))
+        sse = {"content-type": "text/event-stream"}
+        if request.url.host == N2:  # the rule's first choice for big (the most room left after the load): its
+            return httpx.Response(200, headers=sse, stream=_Body(cut=True))  # headers, then lost before a byte
+        return httpx.Response(200, headers=sse, stream=_Body(b'data: {"n": 1}\n\n', b"data: [DONE]\n\n"))
+
+    fleet = Fleet()
+    door = ClusterDoor(load_config(None), fleet)  # type: ignore[arg-type]
+    door.client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    r = call(door, "POST", "/v1/chat/completions", json={"model": "big", "stream": True, "messages": []})
+    assert r.status_code == 200, r.text
+    assert (r.headers["x-fitevict-node"], r.text) == (N1, 'data: {"n": 1}\n\ndata: [DONE]\n\n')
+    assert [c[0] for c in calls if c[2] == "/v1/chat/completions"] == [N2, N1] and fleet.lost == [N2]

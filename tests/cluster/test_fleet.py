@@ -74,7 +74,7 @@ def test_cluster_stop_keeps_rays_own_notices_off_stdout(monkeypatch, capsys) -> 
     # answer of `cluster stop --json` is read from stdout, so they must go to stderr
     import types
 
-    from fitevict.cluster import fleet as fleet_mod
+    from fitevict.cluster import stop as stop_mod
 
     class _Ref:
         def __init__(self, value: int) -> None:
@@ -92,10 +92,35 @@ def test_cluster_stop_keeps_rays_own_notices_off_stdout(monkeypatch, capsys) -> 
         init=lambda **_: print("\x1b[33m(raylet)\x1b[0m The node with node id: n2 has been marked dead"),
         nodes=lambda: [{"NodeID": "n1", "Alive": True}],
         util=types.SimpleNamespace(list_named_actors=lambda: [fleet_mod.AGENT_PREFIX + "n1"]),
+        _private=types.SimpleNamespace(state=types.SimpleNamespace(actors=dict)),
         get_actor=lambda name, namespace: _Agent(), get=lambda ref, timeout: ref.value, kill=lambda *a, **k: None,
         shutdown=lambda: print("shutting down"), exceptions=exc)
     monkeypatch.setitem(sys.modules, "ray", fake)
-    rows = fleet_mod.stop_agents("auto")
+    rows = stop_mod.stop_agents("auto")
     out = capsys.readouterr()
     assert rows == [{"node": "n1", "door_exit": 0}]
     assert out.out == "" and "marked dead" in out.err and "shutting down" in out.err
+
+
+def _agent(node: str, state: str, reason: str, ended_at: float, message: str = "") -> dict:
+    return {"name": fleet_mod.AGENT_PREFIX + node, "state": state, "reason": reason, "message": message,
+            "ended_at": ended_at}
+
+
+def test_cluster_stop_lists_the_agents_that_ended_since_the_last_stop() -> None:
+    from fitevict.cluster.stop import ended_agents
+
+    table = [
+        _agent("old", "DEAD", "NODE_DIED", 10.0),  # ended before the last stop: that stop listed it
+        _agent("k1", "DEAD", "RAY_KILL", 20.0),  # the last stop killed it
+        _agent("n1", "DEAD", "NODE_DIED", 30.0, "the node was terminated\nmore"),
+        _agent("n1", "DEAD", "WORKER_DIED", 25.0),
+        _agent("n2", "DEAD", "WORKER_DIED", 40.0),  # its node's new agent runs: that one is asked, not this
+        _agent("n2", "ALIVE", "", 0.0),
+        _agent("n3", "ALIVE", "", 0.0),
+        {"name": "another-actor", "state": "DEAD", "reason": "NODE_DIED", "message": "", "ended_at": 50.0},
+    ]
+    rows = ended_agents(table, {fleet_mod.AGENT_PREFIX + "n2", fleet_mod.AGENT_PREFIX + "n3"})
+    assert [r["node"] for r in rows] == ["n1"]
+    assert "NODE_DIED: the node was terminated" in rows[0]["gone"] and "more" not in rows[0]["gone"]
+    assert ended_agents([_agent("n1", "DEAD", "NODE_DIED", 5.0)], set())[0]["node"] == "n1"  # no stop before

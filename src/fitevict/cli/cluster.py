@@ -25,7 +25,7 @@ def stop(ray_address: str = typer.Option("auto", "--ray", help="The Ray cluster'
     if importlib.util.find_spec("ray") is None:
         err.print("[red]cluster stop needs the ray extra:[/] pip install 'fitevict[ray]'")
         raise typer.Exit(2)
-    from fitevict.cluster.fleet import stop_agents
+    from fitevict.cluster.stop import stop_agents
 
     try:
         rows = stop_agents(ray_address)

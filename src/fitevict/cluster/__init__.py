@@ -6,6 +6,8 @@ door, and the cluster's front door routes each request to the node where its mod
     merge.py   PURE: the nodes' lists, residents and history as one view
     agent.py   the node agent: runs the node's door, reports its facts and dry runs
     fleet.py   Ray's membership, an agent per node, the facts polled with their age
+    membership.py PURE: whether Ray's node list answers, and what was missed while it did not
+    stop.py    ``fitevict cluster stop``: every agent stopped, those that had ended listed as gone
     front.py   the cluster's front door (ASGI): relays inference to the chosen node, merges the views
     admin.py   load, unload, plan and rescan, each sent to the nodes it concerns
     metrics.py PURE: the nodes' /metrics as one, each sample with its node
@@ -13,5 +15,5 @@ door, and the cluster's front door routes each request to the node where its mod
     wire.py    the front door's ASGI plumbing
     main.py    ``fitevict serve --ray ADDRESS``'s serving process
 
-Ray is imported only by ``fleet`` and ``main``: the rest runs, and is tested, without it.
+Ray is imported only by ``fleet``, ``stop`` and ``main``: the rest runs, and is tested, without it.
 """

@@ -8,23 +8,26 @@ gets an agent; a node Ray declares dead leaves), and each agent's facts, with a 
 A node whose facts cannot be read leaves routing at once, as does one whose door refuses connections
 (``lost``); it comes back when it reports again.
 
+The node list comes from Ray's GCS (on the head node); facts come from the agents directly. A node list that does
+not answer within the deadline (the GCS killed or restarting) leaves the members as they were: routing goes on
+from their facts, and ``membership`` says since when the list is unreadable, then what changed meanwhile.
+
 With a cluster key of its own (``server.cluster_key``), a front door offers it to the agents it starts and uses
 only nodes whose doors admit it: a node whose agent runs with another key stays out (``refused``, asked again
-every ``REFUSED_RETRY_S``). ``stop_agents`` stops every agent on a cluster, and its door.
+every ``REFUSED_RETRY_S``. ``stop.stop_agents`` stops every agent on a cluster, and its door.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from fitevict.cluster.agent import NodeAgent, budget_from_resources
 from fitevict.cluster.facts import node_facts, verdict_of
+from fitevict.cluster.membership import Membership, describe
 from fitevict.cluster.route import NodeFacts, Verdict
 
 log = logging.getLogger("fitevict.cluster")
@@ -80,20 +83,46 @@ class Fleet:
         self.refused: dict[str, tuple[float, str]] = {}  # node -> (when, why): its door does not admit our key
         self._starting: dict[str, asyncio.Task] = {}
         self._wake = asyncio.Event()
+        self.membership = Membership()
+        self._listing: asyncio.Future | None = None  # Ray's node list being read (it may outlast a poll)
 
     # -- membership ---------------------------------------------------------------------------------
 
-    async def sync_nodes(self) -> None:
-        """Agents for Ray's alive nodes; nodes Ray declares dead leave."""
+    async def _alive(self) -> dict[str, dict[str, Any]] | None:
+        """Ray's alive nodes by id; None when its node list does not answer within ``call_timeout_s`` (the read
+        goes on, and a later poll takes its answer) or fails: ``membership`` says since when, and why."""
         import ray
 
-        nodes = await asyncio.to_thread(ray.nodes)
-        alive = {n["NodeID"]: n for n in nodes if n.get("Alive")}
-        for node_id in list(self.members):
-            if node_id not in alive:
-                log.warning("node %s left the cluster (Ray: not alive)", node_id)
-                del self.members[node_id]
+        if self._listing is None:
+            self._listing = asyncio.ensure_future(asyncio.to_thread(ray.nodes))
+        done, _ = await asyncio.wait({self._listing}, timeout=self.call_timeout_s)
+        if not done:
+            why = f"no answer within {self.call_timeout_s:g} s"
+        else:
+            listing, self._listing = self._listing, None
+            try:
+                return {n["NodeID"]: n for n in listing.result() if n.get("Alive")}
+            except Exception as e:  # the GCS refused or is gone: the members stay as they were
+                why = f"{type(e).__name__}: {e}"
+        if self.membership.unanswered(time.time(), why):
+            log.warning("Ray's node list (its GCS) does not answer (%s): the %d node(s) known stay, routed by their "
+                        "agents' facts; no node can join until it answers", why, len(self.members))
+        return None
+
+    async def sync_nodes(self) -> None:
+        """Agents for Ray's alive nodes; nodes Ray declares dead leave. While Ray's node list does not answer, the
+        members stay as they were."""
+        alive = await self._alive()
+        if alive is None:
+            return
+        left = {n for n in self.members if n not in alive}
+        for node_id in left:
+            log.warning("node %s left the cluster (Ray: not alive)", node_id)
+            del self.members[node_id]
         now = time.time()
+        ended = self.membership.answered(now, left, {n for n in alive if n not in self.members})
+        if ended is not None:
+            log.warning(describe(ended))
         for node_id, n in alive.items():
             if node_id in self.refused and now - self.refused[node_id][0] < REFUSED_RETRY_S:
                 continue
@@ -156,9 +185,8 @@ class Fleet:
 
     async def run(self) -> None:
         while True:
-            try:
-                await self.sync_nodes()
-                await self.refresh()
+            try:  # at once: a node list that is late (the GCS away) holds no facts back
+                await asyncio.gather(self.sync_nodes(), self.refresh())
             except Exception:
                 log.exception("fleet poll failed")
             self._wake.clear()
@@ -213,46 +241,3 @@ class Fleet:
     def door(self, node: str) -> tuple[str, str] | None:
         m = self.members.get(node)
         return (m.url, m.key) if m is not None else None
-
-
-def stop_agents(address: str, timeout_s: float = 120.0) -> list[dict[str, Any]]:
-    """Stop every node agent on the Ray cluster at ``address`` (``auto``: this machine's), each after its door
-    (SIGTERM: the door stops its seats and verifies their memory came back). Each agent's node with its door's exit
-    status (``door_exit``), ``gone`` for an agent that had ended (its node died, say: its door went with it), or
-    ``error``: why it could not be stopped (it is killed all the same, and its door with it)."""
-    # Ray's driver prints the cluster's own notices (a node marked dead, say) to stdout whatever log_to_driver says:
-    # they go to stderr here, so that stdout carries only the answer (``cluster stop --json``)
-    with contextlib.redirect_stdout(sys.stderr):
-        return _stop_agents(address, timeout_s)
-
-
-def _stop_agents(address: str, timeout_s: float) -> list[dict[str, Any]]:
-    import ray
-
-    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
-    try:
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        names = sorted(n for n in ray.util.list_named_actors() if n.startswith(AGENT_PREFIX))
-        agents = {n: ray.get_actor(n, namespace=NAMESPACE) for n in names}
-        asked = {n: a.stop.remote() for n, a in agents.items() if n[len(AGENT_PREFIX):] in alive}  # all at once
-        out = []
-        for name, agent in agents.items():
-            row: dict[str, Any] = {"node": name[len(AGENT_PREFIX):]}
-            try:
-                if name in asked:
-                    row["door_exit"] = ray.get(asked[name], timeout=timeout_s)
-                else:
-                    row["gone"] = "its node is no longer alive"
-            except ray.exceptions.ActorDiedError:  # it died before (its node, say): its door went with it
-                row["gone"] = "the agent had ended, its door with it"
-            except ray.exceptions.ActorUnavailableError as e:  # its node's processes do not answer: Ray lists a
-                # killed node as alive until its health checks fail (about 15 s)
-                row["gone"] = (f"unreachable ({type(e).__name__}): its node does not answer; if that machine is still "
-                               "up, its door may run on: stop it there")
-            except Exception as e:  # the agent is unreachable or late
-                row["error"] = f"{type(e).__name__}: {e}"
-            ray.kill(agent, no_restart=True)
-            out.append(row)
-        return out
-    finally:
-        ray.shutdown()

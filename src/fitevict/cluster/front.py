@@ -3,9 +3,11 @@
 For an inference request it reads the model's name, asks the routing rule (``route``) for candidate nodes and
 relays the request, as received, to the first that takes it: the answer's bytes go from the node's door to the
 client as they arrive, over HTTP (never through Ray's object store). A node that refuses (507: does not fit, 503:
-busy) or cannot be reached sends the request to the next candidate, with the reason logged. A node lost while
-the request was on it (the answer had not begun) gets the client a 502 naming the node; an answer cut after it
-began ends with an error event naming the node (streams) or a closed connection.
+busy), cannot be reached, or is lost before the first byte of its answer (the client has been sent nothing) sends
+the request to the next candidate, with the reason logged; a node lost on the way has the request routed again
+without it, once. Only an answer cut after its first byte ends with an error naming the node: an error event
+(``node_lost``) for a stream, a closed connection for a whole answer. When no node takes it, the client gets
+503 (a node was lost: retry) or 507, with each node's reason.
 
 The admin routes (load, unload, plan, rescan) go to the nodes they concern (``admin``). The list, residents and
 history routes merge every node's (``merge``), each row naming its node; ``/metrics`` and the dashboard too
@@ -133,23 +135,22 @@ class ClusterDoor:
                 raise _no_node(key, plan)
         except ApiError as e:
             return await send_error(e, path, scope, receive, send)
-        tried: list[str] = []
+        tried = Tried()
         seen: set[str] = set()
-        for attempt in range(2):  # a node found lost on the way: route again, without it, once
+        for attempt in range(2):  # a node lost on the way (nothing sent to the client): route again, without it
             for cand in (c for c in plan.candidates if c.node not in seen):
                 seen.add(cand.node)
                 if await self._try(cand, raw, rid, scope, receive, send, tried, name_node):
                     self.routed[cand.node, cand.why] = self.routed.get((cand.node, cand.why), 0) + 1
                     log.info(json.dumps({"request_id": rid, "model": key, "path": path, "node": cand.node,
-                                         "route": cand.why, "tried": tried,
+                                         "route": cand.why, "tried": tried.reasons,
                                          "total_s": round(time.perf_counter() - t0, 4)}))
                     return
-            if attempt or not any("unreachable" in t for t in tried):
+            if attempt or not tried.lost:
                 break
             plan = await self.route(key, contract)
-        err = ApiError(507, f"no node took {key}: " + "; ".join(tried), type="insufficient_memory",
-                       code="no_node", headers={"x-should-retry": "false"})
-        await send_error(err, path, scope, receive, send)
+        tried.reasons += [f"{n}: {why}" for n, why in plan.refused if n not in seen]
+        await send_error(tried.error(key), path, scope, receive, send)
 
     def _model_of(self, raw: bytes) -> tuple[str, dict | None, bytes]:
         """The model key the body names, its contract, and the body to relay (naming the key where the body named
@@ -194,12 +195,13 @@ class ClusterDoor:
         return route(key, facts, verdicts, time.time(), max_age) if verdicts else route(key, facts, [], now, max_age)
 
     async def _try(self, cand: Candidate, raw: bytes, rid: str, scope: Scope, receive: Receive, send: Send,
-                   tried: list[str], name_node: bool) -> bool:
-        """Relay to ``cand``'s door. True when the client got its answer (or an error naming a lost node); False
-        when the node refused or could not be reached (``tried`` says why): the next candidate's turn."""
+                   tried: Tried, name_node: bool) -> bool:
+        """Relay to ``cand``'s door. True when the client got its answer (or an answer cut after it began); False
+        when the node refused, could not be reached or was lost before the answer's first byte (``tried`` says
+        why): the next candidate's turn."""
         door = self.fleet.door(cand.node)
         if door is None:
-            tried.append(f"{cand.node}: left the cluster")
+            tried.reasons.append(f"{cand.node}: left the cluster")
             return False
         url, key = door
         path, qs = scope["path"], scope.get("query_string", b"").decode("latin-1")
@@ -210,35 +212,49 @@ class ClusterDoor:
         req = self.client.build_request("POST", url + path + (f"?{qs}" if qs else ""), content=raw, headers=headers)
         try:
             resp = await self.client.send(req, stream=True)
-        except httpx.ConnectError as e:  # nothing reached the node: another may take it
-            self.fleet.mark_lost(cand.node, f"its door refused the connection: {e!r}")
-            self.fleet.poke()
-            tried.append(f"{cand.node}: unreachable ({type(e).__name__})")
+        except httpx.TransportError as e:  # no byte of an answer came back: another node may take it
+            self._lost_before(cand.node, e, tried)
             return False
-        except httpx.TransportError as e:  # the node went while the request was on it
-            self.fleet.mark_lost(cand.node, f"lost with a request in flight: {e!r}")
-            self.fleet.poke()
-            await send_error(_lost(cand.node, path, e), path, scope, receive, send)
-            return True
         if resp.status_code in REFUSALS:
             why = (await resp.aread()).decode(errors="replace")[:500]
             await resp.aclose()
-            tried.append(f"{cand.node}: answered {resp.status_code}: {why}")
+            tried.reasons.append(f"{cand.node}: answered {resp.status_code}: {why}")
             return False
-        await self._stream(cand, resp, path, send, name_node)
+        if not await self._stream(cand, resp, path, send, name_node, tried):
+            return False
         if cand.why != "hit":
             self.fleet.poke()  # it loaded (or evicted) there: fresh facts now
         return True
 
-    async def _stream(self, cand: Candidate, resp: httpx.Response, path: str, send: Send, name_node: bool) -> None:
+    def _lost_before(self, node: str, e: Exception, tried: Tried) -> None:
+        """``node`` was lost before the first byte of its answer: it leaves routing, and the request may go on."""
+        why = ("its door refused the connection" if isinstance(e, httpx.ConnectError) else
+               "lost before the first byte of its answer")
+        self.fleet.mark_lost(node, f"{why}: {e!r}")
+        self.fleet.poke()
+        tried.lost.add(node)
+        tried.reasons.append(f"{node}: {why} ({type(e).__name__})")
+
+    async def _stream(self, cand: Candidate, resp: httpx.Response, path: str, send: Send, name_node: bool,
+                      tried: Tried) -> bool:
+        """Relay ``resp`` to the client; False, with nothing sent, when the node was lost before the answer's first
+        byte (its status line is held until then)."""
         head = [(k, v) for k, v in resp.headers.raw if k.lower() in PASSED_HEADERS or k.lower().startswith(b"x-fitevict")]
         head += [(b"x-fitevict-node", cand.node.encode()), (b"x-fitevict-route", cand.why.encode())]
         ctype = resp.headers.get("content-type", "")
         if name_node and ctype.startswith("application/json"):  # a whole JSON answer: it names its node
-            return await self._named(cand, resp, head, send)
+            return await self._named(cand, resp, head, send, tried)
+        chunks = resp.aiter_raw()
+        try:
+            first = await anext(chunks, b"")
+        except httpx.TransportError as e:
+            await resp.aclose()
+            self._lost_before(cand.node, e, tried)
+            return False
         await send({"type": "http.response.start", "status": resp.status_code, "headers": head})
         try:
-            async for chunk in resp.aiter_raw():
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.TransportError as e:
             self.fleet.mark_lost(cand.node, f"lost during an answer: {e!r}")
@@ -248,19 +264,24 @@ class ClusterDoor:
                                                       "node": cand.node}}).encode() + b"\n\n"
                     ) if ctype.startswith("text/event-stream") else b""
             await send({"type": "http.response.body", "body": tail, "more_body": False})
-            return
+            return True
         finally:
             await resp.aclose()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
 
-    async def _named(self, cand: Candidate, resp: httpx.Response, head: list, send: Send) -> None:
+    async def _named(self, cand: Candidate, resp: httpx.Response, head: list, send: Send, tried: Tried) -> bool:
         try:
             doc = json.loads(await resp.aread())
-        except (httpx.TransportError, ValueError) as e:
-            self.fleet.mark_lost(cand.node, f"lost during an answer: {e!r}")
-            err = _lost(cand.node, "", e)
-            return await send_json(send, 502, {"error": {"message": err.message, "type": err.type, "param": None,
-                                                         "code": err.code, "node": cand.node}}, err.headers)
+        except httpx.TransportError as e:  # nothing was sent: another node may take it
+            self._lost_before(cand.node, e, tried)
+            return False
+        except ValueError as e:
+            err = ApiError(502, f"node {cand.node} answered what is not JSON: {e}", type="node_error",
+                           code="bad_answer", headers={"x-fitevict-node": cand.node}, extra={"node": cand.node})
+            await send_json(send, 502, {"error": {"message": err.message, "type": err.type, "param": None,
+                                                  "code": err.code, "node": cand.node}}, err.headers)
+            return True
         finally:
             await resp.aclose()
         if isinstance(doc, dict):
@@ -270,6 +291,7 @@ class ClusterDoor:
         head.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": resp.status_code, "headers": head})
         await send({"type": "http.response.body", "body": body})
+        return True
 
     # -- the nodes' own answers -----------------------------------------------------------------------
 
@@ -322,9 +344,27 @@ def _refused_by(node: str, r: httpx.Response) -> ApiError:
     return ApiError(400, message, param=param, headers={"x-fitevict-node": node}, extra={"node": node})
 
 
+class Tried:
+    """The nodes a request was offered to and why each did not take it (``reasons``), and those lost on the way."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.lost: set[str] = set()
+
+    def error(self, key: str) -> ApiError:
+        """No node took it: 503 when a node was lost on the way (a retry is routed afresh), else 507."""
+        why = "; ".join(self.reasons)
+        if self.lost:
+            return ApiError(503, f"no node took {key}: {why}", type="server_busy", code="no_node",
+                            headers={"x-should-retry": "true", "retry-after": "1"},
+                            extra={"lost": sorted(self.lost)})
+        return ApiError(507, f"no node took {key}: {why}", type="insufficient_memory", code="no_node",
+                        headers={"x-should-retry": "false"})
+
+
 def _lost(node: str, path: str, e: Exception) -> ApiError:
-    return ApiError(502, f"node {node} was lost with this request in flight ({type(e).__name__}); its models load "
-                         f"elsewhere on the next request", type="node_lost", code="node_lost",
+    return ApiError(502, f"node {node} was lost during this answer, after it began ({type(e).__name__}); its models "
+                         f"load elsewhere on the next request", type="node_lost", code="node_lost",
                     headers={"x-should-retry": "true", "x-fitevict-node": node}, extra={"node": node})
 
 
@@ -360,11 +400,13 @@ async def _tags(door: ClusterDoor, scope: Scope) -> dict[str, Any]:
 
 async def _health(door: ClusterDoor, scope: Scope) -> dict[str, Any]:
     facts = door.fleet.snapshot()
-    return {"status": "ok", "nodes": len(door.fleet.members), "routable": sum(f.error is None for f in facts)}
+    return {"status": "ok", "nodes": len(door.fleet.members), "routable": sum(f.error is None for f in facts),
+            "ray": door.fleet.membership.row(time.time())}
 
 
 async def _nodes(door: ClusterDoor, scope: Scope) -> dict[str, Any]:
-    return {"object": "list", "data": door.fleet.rows(time.time())}
+    now = time.time()
+    return {"object": "list", "data": door.fleet.rows(now), "ray": door.fleet.membership.row(now)}
 
 
 GETS: dict[str, Callable[[ClusterDoor, Scope], Awaitable[dict[str, Any]]]] = {
