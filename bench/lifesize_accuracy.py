@@ -192,6 +192,20 @@ def overhead_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def readme_line(rows: list[dict]) -> str:
+    """README's life-size accuracy line, from the same rows as the section."""
+    read = [(r, filled_peak(r)) for r in rows]
+    signed = [(r["predicted"] - peak) / peak * 100 for r, peak in read if peak]
+    exact = sum(1 for r in rows if r["exact_buffers"] is not None
+                and abs(r["exact_buffers"] - r["buffers"]) <= PRECISION_BYTES)
+    ok = sum(1 for r in rows if verdict(r) == "yes")
+    return (f"At life size, {exact} of {len(rows)} seats' priced buffers equal the engine's traced ones (weights, "
+            "caches and output to the byte, the compute buffer within its dry run's 0.01 MiB print), and through a "
+            f"filled context the price is {min(signed):+.2f}% to {max(signed):+.2f}% of the seat's PSS *as read*, "
+            f"{ok} of {len(rows)} seats within {-BELOW:.0%}/+{ABOVE:.0%} with no floor (`bench/lifesize_accuracy.py`; "
+            "`docs/accuracy.md`, \"At life size\").")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="", help="only these models (comma-separated)")
@@ -212,7 +226,8 @@ def main() -> None:
         print(text)
         return
     write_section("lifesize", text, doc=ACCURACY)
-    print(f"wrote the lifesize section of {ACCURACY}")
+    write_section("accuracy-lifesize", readme_line(rows), doc=ACCURACY.parent.parent / "README.md")
+    print(f"wrote the lifesize section of {ACCURACY} and README's life-size accuracy line")
 
 
 if __name__ == "__main__":
