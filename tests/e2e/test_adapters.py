@@ -106,7 +106,8 @@ def test_alternating_adapters_load_the_base_once(door) -> None:
     assert loads[0]["details"]["compute_source"] == "dry-run"  # the engine's dry run ran with the --lora list
     rep = loads[0]["details"]["load_report"]
     assert rep["base_hit"] is False and rep["adapters_on_seat"] == 2
-    assert rep["base_load_seconds"] > 0 and rep["adapter_load_seconds"] >= 0
+    # the adapters' loading (the engine log's timestamps) is a part of the seat's load, never the whole of it
+    assert rep["base_load_seconds"] > 0 and 0 < rep["adapter_load_seconds"] < loads[0]["seconds"]
     # resident bytes: the base plus both adapters, as priced (the log rounds each buffer to 0.01 MiB)
     pred, meas = loads[0]["details"]["predicted"], loads[0]["details"]["measured"]
     p_cpu = next(d for d in pred["devices"] if d["name"] == "CPU")

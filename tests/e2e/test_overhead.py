@@ -43,7 +43,7 @@ OVERHEAD_SLACK = 3 * MiB  # heap and arena pages a run holds or not; the calibra
 
 
 @pytest.fixture(scope="module")
-def calibrated(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> int:
+def calibrated(llama_server: Path, zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> int:
     mp = pytest.MonkeyPatch()
     mp.setenv("FITEVICT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))  # a fresh install: nothing stored
     try:
@@ -52,7 +52,12 @@ def calibrated(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         assert isinstance(rec, dict), rec
         assert calibrated_overhead(llama_server) == rec["overhead"]
         scaling = sum(t["bytes"] for t in rec["terms"])
-        assert rec["overhead"][HOST] == rec["pss_bytes"] - rec["buffer_bytes"] - scaling > 0
+        # the calibrated figure is what a seat of the calibration model holds beyond its buffers and its own scaling
+        # parts on a run of its own, not only in the runs it was taken from
+        again = measure_filled(llama_server, zoo[CALIBRATION_MODEL].path, CALIBRATION_CONFIG)
+        assert isinstance(again, FilledSeat), again
+        seen = again.peak_bytes - again.buffer_bytes - scaling
+        assert abs(rec["overhead"][HOST] - seen) <= OVERHEAD_SLACK, (rec["overhead"][HOST], seen)
         n_seq = CALIBRATION_CONFIG.n_ctx
         assert all(p + g == n_seq for run in rec["runs"] for p, g in run["tokens"])  # measured filled
         yield rec["overhead"][HOST]

@@ -35,11 +35,12 @@ def test_a_long_prompt_survives_an_eviction(zoo: dict, tmp_path: Path) -> None:
         base = door.base_url
         cold = _chat(base, "med-a", "What is rule 3?").json()["timings"]
         assert cold["prompt_n"] > 1024
-        _chat(base, "med-b", "What is rule 4?")  # evicts med-a: its slot is saved first
+        swap = _chat(base, "med-b", "What is rule 4?")  # evicts med-a: its slot is saved first
         evict = next(e for e in history(door, event="evict") if e["model"] == "med-a")
         saved = evict["details"]["kv_saved"]
         assert len(saved) == 1 and saved[0]["tokens"] >= cold["prompt_n"]
-        assert evict["details"]["kv_save_seconds"] >= 0
+        # the save's seconds in the stop hold the engine's own write, and lie within the request that caused them
+        assert 0 < saved[0]["save_seconds"] <= evict["details"]["kv_save_seconds"] < swap.elapsed.total_seconds()
         files = sorted(p.name for p in (door.data_dir / "kv").iterdir())
         assert files == sorted([saved[0]["file"], saved[0]["file"] + ".json"])
 
@@ -47,7 +48,7 @@ def test_a_long_prompt_survives_an_eviction(zoo: dict, tmp_path: Path) -> None:
         report = json.loads(warm.headers["x-fitevict-load-report"])
         kv = report["kv_restore"]
         assert kv["kv_restored_tokens"] == saved[0]["tokens"]
-        assert kv["shared_tokens"] > 1024 and kv["kv_restore_seconds"] >= 0
+        assert kv["shared_tokens"] > 1024 and 0 < kv["kv_restore_seconds"] < warm.elapsed.total_seconds()
         assert kv["prefill_seconds_saved"] is not None and "estimate" in kv["sources"]["prefill_seconds_saved"]
         timings = warm.json()["timings"]
         assert timings["cache_n"] >= kv["shared_tokens"] - 1  # the engine reused what was restored
