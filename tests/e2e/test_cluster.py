@@ -251,6 +251,12 @@ def test_admin_routes_reach_the_node_they_concern(fleet: Fleet) -> None:
     assert r.json()["resident"]["state"] == "ready"
 
 
+@pytest.mark.fault(
+    fault="`SIGTERM` to the cluster's front door (`serve --ray`)",
+    client="requests finish as for a node's door",
+    history="nothing",
+    running="the door exits 0 (it exited by the signal, 15, before)",
+    lost="nothing")
 def test_two_front_doors_route_alike_and_load_once(fleet: Fleet, tmp_path: Path) -> None:
     with front_door(tmp_path, "--ray", fleet.cluster.address, env={"FITEVICT_CONFIG": ""}) as second:
         poll(lambda: _routable(second) == 3, "the second front door's three nodes", timeout=120)
