@@ -60,7 +60,8 @@ def table(rows: list[dict]) -> list[str]:
 def body(rows: list[dict], ctx: dict) -> str:
     passed = sum(1 for r in rows if r["outcome"] == "passed")
     return "\n".join([
-        f"Written by `bench/fault_table.py` from one run of `python {' '.join(ctx['argv'])}` on {ctx['date']} (fitevict "
+        f"Written by `bench/fault_table.py` from one run of `python {' '.join(ctx['argv'])}` on {ctx['date']} "
+        f"(fitevict "
         f"{ctx['commit']}, {ctx['cpu']}, {ctx['cores']} cores shared with other work, 1-minute load average "
         f"{ctx['load_before']} before and {ctx['load_after']} after; {ctx['seconds']:.0f} s in all, pytest exit "
         f"code {ctx['rc']}): {len(rows)} fault tests, {passed} passed. Each row is the test's own `fault` marker; "

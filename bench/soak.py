@@ -136,7 +136,8 @@ def door_history(base: str) -> list[dict] | str:
         r.raise_for_status()
     except httpx.HTTPError as e:
         return f"unavailable, because {type(e).__name__}: {e}"
-    return [{k: e.get(k) for k in ("time", "event", "model", "reason", "request_id")} for e in reversed(r.json()["data"])]
+    keep = ("time", "event", "model", "reason", "request_id")
+    return [{k: e.get(k) for k in keep} for e in reversed(r.json()["data"])]
 
 
 def tree_commit() -> str:

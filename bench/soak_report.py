@@ -85,7 +85,8 @@ def growth_table(samples: list[dict], t_warm: float) -> list[str]:
 
 def request_table(verdicts: list[dict]) -> list[str]:
     kinds = sorted({r["kind"] for r in verdicts})
-    lines = ["| request | sent | answered | hung up by the client | cut by a fault | lost |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| request | sent | answered | hung up by the client | cut by a fault | lost |",
+             "|---|---:|---:|---:|---:|---:|"]
     for k in [*kinds, None]:
         rs = [r for r in verdicts if k is None or r["kind"] == k]
         c = Counter(r["verdict"] for r in rs)
@@ -121,7 +122,8 @@ def targets(samples: list[dict], t_warm: float, lost: int, b: dict) -> str:
         if f["slope"] is None:
             return "unavailable (too few samples after warm-up)"
         drift = abs(f["slope"]) > 2 * f["se"]
-        return f"{'drifting' if drift else 'flat within twice its standard error'} ({f['slope']:+.2f} ± {f['se']:.2f}/h)"
+        verdict = "drifting" if drift else "flat within twice its standard error"
+        return f"{verdict} ({f['slope']:+.2f} ± {f['se']:.2f}/h)"
 
     logs = max((x["seat_logs_bytes"] for x in samples), default=None)
     rss_ok = rss["slope"] is not None and rss["slope"] <= 5
