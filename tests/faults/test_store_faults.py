@@ -1,9 +1,14 @@
 """The store's database locked by another writer (past SQLite's busy timeout) while the front door swaps models:
 clients are served and seats stop and load as if nothing happened; the events the store refused are kept, the
-server log says which and why, and they are written, in order, once the lock is gone: no history is lost."""
+server log says which and why, and they are written, in order, once the lock is gone: no history is lost.
+
+The store's file corrupt, at start or under a running door: it is moved aside (kept, unread) and a new store opened
+in its place; while running, the events refused meanwhile are held and written to the new store, the live seats'
+records too, and clients are served throughout."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -103,4 +108,57 @@ def test_a_corrupt_database_file_is_moved_aside_and_the_door_serves(tmp_path: Pa
         assert aside.read_bytes() == garbage  # nothing deleted
         assert ask(fd, "a").status_code == 200
         poll(lambda: [e for e in history(fd) if e["event"] == "load"], "the load in the new store")
+        assert "Traceback" not in fd.log()
+
+
+def stored_seat_pids(data: Path) -> set[int]:
+    with sqlite3.connect(f"file:{data / 'fitevict.db'}?mode=ro", uri=True) as db:
+        return {r[0] for r in db.execute("SELECT pid FROM seats")}
+
+
+def corrupt(db: Path) -> None:
+    """Everything of the database in its main file (a checkpoint), then random bytes over every page but the first:
+    the header stays, every table is garbage ("database disk image is malformed")."""
+    with sqlite3.connect(str(db), isolation_level=None) as conn:
+        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0  # not busy
+    size = db.stat().st_size
+    with db.open("r+b") as f:
+        f.seek(4096)
+        f.write(os.urandom(size - 4096))
+
+
+@pytest.mark.fault(
+    fault="the store's database file corrupted under a running front door (random bytes over every page but the "
+          "first, after a checkpoint)",
+    client="normal answers throughout (a load, an unload, history reads: never a traceback); `/health` lists the "
+           "file moved aside (`store.moved_aside`: where, and SQLite's reason)",
+    history="at the first refused write or read (\"database disk image is malformed\") the file is moved aside to "
+            "`fitevict.db.corrupt-<unix time>` and a new, empty store opened in its place; what was refused "
+            "meanwhile is held and written there, in order (`load` of the model asked for, then the `unload`), and "
+            "the live seats' records written again",
+    running="the door and its seats as usual",
+    lost="the history and measurements stored before the corruption, unread (kept in the moved file)")
+def test_a_database_corrupted_under_a_running_door_is_replaced_and_the_door_serves(tmp_path: Path,
+                                                                                   zoo: dict) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("a", "b"):
+        shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
+    with front_door(tmp_path, "--models-dir", str(models)) as fd:
+        assert (r := ask(fd, "a")).status_code == 200, r.text
+        poll(lambda: [e for e in history(fd) if e["event"] == "load"], "a's load stored")
+        [seat_a] = engine_pids_of(fd.proc.pid)
+        corrupt(fd.data_dir / "fitevict.db")
+        assert (r := ask(fd, "b")).status_code == 200, r.text  # its first record finds the file corrupt
+        moved = poll(lambda: httpx.get(fd.base_url + "/health").json()["store"]["moved_aside"], "the file moved")
+        assert moved[0]["reason"] == "database disk image is malformed"
+        [aside] = fd.data_dir.glob("fitevict.db.corrupt-*[0-9]")
+        assert str(aside) == moved[0]["to"] and "found corrupt while running" in fd.log()
+        # the live seats' records in the new store: a's (loaded before) written again, b's
+        poll(lambda: stored_seat_pids(fd.data_dir) == set(engine_pids_of(fd.proc.pid)) | {seat_a}, "seat records")
+        r = httpx.post(f"{fd.base_url}/v1/models/a/unload", timeout=120)
+        assert r.status_code == 200 and r.json()["unloaded"] is True, r.text
+        events = poll(lambda: len(h := history(fd)) >= 2 and h, "the events in the new store")
+        assert [(e["event"], e["model"]) for e in reversed(events)] == [("load", "b"), ("unload", "a")]
+        assert (r := ask(fd, "a")).status_code == 200, r.text
         assert "Traceback" not in fd.log()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -16,6 +17,7 @@ from fitevict import __version__
 from fitevict.server import admin, dashboard, ollama, openai
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
+from fitevict.store.faults import reason
 
 
 def build_api(door: Door, state: Any) -> FastAPI:
@@ -34,6 +36,13 @@ def build_api(door: Door, state: Any) -> FastAPI:
     async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return ApiError(e.status_code, str(e.detail), type=kind).response()
+
+    @app.exception_handler(sa.exc.DBAPIError)
+    async def _store_refused(_req: Request, e: sa.exc.DBAPIError) -> JSONResponse:
+        logging.getLogger("fitevict.server").warning("a store read refused: %s", reason(e))
+        return ApiError(503, f"the store cannot be read now: {reason(e)}; fitevict serves on (GET /health says what "
+                        "the store refuses); retry later", type="server_error", code="store_unavailable",
+                        headers={"Retry-After": "5"}).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, e: Exception) -> JSONResponse:

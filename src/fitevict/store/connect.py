@@ -98,20 +98,27 @@ def _postgres_engine(u: sa.URL) -> Engine:
 CORRUPT = ("file is not a database", "database disk image is malformed")
 
 
-def move_aside_corrupt(url: str, error: Exception) -> Path | None:
-    """A SQLite store file that SQLite cannot read as a database (``error`` says so) is renamed, with its ``-wal``
-    and ``-shm`` files, to ``<name>.corrupt-<unix time>``, so that a new, empty store can start in its place and
-    nothing it held is deleted. Returns the new name; None (nothing moved) for any other error or store."""
+def corrupt(url: str, error: BaseException) -> bool:
+    """``error`` is SQLite saying that the store file at ``url`` is not (or no longer) a database: never a lock, a
+    full disk or a busy file, and never a server's store."""
     import sqlite3
-    import time
 
     u = sa.engine.make_url(url)
     orig = getattr(error, "orig", None)
-    if (u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:"
-            or not isinstance(orig, sqlite3.DatabaseError) or isinstance(orig, sqlite3.OperationalError)
-            or not str(orig).startswith(CORRUPT)):
+    return (u.get_backend_name() == "sqlite" and bool(u.database) and u.database != ":memory:"
+            and isinstance(orig, sqlite3.DatabaseError) and not isinstance(orig, sqlite3.OperationalError)
+            and str(orig).startswith(CORRUPT))
+
+
+def move_aside_corrupt(url: str, error: BaseException) -> Path | None:
+    """A SQLite store file that SQLite cannot read as a database (``error`` says so) is renamed, with its ``-wal``
+    and ``-shm`` files, to ``<name>.corrupt-<unix time>``, so that a new, empty store can start in its place and
+    nothing it held is deleted. Returns the new name; None (nothing moved) for any other error or store."""
+    import time
+
+    if not corrupt(url, error):
         return None
-    path = Path(u.database).expanduser()
+    path = Path(sa.engine.make_url(url).database or "").expanduser()
     aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
     for suffix in ("-wal", "-shm"):
         side = path.with_name(path.name + suffix)

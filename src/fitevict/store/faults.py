@@ -5,6 +5,8 @@ fault begins and ends.
 
 A refusal is an error the database gave a write or a read (``STORE_FAULTS``): its disk full, its file locked by
 another writer past the busy timeout, corrupt, or its server gone. A later write may succeed; nothing here retries.
+A SQLite file found corrupt while fitevict runs is moved aside and a new store opened in its place
+(``Store.renew``); ``moved_aside`` lists each.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-STORE_FAULTS = (sa.exc.DBAPIError, OSError)  # the store could not take a write (or serve a read) now
+
+
+class StoreClosedError(RuntimeError):
+    """A write was submitted after the store was closed (or while a corrupt one could not be renewed)."""
+
+
+STORE_FAULTS = (sa.exc.DBAPIError, OSError, StoreClosedError)  # the store could not take a write (or a read) now
 log = logging.getLogger("fitevict.store")
 
 # what each write of the store holds, by its write function's name (``store.queries``, ``peaks``, ``retention``) or,
@@ -52,6 +60,7 @@ class StoreFaults:
         self.reason = ""  # the last refusal's reason
         self.refused: dict[str, int] = {}  # refusals per figure during the current fault
         self.last: dict[str, Any] | None = None  # the fault before, once a write succeeded again
+        self.moved_aside: list[dict[str, Any]] = []  # corrupt files moved aside while running (``Store.renew``)
 
     def refuse(self, what: str, error: BaseException) -> None:
         """A write of ``what`` (or a read: ``READS``) was refused with ``error``."""
@@ -86,4 +95,4 @@ class StoreFaults:
     def to_json(self) -> dict[str, Any]:
         with self._lock:
             return {"ok": self.since is None, "since": self.since, "reason": self.reason or None,
-                    "refused": dict(self.refused), "last_fault": self.last}
+                    "refused": dict(self.refused), "last_fault": self.last, "moved_aside": list(self.moved_aside)}

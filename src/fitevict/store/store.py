@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from fitevict.store.faults import READS, STORE_FAULTS, StoreFaults
-from fitevict.store.connect import POSTGRES_DRIVER, StoreError, default_url, make_engine, move_aside_corrupt
+from fitevict.store.faults import READS, STORE_FAULTS, StoreFaults, reason
+from fitevict.store.connect import (POSTGRES_DRIVER, StoreError, corrupt, default_url, make_engine,
+                                    move_aside_corrupt)
 from fitevict.store.migrations import MIGRATIONS, Migration, migrate
 from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUREMENT_SOURCES, Order, measurement_of,
                                     op_compute_put, op_put_measurement, op_record_event, op_seat_remove,
@@ -56,6 +60,11 @@ class Store:
         self._writer = writer
         self.faults: StoreFaults = writer.faults  # what the store refused lately (``/health`` shows it)
         self.aio = AsyncStore(self)
+        self._swap = threading.Lock()  # held while a corrupt file is replaced (``renew``)
+        self._spec: tuple[str, float, tuple[Migration, ...]] | None = None  # how it was opened (``open``)
+        self._renewing = False
+        self.renewed: list[Callable[[], None]] = []  # called, on the renewing thread, after each ``renew``
+        writer.on_refused = self._refused
 
     @classmethod
     def open(
@@ -81,15 +90,49 @@ class Store:
 
     @classmethod
     def _open(cls, url: str, busy_timeout_s: float, migrations: tuple[Migration, ...]) -> "Store":
-        engine = make_engine(url, busy_timeout_s=busy_timeout_s)
+        store = cls(*_connect(url, busy_timeout_s, migrations, StoreFaults()))
+        store._spec = (url, busy_timeout_s, migrations)
+        return store
+
+    def _refused(self, error: BaseException) -> None:
+        """A write or read was refused: a SQLite file found corrupt is renewed, off the refusing thread."""
+        if self._spec is None or self._renewing or not corrupt(self._spec[0], error):
+            return
+        self._renewing = True
+        threading.Thread(target=self.renew, args=(error, self._writer), name="fitevict-store-renew",
+                         daemon=True).start()
+
+    def renew(self, error: BaseException, writer: Writer) -> Path | None:
+        """The store's SQLite file found corrupt while fitevict runs (``error``): the writer finishes what is queued,
+        the file is moved aside as at start (``connect.move_aside_corrupt``: kept, unread), a new, empty store opens
+        in its place, and the ``renewed`` hooks run (the supervisor records its live seats again; the events held
+        meanwhile are written by their retries). Returns where the old file went; None when it was renewed already,
+        or could not be (logged: the store then refuses every write, and what it refuses is held or counted)."""
+        assert self._spec is not None
+        url, busy, migrations = self._spec
         try:
-            with engine.connect().execution_options(fitevict_begin="IMMEDIATE") as conn:
-                migrate(conn, migrations, where=f" at {engine.url.render_as_string(hide_password=True)}")
-            writer = Writer(engine)
-        except BaseException:
-            engine.dispose()
-            raise
-        return cls(engine, writer)
+            with self._swap:
+                if writer is not self._writer:
+                    return None
+                writer.close()
+                self._engine.dispose()
+                try:
+                    aside = move_aside_corrupt(url, error)
+                    self._engine, self._writer = _connect(url, busy, migrations, self.faults)
+                except (OSError, sa.exc.SQLAlchemyError, StoreError) as e:
+                    log.error("the store %s is corrupt (%s) and no new store could be opened in its place: %s; "
+                              "fitevict serves on, refusing what it would store", self.url, reason(error), e)
+                    return None
+                self._writer.on_refused = self._refused
+            self.faults.moved_aside.append({"at": time.time(), "to": str(aside), "reason": reason(error)})
+            log.warning("the store %s was found corrupt while running (%s): moved aside to %s, its history and "
+                        "measurements kept there unread; a new, empty store in its place, where what was held "
+                        "meanwhile is written", self.url, reason(error), aside)
+        finally:
+            self._renewing = False
+        for hook in self.renewed:
+            hook()
+        return aside
 
     @property
     def url(self) -> str:
@@ -106,8 +149,9 @@ class Store:
 
     def close(self) -> None:
         """Finish queued writes, stop the writer, close connections. Idempotent."""
-        self._writer.close()
-        self._engine.dispose()
+        with self._swap:
+            self._writer.close()
+            self._engine.dispose()
 
     def __enter__(self) -> "Store":
         return self
@@ -118,23 +162,27 @@ class Store:
     # ---- generic ----
     def submit(self, fn: Callable[[Connection], T]) -> Future[T]:
         """Queue a write; ``fn(conn)`` runs on the writer thread inside a transaction."""
-        return self._writer.submit(fn)
+        with self._swap:
+            return self._writer.submit(fn)
 
     def write(self, fn: Callable[[Connection], T], timeout: float | None = None) -> T:
         """Run ``fn(conn)`` on the writer in a transaction; block until it commits; return its result."""
-        return self._writer.submit(fn).result(timeout)
+        return self.submit(fn).result(timeout)
 
     async def awrite(self, fn: Callable[[Connection], T]) -> T:
         """:meth:`write` for async code: awaits the writer's future without holding a thread."""
-        return await asyncio.wrap_future(self._writer.submit(fn))
+        return await asyncio.wrap_future(self.submit(fn))
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn(conn)`` on a fresh read connection (sees the last committed data)."""
+        with self._swap:
+            engine = self._engine
         try:
-            with self._engine.connect() as conn:
+            with engine.connect() as conn:
                 return fn(conn)
         except STORE_FAULTS as e:
             self.faults.refuse(READS, e)
+            self._refused(e)
             raise
 
     async def aread(self, fn: Callable[[Connection], T]) -> T:
@@ -216,6 +264,19 @@ class Store:
     def seat(self, seat_id: str) -> SeatRecord | None:
         found = self.read(q_seats(seat_id))
         return found[0] if found else None
+
+
+def _connect(url: str, busy_timeout_s: float, migrations: tuple[Migration, ...], faults: StoreFaults
+             ) -> tuple[Engine, Writer]:
+    """A migrated engine for ``url`` and its writer, counting refusals into ``faults``."""
+    engine = make_engine(url, busy_timeout_s=busy_timeout_s)
+    try:
+        with engine.connect().execution_options(fitevict_begin="IMMEDIATE") as conn:
+            migrate(conn, migrations, where=f" at {engine.url.render_as_string(hide_password=True)}")
+        return engine, Writer(engine, faults=faults)
+    except BaseException:
+        engine.dispose()
+        raise
 
 
 class AsyncStore:

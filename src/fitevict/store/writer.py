@@ -21,15 +21,11 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from fitevict.store.faults import STORE_FAULTS, StoreFaults, figure
+from fitevict.store.faults import STORE_FAULTS, StoreClosedError, StoreFaults, figure
 
 T = TypeVar("T")
 
 _STOP = object()
-
-
-class StoreClosedError(RuntimeError):
-    """A write was submitted after the store was closed."""
 
 
 class NestedWriteError(RuntimeError):
@@ -47,6 +43,7 @@ class Writer:
                  faults: StoreFaults | None = None) -> None:
         self._engine = engine
         self.faults = faults or StoreFaults()  # what the store refused (``store.faults``)
+        self.on_refused: Callable[[BaseException], None] | None = None  # called (on this thread) with each refusal
         self._ping = engine.dialect.name != "sqlite"  # a file cannot drop the connection; a server can
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -110,6 +107,8 @@ class Writer:
             except BaseException as e:
                 if isinstance(e, STORE_FAULTS):
                     self.faults.refuse(figure(fn), e)
+                    if self.on_refused is not None:
+                        self.on_refused(e)
                 fut.set_exception(e)
                 if not isinstance(e, Exception):
                     raise

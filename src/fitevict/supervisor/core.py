@@ -48,6 +48,7 @@ from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.outgrowth import check_outgrowth, recycle
 from fitevict.supervisor.relieving import check_pressure
+from fitevict.supervisor.storing import record_again
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
 from fitevict.supervisor.learned import learn_engine_overhead, plan_policy, prime_price_book
@@ -162,6 +163,8 @@ class Supervisor:
         """Load what was learned about the engine, and deal with the seats and saved prompts a previous run left."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self.kv.sweep)  # a save cut short leaves no partial file (kvkeep)
+        loop = asyncio.get_running_loop()  # a store renewed while running gets the live seats' records again
+        self.store.renewed.append(lambda: loop.call_soon_threadsafe(record_again, self.parts))
         await asyncio.to_thread(prime_price_book, self.prices, self.store, self.engine_binary, calibrate=True)
         return await cleanup_orphans(self.parts, self.fx.install)
 

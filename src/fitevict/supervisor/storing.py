@@ -42,6 +42,12 @@ def keep_record(parts: Any, seat: Any, state: str | None = None) -> None:
     fut.add_done_callback(done)
 
 
+def record_again(parts: Any) -> None:
+    """The store was renewed (its file found corrupt and moved aside): every live seat's record written again."""
+    for seat in list(parts.seats.values()):
+        keep_record(parts, seat)
+
+
 def interrupted(rec: SeatRecord) -> str | None:
     """What the fitevict that left ``rec`` was doing with that seat when it ended: ``load`` (the seat never said
     ready), the stop's event (``unload``, ``evict``, ``idle-unload``, ...), or None (the seat served)."""
