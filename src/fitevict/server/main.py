@@ -18,6 +18,20 @@ import sys
 from pathlib import Path
 
 
+#: Modules a library imports only for a command line of its own, which the serving process never runs: httpx's
+#: ``__init__`` imports ``httpx._main`` (its CLI) when click is installed, and with it click, rich and pygments,
+#: ~4 MiB of the front door's idle RSS (docs/benchmarks.md). Marked absent before anything imports httpx, the
+#: library takes its own fallback (it catches the ImportError).
+NOT_SERVED = ("httpx._main",)
+
+
+def leave_out_command_lines() -> None:
+    """Keep the libraries' own command-line modules out of this process (``NOT_SERVED``)."""
+    for name in NOT_SERVED:
+        if name.partition(".")[0] not in sys.modules:
+            sys.modules.setdefault(name, None)  # type: ignore[assignment]  # import machinery: "not importable"
+
+
 def argv_for(config: Path | None, overrides: dict, log_level: str) -> list[str]:
     """The command line that runs this entry point with these settings (what ``serve`` execs)."""
     argv = [sys.executable, "-m", "fitevict.server.main", "--overrides", json.dumps(overrides),
@@ -36,6 +50,7 @@ def main(args: list[str] | None = None) -> int:
     ap.add_argument("--overrides", default="{}", help="settings by dotted key, as JSON")
     ap.add_argument("--log-level", default="info")
     ns = ap.parse_args(args)
+    leave_out_command_lines()
 
     from fitevict.config import ConfigError, load_config, redact_url
     from fitevict.engines.install import resolve_binary
