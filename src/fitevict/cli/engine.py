@@ -13,6 +13,7 @@ from rich.table import Table
 
 from fitevict.engines import install as inst
 from fitevict.engines.base import Unavailable
+from fitevict.engines.machine import build_report
 from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
 from fitevict.pricing.footprint import HOST
 from fitevict.units import format_size
@@ -123,25 +124,46 @@ def list_cmd(
     """Show which engine binaries will be used, and why (config, $FITEVICT_LLAMA_SERVER, PATH, cache)."""
     configured = _configured_llama_server(config)
     rows = [inst.resolve_binary(b, configured=configured) for b in inst.BINARIES]
+    versions = {r.name: _version_now(r.path) for r in rows if r.path and r.name == "llama-server"}
+    builds = {r.name: build_report(r.path) for r in rows if r.path}
     if as_json:
         typer.echo(json.dumps([
             {"name": r.name, "path": str(r.path) if r.path else None, "why": r.why,
+             "version": versions.get(r.name), "build": builds.get(r.name),
              "candidates": [{"source": c.source, "path": str(c.path) if c.path else None, "status": c.status}
                             for c in r.candidates]}
             for r in rows], indent=2))
         return
     table = Table(title="engine binaries (lookup: config → $FITEVICT_LLAMA_SERVER → PATH → cache)")
-    for col in ("binary", "path", "why", "version"):
+    for col in ("binary", "path", "why", "version", "build"):
         table.add_column(col)
     for r in rows:
-        version = ""
-        if r.path and r.name == "llama-server":
-            out = subprocess.run([str(r.path), "--version"], capture_output=True, text=True, timeout=30)
-            version = " ".join((out.stdout + out.stderr).split()[-6:])
-        table.add_row(r.name, str(r.path) if r.path else "[red]none[/]", r.why, version)
+        table.add_row(r.name, str(r.path) if r.path else "[red]none[/]", r.why, versions.get(r.name, ""),
+                      _build_words(builds[r.name]) if r.name in builds else "")
     console.print(table)
     if any(r.path is None for r in rows):
         raise typer.Exit(1)
+
+
+def _version_now(path: Path) -> str:
+    """What the binary on disk says of itself now (its ``--version`` line), or why it says nothing."""
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unavailable, because {path} --version failed: {e}"
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    return next((x for x in lines if x.startswith("version:")), lines[-1] if lines else "")
+
+
+def _build_words(report: dict) -> str:
+    """The build column: as installed, changed since (and how), or not installed by fitevict."""
+    rec = report["recorded"]
+    if rec is None:
+        return f"{report['build']} (no install record beside it)"
+    then = f"installed llama.cpp {rec['commit']} ({rec['variant']}), {' '.join(rec['version'])}"
+    if report["changed"] is None:
+        return f"as installed: {then}"
+    return f"[red]changed since installed[/]: {then}; now {report['changed']}"
 
 
 def register(app: typer.Typer) -> None:

@@ -344,6 +344,9 @@ def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_pat
             "version_output": version_text[-400:],
             "build_seconds": round(seconds, 1),
             "installed_at": time.time(),
+            # each binary as installed: a file put in its place later is another build (engines.machine)
+            "files": {b: {"bytes": (staging / b).stat().st_size, "mtime_ns": (staging / b).stat().st_mtime_ns}
+                      for b in BINARIES},
         }
         (staging / STAMP).write_text(json.dumps(stamp, indent=2))
         if bin_dir.exists():

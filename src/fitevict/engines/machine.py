@@ -24,26 +24,62 @@ PROBE_VERSION = 2  # the probe's cases or reading changed: a table stored by an 
 
 
 def engine_build(binary: Path | str | None) -> str:
-    """The engine build's identity: its install stamp's commit and variant where fitevict built it, else the
-    binary's path, size and modification time (a rebuilt binary is another build)."""
+    """The engine build's identity: its install stamp's commit and variant where fitevict built it and the binary
+    is still the file it installed, else the binary's path, size and modification time (a rebuilt binary, or one
+    put in the place of the installed one, is another build)."""
     if binary is None:
         return "no-engine"
-    from fitevict.engines.install import STAMP  # the install record's one name
-
     b = Path(binary)
-    try:
-        stamp = json.loads((b.parent / STAMP).read_text())
-        commit, variant = stamp.get("llama_cpp_commit"), stamp.get("variant", "cpu")
-        if commit:
-            return f"llama.cpp-{commit}-{variant}-{int(stamp.get('installed_at', 0))}"
-    except (OSError, ValueError):
-        pass
+    stamp = install_stamp(b)
+    if stamp is not None and stamp.get("llama_cpp_commit") and stamp_differs(b, stamp) is None:
+        return f"llama.cpp-{stamp['llama_cpp_commit']}-{stamp.get('variant', 'cpu')}-{int(stamp.get('installed_at', 0))}"
     try:
         st = b.resolve().stat()
     except OSError:
         return f"missing:{b}"
     h = hashlib.sha256(f"{b.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
     return f"{b.name}-{h}"
+
+
+def install_stamp(binary: Path) -> dict | None:
+    """The install record beside ``binary`` (``engine install`` writes it), None where there is none."""
+    from fitevict.engines.install import STAMP  # the install record's one name
+
+    try:
+        stamp = json.loads((binary.parent / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def stamp_differs(binary: Path, stamp: dict) -> str | None:
+    """How ``binary`` differs from the file its install stamp recorded (size and modification time where the stamp
+    has them; else modified after the install), in words; None when it is that file."""
+    try:
+        st = binary.stat()
+    except OSError as e:
+        return f"{binary}: {e.strerror}"
+    kept = stamp.get("files", {}).get(binary.name)
+    if isinstance(kept, dict) and (kept.get("bytes"), kept.get("mtime_ns")) != (st.st_size, st.st_mtime_ns):
+        return (f"{binary} is not the installed file: {kept.get('bytes')} bytes then, {st.st_size} now; modified "
+                f"{st.st_mtime_ns / 1e9:.0f} (unix time), installed {stamp.get('installed_at', 0):.0f}")
+    if kept is None and st.st_mtime > float(stamp.get("installed_at", 0)) + 1:
+        return (f"{binary} was modified after its install: modified {st.st_mtime:.0f} (unix time), installed "
+                f"{float(stamp.get('installed_at', 0)):.0f}, {st.st_size} bytes now")
+    return None
+
+
+def build_report(binary: Path) -> dict:
+    """What ``fitevict engine list`` says of a binary's build: its identity now, the build its install stamp
+    recorded (None: no stamp beside it, not installed by fitevict), and how the file on disk differs from it (None:
+    it is the installed file)."""
+    stamp = install_stamp(binary)
+    recorded = None if stamp is None else {
+        "commit": stamp.get("llama_cpp_commit"), "variant": stamp.get("variant", "cpu"),
+        "installed_at": stamp.get("installed_at"), "version": str(stamp.get("version_output", "")).splitlines()[:1],
+        "file": stamp.get("files", {}).get(binary.name)}
+    return {"build": engine_build(binary), "recorded": recorded,
+            "changed": stamp_differs(binary, stamp) if stamp is not None else None}
 
 
 def machine_key(binary: Path | str | None = None, cpu: Cpu | None = None) -> str:

@@ -16,6 +16,8 @@ from pathlib import Path
 from fitevict.config import Config
 from fitevict.engines import engine_class
 from fitevict.engines.base import Engine, LaunchSpec
+from fitevict.engines.machine import engine_build, install_stamp, stamp_differs
+from fitevict.schedule.errors import LoadFailed
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import passthrough_args
@@ -37,6 +39,7 @@ class Processes:
         self.log_dir = Path(config.data_dir) / "seats"
         self._engines: dict[str, Engine] = {}
         self.busy_logs: set[Path] = set()  # issued to a seat whose end is not recorded yet: never pruned
+        self.build = engine_build(self.engine_binary)  # the build its flags, prices and calibration were read from
 
     def engine_for(self, entry: CatalogEntry) -> Engine:
         eng = self._engines.get(entry.engine)
@@ -53,9 +56,26 @@ class Processes:
         """The argv and environment that start ``entry`` under ``cfg`` (the engine's one builder)."""
         engine = self.engine_for(entry)
         keep = engine.traits.keeps_prompts and self.config.policy.prompt_cache
-        return engine.launch_spec(path, cfg, port, extra_args=passthrough_args(entry),
+        spec = engine.launch_spec(path, cfg, port, extra_args=passthrough_args(entry),
                                   embeddings=bool(entry.settings.embeddings), mmproj=entry.mmproj,
                                   slot_save_path=self.kv.prepare() if keep else None)
+        if spec.argv and Path(spec.argv[0]) == self.engine_binary:
+            self.check_build(entry.key)
+        return spec
+
+    def check_build(self, key: str) -> None:
+        """Raise LoadFailed when the engine binary on disk is no longer the build fitevict started with (another
+        build put in its place): its flags, prices and calibration were read from the old one. Running seats are
+        not touched; a missing binary is left to the engine's start, which names it."""
+        now = engine_build(self.engine_binary)
+        if now != self.build and not now.startswith("missing:"):
+            stamp = install_stamp(self.engine_binary)
+            why = stamp_differs(self.engine_binary, stamp) if stamp is not None else None
+            raise LoadFailed(
+                f"{key}: the engine binary {self.engine_binary} changed since fitevict started (build {self.build} "
+                f"then, {now} now{'; ' + why if why else ''}); fitevict read its flags, prices and calibration from "
+                "the old build, so it does not start the new one: restart fitevict serve to use it (or put the old "
+                "build back); running seats are unaffected")
 
     def log_path(self, key: str) -> Path:
         """A fresh log file for a seat of ``key``, held from pruning until ``done_with_log``."""

@@ -1,0 +1,110 @@
+"""The engine binary replaced by another build while seats run, against one real front door (``fitevict serve``)
+whose engine is the installed llama-server (a link to it, with its install record beside): the copy is replaced by a build that
+differs by one byte of its version string (``0.5.0-dev`` becomes ``0.5.1-dev``), renamed into place as an install
+or an upgrade would.
+
+What the running seat does (nothing changes for it), what the next load gets (a clear refusal naming the binary and
+both builds), what ``fitevict engine list`` says (the recorded build against the file on disk), and that putting the
+old build back lets the load go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _frontdoor import FrontDoor, engine_pids_of, front_door, history
+from test_seat_faults import seat_pid
+
+pytestmark = pytest.mark.e2e
+STAMP = "INSTALLED.json"
+
+
+@pytest.fixture(scope="module")
+def door(zoo: dict, llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
+    if not (llama_server.parent / STAMP).exists():
+        pytest.skip(f"the engine at {llama_server} has no install record ({STAMP}): not installed by fitevict")
+    tmp = tmp_path_factory.mktemp("binaryreplaced")
+    models = tmp / "models"
+    models.mkdir()
+    for name in ("alive", "next"):
+        shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
+    engine = tmp / "engine"
+    engine.mkdir()
+    # the installed build, through a link (its calibration, kept by the real file's path, is read, not redone),
+    # with its install record beside the link
+    (engine / "llama-server").symlink_to(llama_server)
+    shutil.copy2(llama_server.parent / STAMP, engine / STAMP)
+    with front_door(tmp, "--models-dir", str(models), env={"FITEVICT_LLAMA_SERVER": str(engine / "llama-server")}) as fd:
+        yield fd
+
+
+def ask(fd: FrontDoor, model: str) -> httpx.Response:
+    return httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+
+
+def another_build(binary: Path, dest: Path) -> Path:
+    """``binary`` with one byte of its version string changed: a build that says another version."""
+    data = bytearray(binary.read_bytes())
+    at = data.find(b"0.5.0-dev")
+    assert at >= 0, "the version string is not in the binary"
+    data[at + 4] = ord("1")
+    dest.write_bytes(bytes(data))
+    dest.chmod(0o755)
+    return dest
+
+
+def engine_list(binary: Path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "fitevict.cli", "engine", "list", "--json"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "FITEVICT_LLAMA_SERVER": str(binary)})
+    return next(r for r in json.loads(out.stdout) if r["name"] == "llama-server")
+
+
+@pytest.mark.fault(
+    fault="the engine binary replaced by another build (one byte of its version string changed, renamed into place) "
+          "while a seat runs, then a load of another model",
+    client="the running model still answers `200`; the new load: `502` `load_failed`: \"the engine binary <path> "
+           "changed since fitevict started (build ... then, ... now; ... is not the installed file ...): restart "
+           "fitevict serve to use it (or put the old build back)\"; with the old build back, a normal answer; before the "
+           "fix, the new build was started and priced with the old build's calibration (the machine key, from the "
+           "install record alone, did not change)",
+    history="a `fail` for the refused load with the same words; then, with the old build back, its `load`",
+    running="the running seat, same process, untouched; no process of the new build; `fitevict engine list` says "
+            "\"changed since installed\" with the recorded version against the one on disk now",
+    lost="nothing")
+def test_engine_binary_replaced_while_a_seat_runs(door: FrontDoor, tmp_path: Path) -> None:
+    binary = Path(door.data_dir.parent / "engine" / "llama-server")
+    assert ask(door, "alive").status_code == 200
+    running = seat_pid(door, "alive")
+    assert engine_list(binary)["build"]["changed"] is None
+    installed = binary.resolve()
+    os.replace(another_build(installed, tmp_path / "llama-server.new"), binary)
+    try:
+        r = ask(door, "next")
+        assert r.status_code == 502, r.text
+        err = r.json()["error"]
+        assert err["code"] == "load_failed" and f"the engine binary {binary} changed since fitevict started" in \
+            err["message"] and "restart fitevict serve" in err["message"]
+        fail = next(e for e in history(door) if e["model"] == "next")
+        assert fail["event"] == "fail" and fail["reason"] == err["message"]
+        assert not [p for p in engine_pids_of(door.proc.pid) if "/next.gguf" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert ask(door, "alive").status_code == 200 and seat_pid(door, "alive") == running  # untouched
+        listed = engine_list(binary)
+        assert "0.5.1-dev" in listed["version"] and "0.5.0-dev" in listed["build"]["recorded"]["version"][0]
+        assert f"{binary} was modified after its install" in listed["build"]["changed"]
+    finally:
+        (tmp_path / "back").symlink_to(installed)
+        os.replace(tmp_path / "back", binary)  # the old build back
+    assert engine_list(binary)["build"]["changed"] is None
+    assert ask(door, "next").status_code == 200
+    assert [e["event"] for e in reversed(history(door)) if e["model"] == "next"] == ["fail", "load"]
+    assert "Traceback" not in door.log()
