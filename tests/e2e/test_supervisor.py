@@ -83,8 +83,9 @@ def test_lru_eviction_releases_memory_and_history_explains(tmp_path: Path, model
     loads = store.events(event="load", order="asc")
     assert [e.model for e in loads] == ["med-a", "med-b", "med-c"]
     for e in loads:
-        assert e.measured_bytes is not None and e.predicted_bytes is not None
-        assert abs(e.predicted_bytes - e.measured_bytes) / e.measured_bytes < 0.05
+        assert e.engine_reported_bytes is not None and e.buffers_predicted_bytes is not None
+        assert abs(e.buffers_predicted_bytes - e.engine_reported_bytes) / e.engine_reported_bytes < 0.05
+        assert e.predicted_bytes > e.buffers_predicted_bytes  # the whole price: the process's own memory too
         assert e.details["guard"]["accepted"] is True
         assert e.seconds is not None and e.seconds > 0
 
@@ -200,7 +201,7 @@ def test_failed_load_records_fail_and_keeps_the_measurement(tmp_path: Path, mode
 
     run(scenario)
     fails = store.events(event="fail")
-    assert len(fails) == 1 and fails[0].model == "flaky" and fails[0].measured_bytes is None
+    assert len(fails) == 1 and fails[0].model == "flaky" and fails[0].engine_reported_bytes is None
     assert "exited" in fails[0].reason
 
 

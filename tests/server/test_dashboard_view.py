@@ -71,5 +71,6 @@ def test_a_resident_outgrowing_its_price_is_marked_and_its_event_shown() -> None
     assert 'class="miss outgrew"' in leaky and "70.0 MiB against 40.0 MiB priced" in leaky
     assert "outgrew" not in healthy
     ev = Event(time=3.0, event="outgrew", model="leaky", engine="llama-server", reason="leaky outgrew its price",
-               predicted_bytes=40 * MiB, measured_bytes=70 * MiB, details={"source": "measured: the sampler's"})
+               host_bytes=70 * MiB, predicted_bytes=46 * MiB,
+               details={**outgrew, "source": "measured: the sampler's"})
     assert "read 70.0 MiB of 40.0 MiB priced" in timeline([ev])

@@ -1,4 +1,5 @@
-"""History labels follow each event's own data: predicted, measured, host, vram and freed sources."""
+"""History labels follow each event's own data: predicted (the whole price), buffers_predicted, allocated
+(engine-reported), measured, host, vram and freed sources."""
 
 from __future__ import annotations
 
@@ -21,16 +22,16 @@ PSS = {"committed_bytes": 15 * MiB, "mapped_bytes": 10 * MiB, "rss_bytes": 26 * 
 
 
 def _load(predicted: Footprint, **details: object) -> Event:
-    return Event(time=1.0, event="load", model="m", host_bytes=26 * MiB, predicted_bytes=predicted.total_bytes,
-                 measured_bytes=MEASURED.total_bytes,
+    return Event(time=1.0, event="load", model="m", host_bytes=26 * MiB, predicted_bytes=predicted.whole_bytes,
+                 buffers_predicted_bytes=predicted.total_bytes, engine_reported_bytes=MEASURED.total_bytes,
                  details={"predicted": predicted.to_json(), "measured": MEASURED.to_json(), "host_pss": PSS,
                           **details})
 
 
 def test_a_priced_load_names_each_source_it_used() -> None:
     src = history_sources(_load(PRICED))
-    assert src["predicted"] == "dry-run+formula"
-    assert src["measured"] == "engine-reported: the engine's own buffers (its load log or allocator trace)"
+    assert src["predicted"] == "dry-run+formula" and src["buffers_predicted"] == "dry-run+formula"
+    assert src["allocated"] == "engine-reported: the engine's own buffers (its load log or allocator trace)"
     assert src["host"] == ("planned: the larger of measured PSS (smaps_rollup) and the engine-reported buffers + "
                            "engine overhead")
     assert src["vram"] == NA and src["freed"] == NA  # a CPU load frees nothing and has no GPU figure
@@ -44,11 +45,11 @@ def test_a_load_predicted_from_a_stored_measurement_says_so() -> None:
 
 
 def test_a_load_without_measurements_says_why() -> None:
-    ev = Event(time=1.0, event="load", model="m", host_bytes=16 * MiB, predicted_bytes=PRICED.total_bytes,
+    ev = Event(time=1.0, event="load", model="m", host_bytes=16 * MiB, predicted_bytes=PRICED.whole_bytes,
                details={"predicted": PRICED.to_json(), "measured": "the log had no buffer lines",
                         "host_pss": {"committed_bytes": None, "reason": "the process exited", "source": "unavailable"}})
     src = history_sources(ev)
-    assert src["measured"] == "unavailable: the log had no buffer lines"
+    assert src["allocated"] == "unavailable: the log had no buffer lines"
     assert src["host"] == "unavailable: the process exited"
 
 
@@ -65,20 +66,22 @@ def test_stop_events_label_freed_memory_from_their_release() -> None:
 
 
 def test_a_refusal_labels_its_prediction_from_the_plan() -> None:
-    ev = Event(time=1.0, event="refuse", model="m", predicted_bytes=PRICED.total_bytes,
+    ev = Event(time=1.0, event="refuse", model="m", predicted_bytes=PRICED.whole_bytes,
                details={"plan": {"action": "refuse", "footprint": PRICED.to_json()}})
     src = history_sources(ev)
-    assert src["predicted"] == "dry-run+formula" and src["measured"] == NA and src["host"] == NA
+    assert src["predicted"] == "dry-run+formula" and src["allocated"] == NA and src["host"] == NA
 
 
 def test_history_rows_carry_the_labels_and_the_error() -> None:
     row = history_row(_load(PRICED))
     src = history_sources(_load(PRICED))
-    assert row["sources"]["allocated"] == src["measured"] and row["sources"]["predicted"] == src["predicted"]
-    # three figures, each under its own name: the price, the engine's buffers, the PSS reading
-    assert row["bytes"]["predicted"] == PRICED.total_bytes and row["bytes"]["allocated"] == MEASURED.total_bytes
+    assert row["sources"]["allocated"] == src["allocated"] and row["sources"]["predicted"] == src["predicted"]
+    # four figures, each under its own name: the whole price, the buffers priced, the engine's buffers, PSS read
+    assert row["bytes"]["predicted"] == PRICED.whole_bytes == 16 * MiB  # host mapped + committed
+    assert row["bytes"]["buffers_predicted"] == PRICED.total_bytes == 16 * MiB
+    assert row["bytes"]["allocated"] == MEASURED.total_bytes
     assert row["bytes"]["measured"] == 25 * MiB and row["sources"]["measured"].startswith("measured: PSS")
-    assert row["prediction_error_against"] == "allocated (engine-reported)"
+    assert row["prediction_error_against"] == "allocated (engine-reported), from buffers_predicted"
     err = row["prediction_error"]
     assert err["bytes"] == PRICED.total_bytes - MEASURED.total_bytes == 0 and err["fraction"] == 0.0
     assert history_row(Event(time=1.0, event="fail", model="m"))["prediction_error"] is None

@@ -63,8 +63,9 @@ def test_record_returns_id_and_round_trips_all_fields(store: Store) -> None:
         reason="make room for big",
         freed_bytes=3 << 30,
         request_id="req-1",
-        predicted_bytes=4 << 30,
-        measured_bytes=(4 << 30) + 123,
+        predicted_bytes=(4 << 30) + (64 << 20),
+        buffers_predicted_bytes=4 << 30,
+        engine_reported_bytes=(4 << 30) + 123,
         details={"release_verified": True, "pids": [10, 11], "exit_s": 0.2},
     )
     new_id = store.record_event(e)

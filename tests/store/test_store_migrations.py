@@ -157,3 +157,43 @@ def test_a_v1_history_upgrades_to_the_new_vocabulary_with_its_rows(db_url: str) 
         _sql(db_url, "INSERT INTO events (time, event, model, details_json) VALUES (4.0, 'bogus', 'm', '{}')")
     assert {"ix_events_time", "ix_events_model_time", "ix_events_event_time"} <= {
         i["name"] for i in sa.inspect(sa.create_engine(db_url, poolclass=NullPool)).get_indexes("events")}
+
+
+def test_history_written_before_the_figures_were_renamed_reads_as_what_it_holds(db_url: str) -> None:
+    """A store at migration 7: a load kept the buffers alone in ``predicted_bytes`` and the engine's buffers in
+    ``measured_bytes``, an outgrew event its reading there. Migration 8 renames ``measured_bytes`` to
+    ``engine_reported_bytes``, moves a load's buffers to ``buffers_predicted_bytes`` and sets ``predicted_bytes`` to
+    the whole price of the footprint the row recorded (host mapped + committed, each GPU's buffers and overhead)."""
+    import json
+
+    from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
+
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            assert migrate(conn, MIGRATIONS[:7]) == list(range(1, 8))
+    finally:
+        engine.dispose()
+    mib = 1 << 20
+    fp = Footprint((DeviceFootprint("CPU", *(Term(n * mib, "formula") for n in (10, 2, 3, 1))),
+                    DeviceFootprint("CUDA0", *(Term(n * mib, "formula") for n in (100, 20, 30, 1)))),
+                   host_mapped_bytes=10 * mib, host_committed_bytes=24 * mib, overhead=(("CUDA0", 250 * mib),))
+    assert fp.whole_bytes == 34 * mib + 151 * mib + 250 * mib
+    insert = ("INSERT INTO events (time, event, model, predicted_bytes, measured_bytes, host_bytes, details_json) "
+              "VALUES (:t, :e, 'm', :p, :m, :h, :d)")
+    _sql(db_url, insert, t=1.0, e="load", p=fp.total_bytes, m=fp.total_bytes + 5, h=40 * mib,
+         d=json.dumps({"predicted": fp.to_json()}))
+    _sql(db_url, insert, t=2.0, e="load", p=7 * mib, m=8 * mib, h=None, d="{}")  # recorded no footprint
+    _sql(db_url, insert, t=3.0, e="outgrew", p=40 * mib, m=70 * mib, h=70 * mib,
+         d=json.dumps({"reading_bytes": 70 * mib, "allocated_bytes": 30 * mib, "predicted": fp.to_json()}))
+    _sql(db_url, insert, t=4.0, e="evict", p=16 * mib, m=None, h=20 * mib, d="{}")
+    s = Store.open(db_url)
+    try:
+        load, bare, grew, evict = s.events(order="asc")
+    finally:
+        s.close()
+    assert (load.predicted_bytes, load.buffers_predicted_bytes, load.engine_reported_bytes) == (
+        fp.whole_bytes, fp.total_bytes, fp.total_bytes + 5)
+    assert (bare.predicted_bytes, bare.buffers_predicted_bytes, bare.engine_reported_bytes) == (None, 7 * mib, 8 * mib)
+    assert (grew.engine_reported_bytes, grew.host_bytes, grew.predicted_bytes) == (30 * mib, 70 * mib, fp.whole_bytes)
+    assert (evict.predicted_bytes, evict.buffers_predicted_bytes) == (16 * mib, None)  # only the rows named move

@@ -49,7 +49,7 @@ def test_a_load_with_no_memory_progress_fails_as_stalled(tmp_path: Path) -> None
     try:
         asyncio.run(scenario())
         fails = store.events(event="fail")
-        assert len(fails) == 1 and "stalled" in fails[0].reason and fails[0].measured_bytes is None
+        assert len(fails) == 1 and "stalled" in fails[0].reason and fails[0].engine_reported_bytes is None
         assert store.seats() == []  # the stalled process was stopped and forgotten
         assert not Path(f"/proc/{fails[0].details['pid']}").exists()
     finally:

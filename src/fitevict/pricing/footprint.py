@@ -159,6 +159,12 @@ class Footprint:
         return d.total_bytes + dict(self.overhead).get(name, 0) + dict(self.grown).get(name, 0) if d else 0
 
     @property
+    def whole_bytes(self) -> int:
+        """The whole price a seat is planned at: the host's (mapped + committed) and each GPU's ``bytes_on``
+        (buffers, process overhead and what an outgrowth taught). ``total_bytes`` is the engine's buffers alone."""
+        return self.bytes_on(HOST) + sum(self.bytes_on(g) for g in self.gpu_names)
+
+    @property
     def gpu_names(self) -> tuple[str, ...]:
         from fitevict.pricing.hostbufs import is_host_buffer
 

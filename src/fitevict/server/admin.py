@@ -105,31 +105,37 @@ def _gb(b: int | None) -> float | None:
 
 
 def history_row(ev) -> dict:
-    """One history row. A load names three figures apart: ``predicted`` (the price), ``allocated`` (the engine's own
-    buffers: engine-reported) and ``measured`` (PSS of the seat's processes when it was read); ``measured_bytes`` of
-    the store keeps the engine's figure, shown here as ``allocated``."""
+    """One history row. A load names its figures apart: ``predicted`` (the whole price the seat is planned at),
+    ``buffers_predicted`` (the engine buffers alone, as priced), ``allocated`` (the buffers the engine reported:
+    the store's ``engine_reported_bytes``) and ``measured`` (PSS of the seat's processes when it was read; an
+    ``outgrew`` event's reading). ``prediction_error`` compares like with like: the buffers priced against the
+    buffers the engine reported."""
     d = ev.details if isinstance(ev.details, dict) else {}
-    engine = isinstance(d.get("measured"), dict)
-    allocated = ev.measured_bytes if engine else None
-    measured = pss_bytes(d) if engine else ev.measured_bytes
+    allocated = ev.engine_reported_bytes
+    reading = d.get("reading_bytes") if ev.event == "outgrew" else None
+    measured = pss_bytes(d) if isinstance(d.get("measured"), dict) else reading if isinstance(reading, int) else None
     sources = history_sources(ev)
-    if engine:
-        sources["allocated"] = sources.pop("measured")
+    if isinstance(d.get("measured"), dict):
         sources["measured"] = (f"measured: PSS of the seat's processes ({d['host_pss'].get('source')}) when it was "
                                f"read, engine overhead included" if measured is not None else
                                "unavailable: the seat's processes were not read")
+    elif measured is not None:
+        sources["measured"] = str(d.get("source") or "measured")
+    else:
+        sources["measured"] = "n/a"
     return {
         "id": ev.id, "time": ev.time, "event": ev.event, "model": ev.model, "engine": ev.engine,
         "seconds": ev.seconds, "vram_gb": _gb(ev.vram_bytes), "offloaded_gb": _gb(ev.offloaded_bytes),
         "host_gb": _gb(ev.host_bytes), "strategy": ev.strategy, "reason": ev.reason, "freed_gb": _gb(ev.freed_bytes),
-        "request_id": ev.request_id, "predicted_gb": _gb(ev.predicted_bytes), "allocated_gb": _gb(allocated),
+        "request_id": ev.request_id, "predicted_gb": _gb(ev.predicted_bytes),
+        "buffers_predicted_gb": _gb(ev.buffers_predicted_bytes), "allocated_gb": _gb(allocated),
         "measured_gb": _gb(measured),
         "bytes": {"vram": ev.vram_bytes, "offloaded": ev.offloaded_bytes, "host": ev.host_bytes,
-                  "freed": ev.freed_bytes, "predicted": ev.predicted_bytes, "allocated": allocated,
-                  "measured": measured},
+                  "freed": ev.freed_bytes, "predicted": ev.predicted_bytes,
+                  "buffers_predicted": ev.buffers_predicted_bytes, "allocated": allocated, "measured": measured},
         "sources": sources,
-        "prediction_error": prediction_error(ev.predicted_bytes, allocated if engine else measured),
-        "prediction_error_against": "allocated (engine-reported)" if engine else "measured",
+        "prediction_error": prediction_error(ev.buffers_predicted_bytes, allocated),
+        "prediction_error_against": "allocated (engine-reported), from buffers_predicted",
         "engine_timings": ev.details.get("engine_timings") if isinstance(ev.details, dict) else None,
         "details": ev.details,
     }

@@ -233,7 +233,7 @@ def timeline(events: Sequence[Event]) -> str:
                                                                             "pressure", "recycle")
             else (f"host {_size(e.host_bytes)}", src["host"]) if e.event == "load"
             else (f"needs {_size(e.predicted_bytes)}", src["predicted"]) if e.event == "refuse"
-            else (f"read {_size(e.measured_bytes)} of {_size(e.predicted_bytes)} priced",
+            else (f"read {_size(e.details.get('reading_bytes'))} of {_size(e.details.get('price_bytes'))} priced",
                   str(e.details.get("source", ""))) if e.event == "outgrew" else ("", ""))
         out.append(
             f'<li class="ev {escape(e.event)}"><time>{time.strftime("%H:%M:%S", time.localtime(e.time))}</time>'

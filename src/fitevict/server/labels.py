@@ -1,8 +1,9 @@
 """Where each figure of a history row came from, read from the event's own data (never a fixed label).
 
 The supervisor records a load's predicted footprint (``details.predicted``, every term with its source, host
-with its own), the measured one (``details.measured``: the engine's buffers; a string when there was none, saying
-why) and the process's PSS (``details.host_pss``); a refusal its plan (``details.plan.footprint``); a stop its
+with its own: ``predicted`` is its whole price, ``buffers_predicted`` its buffers alone), the engine's account of its
+buffers (``details.measured``, the ``allocated`` figure; a string when there was none, saying why) and the process's
+PSS (``details.host_pss``); a refusal its plan (``details.plan.footprint``); a stop its
 release (``details.freed_source``, ``details.release_note``). A figure that is absent is labelled "n/a" when the
 event has no such figure at all (a refusal frees nothing) and "unavailable: <why>" when it should have had one.
 Pure.
@@ -48,7 +49,14 @@ def _predicted(d: dict) -> str | None:
     return src
 
 
-def _measured(d: dict) -> str | None:
+def _buffers_predicted(d: dict) -> str | None:
+    fp = d.get("predicted")
+    if not isinstance(fp, dict):
+        return None
+    return footprint_sources({"devices": fp.get("devices") or []})
+
+
+def _allocated(d: dict) -> str | None:
     m = d.get("measured")
     if isinstance(m, str):
         return f"unavailable: {m}"
@@ -106,12 +114,14 @@ def history_sources(ev: Any) -> dict[str, str]:
     d = ev.details if isinstance(ev.details, dict) else {}
     found = {
         "predicted": _predicted(d),
-        "measured": _measured(d),
+        "buffers_predicted": _buffers_predicted(d),
+        "allocated": _allocated(d),
         "host": _host(ev, d),
         "vram": _vram(ev, d),
         "freed": _freed(ev, d),
     }
-    values = {"predicted": ev.predicted_bytes, "measured": ev.measured_bytes, "host": ev.host_bytes,
+    values = {"predicted": ev.predicted_bytes, "buffers_predicted": ev.buffers_predicted_bytes,
+              "allocated": ev.engine_reported_bytes, "host": ev.host_bytes,
               "vram": ev.vram_bytes, "freed": ev.freed_bytes}
     out: dict[str, str] = {}
     for k, src in found.items():

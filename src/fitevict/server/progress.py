@@ -150,7 +150,8 @@ def started_step(seat: Any) -> Step:
     """The ``start`` step of a seat whose engine process runs."""
     return Step("start", f"engine started: {seat.engine} pid {seat.pid}",
                 {"pid": seat.pid, "engine": seat.engine, "predicted_bytes": seat.predicted.bytes_on(HOST),
-                 "predicted_total_bytes": seat.predicted.total_bytes,
+                 "predicted_whole_bytes": seat.predicted.whole_bytes,
+                 "buffers_predicted_bytes": seat.predicted.total_bytes,
                  "predicted_source": seat.predicted.host_source})
 
 

@@ -15,6 +15,8 @@ transaction-scoped advisory lock :data:`MIGRATION_LOCK_KEY`: without it both wou
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -149,6 +151,54 @@ def _m0007_recycle_event(conn: Connection) -> None:
     _events_vocabulary(conn, EVENTS)
 
 
+def _m0008_event_figures(conn: Connection) -> None:
+    """The events table's byte figures named for what they hold. ``measured_bytes`` held the buffers the engine
+    reported (a load's), and an ``outgrew`` event's reading: it becomes ``engine_reported_bytes``. ``predicted_bytes``
+    is the whole price a seat is planned at, and the new ``buffers_predicted_bytes`` the engine buffers alone as
+    priced. Rows written before: a ``load``, ``reject`` or ``fail`` kept the buffers alone in ``predicted_bytes``:
+    they move to ``buffers_predicted_bytes``, and ``predicted_bytes`` becomes the whole price of the footprint the
+    row recorded (``details.predicted``; NULL where it recorded none); an ``outgrew`` row keeps the engine's figure
+    it recorded (``details.allocated_bytes``), its reading staying in ``host_bytes``/``vram_bytes`` and details, and
+    its seat's whole price where it recorded one."""
+    conn.execute(sa.text("ALTER TABLE events RENAME COLUMN measured_bytes TO engine_reported_bytes"))
+    conn.execute(sa.text("ALTER TABLE events ADD COLUMN buffers_predicted_bytes BIGINT"))
+    t = sa.table("events", sa.column("id", sa.BigInteger), sa.column("event", sa.Text),
+                 sa.column("predicted_bytes", sa.BigInteger), sa.column("engine_reported_bytes", sa.BigInteger),
+                 sa.column("buffers_predicted_bytes", sa.BigInteger), sa.column("details_json", sa.Text))
+    rows = conn.execute(sa.select(t.c.id, t.c.event, t.c.predicted_bytes, t.c.details_json)
+                        .where(t.c.event.in_(("load", "reject", "fail", "outgrew")))).all()
+    for r in rows:
+        try:
+            d = json.loads(r.details_json)
+        except ValueError:
+            d = {}
+        whole = _whole_price(d.get("predicted")) if isinstance(d, dict) else None
+        if r.event == "outgrew":
+            alloc = d.get("allocated_bytes") if isinstance(d, dict) else None
+            values = {"engine_reported_bytes": alloc if isinstance(alloc, int) else None, "predicted_bytes": whole}
+        else:
+            values = {"buffers_predicted_bytes": r.predicted_bytes, "predicted_bytes": whole}
+        conn.execute(sa.update(t).where(t.c.id == r.id).values(**values))
+
+
+def _whole_price(fp: object) -> int | None:
+    """A recorded footprint's whole price (as ``Footprint.whole_bytes`` counted it when this was written): host
+    mapped + committed, and each GPU's buffers, overhead and learned growth; None when ``fp`` is not one."""
+    if not isinstance(fp, dict) or not isinstance(fp.get("host"), dict):
+        return None
+    host = fp["host"]
+    total = int(host.get("mapped_bytes") or 0) + int(host.get("committed_bytes") or 0)
+    extra = {**(fp.get("overhead") or {})}
+    for dev, n in (fp.get("grown") or {}).items():
+        extra[dev] = extra.get(dev, 0) + n
+    for dev in fp.get("devices") or []:
+        name = str(dev.get("name", ""))
+        if name.startswith("CPU") or name.endswith("_Host") or re.fullmatch(r"[A-Za-z]+\d+", name) is None:
+            continue  # host memory (its buffers are in the host figure above)
+        total += int(dev.get("total_bytes") or 0) + int(extra.get(name, 0))
+    return total
+
+
 def _events_vocabulary(conn: Connection, events: Sequence[str]) -> None:
     """Replace the events table's CHECK with one for ``events``."""
     vocabulary = ", ".join(f"'{e}'" for e in events)  # constants, not user input
@@ -223,6 +273,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "gguf_structures", _m0005_gguf_structures),
     Migration(6, "events vocabulary: outgrew", _m0006_outgrew_event),
     Migration(7, "events vocabulary: recycle", _m0007_recycle_event),
+    Migration(8, "events: engine_reported_bytes, buffers_predicted_bytes", _m0008_event_figures),
 )
 
 _md = sa.MetaData()

@@ -70,7 +70,8 @@ def op_record_event(ev: Event) -> Callable[[Connection], int]:
         "freed_bytes": ev.freed_bytes,
         "request_id": ev.request_id,
         "predicted_bytes": ev.predicted_bytes,
-        "measured_bytes": ev.measured_bytes,
+        "buffers_predicted_bytes": ev.buffers_predicted_bytes,
+        "engine_reported_bytes": ev.engine_reported_bytes,
         "details_json": _dumps(dict(ev.details), "Event.details"),
     }
 
@@ -96,7 +97,8 @@ def _row_event(r: sa.Row) -> Event:
         freed_bytes=r.freed_bytes,
         request_id=r.request_id,
         predicted_bytes=r.predicted_bytes,
-        measured_bytes=r.measured_bytes,
+        buffers_predicted_bytes=r.buffers_predicted_bytes,
+        engine_reported_bytes=r.engine_reported_bytes,
         details=json.loads(r.details_json),
     )
 

@@ -23,7 +23,8 @@ _EVENT_BYTE_FIELDS: tuple[str, ...] = (
     "offloaded_bytes",
     "freed_bytes",
     "predicted_bytes",
-    "measured_bytes",
+    "buffers_predicted_bytes",
+    "engine_reported_bytes",
 )
 
 
@@ -49,6 +50,12 @@ class Event:
 
     ``details`` holds what has no column of its own (release verified, exit time, release time,
     pids, ...); it must be JSON-serialisable. ``id`` is set by the store.
+
+    ``predicted_bytes`` is the whole price a seat is planned at (``Footprint.whole_bytes``: host mapped + committed
+    and each GPU's buffers and overhead; a refusal's, what its plan needed); ``buffers_predicted_bytes`` the engine
+    buffers alone as priced (``Footprint.total_bytes``); ``engine_reported_bytes`` the buffers the engine reported
+    it allocated (its load log or allocator trace). What a process was read to hold (PSS, NVML) is in
+    ``host_bytes``/``vram_bytes`` and ``details``.
     """
 
     time: float
@@ -64,7 +71,8 @@ class Event:
     freed_bytes: int | None = None
     request_id: str | None = None
     predicted_bytes: int | None = None
-    measured_bytes: int | None = None
+    buffers_predicted_bytes: int | None = None
+    engine_reported_bytes: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
     id: int | None = None
 

@@ -47,8 +47,9 @@ events = sa.table(
     sa.column("freed_bytes", _big),
     sa.column("request_id", sa.Text),
     sa.column("predicted_bytes", _big),
-    sa.column("measured_bytes", _big),
+    sa.column("engine_reported_bytes", _big),
     sa.column("details_json", sa.Text),
+    sa.column("buffers_predicted_bytes", _big),
 )
 
 seats = sa.table(

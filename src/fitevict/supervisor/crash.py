@@ -25,7 +25,7 @@ class RepackCrash:
     signal: str  # "SIGSEGV"
     seconds: float  # from the start of the load to the crash, stop included
     log: str
-    predicted_bytes: int  # what the crashed configuration was priced at
+    predicted_bytes: int  # the whole price the crashed configuration was planned at (``Footprint.whole_bytes``)
     freed_bytes: int | None
     host_buffers: str  # the extra buffer types that were on
 

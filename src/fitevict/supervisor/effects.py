@@ -147,9 +147,7 @@ class LiveEffects:
             await self.parts.processes.prune_logs(self.parts.seats.values())  # within engine.seat_logs_disk
             await self._load_seat(waiter, plan)
         except Exception as e:
-            refused = isinstance(e, LoadFailed)  # refused before its engine started (its binary changed): no bug
-            if not refused:
-                log.error("loading %s failed unexpectedly", waiter.key, exc_info=e)
+            log.error("loading %s failed unexpectedly", waiter.key, exc_info=e)
             seat = self.parts.seats.get(waiter.key)
             if seat is not None and not seat.expected_exit:
                 await self._end(seat)
@@ -158,10 +156,9 @@ class LiveEffects:
                 await self.parts.history.record(Event(
                     time=self.parts.clock(), event="fail", model=waiter.key,
                     engine=self.parts.processes.engine_name(waiter.key),
-                    reason=str(e) if refused else f"{waiter.key}: the load failed inside fitevict: {type(e).__name__}: "
-                                                  f"{e}",
+                    reason=f"{waiter.key}: the load failed inside fitevict: {type(e).__name__}: {e}",
                     request_id=waiter.request_id, details={"error": repr(e)}))
-                self.parts.scheduler.load_failed(waiter.key, e if refused else LoadFailed(
+                self.parts.scheduler.load_failed(waiter.key, LoadFailed(
                     f"{waiter.key}: the load failed inside fitevict: {type(e).__name__}: {e}; see the server log"))
 
     async def _load_seat(self, waiter: Waiter, plan: pl.Plan) -> None:
@@ -199,7 +196,7 @@ class LiveEffects:
                         continue
                     sig = retry_without_repack(traits(entry.engine).repacks, cfg, code) if crash is None else None
                     if sig is not None:  # once, with no extra CPU buffer types, priced for that configuration
-                        crash = RepackCrash(sig, parts.clock() - t0, str(seat.log_path), predicted.total_bytes,
+                        crash = RepackCrash(sig, parts.clock() - t0, str(seat.log_path), predicted.whole_bytes,
                                             res.freed_bytes, parts.prices.host.label())
                         log.warning("%s: llama-server died by %s with repacking on; loading it again with -nr",
                                     key, sig)
@@ -299,7 +296,8 @@ class LiveEffects:
         await parts.history.record(Event(
             time=parts.clock(), event="fail", model=key, engine=seat.engine, seconds=parts.clock() - t0,
             strategy=plan.action, reason=str(e), request_id=waiter.request_id,
-            predicted_bytes=seat.predicted.total_bytes, freed_bytes=res.freed_bytes, details=details))
+            predicted_bytes=seat.predicted.whole_bytes, buffers_predicted_bytes=seat.predicted.total_bytes,
+            freed_bytes=res.freed_bytes, details=details))
         parts.processes.done_with_log(seat.log_path)
         parts.scheduler.load_failed(key, e)
 
@@ -374,7 +372,8 @@ class LiveEffects:
             seconds=seat.load_seconds, vram_bytes=gpu, host_bytes=seat.bytes_on(HOST),
             offloaded_bytes=parts.planning.spilled(seat), strategy=strategy(plan), request_id=request_id,
             reason=reason,
-            predicted_bytes=seat.predicted.total_bytes, measured_bytes=measured_total, details=details))
+            predicted_bytes=seat.predicted.whole_bytes, buffers_predicted_bytes=seat.predicted.total_bytes,
+            engine_reported_bytes=measured_total, details=details))
 
     async def _end(self, seat: SeatState, *, free_slot: bool = False) -> StopResult:
         """Stop ``seat``'s process group, verify the release, and forget the seat. ``free_slot``: if verifying the

@@ -68,7 +68,8 @@ async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
         ev = Event(time=now, event="outgrew", model=seat.key, engine=seat.engine, reason=found.reason(seat.key),
                    host_bytes=found.reading if found.device == HOST else None,
                    vram_bytes=found.reading if found.device != HOST else None,
-                   predicted_bytes=found.price, measured_bytes=found.reading,
+                   predicted_bytes=seat.predicted.whole_bytes, buffers_predicted_bytes=seat.predicted.total_bytes,
+                   engine_reported_bytes=seat.measured.total_bytes if seat.measured is not None else None,
                    details={**found.to_json(), "source": SOURCE, "config": seat.config.to_json(),
                             "machine": parts.prices.machine, "pid": seat.pid, "readings": seat.readings,
                             "allocated_bytes": alloc, "overhead_bytes": seat.overhead if found.device == HOST
