@@ -147,7 +147,9 @@ class LiveEffects:
             await self.parts.processes.prune_logs(self.parts.seats.values())  # within engine.seat_logs_disk
             await self._load_seat(waiter, plan)
         except Exception as e:
-            log.error("loading %s failed unexpectedly", waiter.key, exc_info=e)
+            refused = isinstance(e, LoadFailed)  # refused before its engine started (its binary changed): no bug
+            if not refused:
+                log.error("loading %s failed unexpectedly", waiter.key, exc_info=e)
             seat = self.parts.seats.get(waiter.key)
             if seat is not None and not seat.expected_exit:
                 await self._end(seat)
@@ -156,9 +158,10 @@ class LiveEffects:
                 await self.parts.history.record(Event(
                     time=self.parts.clock(), event="fail", model=waiter.key,
                     engine=self.parts.processes.engine_name(waiter.key),
-                    reason=f"{waiter.key}: the load failed inside fitevict: {type(e).__name__}: {e}",
+                    reason=str(e) if refused else f"{waiter.key}: the load failed inside fitevict: {type(e).__name__}: "
+                                                  f"{e}",
                     request_id=waiter.request_id, details={"error": repr(e)}))
-                self.parts.scheduler.load_failed(waiter.key, LoadFailed(
+                self.parts.scheduler.load_failed(waiter.key, e if refused else LoadFailed(
                     f"{waiter.key}: the load failed inside fitevict: {type(e).__name__}: {e}; see the server log"))
 
     async def _load_seat(self, waiter: Waiter, plan: pl.Plan) -> None:
