@@ -1,6 +1,6 @@
 """The fault shim (``faultshim.c``), built for the tests with the system C compiler, and the environment that loads
-it into a front door (and the seats it starts): writes under one directory fail with ENOSPC, or hold, while a flag
-file exists."""
+it into a front door (and the seats it starts): writes under one directory fail with ENOSPC, or hold, or the first
+open of a file there holds, while a flag file exists."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def build_shim(out: Path) -> Path:
     return lib
 
 
-def shim_env(lib: Path, directory: Path, flag: Path, mode: str) -> dict[str, str]:
-    """The environment that loads the shim: ``mode`` ("enospc" or "hold") on writes under ``directory`` while
-    ``flag`` exists."""
+def shim_env(lib: Path, directory: Path, flag: Path, mode: str, exe: str | None = None) -> dict[str, str]:
+    """The environment that loads the shim: ``mode`` ("enospc", "hold" or "hold-open") on files under ``directory``
+    while ``flag`` exists, in every process, or only in those whose executable is named ``exe``."""
     preload = f"{lib} {os.environ['LD_PRELOAD']}" if os.environ.get("LD_PRELOAD") else str(lib)
     return {"LD_PRELOAD": preload, "FAULTSHIM_DIR": str(directory.resolve()), "FAULTSHIM_FLAG": str(flag),
-            "FAULTSHIM_MODE": mode}
+            "FAULTSHIM_MODE": mode, **({"FAULTSHIM_EXE": exe} if exe else {})}

@@ -6,8 +6,9 @@ leaves no engine running; what it leaves is the store's record of a seat whose l
 closes that record with an ``orphan`` event (the process no longer running), keeps no stale seat record, and serves
 the next request with exactly one new seat.
 
-The load is held mid-way by stopping the new seat (SIGSTOP) once its process exists and its record is stored, so
-the door dies while the load waits for /health. A stop is held the same way: the seat stopped before its unload, the
+The load is held by the fault shim (``faultshim.c``, hold-open): the new engine blocks before it opens the model
+file, and says so in a marker file; the door is killed once the store's record of the seat says it is loading, while
+the load waits for /health. A stop is held the same way: the seat stopped before its unload, the
 door killed once the store's record of the seat says its stop began (``stopping:unload``), while the stop waits out
 its grace period. A prompt save before an idle unload is held inside the engine: the fault shim (``faultshim.c``)
 lets the engine write the first bytes of the slot file, then blocks it and says so in a marker file; the door is
@@ -50,17 +51,24 @@ def engines_of(model: Path) -> list[int]:
     return [p for p in pids if str(model) in cmdline(p) and alive(p)]
 
 
-def kill_door_mid_load(fd: FrontDoor) -> tuple[int, list[BaseException]]:
-    """Ask for the model, stop its seat once it exists and is recorded, SIGKILL the door. Returns the seat's pid and
-    what the client got (its connection died with the door)."""
+def kill_door_mid_load(fd: FrontDoor, flag: Path) -> tuple[int, list[BaseException]]:
+    """Ask for the model with its engine held before it opens the model file (the shim's hold-open), SIGKILL the door
+    once the store's record of the seat says it is loading. Returns the seat's pid and what the client got (its
+    connection died with the door)."""
+    poll(lambda: (p := httpx.get(fd.base_url + "/health").json()["prices_read_ahead"])["done"] == p["models"],
+         "the prices read ahead (the dry run opens the file too)")
+    flag.touch()
     t, got = in_flight(lambda: chat(fd))
-    pid = one_seat(fd)
-    os.kill(pid, signal.SIGSTOP)
+    held = Path(f"{flag}.held")
+    poll(held.exists, "the engine held before it opens the model", timeout=30)
+    pid = int(held.read_text())
+    assert pid == one_seat(fd)
     poll(lambda: {(pid, "slow", "starting"), (pid, "slow", "loading")} & set(stored_seats(fd.data_dir, "state")),
          "the seat's record", timeout=30)
     os.kill(fd.proc.pid, signal.SIGKILL)
     fd.proc.wait(30)
     t.join(30)
+    flag.unlink()
     return pid, got
 
 
@@ -73,17 +81,19 @@ def kill_door_mid_load(fd: FrontDoor) -> tuple[int, list[BaseException]]:
     running="the seat died with its door (the kernel's parent-death signal); after the restart exactly one seat runs "
             "the model and the store holds exactly its record",
     lost="the one request in flight")
-def test_door_sigkill_during_a_load_then_restart(tmp_path: Path, zoo: dict) -> None:
+def test_door_sigkill_during_a_load_then_restart(tmp_path: Path, tmp_path_factory, zoo: dict) -> None:
     models, args = _models_dir(tmp_path, zoo, "[policy]\nprompt_cache = false\n")
-    with front_door(tmp_path, *args) as first:
-        seat, got = kill_door_mid_load(first)
+    flag = tmp_path / "hold"
+    env = shim_env(build_shim(tmp_path_factory.mktemp("shim")), models, flag, "hold-open", exe="llama-server")
+    with front_door(tmp_path, *args, env=env) as first:
+        seat, got = kill_door_mid_load(first, flag)
     try:
         assert len(got) == 1  # the client's connection died with the door: no answer, no hang
         poll(lambda: not alive(seat), f"seat {seat} killed with its door")
         assert not engines_of(models / "slow.gguf")
         assert stored_seats(tmp_path / "data") == [(seat, "slow")]  # the load that never ended
         assert not [e for e in history_of(tmp_path) if e[1] == "slow"]  # nothing recorded for it before
-        with front_door(tmp_path, *args) as second:
+        with front_door(tmp_path, *args, env=env) as second:
             orphan = next(e for e in history(second) if e["event"] == "orphan")
             assert orphan["model"] == "slow" and orphan["details"]["pid"] == seat
             assert orphan["details"]["was_alive"] is False and "no longer running" in orphan["reason"]
