@@ -12,7 +12,6 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 TiB = 1024 * GiB
-PAGE = 4096
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -68,14 +67,6 @@ def format_size(n: int | None, *, unavailable: str = "unavailable") -> str:
             digits = 2 if v < 10 else 1 if v < 100 else 0
             return f"{sign}{v:.{digits}f} {unit}"
     return f"{sign}{n} B"
-
-
-def to_mib(n: int) -> float:
-    return n / MiB
-
-
-def page_round_up(n: int, page: int = PAGE) -> int:
-    return -(-n // page) * page
 
 
 def pad(n: int, to: int) -> int:

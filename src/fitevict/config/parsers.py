@@ -214,10 +214,6 @@ def store_source(v: Any, o: Origin) -> bool | Path:
         raise BadValue("true (the store's default location, when it exists), false (off) or a folder path") from None
 
 
-def _optional_path(v: Any, o: Origin) -> Path | None:
-    return None if v is None else path_value(v, o)
-
-
 def store_url(v: Any, o: Origin) -> str:
     form = "a URL like sqlite:////abs/path/fitevict.db or postgresql://user@host/db"
     if not isinstance(v, str) or "://" not in v:

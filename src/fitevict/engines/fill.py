@@ -137,9 +137,6 @@ class PeakSampler:
         got = [self.raw[p] for p in phases if p in self.raw]
         return max(got) if got else None
 
-    @property
-    def mean_period(self) -> float | None:
-        return (self.ended - self.started) / self.samples if self.samples else None
 
 
 def healthy(proc: subprocess.Popen, base: str, timeout_s: float) -> str:

@@ -100,12 +100,6 @@ def adapter_load_seconds(doc: dict | None) -> float | None:
     return sum(float(a["load_seconds"]) for a in adapters) if adapters else None
 
 
-def seat_overhead(doc: dict) -> tuple[int, int]:
-    """(committed, mapped) bytes the seat process held before its model: the engine's own overhead."""
-    b = doc["process"]["baseline"]
-    return int(b["committed_bytes"] or 0), int(b["mapped_bytes"] or 0)
-
-
 class TransformersEngine(EngineBase):
     name = "transformers"
     traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched", reports_teardown=True,

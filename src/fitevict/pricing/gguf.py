@@ -219,10 +219,6 @@ class GgufStructure:
         return self.arch in RECURRENT_ARCHS
 
     @property
-    def is_hybrid(self) -> bool:
-        return self.arch in HYBRID_ARCHS
-
-    @property
     def is_moe(self) -> bool:
         return self.expert_count > 0
 
