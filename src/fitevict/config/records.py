@@ -43,6 +43,7 @@ class ServerConfig:
     rescan_seconds: float = 0.0  # rescan the models directories this often while serving (0: only on SIGHUP)
     read_prices_ahead: bool = True  # after start-up and each rescan, read every model's price in the background
     cluster_key: str | None = None  # on a Ray cluster: the key every node's door admits (None: a random one)
+    max_connections: int | None = None  # client connections held at once; None ("auto"): from RLIMIT_NOFILE
 
     @property
     def auth_enabled(self) -> bool:

@@ -35,6 +35,7 @@ KEYS: tuple[_Key, ...] = (
     _Key("server.metrics_public", boolean, env="FITEVICT_METRICS_PUBLIC"),
     _Key("server.sample_seconds", seconds(positive=True)),
     _Key("server.rescan_seconds", seconds(positive=False), env="FITEVICT_RESCAN_SECONDS"),
+    _Key("server.max_connections", integer_or("auto", 2), env="FITEVICT_MAX_CONNECTIONS"),
     _Key("server.read_prices_ahead", boolean, env="FITEVICT_READ_PRICES_AHEAD"),
     _Key("server.cluster_key", secret, env="FITEVICT_CLUSTER_KEY"),
     _Key("models_dirs", str_list(path_value, "a list of directory paths"), env="FITEVICT_MODELS_DIRS", env_split=os.pathsep),

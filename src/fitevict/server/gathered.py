@@ -14,6 +14,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from fitevict.server.connections import Limits, Refusals, refuse_app
+
 
 class _Gathered:
     """A transport that joins a write to the one after it, when that comes in the same loop turn."""
@@ -59,6 +61,26 @@ class _Gathered:
 class GatheredHttpToolsProtocol(HttpToolsProtocol):
     """``--http httptools`` with ``_Gathered`` writes (pass the class as ``uvicorn.Config(http=...)``)."""
 
+    limits: Limits | None = None  # the door's (``connections``), set on a subclass by ``server.runner``
+    refusals = Refusals()
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        lim = self.limits
+        if lim is not None and len(self.connections) > lim.connections:  # refused before a byte of it is read
+            self.refusals.note("connections", len(self.connections), len(self.tasks), lim)
+            transport.close()
+            return
         self.transport = _Gathered(transport, self.loop)  # type: ignore[assignment]
+
+    def on_headers_complete(self) -> None:
+        lim = self.limits
+        if lim is None or len(self.tasks) < lim.requests:
+            super().on_headers_complete()
+            return
+        self.refusals.note("requests", len(self.connections), len(self.tasks), lim)
+        app, self.app = self.app, refuse_app(len(self.tasks), lim)  # 503 in the route's API's shape, then close
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app

@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from fitevict.server.connections import limits
 from fitevict.server.gathered import GatheredHttpToolsProtocol
 from fitevict.supervisor import ShutdownSummary, Supervisor
 
@@ -88,8 +89,10 @@ def serve(app, sup: Supervisor, *, host: str, port: int, log_level: str) -> Shut
     grace = sup.config.policy.shutdown_grace_seconds
     # proxy_headers off: fitevict reads no client address, so X-Forwarded-* need no parsing per request
     # ws "none": fitevict has no WebSocket route, so no WebSocket library is loaded; http: one write per answer
+    lim = limits(sup.config.server.max_connections)  # a burst beyond the descriptors is refused cleanly
+    protocol = type("DoorProtocol", (GatheredHttpToolsProtocol,), {"limits": lim})
     cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, proxy_headers=False,
-                         ws="none", http=GatheredHttpToolsProtocol, timeout_graceful_shutdown=int(grace + sup.config.engine.stop_grace_seconds + 5))
+                         ws="none", http=protocol, timeout_graceful_shutdown=int(grace + sup.config.engine.stop_grace_seconds + 5))
     server = _Server(cfg, sup, getattr(app.state, "catalog_watch", None))
     server.run()
     return sup.summary

@@ -1,0 +1,150 @@
+"""2,000 clients at once against a real front door (``fitevict serve``) started under ``ulimit -n 1024``.
+
+Each client sends a request head with ``Expect: 100-continue`` and waits for the door's first word: ``100
+Continue`` (its request was let in, and the door reads its body), a ``503`` (refused, in its API's shape, with a
+``Retry-After``), or a connection closed before any byte (refused at accept). So every client's fate is seen as an
+event, with no wait on a timer. Then the admitted clients send their bodies and get their answers.
+
+What is asserted: every client got one of those, both refusals and admissions happened, the door never ran out of
+descriptors (no "Too many open files", no traceback) and is alive, a request after the burst is served as usual,
+and the door's open descriptors come back to their count before the burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _frontdoor import FrontDoor, front_door, poll
+
+pytestmark = pytest.mark.e2e
+CLIENTS = 2000
+NOFILE = 1024
+
+
+@pytest.fixture(scope="module")
+def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
+    tmp = tmp_path_factory.mktemp("connections")
+    models = tmp / "models"
+    models.mkdir()
+    shutil.copyfile(zoo["llama-gqa"].path, models / "m.gguf")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < CLIENTS + 100:
+        pytest.skip(f"this process may open {hard} files at most: too few for {CLIENTS} clients")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, hard))  # the door inherits `ulimit -n 1024`
+    try:
+        cm = front_door(tmp, "--models-dir", str(models), timeout=180)
+        fd = cm.__enter__()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))  # the clients need more
+    try:
+        assert f"Max open files            {NOFILE}" in Path(f"/proc/{fd.proc.pid}/limits").read_text()
+        yield fd
+    finally:
+        cm.__exit__(None, None, None)
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class Crowd:
+    """The clients' first words, counted: once every client has one, the admitted ones may send their bodies."""
+
+    def __init__(self) -> None:
+        self.heard = 0
+        self.all_heard = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def heard_one(self) -> None:
+        self.heard += 1
+        if self.heard == CLIENTS:
+            self.all_heard.set()
+
+
+async def client(port: int, i: int, crowd: Crowd) -> tuple[str, dict]:
+    """One client: (its fate, what it got). Even ones ask OpenAI's chat route (for a model that does not exist:
+    a quick 404 once its body is read), odd ones Ollama's /api/show."""
+    path, body = (("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+                  if i % 2 == 0 else ("/api/show", {"model": "m"}))
+    data = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nExpect: 100-continue\r\n\r\n").encode()
+    writer = None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head)
+        await writer.drain()
+        first = await reader.readuntil(b"\r\n\r\n")
+    except (OSError, asyncio.IncompleteReadError) as e:
+        crowd.heard_one()
+        if writer is not None:
+            writer.close()
+        return "refused", {"error": repr(e), "path": path}
+    crowd.heard_one()
+    try:
+        if not first.startswith(b"HTTP/1.1 100"):
+            return "503", answer(first, await reader.read())
+        await crowd.go.wait()  # every client has its first word: now the admitted ones send their bodies
+        writer.write(data)
+        await writer.drain()
+        first = await reader.readuntil(b"\r\n\r\n")
+        return "served", answer(first, await reader.read())
+    finally:
+        writer.close()
+
+
+def answer(head: bytes, rest: bytes) -> dict:
+    lines = head.decode().split("\r\n")
+    headers = dict(x.lower().split(": ", 1) for x in lines[1:] if ": " in x)
+    length = int(headers.get("content-length", len(rest)))
+    return {"status": int(lines[0].split()[1]), "headers": headers, "body": json.loads(rest[:length] or b"null")}
+
+
+async def burst(port: int) -> list[tuple[str, dict]]:
+    crowd = Crowd()
+    tasks = [asyncio.create_task(client(port, i, crowd)) for i in range(CLIENTS)]
+    await asyncio.wait_for(crowd.all_heard.wait(), 60)
+    crowd.go.set()
+    return await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+
+@pytest.mark.fault(
+    fault="2,000 clients at once against a door under `ulimit -n 1024` (RLIMIT_NOFILE)",
+    client="each: its request let in and answered as usual (OpenAI's 404 for a model that does not exist, Ollama's "
+           "`/api/show`), or a `503` in its API's shape (OpenAI's envelope with `code: too_many_requests`, Ollama's "
+           "`{\"error\"}`) with `Retry-After: 1`, or its connection closed before any byte; a request after the "
+           "burst served as usual",
+    history="nothing",
+    running="the door, alive, never out of descriptors (no \"Too many open files\", no traceback); its open "
+            "descriptors back to their count before the burst",
+    lost="nothing: every refused request was told so, and may be retried")
+def test_a_burst_beyond_the_descriptor_limit_is_refused_cleanly(door: FrontDoor) -> None:
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert httpx.post(door.base_url + "/v1/chat/completions", json=ask, timeout=120).status_code == 200
+    before = open_fds(door.proc.pid)
+    fates = asyncio.run(burst(door.port))
+    kinds = Counter(f for f, _ in fates)
+    assert sum(kinds.values()) == CLIENTS and kinds["served"] > 0 and kinds["503"] + kinds["refused"] > 0, kinds
+    for fate, got in fates:
+        if fate == "served":
+            assert got["status"] in (200, 404), got
+        elif fate == "503":
+            assert got["status"] == 503 and got["headers"]["retry-after"] == "1", got
+            body = got["body"]
+            assert body["error"]["code"] == "too_many_requests" if isinstance(body["error"], dict) else \
+                "retry in" in body["error"], got
+    assert door.proc.poll() is None
+    assert httpx.post(door.base_url + "/v1/chat/completions", json=ask, timeout=120).status_code == 200
+    poll(lambda: open_fds(door.proc.pid) <= before, f"the door's descriptors back to {before}")
+    log = door.log()
+    assert "Too many open files" not in log and "Traceback" not in log
