@@ -25,13 +25,9 @@ err = Console(stderr=True)
 
 def _configured_llama_server(config: Path | None) -> str | None:
     """engine.llama_server from the config file, if one is given or found."""
-    from fitevict.config import ConfigError, load_config
+    from fitevict.cli.serve import build_config
 
-    try:
-        cfg = load_config(config)
-    except ConfigError as e:
-        err.print(f"[red]config error:[/] {e}")
-        raise typer.Exit(2) from e
+    cfg = build_config(config, {})
     return str(cfg.engine.llama_server) if cfg.engine.llama_server else None
 
 

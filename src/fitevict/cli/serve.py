@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -13,14 +15,25 @@ from rich.console import Console
 err = Console(stderr=True)
 
 
-def build_config(config: Path | None, overrides: dict):
-    from fitevict.config import ConfigError, load_config
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """The CLI's one handler of a configuration error (a bad key or value, a budget that cannot be, a model store
+    that cannot be read): its message, then exit 2."""
+    from fitevict.budget import BudgetError
+    from fitevict.config import ConfigError
 
     try:
-        return load_config(config, overrides={k: v for k, v in overrides.items() if v is not None})
-    except ConfigError as e:
+        yield
+    except (ConfigError, BudgetError) as e:
         err.print(f"[red]config error:[/] {e}")
         raise typer.Exit(2) from e
+
+
+def build_config(config: Path | None, overrides: dict):
+    from fitevict.config import load_config
+
+    with config_errors():
+        return load_config(config, overrides={k: v for k, v in overrides.items() if v is not None})
 
 
 def engine_binary(cfg) -> Path:
@@ -45,17 +58,13 @@ def _loopback(host: str) -> bool:
 def _store_models(cfg) -> bool:
     """Whether a model store (Ollama, the Hugging Face cache, LM Studio) holds a model to serve; says, per store,
     where it was read and how many models it holds, or why it was not read."""
-    from fitevict.config import ConfigError
     from fitevict.stores import read_stores, store_lines
 
-    try:
+    with config_errors():
         scans = read_stores(cfg.stores)
-        for line in store_lines(cfg.stores, scans):
-            err.print(line)
-        return any(scan.models for scan in scans)
-    except ConfigError as e:
-        err.print(f"[red]config error:[/] {e}")
-        raise typer.Exit(2) from e
+    for line in store_lines(cfg.stores, scans):
+        err.print(line)
+    return any(scan.models for scan in scans)
 
 
 def serve(
@@ -93,14 +102,10 @@ def serve(
         overrides["models_dirs"] = [str(demo)]
         cfg = build_config(config, overrides)
     engine_binary(cfg)  # a missing engine is an error before anything starts
-    from fitevict.budget import BudgetError
     from fitevict.host.budget import budget_from_config
 
-    try:  # a limit above the machine's total, or a reserve that leaves nothing, is a config error now
+    with config_errors():  # a limit above the machine's total, or a reserve that leaves nothing, is a config error now
         budget = budget_from_config(cfg.budget)
-    except BudgetError as e:
-        err.print(f"[red]config error:[/] {e}")
-        raise typer.Exit(2) from e
     for note in budget.notes:
         err.print(f"note: {note}")
     if not _loopback(cfg.server.host) and not cfg.server.auth_enabled:
