@@ -229,3 +229,33 @@ def test_no_module_imports_a_private_name_of_another() -> None:
     private = sorted(f"{_module(p)} <- {m}" for p in SRC.rglob("*.py") for m in _imports(p, names=True)
                      if m.rsplit(".", 1)[-1].startswith("_") and not m.rsplit(".", 1)[-1].startswith("__"))
     assert private == []
+
+
+# what a pure function must not call, whatever it imported: the clock, a file by name or by path
+IO_CALLS = {"open", "time", "monotonic", "perf_counter", "sleep", "read_text", "read_bytes", "write_text", "write_bytes",
+            "stat", "lstat", "exists", "is_file", "is_dir", "iterdir", "glob", "rglob", "mkdir", "unlink", "touch",
+            "getmtime", "getsize", "listdir", "scandir", "walk", "urandom"}
+
+
+def io_calls(tree: ast.AST) -> list[tuple[int, str]]:
+    """Calls of ``IO_CALLS`` by name or as a method (``open(...)``, ``path.read_text()``, ``time.monotonic()``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in IO_CALLS:
+                found.append((node.lineno, ast.unparse(f)))
+    return found
+
+
+def test_a_module_that_says_it_is_pure_calls_nothing_that_does_io() -> None:
+    bad = [f"{_module(p)}:{line}: {call}" for p in SRC.rglob("*.py") if _claims_pure(p)
+           for line, call in io_calls(ast.parse(p.read_text()))]
+    assert bad == [], "a module that calls the clock or reads a file is not pure: say what it does instead"
+
+
+def test_the_call_walk_sees_each_kind_of_io() -> None:
+    for source in ("open(p)", "p.read_text()", "time.monotonic()", "Path(p).exists()", "os.listdir(d)"):
+        assert io_calls(ast.parse(source)), source
+    assert io_calls(ast.parse("len(x) + max(a, b)")) == []

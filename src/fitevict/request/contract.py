@@ -1,6 +1,7 @@
 """The per-request load contract: parse it, and say what it fixes on the seat that serves it.
 
-Pure. One module for the HTTP front door and the CLI alike: a request's optional ``fitevict`` object
+Pure functions of their arguments, but for one ``stat`` (``unservable``: whether a PEFT adapter's base is a
+folder). One module for the HTTP front door and the CLI alike: a request's optional ``fitevict`` object
 (``{"ctx": 8192, "kv_cache_type": "q8_0", ...}``) is validated here; ``request.ask`` turns it, with the model's
 settings, into the ``LoadConfig`` a seat starts with and the ``PlanRequest`` the planner and the scheduler reason
 about. The fields a contract names are the ones a resident seat must match (``PlanRequest.fixed``); a request that

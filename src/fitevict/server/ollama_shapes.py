@@ -1,5 +1,6 @@
-"""Ollama's API shapes, PURE: an Ollama request becomes an engine request and a load contract; an engine
-answer (llama-server's OpenAI-style JSON or stream chunk) becomes Ollama's answer.
+"""Ollama's API shapes: an Ollama request becomes an engine request and a load contract; an engine answer
+(llama-server's OpenAI-style JSON or stream chunk) becomes Ollama's answer. Pure functions of their arguments, but
+for the model files' ``stat`` in the listing (``identity_digest``, ``file_bytes_now``).
 
 Ollama's ``options`` split in two: sampling options go to the engine with each request (``num_predict`` as
 ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ...), and ``num_ctx`` is a load
