@@ -42,7 +42,9 @@ def real_part(real: dict[str, Any] | None) -> list[str]:
     return [
         "### Real run (`bench/cluster_real.py`, measured)",
         "",
-        f"Run {real['date']} ({real['took_s']:.0f} s with the clusters' starts). Each side on its own real 3-node Ray "
+        f"Run {real['date']} ({real['took_s']:.0f} s with the clusters' starts"
+        + (f"; {real['cpu']}, load average {real['load_before']} before, {real['load_after']} after; "
+           f"{real['stamp']}" if "stamp" in real else "") + "). Each side on its own real 3-node Ray "
         "cluster on this machine (`ray.cluster_utils.Cluster`, one CPU per node), with a budget of "
         f"{real['budget_mib']} MiB per node; both serve with real llama-server processes, one request at a time "
         "per model (max_tokens 1). Trace: " + real["trace"] + ". Models and their bytes as a node's door plans them "
@@ -61,17 +63,31 @@ def real_part(real: dict[str, Any] | None) -> list[str]:
         "- Latency = send to answer, loads included; lost = any answer but 200.",
         "",
         *real_table(real),
+        *_hop(real["rows"][0].get("hop")),
     ]
 
 
+def _hop(hop: dict[str, Any] | None) -> list[str]:
+    """What routing through the cluster's front door adds to a hit, measured after the fitevict side's trace."""
+    if not hop:
+        return []
+    return ["", f"Routing's own cost (measured after the trace, on the same cluster): a one-token chat to "
+            f"`{hop['model']}` (resident), {hop['n']} at the node's own door and {hop['n']} through the cluster's "
+            f"front door, alternated: p50 {hop['direct_p50_s'] * 1e3:.1f} ms at the node's door, "
+            f"{hop['routed_p50_s'] * 1e3:.1f} ms through the front door, {hop['added_s'] * 1e3:+.1f} ms for "
+            "routing (one lookup in the front door's facts and one more HTTP relay on loopback)."]
+
+
 def doc_body(config: Any, real: dict | None, took: tuple[float, float], table: str, scale_table: str,
-             goal: Sequence[str], seeds: Sequence[str]) -> str:
+             goal: Sequence[str], seeds: Sequence[str], load: tuple[str, str] | None = None) -> str:
     p = config.policy
     lines = [
         "## Cluster placement against Ray Serve multiplexing (`bench/cluster_vs_serve.py`)",
         "",
         f"Simulated {time.strftime('%Y-%m-%d')} on {cpu_words()} (`lscpu`), Python "
-        f"{platform.python_version()}, Ray 2.60; the 3-node tables took {took[0]:.0f} s, the fleets {took[1]:.0f} s. "
+        f"{platform.python_version()}, Ray 2.60; the 3-node tables took {took[0]:.0f} s, the fleets {took[1]:.0f} s"
+        + (f" (load average {load[0]} before, {load[1]} after: the routing cost table's wall times move with it)"
+           if load else "") + ". "
         "Rerun: `.venv/bin/python bench/cluster_real.py` (real run, about 3 minutes, writes `bench/cluster_real.json`), "
         "then `.venv/bin/python bench/cluster_vs_serve.py` (simulations, then this section).",
         "",
@@ -118,9 +134,31 @@ def doc_body(config: Any, real: dict | None, took: tuple[float, float], table: s
         "",
         *real_part(real),
         "",
-        *NOTES,
+        *NOTES[:-1],
+        *real_note(real),
+        NOTES[-1],
     ]
     return "\n".join(lines)
+
+
+def real_note(real: dict | None) -> list[str]:
+    """What the real run shows, read from its rows."""
+    if real is None:
+        return []
+    fe, serve = real["rows"][0], real["rows"][1:]
+    served = all(r["served"] == r["requests"] for r in real["rows"])
+    own = [real["sizes_mib"][k] - real["table_sizes_mib"][k] for k in real["sizes_mib"] if k in real["table_sizes_mib"]]
+    others = "; ".join(f"{r['policy']} loaded {r['loads']} times, {r['reload_bytes'] / MiB:.1f} MiB of them reloads"
+                       for r in serve)
+    return [
+        f"- **Real run**: {'each side served every request' if served else 'not every request was served'}; "
+        f"fitevict loaded {fe['loads']} times ({fe['reload_bytes'] / MiB:.1f} MiB of them reloads, "
+        f"{fe['over_events']} over-budget events); {others}. fitevict's latencies are longer per request: a request "
+        "crosses the front door and the node's door before llama-server, and its first requests wait for the loads; "
+        f"Serve's proxy goes straight to the replica. The machine's load average was {real.get('load_before', '?')} "
+        "before the run, so the latencies are indicative. The simulated tables' prices leave out the llama-server "
+        f"process's own overhead ({min(own):.1f} to {max(own):.1f} MiB per seat here, the doors' prices less the "
+        "tables'), which is why the real run's budget and N come from the doors' prices."]
 
 
 NOTES = [
@@ -145,16 +183,10 @@ NOTES = [
     "- **Waits** are alike on the zoo's traces; on zipf-mixed (declared sizes of 0.4 to 15 GiB) Serve at N = 1 "
     "waits up to tens of seconds behind reloads of up to 21 s, while fitevict keeps the popular models resident.",
     "- **Routing cost** grows linearly with the fleet: a hit scans every node's facts (tens of microseconds at 100 "
-    "nodes, against the few milliseconds that routing adds to a hit over HTTP, docs/cluster.md); a miss runs the rule "
+    "nodes, against the milliseconds that routing adds to a hit over HTTP, measured in the real run); a miss runs the rule "
     "over every node's dry run, a few hundred microseconds at 100 nodes, plus the dry runs themselves (tens of "
     "microseconds of planner time each, run by each node at once on a real cluster). From 10 nodes on, the zoo fits "
     "the fleet: nothing is reloaded and the misses are the first loads.",
-    "- **Real run**: each side serves every request; fitevict places each model once (two per node) and reloads "
-    "nothing, Serve's replicas reload at both N. fitevict's latencies are longer per request: a request crosses the "
-    "front door and the node's door before llama-server, and its first requests wait for the loads; Serve's proxy "
-    "goes straight to the replica. The machine was not otherwise idle during the run, so the latencies are "
-    "indicative. The simulated tables' prices leave out the llama-server process's own overhead (about 10 MiB per "
-    "seat here), which is why the real run's budget and N come from the doors' prices.",
     "- **Not simulated** on Serve's side: the 0.1 s delay before a replica's model ids reach the router (taken as "
     "instant, in Serve's favour), the router's FIFO matching of pending requests to replicas, and replica restarts.",
 ]

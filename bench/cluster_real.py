@@ -15,9 +15,11 @@ happen. Writes ``bench/cluster_real.json``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,8 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _docs import run_stamp  # noqa: E402
+from _serve import cpu_model, load_average  # noqa: E402
 from trace_replay import CONTRACT, count_lru_fill, count_lru_max  # noqa: E402
 from traces import zipf_trace, zoo_specs  # noqa: E402
 from tracesim import Trace, percentile  # noqa: E402
@@ -40,7 +44,9 @@ from tracesim import Trace, percentile  # noqa: E402
 from fitevict.pricing.footprint import HOST  # noqa: E402
 
 MODELS = ("llama-q8_0", "llama-q4_0", "qwen3-headdim", "qwen2-k256", "mamba", "gemma2-swa")
-BUDGET_MIB = 78  # by the doors' prices: the two largest fit, the three largest do not, three of the mean size do
+# the per-node budget, from the doors' prices of the day: room for three models of the mean size, so that the two
+# largest fit and the three largest do not (checked; Serve's N then differs by the rule that picks it)
+MEAN_MODELS_PER_NODE = 3
 REQUESTS, RATE, SEED = 90, 3.0, 5
 NODES = ("a", "b", "c")
 MiB = 2**20
@@ -80,10 +86,21 @@ def door_sizes(zoo: Path) -> dict[str, int]:
     return out
 
 
-def start_cluster(root: Path, zoo: Path):
+def node_budget_mib(sizes: dict[str, int]) -> int:
+    """Room for MEAN_MODELS_PER_NODE models of the mean size, in MiB, where the two largest fit and the three
+    largest do not."""
+    mib = sorted((v / MiB for v in sizes.values()), reverse=True)
+    budget = math.ceil(MEAN_MODELS_PER_NODE * sum(mib) / len(mib))
+    if not (sum(mib[:2]) <= budget < sum(mib[:3])):
+        raise SystemExit(f"a budget of {budget} MiB does not separate the two largest ({sum(mib[:2]):.1f} MiB) from "
+                         f"the three largest ({sum(mib[:3]):.1f} MiB): the comparison needs other models")
+    return budget
+
+
+def start_cluster(root: Path, zoo: Path, budget_mib: int):
     from ray.cluster_utils import Cluster
 
-    res = {"fitevict_ram_limit_mib": BUDGET_MIB, "serve_slot": 1}
+    res = {"fitevict_ram_limit_mib": budget_mib, "serve_slot": 1}
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": res, "env_vars": node_env(root, zoo, "a"), "include_dashboard": False})
     for n in NODES[1:]:
@@ -181,12 +198,37 @@ def front_door(root: Path, address: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("fitevict's front door did not see three routable nodes within 240 s")
 
 
-def run_fitevict(root: Path, zoo: Path, trace: Trace, sizes: dict[str, int]) -> dict:
+def routing_hop(cluster_address: str, url: str, model: str, n: int = 40) -> dict:
+    """A hit's one-token chat at the node's own door and through the cluster's front door, alternated ``n`` times
+    so that the machine's other load falls on both alike: the medians and what routing adds (measured)."""
+    import ray
+
+    rows = httpx.get(url + "/v1/models/residents", timeout=60).json()["data"]
+    node = next(r["node"] for r in rows if r["key"] == model)
+    ray.init(address=cluster_address, namespace="fitevict", logging_level="WARNING", log_to_driver=False)
+    try:
+        door = ray.get(ray.get_actor(f"fitevict-agent-{node}").door.remote())
+    finally:
+        ray.shutdown()
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    took: dict[str, list[float]] = {"direct": [], "routed": []}
+    with httpx.Client(headers={"Authorization": f"Bearer {door['key']}"}, timeout=60) as c:
+        for _ in range(n):
+            for how, base in (("direct", door["url"]), ("routed", url)):
+                t0 = time.perf_counter()
+                if c.post(base + "/v1/chat/completions", json=body).status_code != 200:
+                    raise RuntimeError(f"{how}: a hit of {model} was not answered 200")
+                took[how].append(time.perf_counter() - t0)
+    direct, routed = statistics.median(took["direct"]), statistics.median(took["routed"])
+    return {"model": model, "n": n, "direct_p50_s": direct, "routed_p50_s": routed, "added_s": routed - direct}
+
+
+def run_fitevict(root: Path, zoo: Path, trace: Trace, sizes: dict[str, int], budget_mib: int) -> dict:
     (root / "fitevict").mkdir()
-    cluster = start_cluster(root / "fitevict", zoo)
+    cluster = start_cluster(root / "fitevict", zoo, budget_mib)
     try:
         proc, url = front_door(root / "fitevict", cluster.address)
-        ob, stop = OverBudget(BUDGET_MIB * MiB), threading.Event()
+        ob, stop = OverBudget(budget_mib * MiB), threading.Event()
         sampler = threading.Thread(target=sample_residents, args=(url, ob, stop), daemon=True)
         sampler.start()
         client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=64))
@@ -205,7 +247,8 @@ def run_fitevict(root: Path, zoo: Path, trace: Trace, sizes: dict[str, int]) -> 
         routes = Counter(r["info"].split(" ")[1] if r["ok"] else "lost" for r in rows)
         out = {"policy": "fitevict cluster", **latency_summary(rows), **loads_of(events, sizes),
                "over_events": ob.events, "max_over_bytes": max(0, ob.max_over), "routes": dict(routes),
-               "loads_per_node": dict(Counter(h.get("node", "?") for h in hist))}
+               "loads_per_node": dict(Counter(h.get("node", "?") for h in hist)),
+               "hop": routing_hop(cluster.address, url, trace.arrivals[-1].key)}  # resident: the last one asked
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
         return out
@@ -213,14 +256,16 @@ def run_fitevict(root: Path, zoo: Path, trace: Trace, sizes: dict[str, int]) -> 
         cluster.shutdown()
 
 
-def run_serve(root: Path, zoo: Path, trace: Trace, sizes: dict[str, int], n: int, why: str, binary: str) -> dict:
+def run_serve(root: Path, zoo: Path, trace: Trace, sizes: dict[str, int], n: int, why: str, binary: str,
+              budget_mib: int) -> dict:
     import ray
     from ray import serve
 
     from serve_zoo import RECORDER, Recorder, make_app
 
-    (root / f"serve-{n}").mkdir()
-    cluster = start_cluster(root / f"serve-{n}", zoo)
+    here = root / f"serve-{n}-{why.replace(' ', '-')}"
+    here.mkdir()
+    cluster = start_cluster(here, zoo, budget_mib)
     try:
         ray.init(address=cluster.address, namespace=RECORDER[1], logging_level="WARNING", log_to_driver=False)
         rec = Recorder.options(name=RECORDER[0], namespace=RECORDER[1]).remote()
@@ -237,7 +282,7 @@ def run_serve(root: Path, zoo: Path, trace: Trace, sizes: dict[str, int], n: int
         rows = replay(trace, send)
         time.sleep(1.0)
         events = ray.get(rec.all.remote())
-        ob, held = OverBudget(BUDGET_MIB * MiB), Counter()
+        ob, held = OverBudget(budget_mib * MiB), Counter()
         for _t, node, ev, m, b in sorted(events):
             held[node] += b if ev == "load" else -b
             ob.see(node, held[node])
@@ -269,19 +314,22 @@ def main() -> int:
         sizes = door_sizes(root / "zoo")
         specs = {k: replace(m, bytes={HOST: sizes[k]}) for k, m in specs.items()}
         trace = zipf_trace(list(MODELS), n=REQUESTS, rate=RATE, service=0.0, s=1.0, seed=SEED)
-        budget = BUDGET_MIB * MiB
+        budget_mib = node_budget_mib(sizes)
+        budget = budget_mib * MiB
         safe, fill = count_lru_max(specs, budget), count_lru_fill(specs, budget)
         t0 = time.time()
-        result = {"date": time.strftime("%Y-%m-%d"), "took_s": 0.0, "budget_mib": BUDGET_MIB, "models": list(MODELS),
+        result = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(), "load_before": load_average(),
+                  "stamp": run_stamp(), "took_s": 0.0, "budget_mib": budget_mib, "models": list(MODELS),
                   "sizes_mib": {k: round(v / MiB, 2) for k, v in sizes.items()},
                   "table_sizes_mib": {k: round(v / MiB, 2) for k, v in table_sizes.items()},
                   "trace": trace.about.replace("service 0 s each", "each served for real (max_tokens 1)"), "rows": []}
-        runs = [lambda: run_fitevict(root, root / "zoo", trace, sizes)]
-        runs += [lambda n=n, why=why: run_serve(root, root / "zoo", trace, sizes, n, why, binary)
+        runs = [lambda: run_fitevict(root, root / "zoo", trace, sizes, budget_mib)]
+        runs += [lambda n=n, why=why: run_serve(root, root / "zoo", trace, sizes, n, why, binary, budget_mib)
                  for n, why in ((safe, "largest safe"), (fill, "mean fits"))]
         for run in runs:
             result["rows"].append(run())
             result["took_s"] = time.time() - t0
+            result["load_after"] = load_average()
             OUT.write_text(json.dumps(result, indent=1, default=str) + "\n")  # each side as soon as it is done
             print(json.dumps(result["rows"][-1], default=str), flush=True)
     return 0

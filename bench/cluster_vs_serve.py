@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
+from _serve import load_average  # noqa: E402
 from clustersim import ClusterResult, FitevictFront, route_costs, run_cluster  # noqa: E402
 from servesim import ServeFront  # noqa: E402
 from trace_replay import CONTRACT, Case, cases, count_lru_fill, count_lru_max, measured_zoo  # noqa: E402
@@ -167,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--real", type=Path, default=REAL, help="the real run's JSON (cluster_real.py)")
     a = ap.parse_args(argv)
     config = load_config(None, env={}, overrides={})
+    load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         zoo = measured_zoo(a.zoo, Path(tmp))
         all_cases = [c for c in cases(zoo, quick=a.quick) if c.trace.name in TRACES]
@@ -190,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         real = json.loads(a.real.read_text()) if a.real.exists() else None
         write_section("cluster_vs_serve", doc_body(config, real, (t1 - t0, t2 - t1), table(rows),
-                                                   scale_table(scaled), goal(rows, real), seeds))
+                                                   scale_table(scaled), goal(rows, real), seeds,
+                                                   (load_before, load_average())))
     return 0
 
 
