@@ -1,6 +1,6 @@
 """The memory report: each model's peaks over its serving windows beside thresholds declared before the run.
 
-Pure: stored windows (``SeatPeaks``) and a thresholds declaration in, rows out; no I/O beyond reading the
+Stored windows (``SeatPeaks``) and a thresholds declaration in, rows out; no I/O beyond reading the
 thresholds file in :func:`load_thresholds`.
 
 Every figure is judged PASS (peak <= threshold) or FAIL; a figure this host could not measure is BLOCKED with the

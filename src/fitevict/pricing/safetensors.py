@@ -5,7 +5,8 @@ to ``dtype``, ``shape`` and ``data_offsets``; the stored bytes of a tensor are `
 header touches a few KiB of each file, never the weights, and needs no torch.
 
 A diffusers pipeline (``model_index.json``) is a folder of components, each with its own safetensors files;
-its tensors are named ``<component>/<tensor>``. Pure: files in, frozen records out.
+its tensors are named ``<component>/<tensor>``. It reads files (each header, and which files a folder holds)
+and returns frozen records; nothing else is kept or changed.
 """
 
 from __future__ import annotations
