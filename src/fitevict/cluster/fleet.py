@@ -120,7 +120,8 @@ class Fleet:
             log.warning("node %s left the cluster (Ray: not alive)", node_id)
             del self.members[node_id]
         now = time.time()
-        ended = self.membership.answered(now, left, {n for n in alive if n not in self.members})
+        joined = {n for n in alive if n not in self.members and n not in self.refused}
+        ended = self.membership.answered(now, left, joined)
         if ended is not None:
             log.warning(describe(ended))
         for node_id, n in alive.items():
