@@ -39,7 +39,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.logparse import parse_load_log
 from fitevict.pricing.price import price
-from fitevict.supervisor.measure import with_engine_overhead
+from fitevict.prices.overhead import with_engine_overhead
 from fitevict.units import MiB
 
 FLOOR_BYTES = 4 * MiB  # the error allowed in bytes, whatever the percentage, for a model file under SMALL_FILE

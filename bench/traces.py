@@ -33,7 +33,7 @@ from fitevict.pricing.price import price
 from fitevict.request.ask import ask
 from fitevict.request.catalog import Catalog
 from fitevict.request.contract import Contract
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.prices.book import PriceBook
 
 from tracesim import ModelSpec, Req, Trace
 from fitevict.engines.machine import host_buffers

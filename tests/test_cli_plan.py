@@ -45,8 +45,8 @@ def host_bytes(path: Path, ctx: int) -> int:
     from fitevict.cli.serve import engine_binary
     from fitevict.config import load_config
     from fitevict.store import Store
-    from fitevict.supervisor.learned import prime_price_book
-    from fitevict.supervisor.pricebook import PriceBook
+    from fitevict.prices.learned import prime_price_book
+    from fitevict.prices.book import PriceBook
 
     cfg = load_config(None, env={"FITEVICT_DATA_DIR": os.environ["FITEVICT_DATA_DIR"]})
     binary = engine_binary(cfg)

@@ -23,7 +23,7 @@ STAGES: dict[str, int] = {
     "budget": 2, "planner": 2, "guard": 2, "pressure": 2, "shrink": 1,
     "schedule": 3,
     "host": 4, "engines": 4, "store": 4, "zoo": 4, "request": 4, "stores": 4, "report": 4,
-    "request.loadreport": 5, "supervisor": 5,
+    "prices": 5, "request.loadreport": 5, "supervisor": 5,
     "server": 6, "cluster": 6, "cli": 6,
 }
 

@@ -5,7 +5,7 @@ What the hook cannot see is watched too, in the same child: ``os.stat``, ``os.ls
 wrapped, and a read through a descriptor opened before arming (a file object held from setup, read later) is caught
 by its file offset moving.
 
-The server's plan is among them: ``planner.plan`` priced by a price sheet (``supervisor.pricesheet``) read from a
+The server's plan is among them: ``planner.plan`` priced by a price sheet (``prices.sheet``) read from a
 real SQLite store (holding a measurement of the plan's own signature) and a real zoo file, and a sheet the price
 book holds is handed to a plan on the event loop without any I/O, even when a change made it stale."""
 
@@ -39,7 +39,7 @@ CHECK = textwrap.dedent('''
     from fitevict.supervisor.crash import retry_without_repack
     from fitevict.supervisor.neighbours import PressureWatch
     from fitevict.supervisor.planning import Planning
-    from fitevict.supervisor.pricebook import PriceBook
+    from fitevict.prices.book import PriceBook
 
     s = load_structure(sys.argv[1])  # reading the file is I/O: before the hook is armed
     table = rule_table(["avx2", "avx512f", "avx512_vnni", "amx_int8"])

@@ -28,7 +28,7 @@ from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import PRECISION_BYTES
 from fitevict.pricing.price import price
-from fitevict.supervisor.measure import with_engine_overhead
+from fitevict.prices.overhead import with_engine_overhead
 from fitevict.units import MiB
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

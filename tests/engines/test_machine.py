@@ -14,7 +14,7 @@ from fitevict.pricing.hostbufs import is_host_buffer
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import device_of
 from fitevict.store import Store
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.prices.book import PriceBook
 
 AMX_LSCPU = Path(__file__).parent.parent / "data" / "hardware" / "intel-xeon-amx" / "lscpu.txt"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fitevict.pricing.correction import apply_correction, correction
 from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
-from fitevict.supervisor.measure import footprint_from_json
+from fitevict.pricing.footprint import footprint_from_json
 from fitevict.units import KiB, MiB
 
 

@@ -87,7 +87,7 @@ def test_an_adapter_the_engine_refuses_is_refused_with_its_reason(zoo_dir: Path)
 
 
 def test_a_stored_measurement_keeps_its_adapter_term(zoo_dir: Path) -> None:
-    from fitevict.supervisor.measure import footprint_from_json
+    from fitevict.pricing.footprint import footprint_from_json
 
     fp = price(load_structure(zoo_dir / "llama-gqa.gguf"), LoadConfig(n_ctx=512, loras=adapters(zoo_dir)), host=X86_AVX512).footprint
     back = footprint_from_json(fp.to_json())

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term, as_stored
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store import SeatRecord, Store, measurement_signature
-from fitevict.supervisor.measure import footprint_from_json
+from fitevict.pricing.footprint import footprint_from_json
 from fitevict.units import MiB
 
 

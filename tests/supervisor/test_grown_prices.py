@@ -13,8 +13,8 @@ from fitevict.pricing.grown import grown
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store import Store
 from fitevict.store.records import Event
-from fitevict.supervisor.learned import prime_price_book
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.prices.learned import prime_price_book
+from fitevict.prices.book import PriceBook
 from fitevict.units import MiB
 
 from .test_machine_keys import CPU_A, CPU_B, engine_dir  # noqa: F401 - engine_dir is a fixture

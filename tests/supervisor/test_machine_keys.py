@@ -14,8 +14,8 @@ from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.store import Store
 from fitevict.store.records import Event
-from fitevict.supervisor.learned import learn_engine_overhead, learn_torch_overhead, prime_price_book
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.prices.learned import learn_engine_overhead, learn_torch_overhead, prime_price_book
+from fitevict.prices.book import PriceBook
 
 CPU_A = Cpu("AMD EPYC 9B14", "x86_64", frozenset({"avx2", "avx512f"}))
 CPU_B = Cpu("Intel(R) Xeon(R) Platinum 8481C", "x86_64", frozenset({"avx2", "avx512f", "amx_tile", "amx_int8"}))

@@ -10,7 +10,7 @@ from fitevict.host.procmem import ProcessMemory
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.seats import Seat
-from fitevict.supervisor.measure import overhead_label
+from fitevict.prices.overhead import overhead_label
 from fitevict.supervisor.outgrowth import seat_outgrowth
 from fitevict.supervisor.seat import SeatState
 from fitevict.units import MiB

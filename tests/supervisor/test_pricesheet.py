@@ -1,4 +1,4 @@
-"""Price sheets (supervisor.pricesheet): read ahead by the price book from a real store and real zoo files, they
+"""Price sheets (prices.sheet): read ahead by the price book from a real store and real zoo files, they
 price as the book does; whatever the book learns (a stored measurement, an accepted load, a dry run, a rescan)
 makes the next sheet differ, read off the event loop; a plan on the loop takes the sheet held without any I/O.
 (The audit-hook check of a plan on a sheet is in tests/test_purity.py.)"""
@@ -21,9 +21,9 @@ from fitevict.pricing.footprint import HOST, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog
 from fitevict.store import Store
-from fitevict.supervisor import pricebook
-from fitevict.supervisor.measure import footprint_from_json
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.prices import book as pricebook
+from fitevict.pricing.footprint import footprint_from_json
+from fitevict.prices.book import PriceBook
 from fitevict.units import MiB
 from fitevict.zoo import write_zoo
 

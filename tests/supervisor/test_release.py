@@ -90,7 +90,8 @@ def _fake_binary(tmp_path):
 
 def test_engine_overhead_joins_host_committed_and_each_gpu_with_buffers() -> None:
     from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
-    from fitevict.supervisor import footprint_from_json, with_engine_overhead
+    from fitevict.prices.overhead import with_engine_overhead
+    from fitevict.pricing.footprint import footprint_from_json
 
     fp = Footprint((DeviceFootprint(HOST, Term(100, "formula"), Term(20, "formula")),
                     DeviceFootprint("CUDA0", Term(1000, "formula"), Term(50, "formula"))),
@@ -118,7 +119,8 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
     from fitevict.store import Store
     from fitevict.supervisor import SeatState, Supervisor
     from fitevict.schedule.seats import Seat
-    from fitevict.supervisor.measure import grown_overhead, overhead_seen
+    from fitevict.supervisor.measure import overhead_seen
+    from fitevict.prices.overhead import grown_overhead
 
     cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path)})
     store = Store.open(cfg.store_url)

@@ -127,8 +127,8 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
     from fitevict.request.catalog import Catalog, GgufFileError, UnknownModel
     from fitevict.request.contract import Contract, ContractError, parse_contract
     from fitevict.store import Store
-    from fitevict.supervisor.learned import plan_policy, prime_price_book
-    from fitevict.supervisor.pricebook import PriceBook
+    from fitevict.prices.learned import plan_policy, prime_price_book
+    from fitevict.prices.book import PriceBook
 
     try:
         entry = Catalog.from_config(cfg).resolve(model)

@@ -200,3 +200,28 @@ def as_stored(fp: Footprint) -> Footprint:
                             output=term(d.output)) for d in fp.devices)
     host = "+".join("stored-measurement" if p in READ else p for p in fp.host_source.split("+"))
     return replace(fp, devices=devices, host_source=host)  # type: ignore[arg-type]
+
+
+def footprint_from_json(d: dict) -> Footprint:
+    """Rebuild a Footprint from ``Footprint.to_json()`` (used for stored measurements). A label missing from the JSON
+    is "engine-reported" (the engine's buffers); rows stored before that label keep their "measured"."""
+    devs = []
+    for dv in d.get("devices", []):
+        src = dv.get("sources", {})
+        corrections = dv.get("corrections", {})
+
+        def term(name: str) -> Term:
+            b = dv.get(f"{name}_bytes")
+            s = str(src.get(name, "engine-reported")).removesuffix("+correction")
+            c = corrections.get(name) or {}
+            if b is None:
+                return Term.unavailable(dv.get("unavailable", {}).get(name, "not recorded"))
+            return Term(b, s, correction=int(c.get("bytes", 0)), correction_from=str(c.get("from", "")))  # type: ignore[arg-type]
+
+        adapters = (Term(dv["adapter_bytes"], src.get("adapters", "engine-reported")) if "adapter_bytes" in dv
+                    else ZERO_FORMULA)
+        devs.append(DeviceFootprint(dv["name"], term("model"), term("context"), term("compute"), term("output"),
+                                    adapters))
+    host = d.get("host", {})
+    return Footprint(tuple(devs), host.get("mapped_bytes", 0), host.get("committed_bytes", 0),
+                     host.get("source", "engine-reported"), overhead=tuple(d.get("overhead", {}).items()))

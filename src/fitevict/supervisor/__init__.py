@@ -7,11 +7,8 @@ joins them to the front door.
     effects.py    the real Effects: start and stop engine processes, measure, verify release, record
     seat.py       one seat's state Enum, spawn and readiness
     release.py    the one stop path and its release verification
-    measure.py    reading a seat after its load; engine overhead
+    measure.py    reading a seat after its load; the engine overhead it showed
     accounts.py   what a seat's events say beyond its figures (strategy, timings, leak check, failures)
-    pricebook.py  what prices depend on (measurements, corrections, dry runs, overheads); builds the price sheets
-    pricesheet.py one file's prices read ahead: the planner's footprint function, computation only
-    learned.py    what was learned about the engines, read into a price book; overheads learned from loads
     planning.py   the request's file and configuration, the budget now, the plan
     processes.py  which engine runs an entry, its argv, port, log and store record
     history.py    events written, kept and waited for
@@ -22,15 +19,15 @@ joins them to the front door.
     shrinking.py  policy.shrink_ctx: a refused contract retried at the largest context that fits
     orphans.py    seats an earlier fitevict left
     views.py      what a resident looks like from outside
+
+What a model costs (the price book, its sheets, what was learned) is ``fitevict.prices``.
 """
 
 from fitevict.request.contract import Contract
 from fitevict.supervisor.core import ShutdownSummary, Supervisor
 from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
-from fitevict.supervisor.measure import footprint_from_json, with_engine_overhead
 from fitevict.supervisor.release import RELEASE_SLACK, Release, StopResult, release_check
 from fitevict.supervisor.seat import SeatState
 
 __all__ = ["Busy", "Contract", "LoadFailed", "RELEASE_SLACK", "Refused", "Release", "SeatState",
-           "ShutdownSummary", "StopResult", "Supervisor", "SupervisorError", "footprint_from_json", "release_check",
-           "with_engine_overhead"]
+           "ShutdownSummary", "StopResult", "Supervisor", "SupervisorError", "release_check"]

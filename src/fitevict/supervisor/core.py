@@ -51,8 +51,8 @@ from fitevict.supervisor.relieving import check_pressure
 from fitevict.supervisor.storing import record_again
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
-from fitevict.supervisor.learned import learn_engine_overhead, plan_policy, prime_price_book
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.prices.learned import learn_engine_overhead, plan_policy, prime_price_book
+from fitevict.prices.book import PriceBook
 from fitevict.supervisor.release import StopResult
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.schedule.seats import SERVING, SeatTable

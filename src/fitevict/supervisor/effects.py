@@ -31,12 +31,12 @@ from fitevict.supervisor.crash import RepackCrash, exit_cause, exit_reason, retr
 from fitevict.supervisor.frozen import watch_frozen
 from fitevict.supervisor.history import STORE_FAULTS
 from fitevict.supervisor.kvkeep import keep_before_stop
-from fitevict.supervisor.learned import learn_engine_overhead, learn_torch_overhead
+from fitevict.prices.learned import learn_engine_overhead, learn_torch_overhead
 from fitevict.supervisor.ports import Ports
 from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
-from fitevict.supervisor.measure import (grown_overhead, host_overhead, mem_json, overhead_label, overhead_seen,
-                                        read_seat)
+from fitevict.supervisor.measure import mem_json, overhead_seen, read_seat
+from fitevict.prices.overhead import grown_overhead, host_overhead, overhead_label
 from fitevict.supervisor.release import StopResult, stop_and_verify
 from fitevict.supervisor.storing import STOPPING, keep_record, last_measurement, store_measurement
 from fitevict.schedule.scheduler import Waiter
@@ -144,7 +144,7 @@ class LiveEffects:
         """One load; whatever goes wrong in it (a bug included) ends as a failed load, so no request waits for a
         load that will never finish and no process outlives it."""
         try:
-            await self.parts.processes.prune_logs(self.parts.seats.values())  # within engine.seat_logs_disk
+            await self.parts.processes.prune_logs(self.parts.seats.values())  # within [logs]
             await self._load_seat(waiter, plan)
         except Exception as e:
             refused = isinstance(e, LoadFailed)  # refused before its engine started (its binary changed): no bug

@@ -13,7 +13,7 @@ from fitevict.budget import Budget
 from fitevict.config import Config
 from fitevict.pricing.footprint import HOST
 from fitevict.supervisor.neighbours import PressureWatch
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.prices.book import PriceBook
 from fitevict.supervisor.seat import SeatState
 
 

@@ -38,7 +38,7 @@ from fitevict.supervisor.history import History
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.neighbours import PressureWatch
 from fitevict.supervisor.planning import Planning
-from fitevict.supervisor.pricebook import PriceBook
+from fitevict.prices.book import PriceBook
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.seat import SeatState
 

@@ -73,12 +73,3 @@ async def last_measurement(store: Any, signature: str) -> Measurement | None:
     except STORE_FAULTS as e:
         log.warning("the stored measurement of %s could not be read: %s", signature, reason(e))
         return None
-
-
-async def store_learned(store: Any, key: str, value: dict[str, int]) -> None:
-    """Store a learned figure (an engine's overhead); a refusal is logged: this process keeps using it, and the next
-    one learns it again."""
-    try:
-        await asyncio.to_thread(store.compute_put, key, value)
-    except STORE_FAULTS as e:
-        log.warning("the learned %s not stored: %s; learned again by the next fitevict", key, reason(e))

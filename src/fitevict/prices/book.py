@@ -3,7 +3,7 @@ by what loads of the same file at other settings measured (``pricing.correction`
 and, at start, from the history's load records).
 
 The book gathers what it learns (dry runs, accepted loads, overheads) and hands the planner price sheets
-(``supervisor.pricesheet``): one immutable record per file and adapter set, read off the event loop before a
+(``prices.sheet``): one immutable record per file and adapter set, read off the event loop before a
 request is queued or when the catalog changes, so that the scheduler's synchronous plan prices configurations by
 computation only. Each change that can move a price bumps a version; the sheets built before it are rebuilt, off
 the event loop (``sheet``, ``_refresh``).
@@ -21,8 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines import traits
+from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
 from fitevict.engines.dryrun import dry_run
 from fitevict.pricing.footprint import Footprint
 from fitevict.engines.overhead import engine_threads, tiled_here
@@ -38,8 +38,8 @@ from fitevict.request.catalog import CatalogEntry
 from fitevict.request.ask import ask
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
-from fitevict.supervisor.measure import footprint_from_json
-from fitevict.supervisor.pricesheet import LOG_TERM_PRECISION, PriceSheet, SheetInputs, hf_dtype, read_sheet
+from fitevict.pricing.footprint import footprint_from_json
+from fitevict.prices.sheet import LOG_TERM_PRECISION, PriceSheet, SheetInputs, hf_dtype, read_sheet
 
 __all__ = ["HISTORY_LOADS", "LOG_TERM_PRECISION", "PriceBook", "PriceSheet"]
 

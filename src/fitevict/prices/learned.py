@@ -9,7 +9,10 @@ store and the cache, so ``fitevict plan`` offline and the server's plan price th
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
+from typing import Any
 
 from fitevict import planner as pl
 from fitevict.config import Config
@@ -19,8 +22,10 @@ from fitevict.engines.overhead import RECORD_VERSION, calibratable, calibrate_ov
 from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
-from fitevict.supervisor.storing import store_learned
-from fitevict.supervisor.pricebook import HISTORY_LOADS, PriceBook
+from fitevict.store.faults import STORE_FAULTS, reason
+from fitevict.prices.book import HISTORY_LOADS, PriceBook
+
+log = logging.getLogger("fitevict.prices")
 
 def torch_overhead_key(*, adapters: bool = False, cpu: Cpu | None = None) -> str:
     """The store key of a transformers seat's own process bytes on this CPU (a seat with PEFT adapters imports peft
@@ -92,3 +97,12 @@ async def learn_engine_overhead(book: PriceBook, store: Store, binary: Path, gro
         book.overhead_origin = "raised"
     book.forget()
     await store_learned(store, overhead_key(binary, book.cpu), dict(book.engine_overhead))
+
+
+async def store_learned(store: Any, key: str, value: dict[str, int]) -> None:
+    """Store a learned figure (an engine's overhead); a refusal is logged: this process keeps using it, and the next
+    one learns it again."""
+    try:
+        await asyncio.to_thread(store.compute_put, key, value)
+    except STORE_FAULTS as e:
+        log.warning("the learned %s not stored: %s; learned again by the next fitevict", key, reason(e))

@@ -10,7 +10,7 @@ engine process's overhead and, for a Hugging Face folder, the seat's own flags a
 largest-context search) without a file, database or socket access (``tests/test_purity.py`` runs a plan on a
 real sheet under an audit hook).
 
-``read_sheet`` builds one: blocking I/O, which the price book runs off the event loop (``supervisor.pricebook``).
+``read_sheet`` builds one: blocking I/O, which the price book runs off the event loop (``prices.book``).
 A sheet never changes once built; the book builds a new one when what it read changes, and each sheet carries the
 version of the book's state it was built from (``version``).
 """
@@ -39,7 +39,8 @@ from fitevict.pricing.peft import PeftAdapter, load_peft_adapter
 from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.store.records import measurement_signature
 from fitevict.pricing.process import model_terms
-from fitevict.supervisor.measure import footprint_from_json, with_engine_overhead
+from fitevict.pricing.footprint import footprint_from_json
+from fitevict.prices.overhead import with_engine_overhead
 
 # a measured term sums at most three logged buffers (KV, SWA KV, recurrent state), each printed to +-0.005 MiB
 LOG_TERM_PRECISION = 3 * PRECISION_BYTES
