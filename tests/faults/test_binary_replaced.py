@@ -43,7 +43,8 @@ def door(zoo: dict, llama_server: Path, tmp_path_factory: pytest.TempPathFactory
     # with its install record beside the link
     (engine / "llama-server").symlink_to(llama_server)
     shutil.copy2(llama_server.parent / STAMP, engine / STAMP)
-    with front_door(tmp, "--models-dir", str(models), env={"FITEVICT_LLAMA_SERVER": str(engine / "llama-server")}) as fd:
+    with front_door(tmp, "--models-dir", str(models), env={"FITEVICT_LLAMA_SERVER": str(engine / "llama-server")},
+                    timeout=180) as fd:
         yield fd
 
 

@@ -30,7 +30,7 @@ def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontD
     models.mkdir()
     for name, source in (("swap", "llama-gqa"), ("other", "qwen3-headdim"), ("cut", "llama-gqa")):
         shutil.copyfile(zoo[source].path, models / f"{name}.gguf")
-    with front_door(tmp, "--models-dir", str(models)) as fd:
+    with front_door(tmp, "--models-dir", str(models), timeout=180) as fd:
         yield fd
 
 

@@ -39,7 +39,7 @@ def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontD
         shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
     cfg = tmp / "fitevict.toml"
     cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {STALL_S}\n")
-    with front_door(tmp, "--config", str(cfg), "--models-dir", str(models)) as fd:
+    with front_door(tmp, "--config", str(cfg), "--models-dir", str(models), timeout=180) as fd:
         yield fd
 
 
