@@ -249,9 +249,10 @@ def filled_section(rec: dict, rows: list[dict], stamp: str) -> str:
     table = [
         "| model | arch | config | n_ctx_seq x slots | tokens per slot (prompt + generated) | predicted, B (buffers + "
         "calibrated + scaling parts) | PSS as read at the filled peak, B | error, B (%) | within -2%/+10% | "
-        "with the floor | seat alone at the filled peak, B (error) | first load: PSS as read, B (error) | logged "
-        "buffers, B | beyond the logged buffers at the peak (seat alone), B | priced overhead, B |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "with the floor | other processes of the binary beside it | seat alone at the filled peak, B (error) | first "
+        "load: PSS as read, B (error) | logged buffers, B | beyond the logged buffers at the peak (seat alone), B | "
+        "priced overhead, B |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         toks = ", ".join(f"{a} + {b}" for a, b in r["tokens"])
@@ -262,7 +263,8 @@ def filled_section(rec: dict, rows: list[dict], stamp: str) -> str:
         table.append(f"| {r['model']} | {r['arch']} | `{r['config']}` | {r['n_ctx_seq']} x {r['slots']} | {toks} | "
                      f"{_parts(r)} | {read:,} | {d:+,} ({_pct(d, read)}) | "
                      f"{_yes(_pct_within(r['predicted'], read))} | "
-                     f"{_yes(within(r['predicted'], read, r['file_bytes']))} | {_raw(r, r['peak_fill'])} | "
+                     f"{_yes(within(r['predicted'], read, r['file_bytes']))} | {r['neighbours']} | "
+                     f"{_raw(r, r['peak_fill'])} | "
                      f"{_raw(r, r['peak_load_pss'])} | {f'{logged:,}' if logged is not None else 'unavailable'} | "
                      f"{beyond} | {r['overhead']:,} |")
     return "\n".join([
