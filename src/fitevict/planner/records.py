@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from fitevict.config.records import ALLOC_MODES, PolicyConfig, default
 from fitevict.pricing.footprint import Footprint
@@ -64,6 +64,10 @@ class PlanRequest:
     source: str = ""  # the file or folder a seat must have loaded to serve it ("": any file of the model serves)
     fixed: frozenset[str] | None = None  # LoadConfig fields a resident must match (None: all but placement)
     path: str = ""  # the file or folder a load of it reads (what it is priced from and started with)
+    # its quote: the price sheet it was priced with once, when it was queued (fitevict.prices.sheet.PriceSheet:
+    # immutable, one version of the price book); the plan and the seat's prediction use it while it is current.
+    # None: not quoted yet (a plan of the CLI, or a dry run), priced when planned
+    quote: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.alloc_mode not in ALLOC_MODES:

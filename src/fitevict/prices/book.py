@@ -216,6 +216,10 @@ class PriceBook:
         """Whether ``sheet`` was read from what the book knows now (a file changed on disk is seen by a reread)."""
         return sheet.version == self._version(sheet.path)
 
+    def holds(self, sheet: PriceSheet) -> bool:
+        """Whether ``sheet`` is current and its file is still the one it priced (one ``stat``: not for a plan)."""
+        return self.current(sheet) and sheet.ident == _ident(sheet.path)
+
     def _inputs(self, path: Path, loras: tuple[str, ...]) -> SheetInputs:
         """What the book knows of ``path``, copied (no I/O: take it on the event loop, read the rest off it)."""
         p = str(path)

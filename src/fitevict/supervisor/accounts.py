@@ -8,6 +8,7 @@ from typing import Any
 
 from fitevict import planner as pl
 from fitevict.engines import Engine
+from fitevict.store.records import Event
 from fitevict.supervisor.release import StopResult
 from fitevict.supervisor.seat import SeatState
 
@@ -51,3 +52,17 @@ def strategy(plan: pl.Plan) -> str:
     if c is None:
         return base
     return f"{base} (ngl={c.n_gpu_layers}, n_cpu_moe={c.n_cpu_moe}, ctx={c.n_ctx})"
+
+
+def leak_event(seat: SeatState, report: dict | None, request_id: str | None, now: float) -> Event | None:
+    """A seat's leak breaker reports on its way out: every tensor still alive after its model was deleted is named
+    as this model's leak (memory glibc kept, with every tensor gone, is retention, not a leak). None: no leak."""
+    if not report or not report.get("leaks"):
+        return None
+    leaks = report["leaks"]
+    held = sum(int(x.get("bytes") or 0) for x in leaks)
+    names = ", ".join(f"{x.get('path')} ({x.get('bytes')} B)" for x in leaks[:8])
+    return Event(time=now, event="leak", model=seat.key, engine=seat.engine, host_bytes=held,
+                 reason=f"{len(leaks)} tensor(s) still alive after the model was deleted: {names}",
+                 request_id=request_id,
+                 details={"teardown": report, "host_source": "measured: the leak breaker's weakrefs"})

@@ -53,6 +53,7 @@ from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
 from fitevict.prices.learned import learn_engine_overhead, plan_policy, prime_price_book
 from fitevict.prices.book import PriceBook
+from fitevict.prices.sheet import PriceSheet
 from fitevict.supervisor.release import StopResult
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.schedule.seats import SERVING, SeatTable
@@ -273,14 +274,15 @@ class Supervisor:
         its own from the entry it resolved)."""
         return ask(self.catalog.resolve(key), contract, self.prices)
 
-    async def _read_price(self, entry: CatalogEntry, request: pl.PlanRequest, *, resident: bool) -> None:
+    async def _read_price(self, entry: CatalogEntry, request: pl.PlanRequest, *, resident: bool) -> PriceSheet:
         """The price sheet of ``request``, current, read off the event loop: the engine's dry run for the compute
-        buffer first (once per file and configuration, cached on disk) unless the seat already runs."""
+        buffer first (once per file and configuration, cached on disk) unless the seat already runs. The sheet is
+        the request's quote: immutable, one version of the price book."""
         path = self.path_for(request)
         self.prices.note_flags(entry, path)  # a transformers seat's own flags set what it costs
         if traits(entry.engine).dry_run and not resident:
             await self.prices.dry_run(entry, request.config, path, passthrough_args(entry))
-        await self.prices.sheet(path, request.config)
+        return await self.prices.sheet(path, request.config)
 
     async def read_price(self, key: str, contract: Contract | None = None) -> None:
         """Read ``key``'s price now, off the event loop, so that a plan or a first request for it reads nothing."""
@@ -380,8 +382,8 @@ class Supervisor:
         if self.closed:
             raise Busy(f"{w.key}: fitevict is shutting down; retry later", retry_after=5)
         # its price, read off the event loop before it is queued: the scheduler's plan prices without I/O
-        try:
-            await self._read_price(entry, w.request, resident=w.key in self.seats)
+        try:  # priced once, here: the quote rides with the request through the plan to the seat's prediction
+            w.request = replace(w.request, quote=await self._read_price(entry, w.request, resident=w.key in self.seats))
         except (PricingError, OSError) as e:  # its file changed since the request was read (truncated, gone)
             raise ModelUnreadable(w.key, e) from None
         fut = asyncio.get_running_loop().create_future()

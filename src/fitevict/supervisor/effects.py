@@ -21,11 +21,13 @@ from fitevict import guard as guard_mod
 from fitevict import planner as pl
 from fitevict.engines import traits
 from fitevict.budget import Budget
-from fitevict.pricing.footprint import HOST
+from fitevict.pricing.footprint import HOST, Footprint
+from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.request.catalog import CatalogEntry
 from fitevict.request.ask import passthrough_args
 from fitevict.request.loadreport import seat_load_report
 from fitevict.store.records import Event, Measurement
-from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, strategy, timings
+from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, leak_event, strategy, timings
 from fitevict.host.oomkill import oom_evidence
 from fitevict.supervisor.crash import RepackCrash, exit_cause, exit_reason, retry_without_repack
 from fitevict.supervisor.frozen import watch_frozen
@@ -169,10 +171,7 @@ class LiveEffects:
         entry = parts.catalog.resolve(key)
         assert plan.config is not None
         cfg, path = plan.config, parts.planning.path_for(waiter.request)
-        if cfg.devices and traits(entry.engine).dry_run and not parts.prices.has_dry_run(path, cfg):
-            # a GPU placement: its compute buffers come from the engine's own dry run of that placement (cached)
-            await parts.prices.dry_run(entry, cfg, path, passthrough_args(entry))
-        predicted = (await parts.prices.sheet(path, cfg)).footprint(cfg)
+        predicted = await self._predicted(waiter, entry, cfg, path)
         engine = parts.processes.engine_for(entry)
         t0 = parts.clock()
         seat: SeatState | None = None
@@ -243,6 +242,17 @@ class LiveEffects:
             await self._record_load(seat, plan, waiter, spec.notes)
         finally:
             recorded.set_result(None)
+
+    async def _predicted(self, waiter: Waiter, entry: CatalogEntry, cfg: LoadConfig, path: Path) -> Footprint:
+        """The seat's prediction: the request's quote, unless the book or its file changed since it was quoted (a
+        GPU placement's dry run, run first, lands as a new version of the book, never a changed quote)."""
+        parts = self.parts
+        if cfg.devices and traits(entry.engine).dry_run and not parts.prices.has_dry_run(path, cfg):
+            await parts.prices.dry_run(entry, cfg, path, passthrough_args(entry))  # its compute buffers (cached)
+        quote = waiter.request.quote
+        if quote is None or not parts.prices.holds(quote):
+            quote = await parts.prices.sheet(path, cfg)
+        return quote.footprint(cfg)
 
     async def _ready(self, seat: SeatState, crash: RepackCrash | None) -> None:
         """A seat that answered its health check: what it starts with (its saved prompts, its shrink, the engine
@@ -428,24 +438,11 @@ class LiveEffects:
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details(),
                      **({"leak_check": leak_check(report, res)} if engine.traits.reports_teardown else {}), **kept}))
-        await self._record_teardown(seat, report, request_id)
+        if (leaked := leak_event(seat, report, request_id, parts.clock())) is not None:
+            await parts.history.record(leaked)
         parts.processes.done_with_log(seat.log_path)
         self._stopped(seat.key, res, slot_freed=seat.slot_freed)
         return res
-
-    async def _record_teardown(self, seat: SeatState, report: dict | None, request_id: str | None) -> None:
-        """A transformers seat's leak breaker reports on its way out: every tensor still alive after its model was
-        deleted is named as this model's leak (memory glibc kept, with every tensor gone, is retention, not a leak)."""
-        if not report or not report.get("leaks"):
-            return
-        leaks = report["leaks"]
-        held = sum(int(x.get("bytes") or 0) for x in leaks)
-        names = ", ".join(f"{x.get('path')} ({x.get('bytes')} B)" for x in leaks[:8])
-        await self.parts.history.record(Event(
-            time=self.parts.clock(), event="leak", model=seat.key, engine=seat.engine, host_bytes=held,
-            reason=f"{len(leaks)} tensor(s) still alive after the model was deleted: {names}",
-            request_id=request_id,
-            details={"teardown": report, "host_source": "measured: the leak breaker's weakrefs"}))
 
     async def _watch(self, seat: SeatState) -> None:
         assert seat.proc is not None

@@ -14,6 +14,7 @@ from fitevict.config import Config
 from fitevict.pricing.footprint import HOST
 from fitevict.supervisor.neighbours import PressureWatch
 from fitevict.prices.book import PriceBook
+from fitevict.prices.sheet import PriceSheet
 from fitevict.supervisor.seat import SeatState
 
 
@@ -40,9 +41,16 @@ class Planning:
         return budget
 
     def footprints(self, request: pl.PlanRequest) -> pl.FootprintFn:
-        """``Effects.prices``: the price sheet of ``request``'s file, read ahead, so that the plan does no I/O."""
-        sheet = self.prices.sheet_now(self.path_for(request), request.config)
+        """``Effects.prices``: the request's quote (the price sheet it was priced with when queued) while it is
+        current, else the sheet the book holds of its file; read ahead either way, so that the plan does no I/O."""
+        sheet = self.quote(request) or self.prices.sheet_now(self.path_for(request), request.config)
         return lambda _key, cfg: sheet.footprint(cfg)
+
+    def quote(self, request: pl.PlanRequest) -> PriceSheet | None:
+        """The request's quote while it is current: None when it has none, or the book has changed since (a dry run
+        landed, a measurement was stored, its file changed), which makes a new version, never a changed one."""
+        q = request.quote
+        return q if q is not None and self.prices.current(q) else None
 
     def has_gpu(self) -> bool:
         return self.last_budget is not None and bool(self.last_budget.gpu_names)
