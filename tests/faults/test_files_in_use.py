@@ -28,7 +28,8 @@ def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontD
     tmp = tmp_path_factory.mktemp("filesinuse")
     models = tmp / "models"
     models.mkdir()
-    for name, source in (("swap", "llama-gqa"), ("other", "qwen3-headdim"), ("cut", "llama-gqa")):
+    for name, source in (("swap", "llama-gqa"), ("other", "qwen3-headdim"), ("cut", "llama-gqa"),
+                         ("idlecut", "llama-gqa")):
         shutil.copyfile(zoo[source].path, models / f"{name}.gguf")
     with front_door(tmp, "--models-dir", str(models), timeout=180) as fd:
         yield fd
@@ -136,3 +137,27 @@ def test_model_file_truncated_while_a_seat_maps_it(door: FrontDoor) -> None:
     assert err["code"] == "model_unreadable" and str(path) in err["message"] and "truncated" in err["message"]
     assert [x["event"] for x in reversed(history(door)) if x["model"] == "cut"] == ["load", "crash"]
     assert not [p for p in engine_pids_of(door.proc.pid) if "/cut.gguf" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
+@pytest.mark.fault(
+    fault="a model file truncated in place to half while its seat is loaded and idle",
+    client="`500` `model_unreadable` naming the file (\"truncated\") and the remedy; before the fix the same, but "
+           "the seat was left running, holding its memory, to die of SIGBUS if it were ever asked",
+    history="`load`, then an `unload` whose reason says the seat was stopped because its model file cannot be read "
+            "any more (\"truncated: ...\")",
+    running="nothing for the model: its seat stopped and reaped",
+    lost="nothing")
+def test_model_file_truncated_while_its_seat_is_idle(door: FrontDoor) -> None:
+    path = model_file(door, "idlecut")
+    assert ask(door, "idlecut").status_code == 200
+    pid = seat_pid(door, "idlecut")
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    r = ask(door, "idlecut")
+    assert r.status_code == 500 and r.json()["error"]["code"] == "model_unreadable", r.text
+    assert str(path) in r.json()["error"]["message"] and "truncated" in r.json()["error"]["message"]
+    poll(lambda: gone(pid), f"seat pid {pid} stopped and reaped")
+    events = poll(lambda: [e for e in reversed(history(door)) if e["model"] == "idlecut"][1:] or None,
+                  "the seat's end in history")
+    assert [e["event"] for e in events] == ["unload"]
+    assert "its model file cannot be read any more" in events[0]["reason"] and "truncated" in events[0]["reason"]

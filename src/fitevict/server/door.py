@@ -19,7 +19,7 @@ from fitevict.pricing.gguf import PricingError
 from fitevict.request.aliases import Aliased, Aliases
 from fitevict.request.ask import Ask, Asks
 from fitevict.request.catalog import AmbiguousModel, Catalog, CatalogEntry, GgufFileError, UnknownModel
-from fitevict.request.contract import Contract, ContractError, for_embeddings, unservable
+from fitevict.request.contract import Contract, ContractError, for_embeddings, seat_key, unservable
 from fitevict.request.contract import parse_contract as _parse_contract
 from fitevict.server.bodies import BodyError
 from fitevict.server.errors import ApiError
@@ -177,6 +177,7 @@ class Door:
         except GgufFileError as e:
             raise ApiError(400, str(e), param="fitevict.gguf_file", code="invalid_gguf_file") from None
         except (PricingError, OSError) as e:
+            self.sup.unreadable(seat_key(entry), e)  # its seat, if one runs, is stopped
             raise ApiError(500, unreadable_message(entry.key, e), type="server_error",
                            code="model_unreadable") from None
 

@@ -385,7 +385,7 @@ class Supervisor:
         try:  # priced once, here: the quote rides with the request through the plan to the seat's prediction
             w.request = replace(w.request, quote=await self._read_price(entry, w.request, resident=w.key in self.seats))
         except (PricingError, OSError) as e:  # its file changed since the request was read (truncated, gone)
-            raise ModelUnreadable(w.key, e) from None
+            raise self.unreadable(w.key, e) from None
         fut = asyncio.get_running_loop().create_future()
         self.desk.futures[w] = fut
         t0 = self.clock()
@@ -413,6 +413,15 @@ class Supervisor:
         got = await self._wait(w, asked.entry)
         await self.settle()  # an admin load answers with the seat measured and its load recorded
         return self.seats[got]
+
+    def unreadable(self, key: str, why: object) -> ModelUnreadable:
+        """The error for seat ``key``'s model, whose file cannot be read any more; its seat, if one runs, is stopped
+        once its requests in flight end: no request for it can be priced, and a seat that maps a file cut short
+        dies of SIGBUS at its next read of the lost part."""
+        if key in self.seats:
+            self.scheduler.unload(key, f"{key}: stopped: its model file cannot be read any more ({why}); no request "
+                                       "for it can be priced until the file is replaced")
+        return ModelUnreadable(key, why)
 
     async def unload(self, key: str, *, reason: str = "unloaded on request") -> StopResult | None:
         """Stop ``key`` once its requests in flight finish; returns the verified stop, or None if not resident."""
