@@ -9,7 +9,6 @@ store and the cache, so ``fitevict plan`` offline and the server's plan price th
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -103,6 +102,6 @@ async def store_learned(store: Any, key: str, value: dict[str, int]) -> None:
     """Store a learned figure (an engine's overhead); a refusal is logged: this process keeps using it, and the next
     one learns it again."""
     try:
-        await asyncio.to_thread(store.compute_put, key, value)
+        await store.aio.compute_put(key, value)
     except STORE_FAULTS as e:
         log.warning("the learned %s not stored: %s; learned again by the next fitevict", key, reason(e))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -33,7 +32,7 @@ def router(door: Door) -> APIRouter:
         if event is not None and event not in EVENTS:
             raise ApiError(400, f"event: {event!r} is not allowed; allowed: {', '.join(EVENTS)}", param="event")
         await sup.settle()  # a load that has served requests is in the history it reads
-        rows = await asyncio.to_thread(store.events, since=since, model=model, event=event, limit=limit)
+        rows = await store.aio.events(since=since, model=model, event=event, limit=limit)
         return {"object": "list", "data": [history_row(ev) for ev in rows]}
 
     async def contract_from_body(request: Request) -> Contract | None:

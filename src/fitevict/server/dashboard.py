@@ -192,7 +192,7 @@ class _Pages:
         budget = await asyncio.to_thread(sup.budget)
         residents = sup.resident_views()
         plans = await self.catalog_plans()
-        events = await asyncio.to_thread(self.store.events, limit=40)
+        events = await self.store.aio.events(limit=40)
         open_peaks = {p.model: p.peak_pss_bytes for p in (door.sampler.open_windows() if door.sampler else [])}
         cards = "".join(view.device_card(d, residents, admin) for d in budget.devices)
         notes = "".join(f"<li>{escape(n)}</li>" for n in budget.notes)

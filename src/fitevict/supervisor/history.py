@@ -91,7 +91,7 @@ class History:
         while self.unstored:
             ev = self.unstored[0]
             try:
-                done[id(ev)] = replace(ev, id=await asyncio.to_thread(self.store.record_event, ev))
+                done[id(ev)] = replace(ev, id=await self.store.aio.record_event(ev))
             except STORE_FAULTS as e:
                 why = reason(e)
                 log.warning("history: %d event(s) not stored yet, kept and written before the next one (the store "

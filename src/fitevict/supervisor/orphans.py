@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -37,11 +36,11 @@ async def cleanup_orphans(parts: Ports, install: Callable[[SeatState], None]) ->
     its release verified like every other stop. A seat whose load or stop the earlier fitevict was in the middle of
     (its record's state, ``storing``) closes that load or stop: ``details["interrupted"]`` names it."""
     events = []
-    for rec in await asyncio.to_thread(parts.store.seats):
+    for rec in await parts.store.aio.seats():
         argv = cmdline(rec.pid) if rec.pid is not None else []
         live = rec.pid is not None and alive(rec.pid) and _is_engine(argv, rec)
         try:
-            await asyncio.to_thread(parts.store.seat_remove, rec.seat_id)
+            await parts.store.aio.seat_remove(rec.seat_id)
         except STORE_FAULTS as e:  # kept: the next start forgets it again
             log.warning("%s: the seat record %s of an earlier fitevict not removed: %s", rec.model, rec.seat_id,
                         reason(e))
@@ -103,5 +102,5 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
     seat.load_reading(now, procmem.read_tree(rec.pid), {})
     record.loaded_bytes = {HOST: seat.bytes_on(HOST)}
     install(seat)
-    await asyncio.to_thread(parts.store.seat_upsert, parts.processes.record(seat))
+    await parts.store.aio.seat_upsert(parts.processes.record(seat))
     return seat

@@ -9,7 +9,6 @@ logged with the reason, and the seat runs (or stops) all the same."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from concurrent.futures import Future
 from dataclasses import replace
@@ -59,7 +58,7 @@ def interrupted(rec: SeatRecord) -> str | None:
 async def store_measurement(store: Any, m: Measurement) -> bool | str:
     """Store an accepted measurement: True, or why the store refused it (the load's record says so)."""
     try:
-        await asyncio.to_thread(store.put_measurement, m)
+        await store.aio.put_measurement(m)
     except STORE_FAULTS as e:
         log.warning("%s: its measurement not stored: %s; its next load is priced without it", m.model, reason(e))
         return f"not stored, because the store refused it: {reason(e)}"
@@ -69,7 +68,7 @@ async def store_measurement(store: Any, m: Measurement) -> bool | str:
 async def last_measurement(store: Any, signature: str) -> Measurement | None:
     """The newest stored measurement of ``signature``; None when there is none or the store cannot be read (logged)."""
     try:
-        return await asyncio.to_thread(store.last_measurement, signature)
+        return await store.aio.last_measurement(signature)
     except STORE_FAULTS as e:
         log.warning("the stored measurement of %s could not be read: %s", signature, reason(e))
         return None
