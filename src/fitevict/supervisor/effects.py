@@ -417,7 +417,7 @@ class LiveEffects:
             h.cancel()
         parts.table.detach(seat.seat, seat)
         try:
-            await asyncio.to_thread(parts.store.seat_remove, seat.id)
+            await parts.store.aio.seat_remove(seat.id)
         except STORE_FAULTS as e:  # the stop stands; a restart forgets the stale record as an orphan
             log.warning("%s: seat record %s not removed from the store: %s", seat.key, seat.id, e)
         return res
