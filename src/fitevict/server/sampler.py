@@ -2,7 +2,8 @@
 smaps_rollup, GPU bytes from NVML where a GPU exists) and the host (MemAvailable), keeps each seat's peaks over
 its serving window, and stores the window (``seat_peaks``) through the store's writer when the seat is gone. A
 window the store refuses (its disk full, its file locked or corrupt) is logged with the reason, held, and stored
-again, in order, at the next reading; sampling goes on (``HELD``: windows held at most, the oldest dropped
+again, in order, from the next reading on (in a task of its own: a store that makes writes wait never delays a
+reading); sampling goes on (``HELD``: windows held at most, the oldest dropped
 and counted beyond it).
 
 It is a task of the server app's lifespan, woken every ``server.sample_seconds`` and at once by every recorded
@@ -150,6 +151,7 @@ class MemorySampler:
         self.unstored: list[SeatPeaks] = []  # windows the store refused, oldest first: tried again with the next
         self.dropped = 0  # windows dropped beyond ``HELD`` while the store refused them
         self._warned = 0  # windows held when the last refusal was logged
+        self._flush: asyncio.Task | None = None  # the held windows' retry (``_retry_held``)
 
     def poke(self, _ev: Event | None = None) -> None:
         """Sample now (registered on ``Supervisor.on_event``)."""
@@ -177,8 +179,7 @@ class MemorySampler:
         now = self.sup.clock()
         for seat_id in [i for i in self.windows if i not in live]:
             await self._store(self.windows.pop(seat_id), now)
-        if self.unstored:  # refused before: the store may take them now
-            await self._store_held()
+        self._retry_held()  # refused before: the store may take them now (in the background, never delaying a reading)
         for seat_id, s in live.items():
             w = self.windows.get(seat_id)
             if w is None:
@@ -211,9 +212,20 @@ class MemorySampler:
         return self.ticks
 
     async def _store(self, w: Window, now: float) -> None:
-        """Store ``w``'s window after those held; one the store refuses is held (the log says why)."""
+        """Store ``w``'s window now; behind the held ones (by the background retry) while some are; one the store
+        refuses is held (the log says why)."""
+        held = bool(self.unstored) or (self._flush is not None and not self._flush.done())
         self.unstored.append(close(w, now))
-        await self._store_held()
+        if held:
+            self._retry_held()
+        else:
+            await self._store_held()
+
+    def _retry_held(self) -> None:
+        """Try the held windows again in a task of their own (one at a time), so that a store that makes each write
+        wait (a lock past the busy timeout) never delays the readings."""
+        if self.unstored and (self._flush is None or self._flush.done()):
+            self._flush = asyncio.get_running_loop().create_task(self._store_held(), name="fitevict-peaks-retry")
 
     async def _store_held(self) -> None:
         """Store the held windows, oldest first, until the store refuses one."""
@@ -244,6 +256,8 @@ class MemorySampler:
         for w in list(self.windows.values()):
             await self._store(w, now)
         self.windows.clear()
+        if self._flush is not None:
+            await asyncio.gather(self._flush, return_exceptions=True)
         if self.unstored:
             log.error("the memory peaks of %d seat window(s) never stored, lost as fitevict stops: %s",
                       len(self.unstored), ", ".join(f"{p.model} (seat {p.seat_id})" for p in self.unstored))
