@@ -67,8 +67,8 @@ class StuckWatch:
 
     def look(self, seat: SeatState, now: float, silent_for: Callable[[int], float | None]) -> float:
         """Seconds the seat has been stuck, as of this look (0 when it is not)."""
-        seen = progress(seat.pid) if seat.pid is not None else None
         waited = silent_for(seat.port) if seat.seat.in_flight else None
+        seen = progress(seat.pid) if seat.pid is not None and waited is not None else None  # idle: nothing read
         if seen is None or seen[1] or seen[0] != self.ticks or waited is None:
             self.since, self.ticks = None, (seen[0] if seen is not None else None)
             return 0.0
