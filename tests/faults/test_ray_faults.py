@@ -265,13 +265,14 @@ def test_a_node_lost_before_its_first_byte_is_retried_and_a_started_stream_ends_
 @pytest.mark.fault(
     fault="a node killed (its Ray processes `SIGKILL`ed: `Cluster.remove_node`) while its door loads a model for a "
           "request",
-    client="a normal answer from the next candidate node: the dead node's door broke its connection before a "
-           "byte (Ray `SIGKILL`s a worker's children when the worker ends: the agent's door with it), and the "
-           "request went on; before the fix, a 502 `node_lost`",
-    history="the dead node's store: no event for the cut load, and its seat's record, closed as `orphan` when a "
-            "door starts again on that data folder; the next node's: the model's `load`",
-    running="nothing on the dead node: its door and the held seat ended (the seat by the kernel's parent-death "
-            "signal); the front door's view marks the node lost at once and drops it when Ray declares it dead",
+    client="a normal answer from the next candidate node: the dead node's door, told by the parent-death signal "
+           "as its agent's worker ended, answered 503 `shutting down` (or was gone before a byte) and the request "
+           "went on; before the fixes, the door was `SIGKILL`ed by Ray with its agent's worker and the client got "
+           "a 502 `node_lost`",
+    history="the dead node's store: the load's end, `unload` \"fitevict is shutting down: load cancelled\", and no "
+            "seat record left; the next node's: the model's `load`",
+    running="nothing on the dead node: its door stopped and the held seat with it; the front door's view marks the "
+            "node lost at once and drops it when Ray declares it dead",
     lost="nothing")
 def test_a_node_killed_during_a_load_sends_the_request_on(rig: Rig) -> None:
     door, z = rig.door, rig.id_of("z")
@@ -284,8 +285,9 @@ def test_a_node_killed_during_a_load_sends_the_request_on(rig: Rig) -> None:
     assert where(r, rig)[1:] == ("h", "load")
     poll(lambda: gone(seat) and gone(pid), "z's door and its held seat to end")
     poll(lambda: all(r["node"] != z for r in nodes(door)["data"]), "z to leave the front door's view", timeout=60)
-    assert [e for e, m, _r in events(rig, "z") if m == "llama-q4_0"] == []  # its door was SIGKILLed mid-load
-    assert seats(rig, "z") == [(seat, "llama-q4_0")]  # what a door starting again there closes as an orphan
+    ends = [(e, reason) for e, m, reason in events(rig, "z") if m == "llama-q4_0"]
+    assert ends == [("unload", "fitevict is shutting down: load cancelled")], ends  # its door said goodbye
+    assert seats(rig, "z") == []
 
 
 @pytest.mark.fault(

@@ -35,6 +35,10 @@ log = logging.getLogger("fitevict.cluster")
 NAMESPACE = "fitevict"
 AGENT_PREFIX = "fitevict-agent-"
 REFUSED_RETRY_S = 30.0
+# A Ray worker that ends SIGKILLs its child processes (Ray 2.60's default): the agent's door would go without its
+# goodbye. Off for the agent's worker, the door gets SIGTERM from the parent-death signal instead and stops as one
+# machine does (waiting requests answered 503, a load under way ended in its history, seats stopped and verified).
+AGENT_ENV = {"RAY_kill_child_processes_on_worker_exit": "0"}
 
 
 def agent_name(node_id: str) -> str:
@@ -50,8 +54,8 @@ def ensure_agent(node: dict[str, Any], options: dict[str, Any]) -> Any:
     opts = {**budget_from_resources(node.get("Resources") or {}), **options}
     actor = ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)(NodeAgent)
     return actor.options(name=agent_name(node_id), namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
-                         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-                         ).remote(node_id, node["NodeManagerAddress"], opts)
+                         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                         runtime_env={"env_vars": AGENT_ENV}).remote(node_id, node["NodeManagerAddress"], opts)
 
 
 @dataclass
