@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fitevict import stores
+from fitevict import sources
 
 STORE_SWITCHES = ("FITEVICT_OLLAMA", "FITEVICT_HF_CACHE", "FITEVICT_LMSTUDIO")
-_DEFAULT_PLACES = dict(stores.READERS)
+_DEFAULT_PLACES = dict(sources.READERS)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -31,7 +31,7 @@ def no_stores_of_this_machine(tmp_path_factory: pytest.TempPathFactory) -> Itera
         for var in STORE_SWITCHES:
             mp.setenv(var, "false")
         for key, (store, _default_root, read) in _DEFAULT_PLACES.items():
-            mp.setitem(stores.READERS, key, (store, lambda env, k=key: nowhere / k, read))
+            mp.setitem(sources.READERS, key, (store, lambda env, k=key: nowhere / k, read))
         yield
 
 
@@ -45,7 +45,7 @@ def store_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in (*STORE_SWITCHES, "OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     for key, reader in _DEFAULT_PLACES.items():
-        monkeypatch.setitem(stores.READERS, key, reader)
+        monkeypatch.setitem(sources.READERS, key, reader)
     return home
 
 

@@ -22,7 +22,7 @@ STAGES: dict[str, int] = {
     "pricing": 1,
     "budget": 2, "planner": 2, "guard": 2, "pressure": 2, "shrink": 1,
     "schedule": 3,
-    "host": 4, "engines": 4, "store": 4, "zoo": 4, "request": 4, "stores": 4, "report": 4,
+    "host": 4, "engines": 4, "store": 4, "zoo": 4, "request": 4, "sources": 4, "report": 4,
     "prices": 5, "request.loadreport": 5, "supervisor": 5,
     "server": 6, "cluster": 6, "cli": 6,
 }

@@ -58,7 +58,7 @@ def _loopback(host: str) -> bool:
 def _store_models(cfg) -> bool:
     """Whether a model store (Ollama, the Hugging Face cache, LM Studio) holds a model to serve; says, per store,
     where it was read and how many models it holds, or why it was not read."""
-    from fitevict.stores import read_stores, store_lines
+    from fitevict.sources import read_stores, store_lines
 
     with config_errors():
         scans = read_stores(cfg.stores)

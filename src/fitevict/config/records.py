@@ -112,7 +112,7 @@ class PolicyConfig:
 
 @dataclass(frozen=True, slots=True)
 class StoresConfig:
-    """The model stores read beside ``models_dirs`` (fitevict.stores): ``True`` reads a store at its own default
+    """The model stores read beside ``models_dirs`` (fitevict.sources): ``True`` reads a store at its own default
     location when that folder exists, ``False`` leaves it out, a path reads the store there."""
 
     ollama: bool | Path = True  # $OLLAMA_MODELS, else ~/.ollama/models

@@ -10,6 +10,6 @@
     loadreport.py      what serving one request cost in loading (it reads the supervisor's state, so the layers
                        test puts it on the supervisor's stage)
 
-A folder's GGUF files (models, splits, projectors) are read by ``fitevict.stores.files``, which the stores'
+A folder's GGUF files (models, splits, projectors) are read by ``fitevict.sources.files``, which the stores'
 readers share with the catalog.
 """

@@ -9,11 +9,11 @@ Keys (matched case-insensitively, spelled as found):
 - a folder with ``config.json`` and ``*.safetensors`` is a Hugging Face model (engine ``transformers``),
   listed but not servable by llama-server;
 - a Hugging Face hub cache's repository (``models--org--name/``) is read as the store reader reads it
-  (fitevict.stores.hfcache): ``refs/main``'s snapshot, named ``org/name`` (``org/name:<QUANT>`` for several
+  (fitevict.sources.hfcache): ``refs/main``'s snapshot, named ``org/name`` (``org/name:<QUANT>`` for several
   quantizations), with the older keys ``name`` / ``org~name`` (a file's stem, ``org~name~stem``) as aliases;
 - LoRA adapters (``<stem>.adapters/*.gguf`` beside a base, PEFT folders) are ``<base key>:<name>`` (lora.py).
 
-The stores other tools keep (Ollama, the Hugging Face cache, LM Studio; fitevict.stores) follow the models dirs,
+The stores other tools keep (Ollama, the Hugging Face cache, LM Studio; fitevict.sources) follow the models dirs,
 under the names those tools use (``qwen2.5:7b``, ``org/name``, ``org/name:Q4_K_M``); what their stores say is used
 (store_settings.py), and a name one source already holds is reported in the notes. The naming rule for ``/`` and
 ``:``, and what an unknown or ambiguous name answers, are in names.py.
@@ -38,8 +38,8 @@ from fitevict.request.lora import add_adapters, adapter_entries, is_adapter_fold
 from fitevict.request.names import AmbiguousModel, UnknownModel, candidates
 from fitevict.request.store_settings import (adapter_models, digest_key, drop_clashing_aliases, store_settings,
                                              with_store_fields)
-from fitevict.stores import StoreModel, StoreScan, hfcache, read_stores
-from fitevict.stores.files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models, hf_files,
+from fitevict.sources import StoreModel, StoreScan, hfcache, read_stores
+from fitevict.sources.files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models, hf_files,
                                    is_hf_dir, is_mmproj, pick_projector, resolve_gguf_file)
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +410,7 @@ class Catalog:
     @classmethod
     def scan(cls, models_dirs: Sequence[Path], models: Mapping[str, ModelConfig] | None = None,
              engine_args: Sequence[str] = (), stores: Sequence[StoreScan] = ()) -> "Catalog":
-        """Walk ``models_dirs`` (in order; the first wins a tie), add the ``stores``' models (fitevict.stores) and
+        """Walk ``models_dirs`` (in order; the first wins a tie), add the ``stores``' models (fitevict.sources) and
         apply ``[models.<key>]`` entries. ``engine_args`` (``engine.extra_args``) go on every llama-server model's
         command line, before its own."""
         notes: list[str] = []

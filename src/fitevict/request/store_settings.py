@@ -1,4 +1,4 @@
-"""What the stores say about their models, turned into catalog settings (fitevict.stores reads them).
+"""What the stores say about their models, turned into catalog settings (fitevict.sources reads them).
 
 - Ollama's ``params`` become the model's settings: ``num_ctx`` its ctx, the sampling fields its request defaults
   (``num_predict`` as ``max_tokens``); fields with no place here (``num_gpu``, ``num_thread``, ...) are named in a
@@ -23,7 +23,7 @@ from typing import Any
 
 from fitevict.config import ModelConfig
 from fitevict.pricing.lora import is_lora_gguf
-from fitevict.stores import StoreModel
+from fitevict.sources import StoreModel
 
 #: Ollama parameter -> the request field it fills (llama-server reads these on its OpenAI routes)
 OLLAMA_REQUEST_FIELDS: dict[str, str] = {

@@ -1,6 +1,6 @@
 """Model stores laid out as their own tools lay them out, from files at hand (the demo zoo's): Ollama's manifests
 and blobs, a Hugging Face hub cache (refs, snapshots linking into blobs) and LM Studio's folders. For tests and
-demos of the store readers (fitevict.stores); the files are copied in, as a download would leave them."""
+demos of the store readers (fitevict.sources); the files are copied in, as a download would leave them."""
 
 from __future__ import annotations
 

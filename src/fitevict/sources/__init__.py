@@ -1,4 +1,5 @@
-"""The model stores other tools keep, read in place (never written to): Ollama's, the Hugging Face hub cache and
+"""Where models come from besides the models directories: the model stores other tools keep (``[stores]`` in the
+config), read in place (never written to): Ollama's, the Hugging Face hub cache and
 LM Studio's folders. Each reader returns the models a store holds as ``StoreModel`` records named as that store's
 own tools name them; the catalog lists them beside the models directories.
 
@@ -15,8 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from fitevict.config import ConfigError, StoresConfig
-from fitevict.stores import hfcache, lmstudio, ollama
-from fitevict.stores.record import StoreModel, StoreScan, quant_of
+from fitevict.sources import hfcache, lmstudio, ollama
+from fitevict.sources.record import StoreModel, StoreScan, quant_of
 
 # config key -> (the store's name, its default location, its reader), in the order the catalog lists them
 READERS: dict[str, tuple[str, Callable[[Mapping[str, str]], Path], Callable[[Path], StoreScan]]] = {

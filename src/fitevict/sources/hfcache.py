@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from fitevict.stores.files import HF_CACHE_RE as REPO_RE
-from fitevict.stores.record import StoreModel, StoreScan, folder_models
+from fitevict.sources.files import HF_CACHE_RE as REPO_RE
+from fitevict.sources.record import StoreModel, StoreScan, folder_models
 
 STORE = "hf-cache"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fitevict.config import ConfigError, StoresConfig, load_config
-from fitevict.stores import quant_of, read_stores, store_lines, store_roots
-from fitevict.stores import hfcache, lmstudio, ollama
+from fitevict.sources import quant_of, read_stores, store_lines, store_roots
+from fitevict.sources import hfcache, lmstudio, ollama
 from fitevict.zoo.stores import tiny_gguf, write_hf_repo, write_lmstudio_repo, write_ollama_model
 
 from .conftest import tree
@@ -189,7 +189,7 @@ def test_the_tests_read_no_store_of_the_machine_running_them(tmp_path: Path, fil
     for var in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     assert read_stores(StoresConfig()) == [] and read_stores(load_config(None, env={}).stores) == []
-    child = ("from fitevict.config import load_config; from fitevict.stores import read_stores; "
+    child = ("from fitevict.config import load_config; from fitevict.sources import read_stores; "
              "print(len(read_stores(load_config().stores)))")
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True,
                          env={**os.environ, "FITEVICT_CONFIG": ""}).stdout

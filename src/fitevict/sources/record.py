@@ -12,7 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fitevict.stores.files import GgufModel, gguf_models, hf_files, is_hf_dir, pick_projector
+from fitevict.sources.files import GgufModel, gguf_models, hf_files, is_hf_dir, pick_projector
 
 #: a quantization at the end of a GGUF file stem: Q4_K_M, IQ4_XS, Q8_0, TQ1_0, F16, BF16, UD-Q4_K_XL, MXFP4 ...
 _QUANT_RE = re.compile(r"(?:^|[-_.])((?:UD-)?(?:[IT]?Q\d+(?:_[A-Z0-9]+)*|BF16|F16|F32|FP16|FP32|MXFP4(?:_MOE)?))$",

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fitevict.stores.record import StoreModel, StoreScan
+from fitevict.sources.record import StoreModel, StoreScan
 
 STORE = "ollama"
 DEFAULT_REGISTRY = "registry.ollama.ai"

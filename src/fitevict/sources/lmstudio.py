@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from fitevict.stores.record import StoreModel, StoreScan, folder_models
+from fitevict.sources.record import StoreModel, StoreScan, folder_models
 
 STORE = "lmstudio"
 
