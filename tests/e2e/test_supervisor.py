@@ -6,6 +6,7 @@ The RAM budget fits two copies of the ~200 MB medium model but not three, so a t
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -213,8 +214,12 @@ def test_guard_rejects_a_collapsed_measurement_of_the_same_signature(tmp_path: P
     wrapped.parent.mkdir()
     wrapped.write_text(f"#!/bin/sh\n{llama_server} \"$@\" 2>&1 | sed -u 's/buffer size = *[0-9.]*/buffer size = 0.01/'\n")
     wrapped.chmod(0o755)
-    # it claims to be the same engine build (its install record beside it), so its loads get the same signature
-    shutil.copyfile(llama_server.parent / "INSTALLED.json", wrapped.parent / "INSTALLED.json")
+    # it claims to be the same engine build (its install record beside it, naming this very file as the one
+    # installed), so its loads get the same signature
+    stamp = json.loads((llama_server.parent / "INSTALLED.json").read_text())
+    st = wrapped.stat()
+    stamp["files"] = {**stamp.get("files", {}), wrapped.name: {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}}
+    (wrapped.parent / "INSTALLED.json").write_text(json.dumps(stamp))
     cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
 
     async def scenario() -> tuple[str, object]:
