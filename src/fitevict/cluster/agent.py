@@ -11,7 +11,9 @@ resource (``fitevict_ram_limit_mib``, ``fitevict_gpu_limit_mib``) over it.
 The door is the agent's child: it gets SIGTERM when the agent's process ends (``PR_SET_PDEATHSIG``), however it
 ends, so a node whose Ray processes die takes its door and seats with it. That signal fires when the *thread*
 that forked the child ends, not only the process: the door is forked from a thread of its own, which lives as
-long as the door (it waits for it), so no thread of the agent's can take the door with it (``spawn_tied``).
+long as the door (it waits for it), so no thread of the agent's can take the door with it (``spawn_tied``). Ray
+itself would SIGKILL the door as the agent's worker ends (it kills a worker's children): the agent runs with that
+off (``fleet.AGENT_ENV``), so the signal the door gets is this SIGTERM, and it stops as one machine does.
 
 The key the door admits: the node's own ``server.cluster_key`` (its config file, or ``FITEVICT_CLUSTER_KEY`` for
 ``ray start``), else the one the front door that started the agent offers (its own ``server.cluster_key``), else
