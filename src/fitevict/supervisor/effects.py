@@ -155,8 +155,8 @@ class LiveEffects:
             seat = self.parts.seats.get(waiter.key)
             if seat is not None and not seat.expected_exit:
                 await self._end(seat)
-            slot = self.parts.scheduler.seats.get(waiter.key)
-            if slot is not None and slot.status in PLACING:
+            record = self.parts.scheduler.seats.get(waiter.key)
+            if record is not None and record.status in PLACING:
                 await self.parts.history.record(Event(
                     time=self.parts.clock(), event="fail", model=waiter.key,
                     engine=self.parts.processes.engine_name(waiter.key),

@@ -106,10 +106,10 @@ async def recycle(parts: Ports, outgrew: Event, load: Callable[[str], Awaitable[
     loaded again: by the requests waiting for it, else here (``load``: its default configuration), priced with
     what it outgrew to (``pricing.grown``)."""
     key = outgrew.model
-    slot = parts.scheduler.seats.get(key)
-    if slot is None or parts.seats.get(key) is None:
+    record = parts.scheduler.seats.get(key)
+    if record is None or parts.seats.get(key) is None:
         return
-    reason = (f"recycled (policy.recycle_outgrown): {outgrew.reason}; {slot.in_flight} request(s) in flight when "
+    reason = (f"recycled (policy.recycle_outgrown): {outgrew.reason}; {record.in_flight} request(s) in flight when "
               "it outgrew, drained before the stop; loaded again for the requests waiting, else at once (its default "
               "configuration)")
     fut = parts.desk.stop_future(key)

@@ -34,8 +34,8 @@ async def check_pressure(parts: Ports, live: Mapping[str, int | None]) -> Relief
                                      held_source=HELD_SOURCE)
     sched = parts.scheduler
     pending: dict[str, int] = {}
-    for key, slot in sched.seats.items():
-        if slot.status is SeatStatus.STOPPING:
+    for key, record in sched.seats.items():
+        if record.status is SeatStatus.STOPPING:
             for dev, n in per_seat.get(key, {}).items():
                 pending[dev] = pending.get(dev, 0) + n
     idle = [Idle(s.key, per_seat.get(s.key, dict(s.bytes)), s.priority,

@@ -11,7 +11,7 @@ def resident_views(parts: Ports) -> list[dict]:
     out = []
     now = parts.clock()
     for s in parts.seats.values():
-        slot = parts.scheduler.seats.get(s.key)
+        record = parts.scheduler.seats.get(s.key)
         devices = [HOST, *s.config.devices]
         per_dev = {d: s.figures(d, now) for d in devices}
         gpu = sum(s.bytes_on(d) for d in s.config.devices)
@@ -19,20 +19,20 @@ def resident_views(parts: Ports) -> list[dict]:
         total = gpu + host
         placement = (f"{100 * host / total:.0f}%/{100 * gpu / total:.0f}% CPU/GPU" if gpu and total
                      else "100% CPU")
-        due = parts.scheduler.idle_due_at(slot) if slot is not None else None
+        due = parts.scheduler.idle_due_at(record) if record is not None else None
         out.append({
             "key": s.key, "engine": s.engine, "state": str(s.state),
-            "phase": slot.status.value if slot is not None else None, "placement": placement,
+            "phase": record.status.value if record is not None else None, "placement": placement,
             **({"split": s.split} if s.split else {}),
             "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
-            "in_flight": slot.in_flight if slot is not None else 0,
+            "in_flight": record.in_flight if record is not None else 0,
             "waiting": parts.scheduler.waiting(s.key),
-            "last_used": slot.last_used if slot is not None else None, "loaded_at": s.ready_at,
+            "last_used": record.last_used if record is not None else None, "loaded_at": s.ready_at,
             "load_seconds": s.load_seconds, "pid": s.pid, "port": s.port, "unload_at": due,
             # GreedyDual-Size: H, and L (the floor H falls back to): H - L is what evicting it costs, comparable
             # between machines (each has its own L)
-            "greedy_dual": ({"priority": slot.priority, "floor": parts.scheduler.inflation,
-                             "reload_seconds": slot.reload_seconds} if slot is not None else None),
+            "greedy_dual": ({"priority": record.priority, "floor": parts.scheduler.inflation,
+                             "reload_seconds": record.reload_seconds} if record is not None else None),
             "host_pss": mem_json(s.host_mem),
             "measured_at": s.read_at, "readings": s.readings,
             # its reading exceeded its price by more than budget.outgrow_margin: the figures, else None
