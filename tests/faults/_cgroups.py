@@ -52,6 +52,12 @@ def unified_root(what: str) -> Path:
 
 
 def remove_cgroup(path: Path) -> None:
-    """Remove a test's cgroup once its processes are gone (the kernel refuses while one is still in it)."""
+    """Remove a test's cgroup: a process still in it (a test that failed) is moved to the hierarchy's parent first,
+    then the kernel's emptying of it is awaited."""
+    for pid in (path / "cgroup.procs").read_text().split():
+        try:
+            (path.parent / "cgroup.procs").write_text(pid)
+        except OSError:
+            continue  # it exited meanwhile
     poll(lambda: not (path / "cgroup.procs").read_text().split(), f"{path} empty")
     path.rmdir()

@@ -35,7 +35,7 @@ def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontD
     tmp = tmp_path_factory.mktemp("oomfaults")
     models = tmp / "models"
     models.mkdir()
-    for name in ("oom", "killed", "stuck"):
+    for name in ("oom", "killed", "stuck", "icebox"):
         shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
     cfg = tmp / "fitevict.toml"
     cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {STALL_S}\n")
@@ -96,6 +96,33 @@ def test_a_sigkill_the_kernel_does_not_name_is_killed_not_oom(door: FrontDoor) -
     check_reloads(door, "killed", pid)
 
 
+def frozen_mid_stream(fd: FrontDoor, model: str, cgroup: Path, switch: str, on: str, off: str) -> dict:
+    """A long stream of ``model`` whose seat is moved into ``cgroup`` after 3 chunks and frozen there (``switch``
+    set to ``on``): the client is told ``engine_lost`` once the stall was seen, and the seat's ``crash`` is
+    returned (the cgroup thawed, ``off``, and removed whatever happened)."""
+    stream = ask(fd, model, stream=True, max_tokens=4000, extra_body={"ignore_eos": True})
+    got, pid, t0 = 0, None, 0.0
+    try:
+        with pytest.raises(openai.APIError) as e:
+            for _ in stream:
+                got += 1
+                if got == 3:
+                    pid = seat_pid(fd, model)
+                    (cgroup / "cgroup.procs").write_text(str(pid))
+                    (cgroup / switch).write_text(on)
+                    t0 = time.monotonic()
+        waited = time.monotonic() - t0
+        assert pid is not None and e.value.body["code"] == "engine_lost"
+        assert STALL_S <= waited < STALL_S + 10  # told once the stall was seen, not when the client gave up
+        crash = check_crashed(fd, model, pid)
+    finally:
+        (cgroup / switch).write_text(off)
+        remove_cgroup(cgroup)
+    assert crash["details"]["cause"] == "frozen"
+    check_reloads(fd, model, pid)
+    return crash
+
+
 @pytest.mark.fault(
     fault="a seat frozen without a stop signal mid-stream (its cgroup frozen through cgroup v2's `cgroup.freeze`: "
           "alive, state S, no CPU time, no byte), as a deadlock leaves it",
@@ -107,25 +134,20 @@ def test_a_sigkill_the_kernel_does_not_name_is_killed_not_oom(door: FrontDoor) -
     lost="the rest of that one answer")
 def test_a_seat_stuck_without_a_stop_signal_is_detected_and_replaced(door: FrontDoor) -> None:
     what = "a seat stuck without a stop signal (cgroup v2's freezer makes the fault)"
-    cgroup = new_cgroup(unified_root(what), what)
-    stream = ask(door, "stuck", stream=True, max_tokens=4000, extra_body={"ignore_eos": True})
-    got, pid, t0 = 0, None, 0.0
-    try:
-        with pytest.raises(openai.APIError) as e:
-            for _ in stream:
-                got += 1
-                if got == 3:
-                    pid = seat_pid(door, "stuck")
-                    (cgroup / "cgroup.procs").write_text(str(pid))
-                    (cgroup / "cgroup.freeze").write_text("1")
-                    t0 = time.monotonic()
-        waited = time.monotonic() - t0
-        assert pid is not None and e.value.body["code"] == "engine_lost"
-        assert STALL_S <= waited < STALL_S + 10  # told once the stall was seen, not when the client gave up
-        crash = check_crashed(door, "stuck", pid)
-    finally:
-        (cgroup / "cgroup.freeze").write_text("0")
-        remove_cgroup(cgroup)
-    assert crash["details"]["cause"] == "frozen"
+    crash = frozen_mid_stream(door, "stuck", new_cgroup(unified_root(what), what), "cgroup.freeze", "1", "0")
     assert "made no progress" in crash["reason"] and "while a request waited on it" in crash["reason"]
-    check_reloads(door, "stuck", pid)
+
+
+@pytest.mark.fault(
+    fault="a seat frozen mid-stream by a cgroup v1 freezer (`freezer.state` FROZEN: state D, deaf to every signal)",
+    client="after `engine.stall_seconds` (2 s in the test), the `engine_lost` error event (`openai.APIError`); "
+           "before the fix the request waited for ever",
+    history="`load`, then a `crash` (`cause: frozen`) whose reason names the freezer cgroup (\"frozen by its "
+            "cgroup's freezer (...: FROZEN, state D)\") and says it was killed",
+    running="the frozen seat moved out of the frozen cgroup (which thaws it alone), killed and reaped; the next "
+            "request loads it again",
+    lost="the rest of that one answer")
+def test_a_seat_frozen_by_a_cgroup_v1_freezer_is_detected_and_replaced(door: FrontDoor) -> None:
+    cgroup = new_cgroup(Path("/sys/fs/cgroup/freezer"), "a seat frozen by a cgroup v1 freezer")
+    crash = frozen_mid_stream(door, "icebox", cgroup, "freezer.state", "FROZEN", "THAWED")
+    assert f"frozen by its cgroup's freezer ({cgroup}: FROZEN, state D)" in crash["reason"]

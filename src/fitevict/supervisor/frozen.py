@@ -2,8 +2,10 @@
 apart and killed after ``engine.stall_seconds``; the seat's watcher then records the crash with the reason given
 here, and the next request loads the model again (a client whose stream was cut is told by the relay):
 
-- **stopped**: its process stopped by a signal (``SIGSTOP``, ``SIGTSTP``, ``SIGTTIN``, ``SIGTTOU``: state ``T``). A
-  traced process (state ``t``: a debugger) is left alone.
+- **stopped**: its process stopped by a signal (``SIGSTOP``, ``SIGTSTP``, ``SIGTTIN``, ``SIGTTOU``: state ``T``), or
+  frozen by a cgroup v1 freezer (state ``D``, its ``freezer.state`` ``FROZEN``: it wakes for no signal, so it is
+  moved out of that cgroup, which thaws it alone, for the kill to land). A traced process (state ``t``: a debugger)
+  is left alone.
 - **stuck**: alive and asleep (a deadlock, a frozen cgroup) while the front door waits on it. All three must hold
   for the whole stall period, so that a slow machine is never taken for a stuck seat: a request is in flight on it
   and the front door has waited that long for its next byte (``silent_for``: a slow client that stopped reading is
@@ -19,6 +21,7 @@ times per stall period.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -28,6 +31,8 @@ from pathlib import Path
 from fitevict.host import oomkill
 from fitevict.supervisor.seat import SeatState
 
+log = logging.getLogger("fitevict.supervisor")
+FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")  # cgroup v1's freezer hierarchy
 BUSY_STATES = frozenset("RD")  # a thread running (or runnable) or waiting on I/O: the engine is not stuck
 
 
@@ -38,6 +43,34 @@ def process_state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def frozen_by_cgroup(pid: int) -> Path | None:
+    """The cgroup v1 freezer that holds ``pid`` frozen (its ``freezer.state`` FROZEN or FREEZING), else None."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if "freezer" in controllers.split(","):
+            path = FREEZER_ROOT / rel.lstrip("/")
+            try:
+                state = (path / "freezer.state").read_text().strip()
+            except OSError:
+                return None
+            return path if state in ("FROZEN", "FREEZING") else None
+    return None
+
+
+def thaw_out(pid: int, icebox: Path) -> None:
+    """Move ``pid`` out of the frozen cgroup ``icebox`` into the freezer's root, which thaws it alone (a signal
+    reaches it then); a refusal is said in the log, since the kill lands only once it is thawed."""
+    try:
+        (FREEZER_ROOT / "cgroup.procs").write_text(str(pid))
+    except OSError as e:
+        log.error("pid %d is frozen by %s and cannot be moved out of it (%s): it dies of the SIGKILL sent to it "
+                  "once that cgroup is thawed", pid, icebox, e)
 
 
 def progress(pid: int) -> tuple[int, bool] | None:
@@ -90,10 +123,12 @@ async def watch_frozen(seat: SeatState, stall_seconds: float, frozen: Callable[[
     while (state := process_state(seat.pid)) not in (None, "Z", "X") and not seat.expected_exit:
         now = clock()
         seat.kernel_seen = oomkill.observe(seat.pid)
-        since = (since if since is not None else now) if state == "T" else None
+        icebox = frozen_by_cgroup(seat.pid) if state == "D" else None
+        since = (since if since is not None else now) if state == "T" or icebox is not None else None
         why = None
         if since is not None and now - since >= stall_seconds:
-            why = f"was stopped by a signal (state T) for {now - since:.1f} s"
+            why = (f"was stopped by a signal (state T) for {now - since:.1f} s" if icebox is None else
+                   f"was frozen by its cgroup's freezer ({icebox}: FROZEN, state D) for {now - since:.1f} s")
         elif (quiet := stuck.look(seat, now, silent_for)) >= stall_seconds:
             why = (f"made no progress for {quiet:.1f} s while a request waited on it (state {state}: no CPU time "
                    "used, no thread running or on I/O, no byte sent)")
@@ -104,5 +139,7 @@ async def watch_frozen(seat: SeatState, stall_seconds: float, frozen: Callable[[
                 os.killpg(seat.pgid or seat.pid, signal.SIGKILL)  # a stopped or frozen process dies of it at once
             except ProcessLookupError:
                 pass  # it exited meanwhile: its watcher records that
+            if icebox is not None:
+                thaw_out(seat.pid, icebox)
             return
         await asyncio.sleep(min(1.0, stall_seconds / 4))
