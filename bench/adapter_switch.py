@@ -44,7 +44,7 @@ async def drive(models: Path, data: Path, keys: list[str], ram_limit: int) -> di
     from fitevict.pricing.logparse import parse_load_log
     from fitevict.request.catalog import Catalog
     from fitevict.request.contract import with_lora
-    from fitevict.request.loadreport import resident_bytes
+    from fitevict.supervisor.loadreport import resident_bytes
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor
 

@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from _frontdoor import front_door, history
-from fitevict.request.loadreport import HEADER
+from fitevict.supervisor.loadreport import HEADER
 from fitevict.units import MiB
 from fitevict.zoo import write_zoo
 from fitevict.zoo.lora import write_adapters

@@ -17,7 +17,7 @@ import pytest
 
 from _frontdoor import front_door, history
 from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
-from fitevict.request.loadreport import HEADER
+from fitevict.supervisor.loadreport import HEADER
 from fitevict.zoo.peft import write_peft_adapters
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ HEAVY = ("torch", "transformers", "diffusers", "peft", "accelerate", "bitsandbyt
 
 def test_front_door_imports_no_torch() -> None:
     code = ("import sys, fitevict.cli, fitevict.server.app, fitevict.engines.torch_engine, fitevict.zoo.hf, "
-            "fitevict.cli.price_hf, fitevict.zoo.peft, fitevict.request.loadreport; from fitevict.engines import engine_class; engine_class('transformers'); "
+            "fitevict.cli.price_hf, fitevict.zoo.peft, fitevict.supervisor.loadreport; from fitevict.engines import engine_class; engine_class('transformers'); "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

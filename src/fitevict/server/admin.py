@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from fitevict import shrink
-from fitevict.request.loadreport import plan_hits
+from fitevict.supervisor.loadreport import plan_hits
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
 from fitevict.server.errors import ApiError

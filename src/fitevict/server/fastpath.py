@@ -28,7 +28,7 @@ from starlette.datastructures import Headers
 
 from fitevict import shrink
 from fitevict.request.contract import with_lora
-from fitevict.request.loadreport import report_headers
+from fitevict.supervisor.loadreport import report_headers
 from fitevict.server import plain, progress
 from fitevict.server.door import Door, Prepared, new_request_id, parse_json
 from fitevict.server.kvrestore import record_restore, restore_for

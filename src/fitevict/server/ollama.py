@@ -24,7 +24,7 @@ from fitevict import shrink
 from fitevict import __version__
 from fitevict.request.catalog import CatalogEntry
 from fitevict.request.contract import Contract, for_embeddings, with_lora
-from fitevict.request.loadreport import SHRUNK_HEADER
+from fitevict.supervisor.loadreport import SHRUNK_HEADER
 from fitevict.server import ollama_shapes as sh
 from fitevict.server import seatcall
 from fitevict.server.door import Door, new_request_id, with_defaults

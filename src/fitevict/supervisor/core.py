@@ -32,7 +32,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import Ask, ask, passthrough_args
 from fitevict.request.contract import Contract, seat_key
-from fitevict.request.loadreport import hit_report, request_report
+from fitevict.supervisor.loadreport import hit_report, request_report
 from fitevict.store import Store
 from fitevict.store.records import Event
 from fitevict.supervisor.desk import Desk

@@ -25,7 +25,7 @@ from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
 from fitevict.request.ask import passthrough_args
-from fitevict.request.loadreport import seat_load_report
+from fitevict.supervisor.loadreport import seat_load_report
 from fitevict.store.records import Event, Measurement
 from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check, leak_event, strategy, timings
 from fitevict.host.oomkill import oom_evidence

@@ -71,7 +71,7 @@ class Ports:
             task.add_done_callback(on_done)
         return task
 
-    # what the load reports read (fitevict.request.loadreport)
+    # what the load reports read (supervisor/loadreport.py)
     @property
     def recent_events(self) -> tuple[Event, ...]:
         return self.history.recent

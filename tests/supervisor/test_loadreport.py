@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from fitevict.engines.llama_server import LlamaServerEngine
-from fitevict.request.loadreport import HEADER, LoadReport, load_report, report_headers
+from fitevict.supervisor.loadreport import HEADER, LoadReport, load_report, report_headers
 
 adapter_load_seconds = LlamaServerEngine.adapter_seconds
 
@@ -51,7 +51,7 @@ def test_a_hit_loads_nothing_and_the_base_notes_its_zero_scales() -> None:
 
 def test_a_transformers_seat_fills_activate_seconds_from_its_answer() -> None:
     from fitevict.engines.torch_seat import FOOTPRINT_LINE
-    from fitevict.request.loadreport import seat_adapter_seconds, with_activation
+    from fitevict.supervisor.loadreport import seat_adapter_seconds, with_activation
 
     r = load_report(model="h:sql", base="h", adapter="/m/h.adapters/sql", seat_loras=("/m/h.adapters/poem", "/m/h.adapters/sql"),
                     loaded=False, load_seconds=1.0, adapter_seconds=None, evicted=(), engine="transformers", **ARGS)
