@@ -93,7 +93,7 @@ def main() -> None:
     from fitevict.pricing.loadconfig import LoadConfig
     from fitevict.pricing.price import price
     from fitevict.zoo import write_zoo
-    from fitevict.zoo.lora import write_adapters
+    from fitevict.zoo.gguf_adapters import write_adapters
 
     tmp = Path(tempfile.mkdtemp(prefix="fitevict-adapters-"))
     try:

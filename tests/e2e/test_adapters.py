@@ -19,7 +19,7 @@ from _frontdoor import front_door, history
 from fitevict.supervisor.loadreport import HEADER
 from fitevict.units import MiB
 from fitevict.zoo import write_zoo
-from fitevict.zoo.lora import write_adapters
+from fitevict.zoo.gguf_adapters import write_adapters
 
 pytestmark = pytest.mark.e2e
 

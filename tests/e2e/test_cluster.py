@@ -63,7 +63,7 @@ class Fleet:
 
 
 def _models(zoo: dict, root: Path, name: str) -> Path:
-    from fitevict.zoo.lora import write_adapters
+    from fitevict.zoo.gguf_adapters import write_adapters
 
     dest = root / f"models-{name}"
     dest.mkdir()

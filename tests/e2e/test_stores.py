@@ -18,7 +18,7 @@ import pytest
 from _frontdoor import front_door
 from fitevict.paths import cache_dir
 from fitevict.pricing.gguf import load_structure
-from fitevict.zoo.lora import write_adapter
+from fitevict.zoo.gguf_adapters import write_adapter
 from fitevict.zoo.mmproj import write_mmproj
 from fitevict.zoo.stores import write_hf_repo, write_lmstudio_repo, write_ollama_model
 from stores.conftest import set_writable, tree

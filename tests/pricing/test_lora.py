@@ -17,7 +17,7 @@ from fitevict.pricing.lora import load_adapter
 from fitevict.pricing.price import price
 from fitevict.zoo import write_zoo
 from fitevict.pricing.hostbufs import rule_table
-from fitevict.zoo.lora import write_adapters
+from fitevict.zoo.gguf_adapters import write_adapters
 
 X86_AVX512 = rule_table({"avx2", "avx512f"})  # a fixed CPU (AVX-512, no AMX): these figures hold on any machine
 

@@ -19,7 +19,7 @@ from fitevict.request.ask import load_config_for, plan_request
 from fitevict.request.contract import (Contract, ContractError, lora_field, parse_contract, seat_key, unservable,
                                        with_lora)
 from fitevict.zoo import write_zoo
-from fitevict.zoo.lora import write_adapters
+from fitevict.zoo.gguf_adapters import write_adapters
 
 
 @pytest.fixture(scope="module")

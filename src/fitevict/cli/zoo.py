@@ -15,7 +15,7 @@ from fitevict.units import format_size
 from fitevict.zoo import ZOO_NAMES, ZOO_VERSION, ZooError, ZooModel, resolve_names, write_zoo
 from fitevict.zoo.lifesize import write_life_size
 from fitevict.zoo.lifesize_recipes import LIFE_SIZE_NAMES
-from fitevict.zoo.lora import DEMO_BASE, write_adapters
+from fitevict.zoo.gguf_adapters import DEMO_BASE, write_adapters
 from fitevict.zoo.peft import DEMO_PEFT_BASE, write_peft_adapters
 from fitevict.zoo.hf import HF_ZOO_NAMES, torch_available, write_hf_zoo
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fitevict.engines.torch_seat.lora import HEADER as ADAPTER_HEADER
-from fitevict.engines.torch_seat.lora import Activation
+from fitevict.engines.torch_seat.adapters import HEADER as ADAPTER_HEADER
+from fitevict.engines.torch_seat.adapters import Activation
 from fitevict.engines.torch_seat.model import Timings
 from fitevict.engines.torch_seat.seat import HfSeat
 

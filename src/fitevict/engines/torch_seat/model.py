@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fitevict.engines.torch_seat.lora import Activation, Switch, choice
+from fitevict.engines.torch_seat.adapters import Activation, Switch, choice
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.hf_price import HfLoadConfig, place_groups, plan_weights
 from fitevict.pricing.safetensors import load_hf_structure
