@@ -10,6 +10,7 @@ was lost, the test, whether it passed, its seconds) into docs/faults.md and docs
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -24,22 +25,40 @@ from _serve import cpu_model, load_average  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-MARK = "@pytest.mark.fault("
+
+
+def _marked(path: Path) -> bool:
+    """Whether a test function in ``path`` carries a fault marker (read from the source: no collection needed)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "fault"
+                for d in node.decorator_list):
+            return True
+    return False
 
 
 def marked_elsewhere() -> list[str]:
-    """Test files outside tests/faults that carry a fault marker (found by their text: no collection needed)."""
+    """Test files outside tests/faults with a test that carries a fault marker."""
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                  if "faults" not in p.relative_to(ROOT / "tests").parts and MARK in p.read_text())
+                  if "faults" not in p.relative_to(ROOT / "tests").parts and _marked(p))
 
 
 def run_suite(rows_path: Path) -> tuple[list[str], int, float]:
-    """``pytest`` over the marked tests; its argv, exit code and seconds."""
-    argv = [sys.executable, "-m", "pytest", "tests/faults", *marked_elsewhere(), "-m", "fault", "-q", "-p",
-            "no:cacheprovider"]
-    t0 = time.monotonic()
-    rc = subprocess.run(argv, cwd=ROOT, env={**os.environ, "FITEVICT_FAULT_TABLE": str(rows_path)}).returncode
-    return argv[1:], rc, time.monotonic() - t0
+    """``pytest -m fault`` over tests/faults, then each other file with a marked test whole (its marked tests may
+    rely on the module's earlier ones); their commands, worst exit code and seconds. The rows of both runs are
+    written to ``rows_path``."""
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    runs = [["tests/faults", "-m", "fault"], *(["-p", "faultrows", f] for f in marked_elsewhere())]
+    plugin_dir = str(ROOT / "tests" / "faults")  # faultrows.py: tests/faults/conftest.py loads it for its own tests
+    rows, rcs, t0 = [], [], time.monotonic()
+    for i, args in enumerate(runs):
+        part = rows_path.with_suffix(f".{i}.json")
+        path = os.pathsep.join(x for x in (plugin_dir, os.environ.get("PYTHONPATH")) if x)
+        env = {**os.environ, "FITEVICT_FAULT_TABLE": str(part), "PYTHONPATH": path}
+        rcs.append(subprocess.run([*base, *args], cwd=ROOT, env=env).returncode)
+        rows += json.loads(part.read_text()) if part.exists() else []
+    rows_path.write_text(json.dumps(rows))
+    return ["` then `".join("python -m pytest " + " ".join(a) for a in runs)], max(rcs), time.monotonic() - t0
 
 
 def _cell(text: str) -> str:
@@ -60,7 +79,7 @@ def table(rows: list[dict]) -> list[str]:
 def body(rows: list[dict], ctx: dict) -> str:
     passed = sum(1 for r in rows if r["outcome"] == "passed")
     return "\n".join([
-        f"Written by `bench/fault_table.py` from one run of `python {' '.join(ctx['argv'])}` on {ctx['date']} "
+        f"Written by `bench/fault_table.py` from the runs `{' '.join(ctx['argv'])}` on {ctx['date']} "
         f"(fitevict "
         f"{ctx['commit']}, {ctx['cpu']}, {ctx['cores']} cores shared with other work, 1-minute load average "
         f"{ctx['load_before']} before and {ctx['load_after']} after; {ctx['seconds']:.0f} s in all, pytest exit "
