@@ -123,7 +123,7 @@ def targets(samples: list[dict], t_warm: float, lost: int, b: dict) -> str:
             return "unavailable (too few samples after warm-up)"
         drift = abs(f["slope"]) > 2 * f["se"]
         verdict = "drifting" if drift else "flat within twice its standard error"
-        return f"{verdict} ({f['slope']:+.2f} ± {f['se']:.2f}/h)"
+        return f"{verdict} ({f['slope']:+.2f} ± {f['se']:.2f}/h; {f['lo']:.0f} to {f['hi']:.0f})"
 
     logs = max((x["seat_logs_bytes"] for x in samples), default=None)
     rss_ok = rss["slope"] is not None and rss["slope"] <= 5
@@ -160,8 +160,14 @@ def notes(verdicts: list[dict], faults: list[dict]) -> list[str]:
     out += [f"- not survived: {f['fault']} of {f.get('model')} (its seat {f.get('state', 'n/a')}): {f['how']}"
             for f in bad]
     raced = [f for f in faults if f.get("ended_as") not in (None, "crash", "fail")]
-    out += [f"- handled, but recorded as `{f['ended_as']}`, not `crash`: {f['fault']} of {f['model']} (its seat "
-            f"{f.get('state', 'n/a')}): {f['how']}" for f in raced]
+    if raced:
+        seat_faults = sum(1 for f in faults if "pid" in f)
+        states = Counter(str(f.get("state", "n/a")).split(",")[0] for f in raced)
+        out.append(f"- handled, but recorded as `{raced[0]['ended_as']}`, not `crash`: {len(raced)} of {seat_faults} "
+                   f"seat faults (the seat {', '.join(f'{st} {n}×' for st, n in states.most_common())} when hit, "
+                   "another model waiting for its memory: the seat's end was recorded as that eviction)."
+                   f" One: {raced[0]['fault']} of {raced[0]['model']} (its seat {raced[0].get('state')}): "
+                   f"{raced[0]['how']}")
     return out
 
 
@@ -232,8 +238,8 @@ def body(recs: dict[str, list[dict]], warmup_min: float | None) -> str:
         "",
         f"**Requests: {len(verdicts)} sent, {c['ok']} answered, {c['hung-up']} hung up by their client, {c['cut']} "
         f"cut by an injected fault, {c['lost']} lost.** A failed request is counted as cut only when a seat fault "
-        "(SIGKILL or SIGSTOP) hit its model's seat while it was in flight (from the injection to the door's `crash` "
-        "record); any other failure is lost.",
+        "(SIGKILL or SIGSTOP) hit its model's seat while it was in flight (from the injection to the event that ended "
+        "the seat in the door's history); any other failure is lost.",
         "",
         *request_table(verdicts),
         "",
