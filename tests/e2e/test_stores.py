@@ -21,7 +21,7 @@ from fitevict.pricing.gguf import load_structure
 from fitevict.zoo.gguf_adapters import write_adapter
 from fitevict.zoo.mmproj import write_mmproj
 from fitevict.zoo.stores import write_hf_repo, write_lmstudio_repo, write_ollama_model
-from stores.conftest import set_writable, tree
+from sources.conftest import set_writable, tree
 
 pytestmark = pytest.mark.e2e
 
