@@ -13,8 +13,8 @@ joins them to the front door.
     processes.py  which engine runs an entry, its argv, port, log and store record
     history.py    events written, kept and waited for
     desk.py       the waiting requests' futures, stop waiters, shrink decisions, whether it takes work
-    neighbours.py memory pressure from other programs: what the seats hold, the watch's state
-    relieving.py  acting on that pressure: idle seats stopped, one pressure event
+    pressure_watch.py memory pressure from other programs: what the seats hold, the watch's state
+    pressure_relief.py acting on that pressure: idle seats stopped, one pressure event
     kvkeep.py     the prompt cache kept across swaps
     shrinking.py  policy.shrink_ctx: a refused contract retried at the largest context that fits
     orphans.py    seats an earlier fitevict left

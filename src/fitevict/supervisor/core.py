@@ -41,13 +41,13 @@ from fitevict.supervisor.history import History
 from fitevict.shrink import Need
 from fitevict.schedule.errors import Busy, ModelUnreadable, Refused, SupervisorError
 from fitevict.supervisor.kvkeep import PromptKeep
-from fitevict.supervisor.neighbours import PressureWatch, holdings
+from fitevict.supervisor.pressure_watch import PressureWatch, holdings
 from fitevict.supervisor.orphans import cleanup_orphans
 from fitevict.supervisor.planning import Planning
 from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.outgrowth import check_outgrowth, recycle
-from fitevict.supervisor.relieving import check_pressure
+from fitevict.supervisor.pressure_relief import check_pressure
 from fitevict.supervisor.storing import record_again
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views

@@ -12,7 +12,7 @@ from fitevict import planner as pl
 from fitevict.budget import Budget
 from fitevict.config import Config
 from fitevict.pricing.footprint import HOST
-from fitevict.supervisor.neighbours import PressureWatch
+from fitevict.supervisor.pressure_watch import PressureWatch
 from fitevict.prices.book import PriceBook
 from fitevict.prices.sheet import PriceSheet
 from fitevict.supervisor.seat import SeatState

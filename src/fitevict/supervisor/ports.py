@@ -36,7 +36,7 @@ from fitevict.store.records import Event
 from fitevict.supervisor.desk import Desk
 from fitevict.supervisor.history import History
 from fitevict.supervisor.kvkeep import PromptKeep
-from fitevict.supervisor.neighbours import PressureWatch
+from fitevict.supervisor.pressure_watch import PressureWatch
 from fitevict.supervisor.planning import Planning
 from fitevict.prices.book import PriceBook
 from fitevict.supervisor.processes import Processes

@@ -1,5 +1,5 @@
 """Acting on memory pressure from other programs (the rule is :mod:`fitevict.pressure`, the watch's state
-:mod:`fitevict.supervisor.neighbours`): one reading of the seats in, the idle victims stopped through the scheduler,
+:mod:`fitevict.supervisor.pressure_watch`): one reading of the seats in, the idle victims stopped through the scheduler,
 and one ``pressure`` event once their processes are gone."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fitevict.host.procmem import largest_processes
 from fitevict.pressure import Idle, Relief, assess
 from fitevict.pricing.footprint import HOST
 from fitevict.store.records import Event
-from fitevict.supervisor.neighbours import HELD_SOURCE, holdings
+from fitevict.supervisor.pressure_watch import HELD_SOURCE, holdings
 from fitevict.schedule.seats import SeatStatus
 from fitevict.supervisor.ports import Ports
 from fitevict.units import format_size
