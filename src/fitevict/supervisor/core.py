@@ -244,7 +244,7 @@ class Supervisor:
 
     async def check_pressure(self, live: dict[str, int | None]) -> Any:
         """One reading of the seats' committed bytes (the memory sampler's): memory pressure from other programs is
-        acted on (``relieving``). Returns the relief decided, or None."""
+        acted on (``pressure_relief``). Returns the relief decided, or None."""
         return await check_pressure(self.parts, live)
 
     async def check_outgrowth(self, now: float) -> list[Event]:

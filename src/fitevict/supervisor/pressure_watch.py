@@ -1,6 +1,6 @@
 """Yielding memory to other programs: the supervisor's side of :mod:`fitevict.pressure`.
 
-The memory sampler calls ``relieving.check_pressure`` with every reading of the seats (their committed bytes right
+The memory sampler calls ``pressure_relief.check_pressure`` with every reading of the seats (their committed bytes right
 now). The watch measures the machine with those bytes counted as fitevict's, asks the pure rule which idle seats to
 stop, has the scheduler stop them (an ``evict`` each), and once their stops are done records one ``pressure``
 event: free memory before and after, how much other processes grew since the last calm reading, the largest of
