@@ -127,9 +127,13 @@ def targets(samples: list[dict], t_warm: float, lost: int, b: dict) -> str:
 
     logs = max((x["seat_logs_bytes"] for x in samples), default=None)
     rss_ok = rss["slope"] is not None and rss["slope"] <= 5
+    end = max((x["t"] for x in samples), default=t_warm)
+    last = _series_fit(samples, "rss", max(t_warm, end - 3600), MiB)  # whether the growth levels off
+    last_hour = (f" (over the last hour alone: {_f(last['slope'])} ± {_f(last['se'])} MiB/h)"
+                 if end - 3600 > t_warm and last["slope"] is not None else "")
     return ("Targets: " + f"requests lost outside the faults' cuts: {lost} ({'met' if lost == 0 else 'not met'}); "
             f"front-door RSS growth after warm-up {_f(rss['slope'])} ± {_f(rss['se'])} MiB/h against ≤ 5 "
-            f"({'met' if rss_ok else 'not met' if rss['slope'] is not None else 'unavailable'}); descriptors "
+            f"({'met' if rss_ok else 'not met' if rss['slope'] is not None else 'unavailable'}){last_hour}; descriptors "
             f"{flat('fds')}; children {flat('children')}; zombies at most "
             f"{max((x['zombies'] for x in samples), default=0)}; seat logs at most "
             f"{_f(logs and logs / MiB, '.1f')} MiB against `logs.seats_disk` {b['seat_logs'] / MiB:.0f} MiB "
