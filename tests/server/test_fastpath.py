@@ -307,3 +307,42 @@ def test_a_stream_without_usage_logs_no_token_count() -> None:
     with_usage = Relayed(200, True, 7, (b'data: {"usage":{"total_tokens":12}}\n\n', b"data: [DONE]\n\n"))
     FastPath._account(SimpleNamespace(door=door), rec, with_usage, {}, extra, SimpleNamespace())
     assert rec.tokens == 12
+
+
+def test_connections_an_engine_closed_leave_the_pool_with_their_port() -> None:
+    """Seats come and go on fresh ports: a kept connection the engine closes (its seat stopped) leaves the idle pool
+    when it closes, and the port with it, so a door that swaps seats for days keeps no dead connection."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        await reader.read()  # until the door or the "seat" closes it
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        up = Upstream()
+        try:
+            conn = await up.open(port, "/plain", b"{}", "r1")
+            while await conn.read():
+                pass
+            up.release(conn)
+            assert up.idle == {port: [conn]}  # kept alive for the next request
+            closed = asyncio.Event()
+            pooled = getattr(conn, "on_lost", None)
+            conn.on_lost = lambda c: (pooled(c) if pooled else None, closed.set())
+            server.close()
+            for w in writers:  # the seat stops: its connections close
+                w.close()
+            await asyncio.wait_for(closed.wait(), 10)
+            assert up.idle == {} and up.busy == {}
+        finally:
+            up.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())

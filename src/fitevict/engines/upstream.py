@@ -39,8 +39,9 @@ class _Stale(Exception):
 class UpstreamConn(asyncio.Protocol):
     """One connection to a seat, and the response in progress on it."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, on_lost: Callable[[UpstreamConn], object] | None = None) -> None:
         self.port = port
+        self.on_lost = on_lost  # the pool's: a connection the engine closed leaves it at once
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
@@ -80,6 +81,8 @@ class UpstreamConn(asyncio.Protocol):
         if not self.complete and self.error is None:
             self.error = exc or ConnectionResetError(f"the engine on port {self.port} closed the connection")
         self._wake()
+        if self.on_lost is not None:
+            self.on_lost(self)
 
     # -- the parser's callbacks ------------------------------------------------------------------
 
@@ -160,7 +163,9 @@ class UpstreamConn(asyncio.Protocol):
 
 
 class Upstream:
-    """Kept-alive connections to seats, by port (a seat's port is unique while it lives)."""
+    """Kept-alive connections to seats, by port (a seat's port is unique while it lives). A kept connection the
+    engine closes (after a stream, or because its seat stopped) leaves the pool when it closes, and a port with no
+    connection left leaves it too: seats come and go on fresh ports, and the pool holds only live connections."""
 
     def __init__(self, *, connect_timeout: float = 10.0) -> None:
         self.connect_timeout = connect_timeout
@@ -221,6 +226,8 @@ class Upstream:
         conns = self.idle.get(port)
         while conns:
             conn = conns.pop()
+            if not conns:
+                del self.idle[port]
             if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
                 return conn
         return None
@@ -229,7 +236,8 @@ class Upstream:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConn(port), "127.0.0.1", port), self.connect_timeout)
+                loop.create_connection(lambda: UpstreamConn(port, self._lost), "127.0.0.1", port),
+                self.connect_timeout)
         except (OSError, asyncio.TimeoutError) as e:
             raise UpstreamError(f"cannot connect to the engine on 127.0.0.1:{port}: {e!r}") from e
         return conn
@@ -246,6 +254,14 @@ class Upstream:
             self.idle.setdefault(conn.port, []).append(conn)
         else:
             conn.abort()
+
+    def _lost(self, conn: UpstreamConn) -> None:
+        """``conn`` closed: out of the idle pool, and its port with it once none is left."""
+        conns = self.idle.get(conn.port)
+        if conns is not None and conn in conns:
+            conns.remove(conn)
+            if not conns:
+                del self.idle[conn.port]
 
     def close(self) -> None:
         self.closed = True
