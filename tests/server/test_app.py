@@ -45,7 +45,10 @@ def test_keys_gate_inference_and_admin_separately(make_client) -> None:
     ok = c.post("/v1/models/llama-gqa/plan", headers={"Authorization": "Bearer a1"})
     assert ok.status_code == 200 and ok.json()["plan"]["action"] in ("load", "ram")
     assert ok.json()["budget"]["devices"][0]["name"] == "CPU"
-    assert c.get("/health").status_code == 200  # health needs no key
+    health = c.get("/health")  # health needs no key
+    assert health.status_code == 200
+    heap = health.json()["heap"]  # what the door does to keep its heap to what it holds (server.heapkeep)
+    assert heap["trim_seconds"] == 60.0 and heap["rounds"] == 0 and heap["allocator"]
 
 
 def _requests_total(c: TestClient) -> dict[tuple[str, str, str], float]:

@@ -40,6 +40,7 @@ class ServerConfig:
     max_body_bytes: int = 16 * MiB
     metrics_public: bool = False  # True: /metrics answers without a key even when keys are configured
     sample_seconds: float = 1.0  # how often the memory sampler reads each seat and the host while serving
+    heap_trim_seconds: float = 60.0  # how often the door gives malloc's free pages back to the kernel; 0: never
     rescan_seconds: float = 0.0  # rescan the models directories this often while serving (0: only on SIGHUP)
     read_prices_ahead: bool = True  # after start-up and each rescan, read every model's price in the background
     cluster_key: str | None = None  # on a Ray cluster: the key every node's door admits (None: a random one)

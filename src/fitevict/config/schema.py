@@ -34,6 +34,7 @@ KEYS: tuple[_Key, ...] = (
     _Key("server.max_body_bytes", positive_size),
     _Key("server.metrics_public", boolean, env="FITEVICT_METRICS_PUBLIC"),
     _Key("server.sample_seconds", seconds(positive=True)),
+    _Key("server.heap_trim_seconds", seconds(positive=False)),
     _Key("server.rescan_seconds", seconds(positive=False), env="FITEVICT_RESCAN_SECONDS"),
     _Key("server.max_connections", integer_or("auto", 2), env="FITEVICT_MAX_CONNECTIONS"),
     _Key("server.read_prices_ahead", boolean, env="FITEVICT_READ_PRICES_AHEAD"),

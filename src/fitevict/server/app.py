@@ -23,6 +23,7 @@ from fitevict.server.fastpath import FastPath
 from fitevict.server.metrics import Metrics
 from fitevict.server.rescan import CatalogWatch
 from fitevict.server.sampler import MemorySampler
+from fitevict.server.heapkeep import HeapKeep
 from fitevict.server.upkeep import Upkeep
 from fitevict.engines.upstream import Upstream
 from fitevict.pricing.gguf import use_shelf
@@ -48,7 +49,8 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     sup.on_event.append(metrics.observe_event)
     sampler = MemorySampler(sup, store, config.server.sample_seconds)
     upkeep = Upkeep(store, config)
-    door = Door(config, catalog, store, sup, metrics, pool, sampler, upkeep)
+    heapkeep = HeapKeep(config.server.heap_trim_seconds)
+    door = Door(config, catalog, store, sup, metrics, pool, sampler, upkeep, heapkeep)
     sup.on_event.append(sampler.poke)
     watch = CatalogWatch(config, catalog)
     watch.on_change.append(lambda added, _removed: rescanned(added))
@@ -76,6 +78,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
             sup.read_ahead(e.key for e in catalog.entries())
         sampler.start()
         upkeep.start()
+        heapkeep.start()
         watch.start()
         gc.collect()
         gc.freeze()  # what start-up built lives as long as the server: full collections no longer walk it
@@ -84,6 +87,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         await watch.stop()
         await sampler.stop()
         await upkeep.stop()
+        await heapkeep.stop()
         await sup.shutdown()
         pool.close()
         while unshelve:

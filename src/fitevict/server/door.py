@@ -26,6 +26,7 @@ from fitevict.server.errors import ApiError
 from fitevict.server.metrics import Metrics
 from fitevict.server.routes import CHAT, RERANK, Route
 from fitevict.server.sampler import MemorySampler
+from fitevict.server.heapkeep import HeapKeep
 from fitevict.server.upkeep import Upkeep
 from fitevict.engines.upstream import Upstream
 from fitevict.store import Store
@@ -97,6 +98,7 @@ class Door:
     pool: Upstream  # kept-alive connections per seat: the fast path's relay and ``seatcall``
     sampler: MemorySampler | None = None  # the memory report's live windows (fitevict.server.sampler)
     upkeep: Upkeep | None = None  # the store's pruning and the data folder's size (fitevict.server.upkeep)
+    heap: HeapKeep | None = None  # malloc's free pages given back to the kernel (fitevict.server.heapkeep)
     asks: Asks = field(init=False)  # what requests ask of a seat, built once per model and contract (request.ask)
     aliases: Aliases = field(init=False)  # the config's [aliases]
 

@@ -51,6 +51,9 @@ def main(args: list[str] | None = None) -> int:
     ap.add_argument("--log-level", default="info")
     ns = ap.parse_args(args)
     leave_out_command_lines()
+    from fitevict.host.heap import limit_arenas
+
+    limit_arenas()  # before any thread of the door allocates (host.heap)
 
     from fitevict.config import ConfigError, load_config, redact_url
     from fitevict.engines.install import resolve_binary

@@ -39,7 +39,8 @@ def health(door: Door) -> dict[str, Any]:
     store = store_health(door)
     return {"status": "ok" if store["ok"] else "degraded", "version": __version__, "residents": len(door.sup.seats),
             "models": len(door.catalog.entries()), "prices_read_ahead": dict(door.sup.prices_ahead),
-            "data_dir": usage.to_json() if usage is not None else None, "store": store}
+            "data_dir": usage.to_json() if usage is not None else None, "store": store,
+            "heap": door.heap.to_json() if door.heap is not None else None}
 
 
 def model_list(door: Door) -> dict[str, Any]:

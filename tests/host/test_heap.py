@@ -1,0 +1,37 @@
+"""The door's heap given back to the kernel (host.heap, server.heapkeep), measured by the process's own RSS."""
+
+from __future__ import annotations
+
+import pytest
+
+from fitevict.host import heap
+from fitevict.server.heapkeep import HeapKeep, rss_bytes
+
+MiB = 2**20
+
+
+@pytest.mark.skipif(isinstance(heap.trim(), str), reason="the C library here is not glibc: nothing to trim")
+def test_a_round_gives_back_the_free_pages_free_left_inside_the_heap() -> None:
+    """128 MiB freed below a chunk still in use stays resident after ``free`` (glibc returns only the top of a heap
+    on its own): a round gives it back, and says how much by the RSS it read before and after."""
+    heap.trim()
+    blocks = [bytearray(4096) for _ in range(128 * MiB // 4096)]  # malloc's, not Python's small-object arenas
+    for b in blocks:
+        b[::512] = b"x" * 8  # touched: resident
+    pin = bytearray(4096)  # allocated after them: the heap's top stays in use
+    before = rss_bytes()
+    del blocks
+    after_free = rss_bytes()
+    assert before is not None and after_free is not None
+    keep = HeapKeep(60.0)
+    last = keep.round()
+    assert last["trimmed"] is True and last["rss_before_bytes"] >= after_free - 8 * MiB
+    assert last["released_bytes"] >= 96 * MiB, (before, after_free, last)
+    assert keep.rounds == 1 and keep.released == last["released_bytes"]
+    assert keep.to_json()["allocator"].startswith("glibc ")
+    del pin
+
+
+def test_a_door_that_never_trims_says_so() -> None:
+    out = HeapKeep(0).to_json()
+    assert out["rounds"] == 0 and out["last"] is None and "never" in out["trim_seconds"]
