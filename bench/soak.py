@@ -12,6 +12,7 @@ fault is appended to ``--out`` (JSONL) as it happens, so a run cut short keeps i
 
     .venv/bin/python bench/soak.py [--minutes 30] [--out soak.jsonl] [--no-doc]
     .venv/bin/python bench/soak.py --report soak.jsonl      # the doc and plots from a run's file, at any time
+    .venv/bin/python bench/soak.py --minutes 30 --trace-memory 120 --no-doc   # where the door's memory grows
 """
 
 from __future__ import annotations
@@ -148,6 +149,19 @@ def tree_commit() -> str:
     return f"{head.stdout.strip() or 'unknown commit'} ({src})"
 
 
+def trace_env(args: argparse.Namespace) -> dict[str, str] | None:
+    """``--trace-memory``: the door runs with ``bench/memtrace`` on its path, which records every
+    ``--trace-memory`` seconds where its memory grew (tracemalloc, object types, the C allocator, RSS) to
+    ``<out>.memtrace.jsonl``. Tracing slows the door and adds its own memory: a traced run's RSS is not the soak's
+    figure."""
+    if not args.trace_memory:
+        return None
+    here = str(Path(__file__).resolve().parent / "memtrace")
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "FITEVICT_MEMTRACE": str(args.out.with_suffix(".memtrace.jsonl").resolve()),
+            "FITEVICT_MEMTRACE_SECONDS": str(args.trace_memory)}
+
+
 def run(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fitevict-soak-"))
     journal = Journal(args.out)
@@ -161,7 +175,7 @@ def run(args: argparse.Namespace) -> None:
             "hangups": args.hangups, "ram_limit": ram_limit, "bounds": bounds(tmp / "probe.toml"), "config": cfg,
             "models": sorted(p.stem for p in models.glob("*.gguf")), "sample_seconds": SAMPLE_S}
     try:
-        with serve(tmp, "soak", models, cfg) as door:
+        with serve(tmp, "soak", models, cfg, env=trace_env(args)) as door:
             journal.write("meta", {**meta, "door_pid": door.pid})
             stop, until = threading.Event(), time.time() + args.minutes * 60
             data_dir = tmp / "soak" / "data"
@@ -199,6 +213,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("soak.jsonl"))
     ap.add_argument("--report", type=Path, default=None, help="only write the doc and plots from this run's file")
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--trace-memory", type=float, default=None, metavar="SECONDS",
+                    help="trace where the door's memory grows, every SECONDS, to <out>.memtrace.jsonl")
     args = ap.parse_args()
     if args.warmup is None:
         args.warmup = min(10.0, args.minutes / 5)

@@ -86,7 +86,10 @@ def seat_signal(base: str, door_pid: int, sig: signal.Signals, stall_s: float, r
     pid = rng.choice(sorted(running))
     model = running[pid]
     state, t = seat_state(base, model), time.time()
-    os.kill(pid, sig)
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # it ended (an eviction, an idle unload) between the look and the signal
+        return {"skipped": f"seat {model} (pid {pid}) ended before the signal"}
     end = _until(lambda: ended(base, pid, model, t - 1) if gone(pid) else None, stall_s + 60, 0.5)
     out = {"model": model, "pid": pid, "state": state, "t": t, "t_end": time.time()}
     if end is None and sig == signal.SIGSTOP and not gone(pid):
