@@ -1,5 +1,7 @@
-"""What the supervisor did, as it happens: every event written to the store (its one writer), the last 1,000 kept for
-readers that settle on them, hooks called with each, and one condition that wakes whoever waits for a change.
+"""What the supervisor did, as it happens: every event written to the store (its one writer), the last 200 kept
+for readers that settle on them (a load event with its report is ~4 kB of JSON, more as objects: the store holds
+every one, and a door that runs for days keeps a few MiB here, not tens), hooks called with each, and one
+condition that wakes whoever waits for a change.
 
 An event the store refuses (its database locked by another writer past the busy timeout, its disk full, its server
 gone) is kept here and still announced, the server log says which and why, and it is written, in order, before the
@@ -19,7 +21,7 @@ from fitevict.store import Store
 from fitevict.store.faults import STORE_FAULTS, reason
 from fitevict.store.records import Event
 
-KEPT = 1000  # events kept in memory for readers (the store holds every one)
+KEPT = 200  # events kept in memory for readers (the store holds every one)
 RETRY_S = 2.0  # after a refused write, the held events are tried again this long after it
 log = logging.getLogger("fitevict.supervisor")
 
@@ -102,7 +104,7 @@ class History:
 
     @property
     def recent(self) -> tuple[Event, ...]:
-        """The events recorded here, the last 1,000 at most, oldest first."""
+        """The events recorded here, the last ``KEPT`` at most, oldest first."""
         return tuple(self._events)
 
     async def changed(self) -> None:
