@@ -35,8 +35,8 @@ class Agent:
 def started(monkeypatch) -> list[dict]:
     calls: list[dict] = []
 
-    def ensure_agent(node: dict, options: dict) -> Agent:
-        calls.append(options)
+    def ensure_agent(node: dict, options: dict, env: dict | None = None) -> Agent:
+        calls.append({**options, **({"env": env} if env else {})})
         return Agent(node["agent_key"])
 
     monkeypatch.setattr(fleet_mod, "ensure_agent", ensure_agent)
@@ -67,6 +67,13 @@ def test_without_a_key_a_front_door_uses_the_agents_key(started: list[dict]) -> 
     f = Fleet()
     join(f, "whatever-the-agent-has")
     assert started == [{}] and f.door("n1") == ("http://n1", "whatever-the-agent-has")
+
+
+def test_the_agents_a_front_door_starts_wait_for_an_unreachable_gcs_as_long_as_it_does(started: list[dict]) -> None:
+    f = Fleet(gcs_reconnect_s=900)
+    join(f, "k")
+    assert started == [{"env": {"RAY_gcs_rpc_server_reconnect_timeout_s": "900"}}]
+    assert f.membership.row(time.time())["gcs_reconnect_s"] == 900
 
 
 def test_cluster_stop_keeps_rays_own_notices_off_stdout(monkeypatch, capsys) -> None:

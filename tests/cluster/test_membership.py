@@ -21,3 +21,13 @@ def test_an_outage_runs_from_the_first_failed_read_to_the_first_answer_and_keeps
     assert "8 s" in describe(ended) and "n2" in describe(ended) and "n3, n4" in describe(ended)
     assert m.answered(110.0, set(), {"n5"}) is None  # no outage: nothing to report
     assert m.row(110.0)["last_outage"]["joined"] == ["n3", "n4"]
+
+
+def test_an_outage_says_how_long_before_ray_ends_the_front_door() -> None:
+    m = Membership(reconnect_s=60)
+    m.unanswered(100.0, "no answer within 2 s")
+    assert m.row(145.5)["down"]["ends_in_s"] == 14.5 and m.row(145.5)["gcs_reconnect_s"] == 60
+    assert m.row(170.0)["down"]["ends_in_s"] == 0.0
+    unknown = Membership()
+    unknown.unanswered(100.0, "no answer within 2 s")
+    assert "ends_in_s" not in unknown.row(101.0)["down"]  # no limit known: nothing said

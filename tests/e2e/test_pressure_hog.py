@@ -71,6 +71,19 @@ def test_a_hog_makes_fitevict_give_back_its_idle_seat(zoo: dict, tmp_path: Path)
             during = _chat(base, "llama-gqa")
             assert during.status_code == 503 and during.headers.get("retry-after")
             assert "memory pressure" in during.json()["error"]["message"]
+            # the same wait in each API's shape: Anthropic's 529 overloaded_error, the Responses API's and Ollama's 503
+            claude = httpx.post(base + "/v1/messages", timeout=300, json={
+                "model": "llama-gqa", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+            assert claude.status_code == 529 and claude.headers.get("retry-after"), claude.text
+            assert claude.json()["type"] == "error" and claude.json()["error"]["type"] == "overloaded_error"
+            assert "memory pressure" in claude.json()["error"]["message"]
+            responses = httpx.post(base + "/v1/responses", timeout=300, json={"model": "llama-gqa", "input": "hi"})
+            assert responses.status_code == 503 and responses.headers.get("retry-after"), responses.text
+            assert responses.json()["error"]["type"] == "server_busy"
+            olla = httpx.post(base + "/api/chat", timeout=300, json={
+                "model": "llama-gqa", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+            assert olla.status_code == 503 and olla.headers.get("retry-after"), olla.text
+            assert "memory pressure" in olla.json()["error"]
             host = next(d for d in ev["details"]["devices"] if d["device"] == "CPU")
             assert host["under"] and host["free_bytes"] < host["reserve_bytes"]
             assert host["others_grew_bytes"] is not None and host["others_grew_bytes"] > ROOM // 2

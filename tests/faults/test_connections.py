@@ -71,11 +71,16 @@ class Crowd:
             self.all_heard.set()
 
 
-async def client(port: int, i: int, crowd: Crowd) -> tuple[str, dict]:
-    """One client: (its fate, what it got). Even ones ask OpenAI's chat route (for a model that does not exist:
-    a quick 404 once its body is read), odd ones Ollama's /api/show."""
-    path, body = (("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
-                  if i % 2 == 0 else ("/api/show", {"model": "m"}))
+HI = [{"role": "user", "content": "hi"}]
+# what the clients ask, in turn: a model that does not exist (a quick 404 once the body is read), or Ollama's /api/show
+OPENAI_OLLAMA = (("/v1/chat/completions", {"model": "nope", "messages": HI}), ("/api/show", {"model": "m"}))
+ANTHROPIC_RESPONSES = (("/v1/messages", {"model": "nope", "max_tokens": 4, "messages": HI}),
+                       ("/v1/responses", {"model": "nope", "input": "hi"}))
+
+
+async def client(port: int, i: int, crowd: Crowd, asks: tuple[tuple[str, dict], ...]) -> tuple[str, dict]:
+    """One client: (its fate, what it got), asking the ``i``-th of ``asks`` in turn."""
+    path, body = asks[i % len(asks)]
     data = json.dumps(body).encode()
     head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\nExpect: 100-continue\r\n\r\n").encode()
@@ -93,12 +98,12 @@ async def client(port: int, i: int, crowd: Crowd) -> tuple[str, dict]:
     crowd.heard_one()
     try:
         if not first.startswith(b"HTTP/1.1 100"):
-            return "503", answer(first, await reader.read())
+            return "503", {**answer(first, await reader.read()), "path": path}
         await crowd.go.wait()  # every client has its first word: now the admitted ones send their bodies
         writer.write(data)
         await writer.drain()
         first = await reader.readuntil(b"\r\n\r\n")
-        return "served", answer(first, await reader.read())
+        return "served", {**answer(first, await reader.read()), "path": path}
     finally:
         writer.close()
 
@@ -110,9 +115,9 @@ def answer(head: bytes, rest: bytes) -> dict:
     return {"status": int(lines[0].split()[1]), "headers": headers, "body": json.loads(rest[:length] or b"null")}
 
 
-async def burst(port: int) -> list[tuple[str, dict]]:
+async def burst(port: int, asks: tuple[tuple[str, dict], ...] = OPENAI_OLLAMA) -> list[tuple[str, dict]]:
     crowd = Crowd()
-    tasks = [asyncio.create_task(client(port, i, crowd)) for i in range(CLIENTS)]
+    tasks = [asyncio.create_task(client(port, i, crowd, asks)) for i in range(CLIENTS)]
     await asyncio.wait_for(crowd.all_heard.wait(), 60)
     crowd.go.set()
     return await asyncio.wait_for(asyncio.gather(*tasks), 60)
@@ -148,3 +153,37 @@ def test_a_burst_beyond_the_descriptor_limit_is_refused_cleanly(door: FrontDoor)
     poll(lambda: open_fds(door.proc.pid) <= before, f"the door's descriptors back to {before}")
     log = door.log()
     assert "Too many open files" not in log and "Traceback" not in log
+
+
+@pytest.mark.fault(
+    fault="2,000 clients at once on Anthropic's Messages API and OpenAI's Responses API against a door under "
+          "`ulimit -n 1024`",
+    client="each: its request let in and answered as usual (a `404` in its API's shape for a model that does not "
+           "exist), or refused in its API's shape with `Retry-After: 1`: on `/v1/messages` Anthropic's `529` "
+           "`{\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", ...}}` (its SDK retries it), "
+           "on `/v1/responses` OpenAI's `503` envelope with `code: too_many_requests`; or its connection closed "
+           "before any byte",
+    history="nothing",
+    running="the door, alive, never out of descriptors; its open descriptors back to their count before the burst",
+    lost="nothing: every refused request was told so, and may be retried")
+def test_a_burst_on_anthropics_and_the_responses_api_is_refused_in_each_apis_shape(door: FrontDoor) -> None:
+    before = open_fds(door.proc.pid)
+    fates = asyncio.run(burst(door.port, ANTHROPIC_RESPONSES))
+    kinds = Counter((f, got.get("path")) for f, got in fates)
+    assert kinds[("served", "/v1/messages")] and kinds[("served", "/v1/responses")], kinds
+    assert kinds[("503", "/v1/messages")] + kinds[("503", "/v1/responses")], kinds
+    for fate, got in fates:
+        if fate == "refused":
+            continue
+        body, status = got["body"], got["status"]
+        if got["path"] == "/v1/messages":
+            kind = "overloaded_error" if fate == "503" else "not_found_error"
+            assert status == (529 if fate == "503" else 404) and body["type"] == "error", got
+            assert body["error"]["type"] == kind and body["error"]["message"], got
+        else:
+            assert status == (503 if fate == "503" else 404), got
+            assert body["error"]["code"] == ("too_many_requests" if fate == "503" else "model_not_found"), got
+        assert fate == "served" or got["headers"]["retry-after"] == "1", got
+    assert door.proc.poll() is None
+    poll(lambda: open_fds(door.proc.pid) <= before, f"the door's descriptors back to {before}")
+    assert "Too many open files" not in door.log() and "Traceback" not in door.log()

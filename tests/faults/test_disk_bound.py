@@ -10,13 +10,18 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sqlite3
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from _frontdoor import front_door, history, poll
 from fitevict.config import load_config
 from fitevict.request.catalog import Catalog
-from fitevict.store import Store
+from fitevict.store import Event, Store
+from fitevict.store.queries import op_record_event
 from fitevict.supervisor import Supervisor
 from fitevict.supervisor.processes import prune_dir
 
@@ -148,12 +153,6 @@ def test_seat_logs_stay_within_the_bound_and_running_logs_are_kept(tmp_path: Pat
 def test_the_door_prunes_its_store_and_says_its_data_folders_size(tmp_path: Path, zoo: dict) -> None:
     import subprocess
     import sys
-    import time
-
-    import httpx
-    from _frontdoor import front_door, history, poll
-
-    from fitevict.store import Event
 
     models = tmp_path / "models"
     models.mkdir()
@@ -179,3 +178,48 @@ def test_the_door_prunes_its_store_and_says_its_data_folders_size(tmp_path: Path
                             text=True, timeout=60)
         assert ps.returncode == 0, ps.stderr
         assert "data folder" in ps.stdout and "seat logs" in ps.stdout
+
+
+@pytest.mark.fault(
+    fault="history written beyond `logs.history_rows` between two prunes (`logs.prune_seconds` 3600), in a store file "
+          "made before it gave space back (`auto_vacuum` NONE) and swollen by 4,000 old events",
+    client="normal answers throughout",
+    history="never more than `logs.history_rows` events, with no prune between: each recorded event removes the one "
+            "that many records older; the start-up round prunes the old events, rebuilds the file once (`VACUUM`, "
+            "`auto_vacuum=INCREMENTAL` from then on; later prunes give their pages back by `incremental_vacuum`) and "
+            "the write-ahead log's checkpoint shrinks it; the server log says so",
+    running="the door and its seats as usual; the store's file a small part of its size before",
+    lost="history beyond the bound (by design)")
+def test_the_history_bound_holds_between_prunes_and_the_store_file_shrinks(tmp_path: Path, zoo: dict) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copyfile(zoo["llama-gqa"].path, models / "a.gguf")
+    db = tmp_path / "data" / "fitevict.db"
+    start = time.time()
+    old = [op_record_event(Event(time=start - 3600 + i * 0.1, event="load", model="old", reason="r" * 400))
+           for i in range(4000)]
+    with Store.open(f"sqlite:///{db}") as store:
+        store.write(lambda conn: [op(conn) for op in old])
+    with sqlite3.connect(db, isolation_level=None) as raw:  # a file as fitevict made them before: no auto_vacuum
+        raw.executescript("PRAGMA auto_vacuum=NONE; VACUUM; PRAGMA wal_checkpoint(TRUNCATE)")
+    swollen = db.stat().st_size
+    cfg = tmp_path / "fitevict.toml"
+    cfg.write_text("[logs]\nhistory_rows = 4\nprune_seconds = 3600\n[policy]\nprompt_cache = false\n")
+    with front_door(tmp_path, "--config", str(cfg), "--models-dir", str(models)) as fd:
+        poll(lambda: db.stat().st_size < swollen / 10, "the store file shrunk by the start-up round")
+        assert "pruned 3996 history event(s)" in fd.log() and "rebuilt once with VACUUM" in fd.log()
+        last = max(e["id"] for e in history(fd))
+        for _ in range(3):  # six events, with no prune between
+            r = httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
+                "model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            assert httpx.post(f"{fd.base_url}/v1/models/a/unload", timeout=120).status_code == 200
+            kept = poll(lambda: (h := history(fd)) and h[0]["event"] == "unload" and h[0]["id"] > last + 1 and h,
+                        "the load and the unload recorded")
+            last = kept[0]["id"]
+            assert len(kept) <= 4
+        assert [(e["event"], e["model"]) for e in kept] == [("unload", "a"), ("load", "a")] * 2
+        assert fd.log().count("pruned ") == 1  # held by each write, not by another round
+        assert db.stat().st_size < swollen / 10
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as raw:
+        assert raw.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL from now on

@@ -14,6 +14,10 @@ dead after 3 missed health checks of 1 s here (its default is about 15 s).
 
 The tests share one cluster and run in order: the GCS restart first (nothing killed yet), then x's door killed,
 then z killed during a load, then ``cluster stop``, which lists the nodes that died.
+
+The front door starts with Ray's GCS reconnect timeout at 3 s in its environment (``RAY_GCS_SHORT``), shorter than
+the GCS outage of the first test, as Ray's default 60 s is shorter than a longer outage: its own
+``server.ray_gcs_reconnect_seconds`` (600 s) must win, or Ray ends it while the GCS is down.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ BUDGETS_MIB = {"h": 500, "x": 600, "z": 800}
 FILES = {"h": ("llama-medium", "llama-q8_0", "llama-q4_0"), "x": ("llama-medium", "llama-gqa"), "z": ("llama-q4_0",)}
 HELD = {"x": "llama-medium", "z": "llama-q4_0"}  # the model whose seat start each node's engine holds
 CHAT = [{"role": "user", "content": "hi"}]
+RAY_GCS_SHORT = {"RAY_gcs_rpc_server_reconnect_timeout_s": "3"}  # as if Ray waited 3 s for its GCS (60 s: its default)
 
 
 def held_engine(root: Path, real: Path, model: str) -> Path:
@@ -117,7 +122,7 @@ def rig(zoo: dict, llama_server: Path, tmp_path_factory: pytest.TempPathFactory)
     try:
         (root / "door").mkdir()
         with front_door(root / "door", "--ray", cluster.address,
-                        env={"FITEVICT_CONFIG": "", "FITEVICT_CLUSTER_KEY": KEY}, timeout=240) as door:
+                        env={"FITEVICT_CONFIG": "", "FITEVICT_CLUSTER_KEY": KEY, **RAY_GCS_SHORT}, timeout=240) as door:
             poll(lambda: health(door)["routable"] == 3, "three routable nodes", timeout=180)
             yield Rig(cluster, nodes, door, root, zoo, llama_server)
     finally:
@@ -189,16 +194,20 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.fault(
     fault="the head node's Ray GCS killed, then started again (its tables kept in RocksDB), with a front door "
-          "running (`serve --ray`)",
+          "running (`serve --ray`) whose environment has Ray wait 3 s for its GCS, shorter than the outage",
     client="normal answers throughout: a hit and a load while the GCS was down, a hit after; before the fix the "
            "front door's poll waited on Ray's node list, its nodes' facts aged past 5 s and every request was "
            "refused 503 until the GCS came back",
     history="each node's own, as usual (the load while the GCS was down is recorded on its node)",
-    running="the same nodes, agents, doors and seats; `GET /health` and `/v1/cluster/nodes` say `membership: "
-            "unreadable` since when and why while it lasts, then the outage's seconds and the nodes that left and "
-            "joined meanwhile (none here); the log says it too",
+    running="the same nodes, agents, doors and seats; the front door alive past the 3 s its environment gave Ray "
+            "(its driver and agents wait `server.ray_gcs_reconnect_seconds`, 600 s; before, Ray ended it: \"Failed "
+            "to connect to GCS within 3 seconds\", exit code 1); `GET /health` and `/v1/cluster/nodes` say "
+            "`membership: unreadable` since when and why while it lasts, with the seconds left before Ray would end "
+            "the front door, then the outage's seconds and the nodes that left and joined meanwhile (none here); the "
+            "log says it too",
     lost="nothing; while the GCS is down no node can join or be declared dead by Ray, and if it stays away past "
-         "Ray's 60 s reconnect timeout every Ray process ends, the front door's included")
+         "`server.ray_gcs_reconnect_seconds` the front door ends (exit code 1); each node's raylet ends at its own "
+         "`ray start`'s timeout (60 s by default), its agent and door with it")
 def test_the_gcs_restarted_the_front_door_keeps_its_nodes_and_serves(rig: Rig) -> None:
     door = rig.door
     assert where(chat(door, "llama-gqa"), rig)[1] == "x"
@@ -207,6 +216,7 @@ def test_the_gcs_restarted_the_front_door_keeps_its_nodes_and_serves(rig: Rig) -
     try:
         down = poll(lambda: health(door)["ray"]["down"], "the front door to see Ray's node list unreadable")
         assert down["since"] >= killed and "no answer within" in down["why"]
+        assert health(door)["ray"]["gcs_reconnect_s"] == 600 and 0 < down["ends_in_s"] <= 600
         max_age = 5.0  # the fleet's facts deadline: facts read since then were read with the GCS down
         poll(lambda: all(killed + max_age < time.time() - r["facts_age_s"] for r in nodes(door)["data"]),
              f"facts read more than {max_age:g} s after the GCS was killed", timeout=60)
@@ -214,6 +224,11 @@ def test_the_gcs_restarted_the_front_door_keeps_its_nodes_and_serves(rig: Rig) -
         assert where(chat(door, "llama-gqa"), rig)[1:] == ("x", "hit")
         assert where(chat(door, "llama-q8_0"), rig)[1:] == ("h", "load")  # the dry runs go to the agents
         assert health(door)["ray"]["membership"] == "unreadable"  # all of it while the GCS was down
+        assert door.proc.poll() is None and time.time() - killed > float(RAY_GCS_SHORT[
+            "RAY_gcs_rpc_server_reconnect_timeout_s"])  # past what its environment gave Ray
+        for row in nodes(door)["data"]:  # each agent's worker (its door's parent) waits as long as the front door
+            agent = int(Path(f"/proc/{row['pid']}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            assert b"RAY_gcs_rpc_server_reconnect_timeout_s=600\0" in Path(f"/proc/{agent}/environ").read_bytes()
     finally:
         rig.cluster.head_node.start_gcs_server()
     back = poll(lambda: (h := health(door)["ray"])["membership"] == "ok" and h["last_outage"], "the node list again",

@@ -7,9 +7,12 @@ orphan engine, no zombie), and that the next request loads the model again.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +25,7 @@ import openai
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
+from fitevict.supervisor.frozen import progress
 
 pytestmark = pytest.mark.e2e
 LONG = {"max_tokens": 4000, "ignore_eos": True}  # a stream that runs until it is cut
@@ -33,7 +37,7 @@ def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontD
     tmp = tmp_path_factory.mktemp("seatfaults")
     models = tmp / "models"
     models.mkdir()
-    for name in ("killed", "frozen", "claude-killed", "ollama-killed", "whole-killed"):
+    for name in ("killed", "frozen", "claude-killed", "ollama-killed", "whole-killed", "slow-client"):
         shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
     cfg = tmp / "fitevict.toml"
     cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {STALL_S}\n")
@@ -219,3 +223,85 @@ def test_seat_sigkill_during_a_whole_answer(door: FrontDoor) -> None:
     assert "whole-killed" in e.value.message
     check_crashed(door, "whole-killed", pid[0])
     check_reloads(door, "whole-killed", pid[0])
+
+
+def send_queue(port: int) -> int:
+    """Bytes the seat listening on ``port`` has written to its sockets that the other side has not taken yet (its
+    connections' ``tx_queue`` in /proc/net/tcp)."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if int(f[1].split(":")[1], 16) == port:
+            total += int(f[4].split(":")[0], 16)
+    return total
+
+
+def unchunked(body: bytes) -> bytes:
+    """An HTTP/1.1 chunked body, joined."""
+    out, at = [], 0
+    while (size := int(body[at:body.index(b"\r\n", at)], 16)) > 0:
+        start = body.index(b"\r\n", at) + 2
+        out.append(body[start:start + size])
+        at = start + size + 2
+    return b"".join(out)
+
+
+class Idle:
+    """A seat blocked on its socket: bytes wait in its send queue, and between two looks none of its threads ran and
+    its CPU time did not move (its generation over, its writer asleep on the full socket)."""
+
+    def __init__(self, pid: int, port: int) -> None:
+        self.pid, self.port, self.ticks = pid, port, None
+
+    def __call__(self) -> bool:
+        seen = progress(self.pid)
+        assert seen is not None, f"seat pid {self.pid} ended while its client read slowly"
+        ticks, busy = seen
+        still = ticks == self.ticks and not busy
+        self.ticks = ticks
+        if still:
+            return send_queue(self.port) > 0
+        time.sleep(0.2)  # a look at /proc: the next one compares against this one
+        return False
+
+
+@pytest.mark.fault(
+    fault="a streaming client that reads slowly (a 4 KiB receive buffer, then nothing for longer than "
+          "`engine.stall_seconds`, twice) until the seat blocks on its full socket, alive and idle",
+    client="its whole answer, every token, ending `[DONE]`: the stuck-seat watch counts only the door's waits for the "
+           "seat's next byte, and here the door waits on its client (a watch that counted the time since the seat's "
+           "last byte killed the idle seat in the first pause)",
+    history="`load` alone: no `crash`",
+    running="the same seat, same process, untouched by the stuck-seat watch",
+    lost="nothing")
+def test_a_slow_client_does_not_get_its_seat_killed(door: FrontDoor) -> None:
+    tokens = 500  # with 200 alternatives each, about 14 KiB per chunk: more than the door and the sockets hold
+    body = json.dumps({"model": "slow-client", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                       "max_tokens": tokens, "ignore_eos": True, "logprobs": True, "top_logprobs": 200}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(120)
+    sock.connect(("127.0.0.1", door.port))
+    try:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        got = [sock.recv(4096)]
+        assert got[0].startswith(b"HTTP/1.1 200"), got[0][:300]
+        pid = seat_pid(door, "slow-client")
+        port = int(re.search(rb"--port\x00(\d+)", Path(f"/proc/{pid}/cmdline").read_bytes()).group(1))
+        for _ in range(2):  # the client reads nothing while the seat sits blocked, longer than the stall period
+            poll(Idle(pid, port), "the seat blocked on its full socket", timeout=180)
+            time.sleep(2 * STALL_S)  # the fault: a client that does not read
+            assert Path(f"/proc/{pid}").exists() and ends(door, "slow-client") == ["load"]
+            got.append(sock.recv(4096))
+        while not got[-1].endswith(b"\r\n0\r\n\r\n") and (chunk := sock.recv(1 << 16)):
+            got.append(chunk)
+    finally:
+        sock.close()
+    events = unchunked(b"".join(got).split(b"\r\n\r\n", 1)[1]).split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-2]]
+    assert chunks[-1]["timings"]["predicted_n"] == tokens and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert sum(len(c["choices"][0]["delta"].get("content") or "") for c in chunks) > 0
+    assert seat_pid(door, "slow-client") == pid and ends(door, "slow-client") == ["load"]
+    assert "made no progress" not in door.log()

@@ -1,17 +1,20 @@
-"""The store keeps what ``[logs]`` says: history by age and by rows, load records by age but never a configuration's
-newest, seat peak windows by age; SQLite's write-ahead log is truncated by a checkpoint. Run on SQLite and
-PostgreSQL (real databases)."""
+"""The store keeps what ``[logs]`` says: history by age and by rows (the row bound held at every recorded event, not
+only at a prune), load records by age but never a configuration's newest, seat peak windows by age; SQLite gives the
+pages a prune freed back to the disk (incremental vacuum; an older file rebuilt once) and its write-ahead log is
+truncated by a checkpoint. Run on SQLite and PostgreSQL (real databases)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from fitevict.store import Event, Store
 from fitevict.store.peaks import SeatPeaks, op_put_peaks, q_peaks
-from fitevict.store.retention import DAY, checkpoint, op_prune
+from fitevict.store.retention import DAY, checkpoint, op_compact, op_prune
 
 NOW = 1_900_000_000.0
 
@@ -37,6 +40,25 @@ def test_history_goes_by_age_then_by_rows(store: Store) -> None:
     assert [e.time for e in kept] == [e.time for e in new[-3:]]  # the newest three of those within 90 days
     assert pruned.events == len(old) + 2
     assert "older than" in pruned.reason() and "newest 3" in pruned.reason()
+
+
+def test_the_row_bound_holds_at_every_recorded_event(store: Store) -> None:
+    store.history_rows = 3  # as the server sets it from logs.history_rows
+    recorded = []
+    for i in range(10):
+        recorded.append(store.record_event(_event(1, i)))
+        assert len(store.events(limit=1000)) == min(i + 1, 3)  # never more, with no prune between
+    assert [e.id for e in store.events(order="asc")] == recorded[-3:]  # the newest three
+
+
+def test_the_row_bound_holds_for_events_recorded_from_async_code(store: Store) -> None:
+    store.history_rows = 2
+
+    async def record() -> list[int]:
+        return [await store.aio.record_event(_event(1, i)) for i in range(5)]
+
+    ids = asyncio.run(record())
+    assert [e.id for e in store.events(order="asc")] == ids[-2:]
 
 
 def test_no_bound_keeps_everything(store: Store) -> None:
@@ -74,6 +96,66 @@ def test_checkpoint_truncates_sqlites_write_ahead_log(sqlite_url: str) -> None:
         assert said == "write-ahead log checkpointed and truncated"
         assert os.path.getsize(wal) == 0
         assert len(store.events(limit=1000)) == 300  # nothing lost: the pages went into the database
+
+
+def _file(url: str) -> Path:
+    return Path(url.removeprefix("sqlite:///"))
+
+
+def _fill(store: Store, n: int) -> None:
+    for i in range(n):
+        store.record_event(Event(time=NOW - DAY + i, event="load", model="m", reason="r" * 400))
+
+
+def _pragma(url: str, name: str) -> int:
+    with sqlite3.connect(_file(url)) as raw:
+        return raw.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def test_a_prune_gives_its_pages_back_to_the_disk(sqlite_url: str) -> None:
+    with Store.open(sqlite_url) as store:
+        _fill(store, 3000)
+        checkpoint(store.engine)
+        full = _file(sqlite_url).stat().st_size
+        assert store.write(op_prune(NOW, 0, 10)).events == 2990
+        said = store.submit(op_compact, transaction=False).result()
+        assert said is not None and "given back (incremental_vacuum)" in said
+        checkpoint(store.engine)
+        assert _file(sqlite_url).stat().st_size < full / 5  # measured: about 1.6 MiB down to under 0.1 MiB
+        assert len(store.events(limit=1000)) == 10
+        assert store.submit(op_compact, transaction=False).result() is None  # nothing left to give back
+    assert _pragma(sqlite_url, "auto_vacuum") == 2  # INCREMENTAL, from the file's first table
+
+
+def test_an_older_file_is_rebuilt_once_then_gives_pages_back(sqlite_url: str) -> None:
+    with Store.open(sqlite_url) as store:
+        _fill(store, 3000)
+    with sqlite3.connect(_file(sqlite_url), isolation_level=None) as raw:  # as fitevict made files before
+        raw.executescript("PRAGMA auto_vacuum=NONE; VACUUM")
+    assert _pragma(sqlite_url, "auto_vacuum") == 0
+    with Store.open(sqlite_url) as store:
+        checkpoint(store.engine)
+        full = _file(sqlite_url).stat().st_size
+        store.write(op_prune(NOW, 0, 1000))
+        said = store.submit(op_compact, transaction=False).result()
+        assert said is not None and said.startswith("rebuilt once with VACUUM") and "auto_vacuum was 0" in said
+        checkpoint(store.engine)
+        rebuilt = _file(sqlite_url).stat().st_size
+        assert rebuilt < full / 2
+        store.write(op_prune(NOW, 0, 10))
+        assert "incremental_vacuum" in store.submit(op_compact, transaction=False).result()
+        checkpoint(store.engine)
+        assert _file(sqlite_url).stat().st_size < rebuilt / 5
+        assert len(store.events(limit=1000)) == 10
+    assert _pragma(sqlite_url, "auto_vacuum") == 2
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_server_databases_space_is_its_autovacuums(store: Store) -> None:
+    _fill(store, 20)
+    store.write(op_prune(NOW, 0, 5))
+    assert store.submit(op_compact, transaction=False).result() is None
+    assert len(store.events()) == 5
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)

@@ -39,14 +39,23 @@ REFUSED_RETRY_S = 30.0
 # goodbye. Off for the agent's worker, the door gets SIGTERM from the parent-death signal instead and stops as one
 # machine does (waiting requests answered 503, a load under way ended in its history, seats stopped and verified).
 AGENT_ENV = {"RAY_kill_child_processes_on_worker_exit": "0"}
+# How long a Ray process waits for an unreachable GCS before it ends (Ray's default: 60 s): the front door's driver
+# (``gcs_reconnect_env``) and each agent's worker run with ``server.ray_gcs_reconnect_seconds``.
+GCS_RECONNECT = "RAY_gcs_rpc_server_reconnect_timeout_s"
+
+
+def gcs_reconnect_env(seconds: int) -> dict[str, str]:
+    """The environment that makes a Ray process wait ``seconds`` for an unreachable GCS before it ends."""
+    return {GCS_RECONNECT: str(int(seconds))}
 
 
 def agent_name(node_id: str) -> str:
     return AGENT_PREFIX + node_id
 
 
-def ensure_agent(node: dict[str, Any], options: dict[str, Any]) -> Any:
-    """The agent of a Ray node (``ray.nodes()`` row), started pinned to it unless one runs there already."""
+def ensure_agent(node: dict[str, Any], options: dict[str, Any], env: dict[str, str] | None = None) -> Any:
+    """The agent of a Ray node (``ray.nodes()`` row), started pinned to it unless one runs there already, its worker
+    with ``AGENT_ENV`` and ``env``."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -55,7 +64,8 @@ def ensure_agent(node: dict[str, Any], options: dict[str, Any]) -> Any:
     actor = ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)(NodeAgent)
     return actor.options(name=agent_name(node_id), namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
                          scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                         runtime_env={"env_vars": AGENT_ENV}).remote(node_id, node["NodeManagerAddress"], opts)
+                         runtime_env={"env_vars": {**AGENT_ENV, **(env or {})}}).remote(
+        node_id, node["NodeManagerAddress"], opts)
 
 
 @dataclass
@@ -78,7 +88,7 @@ class Fleet:
 
     def __init__(self, *, poll_s: float = 0.5, call_timeout_s: float = 2.0, max_age_s: float = 5.0,
                  options: dict[str, Any] | None = None, start_timeout_s: float = 180.0,
-                 key: str | None = None) -> None:
+                 key: str | None = None, gcs_reconnect_s: int | None = None) -> None:
         self.poll_s, self.call_timeout_s, self.max_age_s = poll_s, call_timeout_s, max_age_s
         self.start_timeout_s = start_timeout_s
         self.key = key
@@ -87,7 +97,8 @@ class Fleet:
         self.refused: dict[str, tuple[float, str]] = {}  # node -> (when, why): its door does not admit our key
         self._starting: dict[str, asyncio.Task] = {}
         self._wake = asyncio.Event()
-        self.membership = Membership()
+        self.membership = Membership(reconnect_s=gcs_reconnect_s)
+        self.agent_env = gcs_reconnect_env(gcs_reconnect_s) if gcs_reconnect_s is not None else {}
         self._listing: asyncio.Future | None = None  # Ray's node list being read (it may outlast a poll)
 
     # -- membership ---------------------------------------------------------------------------------
@@ -110,8 +121,18 @@ class Fleet:
                 why = f"{type(e).__name__}: {e}"
         if self.membership.unanswered(time.time(), why):
             log.warning("Ray's node list (its GCS) does not answer (%s): the %d node(s) known stay, routed by their "
-                        "agents' facts; no node can join until it answers", why, len(self.members))
+                        "agents' facts; no node can join until it answers; %s", why, len(self.members),
+                        self._until_ended())
         return None
+
+    def _until_ended(self) -> str:
+        """What happens if the GCS stays away, for the log."""
+        limit = self.membership.reconnect_s
+        if limit is None:
+            return "if it stays away past Ray's gcs_rpc_server_reconnect_timeout_s, Ray ends this front door"
+        return (f"if it stays away {limit:g} s (server.ray_gcs_reconnect_seconds), Ray ends this front door with exit "
+                "code 1, and the agents it started with it; raise that, and the same setting for every node's "
+                "`ray start` (docs/cluster.md), to ride out longer outages")
 
     async def sync_nodes(self) -> None:
         """Agents for Ray's alive nodes; nodes Ray declares dead leave. While Ray's node list does not answer, the
@@ -137,7 +158,7 @@ class Fleet:
     async def _join(self, node: dict[str, Any]) -> None:
         node_id = node["NodeID"]
         try:
-            agent = ensure_agent(node, self.options)
+            agent = ensure_agent(node, self.options, self.agent_env)
             door = await asyncio.wait_for(agent.door.remote(), self.start_timeout_s)
             if self.key is not None and door["key"] != self.key:
                 why = "its door admits another cluster key (server.cluster_key): restart its agent with this one"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -35,16 +36,19 @@ def main(args: list[str] | None = None) -> int:
     level = str(spec.get("log_level") or "info")
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
 
+    from fitevict.cluster.fleet import NAMESPACE, Fleet, gcs_reconnect_env
+
+    # read by Ray's core worker when it starts (in ray.init): how long this driver waits for an unreachable GCS
+    os.environ.update(gcs_reconnect_env(cfg.server.ray_gcs_reconnect_seconds))
     import ray
     import uvicorn
 
-    from fitevict.cluster.fleet import NAMESPACE, Fleet
     from fitevict.cluster.front import ClusterDoor
 
     ray.init(address=spec["ray"], namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     print(f"fitevict: Ray cluster at {spec['ray']}: {len(nodes)} node(s) alive", file=sys.stderr, flush=True)
-    app = ClusterDoor(cfg, Fleet(key=cfg.server.cluster_key))
+    app = ClusterDoor(cfg, Fleet(key=cfg.server.cluster_key, gcs_reconnect_s=cfg.server.ray_gcs_reconnect_seconds))
     from fitevict.server.runner import CleanExitServer
 
     # SIGTERM or SIGINT: a clean shutdown that exits 0 (uvicorn.run raises the signal again, an exit by it)

@@ -6,6 +6,10 @@ does not answer, and no agent can be started; calls to running agents need no GC
 keeps the members it had, routes from their agents' facts, and says since when the list is unreadable and why.
 When the list answers again, the outage is closed with what changed meanwhile: the nodes that left and joined
 while the front door could not see it.
+
+A Ray process ends when the GCS stays unreachable past its ``gcs_rpc_server_reconnect_timeout_s`` ("Failed to
+connect to GCS within N seconds ... The program will terminate", exit code 1): the front door sets it for its
+driver and the agents it starts (``server.ray_gcs_reconnect_seconds``), and says how long is left while it lasts.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Membership:
     last: Outage | None = None
     outages: int = 0
     read_at: float | None = field(default=None)  # the last read that answered
+    reconnect_s: float | None = None  # Ray ends this process once its GCS is unreachable this long (None: unknown)
 
     def unanswered(self, now: float, why: str) -> bool:
         """A read failed or is late; True when this starts an outage."""
@@ -61,11 +66,14 @@ class Membership:
         return ended
 
     def row(self, now: float) -> dict[str, Any]:
-        """As ``/health`` and ``GET /v1/cluster/nodes`` show it."""
-        return {"membership": "unreadable" if self.down is not None else "ok",
-                "down": self.down.row(now) if self.down is not None else None,
+        """As ``/health`` and ``GET /v1/cluster/nodes`` show it: while the list is unreadable, ``down`` has the
+        seconds left before Ray ends this front door if the GCS stays away (``ends_in_s``)."""
+        down = self.down.row(now) if self.down is not None else None
+        if down is not None and self.reconnect_s is not None:
+            down["ends_in_s"] = round(max(self.reconnect_s - down["seconds"], 0.0), 3)
+        return {"membership": "unreadable" if self.down is not None else "ok", "down": down,
                 "last_outage": self.last.row(now) if self.last is not None else None,
-                "outages": self.outages, "read_at": self.read_at}
+                "outages": self.outages, "read_at": self.read_at, "gcs_reconnect_s": self.reconnect_s}
 
 
 def describe(o: Outage) -> str:

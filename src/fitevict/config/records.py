@@ -45,6 +45,9 @@ class ServerConfig:
     read_prices_ahead: bool = True  # after start-up and each rescan, read every model's price in the background
     cluster_key: str | None = None  # on a Ray cluster: the key every node's door admits (None: a random one)
     max_connections: int | None = None  # client connections held at once; None ("auto"): from RLIMIT_NOFILE
+    # on a Ray cluster: how long Ray's GCS may stay unreachable before Ray ends the front door's driver and the node
+    # agents it starts (Ray's gcs_rpc_server_reconnect_timeout_s, 60 s by default)
+    ray_gcs_reconnect_seconds: int = 600
 
     @property
     def auth_enabled(self) -> bool:

@@ -39,6 +39,7 @@ KEYS: tuple[_Key, ...] = (
     _Key("server.max_connections", integer_or("auto", 2), env="FITEVICT_MAX_CONNECTIONS"),
     _Key("server.read_prices_ahead", boolean, env="FITEVICT_READ_PRICES_AHEAD"),
     _Key("server.cluster_key", secret, env="FITEVICT_CLUSTER_KEY"),
+    _Key("server.ray_gcs_reconnect_seconds", integer(1, 2**32 - 1), env="FITEVICT_RAY_GCS_RECONNECT_SECONDS"),
     _Key("models_dirs", str_list(path_value, "a list of directory paths"), env="FITEVICT_MODELS_DIRS", env_split=os.pathsep),
     _Key("data_dir", path_value, env="FITEVICT_DATA_DIR"),
     _Key("store_url", store_url, env="FITEVICT_STORE_URL"),

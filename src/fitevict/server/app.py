@@ -42,6 +42,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     catalog = catalog or Catalog.from_config(config)
     own_store = store is None if own_store is None else own_store
     store = store or Store.open(config.store_url)
+    store.history_rows = config.logs.history_rows or None  # the row bound holds at every event (store.retention)
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
     pool = Upstream()  # kept-alive connections per seat, for the fast path and the translated (Ollama) routes
     sup.fx.silent_for = pool.silent_for  # a stuck seat is one the door waits on (supervisor.frozen)

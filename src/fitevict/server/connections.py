@@ -5,8 +5,10 @@ seat); the door's own files (its store, logs, the seats' logs and pipes, the eve
 RLIMIT_NOFILE, ``accept`` fails and so would everything else that opens a file. So the door holds at most
 ``server.max_connections`` client connections (derived from RLIMIT_NOFILE when not set): a connection beyond it is
 closed as soon as it is accepted (a refused connection, before any byte of it is read), and a request that arrives
-while half as many requests are already in progress is answered ``503`` in its API's shape with a ``Retry-After``
-(OpenAI's error envelope, Anthropic's on ``/v1/messages``, Ollama's on ``/api/``) and its connection closed.
+while half as many requests are already in progress is refused in its API's shape with a ``Retry-After`` and its
+connection closed: OpenAI's error envelope with ``503`` (the Responses API's too), Anthropic's ``529``
+``overloaded_error`` on ``/v1/messages`` (its status for an overloaded service, which its SDK retries), Ollama's
+``{"error"}`` with ``503`` on ``/api/``.
 Connections plus requests then stay within what the limit leaves of the descriptors.
 """
 
@@ -66,7 +68,8 @@ class Refusals:
 
 
 def too_busy(path: str, in_progress: int, lim: Limits) -> tuple[int, bytes]:
-    """The status and JSON body of a request refused for the door's load, in the API's shape of ``path``."""
+    """The status and JSON body of a request refused for the door's load, in the API's shape of ``path`` (503;
+    Anthropic's 529 ``overloaded_error``)."""
     message = (f"fitevict is serving {in_progress} requests at once, its most ({lim.requests}: half of "
                f"{lim.connections} connections, {lim.source}); retry in {RETRY_AFTER_S} s")
     if path.startswith("/api/"):  # Ollama's routes: {"error": "..."}

@@ -1,6 +1,8 @@
 """The store's upkeep, while the server runs: at start-up and every ``logs.prune_seconds``, history and load records
-beyond ``[logs]`` are pruned (one write, through the single writer), SQLite's write-ahead log is checkpointed and
-truncated, and the data folder is measured. What each round did is logged and kept for ``/health``."""
+beyond ``[logs]`` are pruned (one write, through the single writer), the pages that freed are given back to the disk
+(SQLite's incremental vacuum, through the writer too), SQLite's write-ahead log is checkpointed and truncated (the
+file shrinks then), and the data folder is measured. What each round did is logged and kept for ``/health``.
+Between rounds the history's row bound is held by each recorded event (``Store.history_rows``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 
 from fitevict.config import Config
 from fitevict.host.datadir import DataDirUsage, data_dir_usage
-from fitevict.store.retention import Pruned, checkpoint, op_prune
+from fitevict.store.retention import Pruned, checkpoint, op_compact, op_prune
 
 log = logging.getLogger("fitevict.upkeep")
 
@@ -43,6 +45,14 @@ class Upkeep:
                               "seat_peaks": pruned.seat_peaks, "caches": pruned.caches}
             if pruned.total:
                 log.info("%s", pruned.reason())
+        try:
+            done["compacted"] = await self.store.awrite(op_compact, transaction=False)
+        except Exception as e:
+            done["compacted"] = f"unavailable, because the store refused it: {e}"
+            log.warning("store space not given back to the disk: %s", e)
+        else:
+            if done["compacted"]:
+                log.info("store: %s", done["compacted"])
         try:
             done["wal"] = await asyncio.to_thread(checkpoint, self.store.engine)
         except Exception as e:

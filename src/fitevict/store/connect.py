@@ -10,6 +10,8 @@ from sqlalchemy.engine import Connection, Engine, make_url
 
 from fitevict.paths import data_dir
 
+INCREMENTAL = 2  # SQLite's PRAGMA auto_vacuum value for INCREMENTAL (0: NONE, 1: FULL)
+
 
 class StoreError(RuntimeError):
     """The store cannot be opened or used as configured."""
@@ -21,8 +23,8 @@ def default_url() -> str:
 
 
 def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
-    """A SQLAlchemy engine for ``url``. SQLite: parent directories created, WAL, synchronous=NORMAL,
-    busy_timeout, foreign_keys on, and real transactions (fitevict issues BEGIN itself, so DDL is
+    """A SQLAlchemy engine for ``url``. SQLite: parent directories created, auto_vacuum=INCREMENTAL, WAL,
+    synchronous=NORMAL, busy_timeout, foreign_keys on, and real transactions (fitevict issues BEGIN itself, so DDL is
     transactional and the writer takes the write lock up front with BEGIN IMMEDIATE). PostgreSQL:
     see :func:`_postgres_engine` (its driver opens transactions itself; DDL is transactional there too).
     Any other backend raises :class:`StoreError`."""
@@ -50,6 +52,10 @@ def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
         dbapi_conn.isolation_level = None  # no implicit BEGIN from the driver; see _on_begin
         cur = dbapi_conn.cursor()
         try:
+            if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+                # a new file: it hands freed pages back to the disk on demand (retention.op_compact). Asked only
+                # here: on a file with pages this PRAGMA writes its header, so it would wait on the writer's lock
+                cur.execute(f"PRAGMA auto_vacuum={INCREMENTAL}")
             mode = cur.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(

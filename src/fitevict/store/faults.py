@@ -32,6 +32,7 @@ log = logging.getLogger("fitevict.store")
 # for an upsert (``queries.upsert``), by its table
 FIGURES = {"op_record_event": "history events", "op_put_measurement": "measurements",
            "op_put_peaks": "memory peaks (seat_peaks)", "op_seat_remove": "seat records", "op_prune": "history pruning",
+           "op_compact": "space given back to the disk (vacuum)",
            "seats": "seat records", "compute_cache": "learned engine overheads and dry-run buffers",
            "gguf_structures": "parsed GGUF structures"}
 READS = "reads"

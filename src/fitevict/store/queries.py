@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from fitevict.pricing.footprint import SOURCES
 from fitevict.store import schema as t
 from fitevict.store.records import EVENTS, Event, Measurement, SeatRecord
+from fitevict.store.retention import trim_events
 
 Order = Literal["asc", "desc"]
 
@@ -53,7 +54,9 @@ def _dumps(value: Any, what: str) -> str:
 # ---- operations: each builder validates in the caller's thread and returns fn(conn) ----
 
 
-def op_record_event(ev: Event) -> Callable[[Connection], int]:
+def op_record_event(ev: Event, keep_rows: int | None = None) -> Callable[[Connection], int]:
+    """Append ``ev``; with ``keep_rows``, the events that many records older go in the same transaction
+    (``retention.trim_events``), so the table never holds more between prunes."""
     if not isinstance(ev, Event):
         raise TypeError(f"record_event takes an Event, got {type(ev).__name__}")
     values = {
@@ -76,7 +79,10 @@ def op_record_event(ev: Event) -> Callable[[Connection], int]:
     }
 
     def fn(conn: Connection) -> int:
-        return int(conn.execute(sa.insert(t.events).values(**values).returning(t.events.c.id)).scalar_one())
+        new_id = int(conn.execute(sa.insert(t.events).values(**values).returning(t.events.c.id)).scalar_one())
+        if keep_rows:
+            trim_events(conn, keep_rows, new_id)
+        return new_id
 
     return fn
 

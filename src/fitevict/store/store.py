@@ -64,6 +64,9 @@ class Store:
         self._spec: tuple[str, float, tuple[Migration, ...]] | None = None  # how it was opened (``open``)
         self._renewing = False
         self.renewed: list[Callable[[], None]] = []  # called, on the renewing thread, after each ``renew``
+        # at most this many history events: recording one removes those this many records older (logs.history_rows,
+        # set by the server; None: no bound, as for a CLI command that opens the store)
+        self.history_rows: int | None = None
         writer.on_refused = self._refused
 
     @classmethod
@@ -160,18 +163,19 @@ class Store:
         self.close()
 
     # ---- generic ----
-    def submit(self, fn: Callable[[Connection], T]) -> Future[T]:
-        """Queue a write; ``fn(conn)`` runs on the writer thread inside a transaction."""
+    def submit(self, fn: Callable[[Connection], T], *, transaction: bool = True) -> Future[T]:
+        """Queue a write; ``fn(conn)`` runs on the writer thread inside a transaction (``transaction=False``: with
+        none open, see ``Writer.submit``)."""
         with self._swap:
-            return self._writer.submit(fn)
+            return self._writer.submit(fn, transaction=transaction)
 
     def write(self, fn: Callable[[Connection], T], timeout: float | None = None) -> T:
         """Run ``fn(conn)`` on the writer in a transaction; block until it commits; return its result."""
         return self.submit(fn).result(timeout)
 
-    async def awrite(self, fn: Callable[[Connection], T]) -> T:
+    async def awrite(self, fn: Callable[[Connection], T], *, transaction: bool = True) -> T:
         """:meth:`write` for async code: awaits the writer's future without holding a thread."""
-        return await asyncio.wrap_future(self.submit(fn))
+        return await asyncio.wrap_future(self.submit(fn, transaction=transaction))
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn(conn)`` on a fresh read connection (sees the last committed data)."""
@@ -191,7 +195,7 @@ class Store:
     # ---- history ----
     def record_event(self, event: Event) -> int:
         """Append one history event; returns its id (``event.id`` is ignored)."""
-        return self.write(op_record_event(event))
+        return self.write(op_record_event(event, self.history_rows))
 
     def events(
         self,
@@ -286,7 +290,7 @@ class AsyncStore:
         self._s = store
 
     async def record_event(self, event: Event) -> int:
-        return await self._s.awrite(op_record_event(event))
+        return await self._s.awrite(op_record_event(event, self._s.history_rows))
 
     async def events(
         self,

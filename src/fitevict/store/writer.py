@@ -57,8 +57,10 @@ class Writer:
     def thread_ident(self) -> int | None:
         return self._thread.ident
 
-    def submit(self, fn: Callable[[Connection], T]) -> Future[T]:
-        """Queue ``fn`` to run in a transaction on the writer's connection; its result (or error) lands in the future."""
+    def submit(self, fn: Callable[[Connection], T], *, transaction: bool = True) -> Future[T]:
+        """Queue ``fn`` to run in a transaction on the writer's connection; its result (or error) lands in the future.
+        ``transaction=False``: ``fn`` runs on that connection with no transaction open (what SQLite runs only so:
+        ``VACUUM``; ``retention.op_compact``), still one write at a time."""
         if threading.current_thread() is self._thread:
             raise NestedWriteError(
                 "a store write function submitted another write; do all of it in the one function (it already "
@@ -68,7 +70,7 @@ class Writer:
         with self._lock:
             if self._closed:
                 raise StoreClosedError("the store is closed; open it again to write")
-            self._queue.put((fn, fut))
+            self._queue.put((fn, fut, transaction))
         return fut
 
     def close(self) -> None:
@@ -99,11 +101,11 @@ class Writer:
             item = self._queue.get()
             if item is _STOP:
                 return
-            fn, fut = item
+            fn, fut, transaction = item
             if not fut.set_running_or_notify_cancel():
                 continue  # the caller cancelled before it started
             try:
-                result = self._transaction(conn, fn)
+                result = self._transaction(conn, fn) if transaction else fn(conn)
             except BaseException as e:
                 if isinstance(e, STORE_FAULTS):
                     self.faults.refuse(figure(fn), e)
