@@ -48,7 +48,6 @@ from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.outgrowth import check_outgrowth, recycle
 from fitevict.supervisor.pressure_relief import check_pressure
-from fitevict.supervisor.storing import record_again
 from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
 from fitevict.prices.learned import learn_engine_overhead, plan_policy, prime_price_book
@@ -165,7 +164,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self.kv.sweep)  # a save cut short leaves no partial file (kvkeep)
         loop = asyncio.get_running_loop()  # a store renewed while running gets the live seats' records again
-        self.store.renewed.append(lambda: loop.call_soon_threadsafe(record_again, self.parts))
+        self.store.renewed.append(lambda: loop.call_soon_threadsafe(self.fx.records.again, self.seats.values()))
         await asyncio.to_thread(prime_price_book, self.prices, self.store, self.engine_binary, calibrate=True)
         return await cleanup_orphans(self.parts, self.fx.install)
 

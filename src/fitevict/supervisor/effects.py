@@ -31,7 +31,6 @@ from fitevict.supervisor.accounts import engine_failure, file_bytes, leak_check,
 from fitevict.host.oomkill import oom_evidence
 from fitevict.supervisor.crash import RepackCrash, exit_cause, exit_reason, retry_without_repack
 from fitevict.supervisor.frozen import watch_frozen
-from fitevict.supervisor.history import STORE_FAULTS
 from fitevict.supervisor.kvkeep import keep_before_stop
 from fitevict.prices.learned import learn_engine_overhead, learn_torch_overhead
 from fitevict.supervisor.ports import Ports
@@ -40,7 +39,7 @@ from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
 from fitevict.supervisor.measure import mem_json, overhead_seen, read_seat
 from fitevict.prices.overhead import grown_overhead, host_overhead, overhead_label
 from fitevict.supervisor.release import StopResult, stop_and_verify
-from fitevict.supervisor.storing import STOPPING, keep_record, last_measurement, store_measurement
+from fitevict.supervisor.storing import STOPPING, SeatRecords, last_measurement, store_measurement
 from fitevict.schedule.scheduler import Waiter
 from fitevict.schedule.seats import PLACING, SERVING, Exit
 from fitevict.supervisor.seat import BIND_FAILED, SeatState, file_changed, log_tail, spawn, wait_ready
@@ -68,6 +67,7 @@ class LiveEffects:
         # seconds the front door has waited for the next byte from the seat on a port (None: it waits for none);
         # the server sets it from its connection pool, so that a stuck seat can be told from a slow client
         self.silent_for: Callable[[int], float | None] = lambda port: None
+        self.records = SeatRecords(ports.store)  # the store's record of each live seat
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -186,7 +186,7 @@ class LiveEffects:
                 parts.table.attach(seat.seat, seat)
                 parts.scheduler.spawned(key, cfg)
                 await parts.history.changed()
-                keep_record(parts, seat)  # a restart finds it, and that its load had not ended (``storing``)
+                self.records.keep(seat)  # a restart finds it, and that its load had not ended (``storing``)
                 try:
                     await wait_ready(seat, clock=parts.clock, health_timeout=parts.config.engine.health_timeout_seconds,
                                      stall_seconds=parts.config.engine.stall_seconds, health_path=spec.health_path)
@@ -224,7 +224,7 @@ class LiveEffects:
             return
         assert seat is not None
         self.loads.pop(key, None)
-        keep_record(parts, seat, "ready")
+        self.records.keep(seat, "ready")
         load_seconds = parts.clock() - t0
         await self._ready(seat, crash)
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
@@ -349,7 +349,7 @@ class LiveEffects:
             "guard": {"accepted": verdict.accepted, "check": verdict.check, "reason": verdict.reason},
             "notes": list(notes), "compute_source": parts.prices.compute_source(seat.model_path, seat.config),
             "previous_measured_bytes": previous.total_bytes if previous else None,
-            "load_report": seat_load_report(parts, seat, plan).to_json(),
+            "load_report": seat_load_report(seat, plan, parts.planning.last_budget, parts.seats).to_json(),
             **({"origin": dict(waiter.origin)} if waiter.origin else {}),
         }
         if seat.repack_crash is not None:  # kept with the file and machine: the next load starts with -nr
@@ -416,16 +416,14 @@ class LiveEffects:
         for h in hold:
             h.cancel()
         parts.table.detach(seat.seat, seat)
-        try:
-            await parts.store.aio.seat_remove(seat.id)
-        except STORE_FAULTS as e:  # the stop stands; a restart forgets the stale record as an orphan
-            log.warning("%s: seat record %s not removed from the store: %s", seat.key, seat.id, e)
+        await self.records.forget(seat)
         return res
 
     async def stop_seat(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         parts = self.parts
-        keep_record(parts, seat, STOPPING + event)  # a restart knows this stop was under way
-        kept = await keep_before_stop(self.parts, seat, event)
+        self.records.keep(seat, STOPPING + event)  # a restart knows this stop was under way
+        kept = await keep_before_stop(parts.kv, seat, event, enabled=parts.config.policy.prompt_cache,
+                                      machine=parts.prices.machine, clock=parts.clock)
         res = await self._end(seat, free_slot=True)
         engine = parts.processes.engine_for(seat.entry)
         report = engine.teardown(seat.log_path.read_text(errors="replace"))
