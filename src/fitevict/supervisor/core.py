@@ -136,7 +136,7 @@ class Supervisor:
         self.fx = LiveEffects(self.parts)
         self.scheduler = Scheduler(self.fx, sched_policy(config), idle_unload_seconds=config.policy.idle_unload_seconds,
                                    table=self.table, planning=plan_policy(config))
-        self.parts.scheduler = self.scheduler
+        self.fx.bind(self.scheduler)
         self.log_dir = self.processes.log_dir
         self.summary: ShutdownSummary | None = None
         self._shutdown: asyncio.Future | None = None
@@ -201,10 +201,10 @@ class Supervisor:
         for t in waits:
             t.cancel()
         cut = sum(s.in_flight for s in self.scheduler.seats.values())
-        for task in list(self.fx.loads.values()):
+        for task in list(self.fx.loader.loads.values()):
             task.cancel("fitevict is shutting down")
         seats = [s for s in list(self.seats.values()) if s.state in SERVING]
-        results = await asyncio.gather(*(self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
+        results = await asyncio.gather(*(self.fx.stopper.stop(s, "unload", "fitevict shutting down", None)
                                          for s in seats), return_exceptions=True)
         while self.parts.tasks:  # records and stops that those started: all written before the store closes
             await asyncio.gather(*list(self.parts.tasks), return_exceptions=True)
