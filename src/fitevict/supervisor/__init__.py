@@ -26,7 +26,8 @@ joins them to the front door.
     pressure_watch.py memory pressure from other programs: what the seats hold, the watch's state
     pressure_relief.py acting on that pressure: idle seats stopped, one pressure event
     kvkeep.py     the prompt cache kept across swaps
-    shrinking.py  policy.shrink_ctx: a refused contract retried at the largest context that fits
+    shrink.py     policy.shrink_ctx: a refused contract retried at the largest context that fits (the arithmetic:
+                  ``fitevict.shrink``)
     orphans.py    seats an earlier fitevict left
     views.py      what a resident looks like from outside
 

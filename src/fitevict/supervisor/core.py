@@ -48,7 +48,7 @@ from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.outgrowth import check_outgrowth, recycle
 from fitevict.supervisor.pressure_relief import check_pressure
-from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
+from fitevict.supervisor.shrink import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
 from fitevict.prices.learned import learn_engine_overhead, plan_policy, prime_price_book
 from fitevict.prices.book import PriceBook
