@@ -32,9 +32,10 @@ import fitevict
 
 SRC = str(Path(fitevict.__file__).resolve().parent) + "/"
 CTXS = {"openai": 1234, "ollama": 1290}  # contexts no model dimension or default has
-# the stages in the order the context meets them: door, contract, the seat request, schedule, plan, effects, engine
+# the stages in the order the context meets them: door, contract, the seat request, schedule, plan, effects, the
+# load, its launch, engine
 STAGE_ORDER = ("server", "request.contract", "request.ask", "supervisor.core", "schedule", "planner",
-               "supervisor.effects", "supervisor.processes", "engines")
+               "supervisor.effects", "supervisor.loading", "supervisor.launching", "supervisor.processes", "engines")
 
 
 class Call:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -100,3 +102,22 @@ def test_the_view_cannot_be_changed_through() -> None:
     t.place(seat())
     with pytest.raises(TypeError):
         t.view()["x"] = seat("x")  # type: ignore[index]
+
+
+def test_a_seat_view_reads_every_field_of_the_seat_live_and_sets_none() -> None:
+    t = SeatTable()
+    s = t.place(seat())
+    v = t.view()["m"]
+    readable = {f.name for f in dataclasses.fields(Seat)} | {n for n, x in vars(Seat).items() if isinstance(x, property)}
+    assert readable <= set(dir(Seat)) and {"key", "status", "in_flight", "loaded_bytes", "bytes", "outgrowing"} <= readable
+    for name in readable:
+        assert getattr(v, name) == getattr(s, name), name  # every field, read through
+        with pytest.raises(AttributeError, match="read-only"):
+            setattr(v, name, getattr(s, name))
+        with pytest.raises(AttributeError, match="read-only"):
+            delattr(v, name)
+    t.move(s, S.LOADING)
+    s.in_flight = 3
+    assert v.status is S.LOADING and v.in_flight == 3  # the record itself, never a copy
+    with pytest.raises(AttributeError, match="no such field"):
+        v.room(None)  # a seat's methods are the scheduler's

@@ -14,14 +14,14 @@ A seat's life, and the only moves it can make (``MOVES``)::
 
 A seat that fails or crashes may go straight to GONE from any state. The ``SeatTable`` is the one place a seat's
 state changes (``move``), and a move the diagram does not draw raises. The scheduler changes seats through the table;
-every other reader gets ``view()``: the same records, read-only by type (``SeatView``).
+every other reader gets ``view()``: the same records, each read through a ``SeatView``, which sets nothing.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -128,45 +128,31 @@ class Holds(Protocol):
     def outgrowing(self) -> bool: ...
 
 
-class SeatView(Protocol):
-    """A seat as a reader sees it: every field, none to set."""
+SEAT_FIELDS = frozenset({f.name for f in fields(Seat)} | {n for n, v in vars(Seat).items() if isinstance(v, property)})
 
-    @property
-    def key(self) -> str: ...
-    @property
-    def config(self) -> LoadConfig: ...
-    @property
-    def source(self) -> str: ...
-    @property
-    def since(self) -> float: ...
-    @property
-    def status(self) -> SeatStatus: ...
-    @property
-    def exit(self) -> Exit | None: ...
-    @property
-    def pinned(self) -> bool: ...
-    @property
-    def ready_at(self) -> float | None: ...
-    @property
-    def turn_start(self) -> float | None: ...
-    @property
-    def last_used(self) -> float | None: ...
-    @property
-    def in_flight(self) -> int: ...
-    @property
-    def bytes(self) -> Mapping[str, int]: ...
-    @property
-    def bytes_source(self) -> str: ...
-    @property
-    def reload_seconds(self) -> float | None: ...
-    @property
-    def priority(self) -> float: ...
-    @property
-    def keep_alive(self) -> float | None: ...
-    @property
-    def process(self) -> Any: ...
-    @property
-    def outgrowing(self) -> bool: ...
+
+class SeatView:
+    """A seat as a reader sees it: every field and property of ``Seat`` (``SEAT_FIELDS``, taken from the class), read
+    through to the record (never a copy), none to set."""
+
+    __slots__ = ("_seat",)
+
+    def __init__(self, seat: Seat) -> None:
+        object.__setattr__(self, "_seat", seat)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in SEAT_FIELDS:
+            return getattr(self._seat, name)
+        raise AttributeError(f"{name}: a seat has no such field (it has {', '.join(sorted(SEAT_FIELDS))})")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{name}: a seat is read-only here; the scheduler changes seats through its table")
+
+    def __delattr__(self, name: str) -> None:
+        self.__setattr__(name, None)
+
+    def __repr__(self) -> str:
+        return f"SeatView({self._seat!r})"
 
 
 def seat_room(slots: int, engine_queue_depth: int | None) -> int:
@@ -201,9 +187,9 @@ class SeatTable:
     def values(self) -> list[Seat]:
         return list(self._seats.values())
 
-    def view(self) -> Mapping[str, SeatView]:
-        """The table, read-only: a live mapping of the same records, typed so that nothing can be set through it."""
-        return MappingProxyType(self._seats)
+    def view(self) -> Views:
+        """The table, read-only: a live mapping of the same records, each read through a ``SeatView``."""
+        return Views(self._seats)
 
     def in_status(self, *statuses: SeatStatus) -> list[Seat]:
         return [s for s in self._seats.values() if s.status in statuses]
@@ -247,6 +233,22 @@ class SeatTable:
             del self._seats[seat.key]
 
 
+class Views(Mapping[str, SeatView]):
+    """Seat key -> its record, read-only (``SeatTable.view``): the same table."""
+
+    def __init__(self, seats: Mapping[str, Seat]) -> None:
+        self._seats = seats
+
+    def __getitem__(self, key: str) -> SeatView:
+        return SeatView(self._seats[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._seats)
+
+    def __len__(self) -> int:
+        return len(self._seats)
+
+
 class Running(Mapping[str, Any]):
     """Seat key -> the process running for it (``SeatTable.running``): the same table, read-only."""
 
@@ -266,5 +268,5 @@ class Running(Mapping[str, Any]):
         return sum(1 for s in self._seats.values() if s.process is not None)
 
 
-__all__ = ["Exit", "MOVES", "PLACING", "Running", "SERVING", "Seat", "SeatMoveError", "SeatStatus", "SeatTable", "SeatView",
-           "seat_room"]
+__all__ = ["Exit", "MOVES", "PLACING", "Running", "SEAT_FIELDS", "SERVING", "Seat", "SeatMoveError", "SeatStatus",
+           "SeatTable", "SeatView", "Views", "seat_room"]

@@ -48,8 +48,7 @@ from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.outgrowth import check_outgrowth, recycle
 from fitevict.supervisor.pressure_relief import check_pressure
-from fitevict.supervisor.storing import record_again
-from fitevict.supervisor.shrinking import resident_shrunk, shrunk_waiter
+from fitevict.supervisor.shrink import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
 from fitevict.prices.learned import learn_engine_overhead, plan_policy, prime_price_book
 from fitevict.prices.book import PriceBook
@@ -137,7 +136,7 @@ class Supervisor:
         self.fx = LiveEffects(self.parts)
         self.scheduler = Scheduler(self.fx, sched_policy(config), idle_unload_seconds=config.policy.idle_unload_seconds,
                                    table=self.table, planning=plan_policy(config))
-        self.parts.scheduler = self.scheduler
+        self.fx.bind(self.scheduler)
         self.log_dir = self.processes.log_dir
         self.summary: ShutdownSummary | None = None
         self._shutdown: asyncio.Future | None = None
@@ -165,7 +164,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self.kv.sweep)  # a save cut short leaves no partial file (kvkeep)
         loop = asyncio.get_running_loop()  # a store renewed while running gets the live seats' records again
-        self.store.renewed.append(lambda: loop.call_soon_threadsafe(record_again, self.parts))
+        self.store.renewed.append(lambda: loop.call_soon_threadsafe(self.fx.records.again, self.seats.values()))
         await asyncio.to_thread(prime_price_book, self.prices, self.store, self.engine_binary, calibrate=True)
         return await cleanup_orphans(self.parts, self.fx.install)
 
@@ -202,10 +201,10 @@ class Supervisor:
         for t in waits:
             t.cancel()
         cut = sum(s.in_flight for s in self.scheduler.seats.values())
-        for task in list(self.fx.loads.values()):
+        for task in list(self.fx.loader.loads.values()):
             task.cancel("fitevict is shutting down")
         seats = [s for s in list(self.seats.values()) if s.state in SERVING]
-        results = await asyncio.gather(*(self.fx.stop_seat(s, "unload", "fitevict shutting down", None)
+        results = await asyncio.gather(*(self.fx.stopper.stop(s, "unload", "fitevict shutting down", None)
                                          for s in seats), return_exceptions=True)
         while self.parts.tasks:  # records and stops that those started: all written before the store closes
             await asyncio.gather(*list(self.parts.tasks), return_exceptions=True)

@@ -24,7 +24,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -277,21 +277,22 @@ class PromptKeep:
         return best
 
 
-async def keep_before_stop(parts: Any, seat: Any, event: str) -> dict[str, Any]:
-    """Save the seat's long prompts before an eviction or idle unload (kvkeep); the stop event's details."""
-    if event not in ("evict", "idle-unload") or not traits(seat.engine).keeps_prompts or not parts.config.policy.prompt_cache:
+async def keep_before_stop(kv: PromptKeep, seat: Any, event: str, *, enabled: bool, machine: str,
+                           clock: Callable[[], float]) -> dict[str, Any]:
+    """Save the seat's long prompts before an eviction or idle unload (``enabled``: ``policy.prompt_cache``), keyed
+    to this ``machine``; the stop event's details."""
+    if event not in ("evict", "idle-unload") or not traits(seat.engine).keeps_prompts or not enabled:
         return {}
-    t0 = parts.clock()
+    t0 = clock()
     try:
-        saved, notes = await parts.kv.save(seat.port, seat.key, seat.signature, parts.prices.machine,
-                                         seat.timings.bulk_prefill_rate())
+        saved, notes = await kv.save(seat.port, seat.key, seat.signature, machine, seat.timings.bulk_prefill_rate())
     except Exception as e:  # noqa: BLE001 - a failed save costs the cache, never the stop
         log.warning("%s: saving its prompts before the stop failed: %s", seat.key, e)
         saved, notes = [], [f"saving failed: {type(e).__name__}: {e}"]
     return {"kv_saved": [{"file": s.file, "tokens": s.tokens, "bytes": s.bytes, "signature": s.signature,
                           "save_seconds": s.save_seconds,
                           "save_seconds_source": timing_source(s.save_seconds, "save_ms")} for s in saved],
-            "kv_save_seconds": parts.clock() - t0, "kv_save_notes": notes,
+            "kv_save_seconds": clock() - t0, "kv_save_notes": notes,
             "kv_save_source": "measured: the time the saves added to this stop; tokens and bytes engine-reported"}
 
 

@@ -213,19 +213,20 @@ def _report(sup, entry, seat, *, loaded: bool, adapter_s: float | None, evicted:
                        budget_bytes=budget, budget_source=source, engine=seat.engine)
 
 
-def seat_load_report(sup, seat, plan) -> LoadReport:
+def seat_load_report(seat, plan, last_budget, seats) -> LoadReport:
     """The report a seat's ``load`` event carries: the base loaded (with every adapter it has), nothing hit;
-    the adapters' seconds from the seat log, which the load has just finished writing."""
+    the adapters' seconds from the seat log, which the load has just finished writing; the budget of the last plan
+    (``last_budget``) and what the running ``seats`` hold."""
     try:
         adapter_s = (seat_adapter_seconds(seat.engine, Path(seat.log_path).read_text(errors="replace"))
                      if seat.config.loras else None)
     except OSError:
         adapter_s = None
-    budget, source = budget_figures(sup.last_budget)
+    budget, source = budget_figures(last_budget)
     return load_report(model=seat.key, base=seat.key, adapter=None, seat_loras=seat.config.loras, loaded=True,
                        load_seconds=seat.load_seconds, adapter_seconds=adapter_s,
                        evicted=tuple(e.key for e in plan.evict),
-                       resident_bytes=resident_bytes(sup.seats.values()), budget_bytes=budget, budget_source=source,
+                       resident_bytes=resident_bytes(seats.values()), budget_bytes=budget, budget_source=source,
                        engine=seat.engine)
 
 

@@ -1,4 +1,5 @@
-"""Measuring a seat after its load: the engine's own buffers, process memory, GPU bytes, the engine overhead.
+"""Measuring a seat after its load (``Meter``): the engine's own buffers, process memory, GPU bytes, the engine
+overhead.
 
 Reading is I/O (the load log, /proc, NVML); what the readings say of the engine's own overhead is
 ``overhead_seen``; what a price makes of that overhead is in ``fitevict.prices.overhead``.
@@ -6,12 +7,13 @@ Reading is I/O (the load log, /proc, NVML); what the readings say of the engine'
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fitevict.host import procmem
 from fitevict.host.nvml import read_gpus
 from fitevict.pricing.footprint import HOST
+from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.seat import SeatState
 
 
@@ -59,3 +61,14 @@ def mem_json(m: procmem.ProcessMemory | None) -> dict | None:
     return {"committed_bytes": m.committed_bytes, "mapped_bytes": m.mapped_bytes, "rss_bytes": m.rss_bytes,
             "source": m.source, "reason": m.reason, "pids": list(m.pids)}
 
+
+
+class Meter:
+    """``read_seat`` with its three parts: the GPU reader, the clock, and the processes (the engine that parses the
+    seat's load log)."""
+
+    def __init__(self, nvml: Any, clock: Callable[[], float], processes: Processes) -> None:
+        self.nvml, self.clock, self.processes = nvml, clock, processes
+
+    def read(self, seat: SeatState) -> None:
+        read_seat(seat, self.processes.engine_for(seat.entry), self.nvml, self.clock())

@@ -18,7 +18,7 @@ from fitevict.store.records import Event, SeatRecord
 from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.release import stop_and_verify
 from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.storing import interrupted
+from fitevict.supervisor.storing import interrupted, seat_record
 
 log = logging.getLogger("fitevict.supervisor")
 
@@ -102,5 +102,5 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
     seat.load_reading(now, procmem.read_tree(rec.pid), {})
     record.loaded_bytes = {HOST: seat.bytes_on(HOST)}
     install(seat)
-    await parts.store.aio.seat_upsert(parts.processes.record(seat))
+    await parts.store.aio.seat_upsert(seat_record(seat))
     return seat

@@ -1,14 +1,12 @@
 """How a seat's process is made: which engine runs a catalog entry, its argv and environment (the engine's one
-builder), a fresh port and log file, and the record the store keeps of a live seat (so that a restarted fitevict
-finds what an earlier one left). Seat logs are kept within ``[logs]``: a model's newest ``logs.seats_per_model``, all
-of them within ``logs.seats_disk``, the oldest going first; never a log that a seat still writes or whose end is still
-being recorded."""
+builder), a fresh port and log file. Seat logs are kept within ``[logs]``: a model's newest
+``logs.seats_per_model``, all of them within ``logs.seats_disk``, the oldest going first; never a log that a seat
+still writes or whose end is still being recorded."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,7 +19,6 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import passthrough_args
-from fitevict.store.records import SeatRecord
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.seat import SeatState
 
@@ -103,13 +100,6 @@ class Processes:
             log.info("pruned %d seat log(s), %d bytes, oldest first, to keep %s within logs.seats_per_model=%d and "
                      "logs.seats_disk=%d", len(removed), freed, self.log_dir, bound.seats_per_model, bound.seats_disk)
         return removed
-
-    @staticmethod
-    def record(seat: SeatState) -> SeatRecord:
-        """The store's record of a live seat."""
-        return SeatRecord(seat_id=seat.id, model=seat.key, engine=seat.engine, state=str(seat.state),
-                          started_at=seat.started_at, fitevict_pid=os.getpid(), pid=seat.pid, pgid=seat.pgid,
-                          port=seat.port, log_path=str(seat.log_path), config=seat.config.to_json())
 
 
 def log_model(path: Path) -> str:

@@ -1,0 +1,63 @@
+"""A stop the scheduler asked for (an eviction, an unload, an idle unload, shutdown) of a seat that serves: its
+record marked ``stopping:<event>`` first (a restart knows the stop was under way), its long prompts saved before an
+eviction or idle unload (``save_prompts``: ``kvkeep.keep_before_stop``), the seat ended (``ending.Ending``), the
+engine's teardown report read from its log, the stop recorded as one event with what came back (and a ``leak``
+event when the teardown names tensors still alive), and then the scheduler and whoever waits for the stop told once
+(``stopped``).
+
+``Stopper`` works with four parts: the clock, the history, the processes (the seat's engine, its log) and the
+planning part (what the seat held on GPUs, as the history counts it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from fitevict.pricing.footprint import HOST
+from fitevict.schedule.seats import Exit
+from fitevict.store.records import Event
+from fitevict.supervisor.accounts import leak_check, leak_event, timings
+from fitevict.supervisor.ending import Ending
+from fitevict.supervisor.history import History
+from fitevict.supervisor.planning import Planning
+from fitevict.supervisor.processes import Processes
+from fitevict.supervisor.release import StopResult
+from fitevict.supervisor.seat import SeatState
+from fitevict.supervisor.storing import STOPPING, SeatRecords
+
+
+class Stopped(Protocol):
+    """A seat's stop finished: the scheduler (unless ``slot_freed``: it was told when the processes exited) and
+    whoever waits for the stop are told (``Desk.stopped``), and the change announced."""
+
+    def __call__(self, key: str, res: StopResult, *, slot_freed: bool = ..., how: Exit = ...) -> None: ...
+
+
+class Stopper:
+    def __init__(self, clock: Callable[[], float], history: History, processes: Processes, planning: Planning, *,
+                 ending: Ending, records: SeatRecords,
+                 save_prompts: Callable[[SeatState, str], Awaitable[dict[str, Any]]], stopped: Stopped) -> None:
+        self.clock, self.history, self.processes, self.planning = clock, history, processes, planning
+        self.ending, self.records, self.save_prompts, self.stopped = ending, records, save_prompts, stopped
+
+    async def stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
+        self.records.keep(seat, STOPPING + event)  # a restart knows this stop was under way
+        kept = await self.save_prompts(seat, event)
+        res = await self.ending.end(seat, free_slot=True)
+        engine = self.processes.engine_for(seat.entry)
+        report = engine.teardown(seat.log_path.read_text(errors="replace"))
+        await self.history.record(Event(
+            time=self.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
+            host_bytes=seat.bytes_on(HOST), vram_bytes=self.planning.gpu_figure(seat), reason=reason,
+            freed_bytes=res.freed_bytes, request_id=request_id,
+            details={"pid": seat.pid, **timings(seat),
+                     "host_source": f"{seat.source_on(HOST)}: what the seat was counted at when it stopped",
+                     "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
+                                     if seat.config.devices else None), **res.details(),
+                     **({"leak_check": leak_check(report, res)} if engine.traits.reports_teardown else {}), **kept}))
+        if (leaked := leak_event(seat, report, request_id, self.clock())) is not None:
+            await self.history.record(leaked)
+        self.processes.done_with_log(seat.log_path)
+        self.stopped(seat.key, res, slot_freed=seat.slot_freed)
+        return res

@@ -1,0 +1,39 @@
+"""The ending alone (``supervisor.ending.Ending``), on a real process group and a real seat table: the group is
+stopped, the seat taken off its table record, its store record forgotten, and whoever waits for a change woken once
+the processes exited; the scheduler is not told (that is the caller's, unless the slot is freed early)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from fitevict.config import EngineConfig
+from fitevict.engines.process import group_alive
+from fitevict.schedule.seats import SeatTable
+from fitevict.supervisor.ending import Ending
+
+from . import fakeparts
+
+
+def test_an_ended_seat_is_stopped_detached_and_forgotten(tmp_path: Path) -> None:
+    table = SeatTable()
+    seat = fakeparts.seat(tmp_path)
+    table.place(seat.seat)
+    records = fakeparts.Records()
+    gone: list[str] = []
+    changed: list[bool] = []
+
+    async def scenario():
+        ending = Ending(table, EngineConfig(stop_grace_seconds=10, release_timeout_seconds=1), None,
+                        asyncio.get_running_loop().time, records=records, gone=gone.append,  # type: ignore[arg-type]
+                        changed=lambda: changed.append(seat.seat.process is None))
+        await fakeparts.run(seat, "import time; time.sleep(600)")
+        return await ending.end(seat)
+
+    res = asyncio.run(scenario())
+    assert seat.expected_exit and seat.proc.returncode == -15  # SIGTERM, within the grace period
+    assert not group_alive(seat.pgid)
+    assert table.get("m") is seat.seat and seat.seat.process is None  # the record stays: the scheduler ends it
+    assert changed == [True]  # woken once the processes exited, with the seat detached by then
+    assert records.forgotten == [seat.id] and gone == []
+    assert res.key == "m" and res.exit_seconds >= 0

@@ -1,0 +1,100 @@
+"""The stopper alone (``supervisor.stopping.Stopper``), over a real history in a real SQLite store: a stop is marked
+in the seat's store record before anything else, the prompts are saved before the seat ends, the stop is recorded
+with what came back, and the scheduler is told exactly once, after the record."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+from fitevict.store import Store
+from fitevict.supervisor.history import History
+from fitevict.supervisor.stopping import Stopper
+from . import fakeparts
+
+LEAKS = {"leaks": [{"path": "model.layers.0.weight", "bytes": 4096}]}
+
+
+class Processes:
+    """The seat's engine (its teardown report, from its log) and the logs it is done with."""
+
+    def __init__(self, log: list, teardown: dict | None) -> None:
+        self.log, self.done = log, []
+        self.engine = SimpleNamespace(teardown=lambda text: teardown,
+                                      traits=SimpleNamespace(reports_teardown=teardown is not None))
+
+    def engine_for(self, entry):
+        return self.engine
+
+    def done_with_log(self, path: Path) -> None:
+        self.done.append(path)
+        self.log.append("done_with_log")
+
+
+def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_freed_early: bool = False):
+    store = Store.open(f"sqlite:///{tmp_path / 'fitevict.db'}")
+    order: list[str] = []
+    told: list[tuple] = []
+    saved: list[str] = []
+    records = fakeparts.Records()
+    ending = fakeparts.Ending(order)
+    processes = Processes(order, teardown)
+    seat = fakeparts.seat(tmp_path)
+
+    async def save_prompts(s, ev: str) -> dict:
+        saved.append(ev)
+        order.append("save")
+        return {"kv_saved": [], "kv_save_notes": ["test: nothing to save"]}
+
+    def stopped(key, res, *, slot_freed=False, how=None) -> None:
+        told.append((key, res.freed_bytes, slot_freed))
+        order.append("stopped")
+
+    async def scenario():
+        history = History(store)
+        history.on_event.append(lambda ev: order.append(f"event:{ev.event}"))
+        if slot_freed_early:  # the ending freed the slot while it verified the release
+            seat.slot_freed = True
+        stopper = Stopper(lambda: 5.0, history, processes, SimpleNamespace(gpu_figure=lambda s: None),
+                          ending=ending, records=records, save_prompts=save_prompts, stopped=stopped)
+        return await stopper.stop(seat, event, "evicted for b", "req-1")
+
+    try:
+        res = asyncio.run(scenario())
+        return SimpleNamespace(res=res, events=store.events(), order=order, told=told, saved=saved,
+                               records=records, ending=ending, processes=processes, seat=seat)
+    finally:
+        store.close()
+
+
+def test_a_stop_is_recorded_with_what_came_back_and_the_scheduler_told_once(tmp_path: Path) -> None:
+    got = _stop(tmp_path, "evict")
+    ev = next(e for e in got.events if e.event == "evict")
+    assert ev.freed_bytes == fakeparts.FREED == got.res.freed_bytes
+    assert ev.model == "m" and ev.reason == "evicted for b" and ev.request_id == "req-1" and ev.time == 5.0
+    assert ev.details["release_note"] == "test: what the ending said" and ev.details["release_verified"] is True
+    assert ev.details["kv_save_notes"] == ["test: nothing to save"]  # the prompts saved before the stop
+    assert got.told == [("m", fakeparts.FREED, False)]  # exactly once
+    # the stop marked in the store first, the prompts saved before the seat ended with the slot freed early if
+    # need be, and the scheduler told only once the stop is recorded and its log let go
+    assert got.records.kept == [(got.seat.id, "stopping:evict")] and got.saved == ["evict"]
+    assert got.ending.calls == [(got.seat.id, True)]
+    assert got.order == ["save", "end", "event:evict", "done_with_log", "stopped"]
+    assert got.processes.done == [got.seat.log_path]
+    assert not [e for e in got.events if e.event == "leak"]
+
+
+def test_a_teardown_that_names_live_tensors_adds_a_leak_event(tmp_path: Path) -> None:
+    got = _stop(tmp_path, "unload", teardown=LEAKS)
+    assert got.order == ["save", "end", "event:unload", "event:leak", "done_with_log", "stopped"]
+    events = {e.event: e for e in got.events}
+    assert sorted(events) == ["leak", "unload"]
+    assert events["leak"].host_bytes == 4096 and "model.layers.0.weight" in events["leak"].reason
+    assert "leak_check" in events["unload"].details
+    assert got.told == [("m", fakeparts.FREED, False)]
+
+
+def test_a_slot_freed_while_the_release_was_verified_is_not_freed_twice(tmp_path: Path) -> None:
+    got = _stop(tmp_path, "idle-unload", slot_freed_early=True)
+    assert got.told == [("m", fakeparts.FREED, True)]  # the desk leaves the scheduler alone then
