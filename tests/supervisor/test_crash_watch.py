@@ -17,12 +17,13 @@ from fitevict.supervisor.watching import CrashWatch
 from . import fakeparts
 
 
-def _watch(tmp_path: Path, code: str, *, stopping: bool = False):
+def _watch(tmp_path: Path, code: str, *, stopping: bool = False, frozen: str | None = None):
     store = Store.open(f"sqlite:///{tmp_path / 'fitevict.db'}")
     order: list[str] = []
     crashed: list[str] = []
     told: list[tuple] = []
     done: list[Path] = []
+    left: list[dict] = []
     ending = fakeparts.Ending(order)
     seat = fakeparts.seat(tmp_path)
 
@@ -44,14 +45,17 @@ def _watch(tmp_path: Path, code: str, *, stopping: bool = False):
         await fakeparts.run(seat, code)
         seat.expected_exit = stopping  # a stop asked for this exit
         watch.watch(seat)
+        if frozen is not None:  # the stuck-seat watch killed it
+            watch.frozen[seat] = frozen
         assert seat.watcher is not None
         await seat.watcher
         await asyncio.gather(*tasks)  # the stuck-seat watch ends with the process
+        left.append(dict(watch.frozen))
 
     try:
         asyncio.run(scenario())
         return SimpleNamespace(events=store.events(), order=order, crashed=crashed, told=told, done=done,
-                               ending=ending, seat=seat)
+                               ending=ending, seat=seat, frozen_left=left[0])
     finally:
         store.close()
 
@@ -79,3 +83,17 @@ def test_a_crash_by_a_signal_names_it(tmp_path: Path) -> None:
 def test_an_exit_a_stop_asked_for_is_no_crash(tmp_path: Path) -> None:
     got = _watch(tmp_path, "import sys; sys.exit(0)", stopping=True)
     assert got.events == [] and got.crashed == [] and got.told == [] and got.ending.calls == []
+
+
+def test_a_frozen_seat_whose_exit_a_stop_asked_for_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Killed by the stuck-seat watch while a stop was under way: no crash, and the watch keeps nothing of it (a door
+    that swaps for days would keep every such seat otherwise)."""
+    got = _watch(tmp_path, "import sys; sys.exit(0)", stopping=True, frozen="stopped for 30 s")
+    assert got.events == [] and got.frozen_left == {}
+
+
+def test_a_frozen_seat_is_a_crash_named_so(tmp_path: Path) -> None:
+    got = _watch(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", frozen="stuck: no byte for 30 s")
+    (crash,) = got.events
+    assert crash.details["cause"] == "frozen" and crash.reason == "stuck: no byte for 30 s"
+    assert got.frozen_left == {}

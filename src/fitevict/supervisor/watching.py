@@ -56,11 +56,11 @@ class CrashWatch:
     async def _watch(self, seat: SeatState) -> None:
         assert seat.proc is not None
         rc = await seat.proc.wait()
+        frozen = self.frozen.pop(seat, None)  # read whatever ended it: a seat stopped by us is forgotten here too
         if seat.expected_exit or seat.state not in SERVING:
             return
         self.crashed(seat.key)  # it serves nothing more while its stop is verified
         res = await self.ending.end(seat)
-        frozen = self.frozen.pop(seat, None)
         oom = await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen) if rc == -9 and not frozen else None
         changed = file_changed(seat)  # a seat whose mapped file was cut short dies of SIGBUS: say so
         await self.history.record(Event(
