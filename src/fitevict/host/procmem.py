@@ -194,3 +194,13 @@ def largest_processes(exclude: set[int], n: int = 5, *, proc: Path = PROC) -> li
             name = "?"
         out.append(OtherProcess(int(entry.name), name, m.host_bytes, m.source))
     return sorted(out, key=lambda p: -p.bytes)[:n]
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z``, ...), None when it is
+    gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None

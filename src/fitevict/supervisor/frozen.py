@@ -29,20 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fitevict.host import oomkill
+from fitevict.host.procmem import process_state
 from fitevict.supervisor.seat import SeatState
 
 log = logging.getLogger("fitevict.supervisor")
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")  # cgroup v1's freezer hierarchy
 BUSY_STATES = frozenset("RD")  # a thread running (or runnable) or waiting on I/O: the engine is not stuck
-
-
-def process_state(pid: int) -> str | None:
-    """The one-letter state of ``pid`` (``R``, ``S``, ``T``, ``Z``, ...), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def frozen_by_cgroup(pid: int) -> Path | None:

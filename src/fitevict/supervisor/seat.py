@@ -287,6 +287,15 @@ def file_changed(seat: SeatState) -> str | None:
     return f"its model file {seat.model_path} was {how} since the seat started ({then[0]} bytes then, {now[0]} now)"
 
 
+def _stopped(pid: int | None) -> str:
+    """Why a stalled load made no progress, when its process says: stopped by a signal (SIGSTOP, SIGTSTP), not
+    working slowly."""
+    state = procmem.process_state(pid) if pid is not None else None
+    if state in ("T", "t"):
+        return f"; its process (pid {pid}) was stopped by a signal (state {state}), not loading"
+    return ""
+
+
 async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_timeout: float, stall_seconds: float,
                      health_path: str = "/health") -> None:
     """Wait until the engine answers ``health_path`` with 200. Probes are raw (no client object to build) and
@@ -323,7 +332,7 @@ async def _poll_ready(seat: SeatState, exited: asyncio.Future, clock: Callable[[
                 last_mem, last_progress = total, now
         if now - last_progress > stall_seconds:
             raise LoadFailed(f"{seat.key}: load stalled: no change in process memory for {stall_seconds:g} s "
-                             f"(engine.stall_seconds) and {health_path} not ready; "
+                             f"(engine.stall_seconds) and {health_path} not ready{_stopped(seat.pid)}; "
                              f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
         if now - t0 > health_timeout:
             raise LoadFailed(f"{seat.key}: not healthy within engine.health_timeout_seconds={health_timeout:g}; "
