@@ -52,15 +52,17 @@ def stop_result(key: str, freed: int | None = FREED) -> StopResult:
 class Records:
     """The store's seat records, as told: ``(seat id, state)`` kept, seat ids forgotten."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: list | None = None) -> None:
         self.kept: list[tuple[str, str | None]] = []
         self.forgotten: list[str] = []
+        self.log = log if log is not None else []
 
     def keep(self, seat: SeatState, state: str | None = None) -> None:
         self.kept.append((seat.id, state))
 
     async def forget(self, seat: SeatState) -> None:
         self.forgotten.append(seat.id)
+        self.log.append("forget")
 
 
 class Ending:
@@ -71,7 +73,7 @@ class Ending:
         self.calls: list[tuple[str, bool]] = []
         self.log = log if log is not None else []
 
-    async def end(self, s: SeatState, *, free_slot: bool = False) -> StopResult:
+    async def end(self, s: SeatState, *, free_slot: bool = False, forget: bool = True) -> StopResult:
         s.expected_exit = True
         self.calls.append((s.id, free_slot))
         self.log.append("end")
@@ -83,3 +85,6 @@ class Ending:
         if s.proc is not None:
             await s.proc.wait()
         return stop_result(s.key)
+
+    async def forget(self, s: SeatState) -> None:
+        self.log.append("forget")

@@ -28,8 +28,10 @@ class Ending:
         self.table, self.engine, self.nvml, self.clock = table, engine, nvml, clock
         self.records, self.gone, self.changed = records, gone, changed
 
-    async def end(self, seat: SeatState, *, free_slot: bool = False) -> StopResult:
-        """Stop ``seat``'s process group, verify the release, and forget the seat. ``free_slot``: if verifying the
+    async def end(self, seat: SeatState, *, free_slot: bool = False, forget: bool = True) -> StopResult:
+        """Stop ``seat``'s process group, verify the release, and forget the seat (``forget``: its store record too;
+        a caller that records how the seat ended forgets the record itself, after that event, so that a front door
+        killed in between finds the record at its restart and says so). ``free_slot``: if verifying the
         release takes longer than ``VERIFY_HOLD_S`` after the processes exited (another program growing at the same
         moment can hide it until the timeout), tell the scheduler the seat is gone then (``gone``), so that the next
         placement does not wait for it (``seat.slot_freed`` says so, and the stop's caller then leaves the scheduler
@@ -55,5 +57,10 @@ class Ending:
         for h in hold:
             h.cancel()
         self.table.detach(seat.seat, seat)
-        await self.records.forget(seat)
+        if forget:
+            await self.forget(seat)
         return res
+
+    async def forget(self, seat: SeatState) -> None:
+        """``seat``'s store record removed: the seat has ended and its end is recorded."""
+        await self.records.forget(seat)

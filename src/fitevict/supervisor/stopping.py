@@ -44,7 +44,7 @@ class Stopper:
     async def stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         self.records.keep(seat, STOPPING + event)  # a restart knows this stop was under way
         kept = await self.save_prompts(seat, event)
-        res = await self.ending.end(seat, free_slot=True)
+        res = await self.ending.end(seat, free_slot=True, forget=False)  # the record goes once the stop is recorded
         engine = self.processes.engine_for(seat.entry)
         report = engine.teardown(seat.log_path.read_text(errors="replace"))
         await self.history.record(Event(
@@ -56,6 +56,7 @@ class Stopper:
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details(),
                      **({"leak_check": leak_check(report, res)} if engine.traits.reports_teardown else {}), **kept}))
+        await self.ending.forget(seat)
         if (leaked := leak_event(seat, report, request_id, self.clock())) is not None:
             await self.history.record(leaked)
         self.processes.done_with_log(seat.log_path)

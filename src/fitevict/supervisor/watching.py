@@ -60,7 +60,7 @@ class CrashWatch:
         if seat.expected_exit or seat.state not in SERVING:
             return
         self.crashed(seat.key)  # it serves nothing more while its stop is verified
-        res = await self.ending.end(seat)
+        res = await self.ending.end(seat, forget=False)  # the record goes once the crash is recorded
         oom = await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen) if rc == -9 and not frozen else None
         changed = file_changed(seat)  # a seat whose mapped file was cut short dies of SIGBUS: say so
         await self.history.record(Event(
@@ -69,6 +69,7 @@ class CrashWatch:
             details={"exit_code": rc, "pid": seat.pid, "log": str(seat.log_path), **timings(seat),
                      "cause": "frozen" if frozen else exit_cause(rc, oom), "oom": oom, "file_changed": changed,
                      "log_tail": log_tail(seat.log_path, 10), **res.details()}))
+        await self.ending.forget(seat)
         self.processes.done_with_log(seat.log_path)
         self.stopped(seat.key, res, how=Exit.CRASHED)
 
