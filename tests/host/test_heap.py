@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fitevict.host import heap
-from fitevict.server.heapkeep import HeapKeep, rss_bytes
+from fitevict.host.procmem import rss_bytes
+from fitevict.server.heapkeep import HeapKeep
 
 MiB = 2**20
 

@@ -12,6 +12,7 @@ reason. A process that cannot be read at all is ``unavailable`` with the reason 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -203,4 +204,13 @@ def process_state(pid: int) -> str | None:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
+        return None
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set, read now; None where ``/proc`` has no ``statm``."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
         return None

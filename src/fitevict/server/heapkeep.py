@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Any
 
 from fitevict.host import heap
+from fitevict.host.procmem import rss_bytes
 
 log = logging.getLogger("fitevict.heap")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss_bytes() -> int | None:
-    """This process's resident set, read now; None where ``/proc`` has no ``statm``."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class HeapKeep:
@@ -71,4 +61,4 @@ class HeapKeep:
                 "released_bytes": self.released, "last": self.last}
 
 
-__all__ = ["HeapKeep", "rss_bytes"]
+__all__ = ["HeapKeep"]
