@@ -152,14 +152,15 @@ def tree_commit() -> str:
 def trace_env(args: argparse.Namespace) -> dict[str, str] | None:
     """``--trace-memory``: the door runs with ``bench/memtrace`` on its path, which records every
     ``--trace-memory`` seconds where its memory grew (tracemalloc, object types, the C allocator, RSS) to
-    ``<out>.memtrace.jsonl``. Tracing slows the door and adds its own memory: a traced run's RSS is not the soak's
+    ``<out>.memtrace.jsonl``, growth counted from the end of warm-up. Tracing slows the door and adds its own memory: a traced run's RSS is not the soak's
     figure."""
     if not args.trace_memory:
         return None
     here = str(Path(__file__).resolve().parent / "memtrace")
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     return {"PYTHONPATH": path, "FITEVICT_MEMTRACE": str(args.out.with_suffix(".memtrace.jsonl").resolve()),
-            "FITEVICT_MEMTRACE_SECONDS": str(args.trace_memory)}
+            "FITEVICT_MEMTRACE_SECONDS": str(args.trace_memory),
+            "FITEVICT_MEMTRACE_BASELINE_SECONDS": str(args.warmup * 60)}  # the fit's warm-up, the tracer's too
 
 
 def run(args: argparse.Namespace) -> None:

@@ -20,6 +20,8 @@ if os.environ.get("FITEVICT_MEMTRACE") and "fitevict.server.main" in getattr(sys
     tracemalloc.start(int(os.environ.get("FITEVICT_MEMTRACE_FRAMES", "8")))
     _out = os.environ["FITEVICT_MEMTRACE"]
     _every = float(os.environ.get("FITEVICT_MEMTRACE_SECONDS", "120"))
+    # growth is compared with the snapshot taken once warm-up is over, not with start-up's
+    _baseline_after = float(os.environ.get("FITEVICT_MEMTRACE_BASELINE_SECONDS", "600"))
 
     class _Mallinfo2(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -43,6 +45,7 @@ if os.environ.get("FITEVICT_MEMTRACE") and "fitevict.server.main" in getattr(sys
 
     def _loop() -> None:
         first, first_types = None, None
+        started = time.time()
         while True:
             time.sleep(_every)
             snap = tracemalloc.take_snapshot().filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
@@ -50,7 +53,9 @@ if os.environ.get("FITEVICT_MEMTRACE") and "fitevict.server.main" in getattr(sys
             rec = {"t": time.time(), "rss": _rss(), "traced": tracemalloc.get_traced_memory()[0],
                    "malloc": _mallinfo(), "threads": threading.active_count(), "objects": sum(types.values())}
             if first is None:
-                first, first_types = snap, types
+                if time.time() - started >= _baseline_after:
+                    first, first_types = snap, types
+                    rec["baseline"] = True
             else:
                 rec["grew"] = [{"bytes": s.size_diff, "count": s.count_diff,
                                 "where": [f"{fr.filename}:{fr.lineno}" for fr in s.traceback[:6]]}
