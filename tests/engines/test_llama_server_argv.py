@@ -59,3 +59,21 @@ def test_an_embeddings_seat_of_a_reranker_names_rank_pooling(llama_server: Path,
     assert load_structure(path).pooling_type == POOLING_RANK
     argv = load_args(path, LoadConfig(embeddings=True))
     assert argv[argv.index("--pooling") + 1] == "rank"
+
+
+def test_which_models_rerank_is_the_engines_rule() -> None:
+    """llama-server reranks when the arguments ask for rank pooling (the file is then not read) or the file declares
+    it; an engine without a rerank route never does, whatever it is given."""
+    from fitevict.engines import engine_class
+    from fitevict.engines.llama_server import POOLING_NONE, POOLING_RANK
+
+    engine = engine_class("llama-server")
+
+    def unread() -> int | None:
+        raise AssertionError("the file was read although the arguments decide")
+
+    assert engine.reranks(["--reranking"], unread) and engine.reranks(["--pooling", "rank"], unread)
+    assert engine.reranks([], lambda: POOLING_RANK)
+    assert not engine.reranks(["--pooling", "mean"], lambda: POOLING_NONE)
+    assert not engine.reranks([], lambda: None)  # an unreadable file declares nothing
+    assert not engine_class("transformers").reranks(["--reranking"], lambda: POOLING_RANK)

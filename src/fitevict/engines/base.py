@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -41,7 +41,6 @@ class Traits:
     memory_flags_priced: bool = False  # memory flags among its extra arguments (-nr, -ctk, ...) are priced as config
     flags_set_price: bool = False  # its own extra arguments (dtype, quantization) change what it costs
     engine_args: bool = False  # ``engine.extra_args`` (the configured llama-server's) go on its command line
-    pooling_in_file: bool = False  # whether a model reranks is read from its file (GGUF pooling type)
     overhead: str = "own-process"  # "calibrated": the engine build's calibrated overhead; "own-process": learned
     # LoRA adapters on a seat: "scale-0": each request sends every adapter's scale (0 for the base itself), the engine
     # applies them inside the request; "switched": the seat switches its active adapter and times the switch; "none"
@@ -86,6 +85,12 @@ class Engine(Protocol):
         """Seconds the seat's start spent loading its LoRA adapters, by its own account, or None."""
         ...
 
+    @classmethod
+    def reranks(cls, extra_args: Sequence[str], pooling: Callable[[], int | None]) -> bool:
+        """Whether a model serves rerank requests on this engine: its extra arguments ask for it, or its file
+        declares it (``pooling()`` reads the file's pooling type, only when the engine's rule needs it)."""
+        ...
+
 
 class EngineBase:
     """Defaults for what an engine does not report: subclasses override what they have."""
@@ -114,3 +119,7 @@ class EngineBase:
     @classmethod
     def adapter_seconds(cls, log_text: str) -> float | None:
         return None
+
+    @classmethod
+    def reranks(cls, extra_args: Sequence[str], pooling: Callable[[], int | None]) -> bool:
+        return False

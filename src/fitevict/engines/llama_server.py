@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -131,12 +131,22 @@ def lora_args(cfg: LoadConfig) -> list[str]:
 class LlamaServerEngine(EngineBase):
     name = "llama-server"
     traits = Traits(file_kinds=("gguf",), dry_run=True, repacks=True, keeps_prompts=True, memory_flags_priced=True,
-                    engine_args=True, pooling_in_file=True, overhead="calibrated", adapters="scale-0",
+                    engine_args=True, overhead="calibrated", adapters="scale-0",
                     process_marks=("llama-server",))
 
     def __init__(self, binary: Path) -> None:
         self.binary = Path(binary)
         self.flags = supported_flags(self.binary)
+
+    @classmethod
+    def reranks(cls, extra_args: Sequence[str], pooling: Callable[[], int | None]) -> bool:
+        """A reranker: its arguments ask for rank pooling (``--reranking``, ``--pooling rank``) or its GGUF
+        declares it (``pooling_args`` then names it on the command line)."""
+        args = list(extra_args)
+        if "--reranking" in args or "--rerank" in args or any(
+                a == "--pooling" and b == "rank" for a, b in zip(args, args[1:])):
+            return True
+        return pooling() == POOLING_RANK
 
     @classmethod
     def for_binary(cls, binary: Path) -> "LlamaServerEngine":

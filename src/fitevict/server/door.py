@@ -13,8 +13,7 @@ from typing import Any
 from starlette.requests import Request
 
 from fitevict.config import Config
-from fitevict.engines import REGISTRY, traits
-from fitevict.engines.llama_server import POOLING_RANK
+from fitevict.engines import REGISTRY, engine_class
 from fitevict.pricing.gguf import PricingError
 from fitevict.request.aliases import Aliased, Aliases
 from fitevict.request.ask import Ask, Asks
@@ -188,16 +187,13 @@ class Door:
 
     def ranks(self, entry: CatalogEntry, path: Path) -> bool:
         """Whether a model reranks: its file declares rank pooling, or its arguments ask for it."""
-        args = entry.settings.extra_args
-        if "--reranking" in args or "--rerank" in args or any(
-                a == "--pooling" and b == "rank" for a, b in zip(args, args[1:])):
-            return True
-        if not traits(entry.engine).pooling_in_file:
-            return False
-        try:
-            return getattr(self.sup.prices.shape(path), "pooling_type", None) == POOLING_RANK
-        except (PricingError, OSError):
-            return False
+        def pooling() -> int | None:
+            try:
+                return getattr(self.sup.prices.shape(path), "pooling_type", None)
+            except (PricingError, OSError):
+                return None  # an unreadable file declares nothing
+
+        return engine_class(entry.engine).reranks(entry.settings.extra_args, pooling)
 
     def check_reranker(self, asked: Ask) -> None:
         """A rerank request for a model that does not rerank (a generative model) is a 400 naming those that do."""
