@@ -120,10 +120,10 @@ def fault_loop(base: str, door_pid: int, models: Path, journal: Journal, until: 
         journal.write("fault", soak_faults.inject(kind, base, door_pid, models, STALL_S, rng))
 
 
-def sample_loop(door_pid: int, data_dir: Path, journal: Journal, stop: threading.Event) -> None:
+def sample_loop(door_pid: int, data_dir: Path, base: str, journal: Journal, stop: threading.Event) -> None:
     while True:
         try:
-            journal.write("sample", soak_faults.sample(door_pid, data_dir))
+            journal.write("sample", soak_faults.sample(door_pid, data_dir, base))
         except Exception as e:  # noqa: BLE001 - a sample that could not be read is recorded with why
             journal.write("sample-failed", {"t": time.time(), "why": f"{type(e).__name__}: {e}"})
         if stop.wait(SAMPLE_S):
@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> None:
             journal.write("meta", {**meta, "door_pid": door.pid})
             stop, until = threading.Event(), time.time() + args.minutes * 60
             data_dir = tmp / "soak" / "data"
-            threads = [threading.Thread(target=sample_loop, args=(door.pid, data_dir, journal, stop), daemon=True),
+            threads = [threading.Thread(target=sample_loop, daemon=True,
+                                        args=(door.pid, data_dir, door.base, journal, stop)),
                        threading.Thread(target=fault_loop, daemon=True, args=(
                            door.base, door.pid, models, journal, until, args.fault_every, stop))]
             threads += [threading.Thread(target=client_loop, daemon=True, args=(

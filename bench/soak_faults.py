@@ -168,9 +168,9 @@ def _size(path: Path) -> int:
     return total
 
 
-def sample(door_pid: int, data_dir: Path) -> dict:
+def sample(door_pid: int, data_dir: Path, base: str) -> dict:
     """The front door's RSS, PSS, open descriptors, threads, children (and zombies among them), the database's files
-    and the data directory's size, with the load average."""
+    and the data directory's size, with the load average; and what its allocators say it holds (``/health``)."""
     p = psutil.Process(door_pid)
     mem = p.memory_full_info()
     kids = p.children()
@@ -179,7 +179,21 @@ def sample(door_pid: int, data_dir: Path) -> dict:
     return {"t": time.time(), "rss": mem.rss, "pss": mem.pss, "fds": p.num_fds(), "threads": p.num_threads(),
             "children": len(kids), "zombies": zombies, "seats": len(seats(door_pid)), "db_bytes": db,
             "data_bytes": _size(data_dir), "seat_logs_bytes": _size(data_dir / "seats"),
-            "load1": os.getloadavg()[0]}
+            "load1": os.getloadavg()[0], **_held(base)}
+
+
+def _held(base: str) -> dict:
+    """malloc's bytes in use and free inside its heaps, and Python's allocated blocks, as the door reports them; a
+    reading that failed is left out of the sample (its series skip it) with why."""
+    try:
+        held = httpx.get(base + "/health", timeout=10).json()["heap"]["held"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        return {"held_unavailable": f"{type(e).__name__}: {e}"}
+    malloc = held.get("malloc")
+    out = {"python_blocks": held.get("python_blocks")}
+    if isinstance(malloc, dict):
+        out |= {"malloc_in_use": malloc["in_use_bytes"], "malloc_free": malloc["free_bytes"]}
+    return out
 
 
 def _status(p: psutil.Process) -> str:

@@ -23,7 +23,11 @@ MiB = 2**20
 SERIES = (("rss", "front door RSS", MiB, "MiB"), ("pss", "front door PSS", MiB, "MiB"),
           ("fds", "open descriptors", 1, ""), ("threads", "threads", 1, ""), ("children", "child processes", 1, ""),
           ("zombies", "zombie children", 1, ""), ("db_bytes", "database files", MiB, "MiB"),
-          ("seat_logs_bytes", "seat logs", MiB, "MiB"), ("data_bytes", "data directory", MiB, "MiB"))
+          ("seat_logs_bytes", "seat logs", MiB, "MiB"), ("data_bytes", "data directory", MiB, "MiB"),
+          # what the RSS is made of, by the door's own allocators (``/health`` ``heap.held``): kept or fragmented
+          ("malloc_in_use", "malloc: bytes in use", MiB, "MiB"), ("malloc_free", "malloc: free inside its heaps", MiB,
+                                                                   "MiB"),
+          ("python_blocks", "Python: allocated blocks (thousands)", 1000, ""))
 CUT_BY = ("seat-sigkill", "seat-sigstop")  # the faults that may cut a request of their seat's model
 
 
@@ -76,6 +80,8 @@ def growth_table(samples: list[dict], t_warm: float) -> list[str]:
              "samples |", "|---|---:|---:|---:|---:|---:|---:|"]
     for key, label, div, unit in SERIES:
         pts = [(s["t"], s[key] / div) for s in after if s.get(key) is not None]
+        if not pts:
+            continue  # a run that did not sample it
         f = fit([p[0] for p in pts], [p[1] for p in pts])
         u = f" {unit}" if unit else ""
         lines.append(f"| {label}{f' ({unit})' if unit else ''} | {_f(f['slope'])}{u}/h | {_f(f['se'])} | "
@@ -186,19 +192,26 @@ def plots(samples: list[dict], faults: list[dict], t0: float, t_warm: float) -> 
         return []
     IMG.mkdir(parents=True, exist_ok=True)
     groups = {"memory": ("rss", "pss"), "handles": ("fds", "threads", "children", "zombies"),
-              "disk": ("db_bytes", "seat_logs_bytes", "data_bytes")}
+              "disk": ("db_bytes", "seat_logs_bytes", "data_bytes"),
+              "heap": ("malloc_in_use", "malloc_free", "python_blocks")}
     names = []
     for name, keys in groups.items():
         fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
+        pts = 0
         for key, label, div, unit in SERIES:
-            if key in keys:
-                ax.plot([(s["t"] - t0) / 60 for s in samples], [s[key] / div for s in samples], label=label)
+            have = [s for s in samples if s.get(key) is not None]
+            if key in keys and have:
+                ax.plot([(s["t"] - t0) / 60 for s in have], [s[key] / div for s in have], label=label)
+                pts += len(have)
+        if not pts:
+            plt.close(fig)
+            continue
         ax.axvspan(0, (t_warm - t0) / 60, color="0.9", label="warm-up")
         for f in faults:
             if "skipped" not in f:
                 ax.axvline((f["t"] - t0) / 60, color="red" if not f["survived"] else "0.6", lw=0.5)
         ax.set_xlabel("minutes (grey lines: faults injected; red: not survived)")
-        ax.set_ylabel("MiB" if name != "handles" else "count")
+        ax.set_ylabel({"handles": "count", "heap": "MiB, thousands of blocks"}.get(name, "MiB"))
         ax.legend(loc="upper left", fontsize=8)
         fig.tight_layout()
         fig.savefig(IMG / f"soak-{name}.png")

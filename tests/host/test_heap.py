@@ -36,3 +36,19 @@ def test_a_round_gives_back_the_free_pages_free_left_inside_the_heap() -> None:
 def test_a_door_that_never_trims_says_so() -> None:
     out = HeapKeep(0).to_json()
     assert out["rounds"] == 0 and out["last"] is None and "never" in out["trim_seconds"]
+
+
+@pytest.mark.skipif(isinstance(heap.trim(), str), reason="the C library here is not glibc: no mallinfo2")
+def test_what_the_heap_holds_follows_what_is_kept_and_what_is_freed() -> None:
+    """Kept objects raise Python's block count and malloc's bytes in use; freed, both fall back."""
+    first = heap.held()
+    if isinstance(first["malloc"], str):
+        pytest.skip(first["malloc"])
+    kept = [bytearray(4096) for _ in range(8 * MiB // 4096)]  # 2,048 blocks of malloc's 4 KiB chunks
+    during = heap.held()
+    assert during["python_blocks"] - first["python_blocks"] >= 2048
+    assert during["malloc"]["in_use_bytes"] - first["malloc"]["in_use_bytes"] >= 8 * MiB
+    del kept
+    after = heap.held()
+    assert during["malloc"]["in_use_bytes"] - after["malloc"]["in_use_bytes"] >= 8 * MiB
+    assert during["python_blocks"] - after["python_blocks"] >= 2048

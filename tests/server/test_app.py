@@ -49,6 +49,7 @@ def test_keys_gate_inference_and_admin_separately(make_client) -> None:
     assert health.status_code == 200
     heap = health.json()["heap"]  # what the door does to keep its heap to what it holds (server.heapkeep)
     assert heap["trim_seconds"] == 60.0 and heap["rounds"] == 0 and heap["allocator"]
+    assert heap["held"]["python_blocks"] > 0  # what it is made of, by the allocators' own counts
 
 
 def _requests_total(c: TestClient) -> dict[tuple[str, str, str], float]:

@@ -15,10 +15,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
+from typing import Any
 
 ARENAS = 2  # the door's threads wait on I/O: two arenas keep their allocations from contending
 M_ARENA_MAX = -8  # glibc's malloc.h
 _limited: list[str] = []  # what ``limit_arenas`` did in this process
+
+
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (every field a ``size_t``), summed over all arenas."""
+
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
 @functools.cache
@@ -29,6 +38,8 @@ def _libc() -> ctypes.CDLL | str:
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        if hasattr(libc, "mallinfo2"):  # glibc 2.33 and later
+            libc.mallinfo2.restype = _Mallinfo2
     except (OSError, AttributeError, TypeError) as e:
         return f"unavailable, because this process's C library is not glibc: {e}"
     return libc
@@ -67,4 +78,22 @@ def trim() -> bool | str:
     return bool(libc.malloc_trim(0))
 
 
-__all__ = ["ARENAS", "allocator", "arenas", "limit_arenas", "trim"]
+def held() -> dict[str, Any]:
+    """What the door's memory is made of, by the allocators' own counts (engine-reported, in this sense): Python's
+    allocated blocks (``sys.getallocatedblocks``: objects alive, whatever their size) and malloc's heaps
+    (``mallinfo2``: bytes in chunks in use, bytes free inside the heaps, the heaps' size and what is mapped apart).
+    Growth in blocks or ``in_use`` is memory kept; growth in ``free`` alone is the allocator's fragmentation."""
+    out: dict[str, Any] = {"python_blocks": sys.getallocatedblocks()}
+    libc = _libc()
+    if isinstance(libc, str):
+        out["malloc"] = libc
+    elif not hasattr(libc, "mallinfo2"):
+        out["malloc"] = f"unavailable, because {allocator()} has no mallinfo2 (glibc 2.33 and later)"
+    else:
+        m = libc.mallinfo2()
+        out["malloc"] = {"in_use_bytes": m.uordblks, "free_bytes": m.fordblks, "heaps_bytes": m.arena,
+                         "mapped_apart_bytes": m.hblkhd}
+    return out
+
+
+__all__ = ["ARENAS", "allocator", "arenas", "held", "limit_arenas", "trim"]

@@ -58,7 +58,7 @@ class HeapKeep:
     def to_json(self) -> dict[str, Any]:
         return {"allocator": heap.allocator(), "arenas": heap.arenas(),
                 "trim_seconds": self.every or "never (server.heap_trim_seconds = 0)", "rounds": self.rounds,
-                "released_bytes": self.released, "last": self.last}
+                "released_bytes": self.released, "last": self.last, "held": heap.held()}
 
 
 __all__ = ["HeapKeep"]
