@@ -179,7 +179,15 @@ def sample(door_pid: int, data_dir: Path, base: str) -> dict:
     return {"t": time.time(), "rss": mem.rss, "pss": mem.pss, "fds": p.num_fds(), "threads": p.num_threads(),
             "children": len(kids), "zombies": zombies, "seats": len(seats(door_pid)), "db_bytes": db,
             "data_bytes": _size(data_dir), "seat_logs_bytes": _size(data_dir / "seats"),
-            "load1": os.getloadavg()[0], **_held(base)}
+            "load1": os.getloadavg()[0], **_outside_malloc(mem, _held(base))}
+
+
+def _outside_malloc(mem, held: dict) -> dict:
+    """``held`` with the door's resident anonymous memory that malloc's heaps do not hold (RSS less its file pages
+    and malloc's heaps): Python's own small-object arenas and the threads' stacks."""
+    if "malloc_heaps" in held:
+        held["outside_malloc"] = mem.rss - mem.shared - held["malloc_heaps"]
+    return held
 
 
 def _held(base: str) -> dict:
@@ -192,7 +200,8 @@ def _held(base: str) -> dict:
     malloc = held.get("malloc")
     out = {"python_blocks": held.get("python_blocks")}
     if isinstance(malloc, dict):
-        out |= {"malloc_in_use": malloc["in_use_bytes"], "malloc_free": malloc["free_bytes"]}
+        out |= {"malloc_in_use": malloc["in_use_bytes"], "malloc_free": malloc["free_bytes"],
+                "malloc_heaps": malloc["heaps_bytes"] + malloc["mapped_apart_bytes"]}
     return out
 
 
