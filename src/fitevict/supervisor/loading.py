@@ -4,7 +4,8 @@ own: the seat's prediction (``seatprice.SeatPrices``), its engine process launch
 then the scheduler told it is loaded (its waiters get it at once). What follows is off their path: the seat is read
 (``measure.Meter``) once the first request handed to it was answered (or after ``FIRST_ANSWER_WAIT_S``), and its
 load recorded (``loadrecord.LoadRecorder``). A load that fails for good records a ``fail`` with the seat's own
-account of why; one cancelled (every waiter left, or shutdown) is ended and recorded as an ``unload``; whatever else
+account of why (an engine killed before it was ready: by the kernel's OOM killer when the kernel says so, else
+``killed``); one cancelled (every waiter left, or shutdown) is ended and recorded as an ``unload``; whatever else
 goes wrong in it (a bug included) ends as a failed load, so that no request waits for a load that will never finish
 and no process outlives it.
 
@@ -19,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
+from fitevict.host.oomkill import oom_evidence
 from fitevict.pricing.footprint import HOST
 from fitevict.request.catalog import CatalogEntry
 from fitevict.schedule.errors import LoadFailed
@@ -32,6 +35,7 @@ from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import PLACING
 from fitevict.store.records import Event
 from fitevict.supervisor.accounts import engine_failure
+from fitevict.supervisor.crash import exit_cause, exit_words
 from fitevict.supervisor.ending import Ending
 from fitevict.supervisor.history import History
 from fitevict.supervisor.launching import Attempt, Failed, Launcher
@@ -39,6 +43,7 @@ from fitevict.supervisor.loadrecord import LoadRecorder
 from fitevict.supervisor.measure import Meter
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.readiness import Readiness
+from fitevict.supervisor.seat import SeatState, log_tail
 from fitevict.supervisor.seatprice import SeatPrices
 from fitevict.supervisor.watching import CrashWatch
 
@@ -153,11 +158,17 @@ class Loader:
         seat, key, e, res, crash = attempt.seat, waiter.key, failed.error, failed.res, attempt.crash
         assert seat is not None and attempt.spec is not None
         details = {"log": str(seat.log_path), "argv": list(attempt.spec.argv), "pid": seat.pid, **res.details()}
+        killed = None
+        if failed.code is not None:  # it exited on its own before it was ready: how, in the kernel's words too
+            ended, killed = await self._ended(seat, failed.code)
+            details.update(ended)
+            if killed is not None:  # a kill is the cause, whatever its log says
+                e = LoadFailed(f"{key}: {killed}; log {seat.log_path}:\n{log_tail(seat.log_path)}")
         if crash is not None:
             details["repack_crash"] = crash.to_json()
             e = LoadFailed(f"{key}: llama-server died by {crash.signal} with repacking on, and the retry "
                            f"with -nr failed too: {e}")
-        why = engine_failure(self.processes.engine_for(seat.entry), seat.log_path)
+        why = engine_failure(self.processes.engine_for(seat.entry), seat.log_path) if killed is None else None
         if why is not None:  # the seat's own account (a transformers walk that found no weights, ...)
             no_weights = seat.proc is not None and seat.proc.returncode == EXIT_NO_WEIGHTS
             verdict = guard_mod.check_walk(None, reason=why) if no_weights else None
@@ -171,3 +182,17 @@ class Loader:
             freed_bytes=res.freed_bytes, details=details))
         self.processes.done_with_log(seat.log_path)
         self.scheduler.load_failed(key, e)
+
+    async def _ended(self, seat: SeatState, code: int) -> tuple[dict[str, Any], str | None]:
+        """How an engine that exited before it was ready ended (``crash.exit_cause``), the kernel asked whether a
+        SIGKILL was its OOM killer's (``host.oomkill.oom_evidence``, from what it said of the process while it
+        loaded): the details, and for a kill the words that say so (None for another end: its log's account
+        stands)."""
+        oom = (await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen)
+               if code == -signal.SIGKILL and seat.pid is not None else None)
+        cause = exit_cause(code, oom)
+        details = {"exit_code": code, "cause": cause, "oom": oom}
+        if cause not in ("oom-killer", "killed"):
+            return details, None
+        return details, (f"{exit_words(seat.engine, code, oom)} while loading {seat.model_path.name}, before it "
+                         f"was ready (cause: {cause})")
