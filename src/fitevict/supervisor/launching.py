@@ -42,9 +42,10 @@ log = logging.getLogger("fitevict.supervisor")
 
 @dataclass(eq=False)
 class Attempt:
-    """A load's engine process as far as it got: the latest attempt's seat (None before the first spawn), its launch
-    spec and configuration, and the crash that made it load without repacking."""
+    """A load as far as it got: the step it is at (its words), the latest attempt's seat (None before the first
+    spawn), its launch spec and configuration, and the crash that made it load without repacking."""
 
+    step: str = "pruning the seat logs"
     seat: SeatState | None = None
     spec: LaunchSpec | None = None
     config: LoadConfig | None = None
