@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from fitevict.engines.process import GroupStop
 from fitevict.pricing.footprint import HOST
 from fitevict.supervisor import RELEASE_SLACK, release_check
+from fitevict.supervisor.release import stop_account
 from fitevict.units import MiB
 from host.fake_nvml import FakeGpu, FakeNvml
 
@@ -199,3 +201,21 @@ def test_a_missing_teardown_report_is_not_a_clean_one() -> None:
     assert leak_check({"leaks": [{"path": "w", "bytes": 4}]}, res).startswith("1 tensor(s) still alive")
     missing = leak_check(None, res)
     assert missing.startswith("did not run:") and "10.20 s" in missing
+
+
+@pytest.mark.parametrize(
+    "code,stop,ended,words",
+    [
+        (0, GroupStop(0.02), "sigterm", "exited on the stop's SIGTERM (exit code 0)"),
+        (-15, GroupStop(0.02), "sigterm", "exited on the stop's SIGTERM (exit code -15)"),
+        (-9, GroupStop(10.0, killed=True, state_at_kill="S"), "sigkill",
+         "did not exit within the stop's grace of 10 s"),
+        (-9, GroupStop(10.0, killed=True, state_at_kill="T"), "frozen", "stopped by a signal (state T)"),
+        (-9, GroupStop(0.05), "killed", "ended by signal 9 (SIGKILL) during the stop, within its grace"),
+        (-11, GroupStop(0.05), "signal", "ended by signal 11 (SIGSEGV) during the stop"),
+        (-9, GroupStop(0.0, exited_before=True), "exited", "had already exited (exit code -9) before the stop"),
+        (None, GroupStop(0.1), "unknown", "not a child of this fitevict"),
+    ])
+def test_a_stop_says_how_the_process_ended_during_it(code, stop, ended, words) -> None:
+    got, note = stop_account(code, stop, 10.0)
+    assert got == ended and words in note

@@ -13,7 +13,10 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import IO
+
+from fitevict.host.procmem import process_state
 
 _PR_SET_PDEATHSIG = 1
 
@@ -79,28 +82,43 @@ def start_child(argv: Sequence[str], *, stdout: int | IO[bytes], env: dict[str, 
                                   env=env, start_new_session=True, preexec_fn=preexec))
 
 
+@dataclass(frozen=True, slots=True)
+class GroupStop:
+    """One stop of a process group, as ``stop_process_group`` saw it: its seconds, whether the leader had exited
+    before the SIGTERM (a crash), whether the grace ran out and the group was SIGKILLed, and the leader's state then
+    (``T``: stopped by a signal, so the SIGTERM never ran; None when it exited within the grace)."""
+
+    seconds: float
+    exited_before: bool = False
+    killed: bool = False
+    state_at_kill: str | None = None
+
+
 async def stop_process_group(pgid: int | None, grace_s: float, *, proc: Child | None = None,
-                             clock: Callable[[], float] = time.monotonic) -> float:
+                             clock: Callable[[], float] = time.monotonic) -> GroupStop:
     """The one way fitevict stops an engine: SIGTERM the process group, wait ``grace_s`` for the leader to
-    exit, SIGKILL the group, and make sure no member is left. Returns the seconds it took.
+    exit, SIGKILL the group, and make sure no member is left. Returns what it saw (``GroupStop``).
 
     ``proc`` (our own child, ``Child``) is awaited and reaped; without it (an orphan, or a child of another
     API) the leader is watched through a pidfd.
     """
     t0 = clock()
     if pgid is None:
-        return 0.0
+        return GroupStop(0.0, exited_before=True)
+    before = proc.returncode is not None if proc is not None else not alive(pgid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     exited = await (_wait_child(proc, grace_s) if proc is not None else wait_pid_gone(pgid, grace_s))
+    state = None
     if not exited or group_alive(pgid):
+        state = process_state(pgid) if not exited else None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         if proc is not None:
             await proc.wait()
         else:
             await wait_pid_gone(pgid, 10.0)
-    return clock() - t0
+    return GroupStop(clock() - t0, before, not exited, state)
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> float:
@@ -109,7 +127,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> float:
         return 0.0
     took = asyncio.run(stop_process_group(proc.pid, grace_s))
     proc.wait()
-    return took
+    return took.seconds
 
 
 async def _wait_child(proc: Child, timeout: float) -> bool:

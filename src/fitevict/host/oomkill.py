@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitevict.host.procmem import process_state
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KMSG_MAX_RECORDS = 20000  # a look at the kernel log reads at most this many records (the ring is far smaller)
 
@@ -97,6 +99,14 @@ def observe(pid: int) -> Seen:
     return Seen(started, read_cgroup(path) if path is not None else None)
 
 
+def follow(pid: int, seen: Seen | None) -> Seen | None:
+    """What the kernel says of ``pid`` now (``observe``), taken only while it still lives: a look that ends on a
+    zombie or a gone process keeps ``seen`` (the look before), since its cgroup's count may already hold its own kill
+    and would hide it."""
+    now = observe(pid)
+    return now if process_state(pid) not in (None, "Z", "X") else seen
+
+
 def kernel_log_kill(pid: int, since_s: float | None) -> str | None:
     """The kernel log's line that says it killed ``pid`` for memory ("... Killed process <pid> (<comm>) ..."), the
     latest one written after ``since_s`` (seconds since boot: the process's start, so an earlier process with the
@@ -137,9 +147,11 @@ def cgroup_evidence(seen: CgroupSeen) -> str | None:
 
 def oom_evidence(pid: int, seen: Seen | None) -> str | None:
     """Why ``pid``, dead by SIGKILL, was the OOM killer's victim, in the kernel's own words (its log line naming the
-    pid, else its cgroup's OOM-kill count risen since ``seen``); None when neither says so."""
+    pid, and its cgroup's OOM-kill count where it rose since ``seen``: a cgroup the process may have left since is
+    not named); None when neither says so."""
     cg = seen.cgroup if seen is not None else None
     line = kernel_log_kill(pid, seen.started_s if seen is not None else None)
+    counted = cgroup_evidence(cg) if cg is not None else None
     if line is not None:
-        return f"the kernel log says: \"{line}\"" + (f"; its {cg.label()}" if cg is not None else "")
-    return cgroup_evidence(cg) if cg is not None else None
+        return f"the kernel log says: \"{line}\"" + (f"; {counted}" if counted is not None else "")
+    return counted

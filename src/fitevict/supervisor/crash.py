@@ -70,22 +70,25 @@ def exit_cause(code: int | None, oom: str | None = None) -> str:
     return "exit"
 
 
-def exit_reason(engine: str, code: int | None, oom: str | None = None) -> str:
-    """Why a serving seat's process ended, from its exit code: a kill by the kernel's OOM killer (``oom``: what the
-    kernel said), a kill by SIGKILL from an unknown sender (the OOM killer where the kernel cannot be asked, or
+def exit_words(engine: str, code: int | None, oom: str | None = None) -> str:
+    """How an engine process ended, from its exit code, in words: a kill by the kernel's OOM killer (``oom``: what
+    the kernel said), a kill by SIGKILL from an unknown sender (the OOM killer where the kernel cannot be asked, or
     another program; fitevict's own stops are expected and never reach here), a crash by another signal, or an
     exit."""
     cause = exit_cause(code, oom)
     if cause == "oom-killer":
-        return (f"{engine} was killed by the kernel's OOM killer (SIGKILL, exit code {code}): {oom}; "
-                "the next request reloads it")
+        return f"{engine} was killed by the kernel's OOM killer (SIGKILL, exit code {code}): {oom}"
     if cause == "killed":
-        return (f"{engine} was killed (SIGKILL, exit code {code}: the kernel's OOM killer, or another program); "
-                "the next request reloads it")
+        return f"{engine} was killed (SIGKILL, exit code {code}: the kernel's OOM killer, or another program)"
     if cause == "signal":
         try:
             name = signal.Signals(-code).name  # type: ignore[operator]
         except ValueError:
             name = f"signal {-code}"  # type: ignore[operator]
-        return f"{engine} died by {name} (exit code {code}); the next request reloads it"
-    return f"{engine} exited unexpectedly with code {code}; the next request reloads it"
+        return f"{engine} died by {name} (exit code {code})"
+    return f"{engine} exited unexpectedly with code {code}"
+
+
+def exit_reason(engine: str, code: int | None, oom: str | None = None) -> str:
+    """Why a serving seat's process ended (``exit_words``), and what follows."""
+    return f"{exit_words(engine, code, oom)}; the next request reloads it"

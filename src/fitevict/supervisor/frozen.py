@@ -114,7 +114,7 @@ async def watch_frozen(seat: SeatState, stall_seconds: float, frozen: Callable[[
     stuck = StuckWatch()
     while (state := process_state(seat.pid)) not in (None, "Z", "X") and not seat.expected_exit:
         now = clock()
-        seat.kernel_seen = oomkill.observe(seat.pid)
+        seat.kernel_seen = oomkill.follow(seat.pid, seat.kernel_seen)
         icebox = frozen_by_cgroup(seat.pid) if state == "D" else None
         since = (since if since is not None else now) if state == "T" or icebox is not None else None
         why = None

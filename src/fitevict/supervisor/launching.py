@@ -42,9 +42,10 @@ log = logging.getLogger("fitevict.supervisor")
 
 @dataclass(eq=False)
 class Attempt:
-    """A load's engine process as far as it got: the latest attempt's seat (None before the first spawn), its launch
-    spec and configuration, and the crash that made it load without repacking."""
+    """A load as far as it got: the step it is at (its words), the latest attempt's seat (None before the first
+    spawn), its launch spec and configuration, and the crash that made it load without repacking."""
 
+    step: str = "pruning the seat logs"
     seat: SeatState | None = None
     spec: LaunchSpec | None = None
     config: LoadConfig | None = None
@@ -53,10 +54,12 @@ class Attempt:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The last attempt failed for good: its stop, and why it failed."""
+    """The last attempt failed for good: its stop, why it failed, and the engine's exit code when it exited on its
+    own before the stop (None: it still ran, and the stop ended it)."""
 
     res: StopResult
     error: LoadFailed
+    code: int | None = None
 
 
 class Launcher:
@@ -96,7 +99,7 @@ class Launcher:
                     continue
                 sig = retry_without_repack(traits(entry.engine).repacks, cfg, code) if attempt.crash is None else None
                 if sig is None:
-                    return Failed(res, e)
+                    return Failed(res, e, code)
                 # once, with no extra CPU buffer types, priced for that configuration
                 attempt.crash = RepackCrash(sig, self.clock() - t0, str(seat.log_path), predicted.whole_bytes,
                                             res.freed_bytes, self.prices.host_buffers())

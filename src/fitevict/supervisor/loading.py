@@ -4,9 +4,10 @@ own: the seat's prediction (``seatprice.SeatPrices``), its engine process launch
 then the scheduler told it is loaded (its waiters get it at once). What follows is off their path: the seat is read
 (``measure.Meter``) once the first request handed to it was answered (or after ``FIRST_ANSWER_WAIT_S``), and its
 load recorded (``loadrecord.LoadRecorder``). A load that fails for good records a ``fail`` with the seat's own
-account of why; one cancelled (every waiter left, or shutdown) is ended and recorded as an ``unload``; whatever else
-goes wrong in it (a bug included) ends as a failed load, so that no request waits for a load that will never finish
-and no process outlives it.
+account of why (an engine killed before it was ready: by the kernel's OOM killer when the kernel says so, else
+``killed``); one cancelled (every waiter left, or shutdown) at any step before its seat is ready, its prediction
+included, is ended and recorded as an ``unload`` naming that step; whatever else goes wrong in it (a bug included)
+ends as a failed load, so that no request waits for a load that will never finish and no process outlives it.
 
 ``Loader`` works with four parts: the clock, the history, the processes (the entry's engine, the seat's log) and the
 scheduler; and with the collaborators above, the ending, and callables: ``spawn`` (background work), ``closed``
@@ -19,19 +20,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
+from fitevict.host.oomkill import oom_evidence
 from fitevict.pricing.footprint import HOST
-from fitevict.request.catalog import CatalogEntry
 from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import PLACING
 from fitevict.store.records import Event
 from fitevict.supervisor.accounts import engine_failure
+from fitevict.supervisor.crash import exit_cause, exit_words
 from fitevict.supervisor.ending import Ending
 from fitevict.supervisor.history import History
 from fitevict.supervisor.launching import Attempt, Failed, Launcher
@@ -39,6 +42,7 @@ from fitevict.supervisor.loadrecord import LoadRecorder
 from fitevict.supervisor.measure import Meter
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.readiness import Readiness
+from fitevict.supervisor.seat import SeatState, log_tail
 from fitevict.supervisor.seatprice import SeatPrices
 from fitevict.supervisor.watching import CrashWatch
 
@@ -47,6 +51,7 @@ log = logging.getLogger("fitevict.supervisor")
 # A new seat that was handed requests is read (its PSS, its log) once the first of them is answered, or after
 # this long: the reading takes milliseconds of CPU that, on a small machine, would slow the engine's first answer.
 FIRST_ANSWER_WAIT_S = 1.0
+READY = "ready"  # the step of a load whose seat answered: a cancel from then on is no longer the load's
 
 
 class Loader:
@@ -73,11 +78,17 @@ class Loader:
         return False
 
     async def load(self, waiter: Waiter, plan: pl.Plan) -> None:
-        """One load; whatever goes wrong in it (a bug included) ends as a failed load."""
-        attempt = Attempt()
+        """One load; a cancel at any step before it is ready ends as a cancelled load, whatever else goes wrong in it
+        (a bug included) as a failed load."""
+        attempt, t0 = Attempt(), self.clock()
         try:
-            await self.launcher.prune_logs()  # within [logs]
-            await self._load(waiter, plan, attempt)
+            try:
+                await self.launcher.prune_logs()  # within [logs]
+                await self._load(waiter, plan, attempt)
+            except asyncio.CancelledError as e:  # nobody waits for this load any more, or fitevict is shutting down
+                if attempt.step == READY:
+                    raise  # a seat that serves: its stop is the stopper's
+                await self._cancelled(waiter, attempt, e.args[0] if e.args else "load cancelled", t0)
         except Exception as e:
             refused = isinstance(e, LoadFailed)  # refused before its engine started (its binary changed): no bug
             if not refused:
@@ -98,21 +109,21 @@ class Loader:
 
     async def _load(self, waiter: Waiter, plan: pl.Plan, attempt: Attempt) -> None:
         key = waiter.key
+        attempt.step = "pricing the seat (its prediction, a GPU placement's dry run first)"
         entry, path = self.prices.asked(waiter)
         assert plan.config is not None
         predicted = await self.prices.predicted(waiter, entry, plan.config, path)
+        attempt.step = "starting its engine (until its first healthy answer)"
         t0 = self.clock()
-        try:
-            failed = await self.launcher.launch(attempt, entry, plan.config, path, predicted, plan)
-        except asyncio.CancelledError as e:  # nobody waits for this load any more, or fitevict is shutting down
-            await self._cancelled(waiter, entry, attempt, e.args[0] if e.args else "load cancelled", t0)
-            return
+        failed = await self.launcher.launch(attempt, entry, plan.config, path, predicted, plan)
         if failed is not None:
+            self.loads.pop(key, None)  # its end is being recorded: no cancel from now on
             await self._fail(waiter, plan, attempt, failed, t0)
             return
         seat, cfg = attempt.seat, attempt.config
         assert seat is not None and cfg is not None and attempt.spec is not None
         self.loads.pop(key, None)
+        attempt.step = READY
         load_seconds = self.clock() - t0
         await self.readiness.ready(seat, attempt.crash)
         self.watch.watch(seat)
@@ -132,18 +143,23 @@ class Loader:
         finally:
             recorded.set_result(None)
 
-    async def _cancelled(self, waiter: Waiter, entry: CatalogEntry, attempt: Attempt, why: str, t0: float) -> None:
-        """A load nobody waits for any more (every client left), or cut by shutdown: its process ended, an
-        ``unload`` recorded, and the scheduler told."""
-        seat = attempt.seat
-        if seat is not None and not seat.expected_exit:
+    async def _cancelled(self, waiter: Waiter, attempt: Attempt, why: str, t0: float) -> None:
+        """A load nobody waits for any more (every client left), or cut by shutdown, at whatever step it was (its
+        prediction, its engine's start): its process ended if it had one, an ``unload`` recorded with the step it
+        was cut at, and the scheduler told."""
+        seat, res = attempt.seat, None
+        if seat is not None and (not seat.expected_exit or (seat.proc is not None and seat.proc.returncode is None)):
             res = await self.ending.end(seat)
-            await self.history.record(Event(
-                time=self.clock(), event="unload", model=waiter.key, engine=entry.engine, seconds=res.exit_seconds,
-                reason=("no one waiting: every request for this load left before it finished"
-                        if not self.closed() else "fitevict is shutting down: load cancelled"),
-                request_id=waiter.request_id, freed_bytes=res.freed_bytes,
-                details={"cancelled_after_seconds": self.clock() - t0, "note": str(why), **res.details()}))
+        await self.history.record(Event(
+            time=self.clock(), event="unload", model=waiter.key,
+            engine=seat.engine if seat is not None else self.processes.engine_name(waiter.key),
+            seconds=res.exit_seconds if res is not None else None,
+            reason=("no one waiting: every request for this load left before it finished"
+                    if not self.closed() else "fitevict is shutting down: load cancelled"),
+            request_id=waiter.request_id, freed_bytes=res.freed_bytes if res is not None else None,
+            details={"cancelled_after_seconds": self.clock() - t0, "cancelled_at": attempt.step, "note": str(why),
+                     "engine_started": seat is not None, **(res.details() if res is not None else {})}))
+        if seat is not None:
             self.processes.done_with_log(seat.log_path)
         self.scheduler.stopped(waiter.key)
 
@@ -153,11 +169,17 @@ class Loader:
         seat, key, e, res, crash = attempt.seat, waiter.key, failed.error, failed.res, attempt.crash
         assert seat is not None and attempt.spec is not None
         details = {"log": str(seat.log_path), "argv": list(attempt.spec.argv), "pid": seat.pid, **res.details()}
+        killed = None
+        if failed.code is not None:  # it exited on its own before it was ready: how, in the kernel's words too
+            ended, killed = await self._ended(seat, failed.code)
+            details.update(ended)
+            if killed is not None:  # a kill is the cause, whatever its log says
+                e = LoadFailed(f"{key}: {killed}; log {seat.log_path}:\n{log_tail(seat.log_path)}")
         if crash is not None:
             details["repack_crash"] = crash.to_json()
             e = LoadFailed(f"{key}: llama-server died by {crash.signal} with repacking on, and the retry "
                            f"with -nr failed too: {e}")
-        why = engine_failure(self.processes.engine_for(seat.entry), seat.log_path)
+        why = engine_failure(self.processes.engine_for(seat.entry), seat.log_path) if killed is None else None
         if why is not None:  # the seat's own account (a transformers walk that found no weights, ...)
             no_weights = seat.proc is not None and seat.proc.returncode == EXIT_NO_WEIGHTS
             verdict = guard_mod.check_walk(None, reason=why) if no_weights else None
@@ -171,3 +193,17 @@ class Loader:
             freed_bytes=res.freed_bytes, details=details))
         self.processes.done_with_log(seat.log_path)
         self.scheduler.load_failed(key, e)
+
+    async def _ended(self, seat: SeatState, code: int) -> tuple[dict[str, Any], str | None]:
+        """How an engine that exited before it was ready ended (``crash.exit_cause``), the kernel asked whether a
+        SIGKILL was its OOM killer's (``host.oomkill.oom_evidence``, from what it said of the process while it
+        loaded): the details, and for a kill the words that say so (None for another end: its log's account
+        stands)."""
+        oom = (await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen)
+               if code == -signal.SIGKILL and seat.pid is not None else None)
+        cause = exit_cause(code, oom)
+        details = {"exit_code": code, "cause": cause, "oom": oom}
+        if cause not in ("oom-killer", "killed"):
+            return details, None
+        return details, (f"{exit_words(seat.engine, code, oom)} while loading {seat.model_path.name}, before it "
+                         f"was ready (cause: {cause})")

@@ -9,11 +9,12 @@ drops the moment the process's memory is unmapped. GPU: NVML free.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fitevict.engines.process import Child, group_alive, stop_process_group
+from fitevict.engines.process import Child, GroupStop, group_alive, stop_process_group
 from fitevict.host import procmem
 from fitevict.host.nvml import read_gpus
 from fitevict.pricing.footprint import HOST
@@ -46,13 +47,45 @@ class StopResult:
     release_seconds: float | None
     verified: bool
     note: str
+    exit_code: int | None = None  # the process's own, as the stop read it (None: not a child of this fitevict)
+    ended: str = "unknown"  # how it ended during the stop, in one word (``stop_account``)
+    ended_note: str = ""  # the same in words
 
     def details(self) -> dict[str, Any]:
-        return {"release_verified": self.verified, "exit_seconds": self.exit_seconds,
+        return {"stop_exit_code": self.exit_code, "stop_ended": self.ended, "stop_ended_note": self.ended_note,
+                "release_verified": self.verified, "exit_seconds": self.exit_seconds,
                 "release_seconds": self.release_seconds, "held_committed_bytes": self.held.get(HOST),
                 "held_bytes": dict(self.held), "freed_by_device": dict(self.freed_by_device),
                 "release_note": self.note, "mem_available_delta_bytes": self.freed_by_device.get("MemAvailable"),
                 "freed_source": FREED_SOURCE}
+
+
+def stop_account(code: int | None, stop: GroupStop, grace: float) -> tuple[str, str]:
+    """How a process ended during its stop (``stop``: what ``stop_process_group`` saw; ``code``: its exit code, None
+    when it is not our child), as one word and in words: ``sigterm`` (it exited on the stop's SIGTERM), ``sigkill``
+    (it outlived the grace, and the stop's SIGKILL ended it), ``frozen`` (stopped by a signal when the grace ran out,
+    so it never ran its SIGTERM: the stop's SIGKILL ended it), ``killed`` (SIGKILL from another sender during the
+    grace: the kernel's OOM killer, or another program), ``signal`` (another signal during the grace: a crash while it
+    shut down), ``exited`` (it had exited before the stop), ``unknown`` (not our child: no exit code). Pure."""
+    if code is None:
+        return "unknown", "not a child of this fitevict: its exit code is unknown"
+    if stop.exited_before:
+        return "exited", f"it had already exited (exit code {code}) before the stop"
+    if stop.killed:
+        if stop.state_at_kill in ("T", "t"):
+            return "frozen", (f"it was stopped by a signal (state {stop.state_at_kill}) when the stop's grace of "
+                              f"{grace:g} s (engine.stop_grace_seconds) ran out, so it never ran its SIGTERM: "
+                              f"killed by the stop's SIGKILL (exit code {code})")
+        return "sigkill", (f"it did not exit within the stop's grace of {grace:g} s (engine.stop_grace_seconds, state "
+                           f"{stop.state_at_kill}): killed by the stop's SIGKILL (exit code {code})")
+    if code >= 0 or -code == signal.SIGTERM:
+        return "sigterm", f"it exited on the stop's SIGTERM (exit code {code})"
+    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    if -code == signal.SIGKILL:
+        return "killed", (f"it ended by signal {-code} ({name}) during the stop, within its grace: not the stop's (it "
+                          "had sent SIGTERM only), but the kernel's OOM killer or another program")
+    return "signal", (f"it ended by signal {-code} ({name}) during the stop, within its grace: not the stop's SIGTERM "
+                      "(a crash while it shut down)")
 
 
 def release_check(held: Mapping[str, int | None], before: Mapping[str, int], now: Mapping[str, int], *,
@@ -115,15 +148,19 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
                           gpu_held: Mapping[str, int | None] | None = None,
                           on_exit: Callable[[], None] | None = None) -> StopResult:
     """The one stop path: what the seat holds read just before, free memory read, the group stopped (SIGTERM,
-    grace, SIGKILL), the release verified. A seat that already exited on its own (a crash) has nothing left
-    to read: no process of the group remaining is all that can be said, and its release is unverified (freed
-    bytes and release seconds unavailable, the reason named), never "verified" with nothing measured. ``on_exit`` is
-    called once the group has exited, before the release is verified (which may take up to ``release_timeout``)."""
+    grace, SIGKILL), how its process ended during the stop read (``stop_account``: a kill or a freeze by someone
+    else is said), the release verified. A seat that already exited on its own (a crash) has nothing left to read:
+    no process of the group remaining is all that can be said, and its release is unverified (freed bytes and
+    release seconds unavailable, the reason named), never "verified" with nothing measured. ``on_exit`` is called
+    once the group has exited, before the release is verified (which may take up to ``release_timeout``)."""
     tree = procmem.read_tree(pgid) if pgid is not None else None
     host_held = tree.committed_bytes if tree is not None and tree.source != "unavailable" else None
     held: dict[str, int | None] = {HOST: host_held, **{d: (gpu_held or {}).get(d) for d in devices}}
     before = free_now(devices, nvml)
-    exit_s = await stop_process_group(pgid, grace, proc=proc, clock=clock)
+    stop = await stop_process_group(pgid, grace, proc=proc, clock=clock)
+    exit_s = stop.seconds
+    stop_code = proc.returncode if proc is not None else None
+    how = stop_account(stop_code, stop, grace)
     if on_exit is not None:  # the group is gone: what it held is the kernel's again, verified or not
         on_exit()
     if host_held is None:
@@ -133,6 +170,7 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
         note = (f"unverified: {why}; no process of the group remains, but what it held was never measured, so "
                 "the freed bytes and the release time are unavailable" if gone
                 else f"unverified: {why}, and the group is still alive")
-        return StopResult(key, held, None, {}, exit_s, None, False, note)
+        return StopResult(key, held, None, {}, exit_s, None, False, note, stop_code, *how)
     r = await verify_release(before, held, devices, nvml=nvml, timeout=release_timeout, clock=clock)
-    return StopResult(key, held, r.freed_bytes, r.freed_by_device, exit_s, r.release_seconds, r.verified, r.note)
+    return StopResult(key, held, r.freed_bytes, r.freed_by_device, exit_s, r.release_seconds, r.verified, r.note,
+                      stop_code, *how)

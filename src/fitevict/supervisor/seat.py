@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from fitevict.engines.base import LaunchSpec
 from fitevict.engines.process import Child, start_child
 from fitevict.engines.upstream import health_status
-from fitevict.host import procmem
+from fitevict.host import oomkill, procmem
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
@@ -26,7 +26,6 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.supervisor.timings import EngineTimings
 
 if TYPE_CHECKING:
-    from fitevict.host.oomkill import Seen
     from fitevict.supervisor.crash import RepackCrash
 
 BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
@@ -78,7 +77,7 @@ class SeatState:
     kv_candidates: list = field(default_factory=list)  # kvkeep.SavedPrompt of this signature, not yet tried
     kv_checks: int = 0  # requests compared with the saved prompts so far
     file_at_start: tuple[int, int] | None = None  # its model file's (size, inode) when its process started
-    kernel_seen: Seen | None = None  # host.oomkill.Seen: its start and memory cgroup when last looked at
+    kernel_seen: oomkill.Seen | None = None  # host.oomkill.Seen: its start and memory cgroup when last looked at
     repack_crash: RepackCrash | None = None  # crash.RepackCrash: this seat is the -nr retry of a load that crashed with repacking
 
     @property
@@ -300,8 +299,8 @@ async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_time
                      health_path: str = "/health") -> None:
     """Wait until the engine answers ``health_path`` with 200. Probes are raw (no client object to build) and
     tight: every 5 ms for the first 2 s, then every 50 ms, so readiness is seen as soon as it happens. Fails when
-    the process exits, when its memory stops changing for ``stall_seconds`` while not healthy (read every 100 ms),
-    or at ``health_timeout``."""
+    the process exits, when its memory stops changing for ``stall_seconds`` while not healthy (read every 100 ms,
+    with what the kernel says of it: ``seat.kernel_seen``), or at ``health_timeout``."""
     assert seat.proc is not None
     t0 = clock()
     exited = asyncio.ensure_future(seat.proc.wait())
@@ -316,7 +315,7 @@ async def _poll_ready(seat: SeatState, exited: asyncio.Future, clock: Callable[[
                       health_timeout: float, stall_seconds: float, health_path: str) -> None:
     assert seat.proc is not None
     last_mem: int | None = None
-    last_progress = last_read = t0
+    last_progress, last_read = t0, t0 - 0.1  # the first look at once: a process killed early is known to the kernel
     while True:
         if seat.proc.returncode is not None:
             raise LoadFailed(f"{seat.key}: {seat.engine} exited with code {seat.proc.returncode} while loading "
@@ -326,6 +325,7 @@ async def _poll_ready(seat: SeatState, exited: asyncio.Future, clock: Callable[[
         now = clock()
         if now - last_read >= 0.1 and seat.pid is not None:
             last_read = now
+            seat.kernel_seen = oomkill.follow(seat.pid, seat.kernel_seen)  # a SIGKILL before ready: the OOM killer's?
             mem = procmem.read_tree(seat.pid)
             total = mem.committed_bytes + mem.mapped_bytes if mem.source != "unavailable" else None
             if total is not None and total != last_mem:

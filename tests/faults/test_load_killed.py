@@ -1,0 +1,141 @@
+"""A seat killed before it is ready, against one real front door (``fitevict serve``) and real llama-server seats:
+by the kernel's OOM killer of a memory cgroup the seat was moved into, or by a plain ``SIGKILL`` whose sender the
+kernel does not name.
+
+The load is held by the fault shim (``faultshim.c``, hold-open): the new engine blocks before it opens the model
+file and writes its pid to a marker file; the test then moves that pid into a capped memory cgroup (skipped where
+this machine gives none) or kills it, and lets it go on. For each: what the client receives (the load's failure,
+naming how the engine ended), what history's ``fail`` says (its cause, in the words a serving seat's ``crash``
+uses, with the kernel's own where it gives them), and that the next request loads the model and is served.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from _cgroups import memory_cgroup, remove_cgroup
+from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
+from _shim import build_shim, shim_env
+from test_seat_faults import ends, gone
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+CAP_BYTES = 2 << 20  # the memory cap: a seat charges its buffers to its new cgroup as it loads
+
+
+@pytest.fixture(scope="module")
+def held(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FrontDoor, Path]]:
+    """A door whose engines hold before they open a model file while the flag file (returned) exists."""
+    tmp = tmp_path_factory.mktemp("loadkilled")
+    models = tmp / "models"
+    models.mkdir()
+    for name in ("oom", "killed"):
+        shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
+    cfg = tmp / "fitevict.toml"
+    cfg.write_text("[policy]\nprompt_cache = false\n[engine]\nstall_seconds = 120\n")
+    flag = tmp / "hold"
+    env = shim_env(build_shim(tmp_path_factory.mktemp("shim")), models, flag, "hold-open", exe="llama-server")
+    with front_door(tmp, "--config", str(cfg), "--models-dir", str(models), env=env, timeout=180) as fd:
+        poll(lambda: (p := httpx.get(fd.base_url + "/health").json()["prices_read_ahead"])["done"] == p["models"],
+             "the prices read ahead (the dry run opens the file too)")
+        yield fd, flag
+
+
+def ask(fd: FrontDoor, model: str) -> httpx.Response:
+    return httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+
+
+def held_load(fd: FrontDoor, flag: Path, model: str, fault) -> tuple[int, httpx.Response]:
+    """Ask for ``model`` with its engine held before it opens the model file; ``fault(pid)`` once it is held, then
+    the hold released. The engine's pid and the client's answer."""
+    marker = Path(f"{flag}.held")
+    marker.unlink(missing_ok=True)
+    flag.touch()
+    got: list[httpx.Response] = []
+    t = threading.Thread(target=lambda: got.append(ask(fd, model)))
+    t.start()
+    try:
+        poll(lambda: marker.exists() and marker.read_text().strip(), "the engine held before it opens the model",
+             timeout=60)
+        pid = int(marker.read_text())
+        assert pid in engine_pids_of(fd.proc.pid) and f"/{model}.gguf" in Path(f"/proc/{pid}/cmdline").read_text()
+        fault(pid)
+    finally:
+        flag.unlink(missing_ok=True)
+        t.join(120)
+    assert got, f"no answer for {model}"
+    return pid, got[0]
+
+
+def check_failed(fd: FrontDoor, model: str, pid: int, answer: httpx.Response) -> dict:
+    """The client told the load failed (502 ``load_failed``); its ``fail`` in history (returned), the engine reaped."""
+    assert answer.status_code == 502, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "engine_error" and error["code"] == "load_failed"
+    poll(lambda: gone(pid), f"engine pid {pid} reaped")
+    assert ends(fd, model) == ["fail"]
+    fail = next(e for e in history(fd) if e["model"] == model and e["event"] == "fail")
+    assert fail["details"]["pid"] == pid and fail["details"]["exit_code"] == -signal.SIGKILL
+    assert fail["reason"] == error["message"]
+    return fail
+
+
+def check_loads(fd: FrontDoor, model: str) -> None:
+    r = ask(fd, model)
+    assert r.status_code == 200, r.text
+    assert ends(fd, model) == ["fail", "load"]
+
+
+@pytest.mark.fault(
+    fault="a seat killed by the kernel's OOM killer before it is ready: its engine, held before it opens the model, "
+          "moved into a memory cgroup capped at 2 MiB, then let load",
+    client="a `502` `load_failed` whose message says \"was killed by the kernel's OOM killer (SIGKILL, exit code -9): "
+           "<the kernel's words>\" while loading, `cause: oom-killer`",
+    history="a `fail` with `exit_code: -9`, `cause: oom-killer` and `oom`: the kernel's log line naming the pid, or "
+            "the cgroup's `oom_kill` count risen (before: a plain load failure, the kernel never asked)",
+    running="nothing of that engine (reaped); the next request loads the model, outside the cgroup, and is served",
+    lost="that one answer")
+def test_a_seat_oom_killed_before_it_is_ready(held: tuple[FrontDoor, Path]) -> None:
+    fd, flag = held
+    cgroup = memory_cgroup(CAP_BYTES, "an OOM kill of a loading seat in a memory cgroup")
+    try:
+        pid, answer = held_load(fd, flag, "oom", lambda p: (cgroup / "cgroup.procs").write_text(str(p)))
+        fail = check_failed(fd, "oom", pid, answer)
+    finally:
+        remove_cgroup(cgroup)
+    d = fail["details"]
+    if d["cause"] != "oom-killer" and not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("the kernel log (/dev/kmsg) cannot be read here, and the engine was killed before the door looked "
+                    "at it in its new cgroup: no witness could name the OOM killer")
+    assert d["cause"] == "oom-killer" and d["oom"], d
+    assert f"Killed process {pid} (" in d["oom"] or str(cgroup) in d["oom"]
+    assert "was killed by the kernel's OOM killer (SIGKILL, exit code -9)" in fail["reason"]
+    assert d["oom"] in fail["reason"] and "(cause: oom-killer)" in fail["reason"]
+    check_loads(fd, "oom")
+
+
+@pytest.mark.fault(
+    fault="a seat `SIGKILL`ed before it is ready by a sender the kernel does not name (its engine held before it "
+          "opens the model, then killed)",
+    client="a `502` `load_failed` whose message says \"was killed (SIGKILL, exit code -9: the kernel's OOM killer, "
+           "or another program)\" while loading, `cause: killed`",
+    history="a `fail` with `exit_code: -9`, `cause: killed`, `oom: null`: never called an OOM kill without the "
+            "kernel's word",
+    running="nothing of that engine (reaped); the next request loads the model and is served",
+    lost="that one answer")
+def test_a_seat_killed_before_it_is_ready_is_killed_not_oom(held: tuple[FrontDoor, Path]) -> None:
+    fd, flag = held
+    pid, answer = held_load(fd, flag, "killed", lambda p: os.kill(p, signal.SIGKILL))
+    fail = check_failed(fd, "killed", pid, answer)
+    assert fail["details"]["cause"] == "killed" and fail["details"]["oom"] is None, fail["details"]
+    assert "was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in fail["reason"]
+    assert "(cause: killed)" in fail["reason"]
+    check_loads(fd, "killed")
