@@ -31,6 +31,7 @@ from fitevict.supervisor.launching import Launcher
 from fitevict.supervisor.learning import Learning
 from fitevict.supervisor.loading import Loader
 from fitevict.supervisor.loadrecord import LoadRecorder
+from fitevict.supervisor.loadreport import seat_load_report
 from fitevict.supervisor.measure import Meter
 from fitevict.supervisor.ports import Ports
 from fitevict.supervisor.readiness import Readiness
@@ -77,10 +78,12 @@ class LiveEffects:
             p.clock, p.history, p.processes, scheduler, prices=prices,
             launcher=Launcher(p.processes, p.table, p.clock, p.config.engine, prices=prices, ending=self.ending,
                               records=self.records, spawned=scheduler.spawned, changed=p.history.changed),
-            ending=self.ending, readiness=Readiness(p.desk, p.kv, p.config, p.prices),
+            ending=self.ending, readiness=Readiness(p.desk.shrinks, p.kv, p.config, p.prices),
             meter=Meter(p.nvml, p.clock, p.processes),
-            recorder=LoadRecorder(p.clock, p.history, p.planning, p.seats,
-                                  learning=Learning(p.prices, p.store, p.processes, p.clock)),
+            recorder=LoadRecorder(p.clock, p.history, p.planning,
+                                  learning=Learning(p.prices, p.store, p.processes, p.clock),
+                                  report=lambda seat, plan: seat_load_report(seat, plan, p.planning.last_budget,
+                                                                             p.seats).to_json()),
             watch=self.watch, spawn=self._spawn_task, closed=lambda: p.desk.closed, handed=lambda: self.handed,
             recording=self.recording)
 

@@ -33,12 +33,12 @@ from fitevict.schedule.seats import PLACING
 from fitevict.store.records import Event
 from fitevict.supervisor.accounts import engine_failure
 from fitevict.supervisor.ending import Ending
-from fitevict.supervisor.history import History
 from fitevict.supervisor.launching import Attempt, Failed, Launcher
 from fitevict.supervisor.loadrecord import LoadRecorder
 from fitevict.supervisor.measure import Meter
 from fitevict.supervisor.processes import Processes
 from fitevict.supervisor.readiness import Readiness
+from fitevict.supervisor.seatparts import EventLog
 from fitevict.supervisor.seatprice import SeatPrices
 from fitevict.supervisor.watching import CrashWatch
 
@@ -50,7 +50,7 @@ FIRST_ANSWER_WAIT_S = 1.0
 
 
 class Loader:
-    def __init__(self, clock: Callable[[], float], history: History, processes: Processes, scheduler: Scheduler, *,
+    def __init__(self, clock: Callable[[], float], history: EventLog, processes: Processes, scheduler: Scheduler, *,
                  prices: SeatPrices, launcher: Launcher, ending: Ending, readiness: Readiness, meter: Meter,
                  recorder: LoadRecorder, watch: CrashWatch,
                  spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task], closed: Callable[[], bool],
