@@ -37,8 +37,8 @@ What a model costs (the price book, its sheets, what was learned) is ``fitevict.
 from fitevict.request.contract import Contract
 from fitevict.supervisor.core import ShutdownSummary, Supervisor
 from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
-from fitevict.supervisor.release import RELEASE_SLACK, Release, StopResult, release_check
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.release import RELEASE_SLACK, Release, StopResult, release_check
+from fitevict.seat.running import SeatState
 
 __all__ = ["Busy", "Contract", "LoadFailed", "RELEASE_SLACK", "Refused", "Release", "SeatState",
            "ShutdownSummary", "StopResult", "Supervisor", "SupervisorError", "release_check"]

@@ -25,22 +25,22 @@ from fitevict.schedule.errors import Busy, Refused, SupervisorError
 from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import Exit
 from fitevict.store.records import Event
-from fitevict.supervisor.ending import Ending
+from fitevict.seat.ending import Ending
 from fitevict.supervisor.kvkeep import keep_before_stop
-from fitevict.supervisor.launching import Launcher
-from fitevict.supervisor.learning import Learning
-from fitevict.supervisor.loading import Loader
-from fitevict.supervisor.loadrecord import LoadRecorder
+from fitevict.seat.launching import Launcher
+from fitevict.seat.learning import Learning
+from fitevict.seat.loading import Loader
+from fitevict.seat.loadrecord import LoadRecorder
 from fitevict.supervisor.loadreport import seat_load_report
-from fitevict.supervisor.measure import Meter
+from fitevict.seat.measure import Meter
 from fitevict.supervisor.ports import Ports
-from fitevict.supervisor.readiness import Readiness
-from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.seatprice import SeatPrices
-from fitevict.supervisor.stopping import Stopper
-from fitevict.supervisor.storing import SeatRecords
-from fitevict.supervisor.watching import CrashWatch
+from fitevict.seat.readiness import Readiness
+from fitevict.seat.release import StopResult
+from fitevict.seat.running import SeatState
+from fitevict.seat.price import SeatPrices
+from fitevict.seat.stopping import Stopper
+from fitevict.seat.storing import SeatRecords
+from fitevict.seat.watching import CrashWatch
 
 log = logging.getLogger("fitevict.supervisor")
 

@@ -31,16 +31,16 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import PLACING
 from fitevict.store.records import Event
-from fitevict.supervisor.accounts import engine_failure
-from fitevict.supervisor.ending import Ending
-from fitevict.supervisor.launching import Attempt, Failed, Launcher
-from fitevict.supervisor.loadrecord import LoadRecorder
-from fitevict.supervisor.measure import Meter
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.readiness import Readiness
-from fitevict.supervisor.seatparts import EventLog
-from fitevict.supervisor.seatprice import SeatPrices
-from fitevict.supervisor.watching import CrashWatch
+from fitevict.seat.accounts import engine_failure
+from fitevict.seat.ending import Ending
+from fitevict.seat.launching import Attempt, Failed, Launcher
+from fitevict.seat.loadrecord import LoadRecorder
+from fitevict.seat.measure import Meter
+from fitevict.seat.processes import Processes
+from fitevict.seat.readiness import Readiness
+from fitevict.seat.parts import EventLog
+from fitevict.seat.price import SeatPrices
+from fitevict.seat.watching import CrashWatch
 
 log = logging.getLogger("fitevict.supervisor")
 

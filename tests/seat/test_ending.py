@@ -10,7 +10,7 @@ from pathlib import Path
 from fitevict.config import EngineConfig
 from fitevict.engines.process import group_alive
 from fitevict.schedule.seats import SeatTable
-from fitevict.supervisor.ending import Ending
+from fitevict.seat.ending import Ending
 
 from . import fakeparts
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.schedule.errors import LoadFailed
-from fitevict.supervisor.seat import wait_ready
+from fitevict.seat.running import wait_ready
 
 from . import fakeparts
 

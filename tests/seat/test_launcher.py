@@ -19,8 +19,8 @@ from fitevict.engines.process import free_port
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.seats import Seat, SeatTable
-from fitevict.supervisor.launching import Attempt, Failed, Launcher
-from fitevict.supervisor.seat import BIND_FAILED
+from fitevict.seat.launching import Attempt, Failed, Launcher
+from fitevict.seat.running import BIND_FAILED
 
 from . import fakeparts
 

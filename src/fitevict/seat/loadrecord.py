@@ -17,11 +17,11 @@ from fitevict import planner as pl
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.scheduler import Waiter
 from fitevict.store.records import Event
-from fitevict.supervisor.accounts import strategy
-from fitevict.supervisor.learning import Learning
-from fitevict.supervisor.measure import mem_json
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.seatparts import EventLog, SeatFigures
+from fitevict.seat.accounts import strategy
+from fitevict.seat.learning import Learning
+from fitevict.seat.measure import mem_json
+from fitevict.seat.running import SeatState
+from fitevict.seat.parts import EventLog, SeatFigures
 
 
 class LoadRecorder:

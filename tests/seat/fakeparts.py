@@ -14,8 +14,8 @@ from fitevict.engines.base import LaunchSpec
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.seats import Seat, SeatStatus
-from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.seat import SeatState, spawn
+from fitevict.seat.release import StopResult
+from fitevict.seat.running import SeatState, spawn
 from fitevict.units import MiB
 
 PRICE = Footprint((DeviceFootprint(HOST, Term(60 * MiB, "formula"), Term(20 * MiB, "formula")),),

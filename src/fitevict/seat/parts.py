@@ -13,7 +13,7 @@ from fitevict import planner as pl
 from fitevict.store.records import Event
 
 if TYPE_CHECKING:
-    from fitevict.supervisor.seat import SeatState
+    from fitevict.seat.running import SeatState
 
 
 class EventLog(Protocol):

@@ -14,8 +14,8 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.seats import SeatStatus
 from fitevict.store import Store
 from fitevict.supervisor.history import History
-from fitevict.supervisor.launching import Failed
-from fitevict.supervisor.loading import Loader
+from fitevict.seat.launching import Failed
+from fitevict.seat.loading import Loader
 
 from . import fakeparts
 

@@ -12,7 +12,7 @@ from fitevict.config import EngineConfig
 from fitevict.schedule.seats import Exit
 from fitevict.store import Store
 from fitevict.supervisor.history import History
-from fitevict.supervisor.watching import CrashWatch
+from fitevict.seat.watching import CrashWatch
 
 from . import fakeparts
 

@@ -19,8 +19,8 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import passthrough_args
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.seatparts import PromptFiles
+from fitevict.seat.running import SeatState
+from fitevict.seat.parts import PromptFiles
 
 log = logging.getLogger("fitevict.supervisor")
 

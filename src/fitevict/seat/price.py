@@ -18,7 +18,7 @@ from fitevict.prices.book import PriceBook
 from fitevict.request.ask import passthrough_args
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.schedule.scheduler import Waiter
-from fitevict.supervisor.seatparts import SeatFigures
+from fitevict.seat.parts import SeatFigures
 
 
 class SeatPrices:

@@ -23,11 +23,11 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
 from fitevict.schedule.seats import Seat, SeatStatus
 from fitevict.schedule.errors import LoadFailed
-from fitevict.supervisor.timings import EngineTimings
+from fitevict.seat.timings import EngineTimings
 
 if TYPE_CHECKING:
     from fitevict.host.oomkill import Seen
-    from fitevict.supervisor.crash import RepackCrash
+    from fitevict.seat.crash import RepackCrash
 
 BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
 

@@ -29,13 +29,13 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
 from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.seats import SeatTable
-from fitevict.supervisor.crash import RepackCrash, retry_without_repack
-from fitevict.supervisor.ending import Ending
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.seat import BIND_FAILED, SeatState, log_tail, spawn, wait_ready
-from fitevict.supervisor.seatprice import SeatPrices
-from fitevict.supervisor.storing import SeatRecords
+from fitevict.seat.crash import RepackCrash, retry_without_repack
+from fitevict.seat.ending import Ending
+from fitevict.seat.processes import Processes
+from fitevict.seat.release import StopResult
+from fitevict.seat.running import BIND_FAILED, SeatState, log_tail, spawn, wait_ready
+from fitevict.seat.price import SeatPrices
+from fitevict.seat.storing import SeatRecords
 
 log = logging.getLogger("fitevict.supervisor")
 

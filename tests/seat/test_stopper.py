@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from fitevict.store import Store
 from fitevict.supervisor.history import History
-from fitevict.supervisor.stopping import Stopper
+from fitevict.seat.stopping import Stopper
 from . import fakeparts
 
 LEAKS = {"leaks": [{"path": "model.layers.0.weight", "bytes": 4096}]}

@@ -18,9 +18,9 @@ from fitevict.engines import traits
 from fitevict.prices.book import PriceBook
 from fitevict.prices.overhead import host_overhead, overhead_label
 from fitevict.pricing.footprint import HOST
-from fitevict.supervisor.crash import RepackCrash
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.seatparts import PromptFiles
+from fitevict.seat.crash import RepackCrash
+from fitevict.seat.running import SeatState
+from fitevict.seat.parts import PromptFiles
 
 
 class Readiness:
