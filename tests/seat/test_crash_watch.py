@@ -1,4 +1,4 @@
-"""The crash watch alone (``supervisor.watching.CrashWatch``), on real child processes and a real history in a real
+"""The crash watch alone (``seat.watching.CrashWatch``), on real child processes and a real history in a real
 SQLite store: a serving seat whose process exits on its own is a crash, recorded with its cause; an exit that a stop
 asked for is none."""
 

@@ -1,4 +1,4 @@
-"""The ending alone (``supervisor.ending.Ending``), on a real process group and a real seat table: the group is
+"""The ending alone (``seat.ending.Ending``), on a real process group and a real seat table: the group is
 stopped, the seat taken off its table record, its store record forgotten, and whoever waits for a change woken once
 the processes exited; the scheduler is not told (that is the caller's, unless the slot is freed early)."""
 

@@ -1,4 +1,4 @@
-"""The launcher alone (``supervisor.launching.Launcher``), with a real engine process: a tiny HTTP server run by
+"""The launcher alone (``seat.launching.Launcher``), with a real engine process: a tiny HTTP server run by
 Python, which answers ``/health`` once it listens, and says what llama-server says when its port is taken. A port
 taken between its choice and the bind is retried once on another port; any other failure, or a second bind failure,
 is final and handed back."""

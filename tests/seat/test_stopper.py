@@ -1,4 +1,4 @@
-"""The stopper alone (``supervisor.stopping.Stopper``), over a real history in a real SQLite store: a stop is marked
+"""The stopper alone (``seat.stopping.Stopper``), over a real history in a real SQLite store: a stop is marked
 in the seat's store record before anything else, the prompts are saved before the seat ends, the stop is recorded
 with what came back, and the scheduler is told exactly once, after the record."""
 

@@ -1,5 +1,5 @@
 """A load the scheduler started (``Effects.start``), from its price to its record. Each load runs in a task of its
-own: the seat's prediction (``seatprice.SeatPrices``), its engine process launched until healthy
+own: the seat's prediction (``price.SeatPrices``), its engine process launched until healthy
 (``launching.Launcher``), what it starts with (``readiness.Readiness``), its exit watched (``watching.CrashWatch``),
 then the scheduler told it is loaded (its waiters get it at once). What follows is off their path: the seat is read
 (``measure.Meter``) once the first request handed to it was answered (or after ``FIRST_ANSWER_WAIT_S``), and its

@@ -3,7 +3,7 @@
 A seat runs in its own process group (``start_new_session``) and dies with fitevict (PR_SET_PDEATHSIG).
 Its life is ``schedule.seats``'s: starting, loading, ready, draining, stopping, gone. Every stop goes the same way:
 SIGTERM the group, wait the grace period, SIGKILL the group (``engines.process.stop_process_group``),
-then the caller verifies that the memory came back (``supervisor.release``).
+then the caller verifies that the memory came back (``release``).
 """
 
 from __future__ import annotations

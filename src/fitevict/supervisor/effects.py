@@ -1,11 +1,12 @@
 """The real ``Effects``: the scheduler's commands, carried out on engine processes.
 
-``start`` hands the load to the ``loading.Loader``; ``stop`` cancels a load that is not ready yet, or hands a
-serving seat to the ``stopping.Stopper``; ``dispatch``/``reject`` answer the waiting requests (a refusal recorded as
-a ``refuse`` event); ``wake_at`` sets the scheduler's next tick; ``install`` takes in a seat adopted from an earlier
-fitevict. Each call returns at once (the work runs in a task) and its completion goes back to the scheduler as an
-input. Every stop, whatever ended the seat (eviction, unload, idle, a failed load, a crash, a cancelled load,
-shutdown), goes through ``ending.Ending`` (``release.stop_and_verify``) and is recorded with what came back.
+``start`` hands the load to the ``seat.loading.Loader``; ``stop`` cancels a load that is not ready yet, or hands a
+serving seat to the ``seat.stopping.Stopper``; ``dispatch``/``reject`` answer the waiting requests (a refusal
+recorded as a ``refuse`` event); ``wake_at`` sets the scheduler's next tick; ``install`` takes in a seat adopted
+from an earlier fitevict. Each call returns at once (the work runs in a task) and its completion goes back to the
+scheduler as an input. Every stop, whatever ended the seat (eviction, unload, idle, a failed load, a crash, a
+cancelled load, shutdown), goes through ``seat.ending.Ending`` (``seat.release.stop_and_verify``) and is recorded
+with what came back.
 
 The collaborators are built once the scheduler exists (``bind``: the scheduler is built over these effects), each
 with the few parts it works with, never the whole ``Ports``.
