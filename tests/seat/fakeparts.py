@@ -28,8 +28,9 @@ def entry(key: str = "m") -> SimpleNamespace:
     return SimpleNamespace(key=key, engine="llama-server", mmproj=None)
 
 
-def seat(tmp: Path, *, status: SeatStatus = SeatStatus.READY, key: str = "m", port: int = 1) -> SeatState:
-    record = Seat(key, LoadConfig(n_ctx=2048, n_parallel=1), key, 0.0, status)
+def seat(tmp: Path, *, status: SeatStatus = SeatStatus.READY, key: str = "m", port: int = 1,
+         config: LoadConfig = LoadConfig(n_ctx=2048, n_parallel=1)) -> SeatState:
+    record = Seat(key, config, key, 0.0, status)
     log = tmp / f"{key}-{port}.log"
     log.touch()
     s = SeatState(id=f"id-{port}", seat=record, entry=entry(key), engine="llama-server",  # type: ignore[arg-type]
