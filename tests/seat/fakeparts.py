@@ -40,6 +40,16 @@ def seat(tmp: Path, *, status: SeatStatus = SeatStatus.READY, key: str = "m", po
     return s
 
 
+def engine_binary(tmp: Path) -> Path:
+    """A llama-server build that answers ``--help`` with its flags (the engine probes them): what is learned of an
+    engine is keyed by its build."""
+    binary = tmp / "engine" / "llama-server"
+    binary.parent.mkdir(exist_ok=True)
+    binary.write_text("#!/bin/sh\necho 'usage: llama-server --fit --cache-ram --no-webui --log-verbosity'\n")
+    binary.chmod(0o755)
+    return binary
+
+
 async def run(s: SeatState, code: str) -> None:
     """``s``'s process: ``python -c code``, in its own group, its output in its log."""
     await spawn(s, LaunchSpec((sys.executable, "-c", code), dict(os.environ), s.port, "/health"))

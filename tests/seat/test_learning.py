@@ -39,10 +39,7 @@ def measured(model: int, context: int) -> Footprint:
 @pytest.fixture
 def parts(tmp_path: Path):
     store = Store.open(f"sqlite:///{tmp_path / 'fitevict.db'}")
-    binary = tmp_path / "engine" / "llama-server"  # a build that answers --help: what is learned is keyed by it
-    binary.parent.mkdir()
-    binary.write_text("#!/bin/sh\necho 'usage: llama-server --fit --cache-ram --no-webui --log-verbosity'\n")
-    binary.chmod(0o755)
+    binary = fakeparts.engine_binary(tmp_path)
     book = PriceBook(store, binary.parent, "max-ram")
     book.engine_overhead[HOST] = KNOWN
     book.overhead_origin = "calibrated"
