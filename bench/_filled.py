@@ -10,7 +10,7 @@ answer ends. The peaks of both phases are kept.
 
 The prediction is the host price as the server makes it for a first load: the rules with this machine's host buffer
 table, the compute buffer from the engine's own dry run, plus the engine process's overhead: the calibrated part and
-the parts that scale with the model (``supervisor.measure.with_engine_overhead`` with ``engines.overhead.model_terms``,
+the parts that scale with the model (``prices.overhead.with_engine_overhead`` with ``engines.overhead.model_terms``,
 as ``PriceBook.footprint`` adds them).
 
 Shared by ``bench/filled_context.py`` and ``tests/e2e/test_filled_context.py``.

@@ -35,7 +35,7 @@ CTXS = {"openai": 1234, "ollama": 1290}  # contexts no model dimension or defaul
 # the stages in the order the context meets them: door, contract, the seat request, schedule, plan, effects, the
 # load, its launch, engine
 STAGE_ORDER = ("server", "request.contract", "request.ask", "supervisor.core", "schedule", "planner",
-               "supervisor.effects", "supervisor.loading", "supervisor.launching", "supervisor.processes", "engines")
+               "supervisor.effects", "seat.loading", "seat.launching", "seat.processes", "engines")
 
 
 class Call:

@@ -1,5 +1,6 @@
 """The stages import downwards only: units/config -> pricing -> budget/planner -> schedule -> I/O (host, engines,
-store, sources, request, zoo) -> prices, supervisor -> server/cli.
+store, sources, request, zoo) -> prices -> seat -> supervisor
+-> server/cluster/cli.
 
 Every import in every module counts, at any depth (function-level and ``TYPE_CHECKING`` imports included). This
 holds the order between stages, and no two modules may import each other round a circle, within a stage or across.
@@ -22,8 +23,10 @@ STAGES: dict[str, int] = {
     "budget": 2, "planner": 2, "guard": 2, "pressure": 2, "shrink": 1,
     "schedule": 3,
     "host": 4, "engines": 4, "store": 4, "zoo": 4, "request": 4, "sources": 4, "report": 4,
-    "prices": 5, "supervisor": 5,
-    "server": 6, "cluster": 6, "cli": 6,
+    "prices": 5,
+    "seat": 6,
+    "supervisor": 7,
+    "server": 8, "cluster": 8, "cli": 8,
 }
 
 
@@ -146,7 +149,7 @@ def test_the_circle_check_sees_a_circle() -> None:
     assert _circles({"a": {"b"}, "b": set()}) == []
 
 
-def test_the_scheduler_imports_nothing_from_the_supervisor() -> None:
+def test_the_scheduler_imports_nothing_from_the_supervisor_or_a_seat() -> None:
     graph = _graph()
     reach, todo = set(), ["fitevict.schedule.scheduler"]
     while todo:
@@ -154,11 +157,12 @@ def test_the_scheduler_imports_nothing_from_the_supervisor() -> None:
             if d not in reach:
                 reach.add(d)
                 todo.append(d)
-    assert not {m for m in reach if m.startswith("fitevict.supervisor")}
+    assert not {m for m in reach if m.startswith(("fitevict.supervisor", "fitevict.seat"))}
 
 
 IO_MODULES = ("os", "subprocess", "socket", "httpx", "sqlite3", "asyncio", "logging", "threading", "shutil", "urllib",
-              "fitevict.host", "fitevict.engines", "fitevict.store", "fitevict.server", "fitevict.supervisor")
+              "fitevict.host", "fitevict.engines", "fitevict.store", "fitevict.server", "fitevict.seat",
+              "fitevict.supervisor")
 
 
 def _claims_pure(path: Path) -> bool:

@@ -36,7 +36,7 @@ CHECK = textwrap.dedent('''
     from fitevict.request.contract import Contract, fixed_fields, parse_contract
     from fitevict.schedule.scheduler import Scheduler
     from fitevict.store import Store
-    from fitevict.supervisor.crash import retry_without_repack
+    from fitevict.seat.crash import retry_without_repack
     from fitevict.supervisor.pressure_watch import PressureWatch
     from fitevict.supervisor.planning import Planning
     from fitevict.prices.book import PriceBook

@@ -22,7 +22,7 @@ def test_zoo_model_serves_chat(name: str, zoo: dict[str, ZooModel], llama_server
         _serves_chat(model, llama_server, tmp_path / "llama-server.log", ())
     except EngineCrashed as crash:
         # the pinned engine's own crash (Intel AMX, quantized weights, repacking on): fitevict loads such a model
-        # again with -nr (supervisor/crash.py), and so does this test; only a quantized model may do it
+        # again with -nr (seat/crash.py), and so does this test; only a quantized model may do it
         assert model.quant not in ("F16", "F32"), crash
         _serves_chat(model, llama_server, tmp_path / "llama-server-nr.log", ("-nr",))
 

@@ -23,7 +23,7 @@ from fitevict.request.catalog import Catalog
 from fitevict.store import Event, Store
 from fitevict.store.queries import op_record_event
 from fitevict.supervisor import Supervisor
-from fitevict.supervisor.processes import prune_dir
+from fitevict.seat.processes import prune_dir
 
 pytestmark = pytest.mark.e2e
 OLD_LOG = 50_000  # bytes in each log an earlier run left

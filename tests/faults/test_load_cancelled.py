@@ -28,14 +28,14 @@ from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import SeatStatus
 from fitevict.store import Store
 from fitevict.supervisor.history import History
-from fitevict.supervisor.loading import Loader
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.loading import Loader
+from fitevict.seat.running import SeatState
 
 TESTS = str(Path(__file__).resolve().parent.parent)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from supervisor import fakeparts  # noqa: E402
+from seat import fakeparts  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 LEFT = "no one waiting: every request for this load left before it finished"

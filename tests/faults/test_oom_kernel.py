@@ -12,7 +12,7 @@ import pytest
 
 from _cgroups import memory_cgroup, remove_cgroup
 from fitevict.host import oomkill
-from fitevict.supervisor.crash import exit_cause, exit_reason
+from fitevict.seat.crash import exit_cause, exit_reason
 
 HOG = "import sys; sys.stdin.readline(); b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096])"
 

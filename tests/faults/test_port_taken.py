@@ -15,7 +15,7 @@ from fitevict.engines.process import free_port
 from fitevict.request.catalog import Catalog
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
-from fitevict.supervisor.seat import BIND_FAILED
+from fitevict.seat.running import BIND_FAILED
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
-from fitevict.supervisor.frozen import progress
+from fitevict.seat.frozen import progress
 
 pytestmark = pytest.mark.e2e
 LONG = {"max_tokens": 4000, "ignore_eos": True}  # a stream that runs until it is cut

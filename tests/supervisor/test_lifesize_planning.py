@@ -18,7 +18,7 @@ from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.seats import Seat
 from fitevict.supervisor.core import sched_policy
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.running import SeatState
 from fitevict.units import MiB
 
 from .schedsim import World

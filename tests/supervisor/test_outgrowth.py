@@ -12,7 +12,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.seats import Seat
 from fitevict.prices.overhead import overhead_label
 from fitevict.supervisor.outgrowth import seat_outgrowth
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.running import SeatState
 from fitevict.units import MiB
 
 PRICE = Footprint((DeviceFootprint(HOST, Term(60 * MiB, "formula"), Term(20 * MiB, "formula")),),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: the data folder's parts, by their first path component (see supervisor/processes.py, supervisor/kvkeep.py)
+#: the data folder's parts, by their first path component (see seat/processes.py, supervisor/kvkeep.py)
 PARTS = {"seats": "seat logs", "kv": "kept prompts", "demo-models": "demo models", "cluster": "cluster nodes"}
 STORE_FILES = ("fitevict.db", "fitevict.db-wal", "fitevict.db-shm")
 

@@ -87,7 +87,7 @@ class PriceBook:
         self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}
         # file identity -> configuration -> what its seats outgrew to here beyond their price (newest outgrew event)
         self._grown: dict[tuple[str, int, int], dict[LoadConfig, Grown]] = {}
-        # files whose load crashed the engine with repacking on, on this machine: they load with -nr (supervisor/crash)
+        # files whose load crashed the engine with repacking on, on this machine: they load with -nr (seat/crash)
         self._no_repack: set[tuple[str, int, int]] = set()
         # the sheets, by (file, adapters); the versions of what they were read from: every file's, each file's
         self._sheets: dict[tuple[str, tuple[str, ...]], PriceSheet] = {}

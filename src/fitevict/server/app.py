@@ -45,7 +45,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     store.history_rows = config.logs.history_rows or None  # the row bound holds at every event (store.retention)
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
     pool = Upstream()  # kept-alive connections per seat, for the fast path and the translated (Ollama) routes
-    sup.fx.silent_for = pool.silent_for  # a stuck seat is one the door waits on (supervisor.frozen)
+    sup.fx.silent_for = pool.silent_for  # a stuck seat is one the door waits on (seat.frozen)
     metrics = Metrics()
     sup.on_event.append(metrics.observe_event)
     sampler = MemorySampler(sup, store, config.server.sample_seconds)

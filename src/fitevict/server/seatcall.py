@@ -21,7 +21,7 @@ from fitevict.shrink import Need
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
 from fitevict.supervisor import SupervisorError
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.running import SeatState
 
 
 class SeatResponse:

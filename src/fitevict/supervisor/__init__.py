@@ -1,30 +1,18 @@
-"""Seats: the effects that carry out the scheduler's decisions (``fitevict.schedule``), and the supervisor that
-joins them to the front door.
+"""The machine's residents as a whole: the supervisor that joins the scheduler's decisions (``fitevict.schedule``)
+to the front door, the effects that carry them out, and what is about every seat together. One seat's life, from
+its price to its end, is ``fitevict.seat``.
 
     core.py       the Supervisor: builds the parts below, and is the front door's entry (acquire, load, unload,
                   plan, shutdown, views)
     ports.py      the parts, named, that the effects and the rest work with (never the supervisor itself)
-    effects.py    the real Effects: the scheduler's commands, handed to the collaborators below
-    loading.py    a load, from its price to its record (a failed or cancelled one recorded too)
-    seatprice.py  what a new seat is priced at
-    launching.py  an engine process from spawn to healthy, with its retries (a taken port, a repack crash)
-    readiness.py  what a healthy seat starts with
-    learning.py   what a load teaches: overheads, the guarded measurement stored
-    loadrecord.py a load's record
-    stopping.py   a stop the scheduler asked for, recorded
-    watching.py   a serving seat's exit no stop asked for: a crash
-    ending.py     every stop's end: the process group stopped, the release verified, the seat forgotten
-    seat.py       one seat's process: spawn and readiness
-    release.py    the one stop path and its release verification
-    measure.py    reading a seat after its load; the engine overhead it showed
-    storing.py    the store's record of each live seat; measurements stored and read
-    accounts.py   what a seat's events say beyond its figures (strategy, timings, leak check, failures)
+    effects.py    the real Effects: the scheduler's commands, handed to the seat's collaborators (``fitevict.seat``)
     planning.py   the request's file and configuration, the budget now, the plan
-    processes.py  which engine runs an entry, its argv, port and log
     history.py    events written, kept and waited for
     desk.py       the waiting requests' futures, stop waiters, shrink decisions, whether it takes work
+    loadreport.py what serving one request cost in loading, as data (history, headers, plan dry runs)
     pressure_watch.py memory pressure from other programs: what the seats hold, the watch's state
     pressure_relief.py acting on that pressure: idle seats stopped, one pressure event
+    outgrowth.py  seats whose readings outgrew their prices: the decision, the record, the recycle
     kvkeep.py     the prompt cache kept across swaps
     shrink.py     policy.shrink_ctx: a refused contract retried at the largest context that fits (the arithmetic:
                   ``fitevict.shrink``)
@@ -37,8 +25,8 @@ What a model costs (the price book, its sheets, what was learned) is ``fitevict.
 from fitevict.request.contract import Contract
 from fitevict.supervisor.core import ShutdownSummary, Supervisor
 from fitevict.schedule.errors import Busy, LoadFailed, Refused, SupervisorError
-from fitevict.supervisor.release import RELEASE_SLACK, Release, StopResult, release_check
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.release import RELEASE_SLACK, Release, StopResult, release_check
+from fitevict.seat.running import SeatState
 
 __all__ = ["Busy", "Contract", "LoadFailed", "RELEASE_SLACK", "Refused", "Release", "SeatState",
            "ShutdownSummary", "StopResult", "Supervisor", "SupervisorError", "release_check"]

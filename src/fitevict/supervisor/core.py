@@ -45,7 +45,7 @@ from fitevict.supervisor.pressure_watch import PressureWatch, holdings
 from fitevict.supervisor.orphans import cleanup_orphans
 from fitevict.supervisor.planning import Planning
 from fitevict.supervisor.ports import Ports
-from fitevict.supervisor.processes import Processes
+from fitevict.seat.processes import Processes
 from fitevict.supervisor.outgrowth import check_outgrowth, recycle
 from fitevict.supervisor.pressure_relief import check_pressure
 from fitevict.supervisor.shrink import resident_shrunk, shrunk_waiter
@@ -53,10 +53,10 @@ from fitevict.supervisor.views import resident_views
 from fitevict.prices.learned import learn_engine_overhead, plan_policy, prime_price_book
 from fitevict.prices.book import PriceBook
 from fitevict.prices.sheet import PriceSheet
-from fitevict.supervisor.release import StopResult
+from fitevict.seat.release import StopResult
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.schedule.seats import SERVING, SeatTable
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.running import SeatState
 
 log = logging.getLogger("fitevict.supervisor")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import Exit
-from fitevict.supervisor.release import StopResult
+from fitevict.seat.release import StopResult
 
 
 class Desk:

@@ -1,11 +1,12 @@
 """The real ``Effects``: the scheduler's commands, carried out on engine processes.
 
-``start`` hands the load to the ``loading.Loader``; ``stop`` cancels a load that is not ready yet, or hands a
-serving seat to the ``stopping.Stopper``; ``dispatch``/``reject`` answer the waiting requests (a refusal recorded as
-a ``refuse`` event); ``wake_at`` sets the scheduler's next tick; ``install`` takes in a seat adopted from an earlier
-fitevict. Each call returns at once (the work runs in a task) and its completion goes back to the scheduler as an
-input. Every stop, whatever ended the seat (eviction, unload, idle, a failed load, a crash, a cancelled load,
-shutdown), goes through ``ending.Ending`` (``release.stop_and_verify``) and is recorded with what came back.
+``start`` hands the load to the ``seat.loading.Loader``; ``stop`` cancels a load that is not ready yet, or hands a
+serving seat to the ``seat.stopping.Stopper``; ``dispatch``/``reject`` answer the waiting requests (a refusal
+recorded as a ``refuse`` event); ``wake_at`` sets the scheduler's next tick; ``install`` takes in a seat adopted
+from an earlier fitevict. Each call returns at once (the work runs in a task) and its completion goes back to the
+scheduler as an input. Every stop, whatever ended the seat (eviction, unload, idle, a failed load, a crash, a
+cancelled load, shutdown), goes through ``seat.ending.Ending`` (``seat.release.stop_and_verify``) and is recorded
+with what came back.
 
 The collaborators are built once the scheduler exists (``bind``: the scheduler is built over these effects), each
 with the few parts it works with, never the whole ``Ports``.
@@ -25,21 +26,22 @@ from fitevict.schedule.errors import Busy, Refused, SupervisorError
 from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import Exit
 from fitevict.store.records import Event
-from fitevict.supervisor.ending import Ending
+from fitevict.seat.ending import Ending
 from fitevict.supervisor.kvkeep import keep_before_stop
-from fitevict.supervisor.launching import Launcher
-from fitevict.supervisor.learning import Learning
-from fitevict.supervisor.loading import Loader
-from fitevict.supervisor.loadrecord import LoadRecorder
-from fitevict.supervisor.measure import Meter
+from fitevict.seat.launching import Launcher
+from fitevict.seat.learning import Learning
+from fitevict.seat.loading import Loader
+from fitevict.seat.loadrecord import LoadRecorder
+from fitevict.supervisor.loadreport import seat_load_report
+from fitevict.seat.measure import Meter
 from fitevict.supervisor.ports import Ports
-from fitevict.supervisor.readiness import Readiness
-from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.seatprice import SeatPrices
-from fitevict.supervisor.stopping import Stopper
-from fitevict.supervisor.storing import SeatRecords
-from fitevict.supervisor.watching import CrashWatch
+from fitevict.seat.readiness import Readiness
+from fitevict.seat.release import StopResult
+from fitevict.seat.running import SeatState
+from fitevict.seat.price import SeatPrices
+from fitevict.seat.stopping import Stopper
+from fitevict.seat.storing import SeatRecords
+from fitevict.seat.watching import CrashWatch
 
 log = logging.getLogger("fitevict.supervisor")
 
@@ -77,10 +79,12 @@ class LiveEffects:
             p.clock, p.history, p.processes, scheduler, prices=prices,
             launcher=Launcher(p.processes, p.table, p.clock, p.config.engine, prices=prices, ending=self.ending,
                               records=self.records, spawned=scheduler.spawned, changed=p.history.changed),
-            ending=self.ending, readiness=Readiness(p.desk, p.kv, p.config, p.prices),
+            ending=self.ending, readiness=Readiness(p.desk.shrinks, p.kv, p.config, p.prices),
             meter=Meter(p.nvml, p.clock, p.processes),
-            recorder=LoadRecorder(p.clock, p.history, p.planning, p.seats,
-                                  learning=Learning(p.prices, p.store, p.processes, p.clock)),
+            recorder=LoadRecorder(p.clock, p.history, p.planning,
+                                  learning=Learning(p.prices, p.store, p.processes, p.clock),
+                                  report=lambda seat, plan: seat_load_report(seat, plan, p.planning.last_budget,
+                                                                             p.seats).to_json()),
             watch=self.watch, spawn=self._spawn_task, closed=lambda: p.desk.closed, handed=lambda: self.handed,
             recording=self.recording)
 

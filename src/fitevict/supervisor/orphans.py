@@ -16,9 +16,9 @@ from fitevict.schedule.seats import Seat, SeatStatus
 from fitevict.store.faults import STORE_FAULTS, reason
 from fitevict.store.records import Event, SeatRecord
 from fitevict.supervisor.ports import Ports
-from fitevict.supervisor.release import stop_and_verify
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.storing import interrupted, seat_record
+from fitevict.seat.release import stop_and_verify
+from fitevict.seat.running import SeatState
+from fitevict.seat.storing import interrupted, seat_record
 
 log = logging.getLogger("fitevict.supervisor")
 

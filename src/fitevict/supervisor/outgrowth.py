@@ -24,7 +24,7 @@ from fitevict.pricing.footprint import HOST
 from fitevict.schedule.seats import SERVING
 from fitevict.store.records import Event
 from fitevict.supervisor.ports import Ports
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.running import SeatState
 
 log = logging.getLogger("fitevict.outgrowth")
 

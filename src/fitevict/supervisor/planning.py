@@ -15,7 +15,7 @@ from fitevict.pricing.footprint import HOST
 from fitevict.supervisor.pressure_watch import PressureWatch
 from fitevict.prices.book import PriceBook
 from fitevict.prices.sheet import PriceSheet
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.running import SeatState
 
 
 class Planning:

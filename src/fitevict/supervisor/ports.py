@@ -39,8 +39,8 @@ from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.pressure_watch import PressureWatch
 from fitevict.supervisor.planning import Planning
 from fitevict.prices.book import PriceBook
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.processes import Processes
+from fitevict.seat.running import SeatState
 
 
 @dataclass(eq=False, slots=True)

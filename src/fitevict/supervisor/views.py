@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fitevict.pricing.footprint import HOST
-from fitevict.supervisor.measure import mem_json
+from fitevict.seat.measure import mem_json
 from fitevict.supervisor.ports import Ports
 
 

@@ -66,7 +66,7 @@ def malloc_trim() -> bool:
 @dataclass
 class HfSeat:
     """The model a transformers seat serves, inside the seat's own process: its load, its state and what it holds
-    (the supervisor's record of the same seat is ``schedule.seats.Seat``, its process ``supervisor.seat.SeatState``)."""
+    (the supervisor's record of the same seat is ``schedule.seats.Seat``, its process ``seat.running.SeatState``)."""
 
     path: Path
     cfg: HfLoadConfig

@@ -3,7 +3,7 @@
 A seat runs in its own process group (``start_new_session``) and dies with fitevict (PR_SET_PDEATHSIG).
 Its life is ``schedule.seats``'s: starting, loading, ready, draining, stopping, gone. Every stop goes the same way:
 SIGTERM the group, wait the grace period, SIGKILL the group (``engines.process.stop_process_group``),
-then the caller verifies that the memory came back (``supervisor.release``).
+then the caller verifies that the memory came back (``release``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
 from fitevict.schedule.seats import Seat, SeatStatus
 from fitevict.schedule.errors import LoadFailed
-from fitevict.supervisor.timings import EngineTimings
+from fitevict.seat.timings import EngineTimings
 
 if TYPE_CHECKING:
-    from fitevict.supervisor.crash import RepackCrash
+    from fitevict.seat.crash import RepackCrash
 
 BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
 

@@ -1,34 +1,33 @@
 """A finished load's record in the history: one ``load`` event (``reject`` when the guard rejected its
 measurement), dated when the seat became ready, with its figures (predicted, engine-reported, what its process and
-GPUs held), its load report (``loadreport.seat_load_report``), what it taught (``learning.Learning``) and why it
-loaded as it did (the plan's reason; a retry without repacking; a rejected measurement).
+GPUs held), its load report (``report``: the supervisor's ``loadreport.seat_load_report``), what it taught
+(``learning.Learning``) and why it loaded as it did (the plan's reason; a retry without repacking; a rejected
+measurement).
 
-``LoadRecorder`` works with four parts: the clock, the history, the planning part (GPU figures, the budget of the
-last plan) and the running seats (what the load report says they hold).
+``LoadRecorder`` works with three parts: the clock, the history and the planning part (GPU figures); and with
+``report``, the seat's load report as JSON (against the budget of the last plan and what the running seats hold).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from fitevict import planner as pl
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.scheduler import Waiter
 from fitevict.store.records import Event
-from fitevict.supervisor.accounts import strategy
-from fitevict.supervisor.history import History
-from fitevict.supervisor.learning import Learning
-from fitevict.supervisor.loadreport import seat_load_report
-from fitevict.supervisor.measure import mem_json
-from fitevict.supervisor.planning import Planning
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.accounts import strategy
+from fitevict.seat.learning import Learning
+from fitevict.seat.measure import mem_json
+from fitevict.seat.running import SeatState
+from fitevict.seat.parts import EventLog, SeatFigures
 
 
 class LoadRecorder:
-    def __init__(self, clock: Callable[[], float], history: History, planning: Planning,
-                 seats: Mapping[str, SeatState], *, learning: Learning) -> None:
-        self.clock, self.history, self.planning, self.seats, self.learning = clock, history, planning, seats, learning
+    def __init__(self, clock: Callable[[], float], history: EventLog, planning: SeatFigures, *, learning: Learning,
+                 report: Callable[[SeatState, pl.Plan], dict[str, Any]]) -> None:
+        self.clock, self.history, self.planning, self.learning, self.report = clock, history, planning, learning, report
 
     async def record(self, seat: SeatState, plan: pl.Plan, waiter: Waiter, notes: Any) -> None:
         """Learn from the load (``Learning``), then record a ``load`` (or ``reject``)."""
@@ -40,7 +39,7 @@ class LoadRecorder:
             "predicted": seat.predicted.to_json(),
             "measured": seat.measured.to_json() if seat.measured else seat.measured_note,
             "host_pss": mem_json(seat.load_mem), "notes": list(notes),
-            "load_report": seat_load_report(seat, plan, self.planning.last_budget, self.seats).to_json(),
+            "load_report": self.report(seat, plan),
             **({"origin": dict(waiter.origin)} if waiter.origin else {}), **learned.details,
         }
         reason = plan.reason or None

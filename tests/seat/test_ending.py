@@ -1,4 +1,4 @@
-"""The ending alone (``supervisor.ending.Ending``), on a real process group and a real seat table: the group is
+"""The ending alone (``seat.ending.Ending``), on a real process group and a real seat table: the group is
 stopped, the seat taken off its table record, its store record forgotten, and whoever waits for a change woken once
 the processes exited; the scheduler is not told (that is the caller's, unless the slot is freed early)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from fitevict.config import EngineConfig
 from fitevict.engines.process import group_alive
 from fitevict.schedule.seats import SeatTable
-from fitevict.supervisor.ending import Ending
+from fitevict.seat.ending import Ending
 
 from . import fakeparts
 

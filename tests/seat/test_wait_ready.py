@@ -1,4 +1,4 @@
-"""A load that stalls (``supervisor.seat.wait_ready``), on a real child process: one stopped by a signal during its
+"""A load that stalls (``seat.running.wait_ready``), on a real child process: one stopped by a signal during its
 load says so, one merely silent does not."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.schedule.errors import LoadFailed
-from fitevict.supervisor.seat import wait_ready
+from fitevict.seat.running import wait_ready
 
 from . import fakeparts
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from fitevict.host import oomkill
 from fitevict.host.procmem import process_state
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.running import SeatState
 
 log = logging.getLogger("fitevict.supervisor")
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")  # cgroup v1's freezer hierarchy

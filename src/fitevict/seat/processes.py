@@ -19,15 +19,15 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import passthrough_args
-from fitevict.supervisor.kvkeep import PromptKeep
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.running import SeatState
+from fitevict.seat.parts import PromptFiles
 
 log = logging.getLogger("fitevict.supervisor")
 
 
 class Processes:
     def __init__(self, config: Config, catalog: Catalog, engine_binary: Path, ports: Callable[[], int],
-                 kv: PromptKeep) -> None:
+                 kv: PromptFiles) -> None:
         self.config = config
         self.catalog = catalog
         self.engine_binary = Path(engine_binary)

@@ -1,4 +1,4 @@
-"""The launcher alone (``supervisor.launching.Launcher``), with a real engine process: a tiny HTTP server run by
+"""The launcher alone (``seat.launching.Launcher``), with a real engine process: a tiny HTTP server run by
 Python, which answers ``/health`` once it listens, and says what llama-server says when its port is taken. A port
 taken between its choice and the bind is retried once on another port; any other failure, or a second bind failure,
 is final and handed back."""
@@ -19,8 +19,8 @@ from fitevict.engines.process import free_port
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.seats import Seat, SeatTable
-from fitevict.supervisor.launching import Attempt, Failed, Launcher
-from fitevict.supervisor.seat import BIND_FAILED
+from fitevict.seat.launching import Attempt, Failed, Launcher
+from fitevict.seat.running import BIND_FAILED
 
 from . import fakeparts
 

@@ -9,8 +9,8 @@ from typing import Any
 from fitevict import planner as pl
 from fitevict.engines import Engine
 from fitevict.store.records import Event
-from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.release import StopResult
+from fitevict.seat.running import SeatState
 
 
 def leak_check(report: dict | None, res: StopResult) -> str:

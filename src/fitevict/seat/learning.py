@@ -24,11 +24,11 @@ from fitevict.prices.learned import learn_engine_overhead, learn_torch_overhead
 from fitevict.prices.overhead import grown_overhead
 from fitevict.store import Store
 from fitevict.store.records import Measurement
-from fitevict.supervisor.accounts import file_bytes
-from fitevict.supervisor.measure import overhead_seen
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.storing import last_measurement, store_measurement
+from fitevict.seat.accounts import file_bytes
+from fitevict.seat.measure import overhead_seen
+from fitevict.seat.processes import Processes
+from fitevict.seat.running import SeatState
+from fitevict.seat.storing import last_measurement, store_measurement
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,20 +21,20 @@ from fitevict.engines.process import wait_pid_gone
 from fitevict.host.oomkill import oom_evidence
 from fitevict.schedule.seats import SERVING, Exit
 from fitevict.store.records import Event
-from fitevict.supervisor.accounts import timings
-from fitevict.supervisor.crash import exit_cause, exit_reason
-from fitevict.supervisor.ending import Ending
-from fitevict.supervisor.frozen import watch_frozen
-from fitevict.supervisor.history import History
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.seat import SeatState, file_changed, log_tail
-from fitevict.supervisor.stopping import Stopped
+from fitevict.seat.accounts import timings
+from fitevict.seat.crash import exit_cause, exit_reason
+from fitevict.seat.ending import Ending
+from fitevict.seat.frozen import watch_frozen
+from fitevict.seat.processes import Processes
+from fitevict.seat.running import SeatState, file_changed, log_tail
+from fitevict.seat.parts import EventLog
+from fitevict.seat.stopping import Stopped
 
 ADOPTED_EXIT = "adopted seat exited unexpectedly (not a child of this fitevict: exit code unknown)"
 
 
 class CrashWatch:
-    def __init__(self, clock: Callable[[], float], history: History, processes: Processes, engine: EngineConfig, *,
+    def __init__(self, clock: Callable[[], float], history: EventLog, processes: Processes, engine: EngineConfig, *,
                  ending: Ending, spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task],
                  crashed: Callable[[str], None], stopped: Stopped,
                  silent_for: Callable[[int], float | None]) -> None:

@@ -1,4 +1,4 @@
-"""The crash watch alone (``supervisor.watching.CrashWatch``), on real child processes and a real history in a real
+"""The crash watch alone (``seat.watching.CrashWatch``), on real child processes and a real history in a real
 SQLite store: a serving seat whose process exits on its own is a crash, recorded with its cause; an exit that a stop
 asked for is none."""
 
@@ -12,7 +12,7 @@ from fitevict.config import EngineConfig
 from fitevict.schedule.seats import Exit
 from fitevict.store import Store
 from fitevict.supervisor.history import History
-from fitevict.supervisor.watching import CrashWatch
+from fitevict.seat.watching import CrashWatch
 
 from . import fakeparts
 

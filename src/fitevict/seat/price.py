@@ -18,11 +18,11 @@ from fitevict.prices.book import PriceBook
 from fitevict.request.ask import passthrough_args
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.schedule.scheduler import Waiter
-from fitevict.supervisor.planning import Planning
+from fitevict.seat.parts import SeatFigures
 
 
 class SeatPrices:
-    def __init__(self, prices: PriceBook, catalog: Catalog, planning: Planning) -> None:
+    def __init__(self, prices: PriceBook, catalog: Catalog, planning: SeatFigures) -> None:
         self.prices, self.catalog, self.planning = prices, catalog, planning
 
     def asked(self, waiter: Waiter) -> tuple[CatalogEntry, Path]:

@@ -13,8 +13,8 @@ from typing import Any
 from fitevict.host import procmem
 from fitevict.host.nvml import read_gpus
 from fitevict.pricing.footprint import HOST
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.seat import SeatState
+from fitevict.seat.processes import Processes
+from fitevict.seat.running import SeatState
 
 
 def read_seat(seat: SeatState, engine: Any, nvml: Any, now: float) -> None:

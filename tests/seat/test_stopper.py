@@ -1,4 +1,4 @@
-"""The stopper alone (``supervisor.stopping.Stopper``), over a real history in a real SQLite store: a stop is marked
+"""The stopper alone (``seat.stopping.Stopper``), over a real history in a real SQLite store: a stop is marked
 in the seat's store record before anything else, the prompts are saved before the seat ends, the stop is recorded
 with what came back, and the scheduler is told exactly once, after the record."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from fitevict.store import Store
 from fitevict.supervisor.history import History
-from fitevict.supervisor.stopping import Stopper
+from fitevict.seat.stopping import Stopper
 from . import fakeparts
 
 LEAKS = {"leaks": [{"path": "model.layers.0.weight", "bytes": 4096}]}

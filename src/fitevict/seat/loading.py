@@ -1,5 +1,5 @@
 """A load the scheduler started (``Effects.start``), from its price to its record. Each load runs in a task of its
-own: the seat's prediction (``seatprice.SeatPrices``), its engine process launched until healthy
+own: the seat's prediction (``price.SeatPrices``), its engine process launched until healthy
 (``launching.Launcher``), what it starts with (``readiness.Readiness``), its exit watched (``watching.CrashWatch``),
 then the scheduler told it is loaded (its waiters get it at once). What follows is off their path: the seat is read
 (``measure.Meter``) once the first request handed to it was answered (or after ``FIRST_ANSWER_WAIT_S``), and its
@@ -33,18 +33,18 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import PLACING
 from fitevict.store.records import Event
-from fitevict.supervisor.accounts import engine_failure
-from fitevict.supervisor.crash import exit_cause, exit_words
-from fitevict.supervisor.ending import Ending
-from fitevict.supervisor.history import History
-from fitevict.supervisor.launching import Attempt, Failed, Launcher
-from fitevict.supervisor.loadrecord import LoadRecorder
-from fitevict.supervisor.measure import Meter
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.readiness import Readiness
-from fitevict.supervisor.seat import SeatState, log_tail
-from fitevict.supervisor.seatprice import SeatPrices
-from fitevict.supervisor.watching import CrashWatch
+from fitevict.seat.accounts import engine_failure
+from fitevict.seat.crash import exit_cause, exit_words
+from fitevict.seat.ending import Ending
+from fitevict.seat.launching import Attempt, Failed, Launcher
+from fitevict.seat.loadrecord import LoadRecorder
+from fitevict.seat.measure import Meter
+from fitevict.seat.parts import EventLog
+from fitevict.seat.price import SeatPrices
+from fitevict.seat.processes import Processes
+from fitevict.seat.readiness import Readiness
+from fitevict.seat.running import SeatState, log_tail
+from fitevict.seat.watching import CrashWatch
 
 log = logging.getLogger("fitevict.supervisor")
 
@@ -55,7 +55,7 @@ READY = "ready"  # the step of a load whose seat answered: a cancel from then on
 
 
 class Loader:
-    def __init__(self, clock: Callable[[], float], history: History, processes: Processes, scheduler: Scheduler, *,
+    def __init__(self, clock: Callable[[], float], history: EventLog, processes: Processes, scheduler: Scheduler, *,
                  prices: SeatPrices, launcher: Launcher, ending: Ending, readiness: Readiness, meter: Meter,
                  recorder: LoadRecorder, watch: CrashWatch,
                  spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task], closed: Callable[[], bool],

@@ -14,8 +14,8 @@ from fitevict.engines.base import LaunchSpec
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.seats import Seat, SeatStatus
-from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.seat import SeatState, spawn
+from fitevict.seat.release import StopResult
+from fitevict.seat.running import SeatState, spawn
 from fitevict.units import MiB
 
 PRICE = Footprint((DeviceFootprint(HOST, Term(60 * MiB, "formula"), Term(20 * MiB, "formula")),),
@@ -28,8 +28,9 @@ def entry(key: str = "m") -> SimpleNamespace:
     return SimpleNamespace(key=key, engine="llama-server", mmproj=None)
 
 
-def seat(tmp: Path, *, status: SeatStatus = SeatStatus.READY, key: str = "m", port: int = 1) -> SeatState:
-    record = Seat(key, LoadConfig(n_ctx=2048, n_parallel=1), key, 0.0, status)
+def seat(tmp: Path, *, status: SeatStatus = SeatStatus.READY, key: str = "m", port: int = 1,
+         config: LoadConfig = LoadConfig(n_ctx=2048, n_parallel=1)) -> SeatState:
+    record = Seat(key, config, key, 0.0, status)
     log = tmp / f"{key}-{port}.log"
     log.touch()
     s = SeatState(id=f"id-{port}", seat=record, entry=entry(key), engine="llama-server",  # type: ignore[arg-type]
@@ -37,6 +38,16 @@ def seat(tmp: Path, *, status: SeatStatus = SeatStatus.READY, key: str = "m", po
                   signature="sig", strategy="load")
     record.process = s
     return s
+
+
+def engine_binary(tmp: Path) -> Path:
+    """A llama-server build that answers ``--help`` with its flags (the engine probes them): what is learned of an
+    engine is keyed by its build."""
+    binary = tmp / "engine" / "llama-server"
+    binary.parent.mkdir(exist_ok=True)
+    binary.write_text("#!/bin/sh\necho 'usage: llama-server --fit --cache-ram --no-webui --log-verbosity'\n")
+    binary.chmod(0o755)
+    return binary
 
 
 async def run(s: SeatState, code: str) -> None:

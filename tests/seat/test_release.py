@@ -6,8 +6,7 @@ import pytest
 
 from fitevict.engines.process import GroupStop
 from fitevict.pricing.footprint import HOST
-from fitevict.supervisor import RELEASE_SLACK, release_check
-from fitevict.supervisor.release import stop_account
+from fitevict.seat.release import RELEASE_SLACK, release_check, stop_account
 from fitevict.units import MiB
 from host.fake_nvml import FakeGpu, FakeNvml
 
@@ -62,7 +61,7 @@ def test_gpu_free_is_read_through_nvml(tmp_path) -> None:
     from fitevict.request.catalog import Catalog
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor
-    from fitevict.supervisor.release import free_now
+    from fitevict.seat.release import free_now
 
     nvml = FakeNvml([FakeGpu(total=24 * 1024**3, used=4 * 1024**3)])
     cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path)})
@@ -121,7 +120,7 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
     from fitevict.store import Store
     from fitevict.supervisor import SeatState, Supervisor
     from fitevict.schedule.seats import Seat
-    from fitevict.supervisor.measure import overhead_seen
+    from fitevict.seat.measure import overhead_seen
     from fitevict.prices.overhead import grown_overhead
 
     cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path)})
@@ -167,7 +166,7 @@ def test_a_stop_with_nothing_measured_is_unverified_with_its_reason() -> None:
     import subprocess
     import time
 
-    from fitevict.supervisor.release import stop_and_verify
+    from fitevict.seat.release import stop_and_verify
 
     p = subprocess.Popen(["true"], start_new_session=True)
     p.wait()
@@ -180,7 +179,7 @@ def test_a_stop_with_nothing_measured_is_unverified_with_its_reason() -> None:
 
 def test_the_shutdown_summary_counts_what_happened() -> None:
     from fitevict.supervisor.core import _summary
-    from fitevict.supervisor.release import StopResult
+    from fitevict.seat.release import StopResult
 
     ok = StopResult("a", {HOST: HELD}, HELD, {HOST: HELD}, 0.1, 0.02, True, "verified")
     unread = StopResult("b", {HOST: None}, None, {}, 0.1, None, False, "unverified: never measured")
@@ -193,8 +192,8 @@ def test_the_shutdown_summary_counts_what_happened() -> None:
 
 
 def test_a_missing_teardown_report_is_not_a_clean_one() -> None:
-    from fitevict.supervisor.accounts import leak_check
-    from fitevict.supervisor.release import StopResult
+    from fitevict.seat.accounts import leak_check
+    from fitevict.seat.release import StopResult
 
     res = StopResult("hf", {HOST: HELD}, HELD, {HOST: HELD}, 10.2, 0.1, True, "verified")
     assert leak_check({"verdict": "clean", "leaks": []}, res) == "clean"

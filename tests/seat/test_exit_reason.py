@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fitevict.supervisor.crash import exit_reason
+from fitevict.seat.crash import exit_reason
 
 
 def test_each_kind_of_end_is_named() -> None:

@@ -1,14 +1,14 @@
 """A new seat's engine process from its spawn to its first healthy answer. Each attempt gets a fresh port and log:
 the process is spawned in its own group, attached to its seat in the table, the scheduler told it runs
-(``spawned``), its store record kept (``loading``) and its health awaited (``seat.wait_ready``). An attempt that
-fails is ended (``ending.Ending``) and read: an engine that could not bind its port (``seat.BIND_FAILED`` in its
+(``spawned``), its store record kept (``loading``) and its health awaited (``running.wait_ready``). An attempt that
+fails is ended (``ending.Ending``) and read: an engine that could not bind its port (``running.BIND_FAILED`` in its
 log: another program took the port between its choice and the bind) is started once more on another port, and a
 llama-server that crashed with repacking on (``crash.retry_without_repack``) once more without it, priced again for
 that configuration; any other failure is final, and handed back to the load to record. A seat that answers is
 kept in the store as ``ready``.
 
 ``Launcher`` works with four parts: the processes (the engine's argv, port and log), the seat table, the clock and
-the engine settings (health timeout, stall); and with the seat's prices (``seatprice.SeatPrices``), the ending,
+the engine settings (health timeout, stall); and with the seat's prices (``price.SeatPrices``), the ending,
 the store's seat records and two callables: ``spawned`` (the scheduler's) and ``changed`` (the history's).
 """
 
@@ -29,13 +29,13 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
 from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.seats import SeatTable
-from fitevict.supervisor.crash import RepackCrash, retry_without_repack
-from fitevict.supervisor.ending import Ending
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.seat import BIND_FAILED, SeatState, log_tail, spawn, wait_ready
-from fitevict.supervisor.seatprice import SeatPrices
-from fitevict.supervisor.storing import SeatRecords
+from fitevict.seat.crash import RepackCrash, retry_without_repack
+from fitevict.seat.ending import Ending
+from fitevict.seat.processes import Processes
+from fitevict.seat.release import StopResult
+from fitevict.seat.running import BIND_FAILED, SeatState, log_tail, spawn, wait_ready
+from fitevict.seat.price import SeatPrices
+from fitevict.seat.storing import SeatRecords
 
 log = logging.getLogger("fitevict.supervisor")
 

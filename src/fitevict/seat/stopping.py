@@ -17,14 +17,13 @@ from typing import Any, Protocol
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.seats import Exit
 from fitevict.store.records import Event
-from fitevict.supervisor.accounts import leak_check, leak_event, timings
-from fitevict.supervisor.ending import Ending
-from fitevict.supervisor.history import History
-from fitevict.supervisor.planning import Planning
-from fitevict.supervisor.processes import Processes
-from fitevict.supervisor.release import StopResult
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.storing import STOPPING, SeatRecords
+from fitevict.seat.accounts import leak_check, leak_event, timings
+from fitevict.seat.ending import Ending
+from fitevict.seat.processes import Processes
+from fitevict.seat.release import StopResult
+from fitevict.seat.running import SeatState
+from fitevict.seat.parts import EventLog, SeatFigures
+from fitevict.seat.storing import STOPPING, SeatRecords
 
 
 class Stopped(Protocol):
@@ -35,7 +34,7 @@ class Stopped(Protocol):
 
 
 class Stopper:
-    def __init__(self, clock: Callable[[], float], history: History, processes: Processes, planning: Planning, *,
+    def __init__(self, clock: Callable[[], float], history: EventLog, processes: Processes, planning: SeatFigures, *,
                  ending: Ending, records: SeatRecords,
                  save_prompts: Callable[[SeatState, str], Awaitable[dict[str, Any]]], stopped: Stopped) -> None:
         self.clock, self.history, self.processes, self.planning = clock, history, processes, planning

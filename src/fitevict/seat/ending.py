@@ -15,9 +15,9 @@ from typing import Any
 
 from fitevict.config.records import EngineConfig
 from fitevict.schedule.seats import SeatTable
-from fitevict.supervisor.release import StopResult, stop_and_verify
-from fitevict.supervisor.seat import SeatState
-from fitevict.supervisor.storing import SeatRecords
+from fitevict.seat.release import StopResult, stop_and_verify
+from fitevict.seat.running import SeatState
+from fitevict.seat.storing import SeatRecords
 
 VERIFY_HOLD_S = 2.0  # a stop holds the next placement at most this long after its processes exited (see ``end``)
 

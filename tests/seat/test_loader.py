@@ -1,4 +1,4 @@
-"""The loader alone (``supervisor.loading.Loader``), over a real history in a real SQLite store, with a launcher that
+"""The loader alone (``seat.loading.Loader``), over a real history in a real SQLite store, with a launcher that
 starts a real process and then waits (or fails as told): a load cancelled while its engine loads ends that process
 and records an ``unload``; a load that fails for good records a ``fail`` with the engine's own account of why; a bug
 in a load ends as a failed load. Each tells the scheduler exactly once."""
@@ -14,8 +14,8 @@ from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.seats import SeatStatus
 from fitevict.store import Store
 from fitevict.supervisor.history import History
-from fitevict.supervisor.launching import Failed
-from fitevict.supervisor.loading import Loader
+from fitevict.seat.launching import Failed
+from fitevict.seat.loading import Loader
 
 from . import fakeparts
 
