@@ -43,7 +43,7 @@ from fitevict.prices.sheet import LOG_TERM_PRECISION, PriceSheet, SheetInputs, h
 
 __all__ = ["HISTORY_LOADS", "LOG_TERM_PRECISION", "PriceBook", "PriceSheet"]
 
-log = logging.getLogger("fitevict.supervisor")
+log = logging.getLogger("fitevict.prices")
 HISTORY_LOADS = 1000  # the newest load records a starting supervisor learns each file's error from
 MAX_SHEETS = 512  # sheets kept (the oldest read goes first)
 

@@ -32,7 +32,7 @@ from fitevict.host import oomkill
 from fitevict.host.procmem import process_state
 from fitevict.seat.running import SeatState
 
-log = logging.getLogger("fitevict.supervisor")
+log = logging.getLogger("fitevict.seat")
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")  # cgroup v1's freezer hierarchy
 BUSY_STATES = frozenset("RD")  # a thread running (or runnable) or waiting on I/O: the engine is not stuck
 

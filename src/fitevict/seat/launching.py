@@ -37,7 +37,7 @@ from fitevict.seat.running import BIND_FAILED, SeatState, log_tail, spawn, wait_
 from fitevict.seat.price import SeatPrices
 from fitevict.seat.storing import SeatRecords
 
-log = logging.getLogger("fitevict.supervisor")
+log = logging.getLogger("fitevict.seat")
 
 
 @dataclass(eq=False)

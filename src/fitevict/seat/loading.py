@@ -46,7 +46,7 @@ from fitevict.seat.readiness import Readiness
 from fitevict.seat.running import SeatState, log_tail
 from fitevict.seat.watching import CrashWatch
 
-log = logging.getLogger("fitevict.supervisor")
+log = logging.getLogger("fitevict.seat")
 
 # A new seat that was handed requests is read (its PSS, its log) once the first of them is answered, or after
 # this long: the reading takes milliseconds of CPU that, on a small machine, would slow the engine's first answer.

@@ -22,7 +22,7 @@ from fitevict.request.ask import passthrough_args
 from fitevict.seat.running import SeatState
 from fitevict.seat.parts import PromptFiles
 
-log = logging.getLogger("fitevict.supervisor")
+log = logging.getLogger("fitevict.seat")
 
 
 class Processes:

@@ -21,7 +21,7 @@ from fitevict.store.faults import STORE_FAULTS, reason
 from fitevict.store.queries import op_seat_upsert
 from fitevict.store.records import Measurement, SeatRecord
 
-log = logging.getLogger("fitevict.supervisor")
+log = logging.getLogger("fitevict.seat")
 STOPPING = "stopping:"  # a record's state while its stop runs: followed by the stop's event (evict, unload, ...)
 LOADING = ("starting", "loading")  # a record's states before its seat answered its health check
 
