@@ -121,6 +121,7 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
     from fitevict.supervisor import SeatState, Supervisor
     from fitevict.schedule.seats import Seat
     from fitevict.seat.measure import overhead_seen
+    from fitevict.prices.learned import learn_engine_overhead
     from fitevict.prices.overhead import grown_overhead
 
     cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path)})
@@ -146,7 +147,7 @@ def test_overhead_is_learned_per_device_as_a_lower_bound(tmp_path) -> None:
                   seat(pss=125 * MiB, nvml=1350 * MiB)):  # smaller host, larger GPU reading
             grown = grown_overhead(sup.engine_overhead, overhead_seen(s))
             if grown:
-                await sup.learn_overhead(grown)
+                await learn_engine_overhead(sup.prices, sup.store, sup.engine_binary, grown)
         again = Supervisor(config=cfg, catalog=Catalog([]), store=store, engine_binary=engine)
         await again.start()  # a restart finds what was learned
         learned = dict(again.engine_overhead)

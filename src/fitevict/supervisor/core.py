@@ -50,7 +50,7 @@ from fitevict.supervisor.outgrowth import check_outgrowth, recycle
 from fitevict.supervisor.pressure_relief import check_pressure
 from fitevict.supervisor.shrink import resident_shrunk, shrunk_waiter
 from fitevict.supervisor.views import resident_views
-from fitevict.prices.learned import learn_engine_overhead, plan_policy, prime_price_book
+from fitevict.prices.learned import plan_policy, prime_price_book
 from fitevict.prices.book import PriceBook
 from fitevict.prices.sheet import PriceSheet
 from fitevict.seat.release import StopResult
@@ -332,10 +332,6 @@ class Supervisor:
     def last_budget_json(self) -> dict | None:
         """The budget snapshot the last plan was made against, with every figure's source."""
         return self.last_budget.to_json() if self.last_budget is not None else None
-
-    async def learn_overhead(self, grown: dict[str, int]) -> None:
-        """A load showed the engine's process holding more beyond its buffers than known: raised and stored."""
-        await learn_engine_overhead(self.prices, self.store, self.engine_binary, grown)
 
     # -- the front door's entry points ------------------------------------------------------------
 
