@@ -55,6 +55,7 @@ class Refusals:
     def __init__(self) -> None:
         self.connections = 0
         self.requests = 0
+        self.limits: Limits | None = None  # the serving door's, once it serves (``server.runner``)
         self._said = 0.0
 
     def note(self, what: str, held: int, in_progress: int, lim: Limits) -> None:
@@ -65,6 +66,14 @@ class Refusals:
             log.warning("too many clients: %d connections held (at most %d), %d requests in progress (at most %d), "
                         "%s; refused so far: %d connections, %d requests (503)", held, lim.connections,
                         in_progress, lim.requests, lim.source, self.connections, self.requests)
+
+
+    def to_json(self) -> dict:
+        """``/health``'s ``clients``: the limits the door holds and what it refused since it started."""
+        lim = self.limits
+        return {"max_connections": lim.connections if lim else None, "max_requests": lim.requests if lim else None,
+                "limits": lim.source if lim else "none: this door is not served by fitevict's own HTTP server",
+                "refused": {"connections": self.connections, "requests": self.requests}}
 
 
 def too_busy(path: str, in_progress: int, lim: Limits) -> tuple[int, bytes]:

@@ -91,6 +91,7 @@ def serve(app, sup: Supervisor, *, host: str, port: int, log_level: str) -> Shut
     # ws "none": fitevict has no WebSocket route, so no WebSocket library is loaded; http: one write per answer
     lim = limits(sup.config.server.max_connections)  # a burst beyond the descriptors is refused cleanly
     protocol = type("DoorProtocol", (GatheredHttpToolsProtocol,), {"limits": lim})
+    protocol.refusals.limits = lim  # /health says them
     cfg = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, proxy_headers=False,
                          ws="none", http=protocol, timeout_graceful_shutdown=int(grace + sup.config.engine.stop_grace_seconds + 5))
     server = _Server(cfg, sup, getattr(app.state, "catalog_watch", None))
