@@ -159,3 +159,21 @@ def test_a_plan_on_the_loop_reads_nothing_once_its_sheet_is_held(book: PriceBook
 
     plan = asyncio.run(go())
     assert plan.action in ("partial", "ram", "load") and plan.footprint is not None
+
+
+def test_what_an_old_version_of_a_file_taught_goes_when_the_file_changes(book: PriceBook, models: Path) -> None:
+    """A file rewritten or touched many times over a server's life holds what its current version taught, not one
+    set of facts per version it ever had."""
+    path = models / "llama-gqa.gguf"
+    measured = book.footprint(path, CFG)
+    for i in range(5):
+        book.learn(path, CFG, measured)  # a load of this version was measured
+        book.no_repack(path)
+        assert book.has_dry_run(path, CFG) is False  # the book looks at the file as it is now
+        st = path.stat()
+        os.utime(path, ns=(st.st_mtime_ns + 10**9, st.st_mtime_ns + 10**9))  # the file changed on disk
+    book.has_dry_run(path, CFG)
+    kept = {k for d in (book._learned, book._grown, book._quant) for k in d} | book._no_repack
+    assert [k for k in kept if k[0] == str(path)] == []  # the 5 old versions' facts are gone
+    book.learn(path, CFG, measured)
+    assert len(book._learned) == 1

@@ -404,6 +404,11 @@ class PriceBook:
             self._dry_file[p] = now
             for runs in (self._compute, self._dry_context, self._projector_estimate, self._dry_notes):
                 runs.pop(p, None)
+            old = {k for d in (self._learned, self._grown, self._quant) for k in d} | self._no_repack
+            for gone in [k for k in old if k[0] == p and tuple(k[1:3]) != now[:2]]:  # what the old versions taught
+                for facts in (self._learned, self._grown, self._quant):
+                    facts.pop(gone, None)
+                self._no_repack.discard(gone)
             log.info("%s changed on disk: its dry runs are forgotten and run again at its next load", p)
             self._changed(p)
 

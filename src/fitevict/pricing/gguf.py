@@ -15,12 +15,12 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
 from gguf import GGMLQuantizationType
 
+from fitevict.pricing.perfile import PerFile
 from fitevict.pricing.ggml_types import nbytes
 from fitevict.pricing.gguf_header import Header, HeaderError, read_header
 from fitevict.pricing.layers import (
@@ -428,8 +428,7 @@ def use_shelf(shelf: StructureShelf) -> Callable[[], None]:
     return lambda: _shelves.remove(shelf) if shelf in _shelves else None
 
 
-@lru_cache(maxsize=256)
-def _cached(path: str, size: int, mtime_ns: int, inode: int) -> GgufStructure:
+def _parse(path: str, size: int, mtime_ns: int, inode: int) -> GgufStructure:
     key = (path, size, mtime_ns, inode)
     shelf = _shelves[0] if _shelves else None
     if shelf is not None and (kept := shelf.get(key)) is not None:
@@ -438,6 +437,9 @@ def _cached(path: str, size: int, mtime_ns: int, inode: int) -> GgufStructure:
     if shelf is not None:
         shelf.put(key, parsed)
     return parsed
+
+
+_cached = PerFile(_parse)  # the latest parse per path (pricing.perfile)
 
 
 def file_key(path: str | Path, what: str = "model file") -> FileKey:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from gguf import GGMLQuantizationType
 
+from fitevict.pricing.perfile import PerFile
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, nbytes, pad
 from fitevict.pricing.gguf import PricingError, TensorInfo, file_identity
@@ -101,9 +101,11 @@ def parse_adapter(path: str | Path) -> LoraAdapter:
     return LoraAdapter(str(p), arch, float(alpha) if isinstance(alpha, (int, float)) else 0.0, tuple(tensors))
 
 
-@lru_cache(maxsize=256)
-def _cached(path: str, size: int, mtime_ns: int) -> LoraAdapter:
+def _parse(path: str, size: int, mtime_ns: int) -> LoraAdapter:
     return parse_adapter(path)
+
+
+_cached = PerFile(_parse)  # the latest parse per path (pricing.perfile)
 
 
 def load_adapter(path: str | Path) -> LoraAdapter:

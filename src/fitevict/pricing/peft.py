@@ -18,9 +18,9 @@ was placed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
+from fitevict.pricing.perfile import PerFile
 from fitevict.pricing.gguf import PricingError, file_identity
 from fitevict.pricing.safetensors import DTYPE_BYTES, FLOAT_DTYPES, StTensor, header_tensors
 
@@ -73,9 +73,11 @@ def weights_file(folder: str | Path) -> Path:
     return Path(folder) / PEFT_WEIGHTS
 
 
-@lru_cache(maxsize=256)
-def _cached(path: str, size: int, mtime_ns: int) -> tuple[StTensor, ...]:
+def _parse(path: str, size: int, mtime_ns: int) -> tuple[StTensor, ...]:
     return tuple(header_tensors(Path(path)))  # PricingError names the file and what is wrong with it
+
+
+_cached = PerFile(_parse)  # the latest parse per path (pricing.perfile)
 
 
 def load_peft_adapter(folder: str | Path) -> PeftAdapter:
