@@ -74,3 +74,32 @@ def test_a_transformers_seat_fills_activate_seconds_from_its_answer() -> None:
     assert seat_adapter_seconds("transformers", log) == 0.75
     assert seat_adapter_seconds("transformers", FOOTPRINT_LINE + "{}\n") is None
     assert seat_adapter_seconds("llama-server", LOG) == adapter_load_seconds(LOG)
+
+
+def test_a_hit_report_is_kept_once_per_model_and_seat_however_often_the_residents_change() -> None:
+    """The memo of hit reports holds the last one of each model on its seat: residents whose bytes move at every
+    reading replace it, never add to it, and an unchanged hit is the same report."""
+    from types import SimpleNamespace
+
+    from fitevict.pricing.loadconfig import LoadConfig
+    from fitevict.supervisor import loadreport
+
+    class Seat(SimpleNamespace):
+        def bytes_on(self, dev: str) -> int:
+            return self.held
+
+        def source_on(self, dev: str) -> str:
+            return "measured"
+
+    seat = Seat(key="m", id="s1", engine="llama-server", config=LoadConfig(), load_seconds=1.5, held=1)
+    sup = SimpleNamespace(seats={"m": seat}, last_budget=None)
+    entry = SimpleNamespace(key="m", path="/m.gguf", kind="gguf")
+    loadreport._hits.clear()
+    loadreport._headers.clear()
+    first = loadreport.hit_report(sup, entry, seat)
+    assert loadreport.hit_report(sup, entry, seat) is first  # nothing changed: the same report
+    for n in range(2, 100):
+        seat.held = n * 1_000_000  # a new reading at every hit
+        report = loadreport.hit_report(sup, entry, seat)
+        assert report.resident_bytes_after["CPU"] == n * 1_000_000
+    assert len(loadreport._hits) == 1 and len(loadreport._headers) == 1

@@ -174,8 +174,9 @@ async def request_report(sup, entry, seat, arrived: float, request_id: str | Non
     return _report(sup, entry, seat, loaded=True, adapter_s=adapter_s, evicted=evicted)
 
 
-# hit reports (and their header text) by what they are made of; the budget reading is compared by identity
-_hits: dict[tuple, tuple[object, LoadReport]] = {}
+# the last hit report (and its header text) of each model on each seat, with what it was made of; the budget
+# reading is compared by identity. One per (model, seat): a report that no longer matches is replaced, not kept.
+_hits: dict[tuple[str, str], tuple[tuple, object, LoadReport]] = {}
 _headers: dict[int, tuple[LoadReport, str]] = {}
 
 
@@ -184,15 +185,17 @@ def hit_report(sup, entry, seat) -> LoadReport:
     read, no event to scan), so it can be built after the request went to the engine. Memoized: between two hits
     it changes only when the residents' bytes, the budget reading or the seat do."""
     residents = resident_bytes(sup.seats.values())
-    key = (entry.key, seat.key, seat.id, seat.engine, seat.config.loras, seat.load_seconds, tuple(residents.items()))
-    got = _hits.get(key)
-    if got is not None and got[0] is sup.last_budget:
-        return got[1]
+    made_of = (seat.id, seat.engine, seat.config.loras, seat.load_seconds, tuple(residents.items()))
+    got = _hits.get(which := (entry.key, seat.key))
+    if got is not None and got[0] == made_of and got[1] is sup.last_budget:
+        return got[2]
     report = _report(sup, entry, seat, loaded=False, adapter_s=None, evicted=(), residents=residents)
-    if len(_hits) > 256:
+    if got is not None:
+        _headers.pop(id(got[2]), None)
+    if len(_hits) > 256:  # models that came and went
         _hits.clear()
         _headers.clear()
-    _hits[key] = (sup.last_budget, report)
+    _hits[which] = (made_of, sup.last_budget, report)
     _headers[id(report)] = (report, report.header())
     return report
 
