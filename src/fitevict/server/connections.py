@@ -76,6 +76,9 @@ class Refusals:
                 "refused": {"connections": self.connections, "requests": self.requests}}
 
 
+REFUSALS = Refusals()  # the serving door's one count (its HTTP protocol notes them, /health reads them)
+
+
 def too_busy(path: str, in_progress: int, lim: Limits) -> tuple[int, bytes]:
     """The status and JSON body of a request refused for the door's load, in the API's shape of ``path`` (503;
     Anthropic's 529 ``overloaded_error``)."""

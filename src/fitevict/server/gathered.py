@@ -14,7 +14,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from fitevict.server.connections import Limits, Refusals, refuse_app
+from fitevict.server.connections import REFUSALS, Limits, refuse_app
 
 
 class _Gathered:
@@ -62,7 +62,7 @@ class GatheredHttpToolsProtocol(HttpToolsProtocol):
     """``--http httptools`` with ``_Gathered`` writes (pass the class as ``uvicorn.Config(http=...)``)."""
 
     limits: Limits | None = None  # the door's (``connections``), set on a subclass by ``server.runner``
-    refusals = Refusals()
+    refusals = REFUSALS
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

@@ -19,7 +19,7 @@ from fitevict import __version__
 from fitevict.pricing.lora import listed_adapter_bytes
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
-from fitevict.server.gathered import GatheredHttpToolsProtocol
+from fitevict.server.connections import REFUSALS
 from fitevict.server.ollama_shapes import file_bytes_now
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -42,7 +42,7 @@ def health(door: Door) -> dict[str, Any]:
             "models": len(door.catalog.entries()), "prices_read_ahead": dict(door.sup.prices_ahead),
             "data_dir": usage.to_json() if usage is not None else None, "store": store,
             "heap": door.heap.to_json() if door.heap is not None else None,
-            "clients": GatheredHttpToolsProtocol.refusals.to_json()}
+            "clients": REFUSALS.to_json()}
 
 
 def model_list(door: Door) -> dict[str, Any]:
