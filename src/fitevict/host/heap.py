@@ -81,7 +81,8 @@ def trim() -> bool | str:
 def held() -> dict[str, Any]:
     """What the door's memory is made of, by the allocators' own counts (engine-reported, in this sense): Python's
     allocated blocks (``sys.getallocatedblocks``: objects alive, whatever their size) and malloc's heaps
-    (``mallinfo2``: bytes in chunks in use, bytes free inside the heaps, the heaps' size and what is mapped apart).
+    (``mallinfo2``: bytes in chunks in use, bytes free inside the heaps, the heaps' size and what is mapped apart: chunks above
+    its mmap threshold, each its own mapping).
     Growth in blocks or ``in_use`` is memory kept; growth in ``free`` alone is the allocator's fragmentation."""
     out: dict[str, Any] = {"python_blocks": sys.getallocatedblocks()}
     libc = _libc()
@@ -92,7 +93,7 @@ def held() -> dict[str, Any]:
     else:
         m = libc.mallinfo2()
         out["malloc"] = {"in_use_bytes": m.uordblks, "free_bytes": m.fordblks, "heaps_bytes": m.arena,
-                         "mapped_apart_bytes": m.hblkhd}
+                         "mapped_apart_bytes": m.hblkhd, "mapped_apart_chunks": m.hblks}
     return out
 
 
