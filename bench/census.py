@@ -176,7 +176,8 @@ def diff(path: Path, first: int, last: int, top: int = 25) -> None:
     if "unavailable" not in ma and "unavailable" not in mb:
         print("malloc: " + ", ".join(f"{k} {_mib(mb[k + '_bytes'] - ma[k + '_bytes'])}"
                                      for k in ("heaps", "in_use", "free", "mapped_apart"))
-              + f", mapped-apart chunks {mb['mapped_apart_chunks'] - ma['mapped_apart_chunks']:+d}")
+              + (f", mapped-apart chunks {mb['mapped_apart_chunks'] - ma['mapped_apart_chunks']:+d}"
+                 if "mapped_apart_chunks" in ma and "mapped_apart_chunks" in mb else ""))
     rows = []
     for name in set(a["types"]) | set(b["types"]):
         ca, sa, la, lba = a["types"].get(name, [0, 0, 0, 0])
