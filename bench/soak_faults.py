@@ -191,8 +191,9 @@ def _outside_malloc(mem, held: dict) -> dict:
 
 
 def _held(base: str) -> dict:
-    """malloc's bytes in use and free inside its heaps, and Python's allocated blocks, as the door reports them; a
-    reading that failed is left out of the sample (its series skip it) with why."""
+    """malloc's bytes in use, free inside its heaps and mapped apart, SQLite's bytes (part of malloc's in use) and
+    Python's allocated blocks, as the door reports them; a reading that failed is left out of the sample (its
+    series skip it) with why."""
     try:
         held = httpx.get(base + "/health", timeout=10).json()["heap"]["held"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
@@ -201,7 +202,10 @@ def _held(base: str) -> dict:
     out = {"python_blocks": held.get("python_blocks")}
     if isinstance(malloc, dict):
         out |= {"malloc_in_use": malloc["in_use_bytes"], "malloc_free": malloc["free_bytes"],
+                "malloc_mapped_apart": malloc["mapped_apart_bytes"],
                 "malloc_heaps": malloc["heaps_bytes"] + malloc["mapped_apart_bytes"]}
+    if isinstance(held.get("sqlite"), dict):
+        out["sqlite_in_use"] = held["sqlite"]["in_use_bytes"]
     return out
 
 

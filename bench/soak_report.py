@@ -27,6 +27,8 @@ SERIES = (("rss", "front door RSS", MiB, "MiB"), ("pss", "front door PSS", MiB, 
           # what the RSS is made of, by the door's own allocators (``/health`` ``heap.held``): kept or fragmented
           ("malloc_in_use", "malloc: bytes in use", MiB, "MiB"), ("malloc_free", "malloc: free inside its heaps", MiB,
                                                                    "MiB"),
+          ("malloc_mapped_apart", "malloc: chunks mapped apart (above its mmap threshold)", MiB, "MiB"),
+          ("sqlite_in_use", "SQLite: bytes it holds (part of malloc's in use)", MiB, "MiB"),
           ("outside_malloc", "anonymous, outside malloc's heaps (Python's arenas, stacks)", MiB, "MiB"),
           ("python_blocks", "Python: allocated blocks (thousands)", 1000, ""))
 CUT_BY = ("seat-sigkill", "seat-sigstop")  # the faults that may cut a request of their seat's model
@@ -194,7 +196,8 @@ def plots(samples: list[dict], faults: list[dict], t0: float, t_warm: float) -> 
     IMG.mkdir(parents=True, exist_ok=True)
     groups = {"memory": ("rss", "pss"), "handles": ("fds", "threads", "children", "zombies"),
               "disk": ("db_bytes", "seat_logs_bytes", "data_bytes"),
-              "heap": ("malloc_in_use", "malloc_free", "outside_malloc", "python_blocks")}
+              "heap": ("malloc_in_use", "malloc_free", "malloc_mapped_apart", "sqlite_in_use", "outside_malloc",
+                       "python_blocks")}
     names = []
     for name, keys in groups.items():
         fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)

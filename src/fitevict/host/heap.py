@@ -94,7 +94,24 @@ def held() -> dict[str, Any]:
         m = libc.mallinfo2()
         out["malloc"] = {"in_use_bytes": m.uordblks, "free_bytes": m.fordblks, "heaps_bytes": m.arena,
                          "mapped_apart_bytes": m.hblkhd, "mapped_apart_chunks": m.hblks}
+    out["sqlite"] = _sqlite_held()
     return out
+
+
+def _sqlite_held() -> dict[str, int] | str:
+    """SQLite's own count of the bytes it holds in this process (``sqlite3_memory_used``: its page caches,
+    prepared statements and schemas, all connections together; part of malloc's bytes in use), or why not."""
+    mod = sys.modules.get("_sqlite3")
+    if mod is None:
+        return "unavailable, because this process has not loaded SQLite"
+    try:
+        lib = ctypes.CDLL(mod.__file__)
+        used, peak = lib.sqlite3_memory_used, lib.sqlite3_memory_highwater
+    except (OSError, AttributeError) as e:
+        return f"unavailable, because SQLite's memory counters cannot be reached: {e}"
+    used.restype = peak.restype = ctypes.c_int64
+    peak.argtypes = [ctypes.c_int]
+    return {"in_use_bytes": used(), "peak_bytes": peak(0)}
 
 
 __all__ = ["ARENAS", "allocator", "arenas", "held", "limit_arenas", "trim"]
