@@ -101,17 +101,26 @@ def held() -> dict[str, Any]:
 def _sqlite_held() -> dict[str, int] | str:
     """SQLite's own count of the bytes it holds in this process (``sqlite3_memory_used``: its page caches,
     prepared statements and schemas, all connections together; part of malloc's bytes in use), or why not."""
+    lib = _sqlite_lib()
+    if isinstance(lib, str):
+        return lib
+    return {"in_use_bytes": lib.sqlite3_memory_used(), "peak_bytes": lib.sqlite3_memory_highwater(0)}
+
+
+def _sqlite_lib() -> ctypes.CDLL | str:
+    """The SQLite library the ``sqlite3`` module was linked with, once it is loaded, or why it cannot be read."""
     mod = sys.modules.get("_sqlite3")
     if mod is None:
         return "unavailable, because this process has not loaded SQLite"
+    return _sqlite_at(mod.__file__)
+
+
+@functools.cache
+def _sqlite_at(path: str) -> ctypes.CDLL | str:
     try:
-        lib = ctypes.CDLL(mod.__file__)
-        used, peak = lib.sqlite3_memory_used, lib.sqlite3_memory_highwater
+        lib = ctypes.CDLL(path)
+        lib.sqlite3_memory_used.restype = lib.sqlite3_memory_highwater.restype = ctypes.c_int64
+        lib.sqlite3_memory_highwater.argtypes = [ctypes.c_int]
     except (OSError, AttributeError) as e:
         return f"unavailable, because SQLite's memory counters cannot be reached: {e}"
-    used.restype = peak.restype = ctypes.c_int64
-    peak.argtypes = [ctypes.c_int]
-    return {"in_use_bytes": used(), "peak_bytes": peak(0)}
-
-
-__all__ = ["ARENAS", "allocator", "arenas", "held", "limit_arenas", "trim"]
+    return lib
