@@ -96,6 +96,7 @@ def seat_signal(base: str, door_pid: int, sig: signal.Signals, stall_s: float, r
         os.kill(pid, signal.SIGCONT)  # let it go: the door did not handle it
     out["survived"] = end is not None and healthy(base)
     out["ended_as"] = end and end["event"]
+    out["drained"] = bool(end and end["details"].get("draining"))  # a draining seat ends as the stop it drained for
     out["how"] = (f"seat reaped, {end['event']} recorded after {end['time'] - t:.1f} s: {end['reason'][:160]}" if end
                   else f"no end recorded for pid {pid} within {stall_s + 60:.0f} s (process gone: {gone(pid)})")
     return out

@@ -172,7 +172,14 @@ def notes(verdicts: list[dict], faults: list[dict]) -> list[str]:
     bad = [f for f in faults if "skipped" not in f and not f["survived"]]
     out += [f"- not survived: {f['fault']} of {f.get('model')} (its seat {f.get('state', 'n/a')}): {f['how']}"
             for f in bad]
-    raced = [f for f in faults if f.get("ended_as") not in (None, "crash", "fail")]
+    stops = [f for f in faults if f.get("ended_as") not in (None, "crash", "fail")]
+    drained = [f for f in stops if f.get("drained")]
+    if drained:
+        out.append(f"- ended as the stop the seat drained for (`draining: true`, its cause as a crash's): "
+                   f"{len(drained)}× ({', '.join(sorted({str(f['ended_as']) for f in drained}))}). One: "
+                   f"{drained[0]['fault']} of {drained[0]['model']} (its seat {drained[0].get('state')}): "
+                   f"{drained[0]['how']}")
+    raced = [f for f in stops if not f.get("drained")]
     if raced:
         seat_faults = sum(1 for f in faults if "pid" in f)
         states = Counter(str(f.get("state", "n/a")).split(",")[0] for f in raced)

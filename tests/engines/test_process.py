@@ -44,3 +44,17 @@ def test_many_waiters_see_one_exit_and_a_group_stop_ends_it(tmp_path: Path) -> N
 
     codes = asyncio.run(run())
     assert codes == [-signal.SIGTERM] * 3  # SIGTERM ended it, within the grace period (not the SIGKILL after it)
+
+
+def test_a_leader_whose_exit_has_begun_counts_as_exited_before_the_stop(monkeypatch) -> None:
+    """A killed process's sockets close while its exit runs, before it can be reaped: a stop begun then (its request's
+    broken connection seen first) finds it exiting (``procmem.exiting``), and says it had exited before the stop."""
+    from fitevict.engines import process
+
+    async def stop(is_exiting: bool) -> bool:
+        child = start_child([sys.executable, "-c", "import time; time.sleep(60)"], stdout=open(os.devnull, "wb"))
+        monkeypatch.setattr(process, "exiting", lambda pid: is_exiting and pid == child.pid)
+        return (await stop_process_group(child.pid, 5.0, proc=child)).exited_before
+
+    assert asyncio.run(stop(True)) is True
+    assert asyncio.run(stop(False)) is False

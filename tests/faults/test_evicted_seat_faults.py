@@ -15,6 +15,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,19 +29,26 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 GRACE_S = 5.0  # engine.stop_grace_seconds
 
 
-@pytest.fixture(scope="module")
-def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
-    tmp = tmp_path_factory.mktemp("evictfaults")
+@contextmanager
+def swap_door(zoo: dict, tmp: Path, policy: str = "") -> Iterator[FrontDoor]:
+    """A front door over two copies of the medium model, med-a and med-b, with room for one seat (the other model's
+    load evicts it); ``policy``: more ``[policy]`` lines. A frozen seat is never killed by the stuck-seat watch
+    within a test."""
     models = tmp / "models"
     models.mkdir()
     for name in ("med-a", "med-b"):
         shutil.copyfile(zoo["llama-medium"].path, models / f"{name}.gguf")
     cfg = tmp / "fitevict.toml"
-    # room for one medium seat; a frozen seat is never killed by the stuck-seat watch within the test
     cfg.write_text(f"[budget]\nram_limit = {int(1.5 * medium_host_bytes(models))}\nram_reserve = 0\n"
-                   "[policy]\nprompt_cache = false\nmin_residency_seconds = 0\n"
+                   f"[policy]\nprompt_cache = false\nmin_residency_seconds = 0\n{policy}"
                    f"[engine]\nstall_seconds = 600\nstop_grace_seconds = {GRACE_S}\nrelease_timeout_seconds = 20\n")
     with front_door(tmp, "--config", str(cfg), "--models-dir", str(models), timeout=180) as fd:
+        yield fd
+
+
+@pytest.fixture(scope="module")
+def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
+    with swap_door(zoo, tmp_path_factory.mktemp("evictfaults")) as fd:
         yield fd
 
 

@@ -144,3 +144,25 @@ def test_meminfo_errors_name_the_file(tmp_path: Path) -> None:
     old.write_text("MemTotal:       16384 kB\nMemFree:        1024 kB\n")
     with pytest.raises(HostMemoryError, match="MemAvailable"):
         read_meminfo(old)
+
+
+def test_a_process_that_exited_or_is_exiting_is_told_from_one_that_runs() -> None:
+    """``exiting``: a running child is not; killed and not reaped yet (a zombie), or reaped, it is. The flags field's
+    ``PF_EXITING`` (set when the kernel's exit begins, before the process's sockets close) says so too."""
+    from fitevict.host.procmem import PF_EXITING, exiting, stat_exiting
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not exiting(child.pid)
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, still a zombie: not reaped
+        assert exiting(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert exiting(child.pid)  # reaped: gone
+    line = Path("/proc/self/stat").read_text()
+    comm, fields = line.rsplit(")", 1)[0], line.rsplit(")", 1)[1].split()
+    assert not stat_exiting(line)
+    fields[6] = str(int(fields[6]) | PF_EXITING)
+    assert stat_exiting(comm + ") " + " ".join(fields)) and stat_exiting("") and stat_exiting("1 (x) Z")

@@ -55,9 +55,11 @@ async def run(s: SeatState, code: str) -> None:
     await spawn(s, LaunchSpec((sys.executable, "-c", code), dict(os.environ), s.port, "/health"))
 
 
-def stop_result(key: str, freed: int | None = FREED) -> StopResult:
+def stop_result(key: str, freed: int | None = FREED, exited: int | None = None) -> StopResult:
+    """What the ending says: ``exited``, the exit code of a process that had exited before the stop."""
+    ended = ("exited", f"it had already exited (exit code {exited}) before the stop") if exited is not None else ()
     return StopResult(key, {HOST: freed}, freed, {HOST: freed or 0}, 0.01, 0.02, freed is not None,
-                      "test: what the ending said")
+                      "test: what the ending said", exited, *ended)
 
 
 class Records:
@@ -86,6 +88,7 @@ class Ending:
 
     async def end(self, s: SeatState, *, free_slot: bool = False, forget: bool = True) -> StopResult:
         s.expected_exit = True
+        exited = s.proc.returncode if s.proc is not None else None  # it ended before the stop
         self.calls.append((s.id, free_slot))
         self.log.append("end")
         if s.pgid is not None:
@@ -95,7 +98,7 @@ class Ending:
                 pass
         if s.proc is not None:
             await s.proc.wait()
-        return stop_result(s.key)
+        return stop_result(s.key, exited=exited)
 
     async def forget(self, s: SeatState) -> None:
         self.log.append("forget")

@@ -17,13 +17,12 @@ from fitevict.seat.watching import CrashWatch
 from . import fakeparts
 
 
-def _watch(tmp_path: Path, code: str, *, stopping: bool = False, frozen: str | None = None):
+def _watch(tmp_path: Path, code: str, *, stopping: bool = False, frozen: str | None = None, draining: bool = False):
     store = Store.open(f"sqlite:///{tmp_path / 'fitevict.db'}")
     order: list[str] = []
     crashed: list[str] = []
     told: list[tuple] = []
     done: list[Path] = []
-    left: list[dict] = []
     ending = fakeparts.Ending(order)
     seat = fakeparts.seat(tmp_path)
 
@@ -40,22 +39,22 @@ def _watch(tmp_path: Path, code: str, *, stopping: bool = False, frozen: str | N
 
         watch = CrashWatch(lambda: 7.0, History(store), SimpleNamespace(done_with_log=done.append),  # type: ignore
                            EngineConfig(stall_seconds=30), ending=ending, spawn=spawn,  # type: ignore[arg-type]
-                           crashed=lambda key: (crashed.append(key), order.append("crashed")), stopped=stopped,
+                           crashed=lambda key: bool(crashed.append(key) or order.append("crashed") or draining),
+                           stopped=stopped,
                            silent_for=lambda port: None)
         await fakeparts.run(seat, code)
         seat.expected_exit = stopping  # a stop asked for this exit
         watch.watch(seat)
         if frozen is not None:  # the stuck-seat watch killed it
-            watch.frozen[seat] = frozen
+            seat.killed_for = frozen
         assert seat.watcher is not None
         await seat.watcher
         await asyncio.gather(*tasks)  # the stuck-seat watch ends with the process
-        left.append(dict(watch.frozen))
 
     try:
         asyncio.run(scenario())
         return SimpleNamespace(events=store.events(), order=order, crashed=crashed, told=told, done=done,
-                               ending=ending, seat=seat, frozen_left=left[0])
+                               ending=ending, seat=seat)
     finally:
         store.close()
 
@@ -85,15 +84,21 @@ def test_an_exit_a_stop_asked_for_is_no_crash(tmp_path: Path) -> None:
     assert got.events == [] and got.crashed == [] and got.told == [] and got.ending.calls == []
 
 
-def test_a_frozen_seat_whose_exit_a_stop_asked_for_leaves_nothing_behind(tmp_path: Path) -> None:
-    """Killed by the stuck-seat watch while a stop was under way: no crash, and the watch keeps nothing of it (a door
-    that swaps for days would keep every such seat otherwise)."""
+def test_a_frozen_seat_whose_exit_a_stop_asked_for_is_no_crash(tmp_path: Path) -> None:
+    """Killed by the stuck-seat watch while a stop was under way: no crash (the stop records its end)."""
     got = _watch(tmp_path, "import sys; sys.exit(0)", stopping=True, frozen="stopped for 30 s")
-    assert got.events == [] and got.frozen_left == {}
+    assert got.events == [] and got.crashed == [] and got.ending.calls == []
+
+
+def test_a_draining_seat_that_dies_is_left_to_the_stop_it_drained_for(tmp_path: Path) -> None:
+    """The scheduler says the seat was draining (its ``ending`` began the stop it drained for): no crash and no
+    ending here, nobody told that it crashed; the stop records its end."""
+    got = _watch(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", draining=True)
+    assert got.crashed == ["m"] and got.events == [] and got.ending.calls == [] and got.told == []
 
 
 def test_a_frozen_seat_is_a_crash_named_so(tmp_path: Path) -> None:
     got = _watch(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", frozen="stuck: no byte for 30 s")
     (crash,) = got.events
     assert crash.details["cause"] == "frozen" and crash.reason == "stuck: no byte for 30 s"
-    assert got.frozen_left == {}
+    assert crash.details["exit_code"] == -9 and crash.details["oom"] is None

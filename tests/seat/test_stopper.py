@@ -32,7 +32,8 @@ class Processes:
         self.log.append("done_with_log")
 
 
-def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_freed_early: bool = False):
+def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_freed_early: bool = False,
+          died_draining: bool = False):
     store = Store.open(f"sqlite:///{tmp_path / 'fitevict.db'}")
     order: list[str] = []
     told: list[tuple] = []
@@ -56,6 +57,11 @@ def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_free
         history.on_event.append(lambda ev: order.append(f"event:{ev.event}"))
         if slot_freed_early:  # the ending freed the slot while it verified the release
             seat.slot_freed = True
+        if died_draining:  # its process killed while it drained, before its stop began
+            seat.seat.drained = True
+            await fakeparts.run(seat, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+            assert seat.proc is not None
+            await seat.proc.wait()
         stopper = Stopper(lambda: 5.0, history, processes, SimpleNamespace(gpu_figure=lambda s: None),
                           ending=ending, records=records, save_prompts=save_prompts, stopped=stopped)
         return await stopper.stop(seat, event, "evicted for b", "req-1")
@@ -99,3 +105,23 @@ def test_a_teardown_that_names_live_tensors_adds_a_leak_event(tmp_path: Path) ->
 def test_a_slot_freed_while_the_release_was_verified_is_not_freed_twice(tmp_path: Path) -> None:
     got = _stop(tmp_path, "idle-unload", slot_freed_early=True)
     assert got.told == [("m", fakeparts.FREED, True)]  # the desk leaves the scheduler alone then
+
+
+def test_a_seat_that_died_while_it_drained_ends_as_its_stop_saying_how(tmp_path: Path) -> None:
+    """Killed while it drained, before its stop began: the stop's own event (no crash) says it was draining and how
+    the process ended, as a crash would; no prompts are saved from a dead process; the scheduler told once."""
+    got = _stop(tmp_path, "evict", died_draining=True)
+    (ev,) = got.events
+    d = ev.details
+    assert ev.event == "evict" and d["draining"] is True and d["pid"] == got.seat.pid
+    assert d["stop_ended"] == "exited" and d["stop_exit_code"] == -9 and d["exit_code"] == -9
+    assert d["cause"] == "killed" and d["oom"] is None and "log_tail" in d
+    assert ev.reason.startswith("evicted for b; it ended on its own while it drained: llama-server was killed (SIGKILL")
+    assert got.saved == [] and "kv_save_notes" not in d
+    assert got.order == ["end", "event:evict", "forget", "done_with_log", "stopped"]
+    assert got.told == [("m", fakeparts.FREED, False)]
+
+
+def test_a_stop_of_a_running_seat_says_it_was_not_draining_and_adds_no_cause(tmp_path: Path) -> None:
+    ev = next(e for e in _stop(tmp_path, "unload").events if e.event == "unload")
+    assert ev.details["draining"] is False and "cause" not in ev.details and ev.reason == "evicted for b"

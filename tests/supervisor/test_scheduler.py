@@ -372,11 +372,59 @@ def test_a_crashed_seat_serves_nothing_more_and_leaves_as_crashed() -> None:
     record = s.table.get("a")
     ready(s, fx, "a")
     assert fx.kinds("dispatch") == [("dispatch", "a0", "a")]
-    s.ending("a")  # its process exited on its own while a0 was in flight
-    assert s.seats["a"].status is SeatStatus.STOPPING
+    assert s.ending("a") is False  # its process exited on its own while a0 was in flight: a crash
+    assert s.seats["a"].status is SeatStatus.STOPPING and not fx.kinds("stop")
     fx.calls.clear()
     s.submit(Waiter(request("a"), 0.0, "a1"))  # it waits for the crash's stop, never for the dead seat
     assert fx.kinds("dispatch") == [] and fx.kinds("start") == [] and s.waiting("a") == 1
     s.stopped("a", Exit.CRASHED)
     assert record is not None and record.status is SeatStatus.GONE and record.exit is Exit.CRASHED
     assert fx.kinds("start") == [("start", "a")]  # the next request loads it again
+
+
+def test_a_draining_seat_that_dies_ends_as_the_eviction_it_drained_for() -> None:
+    """Its turn over for b, a dies with a0 in flight: its end is the eviction for b (not a crash), and b gets its
+    memory."""
+    from fitevict.schedule.seats import Exit
+
+    s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB, max_wait_seconds=5, max_turn_seconds=100,
+                  min_residency_seconds=0)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    ready(s, fx, "a")
+    record = s.table["a"]
+    fx.calls.clear()
+    s.submit(Waiter(request("b"), 1.0, "b0"))
+    s.submit(Waiter(request("a"), 1.5, "a1"))  # waits behind the swap: not the request a drained for
+    fx.t = 6.0
+    s.tick()
+    assert record.status is SeatStatus.DRAINING and not fx.kinds("stop")
+    assert s.ending("a") is True
+    assert fx.kinds("stop") == [("stop", "a", "evict", "evicted for b: its turn was over, and b waited for its memory")]
+    assert record.status is SeatStatus.STOPPING and record.drained
+    s.stopped("a")
+    assert record.exit is Exit.STOPPED and fx.kinds("start") == [("start", "b")]
+    s.finished("a")  # a0's error comes back after its seat is gone: nothing else moves
+    assert len(fx.kinds("stop")) == 1 and len(fx.kinds("start")) == 1
+
+
+def test_a_seat_that_dies_while_an_unload_waits_for_it_ends_as_that_unload() -> None:
+    s, fx = sched({"a": 100 * MB}, 150 * MB)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    ready(s, fx, "a")
+    assert s.unload("a", "unloaded on request") and s.seats["a"].status is SeatStatus.DRAINING
+    assert not fx.kinds("stop")
+    assert s.ending("a") is True
+    assert fx.kinds("stop") == [("stop", "a", "unload", "unloaded on request")] and s.table["a"].drained
+
+
+def test_a_stop_says_whether_the_seat_drained_first() -> None:
+    s, fx = sched({"a": 100 * MB}, 150 * MB)
+    s.submit(Waiter(request("a"), 0.0, "a0"))
+    ready(s, fx, "a")
+    s.unload("a", "unloaded on request")
+    s.finished("a")  # its drain ends: the unload begins
+    assert fx.kinds("stop")[0][1:3] == ("a", "unload") and s.table["a"].drained
+    s.stopped("a")
+    s.submit(Waiter(request("a"), 0.0, "a1", hold=False))
+    ready(s, fx, "a")
+    assert s.relieve("a", "memory pressure") and not s.table["a"].drained  # stopped while ready

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from fitevict.host.procmem import process_state
+from fitevict.host.procmem import exiting, process_state
 
 _PR_SET_PDEATHSIG = 1
 
@@ -84,9 +84,10 @@ def start_child(argv: Sequence[str], *, stdout: int | IO[bytes], env: dict[str, 
 
 @dataclass(frozen=True, slots=True)
 class GroupStop:
-    """One stop of a process group, as ``stop_process_group`` saw it: its seconds, whether the leader had exited
-    before the SIGTERM (a crash), whether the grace ran out and the group was SIGKILLed, and the leader's state then
-    (``T``: stopped by a signal, so the SIGTERM never ran; None when it exited within the grace)."""
+    """One stop of a process group, as ``stop_process_group`` saw it: its seconds, whether the leader had exited (or
+    was exiting: ``procmem.exiting``) before the SIGTERM (a crash), whether the grace ran out and the group was
+    SIGKILLed, and the leader's state then (``T``: stopped by a signal, so the SIGTERM never ran; None when it exited
+    within the grace)."""
 
     seconds: float
     exited_before: bool = False
@@ -105,7 +106,7 @@ async def stop_process_group(pgid: int | None, grace_s: float, *, proc: Child | 
     t0 = clock()
     if pgid is None:
         return GroupStop(0.0, exited_before=True)
-    before = proc.returncode is not None if proc is not None else not alive(pgid)
+    before = (proc.returncode is not None if proc is not None else not alive(pgid)) or exiting(pgid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     exited = await (_wait_child(proc, grace_s) if proc is not None else wait_pid_gone(pgid, grace_s))

@@ -207,6 +207,30 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+PF_EXITING = 0x4  # the kernel's task flag: do_exit has begun (set before the process's files and sockets close)
+
+
+def exiting(pid: int) -> bool:
+    """``pid`` has exited or is exiting: gone, a zombie, or the kernel's exit under way (``PF_EXITING``). A killed
+    process's sockets close during its exit, before it can be reaped: who reads a broken connection first may find
+    it still exiting."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return stat_exiting(f.read())
+    except OSError:
+        return True
+
+
+def stat_exiting(stat: str) -> bool:
+    """A ``/proc/PID/stat`` line says its process is a zombie, or its exit has begun (the flags field has
+    ``PF_EXITING``); an unreadable line says it is gone. Pure."""
+    try:
+        fields = stat.rsplit(")", 1)[1].split()
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_EXITING)
+    except (IndexError, ValueError):
+        return True
+
+
 def rss_bytes() -> int | None:
     """This process's resident set, read now; None where ``/proc`` has no ``statm``."""
     try:

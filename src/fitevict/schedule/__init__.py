@@ -3,6 +3,7 @@
     seats.py      PURE: one record per seat, one closed state enum (starting, loading, ready, draining,
                   stopping, gone) and the table that owns them and is the one place a state changes
     scheduler.py  PURE: one queue, turns, placements, victims; talks to the world only through ``Effects``
+    terms.py      PURE: the scheduler's policy, a waiting request (``Waiter``) and the ``Effects`` protocol
     errors.py     the answers a request can get instead of a seat (busy, refused, load failed), each with the
                   HTTP status the front door gives it
 

@@ -33,84 +33,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal, Protocol
 
 from fitevict import planner as pl
-from fitevict.budget import Budget
 from fitevict.config import EVICTION_POLICIES
-from fitevict.config.records import PolicyConfig, default
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.errors import Busy, Refused, SupervisorError
-from fitevict.schedule.seats import PLACING, Exit, Seat, SeatStatus, SeatTable, SeatView
-
-S = SeatStatus
+from fitevict.schedule.seats import PLACING, SERVING, Exit, Seat, SeatStatus, SeatTable, SeatView
+from fitevict.schedule.terms import Effects, Eviction, SchedPolicy, Waiter
 from fitevict.units import GiB
 
-Eviction = Literal["cost", "lru"]
+S = SeatStatus
 DEFAULT_RELOAD_RATE = 1.0 * GiB  # bytes/s assumed for a seat never loaded here (reload cost before measuring)
 USE_HALF_LIFE = 600.0  # seconds: a model's use counts half this long after it (GreedyDual-Size's frequency)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedPolicy:
-    # every default is the config's (config.records.PolicyConfig): one default per knob
-    max_turn_seconds: float = default(PolicyConfig, "max_turn_seconds")
-    max_wait_seconds: float = default(PolicyConfig, "max_wait_seconds")
-    min_residency_seconds: float = default(PolicyConfig, "min_residency_seconds")
-    queue_timeout_seconds: float = default(PolicyConfig, "queue_timeout_seconds")
-    max_queue: int = default(PolicyConfig, "max_queue")
-    engine_queue_depth: int | None = default(PolicyConfig, "engine_queue_depth")  # None: one batch (the slots)
-    eviction: Eviction = default(PolicyConfig, "eviction")
-
-    def __post_init__(self) -> None:
-        if self.eviction not in EVICTION_POLICIES:
-            raise ValueError(f"eviction {self.eviction!r} is not one of {', '.join(EVICTION_POLICIES)}")
-        for name in ("max_turn_seconds", "max_wait_seconds", "min_residency_seconds", "queue_timeout_seconds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-
-
-@dataclass(eq=False, slots=True)
-class Waiter:
-    """One request waiting for a seat. Identity is the object itself."""
-
-    request: pl.PlanRequest
-    arrived: float
-    request_id: str | None = None
-    keep_alive: float | None = None  # seconds after its last request (None: the policy's); inf: forever
-    hold: bool = True  # False: an admin load, which needs the seat ready but serves nothing
-    origin: Mapping[str, str] | None = None  # where it came from (the route, the name asked by), for history
-
-    @property
-    def key(self) -> str:
-        return self.request.key
-
-
-class Effects(Protocol):
-    """Everything the scheduler does to the world. Calls return at once; completions come back as inputs."""
-
-    def now(self) -> float: ...
-
-    def budget(self) -> Budget:
-        """The memory a plan may place in now (a fresh reading)."""
-
-    def prices(self, request: pl.PlanRequest) -> pl.FootprintFn:
-        """What each configuration of ``request``'s file costs: prices read ahead, so that pricing is computation."""
-
-    def start(self, waiter: Waiter, plan: pl.Plan) -> None:
-        """Begin loading ``plan``; answer with ``Scheduler.loaded`` or ``Scheduler.load_failed``."""
-
-    def stop(self, key: str, event: str, reason: str, request_id: str | None) -> None:
-        """Begin stopping (or cancelling the load of) ``key``; answer with ``Scheduler.stopped``."""
-
-    def dispatch(self, waiter: Waiter, key: str) -> None:
-        """Hand seat ``key`` to ``waiter`` (already counted in flight when it holds)."""
-
-    def reject(self, waiter: Waiter, error: SupervisorError) -> None: ...
-
-    def wake_at(self, when: float) -> None:
-        """Call ``Scheduler.tick`` at (or soon after) ``when``; a later call replaces an earlier one."""
 
 
 class Scheduler:
@@ -169,9 +103,8 @@ class Scheduler:
         self.queue.remove(w)
         s = self.table.get(w.key)
         if s is not None and s.status in PLACING and not any(self._serves(s, q) for q in self.queue):
-            self.table.move(s, S.STOPPING)
-            self.fx.stop(s.key, "unload", "no one waiting: every request for this load left before it finished",
-                         w.request_id)
+            self._stop(s, "unload", "no one waiting: every request for this load left before it finished",
+                       w.request_id)
         self._pump()
         return True
 
@@ -208,12 +141,20 @@ class Scheduler:
                 s.config = config
             self.table.move(s, S.LOADING)
 
-    def ending(self, key: str) -> None:
-        """The seat's process exited on its own (a crash): it serves nothing more while its stop runs, and
-        ``stopped`` ends it."""
+    def ending(self, key: str) -> bool:
+        """The seat's process exited on its own. A draining seat's end is the stop it drained for (an unload that
+        waited, or the eviction for the request that waited for its memory: ``_drained_for``): that stop begins now,
+        and True says so (the stop records how the seat ended). Any other serving seat crashed: it serves nothing more
+        while its stop runs, and ``stopped`` ends it (False)."""
         s = self.table.get(key)
-        if s is not None and s.status in (S.READY, S.DRAINING):
+        if s is None or s.status not in SERVING:
+            return False
+        stop = self._drained_for(s) if s.status is S.DRAINING else None
+        if stop is None:
             self.table.move(s, S.STOPPING)
+            return False
+        self._stop(s, *stop)
+        return True
 
     def stopped(self, key: str, how: Exit = Exit.STOPPED) -> None:
         """A stop finished (or a seat crashed, ``how``): it holds nothing any more, and leaves the table."""
@@ -239,8 +180,7 @@ class Scheduler:
         if s is None or s.status is S.STOPPING:
             return False
         if s.status in PLACING:
-            self.table.move(s, S.STOPPING)
-            self.fx.stop(key, event, reason, request_id)
+            self._stop(s, event, reason, request_id)
         else:
             self.table.move(s, S.DRAINING)
             s.stop_after = (event, reason)
@@ -253,8 +193,7 @@ class Scheduler:
         s = self.table.get(key)
         if s is None or s not in self.idle():
             return False
-        self.table.move(s, S.STOPPING)
-        self.fx.stop(key, "evict", reason, None)
+        self._stop(s, "evict", reason, None)
         self._pump()
         return True
 
@@ -266,8 +205,7 @@ class Scheduler:
             self.fx.reject(w, Busy(f"{w.key}: fitevict is {reason}; retry later", retry_after=5))
         for s in self.table.values():
             if s.status in PLACING:
-                self.table.move(s, S.STOPPING)
-                self.fx.stop(s.key, "unload", f"fitevict is {reason}: load cancelled", None)
+                self._stop(s, "unload", f"fitevict is {reason}: load cancelled", None)
         return gone
 
     def adopt(self, seat: Seat) -> None:
@@ -350,9 +288,7 @@ class Scheduler:
     def _finish_drains(self) -> float:
         for s in list(self.table.values()):
             if s.status is S.DRAINING and s.stop_after is not None and s.in_flight == 0:
-                event, reason = s.stop_after
-                self.table.move(s, S.STOPPING)
-                self.fx.stop(s.key, event, reason, None)
+                self._stop(s, *s.stop_after, None)
         return math.inf
 
     def _idle(self, now: float) -> float:
@@ -362,22 +298,40 @@ class Scheduler:
             if due is None or s.in_flight or any(w.key == s.key for w in self.queue):
                 continue
             if now >= due:
-                self.table.move(s, S.STOPPING)
                 kept = s.keep_alive if s.keep_alive is not None else self.idle_unload_seconds
-                self.fx.stop(s.key, "idle-unload", f"idle for {now - (s.last_used or now):.0f} s "
-                             f"(keep-alive {kept:g} s)", None)
+                self._stop(s, "idle-unload", f"idle for {now - (s.last_used or now):.0f} s (keep-alive {kept:g} s)",
+                           None)
             else:
                 wake = min(wake, due)
         return wake
 
-    def _head(self) -> Waiter | None:
-        """The longest-waiting request that needs a placement (not one its ready seat only has no room for)."""
+    def _head(self, other_than: str | None = None) -> Waiter | None:
+        """The longest-waiting request that needs a placement (not one its ready seat only has no room for), for
+        another model than ``other_than``."""
         for w in self.queue:
             s = self.table.get(w.key)
-            if s is not None and s.status is S.READY and self._serves(s, w):
+            if w.key == other_than or s is not None and s.status is S.READY and self._serves(s, w):
                 continue
             return w
         return None
+
+    def _drained_for(self, s: Seat) -> tuple[str, str, str | None] | None:
+        """The stop draining seat ``s`` waits for, as ``(event, reason, request id)``: the unload that waits for its
+        requests in flight, else the eviction for the longest-waiting request of another model (its turn is over);
+        None when nobody waits for its memory any more."""
+        if s.stop_after is not None:
+            return (*s.stop_after, None)
+        head = self._head(other_than=s.key)
+        if head is None:
+            return None
+        return ("evict", f"evicted for {head.key}: its turn was over, and {head.key} waited for its memory",
+                head.request_id)
+
+    def _stop(self, s: Seat, event: str, reason: str, request_id: str | None) -> None:
+        """``s``'s stop begins (its history event: ``event``); ``s.drained`` says whether it was draining then."""
+        s.drained = s.status is S.DRAINING
+        self.table.move(s, S.STOPPING)
+        self.fx.stop(s.key, event, reason, request_id)
 
     def _place(self, now: float) -> float:
         head = self._head()
@@ -404,12 +358,11 @@ class Scheduler:
             if plan.evict:
                 for e in plan.evict:
                     s = self.table[e.key]
-                    self.table.move(s, S.STOPPING)
                     self.inflation = max(self.inflation, s.priority)  # GreedyDual-Size: L rises to the victim's H
                     event = "unload" if e.key == head.key else "evict"
                     reason = (f"replaced: {head.key} is asked for under another configuration" if e.key == head.key
                               else f"evicted for {head.key}: {e.reason}")
-                    self.fx.stop(e.key, event, reason, head.request_id)
+                    self._stop(s, event, reason, head.request_id)
             else:
                 assert plan.config is not None
                 self.table.place(Seat(head.key, plan.config, head.request.source, now, pinned=head.request.pinned))
@@ -492,4 +445,4 @@ class Scheduler:
         return s.key == w.key and pl.compatible(s.config, w.request, source=s.source)
 
 
-__all__ = ["EVICTION_POLICIES", "Effects", "SchedPolicy", "Scheduler", "Waiter"]
+__all__ = ["EVICTION_POLICIES", "Effects", "Eviction", "SchedPolicy", "Scheduler", "Waiter"]

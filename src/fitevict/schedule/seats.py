@@ -91,6 +91,7 @@ class Seat:
     priority: float = 0.0  # GreedyDual-Size H
     keep_alive: float | None = None
     stop_after: tuple[str, str] | None = None  # (event, reason) once drained: an unload waits for it
+    drained: bool = False  # its stop began while it drained (its turn over, or an unload waiting for it)
     process: Holds | None = None  # its running process (seat.running.SeatState); None before and after
 
     @property

@@ -14,7 +14,7 @@ commands.
     learning.py   what a load teaches: overheads, the guarded measurement stored
     loadrecord.py a load's record
     timings.py    the engine's own timings of a seat's answers, summed
-    watching.py   a serving seat's exit no stop asked for: a crash
+    watching.py   a serving seat's exit no stop asked for: a crash (a draining seat's: the stop it drained for)
     frozen.py     a seat stopped by a signal or stuck while it serves
     stopping.py   a stop the scheduler asked for, recorded
     ending.py     every stop's end: the process group stopped, the release verified, the seat forgotten

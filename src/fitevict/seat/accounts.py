@@ -1,16 +1,20 @@
-"""What a seat's events say about it, beyond its figures: the strategy it loaded with, the engine's own timings, the
-leak check on its way out, the engine's own account of a failed load, and its file's bytes for the guard."""
+"""What a seat's events say about it, beyond its figures: the strategy it loaded with, the engine's own timings, how
+its process ended on its own (a crash, or a death while it drained), the leak check on its way out, the engine's own
+account of a failed load, and its file's bytes for the guard."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from fitevict import planner as pl
 from fitevict.engines import Engine
+from fitevict.host.oomkill import oom_evidence
 from fitevict.store.records import Event
+from fitevict.seat.crash import exit_cause, exit_words
 from fitevict.seat.release import StopResult
-from fitevict.seat.running import SeatState
+from fitevict.seat.running import SeatState, file_changed, log_tail
 
 
 def leak_check(report: dict | None, res: StopResult) -> str:
@@ -27,6 +31,18 @@ def timings(seat: SeatState) -> dict:
     """The engine's own timings over the seat's answers, for the event that ends it (nothing if none had any)."""
     t = seat.timings.to_json()
     return {"engine_timings": t} if t is not None else {}
+
+
+async def died(seat: SeatState, code: int | None) -> tuple[str, dict[str, Any]]:
+    """How ``seat``'s process ended on its own (``code``: its exit code), in words and as an event's details: killed
+    by fitevict's stuck-seat watch (``seat.killed_for``), or its exit code read as a cause (the kernel asked whether a
+    SIGKILL was its OOM killer's), with a model file changed under it and its log's tail."""
+    frozen = seat.killed_for
+    oom = await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen) if code == -9 and not frozen else None
+    changed = file_changed(seat)  # a seat whose mapped file was cut short dies of SIGBUS: say so
+    words = (frozen or exit_words(seat.engine, code, oom)) + (f"; {changed}" if changed else "")
+    return words, {"exit_code": code, "cause": "frozen" if frozen else exit_cause(code, oom), "oom": oom,
+                   "file_changed": changed, "log_tail": log_tail(seat.log_path, 10)}
 
 
 def engine_failure(engine: Engine, log_path: Path) -> str | None:

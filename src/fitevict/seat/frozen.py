@@ -1,6 +1,7 @@
 """A seat frozen while it runs answers nothing, and every request sent to it would wait for ever. Two kinds are told
-apart and killed after ``engine.stall_seconds``; the seat's watcher then records the crash with the reason given
-here, and the next request loads the model again (a client whose stream was cut is told by the relay):
+apart and killed after ``engine.stall_seconds``; the seat's end then gives the reason given here (its crash, or the
+stop a draining seat drained for), and the next request loads the model again (a client whose stream was cut is
+told by the relay):
 
 - **stopped**: its process stopped by a signal (``SIGSTOP``, ``SIGTSTP``, ``SIGTTIN``, ``SIGTTOU``: state ``T``), or
   frozen by a cgroup v1 freezer (state ``D``, its ``freezer.state`` ``FROZEN``: it wakes for no signal, so it is

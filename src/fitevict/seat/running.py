@@ -67,6 +67,7 @@ class SeatState:
     outgrew: dict | None = None  # once a reading exceeded its price by more than budget.outgrow_margin: the figures
     predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
+    killed_for: str | None = None  # why the stuck-seat watch killed it (seat.frozen.watch_frozen)
     watcher: asyncio.Task | None = None
     timings: EngineTimings = field(default_factory=EngineTimings)  # the engine's own, summed over its answers
     # set when a request it served ended: a new seat is read after its first answer, not while the engine works on it

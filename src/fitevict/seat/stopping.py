@@ -1,9 +1,14 @@
 """A stop the scheduler asked for (an eviction, an unload, an idle unload, shutdown) of a seat that serves: its
 record marked ``stopping:<event>`` first (a restart knows the stop was under way), its long prompts saved before an
-eviction or idle unload (``save_prompts``: ``kvkeep.keep_before_stop``), the seat ended (``ending.Ending``), the
-engine's teardown report read from its log, the stop recorded as one event with what came back (and a ``leak``
-event when the teardown names tensors still alive), and then the scheduler and whoever waits for the stop told once
-(``stopped``).
+eviction or idle unload (``save_prompts``: ``kvkeep.keep_before_stop``; not from a process that has exited), the
+seat ended (``ending.Ending``), the engine's teardown report read from its log, the stop recorded as one event with
+what came back (and a ``leak`` event when the teardown names tensors still alive), and then the scheduler and
+whoever waits for the stop told once (``stopped``).
+
+The event says whether the seat was draining when its stop began (``draining``: its turn over, or an unload waiting
+for its requests in flight). A seat whose process had ended on its own before the stop (killed while it drained,
+say) ends as this stop all the same, never as a crash beside it: the event says how the process ended as a crash
+would (``accounts.died``: ``exit_code``, ``cause``, ``oom``, ``log_tail``), in its details and its reason.
 
 ``Stopper`` works with four parts: the clock, the history, the processes (the seat's engine, its log) and the
 planning part (what the seat held on GPUs, as the history counts it).
@@ -14,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from fitevict.host.procmem import exiting
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.seats import Exit
 from fitevict.store.records import Event
-from fitevict.seat.accounts import leak_check, leak_event, timings
+from fitevict.seat.accounts import died, leak_check, leak_event, timings
 from fitevict.seat.ending import Ending
 from fitevict.seat.processes import Processes
 from fitevict.seat.release import StopResult
@@ -42,15 +48,21 @@ class Stopper:
 
     async def stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         self.records.keep(seat, STOPPING + event)  # a restart knows this stop was under way
-        kept = await self.save_prompts(seat, event)
+        exited = seat.pid is not None and exiting(seat.pid)  # killed while it drained, say: nothing to save
+        kept = {} if exited else await self.save_prompts(seat, event)
         res = await self.ending.end(seat, free_slot=True, forget=False)  # the record goes once the stop is recorded
         engine = self.processes.engine_for(seat.entry)
         report = engine.teardown(seat.log_path.read_text(errors="replace"))
+        drained = seat.seat.drained
+        account: dict[str, Any] = {}
+        if res.ended == "exited":  # it ended on its own before the stop: say how, as a crash would
+            words, account = await died(seat, res.exit_code)
+            reason = f"{reason}; it ended on its own {'while it drained' if drained else 'before its stop'}: {words}"
         await self.history.record(Event(
             time=self.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,
             host_bytes=seat.bytes_on(HOST), vram_bytes=self.planning.gpu_figure(seat), reason=reason,
             freed_bytes=res.freed_bytes, request_id=request_id,
-            details={"pid": seat.pid, **timings(seat),
+            details={"pid": seat.pid, "draining": drained, **account, **timings(seat),
                      "host_source": f"{seat.source_on(HOST)}: what the seat was counted at when it stopped",
                      "vram_source": (f"{seat.source_on(seat.config.devices[0])}: what the seat held on its GPUs"
                                      if seat.config.devices else None), **res.details(),

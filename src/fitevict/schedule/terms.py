@@ -1,0 +1,80 @@
+"""The scheduler's terms: its policy (``SchedPolicy``), a request waiting for a seat (``Waiter``) and everything it
+asks of the world (``Effects``, the narrow "syscall table" the supervisor carries out). PURE."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from fitevict import planner as pl
+from fitevict.budget import Budget
+from fitevict.config import EVICTION_POLICIES
+from fitevict.config.records import PolicyConfig, default
+from fitevict.schedule.errors import SupervisorError
+
+Eviction = Literal["cost", "lru"]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedPolicy:
+    # every default is the config's (config.records.PolicyConfig): one default per knob
+    max_turn_seconds: float = default(PolicyConfig, "max_turn_seconds")
+    max_wait_seconds: float = default(PolicyConfig, "max_wait_seconds")
+    min_residency_seconds: float = default(PolicyConfig, "min_residency_seconds")
+    queue_timeout_seconds: float = default(PolicyConfig, "queue_timeout_seconds")
+    max_queue: int = default(PolicyConfig, "max_queue")
+    engine_queue_depth: int | None = default(PolicyConfig, "engine_queue_depth")  # None: one batch (the slots)
+    eviction: Eviction = default(PolicyConfig, "eviction")
+
+    def __post_init__(self) -> None:
+        if self.eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction {self.eviction!r} is not one of {', '.join(EVICTION_POLICIES)}")
+        for name in ("max_turn_seconds", "max_wait_seconds", "min_residency_seconds", "queue_timeout_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One request waiting for a seat. Identity is the object itself."""
+
+    request: pl.PlanRequest
+    arrived: float
+    request_id: str | None = None
+    keep_alive: float | None = None  # seconds after its last request (None: the policy's); inf: forever
+    hold: bool = True  # False: an admin load, which needs the seat ready but serves nothing
+    origin: Mapping[str, str] | None = None  # where it came from (the route, the name asked by), for history
+
+    @property
+    def key(self) -> str:
+        return self.request.key
+
+
+class Effects(Protocol):
+    """Everything the scheduler does to the world. Calls return at once; completions come back as inputs."""
+
+    def now(self) -> float: ...
+
+    def budget(self) -> Budget:
+        """The memory a plan may place in now (a fresh reading)."""
+
+    def prices(self, request: pl.PlanRequest) -> pl.FootprintFn:
+        """What each configuration of ``request``'s file costs: prices read ahead, so that pricing is computation."""
+
+    def start(self, waiter: Waiter, plan: pl.Plan) -> None:
+        """Begin loading ``plan``; answer with ``Scheduler.loaded`` or ``Scheduler.load_failed``."""
+
+    def stop(self, key: str, event: str, reason: str, request_id: str | None) -> None:
+        """Begin stopping (or cancelling the load of) ``key``; answer with ``Scheduler.stopped``."""
+
+    def dispatch(self, waiter: Waiter, key: str) -> None:
+        """Hand seat ``key`` to ``waiter`` (already counted in flight when it holds)."""
+
+    def reject(self, waiter: Waiter, error: SupervisorError) -> None: ...
+
+    def wake_at(self, when: float) -> None:
+        """Call ``Scheduler.tick`` at (or soon after) ``when``; a later call replaces an earlier one."""
+
+
+__all__ = ["Effects", "Eviction", "SchedPolicy", "Waiter"]
