@@ -56,7 +56,7 @@ class HeldStream:
     def __init__(self, base: str, model: str) -> None:
         self.body = {"model": model, "max_tokens": 4000, "stream": True, "ignore_eos": True, "fitevict": {"ctx": 4096},
                      "messages": [{"role": "user", "content": "hi"}]}
-        self.url = base + "/v1/chat/completions"
+        self.base, self.url = base, base + "/v1/chat/completions"
         self.status: int | None = None
         self.tokens = 0  # content chunks read
         self.errors: list[str] = []  # error events or exceptions: the stream was cut
@@ -106,6 +106,12 @@ class HeldStream:
         if self.ended.is_set():
             return f"the stream ended after {self.tokens} tokens (status {self.status})"
         return None
+
+    def assert_on_its_seat(self) -> None:
+        """The stream runs, and the door counts it in flight on its seat."""
+        seat = _residents(self.base).get(self.body["model"])
+        assert self.alive() is None and seat is not None and seat["in_flight"] == 1, \
+            f"{self.body['model']} is not serving the stream: seat {seat}; stream: {self.alive() or 'running'}"
 
     def let_go(self, timeout: float = 300) -> None:
         self.release.set()
@@ -160,7 +166,8 @@ def test_a_hog_makes_fitevict_give_back_its_idle_seat(zoo: dict, tmp_path: Path)
         assert _chat(base, "llama-gqa").status_code == 200
         busy = HeldStream(base, "med-a")
         assert busy.serving.wait(300) and busy.alive() is None, busy.alive()
-        assert busy.status == 200 and _residents(base)["med-a"]["in_flight"] == 1
+        assert busy.status == 200
+        busy.assert_on_its_seat()
         hog = subprocess.Popen([sys.executable, "-c", HOG_CODE, str(HOG)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
         try:
@@ -168,7 +175,8 @@ def test_a_hog_makes_fitevict_give_back_its_idle_seat(zoo: dict, tmp_path: Path)
             grown = float(hog.stdout.readline())
             ev = poll(lambda: history(door, event="pressure"), "a pressure event", 120)[0]
             assert [s["model"] for s in ev["details"]["stopped"]] == ["llama-gqa"]  # the idle seat, not the one in use
-            assert "llama-gqa" not in _residents(base) and _residents(base)["med-a"]["in_flight"] == 1
+            assert "llama-gqa" not in _residents(base)
+            busy.assert_on_its_seat()
             _assert_pressure_waits(base)
             assert _metric(base, "fitevict_under_pressure", "device") == {"CPU": 1.0}
             host = next(d for d in ev["details"]["devices"] if d["device"] == "CPU")
@@ -190,8 +198,7 @@ def test_a_hog_makes_fitevict_give_back_its_idle_seat(zoo: dict, tmp_path: Path)
         poll(lambda: _metric(base, "fitevict_under_pressure", "device") == {"CPU": 0.0}, "calm after the hog", 60)
         poll(lambda: _chat(base, "llama-gqa").status_code == 200, "llama-gqa loading again after the hog", 60)
         # the request in flight was never cut: still on its seat and streaming after the pressure has passed
-        assert busy.alive() is None, busy.alive()
-        assert _residents(base)["med-a"]["in_flight"] == 1
+        busy.assert_on_its_seat()
         busy.let_go()  # one more token, then the client hangs up
         ended = poll(lambda: _metric(base, "fitevict_requests_total", "status", model="med-a"), "med-a's count", 60)
         assert ended == {"499": 1.0}, ended  # ended by the client's hang-up: not cut, not lost
