@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from fitevict.engines import loopback
 from fitevict.host import procmem
 
 SAMPLE_S = 0.020  # the sampler's period
@@ -146,7 +147,7 @@ def healthy(proc: subprocess.Popen, base: str, timeout_s: float) -> str:
         if proc.poll() is not None:
             return f"llama-server exited with {proc.returncode} before it answered /health"
         try:
-            if httpx.get(base + "/health", timeout=1.0).status_code == 200:
+            if loopback.get(base + "/health", 1.0).status_code == 200:
                 return ""
         except httpx.TransportError:
             pass  # not listening yet
@@ -157,7 +158,7 @@ def healthy(proc: subprocess.Popen, base: str, timeout_s: float) -> str:
 def prompts(base: str, slots: int, n_tokens: int) -> list[list[int]]:
     """One prompt of exactly ``n_tokens`` token ids per slot, cut from the model's own tokenization of a text
     (``/tokenize``), each slot's from another offset so no two share a prefix."""
-    r = httpx.post(base + "/tokenize", json={"content": TEXT * 8}, timeout=60)
+    r = loopback.post(base + "/tokenize", 60, json={"content": TEXT * 8})
     r.raise_for_status()
     ids = [t for t in r.json()["tokens"] if isinstance(t, int)]
     if not ids:
@@ -169,7 +170,7 @@ def complete(base: str, prompt: list[int], slot: int, max_tokens: int, timeout_s
     """One answer on ``slot``: (prompt tokens evaluated, tokens predicted)."""
     body = {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "id_slot": slot, "temperature": 0.0,
             "cache_prompt": False}
-    r = httpx.post(base + "/completion", json=body, timeout=timeout_s)
+    r = loopback.post(base + "/completion", timeout_s, json=body)
     r.raise_for_status()
     d = r.json()
     return int(d["tokens_evaluated"]), int(d["tokens_predicted"])

@@ -152,17 +152,17 @@ class TransformersEngine(EngineBase):
 
     @staticmethod
     def fetch_footprint(port: int, timeout: float = 10.0) -> dict:
-        import httpx
+        from fitevict.engines import loopback
 
-        r = httpx.get(f"http://127.0.0.1:{port}/footprint", timeout=timeout)
+        r = loopback.get(f"http://127.0.0.1:{port}/footprint", timeout)
         r.raise_for_status()
         return r.json()
 
     @staticmethod
     def unload(port: int, timeout: float = 60.0) -> dict:
         """In-process teardown (del + gc, leak check, malloc_trim, PSS returned); the seat exits after answering."""
-        import httpx
+        from fitevict.engines import loopback
 
-        r = httpx.post(f"http://127.0.0.1:{port}/unload", timeout=timeout)
+        r = loopback.post(f"http://127.0.0.1:{port}/unload", timeout)
         r.raise_for_status()
         return r.json()

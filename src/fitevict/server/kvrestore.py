@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from fitevict.engines import traits
+from fitevict.engines import loopback, traits
 from fitevict.store.records import Event
 from fitevict.supervisor.kvkeep import Restored, SavedPrompt, engine_seconds, restore_effect
 
@@ -71,7 +71,7 @@ async def restore_for(sup: Any, seat: Any, endpoint: str, body: dict, request_id
         seat.kv_candidates = []
         return body, None
     try:
-        async with httpx.AsyncClient(base_url=seat.base_url, timeout=60) as c:
+        async with loopback.aclient(seat.base_url, 60) as c:
             tokens = await _prompt_tokens(c, endpoint, body)
             got = None if tokens is None else await asyncio.to_thread(sup.kv.best, seat.kv_candidates, tokens)
             if got is None:

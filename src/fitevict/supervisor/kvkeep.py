@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from fitevict.engines import traits
+from fitevict.engines import loopback, traits
 from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
 from fitevict.units import GiB, format_size
 
@@ -212,7 +212,7 @@ class PromptKeep:
         a note for each slot that was not (and why)."""
         saved: list[SavedPrompt] = []
         notes: list[str] = []
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+        async with loopback.aclient(f"http://127.0.0.1:{port}", 120) as client:
             r = await client.get("/slots")
             if r.status_code != 200:
                 return [], [f"GET /slots answered {r.status_code}: nothing saved"]
