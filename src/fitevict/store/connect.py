@@ -11,6 +11,11 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from fitevict.paths import data_dir
 
 INCREMENTAL = 2  # SQLite's PRAGMA auto_vacuum value for INCREMENTAL (0: NONE, 1: FULL)
+SQLITE_HEAP_BYTES = 4 * 2**20
+"""What SQLite may hold in the door's memory, all connections together (``PRAGMA soft_heap_limit``, process-wide):
+beyond it the page caches give pages up before taking new ones. Unbounded, each pooled connection's cache grows to
+2 MiB as the history grows (SQLite's default), one more steady climb in a door that runs for days; the file's pages
+stay in the kernel's page cache, so a read that misses costs a copy, not a disk read."""
 
 
 class StoreError(RuntimeError):
@@ -24,7 +29,7 @@ def default_url() -> str:
 
 def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
     """A SQLAlchemy engine for ``url``. SQLite: parent directories created, auto_vacuum=INCREMENTAL, WAL,
-    synchronous=NORMAL, busy_timeout, foreign_keys on, and real transactions (fitevict issues BEGIN itself, so DDL is
+    synchronous=NORMAL, busy_timeout, foreign_keys on, its memory bounded (``SQLITE_HEAP_BYTES``), and real transactions (fitevict issues BEGIN itself, so DDL is
     transactional and the writer takes the write lock up front with BEGIN IMMEDIATE). PostgreSQL:
     see :func:`_postgres_engine` (its driver opens transactions itself; DDL is transactional there too).
     Any other backend raises :class:`StoreError`."""
@@ -65,6 +70,7 @@ def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={busy_ms:d}")
             cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA soft_heap_limit={SQLITE_HEAP_BYTES:d}")
         finally:
             cur.close()
 
