@@ -1,5 +1,6 @@
 """The memory-pressure rule (fitevict.pressure): when a device is under pressure, with hysteresis, and which idle
-seats give memory back, cheapest first; and the scheduler's side (only idle seats are stopped)."""
+seats give memory back, cheapest first; and the scheduler's side (only idle seats are stopped, and a request that
+waits on the strained budget is placed at the reading that finds the device calm again)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fitevict.budget import Budget
+from fitevict.config import Config
 from fitevict.pressure import Idle, assess, outgrowth, strained
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
+from fitevict.supervisor.pressure_watch import PressureWatch
 from fitevict.units import GiB, MiB
 
 from tests.supervisor.schedsim import Recorder, request
@@ -159,3 +162,49 @@ def test_the_planner_evicts_an_outgrowing_seat_first_and_counts_what_it_holds_no
     stops = fx.kinds("stop")
     assert [c[1] for c in stops] == ["leaky"], fx.calls  # not "healthy", though it is the least recently used
     assert "outgrowing its price" in stops[0][3]
+
+
+# -- loads resume once the device is calm ---------------------------------------------------------------------------
+
+
+class _Strained(Recorder):
+    """The recording fake, planning over the machine as the watch strains it (``PressureWatch.planning_budget``)."""
+
+    def __init__(self, watch: PressureWatch, sizes: dict[str, int]) -> None:
+        super().__init__(sizes, 16 * GiB)
+        self.watch, self.machine = watch, host(16 * GiB)
+
+    def budget(self) -> Budget:
+        return self.watch.planning_budget(self.machine)
+
+
+def test_a_request_waiting_on_the_strained_budget_is_placed_at_the_reading_that_finds_the_device_calm() -> None:
+    watch = PressureWatch(Config())
+    fx = _Strained(watch, {"busy": 1 * GiB, "next": 600 * MiB})
+    s = Scheduler(fx, SchedPolicy(min_residency_seconds=0, max_wait_seconds=10.0, max_turn_seconds=60.0))
+    s.submit(Waiter(request("busy"), fx.t, "busy"))
+    s.loaded("busy", bytes={HOST: 1 * GiB}, bytes_source="measured", load_seconds=1.0)  # in flight from here on
+    replans: list[float] = []
+
+    def reading(free: int) -> None:  # one sampler reading: the rule's answer, taken by the watch
+        fx.machine = host(free, held=1 * GiB)
+        relief = assess(fx.machine, watch.margins(fx.machine), watch.under, [], "cost")
+        watch.observe(relief, fx.t, lambda: (replans.append(fx.t), s.tick()))
+
+    fx.t = 1.0
+    reading(900 * MiB)  # another program took memory: under pressure, the reserve raised by the margin
+    assert watch.under == {HOST} and replans == []
+    fx.t = 2.0
+    s.submit(Waiter(request("next"), fx.t, "next"))  # 900 + 1024 - 1024 - 256 MiB left: it waits behind "busy"
+    assert fx.kinds("start") == [("start", "busy")] and fx.wake == 2.0 + 10.0, fx.calls
+    fx.t = 3.0
+    reading(1 * GiB + 100 * MiB)  # above the reserve, below reserve + margin: still under pressure, nothing replans
+    assert watch.under == {HOST} and replans == [] and fx.kinds("start") == [("start", "busy")]
+    fx.t = 4.0
+    reading(3 * GiB)  # the other program let go: calm at this reading, and the scheduler plans at once
+    assert watch.under == frozenset() and replans == [4.0]
+    assert fx.kinds("start") == [("start", "busy"), ("start", "next")], fx.calls  # at 4 s, not at its wake-up (12 s)
+    assert fx.kinds("stop") == []  # "busy" serves on: it fits beside
+    fx.t = 5.0
+    reading(3 * GiB)  # calm stays calm: no further replanning
+    assert replans == [4.0]
