@@ -1,6 +1,6 @@
 """The memory-pressure rule (fitevict.pressure): when a device is under pressure, with hysteresis, and which idle
 seats give memory back, cheapest first; and the scheduler's side (only idle seats are stopped, and a request that
-waits on the strained budget is placed at the reading that finds the device calm again)."""
+waits through the pressure is placed at the first reading that finds room for it)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_the_planner_evicts_an_outgrowing_seat_first_and_counts_what_it_holds_no
     assert "outgrowing its price" in stops[0][3]
 
 
-# -- loads resume once the device is calm ---------------------------------------------------------------------------
+# -- loads resume once memory comes back --------------------------------------------------------------------------
 
 
 class _Strained(Recorder):
@@ -178,33 +178,26 @@ class _Strained(Recorder):
         return self.watch.planning_budget(self.machine)
 
 
-def test_a_request_waiting_on_the_strained_budget_is_placed_at_the_reading_that_finds_the_device_calm() -> None:
+def test_a_request_waiting_through_pressure_is_placed_at_the_first_reading_with_room_for_it() -> None:
     watch = PressureWatch(Config())
     fx = _Strained(watch, {"busy": 1 * GiB, "next": 600 * MiB})
     s = Scheduler(fx, SchedPolicy(min_residency_seconds=0, max_wait_seconds=10.0, max_turn_seconds=60.0))
     s.submit(Waiter(request("busy"), fx.t, "busy"))
     s.loaded("busy", bytes={HOST: 1 * GiB}, bytes_source="measured", load_seconds=1.0)  # in flight from here on
-    replans: list[float] = []
+    calls, wake = list(fx.calls), fx.wake
 
-    def reading(free: int) -> None:  # one sampler reading: the rule's answer, taken by the watch
-        fx.machine = host(free, held=1 * GiB)
-        relief = assess(fx.machine, watch.margins(fx.machine), watch.under, [], "cost")
-        watch.observe(relief, fx.t, lambda: (replans.append(fx.t), s.tick()))
+    def reading(t: float, free: int) -> None:  # one sampler reading: the pressure rule, then what waits is replanned
+        fx.t, fx.machine = t, host(free, held=1 * GiB)
+        watch.observe(assess(fx.machine, watch.margins(fx.machine), watch.under, [], "cost"), t)
+        s.remeasured()
 
-    fx.t = 1.0
-    reading(900 * MiB)  # another program took memory: under pressure, the reserve raised by the margin
-    assert watch.under == {HOST} and replans == []
+    reading(1.0, 900 * MiB)  # another program took memory: under pressure; nothing waits, so nothing is planned
+    assert watch.under == {HOST} and fx.calls == calls and fx.wake == wake
     fx.t = 2.0
-    s.submit(Waiter(request("next"), fx.t, "next"))  # 900 + 1024 - 1024 - 256 MiB left: it waits behind "busy"
+    s.submit(Waiter(request("next"), fx.t, "next"))  # 900 MiB free, 1 GiB reserve: it fits once "busy" goes
     assert fx.kinds("start") == [("start", "busy")] and fx.wake == 2.0 + 10.0, fx.calls
-    fx.t = 3.0
-    reading(1 * GiB + 100 * MiB)  # above the reserve, below reserve + margin: still under pressure, nothing replans
-    assert watch.under == {HOST} and replans == [] and fx.kinds("start") == [("start", "busy")]
-    fx.t = 4.0
-    reading(3 * GiB)  # the other program let go: calm at this reading, and the scheduler plans at once
-    assert watch.under == frozenset() and replans == [4.0]
-    assert fx.kinds("start") == [("start", "busy"), ("start", "next")], fx.calls  # at 4 s, not at its wake-up (12 s)
-    assert fx.kinds("stop") == []  # "busy" serves on: it fits beside
-    fx.t = 5.0
-    reading(3 * GiB)  # calm stays calm: no further replanning
-    assert replans == [4.0]
+    reading(3.0, 1 * GiB + 300 * MiB)  # it exits: calm (above reserve + margin), yet 300 MiB is no room for 600
+    assert watch.under == frozenset() and fx.kinds("start") == [("start", "busy")], fx.calls
+    reading(4.0, 3 * GiB)  # the rest of its memory came back: placed at this reading, not at its wake-up (12 s)
+    assert fx.kinds("start") == [("start", "busy"), ("start", "next")], fx.calls
+    assert fx.kinds("stop") == []  # "busy" serves on: "next" fits beside it

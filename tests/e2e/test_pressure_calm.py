@@ -23,7 +23,7 @@ from fitevict.units import GiB, MiB, format_size
 pytestmark = pytest.mark.e2e
 
 ROOM = 3 * GiB  # what fitevict may fill when the test starts: free memory above the reserve
-CTX = 65536  # the held seat's context: a KV cache of its own that the waiting load would fit in once the seat goes
+CTX = 131072  # the held seat's context: a KV cache of its own that the waiting load would fit in once the seat goes
 MARGIN = 64 * MiB  # budget.pressure_margin
 NEED = 64 * MiB  # more than llama-gqa needs at its default context
 
@@ -53,6 +53,14 @@ def _waiting(base: str) -> dict[str, int]:
     return httpx.get(base + "/v1/models/residents", timeout=30).json()["waiting"]
 
 
+def _why(base: str) -> str:
+    """What the door says about a wait: the queue, the pressure, free memory and the plan a dry run makes now."""
+    plan = httpx.post(base + "/v1/models/llama-gqa/plan", timeout=60).json().get("plan", {})
+    return (f"waiting {_waiting(base)}, under pressure {metric(base, 'fitevict_under_pressure', 'device')}, "
+            f"free {metric(base, 'fitevict_free_bytes', 'device')}, reserve {metric(base, 'fitevict_reserve_bytes', 'device')}; "
+            f"a plan now: {plan.get('action')}: {plan.get('reason')}")
+
+
 @pytest.mark.timeout(300)  # under 30 s alone
 def test_a_request_waiting_through_pressure_is_served_once_it_clears(zoo: dict, tmp_path: Path) -> None:
     # its turn and wait bounds far beyond the test: a request that waited for them would never be served in time
@@ -70,7 +78,8 @@ def test_a_request_waiting_through_pressure_is_served_once_it_clears(zoo: dict, 
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             hog.stdout.readline(), hog.stdout.readline()  # started, and every page touched
-            poll(lambda: metric(base, "fitevict_under_pressure", "device") == {"CPU": 1.0}, "pressure", 60)
+            poll(lambda: metric(base, "fitevict_under_pressure", "device") == {"CPU": 1.0},
+                 f"pressure (the hog took {format_size(below)} more than the room left)", 60)
             ask = Ask(base, "llama-gqa")
             poll(lambda: ask.done.is_set() or _waiting(base) == {"llama-gqa": 1}, "llama-gqa waiting", 60)
             assert not ask.done.is_set(), f"llama-gqa did not wait (free {format_size(below)} below the reserve, " \
@@ -81,8 +90,7 @@ def test_a_request_waiting_through_pressure_is_served_once_it_clears(zoo: dict, 
             hog.wait(30)
         # the reading that finds the host calm places it at once: served while med-a still serves the held stream,
         # which its turn (600 s) would have had to end for, and could not while the stream is held
-        assert ask.done.wait(120), (f"llama-gqa still waits after the pressure cleared: waiting {_waiting(base)}, "
-                                    f"under pressure {metric(base, 'fitevict_under_pressure', 'device')}")
+        assert ask.done.wait(120), f"llama-gqa still waits after the hog exited: {_why(base)}"
         assert ask.response is not None and ask.response.status_code == 200, ask.said()
         busy.assert_on_its_seat()
         assert [e["model"] for e in history(door, event="load")] == ["llama-gqa", "med-a"]  # newest first

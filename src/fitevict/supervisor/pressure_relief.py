@@ -43,8 +43,7 @@ async def check_pressure(parts: Ports, live: Mapping[str, int | None]) -> Relief
             for s in sched.idle()]
     relief = assess(budget, watch.margins(budget), watch.under, idle, parts.config.policy.eviction, pending)
     now = parts.clock()
-    # a reading that asks for relief starts it; one that finds a device calm again has the scheduler plan at once
-    if watch.observe(relief, now, sched.tick):
+    if watch.observe(relief, now):
         parts.spawn(_relieve(parts, relief, now), "fitevict-pressure")
     return relief
 

@@ -6,14 +6,13 @@ stop, has the scheduler stop them (an ``evict`` each), and once their stops are 
 event: free memory before and after, how much other processes grew since the last calm reading, the largest of
 them by PSS, and what was stopped and what was kept because it was in use. While a device is under pressure the
 planner sees its reserve raised by the margin (:meth:`planning_budget`), so loads that would not fit what is really
-free are refused with the reason, and loads resume by themselves once the other program lets go: the reading that
-finds a device calm again has the scheduler plan at once (:meth:`observe`).
+free are refused with the reason, and loads resume by themselves once the other program lets go.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from fitevict.budget import Budget
@@ -69,12 +68,10 @@ class PressureWatch:
         """The budget the planner sees: under pressure, a device's reserve is raised by the margin (labelled)."""
         return strained(budget, self.under, self.margins(budget))
 
-    def observe(self, relief: Relief, now: float, replan: Callable[[], None]) -> bool:
+    def observe(self, relief: Relief, now: float) -> bool:
         """Take the pure rule's answer for this reading; True when it asks for action (victims, or a device that
-        just came under pressure). Calm readings are kept for the growth figure. When a device leaves pressure its
-        margin leaves the planning budget, and ``replan`` (the scheduler's tick) is called at once: a request planned
-        to wait on the strained budget is placed now, not when its own wake-up comes."""
-        entering, leaving = relief.under - self.under, self.under - relief.under
+        just came under pressure). Calm readings are kept for the growth figure."""
+        entering = relief.under - self.under
         self.under, self.last = relief.under, relief
         for s in relief.strains:
             if not s.under:
@@ -82,8 +79,6 @@ class PressureWatch:
                 calm.append((now, s.others))
                 while calm and calm[0][0] < now - GROWTH_WINDOW:
                     calm.popleft()
-        if leaving:
-            replan()
         return bool(relief.victims or entering)
 
     def grew(self, relief: Relief) -> dict[str, dict[str, Any]]:
