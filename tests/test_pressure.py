@@ -1,5 +1,6 @@
 """The memory-pressure rule (fitevict.pressure): when a device is under pressure, with hysteresis, and which idle
-seats give memory back, cheapest first; and the scheduler's side (only idle seats are stopped)."""
+seats give memory back, cheapest first; and the scheduler's side (only idle seats are stopped, and a request that
+waits through the pressure is placed at the first reading that finds room for it)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fitevict.budget import Budget
+from fitevict.config import Config
 from fitevict.pressure import Idle, assess, outgrowth, strained
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
+from fitevict.supervisor.pressure_watch import PressureWatch
 from fitevict.units import GiB, MiB
 
 from tests.supervisor.schedsim import Recorder, request
@@ -159,3 +162,42 @@ def test_the_planner_evicts_an_outgrowing_seat_first_and_counts_what_it_holds_no
     stops = fx.kinds("stop")
     assert [c[1] for c in stops] == ["leaky"], fx.calls  # not "healthy", though it is the least recently used
     assert "outgrowing its price" in stops[0][3]
+
+
+# -- loads resume once memory comes back --------------------------------------------------------------------------
+
+
+class _Strained(Recorder):
+    """The recording fake, planning over the machine as the watch strains it (``PressureWatch.planning_budget``)."""
+
+    def __init__(self, watch: PressureWatch, sizes: dict[str, int]) -> None:
+        super().__init__(sizes, 16 * GiB)
+        self.watch, self.machine = watch, host(16 * GiB)
+
+    def budget(self) -> Budget:
+        return self.watch.planning_budget(self.machine)
+
+
+def test_a_request_waiting_through_pressure_is_placed_at_the_first_reading_with_room_for_it() -> None:
+    watch = PressureWatch(Config())
+    fx = _Strained(watch, {"busy": 1 * GiB, "next": 600 * MiB})
+    s = Scheduler(fx, SchedPolicy(min_residency_seconds=0, max_wait_seconds=10.0, max_turn_seconds=60.0))
+    s.submit(Waiter(request("busy"), fx.t, "busy"))
+    s.loaded("busy", bytes={HOST: 1 * GiB}, bytes_source="measured", load_seconds=1.0)  # in flight from here on
+    calls, wake = list(fx.calls), fx.wake
+
+    def reading(t: float, free: int) -> None:  # one sampler reading: the pressure rule, then what waits is replanned
+        fx.t, fx.machine = t, host(free, held=1 * GiB)
+        watch.observe(assess(fx.machine, watch.margins(fx.machine), watch.under, [], "cost"), t)
+        s.remeasured()
+
+    reading(1.0, 900 * MiB)  # another program took memory: under pressure; nothing waits, so nothing is planned
+    assert watch.under == {HOST} and fx.calls == calls and fx.wake == wake
+    fx.t = 2.0
+    s.submit(Waiter(request("next"), fx.t, "next"))  # 900 MiB free, 1 GiB reserve: it fits once "busy" goes
+    assert fx.kinds("start") == [("start", "busy")] and fx.wake == 2.0 + 10.0, fx.calls
+    reading(3.0, 1 * GiB + 300 * MiB)  # it exits: calm (above reserve + margin), yet 300 MiB is no room for 600
+    assert watch.under == frozenset() and fx.kinds("start") == [("start", "busy")], fx.calls
+    reading(4.0, 3 * GiB)  # the rest of its memory came back: placed at this reading, not at its wake-up (12 s)
+    assert fx.kinds("start") == [("start", "busy"), ("start", "next")], fx.calls
+    assert fx.kinds("stop") == []  # "busy" serves on: "next" fits beside it

@@ -8,20 +8,16 @@ still in flight and still streaming once the hog has exited and loads have resum
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
-from _frontdoor import poll, front_door, history
-from _models import swap_models
+from _frontdoor import history, poll
+from _pressure import HOG_CODE, HeldStream, chat, metric, pressure_door, residents
 
-from fitevict.host.procmem import read_meminfo
 from fitevict.units import GiB
 
 pytestmark = pytest.mark.e2e
@@ -29,100 +25,10 @@ pytestmark = pytest.mark.e2e
 ROOM = 1 * GiB  # what fitevict may fill when the test starts: free memory above the reserve
 HOG = 2 * GiB  # more than the room: free memory falls below the reserve
 
-HOG_CODE = """
-import mmap, sys, time
-n = int(sys.argv[1])
-print(time.time(), flush=True)
-m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)  # every page touched now
-print(time.time(), flush=True)
-sys.stdin.read()
-"""
-
-
-def _residents(base: str) -> dict[str, dict]:
-    return {r["key"]: r for r in httpx.get(base + "/v1/models/residents", timeout=30).json()["data"]}
-
-
-def _chat(base: str, model: str, max_tokens: int = 2, timeout: float = 300, **extra) -> httpx.Response:
-    return httpx.post(base + "/v1/chat/completions", timeout=timeout, json={
-        "model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}], **extra})
-
-
-class HeldStream:
-    """A streamed chat on ``model`` read in a thread as it comes, kept in flight until :meth:`let_go`: the client
-    then reads one more token and hangs up. Its ``max_tokens`` fills the context, so the engine is still generating
-    long after the test is done with it (``finished`` says it ran out first)."""
-
-    def __init__(self, base: str, model: str) -> None:
-        self.body = {"model": model, "max_tokens": 4000, "stream": True, "ignore_eos": True, "fitevict": {"ctx": 4096},
-                     "messages": [{"role": "user", "content": "hi"}]}
-        self.base, self.url = base, base + "/v1/chat/completions"
-        self.status: int | None = None
-        self.tokens = 0  # content chunks read
-        self.errors: list[str] = []  # error events or exceptions: the stream was cut
-        self.finished = False  # the engine's [DONE] came before the test let go
-        self.serving, self.release, self.ended = threading.Event(), threading.Event(), threading.Event()
-        self.after_release = 0  # tokens read after let_go
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        try:
-            with httpx.stream("POST", self.url, json=self.body, timeout=300) as r:
-                self.status = r.status_code
-                for line in r.iter_lines():
-                    if self._take(line):
-                        return  # leaving the block closes the connection: the client hangs up
-        except Exception as e:  # noqa: BLE001 (a cut stream is what the test reports)
-            self.errors.append(repr(e))
-        finally:
-            self.serving.set()  # never leave a waiter hanging on a stream that failed to start
-            self.ended.set()
-
-    def _take(self, line: str) -> bool:
-        """One SSE line; True when reading stops."""
-        if not line.startswith("data: "):
-            return False
-        if line == "data: [DONE]":
-            self.finished = True
-            return True
-        doc = json.loads(line[len("data: "):])
-        if "error" in doc:
-            self.errors.append(json.dumps(doc["error"]))
-            return True
-        self.tokens += 1
-        self.serving.set()
-        if self.release.is_set():
-            self.after_release += 1
-        return self.after_release >= 1
-
-    def alive(self) -> str | None:
-        """None while the stream still runs; else why it does not."""
-        if self.errors:
-            return f"the stream was cut after {self.tokens} tokens: {self.errors}"
-        if self.finished:
-            return (f"the stream ended by itself after {self.tokens} tokens, before the test let go: "
-                    f"it must outlast the pressure (raise max_tokens with the ctx)")
-        if self.ended.is_set():
-            return f"the stream ended after {self.tokens} tokens (status {self.status})"
-        return None
-
-    def assert_on_its_seat(self) -> None:
-        """The stream runs, and the door counts it in flight on its seat."""
-        seat = _residents(self.base).get(self.body["model"])
-        assert self.alive() is None and seat is not None and seat["in_flight"] == 1, \
-            f"{self.body['model']} is not serving the stream: seat {seat}; stream: {self.alive() or 'running'}"
-
-    def let_go(self, timeout: float = 300) -> None:
-        self.release.set()
-        assert self.ended.wait(timeout), f"no token came within {timeout} s after {self.tokens}"
-        assert self.after_release >= 1 and not self.errors and not self.finished, self.alive()
-
-
 def _assert_pressure_waits(base: str) -> None:
     """A load of the stopped seat's model is refused while the pressure lasts, in each API's shape: OpenAI's 503,
     Anthropic's 529 overloaded_error, the Responses API's and Ollama's 503, each with Retry-After and the reason."""
-    during = _chat(base, "llama-gqa")
+    during = chat(base, "llama-gqa")
     assert during.status_code == 503 and during.headers.get("retry-after"), during.text
     assert "memory pressure" in during.json()["error"]["message"]
     claude = httpx.post(base + "/v1/messages", timeout=300, json={
@@ -139,31 +45,13 @@ def _assert_pressure_waits(base: str) -> None:
     assert "memory pressure" in olla.json()["error"]
 
 
-def _metric(base: str, name: str, key: str, **match: str) -> dict[str, float]:
-    """The samples of metric ``name`` in /metrics whose labels include ``match``, summed by label ``key``."""
-    text = httpx.get(base + "/metrics", timeout=30).text
-    out: dict[str, float] = {}
-    for labels, value in re.findall(r'^' + name + r'\{([^}]*)\} (\S+)$', text, re.M):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if all(got.get(k) == v for k, v in match.items()):
-            out[got[key]] = out.get(got[key], 0) + float(value)
-    return out
-
-
 @pytest.mark.timeout(900)  # a minute alone; minutes on 2 cores shared with other work
 def test_a_hog_makes_fitevict_give_back_its_idle_seat(zoo: dict, tmp_path: Path) -> None:
-    (tmp_path / "models").mkdir()
-    models = swap_models(zoo, tmp_path / "models")
-    reserve = read_meminfo().available_bytes - ROOM
-    cfg = tmp_path / "f.toml"
-    cfg.write_text(f"[budget]\nram_reserve = {reserve}\npressure_margin = \"128MiB\"\n[server]\nsample_seconds = 0.2\n"
-                   "[policy]\nmin_residency_seconds = 0\nidle_unload_seconds = 0\n"
-                   # one engine thread: the busy seat leaves a core to the door, the hog and this client; a stop's
-                   # release hidden by the hog's growth is recorded "not released" after 5 s, not 30
-                   "[engine]\nextra_args = [\"-t\", \"1\"]\nrelease_timeout_seconds = 5\n")
-    with front_door(tmp_path, "--models-dir", str(models), env={"FITEVICT_CONFIG": str(cfg)}) as door:
+    # a stop's release hidden by the hog's growth is recorded "not released" after 5 s, not 30
+    with pressure_door(zoo, tmp_path, ROOM, budget="pressure_margin = \"128MiB\"\n",
+                       engine="release_timeout_seconds = 5\n") as (door, _):
         base = door.base_url
-        assert _chat(base, "llama-gqa").status_code == 200
+        assert chat(base, "llama-gqa").status_code == 200
         busy = HeldStream(base, "med-a")
         assert busy.serving.wait(300) and busy.alive() is None, busy.alive()
         assert busy.status == 200
@@ -175,10 +63,10 @@ def test_a_hog_makes_fitevict_give_back_its_idle_seat(zoo: dict, tmp_path: Path)
             grown = float(hog.stdout.readline())
             ev = poll(lambda: history(door, event="pressure"), "a pressure event", 120)[0]
             assert [s["model"] for s in ev["details"]["stopped"]] == ["llama-gqa"]  # the idle seat, not the one in use
-            assert "llama-gqa" not in _residents(base)
+            assert "llama-gqa" not in residents(base)
             busy.assert_on_its_seat()
             _assert_pressure_waits(base)
-            assert _metric(base, "fitevict_under_pressure", "device") == {"CPU": 1.0}
+            assert metric(base, "fitevict_under_pressure", "device") == {"CPU": 1.0}
             host = next(d for d in ev["details"]["devices"] if d["device"] == "CPU")
             assert host["under"] and host["free_bytes"] < host["reserve_bytes"]
             assert host["others_grew_bytes"] is not None and host["others_grew_bytes"] > ROOM // 2
@@ -194,13 +82,13 @@ def test_a_hog_makes_fitevict_give_back_its_idle_seat(zoo: dict, tmp_path: Path)
         finally:
             hog.stdin.close()
             hog.wait(30)
-        # calm at a tick after the hog exits (a load asked for before that may wait its turn behind med-a)
-        poll(lambda: _metric(base, "fitevict_under_pressure", "device") == {"CPU": 0.0}, "calm after the hog", 60)
-        poll(lambda: _chat(base, "llama-gqa").status_code == 200, "llama-gqa loading again after the hog", 60)
+        # calm at a tick after the hog exits (a load asked for before that waits for that tick, which places it)
+        poll(lambda: metric(base, "fitevict_under_pressure", "device") == {"CPU": 0.0}, "calm after the hog", 60)
+        poll(lambda: chat(base, "llama-gqa").status_code == 200, "llama-gqa loading again after the hog", 60)
         # the request in flight was never cut: still on its seat and streaming after the pressure has passed
         busy.assert_on_its_seat()
         busy.let_go()  # one more token, then the client hangs up
-        ended = poll(lambda: _metric(base, "fitevict_requests_total", "status", model="med-a"), "med-a's count", 60)
+        ended = poll(lambda: metric(base, "fitevict_requests_total", "status", model="med-a"), "med-a's count", 60)
         assert ended == {"499": 1.0}, ended  # ended by the client's hang-up: not cut, not lost
         loads = [e["model"] for e in history(door, event="load")]
         assert loads.count("llama-gqa") == 2

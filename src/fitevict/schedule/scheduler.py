@@ -6,7 +6,8 @@ stop a seat with a reason, hand a seat to a request, reject a request, wake me a
 that a plan needs, the budget now and the prices of the request's file. The scheduler plans itself, with the pure
 planner (``plan``), over its own seats as residents. Inputs come
 in as method calls (a request arrives or leaves, a load finished or failed, a stop finished, a request
-finished, a timer fired). Tests drive it with a recording fake and a fake clock, in milliseconds.
+finished, a timer fired, the machine's memory was read again). Tests drive it with a recording fake and a fake
+clock, in milliseconds.
 
 The rules (docs/scheduling.md says the same in prose):
 
@@ -172,6 +173,13 @@ class Scheduler:
 
     def tick(self) -> None:
         self._pump()
+
+    def remeasured(self) -> None:
+        """The machine's memory was read again (the memory sampler's reading): a request waiting for a placement is
+        planned again against it now, so memory that came back (another program let go, memory pressure cleared)
+        admits it at this reading, not when its own wake-up comes."""
+        if self._head() is not None:
+            self._pump()
 
     def unload(self, key: str, reason: str, request_id: str | None = None, event: str = "unload") -> bool:
         """Stop ``key`` once its requests in flight finish (its history event: ``event``); meanwhile it takes nothing

@@ -196,6 +196,8 @@ class MemorySampler:
         await self.sup.check_outgrowth(now)  # a seat whose reading now exceeds its price: one outgrew event
         # memory pressure from other programs: the seats' committed bytes now are what fitevict holds
         await self.sup.check_pressure({s.key: readings[i].committed_bytes for i, s in live.items()})
+        # memory that came back (another program let go, the pressure cleared) admits what waits for it now
+        self.sup.remeasured()
         self.ticks += 1
         done, self._ticked = self._ticked, []
         for f in done:

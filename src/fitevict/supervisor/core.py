@@ -246,6 +246,10 @@ class Supervisor:
         acted on (``pressure_relief``). Returns the relief decided, or None."""
         return await check_pressure(self.parts, live)
 
+    def remeasured(self) -> None:
+        """After the memory sampler's reading (and ``check_pressure``): what waits for memory is planned again."""
+        self.scheduler.remeasured()
+
     async def check_outgrowth(self, now: float) -> list[Event]:
         """After the memory sampler's reading of every seat: the seats that now outgrow their price are marked, one
         ``outgrew`` event each (``outgrowth``), and with ``policy.recycle_outgrown`` drained and loaded again.
