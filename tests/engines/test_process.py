@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,3 +59,19 @@ def test_a_leader_whose_exit_has_begun_counts_as_exited_before_the_stop(monkeypa
 
     assert asyncio.run(stop(True)) is True
     assert asyncio.run(stop(False)) is False
+
+
+def test_a_group_whose_members_are_zombies_runs_nothing() -> None:
+    """A seat killed with its door is reparented and may stay a zombie until its new parent reaps it: the kernel
+    still knows its group, but nothing of it runs. A live member keeps its group alive."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        assert group_alive(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        os.killpg(child.pid, 0)  # the kernel still has the group
+        assert not group_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not group_alive(child.pid)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from fitevict.host.procmem import exiting, process_state
+from fitevict.host.procmem import exiting, process_state, stat_exiting
 
 _PR_SET_PDEATHSIG = 1
 
@@ -188,14 +188,41 @@ def alive(pid: int) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    """True while any process of group ``pgid`` exists."""
+    """True while a process of group ``pgid`` runs: one that is neither a zombie nor exiting. A member killed with
+    its parent (the door) is reparented and may stay a zombie until its new parent reaps it; the group still exists
+    for the kernel then (``killpg(pgid, 0)`` succeeds), but nothing of it runs or holds memory."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    stats = _group_stats(pgid)
+    return stats is None or any(not stat_exiting(stat) for stat in stats)
+
+
+def _group_stats(pgid: int) -> list[str] | None:
+    """The ``/proc/PID/stat`` lines of the members of group ``pgid`` (a process that vanished while read is left
+    out); None without ``/proc``."""
+    out = []
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        try:
+            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                out.append(stat)
+        except (IndexError, ValueError):
+            continue
+    return out
 
 
 def cmdline(pid: int) -> list[str]:
