@@ -276,7 +276,10 @@ class Idle:
     lost="nothing")
 @pytest.mark.timeout(1200)
 def test_a_slow_client_does_not_get_its_seat_killed(door: FrontDoor) -> None:
-    tokens = 500  # with 200 alternatives each, about 14 KiB per chunk: more than the door and the sockets hold
+    # with 200 alternatives each, about 14 KiB per chunk: ~48 MiB, more than the door and the sockets hold (the door's
+    # socket from the seat alone may grow to net.ipv4.tcp_rmem's largest, 32 MiB here: 500 tokens, 7 MiB, all fitted
+    # in it on a fast CPU, and the seat finished without ever blocking)
+    tokens = 3500
     body = json.dumps({"model": "slow-client", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                        "max_tokens": tokens, "ignore_eos": True, "logprobs": True, "top_logprobs": 200}).encode()
     sock = socket.socket()
@@ -291,7 +294,7 @@ def test_a_slow_client_does_not_get_its_seat_killed(door: FrontDoor) -> None:
         pid = seat_pid(door, "slow-client")
         port = int(re.search(rb"--port\x00(\d+)", Path(f"/proc/{pid}/cmdline").read_bytes()).group(1))
         for _ in range(2):  # the client reads nothing while the seat sits blocked, longer than the stall period
-            # its 500 tokens take seconds on a quiet machine, minutes on 2 cores shared with other work
+            # it blocks within seconds on a quiet machine, minutes on 2 cores shared with other work
             poll(Idle(pid, port), "the seat blocked on its full socket", timeout=420)
             time.sleep(2 * STALL_S)  # the fault: a client that does not read
             assert Path(f"/proc/{pid}").exists() and ends(door, "slow-client") == ["load"]
