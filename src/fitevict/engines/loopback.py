@@ -1,7 +1,8 @@
 """HTTP clients for the seats and tools on 127.0.0.1, which speak plain HTTP.
 
-httpx gives every client it makes a TLS context of its own and loads its CA bundle into it: about 22 ms of CPU and
-some 150,000 small allocations (OpenSSL parsing each certificate), even for a client that only ever reaches
+httpx gives every client it makes a TLS context of its own and loads its CA bundle into it: tens of milliseconds
+of CPU (``bench/loopback_clients.py``) and some 150,000 small allocations (OpenSSL parsing each certificate), even
+for a client that only ever reaches
 ``http://127.0.0.1``. Made in the event loop for each prompt saved at an eviction or restored at a load, that was
 both a stall of every request in flight and the churn that fragmented the front door's heap over hours of swaps.
 Every client made here shares one context, made once; none of these addresses is ever reached over TLS.
