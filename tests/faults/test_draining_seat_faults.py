@@ -23,7 +23,7 @@ import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, history, poll
 from test_evicted_seat_faults import ask, resident, swap_door
-from test_seat_faults import LONG, ends, gone, seat_pid
+from test_seat_faults import LONG, ends, gone, kill_left, seat_pid
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 KILLED = "llama-server was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)"
@@ -77,8 +77,7 @@ def kill_while_draining(fd: FrontDoor, model: str, drain: Callable[[], object]) 
         stream.join(120)
         waiter.join(180)
     finally:
-        if not gone(pid):
-            os.kill(pid, signal.SIGKILL)
+        kill_left(pid)
     assert got, f"no answer to what drained {model}"
     poll(lambda: gone(pid), f"seat pid {pid} reaped (no zombie)")
     return pid, stream, got

@@ -23,7 +23,7 @@ import pytest
 
 from _frontdoor import FrontDoor, front_door, history, poll
 from _models import medium_host_bytes
-from test_seat_faults import ends, gone, seat_pid
+from test_seat_faults import ends, gone, kill_left, seat_pid
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 GRACE_S = 5.0  # engine.stop_grace_seconds
@@ -89,8 +89,7 @@ def evict_frozen(fd: FrontDoor, victim: str, other: str, *, kill_at_stop: bool) 
             os.kill(pid, signal.SIGKILL)
         t.join(180)
     finally:
-        if not gone(pid):
-            os.kill(pid, signal.SIGKILL)
+        kill_left(pid)
     assert got, f"no answer for {other}"
     poll(lambda: gone(pid), f"seat pid {pid} reaped")
     return pid, got[0]

@@ -10,7 +10,6 @@ read-only hierarchy), the test says so and is skipped.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import time
@@ -22,7 +21,7 @@ import pytest
 
 from _cgroups import memory_cgroup, new_cgroup, remove_cgroup, unified_root
 from _frontdoor import FrontDoor, front_door
-from test_seat_faults import check_crashed, check_reloads, gone, openai_stream_cut, seat_pid
+from test_seat_faults import check_crashed, check_reloads, kill_left, openai_stream_cut, seat_pid
 
 pytestmark = pytest.mark.e2e
 STALL_S = 2.0  # engine.stall_seconds
@@ -68,8 +67,7 @@ def test_seat_oom_killed_in_a_memory_cgroup(door: FrontDoor) -> None:
         assert e.value.status_code == 502 and e.value.body["type"] == "engine_error" and "oom" in e.value.message
         crash = check_crashed(door, "oom", pid)
     finally:
-        if not gone(pid):
-            os.kill(pid, signal.SIGKILL)
+        kill_left(pid)
         remove_cgroup(cgroup)
     assert crash["details"]["cause"] == "oom-killer", crash
     assert "killed by the kernel's OOM killer" in crash["reason"] and crash["details"]["oom"] in crash["reason"]

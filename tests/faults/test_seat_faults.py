@@ -61,6 +61,12 @@ def gone(pid: int) -> bool:
         return True
 
 
+def kill_left(pid: int | None) -> None:
+    """SIGKILL a seat a failed or cut-short test left running (nothing if it is gone)."""
+    if pid is not None and not gone(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
 def ends(fd: FrontDoor, model: str) -> list[str]:
     """The model's history oldest first: loads and what ended each."""
     return [e["event"] for e in reversed(history(fd)) if e["model"] == model
