@@ -48,17 +48,48 @@ def _name(o) -> str:
     return f"{t.__module__}.{t.__qualname__}" if t.__module__ not in ("builtins", None) else t.__qualname__
 
 
-def _reachable(gc) -> dict[int, object]:
-    """Every object the collector tracks, and every object they refer to (strings, bytes, numbers included)."""
+def _reachable(gc) -> tuple[dict[int, object], dict[int, int]]:
+    """Every object the collector tracks, and every object they refer to (strings, bytes, numbers included); and
+    for each object found through another, the id of the first one that referred to it."""
     tracked = gc.get_objects()
     seen = {id(o): o for o in tracked}
+    parent: dict[int, int] = {}
     stack = list(tracked)
     while stack:
-        for r in gc.get_referents(stack.pop()):
+        h = stack.pop()
+        for r in gc.get_referents(h):
+            if id(r) not in parent:
+                parent[id(r)] = id(h)
             if id(r) not in seen:
                 seen[id(r)] = r
                 stack.append(r)
-    return seen
+    return seen, parent
+
+
+def _holder_kind(i: int, seen: dict[int, object], parent: dict[int, int]) -> str:
+    """What holds object ``i``, two steps up, by type: 'list in Foo', 'dict in Bar' (an instance's attributes:
+    'Bar.__dict__'), or 'nothing found' for an object no other refers to."""
+    h = seen.get(parent.get(i, -1))
+    if h is None:
+        return "nothing found"
+    up = seen.get(parent.get(id(h), -1))
+    if up is not None and getattr(up, "__dict__", None) is h:
+        return f"{_name(up)}.__dict__"
+    return f"{_name(h)} in {_name(up) if up is not None else 'nothing found'}"
+
+
+def _by_holder(seen: dict[int, object], parent: dict[int, int], kinds: tuple[type, ...] = (str, bytes)) -> dict:
+    """Strings and bytes counted by what holds them (``_holder_kind``), with up to three examples each."""
+    out: dict[str, dict] = {}
+    for i, o in seen.items():
+        if type(o) in kinds:
+            row = out.setdefault(f"{type(o).__name__} <- {_holder_kind(i, seen, parent)}",
+                                 {"count": 0, "bytes": 0, "examples": []})
+            row["count"] += 1
+            row["bytes"] += sys.getsizeof(o)
+            if len(row["examples"]) < 3:
+                row["examples"].append(repr(o)[:80])
+    return out
 
 
 def _describe(h, o) -> str:
@@ -112,7 +143,7 @@ def take(out: str) -> None:
     import time
 
     t0 = time.monotonic()
-    seen = _reachable(gc)
+    seen, parent = _reachable(gc)
     by_type: dict[str, list[int]] = {}
     large: list[tuple[int, int]] = []
     for i, o in seen.items():
@@ -136,9 +167,9 @@ def take(out: str) -> None:
                         "where": _where(o, gc, mine | {id(o)})})
     rec = {"pid": __import__("os").getpid(), "at": time.time(), "rss": _rss(), "malloc": _malloc(),
            "python_blocks": sys.getallocatedblocks(), "objects": len(seen),
-           "types": {k: v for k, v in by_type.items()}, "largest": biggest,
+           "types": {k: v for k, v in by_type.items()}, "largest": biggest, "holders": _by_holder(seen, parent),
            "seconds": round(time.monotonic() - t0, 2)}
-    del seen, large
+    del seen, parent, large
     with open(out, "a") as f:
         f.write(json.dumps(rec) + "\n")
 
@@ -188,6 +219,13 @@ def diff(path: Path, first: int, last: int, top: int = 25) -> None:
     print(f"{'type':48} {'bytes':>14} {'count':>9} {'large n':>8} {'large bytes':>14} {'now':>12}")
     for db, dc, dl, dlb, name, now in sorted(rows, reverse=True)[:top]:
         print(f"{name[:48]:48} {_mib(db):>14} {dc:>+9d} {dl:>+8d} {_mib(dlb):>14} {now / 2**20:>9.2f} MiB")
+    ha, hb = a.get("holders", {}), b.get("holders", {})
+    if ha and hb:
+        grew = sorted(((hb[k]["bytes"] - ha.get(k, {}).get("bytes", 0), hb[k]["count"] - ha.get(k, {}).get("count", 0),
+                        k) for k in hb), reverse=True)
+        print("\nstrings and bytes by what holds them, largest growth first:")
+        for db, dc, k in grew[:top // 2]:
+            print(f"  {k[:70]:70} {_mib(db):>12} {dc:>+8d}  e.g. {'; '.join(hb[k]['examples'])[:120]}")
     print("\nlargest objects now:")
     for o in b["largest"][:15]:
         print(f"  {o['bytes'] / 2**10:9.0f} KiB {o['type']} len={o['len']}  <- {' <- '.join(o['where'])}")

@@ -166,3 +166,25 @@ def test_a_process_that_exited_or_is_exiting_is_told_from_one_that_runs() -> Non
     assert not stat_exiting(line)
     fields[6] = str(int(fields[6]) | PF_EXITING)
     assert stat_exiting(comm + ") " + " ".join(fields)) and stat_exiting("") and stat_exiting("1 (x) Z")
+
+
+def test_reading_a_process_interns_none_of_its_ids(child: Child, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The door reads every seat's /proc files every second: through ``pathlib`` (which, in Python 3.11, interns
+    every part of a path it parses) each read put the pid and every thread id into the interpreter's table of
+    interned strings and took them out again, and that churn doubled the table (1.8 MiB of the door's memory) within
+    half an hour of a soak. The readers go through string paths: no id is interned."""
+    from fitevict.host import oomkill, procmem
+    from fitevict.seat import frozen
+
+    interned: list[str] = []
+    real = sys.intern
+    monkeypatch.setattr(sys, "intern", lambda s: interned.append(s) or real(s))
+    assert Path("/proc", "interned-by-pathlib").parts and (interned or sys.version_info >= (3, 12))  # the probe works
+    interned.clear()
+    pid = child.pid
+    assert read_tree(pid).source != "unavailable" and read_process(pid).source != "unavailable"
+    assert any(p.pid == pid for p in procmem.largest_processes(set(), n=10_000))
+    assert frozen.progress(pid) is not None and frozen.frozen_by_cgroup(pid) is None
+    assert procmem.process_state(pid) in ("S", "R") and not procmem.exiting(pid)
+    assert oomkill.observe(pid).started_s is not None
+    assert [s for s in interned if s.isdigit()] == []  # no pid, no thread id (a cgroup's fixed names may be)

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fitevict.host.procmem import process_state
+from fitevict.host.procmem import proc_text, process_state
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KMSG_MAX_RECORDS = 20000  # a look at the kernel log reads at most this many records (the ring is far smaller)
@@ -37,7 +37,7 @@ class CgroupSeen:
 def memory_cgroup(pid: int) -> Path | None:
     """The directory of ``pid``'s memory cgroup (v1 ``memory`` controller, else v2), None when none can be read."""
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        lines = proc_text(pid, "cgroup").splitlines()
     except OSError:
         return None
     v2: Path | None = None
@@ -91,7 +91,7 @@ class Seen:
 def observe(pid: int) -> Seen:
     """``pid``'s start and memory cgroup as they are now."""
     try:
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        ticks = int(proc_text(pid, "stat").rsplit(")", 1)[1].split()[19])
         started: float | None = ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         started = None

@@ -8,6 +8,11 @@ and ``Rss`` for comparison (RSS counts shared pages fully in every process; PSS 
 When smaps_rollup cannot be read (permissions, an old kernel without the Pss_* split), the reading
 falls back to ``/proc/PID/status`` (RssAnon + RssShmem, RssFile), labelled ``rss-fallback`` with the
 reason. A process that cannot be read at all is ``unavailable`` with the reason -- never 0.
+
+A process's files are read through plain string paths (``proc_text``), never ``pathlib``: Python 3.11's pathlib
+interns every part of a path it parses, so each new pid or thread id read that way takes a slot in the
+interpreter's table of interned strings, and freeing it leaves the slot used until the table is rebuilt. Read every
+second for every seat, that churn made the table grow to twice its size (+1.8 MiB of the door's memory, once).
 """
 
 from __future__ import annotations
@@ -86,16 +91,28 @@ def read_meminfo(path: Path = PROC / "meminfo") -> HostMemory:
     return HostMemory(f["MemTotal"], f["MemAvailable"], "meminfo", committed)
 
 
+def proc_text(pid: int | str, name: str, *, proc: str | os.PathLike[str] = PROC) -> str:
+    """The text of ``proc/PID/NAME`` (``name`` may go deeper: ``task/TID/stat``), read through a string path
+    (see the module's doc). Raises ``OSError`` as ``open`` does."""
+    with open(f"{os.fspath(proc)}/{pid}/{name}") as f:
+        return f.read()
+
+
+def proc_tasks(pid: int) -> list[str]:
+    """The thread ids of ``pid`` (``/proc/PID/task``), as strings. Raises ``OSError`` when it is gone."""
+    return os.listdir(f"/proc/{pid}/task")
+
+
 _SMAPS_KEYS = ("Rss", "Pss_Anon", "Pss_File", "Pss_Shmem")
 _STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
 
 
 def read_process(pid: int, *, proc: Path = PROC) -> ProcessMemory:
     """One process from ``proc/PID/smaps_rollup``, falling back to ``proc/PID/status``."""
-    rollup = proc / str(pid) / "smaps_rollup"
+    rollup, status = (f"{os.fspath(proc)}/{pid}/{name}" for name in ("smaps_rollup", "status"))
     why = ""
     try:
-        f = _kib_fields(rollup.read_text(), _SMAPS_KEYS)
+        f = _kib_fields(proc_text(pid, "smaps_rollup", proc=proc), _SMAPS_KEYS)
         missing = [k for k in _SMAPS_KEYS if k not in f]
         if not missing:
             return ProcessMemory(
@@ -104,9 +121,8 @@ def read_process(pid: int, *, proc: Path = PROC) -> ProcessMemory:
         why = f"{rollup} lacks {', '.join(missing)} (kernel older than 5.x?)"
     except OSError as e:
         why = f"cannot read {rollup}: {e.strerror or e}"
-    status = proc / str(pid) / "status"
     try:
-        f = _kib_fields(status.read_text(), _STATUS_KEYS)
+        f = _kib_fields(proc_text(pid, "status", proc=proc), _STATUS_KEYS)
     except OSError as e:
         return ProcessMemory((pid,), None, None, None, "unavailable", f"{why}; cannot read {status}: {e.strerror or e}")
     missing = [k for k in _STATUS_KEYS if k not in f]
@@ -183,17 +199,18 @@ def largest_processes(exclude: set[int], n: int = 5, *, proc: Path = PROC) -> li
     """The ``n`` processes holding most host memory, leaving out ``exclude`` (fitevict and its seats). A process
     whose memory cannot be read (another user's, or gone) is skipped: it is not counted as 0."""
     out: list[OtherProcess] = []
-    for entry in proc.iterdir():
+    for entry in os.scandir(proc):
         if not entry.name.isdigit() or int(entry.name) in exclude:
             continue
-        m = read_process(int(entry.name), proc=proc)
+        pid = int(entry.name)
+        m = read_process(pid, proc=proc)
         if m.host_bytes is None or m.host_bytes == 0:
             continue
         try:
-            name = (entry / "comm").read_text().strip()
+            name = proc_text(pid, "comm", proc=proc).strip()
         except OSError:
             name = "?"
-        out.append(OtherProcess(int(entry.name), name, m.host_bytes, m.source))
+        out.append(OtherProcess(pid, name, m.host_bytes, m.source))
     return sorted(out, key=lambda p: -p.bytes)[:n]
 
 
@@ -201,8 +218,7 @@ def process_state(pid: int) -> str | None:
     """The one-letter state of ``pid`` (``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z``, ...), None when it is
     gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+        return proc_text(pid, "stat").rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
 
@@ -215,8 +231,7 @@ def exiting(pid: int) -> bool:
     process's sockets close during its exit, before it can be reaped: who reads a broken connection first may find
     it still exiting."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return stat_exiting(f.read())
+        return stat_exiting(proc_text(pid, "stat"))
     except OSError:
         return True
 

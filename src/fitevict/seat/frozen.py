@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fitevict.host import oomkill
-from fitevict.host.procmem import process_state
+from fitevict.host.procmem import proc_tasks, proc_text, process_state
 from fitevict.seat.running import SeatState
 
 log = logging.getLogger("fitevict.seat")
@@ -41,7 +41,7 @@ BUSY_STATES = frozenset("RD")  # a thread running (or runnable) or waiting on I/
 def frozen_by_cgroup(pid: int) -> Path | None:
     """The cgroup v1 freezer that holds ``pid`` frozen (its ``freezer.state`` FROZEN or FREEZING), else None."""
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        lines = proc_text(pid, "cgroup").splitlines()
     except OSError:
         return None
     for line in lines:
@@ -70,15 +70,15 @@ def progress(pid: int) -> tuple[int, bool] | None:
     """``pid``'s CPU time so far (user + system, clock ticks) and whether any of its threads is running or waiting
     on I/O; None when it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = proc_text(pid, "stat").rsplit(")", 1)[1].split()
         ticks = int(fields[11]) + int(fields[12])
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        tasks = proc_tasks(pid)
     except (OSError, IndexError, ValueError):
         return None
     busy = False
     for task in tasks:
         try:
-            busy = busy or task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] in BUSY_STATES
+            busy = busy or proc_text(pid, f"task/{task}/stat").rsplit(")", 1)[1].split()[0] in BUSY_STATES
         except (OSError, IndexError):
             continue  # a thread that ended meanwhile
     return ticks, busy
