@@ -179,14 +179,31 @@ def attach(pid: int, out: Path) -> dict:
     before = out.stat().st_size if out.exists() else 0
     code = (f"import runpy; runpy.run_path({str(Path(__file__).resolve())!r}, "
             f"init_globals={{'CENSUS_OUT': {str(out.resolve())!r}}}, run_name='__census__')")
-    cmd = ["gdb", "-p", str(pid), "-batch", "-ex", "call (int)PyGILState_Ensure()",
-           "-ex", f"call (int)PyRun_SimpleString({json.dumps(code)})", "-ex", "call (void)PyGILState_Release($1)"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if not out.exists() or out.stat().st_size == before:
+    interned = [f"p ((PyDictObject*)interned)->{f}" for f in ("ma_used", "ma_keys->dk_log2_size", "ma_keys->dk_usable")]
+    cmd = ["gdb", "-p", str(pid), "-batch", *(a for e in interned for a in ("-ex", e)),
+           "-ex", "call (int)PyGILState_Ensure()",
+           "-ex", f"call (int)PyRun_SimpleString({json.dumps(code)})", "-ex", "call (void)PyGILState_Release($4)"]
+    run = subprocess.run(cmd, capture_output=True, text=True)  # never cut short: a census killed mid-way leaves
+    if not out.exists() or out.stat().st_size == before:  # the door holding its GIL, hung
         sys.exit(f"census: process {pid} wrote nothing (gdb exit {run.returncode}); gdb said:\n{run.stderr[-2000:]}\n"
                  "Check that gdb can attach (same user or root; /proc/sys/kernel/yama/ptrace_scope) and that the "
                  "process is a Python 3 front door.")
-    return json.loads(out.read_text().splitlines()[-1])
+    lines = out.read_text().splitlines()
+    rec = json.loads(lines[-1])
+    rec["interned"] = _interned(run.stdout)
+    out.write_text("\n".join([*lines[:-1], json.dumps(rec)]) + "\n")
+    return rec
+
+
+def _interned(gdb_out: str) -> dict:
+    """The interpreter's table of interned strings as gdb read it (needs CPython's debug symbols): live strings,
+    its size (2 ** log2 slots) and the slots left before it is rebuilt; or why not."""
+    vals = [ln.split("=", 1)[1].strip().split()[0] for ln in gdb_out.splitlines() if ln.startswith("$")][:3]
+    try:
+        used, log2, usable = (int(v) for v in vals)
+    except ValueError:
+        return {"unavailable": f"gdb could not read the table (no debug symbols?): {vals}"}
+    return {"live": used, "slots": 2**log2, "usable": usable}
 
 
 def _mib(b: float) -> str:
@@ -203,6 +220,10 @@ def diff(path: Path, first: int, last: int, top: int = 25) -> None:
     print(f"pid {a['pid']}: {hours * 60:.1f} min apart (census took {a['seconds']} s and {b['seconds']} s)")
     print(f"RSS {_mib(b['rss'] - a['rss'])}; Python blocks {b['python_blocks'] - a['python_blocks']:+d}; "
           f"objects {b['objects'] - a['objects']:+d}")
+    ia, ib = a.get("interned", {}), b.get("interned", {})
+    if "live" in ia and "live" in ib:
+        print(f"interned strings: live {ia['live']} -> {ib['live']}, table {ia['slots']} -> {ib['slots']} slots "
+              f"({ib['usable']} usable before it is rebuilt)")
     ma, mb = a["malloc"], b["malloc"]
     if "unavailable" not in ma and "unavailable" not in mb:
         print("malloc: " + ", ".join(f"{k} {_mib(mb[k + '_bytes'] - ma[k + '_bytes'])}"
