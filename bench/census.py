@@ -78,8 +78,10 @@ def _holder_kind(i: int, seen: dict[int, object], parent: dict[int, int]) -> str
     return f"{_name(h)} in {_name(up) if up is not None else 'nothing found'}"
 
 
-def _by_holder(seen: dict[int, object], parent: dict[int, int], kinds: tuple[type, ...] = (str, bytes)) -> dict:
-    """Strings and bytes counted by what holds them (``_holder_kind``), with up to three examples each."""
+def _by_holder(seen: dict[int, object], parent: dict[int, int],
+               kinds: tuple[type, ...] = (str, bytes, dict, set, list)) -> dict:
+    """Strings, bytes and the plain containers counted by what holds them (``_holder_kind``), with up to three
+    examples each."""
     out: dict[str, dict] = {}
     for i, o in seen.items():
         if type(o) in kinds:
@@ -88,7 +90,9 @@ def _by_holder(seen: dict[int, object], parent: dict[int, int], kinds: tuple[typ
             row["count"] += 1
             row["bytes"] += sys.getsizeof(o)
             if len(row["examples"]) < 3:
-                row["examples"].append(repr(o)[:80])
+                # a string's text; a container's length only: repr() runs code on whatever it holds, and an
+                # object reached through the collector may not be fit for that (a door died of it once)
+                row["examples"].append(repr(o)[:80] if isinstance(o, (str, bytes)) else f"len {len(o)}")
     return out
 
 
@@ -244,7 +248,7 @@ def diff(path: Path, first: int, last: int, top: int = 25) -> None:
     if ha and hb:
         grew = sorted(((hb[k]["bytes"] - ha.get(k, {}).get("bytes", 0), hb[k]["count"] - ha.get(k, {}).get("count", 0),
                         k) for k in hb), reverse=True)
-        print("\nstrings and bytes by what holds them, largest growth first:")
+        print("\nstrings, bytes and plain containers by what holds them, largest growth first:")
         for db, dc, k in grew[:top // 2]:
             print(f"  {k[:70]:70} {_mib(db):>12} {dc:>+8d}  e.g. {'; '.join(hb[k]['examples'])[:120]}")
     print("\nlargest objects now:")
