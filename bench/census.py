@@ -66,6 +66,14 @@ def _reachable(gc) -> tuple[dict[int, object], dict[int, int]]:
     return seen, parent
 
 
+def _attrs(o) -> object:
+    """``o``'s instance dict, read without running its class's code (``__getattr__`` may raise anything)."""
+    try:
+        return object.__getattribute__(o, "__dict__")
+    except Exception:
+        return None
+
+
 def _holder_kind(i: int, seen: dict[int, object], parent: dict[int, int]) -> str:
     """What holds object ``i``, two steps up, by type: 'list in Foo', 'dict in Bar' (an instance's attributes:
     'Bar.__dict__'), or 'nothing found' for an object no other refers to."""
@@ -73,7 +81,7 @@ def _holder_kind(i: int, seen: dict[int, object], parent: dict[int, int]) -> str
     if h is None:
         return "nothing found"
     up = seen.get(parent.get(id(h), -1))
-    if up is not None and getattr(up, "__dict__", None) is h:
+    if up is not None and _attrs(up) is h:
         return f"{_name(up)}.__dict__"
     return f"{_name(h)} in {_name(up) if up is not None else 'nothing found'}"
 
@@ -181,8 +189,12 @@ def take(out: str) -> None:
 def attach(pid: int, out: Path) -> dict:
     """Run the census inside process ``pid`` through gdb; the line it appended."""
     before = out.stat().st_size if out.exists() else 0
-    code = (f"import runpy; runpy.run_path({str(Path(__file__).resolve())!r}, "
-            f"init_globals={{'CENSUS_OUT': {str(out.resolve())!r}}}, run_name='__census__')")
+    # an exception is caught inside the door and written as the census's line: one left to PyRun_SimpleString
+    # would stay in sys.last_traceback, and its frames keep every object the census gathered (tens of MiB)
+    code = (f"import runpy\ntry:\n    runpy.run_path({str(Path(__file__).resolve())!r}, "
+            f"init_globals={{'CENSUS_OUT': {str(out.resolve())!r}}}, run_name='__census__')\n"
+            f"except BaseException as e:\n    import json\n    with open({str(out.resolve())!r}, 'a') as f:\n"
+            f"        f.write(json.dumps({{'error': repr(e)[:2000]}}) + '\\n')\n    del e\n")
     interned = [f"p ((PyDictObject*)interned)->{f}" for f in ("ma_used", "ma_keys->dk_log2_size", "ma_keys->dk_usable")]
     cmd = ["gdb", "-p", str(pid), "-batch", *(a for e in interned for a in ("-ex", e)),
            "-ex", "call (int)PyGILState_Ensure()",
@@ -194,6 +206,8 @@ def attach(pid: int, out: Path) -> dict:
                  "process is a Python 3 front door.")
     lines = out.read_text().splitlines()
     rec = json.loads(lines[-1])
+    if "error" in rec:
+        sys.exit(f"census: the census failed inside process {pid}: {rec['error']}")
     rec["interned"] = _interned(run.stdout)
     out.write_text("\n".join([*lines[:-1], json.dumps(rec)]) + "\n")
     return rec
