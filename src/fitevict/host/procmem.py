@@ -223,6 +223,15 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+def cpu_ticks(pid: int) -> int | None:
+    """The CPU time ``pid`` has used so far (user + system, clock ticks), None when it is gone."""
+    try:
+        fields = proc_text(pid, "stat").rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 PF_EXITING = 0x4  # the kernel's task flag: do_exit has begun (set before the process's files and sockets close)
 
 

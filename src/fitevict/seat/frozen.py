@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fitevict.host import oomkill
-from fitevict.host.procmem import proc_tasks, proc_text, process_state
+from fitevict.host.procmem import cpu_ticks, proc_tasks, proc_text, process_state
 from fitevict.seat.running import SeatState
 
 log = logging.getLogger("fitevict.seat")
@@ -69,11 +69,12 @@ def thaw_out(pid: int, icebox: Path) -> None:
 def progress(pid: int) -> tuple[int, bool] | None:
     """``pid``'s CPU time so far (user + system, clock ticks) and whether any of its threads is running or waiting
     on I/O; None when it is gone."""
+    ticks = cpu_ticks(pid)
     try:
-        fields = proc_text(pid, "stat").rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])
         tasks = proc_tasks(pid)
-    except (OSError, IndexError, ValueError):
+    except OSError:
+        return None
+    if ticks is None:
         return None
     busy = False
     for task in tasks:

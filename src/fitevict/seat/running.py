@@ -296,12 +296,25 @@ def _stopped(pid: int | None) -> str:
     return ""
 
 
+def load_advanced(before: tuple[int | None, int | None] | None, now: tuple[int | None, int | None]) -> bool:
+    """A loading process advanced between two readings of (its CPU ticks, its tree's resident bytes): it used CPU
+    time, or paged more of itself in. Not its PSS: a process's PSS moves whenever another maps or unmaps a file it
+    maps, and every seat maps the engine's libraries, so a stopped seat's PSS kept moving while others came and went.
+    Pure."""
+    if before is None:
+        return False
+    (ticks0, rss0), (ticks1, rss1) = before, now
+    return (ticks1 is not None and ticks0 is not None and ticks1 != ticks0) or \
+        (rss1 is not None and rss0 is not None and rss1 > rss0)
+
+
 async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_timeout: float, stall_seconds: float,
                      health_path: str = "/health") -> None:
     """Wait until the engine answers ``health_path`` with 200. Probes are raw (no client object to build) and
     tight: every 5 ms for the first 2 s, then every 50 ms, so readiness is seen as soon as it happens. Fails when
-    the process exits, when its memory stops changing for ``stall_seconds`` while not healthy (read every 100 ms,
-    with what the kernel says of it: ``seat.kernel_seen``), or at ``health_timeout``."""
+    the process exits, when it uses no CPU time and pages nothing in for ``stall_seconds`` while not healthy
+    (``load_advanced``, read every 100 ms with what the kernel says of it: ``seat.kernel_seen``), or at
+    ``health_timeout``."""
     assert seat.proc is not None
     t0 = clock()
     exited = asyncio.ensure_future(seat.proc.wait())
@@ -315,7 +328,7 @@ async def wait_ready(seat: SeatState, *, clock: Callable[[], float], health_time
 async def _poll_ready(seat: SeatState, exited: asyncio.Future, clock: Callable[[], float], t0: float,
                       health_timeout: float, stall_seconds: float, health_path: str) -> None:
     assert seat.proc is not None
-    last_mem: int | None = None
+    last: tuple[int | None, int | None] | None = None
     last_progress, last_read = t0, t0 - 0.1  # the first look at once: a process killed early is known to the kernel
     while True:
         if seat.proc.returncode is not None:
@@ -327,12 +340,12 @@ async def _poll_ready(seat: SeatState, exited: asyncio.Future, clock: Callable[[
         if now - last_read >= 0.1 and seat.pid is not None:
             last_read = now
             seat.kernel_seen = oomkill.follow(seat.pid, seat.kernel_seen)  # a SIGKILL before ready: the OOM killer's?
-            mem = procmem.read_tree(seat.pid)
-            total = mem.committed_bytes + mem.mapped_bytes if mem.source != "unavailable" else None
-            if total is not None and total != last_mem:
-                last_mem, last_progress = total, now
+            mark = (procmem.cpu_ticks(seat.pid), procmem.read_tree(seat.pid).rss_bytes)
+            if load_advanced(last, mark):
+                last_progress = now
+            last = mark
         if now - last_progress > stall_seconds:
-            raise LoadFailed(f"{seat.key}: load stalled: no change in process memory for {stall_seconds:g} s "
+            raise LoadFailed(f"{seat.key}: load stalled: no CPU time used and no memory paged in for {stall_seconds:g} s "
                              f"(engine.stall_seconds) and {health_path} not ready{_stopped(seat.pid)}; "
                              f"log {seat.log_path}:\n{log_tail(seat.log_path)}")
         if now - t0 > health_timeout:
