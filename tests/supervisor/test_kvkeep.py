@@ -107,3 +107,25 @@ def test_a_restore_without_cache_n_is_judged_by_prompt_n_and_without_either_is_u
     assert "prompt_n" in lost["reprocessed_source"]
     unknown = restore_effect(r, {})
     assert unknown["effective"] is None and unknown["effect"].startswith("unavailable, because")
+
+
+def test_a_failed_save_before_a_stop_names_its_error_even_without_words(caplog: pytest.LogCaptureFixture) -> None:
+    """A seat that breaks the connection mid-save raises an error whose text is empty: the log and the stop's notes
+    still say what it was (the log said "saving its prompts before the stop failed: " and nothing more)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import httpx
+
+    from fitevict.supervisor.kvkeep import keep_before_stop
+
+    class Broken:
+        async def save(self, *args: object) -> None:
+            raise httpx.ReadError("")
+
+    seat = SimpleNamespace(engine="llama-server", port=9, key="m", signature="sig",
+                           timings=SimpleNamespace(bulk_prefill_rate=lambda: None))
+    with caplog.at_level("WARNING", logger="fitevict.kvkeep"):
+        details = asyncio.run(keep_before_stop(Broken(), seat, "evict", enabled=True, machine="x", clock=lambda: 0.0))
+    assert details["kv_saved"] == [] and details["kv_save_notes"] == ["saving failed: ReadError"]
+    assert "m: saving its prompts before the stop failed: ReadError" in caplog.text

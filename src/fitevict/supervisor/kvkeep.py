@@ -287,8 +287,9 @@ async def keep_before_stop(kv: PromptKeep, seat: Any, event: str, *, enabled: bo
     try:
         saved, notes = await kv.save(seat.port, seat.key, seat.signature, machine, seat.timings.bulk_prefill_rate())
     except Exception as e:  # noqa: BLE001 - a failed save costs the cache, never the stop
-        log.warning("%s: saving its prompts before the stop failed: %s", seat.key, e)
-        saved, notes = [], [f"saving failed: {type(e).__name__}: {e}"]
+        why = f"{type(e).__name__}: {e}".rstrip(": ")  # a broken connection's error may have no words of its own
+        log.warning("%s: saving its prompts before the stop failed: %s", seat.key, why)
+        saved, notes = [], [f"saving failed: {why}"]
     return {"kv_saved": [{"file": s.file, "tokens": s.tokens, "bytes": s.bytes, "signature": s.signature,
                           "save_seconds": s.save_seconds,
                           "save_seconds_source": timing_source(s.save_seconds, "save_ms")} for s in saved],
