@@ -111,7 +111,7 @@ def _describe(h, o) -> str:
         return f"dict[{str(key)[:60]!r}]"
     if type(h).__name__ == "cell":
         return "closure cell"
-    attrs = getattr(h, "__dict__", None)  # an instance whose attributes live inline (3.11+) refers to them itself
+    attrs = _attrs(h)  # an instance whose attributes live inline (3.11+) refers to them itself
     if isinstance(attrs, dict):
         key = next((k for k, v in attrs.items() if v is o), None)
         if key is not None:
@@ -124,7 +124,7 @@ def _holder(o, gc, mine: set[int]):
     holders = [r for r in gc.get_referrers(o) if id(r) not in mine and type(r).__name__ != "frame"]
     for h in holders:
         if isinstance(h, dict):
-            owners = [r for r in gc.get_referrers(h) if id(r) not in mine and getattr(r, "__dict__", None) is h]
+            owners = [r for r in gc.get_referrers(h) if id(r) not in mine and _attrs(r) is h]
             if owners:
                 key = next((k for k, v in h.items() if v is o), "?")
                 return owners[0], f"{_name(owners[0])}.{key}"

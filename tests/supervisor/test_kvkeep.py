@@ -109,23 +109,37 @@ def test_a_restore_without_cache_n_is_judged_by_prompt_n_and_without_either_is_u
     assert unknown["effective"] is None and unknown["effect"].startswith("unavailable, because")
 
 
-def test_a_failed_save_before_a_stop_names_its_error_even_without_words(caplog: pytest.LogCaptureFixture) -> None:
-    """A seat that breaks the connection mid-save raises an error whose text is empty: the log and the stop's notes
-    still say what it was (the log said "saving its prompts before the stop failed: " and nothing more)."""
+def test_a_failed_save_before_a_stop_names_its_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A seat that breaks the connection mid-save: the log and the stop's notes name the error's type, since its
+    text may say nothing (the soak's log read "saving its prompts before the stop failed: " and no more). A real
+    prompt keep against a loopback socket that accepts and closes without an answer."""
     import asyncio
+    import socket
+    import threading
     from types import SimpleNamespace
-
-    import httpx
 
     from fitevict.supervisor.kvkeep import keep_before_stop
 
-    class Broken:
-        async def save(self, *args: object) -> None:
-            raise httpx.ReadError("")
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
 
-    seat = SimpleNamespace(engine="llama-server", port=9, key="m", signature="sig",
+    def hang_up() -> None:
+        with srv:
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    keep = PromptKeep(tmp_path / "kv", min_tokens=1, disk_budget=2**20)
+    seat = SimpleNamespace(engine="llama-server", port=port, key="m", signature="sig",
                            timings=SimpleNamespace(bulk_prefill_rate=lambda: None))
-    with caplog.at_level("WARNING", logger="fitevict.kvkeep"):
-        details = asyncio.run(keep_before_stop(Broken(), seat, "evict", enabled=True, machine="x", clock=lambda: 0.0))
-    assert details["kv_saved"] == [] and details["kv_save_notes"] == ["saving failed: ReadError"]
-    assert "m: saving its prompts before the stop failed: ReadError" in caplog.text
+    try:
+        with caplog.at_level("WARNING", logger="fitevict.kvkeep"):
+            details = asyncio.run(keep_before_stop(keep, seat, "evict", enabled=True, machine="x", clock=lambda: 0.0))
+    finally:
+        srv.close()
+    assert details["kv_saved"] == [] and details["kv_save_notes"][0].startswith("saving failed: RemoteProtocolError")
+    assert "m: saving its prompts before the stop failed: RemoteProtocolError" in caplog.text
