@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from fitevict.host.procmem import exiting, process_state, stat_exiting
+from fitevict.host.procmem import exiting, proc_text, process_state, stat_exiting
 
 _PR_SET_PDEATHSIG = 1
 
@@ -213,8 +213,7 @@ def _group_stats(pgid: int) -> list[str] | None:
         if not entry.name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                stat = f.read()
+            stat = proc_text(entry.name, "stat")
         except OSError:
             continue
         try:
