@@ -1,6 +1,6 @@
-"""A seat killed before it is ready, against one real front door (``fitevict serve``) and real llama-server seats:
-by the kernel's OOM killer of a memory cgroup the seat was moved into, or by a plain ``SIGKILL`` whose sender the
-kernel does not name.
+"""A seat killed or stopped before it is ready, against one real front door (``fitevict serve``) and real llama-server
+seats: by the kernel's OOM killer of a memory cgroup the seat was moved into, by a plain ``SIGKILL`` whose sender the
+kernel does not name, or stopped by ``SIGSTOP`` (a load that stalls).
 
 The load is held by the fault shim (``faultshim.c``, hold-open): the new engine blocks before it opens the model
 file and writes its pid to a marker file; the test then moves that pid into a capped memory cgroup (skipped where
@@ -11,6 +11,7 @@ uses, with the kernel's own where it gives them), and that the next request load
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -30,22 +31,30 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 CAP_BYTES = 2 << 20  # the memory cap: a seat charges its buffers to its new cgroup as it loads
 
 
-@pytest.fixture(scope="module")
-def held(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FrontDoor, Path]]:
-    """A door whose engines hold before they open a model file while the flag file (returned) exists."""
-    tmp = tmp_path_factory.mktemp("loadkilled")
+@contextlib.contextmanager
+def held_door(zoo: dict, tmp: Path, names: tuple[str, ...], stall_seconds: float) -> Iterator[tuple[FrontDoor, Path]]:
+    """A door serving copies of llama-gqa named ``names``, whose engines hold before they open a model file while
+    the flag file (returned) exists."""
     models = tmp / "models"
     models.mkdir()
-    for name in ("oom", "killed"):
+    for name in names:
         shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
     cfg = tmp / "fitevict.toml"
-    cfg.write_text("[policy]\nprompt_cache = false\n[engine]\nstall_seconds = 120\n")
-    flag = tmp / "hold"
-    env = shim_env(build_shim(tmp_path_factory.mktemp("shim")), models, flag, "hold-open", exe="llama-server")
+    cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {stall_seconds:g}\n")
+    flag, shim = tmp / "hold", tmp / "shim"
+    shim.mkdir()
+    env = shim_env(build_shim(shim), models, flag, "hold-open", exe="llama-server")
     with front_door(tmp, "--config", str(cfg), "--models-dir", str(models), env=env, timeout=180) as fd:
         poll(lambda: (p := httpx.get(fd.base_url + "/health").json()["prices_read_ahead"])["done"] == p["models"],
              "the prices read ahead (the dry run opens the file too)")
         yield fd, flag
+
+
+@pytest.fixture(scope="module")
+def held(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FrontDoor, Path]]:
+    """A door whose engines may be held as long as a test needs (a load stalls only after 120 s)."""
+    with held_door(zoo, tmp_path_factory.mktemp("loadkilled"), ("oom", "killed"), 120) as door:
+        yield door
 
 
 def ask(fd: FrontDoor, model: str) -> httpx.Response:
@@ -139,3 +148,32 @@ def test_a_seat_killed_before_it_is_ready_is_killed_not_oom(held: tuple[FrontDoo
     assert "was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in fail["reason"]
     assert "(cause: killed)" in fail["reason"]
     check_loads(fd, "killed")
+
+
+@pytest.fixture(scope="module")
+def held_briefly(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FrontDoor, Path]]:
+    """A door whose loads stall after ``engine.stall_seconds`` = 2 (a hold is let go at once after its fault)."""
+    with held_door(zoo, tmp_path_factory.mktemp("loadstopped"), ("stopped",), 2) as door:
+        yield door
+
+
+@pytest.mark.fault(
+    fault="a seat `SIGSTOP`ped before it is ready (its engine held before it opens the model, stopped, then let go)",
+    client="a `502` `load_failed` after `engine.stall_seconds` (2 s in the test), whose message says \"load stalled: "
+           "no CPU time used and no memory paged in ... was stopped by a signal (state T), not loading\"; before the "
+           "fix a soak's stopped load went unseen for over a minute (its PSS moved with other seats' mappings)",
+    history="a `fail` with the same words",
+    running="nothing of that engine (killed, reaped); the next request loads the model and is served",
+    lost="that one answer")
+def test_a_seat_stopped_before_it_is_ready_stalls_its_load(held_briefly: tuple[FrontDoor, Path]) -> None:
+    fd, flag = held_briefly
+    pid, answer = held_load(fd, flag, "stopped", lambda p: os.kill(p, signal.SIGSTOP))
+    assert answer.status_code == 502, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "engine_error" and error["code"] == "load_failed", error
+    assert "load stalled" in error["message"] and "was stopped by a signal (state T)" in error["message"], error
+    poll(lambda: gone(pid), f"engine pid {pid} reaped")
+    assert ends(fd, "stopped") == ["fail"]
+    fail = next(e for e in history(fd) if e["model"] == "stopped" and e["event"] == "fail")
+    assert fail["reason"] == error["message"] and fail["details"]["pid"] == pid, fail
+    check_loads(fd, "stopped")
