@@ -37,7 +37,8 @@ def door(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontD
     tmp = tmp_path_factory.mktemp("seatfaults")
     models = tmp / "models"
     models.mkdir()
-    for name in ("killed", "frozen", "claude-killed", "ollama-killed", "whole-killed", "slow-client"):
+    for name in ("killed", "frozen", "claude-killed", "ollama-killed", "whole-killed", "slow-client", "told-sigterm",
+                 "told-sigint"):
         shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
     cfg = tmp / "fitevict.toml"
     cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {STALL_S}\n")
@@ -174,6 +175,33 @@ def test_seat_sigstop_mid_stream_is_detected_and_replaced(door: FrontDoor) -> No
     crash = check_crashed(door, "frozen", pid)
     assert "stopped by a signal" in crash["reason"] and "engine.stall_seconds" in crash["reason"]
     check_reloads(door, "frozen", pid)
+
+
+@pytest.mark.fault(
+    fault="a seat sent `SIGTERM` or `SIGINT` mid-stream by another program (llama-server's own shutdown: it ends "
+          "its task loop, then exits 0 or hangs with the stream in flight)",
+    client="the chunks before the signal, then the `engine_lost` error event (`openai.APIError`): at once when it "
+           "exits, after `engine.stall_seconds` (2 s in the test) when it hangs",
+    history="`load`, then a `crash` with `cause: told-to-stop` whose reason says the seat \"was told to stop by "
+            "another program (a SIGTERM or SIGINT not sent by fitevict; its log: '... cleaning up before "
+            "exit...')\", then how it ended (exit code 0, or killed by the stuck-seat watch); before, an exit 0 "
+            "was \"exited unexpectedly\" and a hang was called a frozen seat",
+    running="nothing of that seat (reaped); the next request loads it again",
+    lost="the rest of that one answer")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_seat_told_to_stop_mid_stream_says_so(door: FrontDoor, sig: signal.Signals) -> None:
+    model = f"told-{sig.name.lower()}"
+    error, pid, waited = openai_stream_cut(door, model, sig)
+    assert waited < STALL_S + 10 and error.body["code"] == "engine_lost", (waited, error.body)
+    poll(lambda: gone(pid), f"seat pid {pid} reaped")
+    poll(lambda: ends(door, model)[-1:] == ["crash"], "the crash in history")
+    assert ends(door, model) == ["load", "crash"]
+    crash = next(e for e in history(door) if e["model"] == model and e["event"] == "crash")
+    d = crash["details"]
+    assert d["cause"] == "told-to-stop" and d["pid"] == pid and d["exit_code"] in (0, -signal.SIGKILL), d
+    assert "was told to stop by another program" in crash["reason"] and "cleaning up before exit" in crash["reason"]
+    assert pid not in engine_pids_of(door.proc.pid)
+    check_reloads(door, model, pid)
 
 
 @pytest.mark.fault(

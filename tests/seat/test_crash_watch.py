@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fitevict.config import EngineConfig
+from fitevict.engines.base import EngineBase
 from fitevict.schedule.seats import Exit
 from fitevict.store import Store
 from fitevict.supervisor.history import History
@@ -37,7 +38,8 @@ def _watch(tmp_path: Path, code: str, *, stopping: bool = False, frozen: str | N
             tasks.add(task)
             return task
 
-        watch = CrashWatch(lambda: 7.0, History(store), SimpleNamespace(done_with_log=done.append),  # type: ignore
+        watch = CrashWatch(lambda: 7.0, History(store), SimpleNamespace(done_with_log=done.append,  # type: ignore
+                                                                   engine_for=lambda entry: EngineBase()),
                            EngineConfig(stall_seconds=30), ending=ending, spawn=spawn,  # type: ignore[arg-type]
                            crashed=lambda key: bool(crashed.append(key) or order.append("crashed") or draining),
                            stopped=stopped,

@@ -81,6 +81,11 @@ class Engine(Protocol):
         ...
 
     @classmethod
+    def shutting_down(cls, log_text: str) -> str | None:
+        """The engine's own line saying it began to shut down (as it does on a SIGTERM or SIGINT), or None."""
+        ...
+
+    @classmethod
     def adapter_seconds(cls, log_text: str) -> float | None:
         """Seconds the seat's start spent loading its LoRA adapters, by its own account, or None."""
         ...
@@ -114,6 +119,10 @@ class EngineBase:
 
     @classmethod
     def teardown(cls, log_text: str) -> dict | None:
+        return None
+
+    @classmethod
+    def shutting_down(cls, log_text: str) -> str | None:
         return None
 
     @classmethod

@@ -128,6 +128,9 @@ def lora_args(cfg: LoadConfig) -> list[str]:
     return ["--lora", ",".join(cfg.loras), "--lora-init-without-apply"]
 
 
+SHUTDOWN_MARK = "cleaning up before exit"  # llama-server's log once its SIGTERM/SIGINT handler ended its task loop
+
+
 class LlamaServerEngine(EngineBase):
     name = "llama-server"
     traits = Traits(file_kinds=("gguf",), dry_run=True, repacks=True, keeps_prompts=True, memory_flags_priced=True,
@@ -163,6 +166,13 @@ class LlamaServerEngine(EngineBase):
             elif m := _LORA_DONE.match(line):
                 done = _stamp_seconds(m)
         return done - start if start is not None and done is not None and done >= start else None
+
+    @classmethod
+    def shutting_down(cls, log_text: str) -> str | None:
+        """The last line in which llama-server said it was shutting down: its signal handler (SIGTERM or SIGINT)
+        ends its task loop and it logs "cleaning up before exit..."; with a stream in flight it may then hang."""
+        said = [line.strip() for line in log_text.splitlines() if SHUTDOWN_MARK in line]
+        return said[-1] if said else None
 
     def _has(self, flag: str) -> bool:
         return flag in self.flags

@@ -33,16 +33,29 @@ def timings(seat: SeatState) -> dict:
     return {"engine_timings": t} if t is not None else {}
 
 
-async def died(seat: SeatState, code: int | None) -> tuple[str, dict[str, Any]]:
+async def died(seat: SeatState, code: int | None, engine: Engine) -> tuple[str, dict[str, Any]]:
     """How ``seat``'s process ended on its own (``code``: its exit code), in words and as an event's details: killed
     by fitevict's stuck-seat watch (``seat.killed_for``), or its exit code read as a cause (the kernel asked whether a
-    SIGKILL was its OOM killer's), with a model file changed under it and its log's tail."""
+    SIGKILL was its OOM killer's), after the engine said it was shutting down (``told_to_stop``: a SIGTERM or SIGINT
+    that was not fitevict's), with a model file changed under it and its log's tail."""
     frozen = seat.killed_for
     oom = await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen) if code == -9 and not frozen else None
     changed = file_changed(seat)  # a seat whose mapped file was cut short dies of SIGBUS: say so
-    words = (frozen or exit_words(seat.engine, code, oom)) + (f"; {changed}" if changed else "")
-    return words, {"exit_code": code, "cause": "frozen" if frozen else exit_cause(code, oom), "oom": oom,
-                   "file_changed": changed, "log_tail": log_tail(seat.log_path, 10)}
+    tail = log_tail(seat.log_path, 40)  # the engine's last words (its shutdown line, with what it printed after)
+    told = told_to_stop(seat.engine, engine.shutting_down(tail))
+    words = (told or "") + (frozen or exit_words(seat.engine, code, oom)) + (f"; {changed}" if changed else "")
+    cause = "told-to-stop" if told else "frozen" if frozen else exit_cause(code, oom)
+    return words, {"exit_code": code, "cause": cause, "oom": oom, "file_changed": changed,
+                   "log_tail": "\n".join(tail.splitlines()[-10:])}
+
+
+def told_to_stop(engine: str, line: str | None) -> str | None:
+    """The first words of an end that began with the engine shutting down on its own (``line``: its log's), or
+    None. fitevict's own stops never reach here: another program sent it a SIGTERM or SIGINT."""
+    if line is None:
+        return None
+    return (f"{engine} was told to stop by another program (a SIGTERM or SIGINT not sent by fitevict; its log: "
+            f"{line!r}), then: ")
 
 
 def engine_failure(engine: Engine, log_path: Path) -> str | None:

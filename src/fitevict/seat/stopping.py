@@ -56,7 +56,7 @@ class Stopper:
         drained = seat.seat.drained
         account: dict[str, Any] = {}
         if res.ended == "exited":  # it ended on its own before the stop: say how, as a crash would
-            words, account = await died(seat, res.exit_code)
+            words, account = await died(seat, res.exit_code, engine)
             reason = f"{reason}; it ended on its own {'while it drained' if drained else 'before its stop'}: {words}"
         await self.history.record(Event(
             time=self.clock(), event=event, model=seat.key, engine=seat.engine, seconds=res.exit_seconds,

@@ -61,7 +61,7 @@ class CrashWatch:
         if self.crashed(seat.key):  # it was draining: the stop it drained for records its end
             return
         res = await self.ending.end(seat, forget=False)  # the record goes once the crash is recorded
-        words, account = await died(seat, rc)
+        words, account = await died(seat, rc, self.processes.engine_for(seat.entry))
         await self.history.record(Event(
             time=self.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
             reason=words if seat.killed_for else f"{words}; the next request reloads it",
