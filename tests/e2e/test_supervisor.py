@@ -9,48 +9,19 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from _models import medium_host_bytes, swap_models
+from _models import medium_host_bytes
+from _supervised import make, run, supervisor
 from fitevict.config import load_config
 from fitevict.pricing.footprint import HOST
 from fitevict.request.catalog import Catalog
 from fitevict.store import Store
-from fitevict.supervisor import LoadFailed, Refused, Supervisor
+from fitevict.supervisor import LoadFailed, Refused
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def models_dir(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return swap_models(zoo, tmp_path_factory.mktemp("models"))
-
-
-def run(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    return asyncio.run(coro_fn())
-
-
-def make(tmp_path: Path, models_dir: Path, llama_server: Path, *, ram_limit: int, toml: str | None = None,
-         **over: Any):
-    """Config (a TOML file when ``toml`` is given, plus overrides), catalog and a fresh SQLite store."""
-    overrides = {"data_dir": str(tmp_path / "data"), "models_dirs": [str(models_dir)], "budget.ram_limit": ram_limit,
-                 "budget.ram_reserve": 0, "engine.release_timeout_seconds": 20, **over}
-    path = None
-    if toml is not None:
-        path = tmp_path / "fitevict.toml"
-        path.write_text(toml)
-    cfg = load_config(path, env={}, overrides=overrides)
-    store = Store.open(cfg.store_url)
-    return cfg, Catalog.from_config(cfg), store
-
-
-def supervisor(cfg, catalog, store, llama_server: Path) -> Supervisor:
-    return Supervisor(config=cfg, catalog=catalog, store=store, engine_binary=llama_server)
 
 
 def test_lru_eviction_releases_memory_and_history_explains(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
@@ -132,27 +103,6 @@ def test_model_larger_than_budget_is_refused_with_numbers(tmp_path: Path, models
     assert store.events(event="evict") == []
     refuse = store.events(event="refuse")
     assert len(refuse) == 1 and refuse[0].model == "med-a" and refuse[0].predicted_bytes
-
-
-def test_killed_seat_is_recorded_as_crash_and_reloaded(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
-    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
-
-    async def scenario() -> None:
-        sup = supervisor(cfg, cat, store, llama_server)
-        await sup.start()
-        try:
-            seat = await sup.load("llama-gqa")
-            os.kill(seat.pid, signal.SIGKILL)
-            crash = await sup.wait_for_event(lambda e: e.event == "crash", timeout=30)
-            assert crash.model == "llama-gqa" and "-9" in crash.reason
-            assert "llama-gqa" not in sup.seats
-            async with sup.acquire(sup.ask("llama-gqa")) as again:
-                assert again.state == "ready" and again.pid != seat.pid
-        finally:
-            await sup.shutdown()
-
-    run(scenario)
-    assert [e.event for e in store.events(model="llama-gqa", order="asc")][:3] == ["load", "crash", "load"]
 
 
 def test_failed_load_records_fail_and_keeps_the_measurement(tmp_path: Path, models_dir: Path, zoo: dict,
@@ -249,41 +199,6 @@ def test_guard_rejects_a_collapsed_measurement_of_the_same_signature(tmp_path: P
     assert [e.model for e in store.events(event="load")] == ["llama-gqa"]  # the first load only
 
 
-def test_a_load_nobody_waits_for_is_cancelled_and_its_release_verified(tmp_path: Path, models_dir: Path,
-                                                                     llama_server: Path) -> None:
-    # an engine that takes its time to start (the real one, 3 s late), so the client leaves while it loads
-    slow = tmp_path / "engine" / "llama-server"
-    slow.parent.mkdir()
-    slow.write_text(f"#!/bin/sh\ncase \"$*\" in *--port*) sleep 3;; esac\nexec {llama_server} \"$@\"\n")
-    slow.chmod(0o755)
-    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
-
-    async def scenario() -> int:
-        sup = supervisor(cfg, cat, store, slow)
-        await sup.start()
-        try:
-            async def client() -> None:
-                async with sup.acquire(sup.ask("med-a")):
-                    raise AssertionError("the load should have been cancelled before it was ready")
-
-            waiter = asyncio.create_task(client())
-            await sup.wait_until(lambda: "med-a" in sup.seats and sup.seats["med-a"].pid is not None, 60)
-            pid = sup.seats["med-a"].pid
-            waiter.cancel()  # the only client leaves while its model loads
-            ev = await sup.wait_for_event(lambda e: e.event == "unload", timeout=60)
-            assert "no one waiting" in ev.reason and ev.model == "med-a"
-            assert "med-a" not in sup.seats and not sup.scheduler.seats
-            return pid
-        finally:
-            await sup.shutdown()
-
-    pid = run(scenario)
-    assert not Path(f"/proc/{pid}").exists()
-    assert store.events(event="load") == []
-    ev = store.events(event="unload")[0]
-    assert ev.details["release_verified"] is True, ev.details
-
-
 def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
     cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3,
                            toml="[models.med-a]\npin = true\n", **{"policy.idle_unload_seconds": 1.0})
@@ -307,30 +222,6 @@ def test_idle_unload_fires_only_after_use(tmp_path: Path, models_dir: Path, llam
 
     run(scenario)
     assert [e.model for e in store.events(event="idle-unload")] == ["llama-gqa"]
-
-
-def test_restart_with_seats_alive_leaves_no_orphans(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
-    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
-
-    async def scenario() -> None:
-        first = supervisor(cfg, cat, store, llama_server)
-        await first.start()
-        seat = await first.load("llama-gqa")
-        pid = seat.pid
-        # The first supervisor is gone without stopping its seat (as after a SIGKILL of fitevict).
-        first.desk.closed = True
-        second = supervisor(cfg, cat, store, llama_server)
-        orphans = await second.start()
-        try:
-            assert [o.event for o in orphans] == ["orphan"]
-            assert orphans[0].details["was_alive"] is True and orphans[0].details["pid"] == pid
-            assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-            assert store.seats() == []
-        finally:
-            await second.shutdown()
-            await first.shutdown()
-
-    run(scenario)
 
 
 def test_queued_requests_get_the_seat_loaded_for_them(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
@@ -362,34 +253,6 @@ def test_queued_requests_get_the_seat_loaded_for_them(tmp_path: Path, models_dir
     loads = store.events(event="load")
     evicts = store.events(event="evict")
     assert len(loads) == len(evicts) + 1  # every load but the last was evicted: never two at once
-
-
-def test_restart_adopts_a_healthy_orphan_when_configured(tmp_path: Path, models_dir: Path, llama_server: Path) -> None:
-    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3, **{"engine.orphans": "adopt"})
-
-    async def scenario() -> None:
-        first = supervisor(cfg, cat, store, llama_server)
-        await first.start()
-        pid = (await first.load("llama-gqa")).pid
-        first.desk.closed = True
-        second = supervisor(cfg, cat, store, llama_server)
-        orphans = await second.start()
-        try:
-            assert orphans[0].details["adopted"] is True and "adopted" in orphans[0].reason
-            async with second.acquire(second.ask("llama-gqa")) as seat:  # served by the same process, no reload
-                assert seat.pid == pid and seat.state == "ready"
-            assert [s.pid for s in store.seats()] == [pid]
-            os.kill(pid, signal.SIGKILL)  # an adopted seat is not our child; its death is still seen
-            crash = await second.wait_for_event(lambda e: e.event == "crash", timeout=30)
-            assert crash.model == "llama-gqa" and "llama-gqa" not in second.seats
-        finally:
-            await second.shutdown()
-            for record in first.table.values():  # its process belongs to the second supervisor now
-                first.table.detach(record, record.process)
-            await first.shutdown()
-
-    run(scenario)
-    assert len(store.events(event="load")) == 1  # adopted, never loaded twice
 
 
 def test_contended_swaps_under_a_budget_for_one_lose_nothing(tmp_path: Path, models_dir: Path,
@@ -456,38 +319,6 @@ def test_an_architecture_without_rules_is_priced_by_the_dry_run_and_loads(tmp_pa
             await sup.shutdown()
 
     run(scenario)
-
-
-def test_a_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, models_dir: Path,
-                                                         llama_server: Path) -> None:
-    """Another process takes the chosen port before the engine binds it: the engine fails at once, and the
-    seat is started again on a new port without a ``fail`` event."""
-    import socket
-
-    from fitevict.engines.process import free_port
-
-    squatter = socket.socket()
-    squatter.bind(("127.0.0.1", 0))
-    squatter.listen()
-    taken = squatter.getsockname()[1]
-    handed = iter([taken])  # the first port handed out is already someone else's
-    cfg, cat, store = make(tmp_path, models_dir, llama_server, ram_limit=4 * 1024**3)
-
-    async def scenario() -> None:
-        sup = Supervisor(config=cfg, catalog=cat, store=store, engine_binary=llama_server,
-                         ports=lambda: next(handed, None) or free_port())
-        await sup.start()
-        try:
-            seat = await sup.load("llama-gqa")
-            assert seat.state == "ready" and seat.port != taken
-        finally:
-            await sup.shutdown()
-
-    try:
-        run(scenario)
-    finally:
-        squatter.close()
-    assert store.events(event="fail") == [] and len(store.events(event="load")) == 1
 
 
 def test_concurrent_requests_for_a_loading_model_share_one_load(tmp_path: Path, models_dir: Path,
