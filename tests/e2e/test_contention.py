@@ -15,14 +15,9 @@ import httpx
 import pytest
 
 from _frontdoor import poll, FrontDoor, engine_pids_of, front_door, history
-from _models import medium_host_bytes, swap_models
+from _models import medium_host_bytes
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def models_dir(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return swap_models(zoo, tmp_path_factory.mktemp("models"))
 
 
 def _limit(models_dir: Path) -> str:
