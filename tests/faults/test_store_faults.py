@@ -117,6 +117,23 @@ def stored_seat_pids(data: Path) -> set[int]:
         return {r[0] for r in db.execute("SELECT pid FROM seats")}
 
 
+def models_ab(tmp_path: Path, zoo: dict) -> Path:
+    """A models folder with two small models, a and b."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("a", "b"):
+        shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
+    return models
+
+
+def a_loaded(fd: FrontDoor) -> int:
+    """Model a asked for, served and its load stored; its seat's pid."""
+    assert (r := ask(fd, "a")).status_code == 200, r.text
+    poll(lambda: [e for e in history(fd) if e["event"] == "load"], "a's load stored")
+    [seat_a] = engine_pids_of(fd.proc.pid)
+    return seat_a
+
+
 def corrupt(db: Path) -> None:
     """Everything of the database in its main file (a checkpoint), then random bytes over every page but the first:
     the header stays, every table is garbage ("database disk image is malformed")."""
@@ -141,14 +158,9 @@ def corrupt(db: Path) -> None:
     lost="the history and measurements stored before the corruption, unread (kept in the moved file)")
 def test_a_database_corrupted_under_a_running_door_is_replaced_and_the_door_serves(tmp_path: Path,
                                                                                    zoo: dict) -> None:
-    models = tmp_path / "models"
-    models.mkdir()
-    for name in ("a", "b"):
-        shutil.copyfile(zoo["llama-gqa"].path, models / f"{name}.gguf")
+    models = models_ab(tmp_path, zoo)
     with front_door(tmp_path, "--models-dir", str(models)) as fd:
-        assert (r := ask(fd, "a")).status_code == 200, r.text
-        poll(lambda: [e for e in history(fd) if e["event"] == "load"], "a's load stored")
-        [seat_a] = engine_pids_of(fd.proc.pid)
+        seat_a = a_loaded(fd)
         corrupt(fd.data_dir / "fitevict.db")
         assert (r := ask(fd, "b")).status_code == 200, r.text  # its first record finds the file corrupt
         moved = poll(lambda: httpx.get(fd.base_url + "/health").json()["store"]["moved_aside"], "the file moved")
@@ -163,3 +175,49 @@ def test_a_database_corrupted_under_a_running_door_is_replaced_and_the_door_serv
         assert [(e["event"], e["model"]) for e in reversed(events)] == [("load", "b"), ("unload", "a")]
         assert (r := ask(fd, "a")).status_code == 200, r.text
         assert "Traceback" not in fd.log()
+
+
+def lose_store(data: Path, how: str) -> None:
+    """``deleted``: the whole data directory removed (store, its -wal and -shm, seat logs, saved prompts), as a
+    cleaner would; ``replaced``: the store's file replaced by a copy taken earlier (``backup.db``, renamed over it),
+    as a restore from a copy would."""
+    if how == "deleted":
+        shutil.rmtree(data)
+    else:
+        os.replace(data.parent / "backup.db", data / "fitevict.db")
+
+
+@pytest.mark.fault(
+    fault="the data directory removed under a running front door (store, seat logs, saved prompts: `rm -r`), or the "
+          "store's file replaced by an older copy (renamed over it)",
+    client="normal answers throughout (a load, an unload, history reads); `/health` lists the lost file "
+           "(`store.lost_files`: \"the store's file ... was deleted while fitevict ran\" or \"... replaced by another "
+           "file ...\"); before the fix the writes went on into the deleted file and `/health` said `ok`, and with "
+           "the seat log folder gone every later load failed (`502`, FileNotFoundError)",
+    history="the next write finds the file is not the one opened (before it writes: its device and inode) and the "
+            "store opens again at its path: a new, empty one, or the copy put there; the refused event is held and "
+            "written there (`load` of the model asked for, then the `unload`), the live seats' records written "
+            "again; all of it still there after a restart",
+    running="the door and its seats as usual; the seat log folder made again at the next load",
+    lost="what the removed or replaced file held (by whoever removed it)")
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_store_file_lost_under_a_running_door_is_opened_again(tmp_path: Path, zoo: dict, how: str) -> None:
+    models = models_ab(tmp_path, zoo)
+    with front_door(tmp_path, "--models-dir", str(models)) as fd:
+        seat_a = a_loaded(fd)
+        with sqlite3.connect(str(fd.data_dir / "fitevict.db")) as live, \
+                sqlite3.connect(str(tmp_path / "backup.db")) as copy:
+            live.backup(copy)  # the copy holds a's load
+        lose_store(fd.data_dir, how)
+        assert (r := ask(fd, "b")).status_code == 200, r.text  # its load's record finds the file lost
+        lost = poll(lambda: httpx.get(fd.base_url + "/health").json()["store"]["lost_files"], "the file found lost")
+        assert lost[0]["reason"].startswith("the store's file ") and \
+            ("was deleted while" if how == "deleted" else "was replaced by another file while") in lost[0]["reason"]
+        poll(lambda: stored_seat_pids(fd.data_dir) == set(engine_pids_of(fd.proc.pid)) | {seat_a}, "seat records")
+        assert unload(fd, "a").status_code == 200
+        want = [("load", "b"), ("unload", "a")] if how == "deleted" else [("load", "a"), ("load", "b"), ("unload", "a")]
+        poll(lambda: [(e["event"], e["model"]) for e in reversed(history(fd))] == want, f"history {want}")
+        assert "Traceback" not in fd.log()
+    with front_door(tmp_path, "--models-dir", str(models)) as fd:
+        stored = [(e["event"], e["model"]) for e in reversed(history(fd)) if e["event"] in ("load", "unload")]
+        assert stored[:len(want)] == want, stored

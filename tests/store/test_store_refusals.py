@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from fitevict.store import Store
+from fitevict.store.connect import StoreFileLost
 from fitevict.store.records import Event, SeatRecord
 
 
@@ -88,3 +89,33 @@ def test_a_locked_file_is_never_renewed(tmp_path: Path) -> None:
         store.record_event(Event(time=2.0, event="load", model="m"))
         assert store.faults.to_json()["moved_aside"] == [] and not list(tmp_path.glob("*.corrupt-*"))
         assert [e.time for e in store.events()] == [2.0]
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_file_lost_under_an_open_store_is_never_written_and_the_store_opens_again(tmp_path: Path,
+                                                                                    how: str) -> None:
+    """Deleted (with its -wal and -shm, as ``rm fitevict.db*`` does) or replaced by another store's file: the next
+    write is refused before it runs (it would go to a file no one can open again), and the store opens again at its
+    path, taking the writes after."""
+    db = tmp_path / "fitevict.db"
+    with Store.open(f"sqlite:///{db}") as store:
+        renewed: list[int] = []
+        store.renewed.append(lambda: renewed.append(1))
+        store.record_event(Event(time=1.0, event="load", model="m"))
+        if how == "deleted":
+            for f in tmp_path.glob("fitevict.db*"):
+                f.unlink()
+        else:
+            with Store.open(f"sqlite:///{tmp_path / 'other.db'}") as other:
+                other.record_event(Event(time=0.5, event="load", model="other"))
+            os.replace(tmp_path / "other.db", db)
+        with pytest.raises(StoreFileLost, match=f"the store's file {db} was {'deleted' if how == 'deleted' else 'replaced'}"):
+            store.record_event(Event(time=2.0, event="unload", model="m"))
+        [lost] = wait_for(lambda: store.faults.to_json()["lost_files"], "the lost file said")
+        assert str(db) in lost["reason"] and store.faults.to_json()["moved_aside"] == []
+        wait_for(lambda: renewed, "the renewed hooks")
+        store.record_event(Event(time=2.0, event="unload", model="m"))
+        want = [("unload", "m")] if how == "deleted" else [("unload", "m"), ("load", "other")]
+        assert [(e.event, e.model) for e in store.events()] == want
+    with Store.open(f"sqlite:///{db}") as again:
+        assert [(e.event, e.model) for e in again.events()] == want

@@ -27,7 +27,7 @@ from fitevict.store.records import Measurement
 from fitevict.seat.accounts import file_bytes
 from fitevict.seat.measure import overhead_seen
 from fitevict.seat.processes import Processes
-from fitevict.seat.running import SeatState
+from fitevict.seat.running import SeatState, log_text
 from fitevict.seat.storing import last_measurement, store_measurement
 
 
@@ -44,7 +44,7 @@ class Learning:
     async def learn(self, seat: SeatState) -> Learned:
         """Learn the overhead, guard the measurement, store it if accepted."""
         prices, store = self.prices, self.store
-        walk = self.processes.engine_for(seat.entry).document(seat.log_path.read_text(errors="replace"))
+        walk = self.processes.engine_for(seat.entry).document(log_text(seat.log_path))
         await self._overhead(seat, walk)
         measured_total = seat.measured.total_bytes if seat.measured else None
         previous = await last_measurement(store, seat.signature)

@@ -75,7 +75,9 @@ class Processes:
                 "build back); running seats are unaffected")
 
     def log_path(self, key: str) -> Path:
-        """A fresh log file for a seat of ``key``, held from pruning until ``done_with_log``."""
+        """A fresh log file for a seat of ``key``, held from pruning until ``done_with_log``. Its folder is made
+        again when it was removed while fitevict ran (a cleaned data directory)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / f"{key.replace('/', '_')}-{uuid.uuid4().hex[:8]}.log"
         self.busy_logs.add(path)
         return path

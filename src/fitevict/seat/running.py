@@ -245,6 +245,15 @@ def pred_source(fp: Footprint, device: str) -> str:
     return sources.pop() if len(sources) == 1 else "+".join(sorted(sources))
 
 
+def log_text(path: Path) -> str:
+    """A seat's log as text; empty when it cannot be read (removed by hand while the seat ran, say), so that what
+    the log would have told is unavailable and never stops the seat's load or stop."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def log_tail(path: Path, n: int = 25) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()

@@ -27,7 +27,7 @@ from fitevict.seat.accounts import died, leak_check, leak_event, timings
 from fitevict.seat.ending import Ending
 from fitevict.seat.processes import Processes
 from fitevict.seat.release import StopResult
-from fitevict.seat.running import SeatState
+from fitevict.seat.running import SeatState, log_text
 from fitevict.seat.parts import EventLog, SeatFigures
 from fitevict.seat.storing import STOPPING, SeatRecords
 
@@ -51,8 +51,18 @@ class Stopper:
         exited = seat.pid is not None and exiting(seat.pid)  # killed while it drained, say: nothing to save
         kept = {} if exited else await self.save_prompts(seat, event)
         res = await self.ending.end(seat, free_slot=True, forget=False)  # the record goes once the stop is recorded
+        try:
+            await self._record(seat, event, reason, request_id, res, kept)
+        finally:  # the process is gone: the scheduler and whoever waits are told, even if its record failed
+            self.processes.done_with_log(seat.log_path)
+            self.stopped(seat.key, res, slot_freed=seat.slot_freed)
+        return res
+
+    async def _record(self, seat: SeatState, event: str, reason: str, request_id: str | None, res: StopResult,
+                      kept: dict[str, Any]) -> None:
+        """The stop's event (how the process ended, its figures, its leak check), then the seat's record forgotten."""
         engine = self.processes.engine_for(seat.entry)
-        report = engine.teardown(seat.log_path.read_text(errors="replace"))
+        report = engine.teardown(log_text(seat.log_path))
         drained = seat.seat.drained
         account: dict[str, Any] = {}
         if res.ended == "exited":  # it ended on its own before the stop: say how, as a crash would
@@ -70,6 +80,3 @@ class Stopper:
         await self.ending.forget(seat)
         if (leaked := leak_event(seat, report, request_id, self.clock())) is not None:
             await self.history.record(leaked)
-        self.processes.done_with_log(seat.log_path)
-        self.stopped(seat.key, res, slot_freed=seat.slot_freed)
-        return res

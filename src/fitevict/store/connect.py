@@ -22,6 +22,39 @@ class StoreError(RuntimeError):
     """The store cannot be opened or used as configured."""
 
 
+class StoreFileLost(OSError):
+    """The store's SQLite file is no longer the one fitevict opened: deleted, or another file put in its place, while
+    fitevict ran. A write there would go to a file no one can open again."""
+
+
+def file_identity(url: str) -> tuple[int, int] | None:
+    """(device, inode) of a SQLite store's file, as it is now; None for a server's store or a file not there."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database:
+        return None
+    try:
+        st = Path(u.database).expanduser().stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_same_file(url: str, identity: tuple[int, int] | None) -> None:
+    """Raise ``StoreFileLost`` when the file at ``url`` is not the one opened (``identity``): deleted, or replaced.
+    Nothing when it is, when the store is not a file, or when it cannot be read now (the write then says why)."""
+    if identity is None:
+        return
+    path = Path(make_url(url).database or "").expanduser()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise StoreFileLost(f"the store's file {path} was deleted while fitevict ran") from None
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) != identity:
+        raise StoreFileLost(f"the store's file {path} was replaced by another file while fitevict ran")
+
+
 def default_url() -> str:
     """``sqlite:///<data_dir>/fitevict.db`` (an absolute path, so four slashes)."""
     return f"sqlite:///{(data_dir() / 'fitevict.db').resolve()}"
@@ -120,6 +153,21 @@ def corrupt(url: str, error: BaseException) -> bool:
     return (u.get_backend_name() == "sqlite" and bool(u.database) and u.database != ":memory:"
             and isinstance(orig, sqlite3.DatabaseError) and not isinstance(orig, sqlite3.OperationalError)
             and str(orig).startswith(CORRUPT))
+
+
+def move_aside_sidecars(url: str) -> list[Path]:
+    """After the store's file was lost (deleted or replaced) and its connections closed, the ``-wal`` and ``-shm``
+    files left at its path are the lost file's: SQLite would replay that write-ahead log into whatever file now has
+    the name. Each is renamed to ``<name>-wal.lost-<unix time>`` (kept, never read); returns the new names."""
+    import time
+
+    path = Path(sa.engine.make_url(url).database or "").expanduser()
+    moved = []
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            moved.append(side.rename(side.with_name(f"{side.name}.lost-{int(time.time())}")))
+    return moved
 
 
 def move_aside_corrupt(url: str, error: BaseException) -> Path | None:

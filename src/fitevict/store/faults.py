@@ -6,7 +6,8 @@ fault begins and ends.
 A refusal is an error the database gave a write or a read (``STORE_FAULTS``): its disk full, its file locked by
 another writer past the busy timeout, corrupt, or its server gone. A later write may succeed; nothing here retries.
 A SQLite file found corrupt while fitevict runs is moved aside and a new store opened in its place
-(``Store.renew``); ``moved_aside`` lists each.
+(``Store.renew``); ``moved_aside`` lists each. A file deleted or replaced under the running store is found before
+the next write (``connect.check_same_file``) and the store opened again at its path; ``lost_files`` lists each.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class StoreFaults:
         self.refused: dict[str, int] = {}  # refusals per figure during the current fault
         self.last: dict[str, Any] | None = None  # the fault before, once a write succeeded again
         self.moved_aside: list[dict[str, Any]] = []  # corrupt files moved aside while running (``Store.renew``)
+        self.lost_files: list[dict[str, Any]] = []  # files deleted or replaced under the running store (``renew``)
 
     def refuse(self, what: str, error: BaseException) -> None:
         """A write of ``what`` (or a read: ``READS``) was refused with ``error``."""
@@ -96,4 +98,5 @@ class StoreFaults:
     def to_json(self) -> dict[str, Any]:
         with self._lock:
             return {"ok": self.since is None, "since": self.since, "reason": self.reason or None,
-                    "refused": dict(self.refused), "last_fault": self.last, "moved_aside": list(self.moved_aside)}
+                    "refused": dict(self.refused), "last_fault": self.last, "moved_aside": list(self.moved_aside),
+                    "lost_files": list(self.lost_files)}

@@ -35,8 +35,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from fitevict.store.faults import READS, STORE_FAULTS, StoreFaults, reason
-from fitevict.store.connect import (POSTGRES_DRIVER, StoreError, corrupt, default_url, make_engine,
-                                    move_aside_corrupt)
+from fitevict.store.connect import (POSTGRES_DRIVER, StoreError, StoreFileLost, check_same_file, corrupt,
+                                    default_url, file_identity, make_engine, move_aside_corrupt,
+                                    move_aside_sidecars)
 from fitevict.store.migrations import MIGRATIONS, Migration, migrate
 from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUREMENT_SOURCES, Order, measurement_of,
                                     op_compute_put, op_put_measurement, op_record_event, op_seat_remove,
@@ -98,19 +99,23 @@ class Store:
         return store
 
     def _refused(self, error: BaseException) -> None:
-        """A write or read was refused: a SQLite file found corrupt is renewed, off the refusing thread."""
-        if self._spec is None or self._renewing or not corrupt(self._spec[0], error):
+        """A write or read was refused: a SQLite file found corrupt, deleted or replaced is renewed, off the refusing
+        thread."""
+        if self._spec is None or self._renewing or not (corrupt(self._spec[0], error)
+                                                        or isinstance(error, StoreFileLost)):
             return
         self._renewing = True
         threading.Thread(target=self.renew, args=(error, self._writer), name="fitevict-store-renew",
                          daemon=True).start()
 
     def renew(self, error: BaseException, writer: Writer) -> Path | None:
-        """The store's SQLite file found corrupt while fitevict runs (``error``): the writer finishes what is queued,
-        the file is moved aside as at start (``connect.move_aside_corrupt``: kept, unread), a new, empty store opens
-        in its place, and the ``renewed`` hooks run (the supervisor records its live seats again; the events held
-        meanwhile are written by their retries). Returns where the old file went; None when it was renewed already,
-        or could not be (logged: the store then refuses every write, and what it refuses is held or counted)."""
+        """The store's SQLite file found corrupt while fitevict runs (``error``), or deleted or replaced under it
+        (``StoreFileLost``): the writer finishes what is queued, a corrupt file is moved aside as at start
+        (``connect.move_aside_corrupt``: kept, unread), the store opens again at its path (a new, empty one, or the
+        file put in place), and the ``renewed`` hooks run (the supervisor records its live seats again; the events
+        held meanwhile are written by their retries). Returns where a corrupt file went, or the store's path for a
+        lost one; None when it was renewed already, or could not be (logged: the store then refuses every write,
+        and what it refuses is held or counted)."""
         assert self._spec is not None
         url, busy, migrations = self._spec
         try:
@@ -120,22 +125,35 @@ class Store:
                 writer.close()
                 self._engine.dispose()
                 try:
-                    aside = move_aside_corrupt(url, error)
+                    aside = move_aside_corrupt(url, error)  # None for a lost file: nothing there to keep
+                    sidecars = move_aside_sidecars(url) if aside is None else []
                     self._engine, self._writer = _connect(url, busy, migrations, self.faults)
                 except (OSError, sa.exc.SQLAlchemyError, StoreError) as e:
-                    log.error("the store %s is corrupt (%s) and no new store could be opened in its place: %s; "
-                              "fitevict serves on, refusing what it would store", self.url, reason(error), e)
+                    log.error("the store %s could not be opened again after %s: %s; fitevict serves on, refusing "
+                              "what it would store", self.url, reason(error), e)
                     return None
                 self._writer.on_refused = self._refused
-            self.faults.moved_aside.append({"at": time.time(), "to": str(aside), "reason": reason(error)})
-            log.warning("the store %s was found corrupt while running (%s): moved aside to %s, its history and "
-                        "measurements kept there unread; a new, empty store in its place, where what was held "
-                        "meanwhile is written", self.url, reason(error), aside)
+            self._say_renewed(error, aside, sidecars)
         finally:
             self._renewing = False
         for hook in self.renewed:
             hook()
-        return aside
+        return aside or Path(sa.engine.make_url(url).database or "")
+
+    def _say_renewed(self, error: BaseException, aside: Path | None, sidecars: list[Path]) -> None:
+        """``renew`` is done: kept in ``faults`` (``/health``) and said in the log."""
+        if aside is None:
+            self.faults.lost_files.append({"at": time.time(), "reason": reason(error),
+                                           "sidecars_moved_to": [str(p) for p in sidecars]})
+            log.warning("%s: the store opened again at its path, where what was held meanwhile is written; what the "
+                        "lost file held is gone with it (put it back from a copy to read it); its write-ahead log "
+                        "files left at the path moved aside: %s", reason(error),
+                        ", ".join(map(str, sidecars)) or "none")
+            return
+        self.faults.moved_aside.append({"at": time.time(), "to": str(aside), "reason": reason(error)})
+        log.warning("the store %s was found corrupt while running (%s): moved aside to %s, its history and "
+                    "measurements kept there unread; a new, empty store in its place, where what was held "
+                    "meanwhile is written", self.url, reason(error), aside)
 
     @property
     def url(self) -> str:
@@ -277,7 +295,8 @@ def _connect(url: str, busy_timeout_s: float, migrations: tuple[Migration, ...],
     try:
         with engine.connect().execution_options(fitevict_begin="IMMEDIATE") as conn:
             migrate(conn, migrations, where=f" at {engine.url.render_as_string(hide_password=True)}")
-        return engine, Writer(engine, faults=faults)
+        identity = file_identity(url)  # a write goes to this file only (``connect.check_same_file``)
+        return engine, Writer(engine, faults=faults, guard=lambda: check_same_file(url, identity))
     except BaseException:
         engine.dispose()
         raise

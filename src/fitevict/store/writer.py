@@ -40,8 +40,9 @@ class Writer:
     """Runs ``fn(conn)`` for each submitted write, in submission order, on one thread."""
 
     def __init__(self, engine: Engine, *, name: str = "fitevict-store-writer",
-                 faults: StoreFaults | None = None) -> None:
+                 faults: StoreFaults | None = None, guard: Callable[[], None] | None = None) -> None:
         self._engine = engine
+        self.guard = guard  # run before each write: raises a store fault when the write must not go there
         self.faults = faults or StoreFaults()  # what the store refused (``store.faults``)
         self.on_refused: Callable[[BaseException], None] | None = None  # called (on this thread) with each refusal
         self._ping = engine.dialect.name != "sqlite"  # a file cannot drop the connection; a server can
@@ -105,6 +106,8 @@ class Writer:
             if not fut.set_running_or_notify_cancel():
                 continue  # the caller cancelled before it started
             try:
+                if self.guard is not None:
+                    self.guard()
                 result = self._transaction(conn, fn) if transaction else fn(conn)
             except BaseException as e:
                 if isinstance(e, STORE_FAULTS):

@@ -23,6 +23,7 @@ from typing import Any
 
 from fitevict.engines import engine_class, traits
 from fitevict.request.contract import ADAPTER_KINDS
+from fitevict.seat.running import log_text
 
 HEADER = "x-fitevict-load-report"
 SHRUNK_HEADER = "x-fitevict-ctx-shrunk"  # "<asked>-><loaded>": policy.shrink_ctx loaded a smaller context
@@ -167,7 +168,7 @@ async def request_report(sup, entry, seat, arrived: float, request_id: str | Non
         return hit_report(sup, entry, seat)
     adapter_s = None
     if seat.config.loras:
-        text = await asyncio.to_thread(lambda: Path(seat.log_path).read_text(errors="replace"))
+        text = await asyncio.to_thread(log_text, Path(seat.log_path))
         adapter_s = seat_adapter_seconds(seat.engine, text)
     evicted = tuple(e.model for e in sup.recent_events if e.event == "evict" and e.request_id == request_id
                     ) if request_id else ()
