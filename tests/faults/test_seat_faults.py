@@ -183,7 +183,7 @@ def test_seat_sigstop_mid_stream_is_detected_and_replaced(door: FrontDoor) -> No
     client="the chunks before the signal, then the `engine_lost` error event (`openai.APIError`): at once when it "
            "exits, after `engine.stall_seconds` (2 s in the test) when it hangs",
     history="`load`, then a `crash` with `cause: told-to-stop` whose reason says the seat \"was told to stop by "
-            "another program (a SIGTERM or SIGINT not sent by fitevict; its log: '... cleaning up before "
+            "another program, not by fitevict (its log: '... cleaning up before "
             "exit...')\", then how it ended (exit code 0, or killed by the stuck-seat watch); before, an exit 0 "
             "was \"exited unexpectedly\" and a hang was called a frozen seat",
     running="nothing of that seat (reaped); the next request loads it again",

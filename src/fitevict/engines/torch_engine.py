@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fitevict.engines.base import EngineBase, LaunchSpec, Traits
-from fitevict.engines.torch_seat import (FAILED_LINE, FOOTPRINT_LINE, TEARDOWN_LINE, SeatArgs, parse_seat_argv,
+from fitevict.engines.torch_seat import (FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE, TEARDOWN_LINE, SeatArgs, parse_seat_argv,
                                          seat_argv)
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.hf_price import HfLoadConfig
@@ -144,6 +144,12 @@ class TransformersEngine(EngineBase):
     def teardown(cls, log_text: str) -> dict | None:
         """The leak breaker's report, as the seat logged it on its way out."""
         return _last_json(log_text, TEARDOWN_LINE)
+
+    @classmethod
+    def shutting_down(cls, log_text: str) -> str | None:
+        """The seat's own line saying why it began its teardown (a SIGTERM or SIGINT received, or /unload asked)."""
+        said = [line.strip() for line in log_text.splitlines() if line.startswith(STOPPING_LINE)]
+        return said[-1] if said else None
 
     @classmethod
     def adapter_seconds(cls, log_text: str) -> float | None:

@@ -51,11 +51,11 @@ async def died(seat: SeatState, code: int | None, engine: Engine) -> tuple[str, 
 
 def told_to_stop(engine: str, line: str | None) -> str | None:
     """The first words of an end that began with the engine shutting down on its own (``line``: its log's), or
-    None. fitevict's own stops never reach here: another program sent it a SIGTERM or SIGINT."""
+    None. fitevict's own stops never reach here: another program sent it a SIGTERM or SIGINT (or asked a torch
+    seat's /unload)."""
     if line is None:
         return None
-    return (f"{engine} was told to stop by another program (a SIGTERM or SIGINT not sent by fitevict; its log: "
-            f"{line!r}), then: ")
+    return f"{engine} was told to stop by another program, not by fitevict (its log: {line!r}), then: "
 
 
 def engine_failure(engine: Engine, log_path: Path) -> str | None:

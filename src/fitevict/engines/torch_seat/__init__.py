@@ -19,6 +19,7 @@ from fitevict.pricing.hf_price import DTYPES, QUANTS, HfLoadConfig
 FOOTPRINT_LINE = "FITEVICT_SEAT_FOOTPRINT "  # the seat logs its /footprint JSON after this prefix
 FAILED_LINE = "FITEVICT_SEAT_FAILED "  # a failed load's reason, as JSON, after this prefix
 TEARDOWN_LINE = "FITEVICT_SEAT_TEARDOWN "  # the leak breaker's report, as JSON, after this prefix
+STOPPING_LINE = "FITEVICT_SEAT_STOPPING "  # why the seat began its teardown: "SIGTERM received", "/unload asked"
 EXIT_NO_WEIGHTS = 3
 
 

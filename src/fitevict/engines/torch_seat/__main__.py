@@ -9,16 +9,21 @@ import sys
 import threading
 import traceback
 
-from fitevict.engines.torch_seat import (EXIT_NO_WEIGHTS, FAILED_LINE, FOOTPRINT_LINE, TEARDOWN_LINE,
-                                         parse_seat_argv)
+from fitevict.engines.torch_seat import (EXIT_NO_WEIGHTS, FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE,
+                                         TEARDOWN_LINE, parse_seat_argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse_seat_argv(argv)
     stop = threading.Event()
-    # signal handlers only enqueue; teardown runs on the main thread
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signalled: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:  # only enqueues; teardown runs on the main thread
+        signalled.append(signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
     from fitevict.engines.torch_seat.http import make_server, serve_in_thread
     from fitevict.engines.torch_seat.seat import HfSeat
@@ -38,6 +43,8 @@ def main(argv: list[str]) -> int:
         return EXIT_NO_WEIGHTS if seat.reason.startswith("no weights") else 1
     print(FOOTPRINT_LINE + json.dumps(seat.footprint), file=sys.stderr, flush=True)
     stop.wait()
+    why = f"{signalled[0]} received" if signalled else "/unload asked"
+    print(STOPPING_LINE + why, file=sys.stderr, flush=True)
     report = seat.unload()
     print(TEARDOWN_LINE + json.dumps(report), file=sys.stderr, flush=True)
     srv.shutdown()

@@ -1,0 +1,93 @@
+"""A transformers (torch) seat that dies, freezes or is told to stop while it generates, against one real front door
+and real torch seat processes: the client gets an error in its API's shape, history's ``crash`` says how the seat
+ended, nothing of it is left running, and the next request loads the model again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from _frontdoor import FrontDoor, front_door, history, poll
+from test_seat_faults import STALL_S, ends, gone, kill_left
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+HF = "hf-llama-gqa"
+CAUSES = {signal.SIGKILL: "killed", signal.SIGSTOP: "frozen", signal.SIGTERM: "told-to-stop"}
+
+
+@pytest.fixture(scope="module")
+def door(hf_zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
+    tmp = tmp_path_factory.mktemp("torchfaults")
+    models = tmp / "models"
+    models.mkdir()
+    for sig in CAUSES:
+        shutil.copytree(hf_zoo[HF].path, models / sig.name.lower())
+    cfg = tmp / "fitevict.toml"
+    cfg.write_text(f"[policy]\nprompt_cache = false\n[engine]\nstall_seconds = {STALL_S}\n")
+    with front_door(tmp, "--config", str(cfg), "--models-dir", str(models), timeout=240) as fd:
+        yield fd
+
+
+def torch_seat_pid(fd: FrontDoor, model: str) -> int:
+    """The pid of ``model``'s torch seat (a child of the front door running ``fitevict.engines.torch_seat``)."""
+    pids = [c.pid for c in psutil.Process(fd.proc.pid).children(recursive=True)
+            if "torch_seat" in (cmd := " ".join(c.cmdline())) and f"/{model}" in cmd]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def chat(fd: FrontDoor, model: str, **body) -> httpx.Response:
+    return httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": "hi"}], **body})
+
+
+@pytest.mark.fault(
+    fault="a transformers (torch) seat `SIGKILL`ed, `SIGSTOP`ped or sent `SIGTERM` by another program while it "
+          "generates a streamed answer",
+    client="`200`, then a last `data:` event `{\"error\": {\"type\": \"engine_error\", \"code\": \"engine_lost\", "
+           "...}}` (after `engine.stall_seconds`, 2 s in the test, for the stopped seat)",
+    history="`load`, then a `crash` whose `cause` is `killed` (exit code -9), `frozen` (stopped by a signal (state "
+            "T) for the stall period, then killed) or `told-to-stop` (its log: \"FITEVICT_SEAT_STOPPING SIGTERM "
+            "received\", then its exit code 0); before, the SIGTERM's end was \"exited unexpectedly with code 0\"",
+    running="nothing of that seat (reaped); the next request loads it again",
+    lost="the rest of that one answer")
+@pytest.mark.parametrize("sig", list(CAUSES), ids=lambda s: s.name)
+def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -> None:
+    model = sig.name.lower()
+    assert chat(door, model, max_tokens=2).status_code == 200
+    pid = torch_seat_pid(door, model)
+    began = threading.Event()
+    hit = threading.Thread(target=lambda: began.wait(60) and os.kill(pid, sig))
+    hit.start()
+    lines = []
+    try:
+        with httpx.stream("POST", door.base_url + "/v1/chat/completions", timeout=60, json={
+                "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000,
+                "stream": True}) as r:
+            assert r.status_code == 200
+            began.set()  # the seat generates its answer now (a torch seat sends it when done, or cut)
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    finally:
+        began.set()
+        hit.join()
+        kill_left(pid)
+    error = json.loads(lines[-1][len("data: "):])["error"]
+    assert error["type"] == "engine_error" and error["code"] == "engine_lost", error
+    poll(lambda: gone(pid), f"seat pid {pid} reaped")
+    poll(lambda: ends(door, model)[-1:] == ["crash"], "the crash in history")
+    assert ends(door, model) == ["load", "crash"]
+    crash = next(e for e in history(door) if e["model"] == model and e["event"] == "crash")
+    assert crash["details"]["cause"] == CAUSES[sig] and crash["details"]["pid"] == pid, crash
+    if sig == signal.SIGTERM:
+        assert crash["details"]["exit_code"] == 0 and "SIGTERM received" in crash["reason"], crash
+    assert chat(door, model, max_tokens=2).status_code == 200
+    assert torch_seat_pid(door, model) != pid and ends(door, model)[-1] == "load"
