@@ -21,7 +21,7 @@ class Processes:
 
     def __init__(self, log: list, teardown: dict | None) -> None:
         self.log, self.done = log, []
-        self.engine = SimpleNamespace(teardown=lambda text: teardown,
+        self.engine = SimpleNamespace(teardown=lambda text: teardown, shutting_down=lambda text: None,
                                       traits=SimpleNamespace(reports_teardown=teardown is not None))
 
     def engine_for(self, entry):
