@@ -149,6 +149,23 @@ def targets(samples: list[dict], t_warm: float, lost: int, b: dict) -> str:
             f"({'within' if logs is not None and logs <= b['seat_logs'] else 'over'}).")
 
 
+def descriptors_by_seats(samples: list[dict], t_warm: float) -> str:
+    """Descriptors fitted to the seats resident and the time together (least squares): each seat holds some (its
+    pidfd, its kept connections), so a run that ends with more seats resident than it began with drifts by the fit
+    on time alone; what is left to time is the door's own drift."""
+    pts = [x for x in samples if x["t"] >= t_warm and x.get("fds") is not None and x.get("seats") is not None]
+    if len(pts) < 4:
+        return "Descriptors against the seats resident: unavailable (too few samples after warm-up)."
+    t = np.array([x["t"] for x in pts]) / 3600.0
+    X = np.c_[np.ones(len(pts)), [x["seats"] for x in pts], t - t.mean()]
+    y = np.array([x["fds"] for x in pts], dtype=float)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ coef
+    cov = (resid @ resid) / (len(y) - 3) * np.linalg.pinv(X.T @ X)
+    return (f"Descriptors fitted to the seats resident and the time together: {coef[1]:.2f} per seat resident, "
+            f"{coef[2]:+.2f} ± {float(np.sqrt(cov[2, 2])):.2f}/h left to time ({len(pts)} samples after warm-up).")
+
+
 def history_line(end: dict | None) -> str:
     """The door's own account of the run: its history events by kind."""
     if end is None or isinstance(end.get("history"), str) or "history" not in end:
@@ -284,6 +301,8 @@ def body(recs: dict[str, list[dict]], warmup_min: float | None) -> str:
         *growth_table(samples, t_warm),
         "",
         targets(samples, t_warm, c["lost"], b),
+        "",
+        descriptors_by_seats(samples, t_warm),
         "",
         f"The data directory's largest size: {_f(data_max and data_max / MiB, '.1f')} MiB; its configured bounds: "
         f"{bounds_text(b)}.",
