@@ -213,7 +213,7 @@ def main() -> None:
     ap.add_argument("--fault-every", type=float, default=60.0, help="mean seconds between injected faults")
     ap.add_argument("--hangups", type=float, default=0.15, help="share of streams the client hangs up")
     ap.add_argument("--out", type=Path, default=Path("soak.jsonl"))
-    ap.add_argument("--report", type=Path, default=None, help="only write the doc and plots from this run's file")
+    ap.add_argument("--report", type=Path, default=None, help="only write the doc and plots from this run's file (with --no-doc: print them, the docs untouched)")
     ap.add_argument("--no-doc", action="store_true")
     ap.add_argument("--trace-memory", type=float, default=None, metavar="SECONDS",
                     help="trace where the door's memory grows, every SECONDS, to <out>.memtrace.jsonl")
@@ -223,7 +223,7 @@ def main() -> None:
     import soak_report
 
     if args.report is not None:
-        soak_report.main(args.report, args.warmup if "--warmup" in " ".join(sys.argv) else None)
+        soak_report.main(args.report, args.warmup if "--warmup" in " ".join(sys.argv) else None, doc=not args.no_doc)
         return
     signal_exit()
     run(args)

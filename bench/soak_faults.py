@@ -180,7 +180,29 @@ def sample(door_pid: int, data_dir: Path, base: str) -> dict:
     return {"t": time.time(), "rss": mem.rss, "pss": mem.pss, "fds": p.num_fds(), "threads": p.num_threads(),
             "children": len(kids), "zombies": zombies, "seats": len(seats(door_pid)), "db_bytes": db,
             "data_bytes": _size(data_dir), "seat_logs_bytes": _size(data_dir / "seats"),
-            "load1": os.getloadavg()[0], **_outside_malloc(mem, _held(base))}
+            "load1": os.getloadavg()[0], **fds_by_kind(door_pid), **_outside_malloc(mem, _held(base))}
+
+
+FD_KINDS = (("fds_sockets", "socket:["), ("fds_pidfds", "anon_inode:[pidfd]"), ("fds_pipes", "pipe:["),
+            ("fds_store", "fitevict.db"))  # (sample field, what its /proc/PID/fd link holds); the rest: fds_other
+
+
+def fds_by_kind(pid: int) -> dict:
+    """The door's open descriptors by what they are (``/proc/PID/fd`` links): sockets, pidfds, pipes, the store's
+    files (the database, its -wal and -shm, per pooled connection) and the rest; nothing when they cannot be read."""
+    out = {k: 0 for k, _ in FD_KINDS} | {"fds_other": 0}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return {}
+    for name in names:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue  # closed between the listing and the read
+        key = next((k for k, mark in FD_KINDS if mark in link), "fds_other")
+        out[key] += 1
+    return out
 
 
 def _outside_malloc(mem, held: dict) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,7 +22,10 @@ DOC, IMG = DOCS / "reliability.md", DOCS / "img"
 MiB = 2**20
 # (sample field, label, divisor, unit)
 SERIES = (("rss", "front door RSS", MiB, "MiB"), ("pss", "front door PSS", MiB, "MiB"),
-          ("fds", "open descriptors", 1, ""), ("threads", "threads", 1, ""), ("children", "child processes", 1, ""),
+          ("fds", "open descriptors", 1, ""), ("fds_sockets", "descriptors: sockets", 1, ""),
+          ("fds_pidfds", "descriptors: pidfds (one per seat)", 1, ""), ("fds_pipes", "descriptors: pipes", 1, ""),
+          ("fds_store", "descriptors: the store's files", 1, ""), ("fds_other", "descriptors: the rest", 1, ""),
+          ("threads", "threads", 1, ""), ("children", "child processes", 1, ""),
           ("zombies", "zombie children", 1, ""), ("db_bytes", "database files", MiB, "MiB"),
           ("seat_logs_bytes", "seat logs", MiB, "MiB"), ("data_bytes", "data directory", MiB, "MiB"),
           # what the RSS is made of, by the door's own allocators (``/health`` ``heap.held``): kept or fragmented
@@ -208,7 +212,7 @@ def notes(verdicts: list[dict], faults: list[dict]) -> list[str]:
     return out
 
 
-def plots(samples: list[dict], faults: list[dict], t0: float, t_warm: float) -> list[str]:
+def plots(samples: list[dict], faults: list[dict], t0: float, t_warm: float, img: Path = IMG) -> list[str]:
     """docs/img/soak-*.png; [] with a line saying why when matplotlib is absent."""
     try:
         import matplotlib
@@ -217,7 +221,7 @@ def plots(samples: list[dict], faults: list[dict], t0: float, t_warm: float) -> 
     except ImportError:
         print("matplotlib is not installed: no plots (pip install -e '.[bench]', or pip install matplotlib)")
         return []
-    IMG.mkdir(parents=True, exist_ok=True)
+    img.mkdir(parents=True, exist_ok=True)
     groups = {"memory": ("rss", "pss"), "handles": ("fds", "threads", "children", "zombies"),
               "disk": ("db_bytes", "seat_logs_bytes", "data_bytes"),
               "heap": ("malloc_in_use", "malloc_free", "malloc_mapped_apart", "sqlite_in_use", "outside_malloc",
@@ -242,7 +246,7 @@ def plots(samples: list[dict], faults: list[dict], t0: float, t_warm: float) -> 
         ax.set_ylabel({"handles": "count", "heap": "MiB, thousands of blocks"}.get(name, "MiB"))
         ax.legend(loc="upper left", fontsize=8)
         fig.tight_layout()
-        fig.savefig(IMG / f"soak-{name}.png")
+        fig.savefig(img / f"soak-{name}.png")
         plt.close(fig)
         names.append(name)
     return names
@@ -254,7 +258,7 @@ def bounds_text(b: dict) -> str:
             f"{b['history_days'] or 'unbounded'} days, pruned every {b.get('prune_seconds', 0):.0f} s")
 
 
-def body(recs: dict[str, list[dict]], warmup_min: float | None) -> str:
+def body(recs: dict[str, list[dict]], warmup_min: float | None, img: Path = IMG) -> str:
     meta, samples = recs["meta"][0], recs.get("sample", [])
     faults, end = recs.get("fault", []), (recs.get("end") or [None])[0]
     warm = meta["warmup_minutes"] if warmup_min is None else warmup_min
@@ -308,14 +312,20 @@ def body(recs: dict[str, list[dict]], warmup_min: float | None) -> str:
         f"{bounds_text(b)}.",
         "",
     ]
-    imgs = plots(samples, faults, t0, t_warm)
+    imgs = plots(samples, faults, t0, t_warm, img)
     lines += [f"![soak {n}](img/soak-{n}.png)" for n in imgs]
     lines += ["", f"Re-write this section from the run's file: `.venv/bin/python bench/soak.py --report FILE` "
               "(the JSONL the run appended to; `--warmup MIN` to change the warm-up)."]
     return "\n".join(lines)
 
 
-def main(path: Path, warmup_min: float | None) -> None:
-    text = body(read(path), warmup_min)
-    write_section("soak", text, DOC)
+def main(path: Path, warmup_min: float | None, *, doc: bool = True) -> None:
+    """The section from a run's file: written into docs/reliability.md with its plots in docs/img, or (``doc``
+    False) printed, its plots in a temporary folder (named), the docs untouched."""
+    if doc:
+        text = body(read(path), warmup_min)
+        write_section("soak", text, DOC)
+    else:
+        img = Path(tempfile.mkdtemp(prefix="fitevict-soak-plots-"))
+        text = body(read(path), warmup_min, img) + f"\n\n(plots in {img})"
     print(text)
