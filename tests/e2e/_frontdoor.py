@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,26 @@ class FrontDoor:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def requests(self, **fields) -> list[dict]:
+        """The request log's lines (logger ``fitevict.request``, JSON) whose fields equal ``fields``, oldest first."""
+        out = []
+        for line in self.log().splitlines():
+            i = line.find(' fitevict.request {')
+            if i >= 0:
+                got = json.loads(line[i + len(' fitevict.request '):])
+                if all(got.get(k) == v for k, v in fields.items()):
+                    out.append(got)
+        return out
+
+    def await_requests(self, n: int = 1, timeout: float = 30.0, **fields) -> list[dict]:
+        """At least ``n`` request log lines matching ``fields``: a line is written once the answer's last byte went
+        out, which the client may see first."""
+        def enough() -> list[dict] | None:
+            got = self.requests(**fields)
+            return got if len(got) >= n else None
+
+        return poll(enough, f"{n} request log line(s) with {fields}", timeout)
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float = 60.0) -> None:

@@ -246,5 +246,4 @@ def test_metrics_and_the_log_are_labelled_by_route(door: FrontDoor) -> None:
     text = httpx.get(door.base_url + "/metrics", headers={"Authorization": f"Bearer {USER}"}, timeout=60).text
     for endpoint in ("responses", "messages"):
         assert f'endpoint="{endpoint}"' in text, endpoint
-    logged = door.log()
-    assert '"endpoint": "messages"' in logged and '"asked_as": "claude-haiku-4-5"' in logged
+    assert door.await_requests(endpoint="messages", asked_as="claude-haiku-4-5")

@@ -3,7 +3,6 @@ nobody waits for a ghost, and SIGTERM under load stops cleanly."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -28,15 +27,6 @@ def _history(door: FrontDoor, **q) -> list[dict]:
     return history(door, limit=10000, **q)
 
 
-def _request_log(door: FrontDoor) -> list[dict]:
-    out = []
-    for line in door.log().splitlines():
-        i = line.find('{"request_id"')
-        if i >= 0:
-            out.append(json.loads(line[i:]))
-    return out
-
-
 def test_eight_clients_three_models_no_thrash(tmp_path: Path, models_dir: Path) -> None:
     """8 threads, 24 chats (max_tokens 3) round-robin over two mediums that cannot be co-resident and a small
     model, each with the same contract: all answered, fewer than 12 swaps, and no request waits longer than the
@@ -58,7 +48,7 @@ def test_eight_clients_three_models_no_thrash(tmp_path: Path, models_dir: Path) 
         swaps = [e for e in loads if e["model"] in ("med-a", "med-b")]
         assert len(swaps) < 12, [e["model"] for e in reversed(loads)]
         evicts = _history(door, event="evict")
-        log = _request_log(door)
+        log = door.await_requests(24)
         assert len(log) == 24 and all(line["status"] == 200 for line in log)
         # the bound: max(max_wait, swap + min residency) + one swap, where a swap is draining a seat (one running
         # request and one queued in the engine), its release and the next load, all as measured here

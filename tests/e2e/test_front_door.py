@@ -89,15 +89,8 @@ def test_chat_plain_and_streamed(door) -> None:
                                             max_tokens=4, stream=True, temperature=0))
     assert len(chunks) >= 2
     assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
-    def lines() -> list[dict]:
-        return [json.loads(l.split(" ", 3)[-1]) for l in door.log().splitlines()
-                if "fitevict.request" in l and '"model": "llama-q8_0"' in l and '"endpoint": "chat"' in l]
-
-    deadline = time.monotonic() + 30
-    while not any(l.get("stream") for l in lines()):  # the line is written once the last byte went out
-        assert time.monotonic() < deadline, "no log line for the streamed request"
-        time.sleep(0.05)
-    plain, streamed = lines()[0], next(l for l in lines() if l.get("stream"))
+    lines = door.await_requests(2, model="llama-q8_0", endpoint="chat")  # the streamed one's is written last
+    plain, streamed = lines[0], next(l for l in lines if l.get("stream"))
     for line in (plain, streamed):
         assert line["status"] == 200 and line["latency_s"] > 0 and line["tokens"] >= 1
         assert {"queue_wait_s", "load_wait_s", "request_id"} <= set(line)
@@ -124,8 +117,7 @@ def test_embeddings_on_a_model_configured_for_them(door, models: Path) -> None:
     r = client(door).embeddings.create(model="embedder", input=["alpha", "beta gamma"])
     n_embd = load_structure(models / "embedder.gguf").n_embd
     assert [len(d.embedding) for d in r.data] == [n_embd, n_embd]
-    line = next(json.loads(l.split(" ", 3)[-1]) for l in door.log().splitlines()
-                if '"endpoint": "embeddings"' in l and '"status": 200' in l)
+    line = door.await_requests(endpoint="embeddings", status=200)[0]
     assert line["embeddings"] == {"count": 2, "shape": [2, n_embd]}
     assert "alpha" not in door.log()  # content is not logged without debug opt-in
 

@@ -5,7 +5,6 @@ end (``policy.max_wait_seconds``) runs out."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -95,8 +94,7 @@ def test_a_request_waiting_through_pressure_is_served_once_it_clears(zoo: dict, 
         busy.assert_on_its_seat()
         assert [e["model"] for e in history(door, event="load")] == ["llama-gqa", "med-a"]  # newest first
         assert not history(door, event="evict")  # nothing was stopped for it
-        waited = [json.loads(line[line.index("{"):])["queue_wait_s"] for line in door.log().splitlines()
-                  if " fitevict.request {" in line and '"model": "llama-gqa"' in line]
+        waited = [line["queue_wait_s"] for line in door.await_requests(model="llama-gqa")]
         print(f"med-a holds {format_size(own)}; free memory pushed {format_size(below)} below the reserve; "
               f"llama-gqa waited {waited} s in the queue")
         busy.let_go()
