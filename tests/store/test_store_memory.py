@@ -1,15 +1,21 @@
-"""SQLite's hold on the door's memory is bounded (store.connect.SQLITE_HEAP_BYTES), by SQLite's own count."""
+"""SQLite's hold on the door's memory is bounded (store.connect.SQLITE_HEAP_BYTES), by SQLite's own count, and its
+descriptors do not climb with reads at once (store.connect.SQLITE_READERS)."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from fitevict.host import heap
-from fitevict.store.connect import SQLITE_HEAP_BYTES, make_engine
+from fitevict.store import Store
+from fitevict.store.connect import SQLITE_HEAP_BYTES, SQLITE_READERS, make_engine
+from fitevict.store.records import Event
 
 MiB = 2**20
 
@@ -36,3 +42,41 @@ def test_pooled_readers_caches_stay_within_the_bound(tmp_path: Path) -> None:
         for r in readers:
             r.close()
         engine.dispose()
+
+
+def _store_descriptors(db: Path) -> int:
+    """This process's descriptors on the store's files (the database, its WAL and its shared memory)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(str(db))
+        except OSError:
+            continue  # closed since listed
+    return n
+
+
+def test_reads_at_once_leave_the_store_holding_the_same_descriptors(tmp_path: Path) -> None:
+    """More reads at once than the store has readers: those beyond wait for one, all are answered, and the store
+    holds as many descriptors at the peak and after as before (readers opened on demand kept each new peak's)."""
+    db = tmp_path / "fitevict.db"
+    at_once = SQLITE_READERS + 3
+    with Store.open(f"sqlite:///{db}") as store:
+        store.record_event(Event(time=1.0, event="load", model="m"))
+        before = _store_descriptors(db)
+        holding, go = threading.Semaphore(0), threading.Event()
+
+        def read(conn: sa.Connection) -> int:
+            holding.release()
+            assert go.wait(60)  # every read holds its connection until the test lets them go
+            return conn.exec_driver_sql("SELECT count(*) FROM events").scalar_one()
+
+        with ThreadPoolExecutor(at_once) as pool:
+            answers = [pool.submit(store.read, read) for _ in range(at_once)]
+            try:
+                for _ in range(SQLITE_READERS):
+                    assert holding.acquire(timeout=30), "the store's readers did not all take a read"
+                assert _store_descriptors(db) == before  # the peak: every reader held, the rest waiting for one
+            finally:
+                go.set()
+            assert [a.result(60) for a in answers] == [1] * at_once
+        assert _store_descriptors(db) == before

@@ -17,6 +17,14 @@ beyond it the page caches give pages up before taking new ones. Unbounded, each 
 2 MiB as the history grows (SQLite's default), one more steady climb in a door that runs for days; the file's pages
 stay in the kernel's page cache, so a read that misses costs a copy, not a disk read."""
 
+SQLITE_READERS = 4
+"""Reader connections a SQLite store holds beside its writer's, all opened with the store (:func:`open_readers`), and
+no more: its descriptors are then as many from the first request as after a week (two per connection, the file and
+its WAL, and one ``-shm`` for the process). A read beyond that many at once waits for a reader (a read takes about
+0.1 ms). Readers opened on demand climbed with each new peak of reads at once, a step over hours of traffic, and
+closing the extra ones after does not give their descriptors back: SQLite keeps a closed connection's file open
+for the next connection while others hold locks on it, as a WAL store's connections always do."""
+
 
 class StoreError(RuntimeError):
     """The store cannot be opened or used as configured."""
@@ -82,7 +90,8 @@ def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
             "the store needs a file (one writer, many readers). Use sqlite:////path/to/fitevict.db"
         )
     Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(u, connect_args={"timeout": busy_timeout_s})
+    engine = sa.create_engine(u, pool_size=1 + SQLITE_READERS, max_overflow=0,  # the writer's and the readers
+                              connect_args={"timeout": busy_timeout_s})
     busy_ms = int(busy_timeout_s * 1000)
 
     @sa.event.listens_for(engine, "connect")
@@ -113,6 +122,17 @@ def make_engine(url: str, *, busy_timeout_s: float = 5.0) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def open_readers(engine: Engine) -> None:
+    """Open a SQLite store's ``SQLITE_READERS`` reader connections now, its writer's already held, so that the pool
+    holds all it ever will. A server's store opens its connections on demand (each one a server process; checked
+    before use)."""
+    if engine.dialect.name != "sqlite":
+        return
+    held = [engine.connect() for _ in range(SQLITE_READERS)]
+    for conn in held:
+        conn.close()  # back to the pool, open
 
 
 POSTGRES_DRIVER = "psycopg"

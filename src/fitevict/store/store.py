@@ -4,8 +4,9 @@ Concurrency design (one writer, as datasette does):
 
 * Every write goes through one :class:`~fitevict.store.writer.Writer` thread that owns one
   connection and runs queued write functions one at a time, each in its own transaction.
-* Every read opens its own pooled connection; in WAL mode readers see the last committed data
-  and never wait for the writer.
+* Every read takes a pooled connection; in WAL mode readers see the last committed data
+  and never wait for the writer. A SQLite store opens its readers with the store (``connect.SQLITE_READERS``), so
+  its descriptors do not climb with each new peak of reads at once.
 * The public methods are synchronous and safe to call from any thread: a write blocks the caller
   until the writer has committed it (or re-raises its error). Async code uses ``store.aio``, the
   same methods as coroutines: writes await the writer's future without holding a thread, reads
@@ -37,7 +38,7 @@ from sqlalchemy.engine import Connection, Engine
 from fitevict.store.faults import READS, STORE_FAULTS, StoreFaults, reason
 from fitevict.store.connect import (POSTGRES_DRIVER, StoreError, StoreFileLost, check_same_file, corrupt,
                                     default_url, file_identity, make_engine, move_aside_corrupt,
-                                    move_aside_sidecars)
+                                    move_aside_sidecars, open_readers)
 from fitevict.store.migrations import MIGRATIONS, Migration, migrate
 from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUREMENT_SOURCES, Order, measurement_of,
                                     op_compute_put, op_put_measurement, op_record_event, op_seat_remove,
@@ -296,7 +297,13 @@ def _connect(url: str, busy_timeout_s: float, migrations: tuple[Migration, ...],
         with engine.connect().execution_options(fitevict_begin="IMMEDIATE") as conn:
             migrate(conn, migrations, where=f" at {engine.url.render_as_string(hide_password=True)}")
         identity = file_identity(url)  # a write goes to this file only (``connect.check_same_file``)
-        return engine, Writer(engine, faults=faults, guard=lambda: check_same_file(url, identity))
+        writer = Writer(engine, faults=faults, guard=lambda: check_same_file(url, identity))
+        try:
+            open_readers(engine)  # after the writer holds its connection: the pool keeps exactly the readers
+        except BaseException:
+            writer.close()
+            raise
+        return engine, writer
     except BaseException:
         engine.dispose()
         raise
