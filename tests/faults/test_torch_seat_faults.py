@@ -72,7 +72,7 @@ def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -
     try:
         with httpx.stream("POST", door.base_url + "/v1/chat/completions", timeout=60, json={
                 "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000,
-                "stream": True}) as r:
+                "ignore_eos": True, "stream": True}) as r:  # random weights may say EOS before the signal lands
             assert r.status_code == 200
             began.set()  # the seat generates its answer now (a torch seat sends it when done, or cut)
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
