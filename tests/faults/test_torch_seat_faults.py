@@ -54,7 +54,8 @@ def chat(fd: FrontDoor, model: str, **body) -> httpx.Response:
     fault="a transformers (torch) seat `SIGKILL`ed, `SIGSTOP`ped or sent `SIGTERM` by another program while it "
           "generates a streamed answer",
     client="`200`, then a last `data:` event `{\"error\": {\"type\": \"engine_error\", \"code\": \"engine_lost\", "
-           "...}}` (after `engine.stall_seconds`, 2 s in the test, for the stopped seat)",
+           "...}}` (after `engine.stall_seconds`, 2 s in the test, for the stopped seat); for `SIGTERM`, the whole "
+           "answer when it ends before the seat's teardown does (timing decides)",
     history="`load`, then a `crash` whose `cause` is `killed` (exit code -9), `frozen` (stopped by a signal (state "
             "T) for the stall period, then killed) or `told-to-stop` (its log: \"FITEVICT_SEAT_STOPPING SIGTERM "
             "received\", then its exit code 0); before, the SIGTERM's end was \"exited unexpectedly with code 0\"",
@@ -80,8 +81,12 @@ def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -
         began.set()
         hit.join()
         kill_left(pid)
-    error = json.loads(lines[-1][len("data: "):])["error"]
-    assert error["type"] == "engine_error" and error["code"] == "engine_lost", error
+    if not (sig == signal.SIGTERM and lines[-1] == "data: [DONE]"):
+        # a seat told to stop tears down while its answer goes on in another thread: the answer is cut when the
+        # seat exits, or whole when it ends first (a small model on a busy machine); timing decides, as for
+        # llama-server; either way the seat's end below is the same
+        error = json.loads(lines[-1][len("data: "):])["error"]
+        assert error["type"] == "engine_error" and error["code"] == "engine_lost", error
     poll(lambda: gone(pid), f"seat pid {pid} reaped")
     poll(lambda: ends(door, model)[-1:] == ["crash"], "the crash in history")
     assert ends(door, model) == ["load", "crash"]
