@@ -80,7 +80,16 @@ def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -
     finally:
         began.set()
         hit.join()
-        kill_left(pid)
+    try:
+        _the_fault_was_told(door, model, sig, pid, lines)
+    finally:
+        kill_left(pid)  # only a seat a failed test left running: a SIGTERMed seat ends on its own
+    assert chat(door, model, max_tokens=2).status_code == 200
+    assert torch_seat_pid(door, model) != pid and ends(door, model)[-1] == "load"
+
+
+def _the_fault_was_told(door: FrontDoor, model: str, sig: signal.Signals, pid: int, lines: list[str]) -> None:
+    """What the client saw, the seat reaped, and its crash in history with the signal's cause."""
     if not (sig == signal.SIGTERM and lines[-1] == "data: [DONE]"):
         # a seat told to stop tears down while its answer goes on in another thread: the answer is cut when the
         # seat exits, or whole when it ends first (a small model on a busy machine); timing decides, as for
@@ -94,5 +103,3 @@ def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -
     assert crash["details"]["cause"] == CAUSES[sig] and crash["details"]["pid"] == pid, crash
     if sig == signal.SIGTERM:
         assert crash["details"]["exit_code"] == 0 and "SIGTERM received" in crash["reason"], crash
-    assert chat(door, model, max_tokens=2).status_code == 200
-    assert torch_seat_pid(door, model) != pid and ends(door, model)[-1] == "load"
