@@ -18,7 +18,8 @@ from fitevict.seat.watching import CrashWatch
 from . import fakeparts
 
 
-def _watch(tmp_path: Path, code: str, *, stopping: bool = False, frozen: str | None = None, draining: bool = False):
+def _watch(tmp_path: Path, code: str, *, stopping: bool = False, frozen: str | None = None, draining: bool = False,
+           told_by: str | None = None):
     store = Store.open(f"sqlite:///{tmp_path / 'fitevict.db'}")
     order: list[str] = []
     crashed: list[str] = []
@@ -48,7 +49,7 @@ def _watch(tmp_path: Path, code: str, *, stopping: bool = False, frozen: str | N
         seat.expected_exit = stopping  # a stop asked for this exit
         watch.watch(seat)
         if frozen is not None:  # the stuck-seat watch killed it
-            seat.killed_for = frozen
+            seat.killed_for, seat.told_by = frozen, told_by
         assert seat.watcher is not None
         await seat.watcher
         await asyncio.gather(*tasks)  # the stuck-seat watch ends with the process
@@ -104,3 +105,15 @@ def test_a_frozen_seat_is_a_crash_named_so(tmp_path: Path) -> None:
     (crash,) = got.events
     assert crash.details["cause"] == "frozen" and crash.reason == "stuck: no byte for 30 s"
     assert crash.details["exit_code"] == -9 and crash.details["oom"] is None
+
+
+def test_a_frozen_seat_caught_in_its_shutdown_handler_was_told_to_stop(tmp_path: Path) -> None:
+    """The stuck-seat watch found a thread inside the seat's SIGTERM handler (llama-server's can hang before it logs
+    its shutdown): its end says it was told to stop by another program, then how it ended."""
+    seen = "its main thread was inside its own SIGTERM handler"
+    got = _watch(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", frozen="stuck: no byte for 30 s",
+                 told_by=seen)
+    (crash,) = got.events
+    assert crash.details["cause"] == "told-to-stop" and crash.details["exit_code"] == -9
+    assert crash.reason == f"llama-server was told to stop by another program, not by fitevict ({seen}), then: " \
+                           "stuck: no byte for 30 s"

@@ -170,7 +170,9 @@ class LlamaServerEngine(EngineBase):
     @classmethod
     def shutting_down(cls, log_text: str) -> str | None:
         """The last line in which llama-server said it was shutting down: its signal handler (SIGTERM or SIGINT)
-        ends its task loop and it logs "cleaning up before exit..."; with a stream in flight it may then hang."""
+        ends its task loop and it logs "cleaning up before exit..."; with a stream in flight it may then hang. Its
+        handler may also hang before it logs a word (it takes the task queue's lock, which the thread it interrupted
+        may hold): the stuck-seat watch then finds it inside that handler (``seat.frozen``)."""
         said = [line.strip() for line in log_text.splitlines() if SHUTDOWN_MARK in line]
         return said[-1] if said else None
 

@@ -223,6 +223,24 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+def signal_mask(pid: int, key: str, tid: str | None = None) -> int | None:
+    """One signal mask of ``pid`` (of its thread ``tid`` when given) as ``/proc/PID/status`` shows it: ``SigCgt``
+    (caught: a handler installed), ``SigBlk`` (blocked now), ``SigPnd`` (pending); signal N is bit N-1. None when
+    it is gone or the line cannot be read."""
+    try:
+        status = proc_text(pid, f"task/{tid}/status" if tid is not None else "status")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name == key:
+            try:
+                return int(value.strip(), 16)
+            except ValueError:
+                return None
+    return None
+
+
 def cpu_ticks(pid: int) -> int | None:
     """The CPU time ``pid`` has used so far (user + system, clock ticks), None when it is gone."""
     try:

@@ -36,26 +36,29 @@ def timings(seat: SeatState) -> dict:
 async def died(seat: SeatState, code: int | None, engine: Engine) -> tuple[str, dict[str, Any]]:
     """How ``seat``'s process ended on its own (``code``: its exit code), in words and as an event's details: killed
     by fitevict's stuck-seat watch (``seat.killed_for``), or its exit code read as a cause (the kernel asked whether a
-    SIGKILL was its OOM killer's), after the engine said it was shutting down (``told_to_stop``: a SIGTERM or SIGINT
-    that was not fitevict's), with a model file changed under it and its log's tail."""
+    SIGKILL was its OOM killer's), after the engine said it was shutting down or was caught in its handler for a
+    SIGTERM or SIGINT that was not fitevict's (``told_to_stop``), with a model file changed under it and its log's
+    tail."""
     frozen = seat.killed_for
     oom = await asyncio.to_thread(oom_evidence, seat.pid, seat.kernel_seen) if code == -9 and not frozen else None
     changed = file_changed(seat)  # a seat whose mapped file was cut short dies of SIGBUS: say so
     tail = log_tail(seat.log_path, 40)  # the engine's last words (its shutdown line, with what it printed after)
-    told = told_to_stop(seat.engine, engine.shutting_down(tail))
+    line = engine.shutting_down(tail)
+    told = told_to_stop(seat.engine, f"its log: {line!r}" if line is not None else seat.told_by)
     words = (told or "") + (frozen or exit_words(seat.engine, code, oom)) + (f"; {changed}" if changed else "")
     cause = "told-to-stop" if told else "frozen" if frozen else exit_cause(code, oom)
     return words, {"exit_code": code, "cause": cause, "oom": oom, "file_changed": changed,
                    "log_tail": "\n".join(tail.splitlines()[-10:])}
 
 
-def told_to_stop(engine: str, line: str | None) -> str | None:
-    """The first words of an end that began with the engine shutting down on its own (``line``: its log's), or
-    None. fitevict's own stops never reach here: another program sent it a SIGTERM or SIGINT (or asked a torch
-    seat's /unload)."""
-    if line is None:
+def told_to_stop(engine: str, evidence: str | None) -> str | None:
+    """The first words of an end that began with the engine shutting down on its own, or None. ``evidence``: its
+    log's line saying so, or what the stuck-seat watch saw (a thread inside its SIGTERM or SIGINT handler).
+    fitevict's own stops never reach here: another program sent it a SIGTERM or SIGINT (or asked a torch seat's
+    /unload)."""
+    if evidence is None:
         return None
-    return f"{engine} was told to stop by another program, not by fitevict (its log: {line!r}), then: "
+    return f"{engine} was told to stop by another program, not by fitevict ({evidence}), then: "
 
 
 def engine_failure(engine: Engine, log_path: Path) -> str | None:

@@ -14,6 +14,14 @@ told by the relay):
   the disk (no thread in state ``R`` or ``D`` at any look: a starved or paging engine is slow, not stuck); and its
   CPU time did not move by one clock tick. An engine that spins while deadlocked uses CPU time and is not caught.
 
+A stuck seat may be one told to stop by another program whose signal handler never returned: llama-server's
+SIGTERM/SIGINT handler takes its task queue's lock, which the thread it interrupted may hold, and then waits for it
+for ever, before it logs a word. The kernel blocks a signal on the thread that runs its handler for as long as the
+handler runs, so the watch keeps, for each thread, which of SIGTERM and SIGINT it has been seen not blocking while a
+request was in flight; a thread that blocks one of them now, in a process that catches it, is inside that handler,
+and the seat's end says it was told to stop (a thread that blocks them for good, as a program that waits for
+signals on one thread does, is never taken for one).
+
 The same look keeps what the kernel says of the process (its start and memory cgroup: ``host.oomkill``), so that a
 SIGKILL can later be told to be the OOM killer's. There is no event for a state change, so /proc is read a few
 times per stall period.
@@ -30,12 +38,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fitevict.host import oomkill
-from fitevict.host.procmem import cpu_ticks, proc_tasks, proc_text, process_state
+from fitevict.host.procmem import cpu_ticks, proc_tasks, proc_text, process_state, signal_mask
 from fitevict.seat.running import SeatState
 
 log = logging.getLogger("fitevict.seat")
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")  # cgroup v1's freezer hierarchy
 BUSY_STATES = frozenset("RD")  # a thread running (or runnable) or waiting on I/O: the engine is not stuck
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # another program's "stop": a handler that may never return
+_SHUTDOWN_BITS = sum(1 << (s - 1) for s in SHUTDOWN_SIGNALS)
 
 
 def frozen_by_cgroup(pid: int) -> Path | None:
@@ -85,17 +95,51 @@ def progress(pid: int) -> tuple[int, bool] | None:
     return ticks, busy
 
 
+class ShutdownWatch:
+    """Which of a process's threads have been seen not blocking SIGTERM or SIGINT (see the module's doc)."""
+
+    def __init__(self) -> None:
+        self.opened: dict[str, int] = {}  # thread id -> the shutdown signals' bits it was seen not blocking
+
+    def look(self, pid: int) -> None:
+        try:
+            tasks = proc_tasks(pid)
+        except OSError:
+            return
+        opened = {}
+        for tid in tasks:  # threads that ended are forgotten
+            blocked = signal_mask(pid, "SigBlk", tid)
+            opened[tid] = self.opened.get(tid, 0) | (~blocked & _SHUTDOWN_BITS if blocked is not None else 0)
+        self.opened = opened
+
+    def in_handler(self, pid: int) -> str | None:
+        """Words for a thread of ``pid`` inside its own SIGTERM or SIGINT handler now, or None."""
+        caught = signal_mask(pid, "SigCgt")
+        for tid, opened in self.opened.items():
+            blocked = signal_mask(pid, "SigBlk", tid)
+            if caught is None or blocked is None or not (hit := opened & blocked & caught):
+                continue
+            name = signal.Signals(hit.bit_length()).name
+            which = "its main thread" if tid == str(pid) else f"its thread {tid}"
+            return (f"{which} was inside its own {name} handler ({name} blocked there now, as the kernel blocks a "
+                    "signal while its handler runs; open at the watch's earlier looks)")
+        return None
+
+
 class StuckWatch:
     """Since when a seat has made no progress while a request waits on it (see the module's doc)."""
 
     def __init__(self) -> None:
         self.since: float | None = None
         self.ticks: int | None = None
+        self.shutdown = ShutdownWatch()
 
     def look(self, seat: SeatState, now: float, silent_for: Callable[[int], float | None]) -> float:
         """Seconds the seat has been stuck, as of this look (0 when it is not)."""
         waited = silent_for(seat.port) if seat.seat.in_flight else None
         seen = progress(seat.pid) if seat.pid is not None and waited is not None else None  # idle: nothing read
+        if seen is not None and self.since is None:
+            self.shutdown.look(seat.pid)  # type: ignore[arg-type]
         if seen is None or seen[1] or seen[0] != self.ticks or waited is None:
             self.since, self.ticks = None, (seen[0] if seen is not None else None)
             return 0.0
@@ -114,6 +158,7 @@ async def watch_frozen(seat: SeatState, stall_seconds: float, frozen: Callable[[
     assert seat.pid is not None
     since: float | None = None
     stuck = StuckWatch()
+    stuck.shutdown.look(seat.pid)  # which threads are open to a SIGTERM while it serves
     while (state := process_state(seat.pid)) not in (None, "Z", "X") and not seat.expected_exit:
         now = clock()
         seat.kernel_seen = oomkill.follow(seat.pid, seat.kernel_seen)
@@ -127,6 +172,7 @@ async def watch_frozen(seat: SeatState, stall_seconds: float, frozen: Callable[[
             why = (f"made no progress for {quiet:.1f} s while a request waited on it (state {state}: no CPU time "
                    "used, no thread running or on I/O, no byte sent)")
         if why is not None:
+            seat.told_by = stuck.shutdown.in_handler(seat.pid)
             frozen(seat, f"{seat.engine} pid {seat.pid} {why} (engine.stall_seconds={stall_seconds:g}): killed; the "
                          "next request loads it again")
             try:

@@ -68,6 +68,7 @@ class SeatState:
     predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
     killed_for: str | None = None  # why the stuck-seat watch killed it (seat.frozen.watch_frozen)
+    told_by: str | None = None  # what that watch saw of a SIGTERM or SIGINT whose handler never returned
     watcher: asyncio.Task | None = None
     timings: EngineTimings = field(default_factory=EngineTimings)  # the engine's own, summed over its answers
     # set when a request it served ended: a new seat is read after its first answer, not while the engine works on it
