@@ -102,7 +102,8 @@ def test_hf_and_gguf_seats_swap_each_other_under_one_budget(tmp_path: Path, mixe
         _recorded(door, "evict", "med")
         evicts = _history(door, event="evict")
         leaks = _history(door, event="leak")
-    assert [(e["model"], e["engine"]) for e in evicts[-2:]] == [(HF, "transformers"), ("med", "llama-server")]
+        told = [(e["event"], e["model"], e["reason"]) for e in _history(door)]  # what happened, should it fail
+    assert [(e["model"], e["engine"]) for e in evicts[-2:]] == [(HF, "transformers"), ("med", "llama-server")], told
     assert "evicted for med" in evicts[-2]["reason"] and f"evicted for {HF}" in evicts[-1]["reason"]
     assert all(e["freed_gb"] is not None and e["freed_gb"] > 0 for e in evicts[-2:])
     assert leaks == []  # clean teardowns: nothing named ...

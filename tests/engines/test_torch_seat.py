@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ pytest.importorskip("torch", reason="the torch extra is not installed (pip insta
 from fitevict.engines.process import free_port, stop_group  # noqa: E402
 from fitevict.engines.torch_engine import TransformersEngine  # noqa: E402
 from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS  # noqa: E402
-from fitevict.engines.torch_seat.model import HUNG_UP  # noqa: E402
+from fitevict.engines.torch_seat import STOPPED_LINE  # noqa: E402
 from fitevict.guard import check_walk
 from fitevict.pricing.hf_price import HfLoadConfig, price_hf
 from fitevict.pricing.safetensors import load_hf_structure
@@ -233,9 +234,35 @@ def test_a_client_that_hangs_up_stops_its_generation(hf_zoo: dict, tmp_path: Pat
         r2 = httpx.post(f"{seat.base}/v1/completions", json={"model": z.name, "prompt": "hi", "max_tokens": 2},
                         timeout=120)
         assert r2.status_code == 200, r2.text
-        stopped = [line for line in seat.log_text().splitlines() if line.startswith(HUNG_UP)]
+        stopped = [line for line in seat.log_text().splitlines() if line.startswith(STOPPED_LINE)]
         assert len(stopped) == 1, seat.log_text()[-2000:]
         assert int(stopped[0].split(" after ")[1].split()[0]) < n
+
+
+@pytest.mark.e2e
+def test_a_seat_told_to_stop_mid_answer_cuts_it_then_tears_down_clean(hf_zoo: dict, tmp_path: Path) -> None:
+    """SIGTERM while it streams: the answer ends at its next token without its last chunk (its reader sees it
+    broken off, never whole), and only then is the model let go, so the leak breaker finds no tensor alive (the
+    answer's thread held the model while the teardown ran, and its tensors were named as leaks)."""
+    z = hf_zoo["hf-qwen2-swa"]
+    n = 100_000
+    with running_seat(z.path, HfLoadConfig(n_ctx=n + 64), tmp_path / "seat.log") as seat:
+        body = {"model": z.name, "prompt": "go", "max_tokens": n, "ignore_eos": True, "stream": True}
+        lines: list[str] = []
+        with pytest.raises(httpx.RemoteProtocolError):  # the chunked answer ends without its last chunk
+            with httpx.stream("POST", f"{seat.base}/v1/completions", json=body, timeout=60) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    lines.append(line)
+                    if len(lines) == 1:
+                        seat.proc.send_signal(signal.SIGTERM)  # the first text is in: stop the seat
+        assert lines and "data: [DONE]" not in lines
+        assert seat.proc.wait(timeout=60) == 0
+    log = seat.log_text()
+    stopped = [line for line in log.splitlines() if line.startswith(STOPPED_LINE)]
+    assert len(stopped) == 1 and "the seat is stopping after" in stopped[0], log[-2000:]
+    report = TransformersEngine.teardown(log)
+    assert report is not None and report["leaks"] == [] and report["in_flight"].startswith("an answer was cut"), report
 
 
 @pytest.mark.e2e

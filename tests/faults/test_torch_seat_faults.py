@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from fitevict.engines.torch_seat import STARTED_LINE
 from _frontdoor import FrontDoor, front_door, history, poll
 from test_seat_faults import STALL_S, ends, gone, kill_left
 
@@ -54,8 +55,9 @@ def chat(fd: FrontDoor, model: str, **body) -> httpx.Response:
     fault="a transformers (torch) seat `SIGKILL`ed, `SIGSTOP`ped or sent `SIGTERM` by another program while it "
           "generates a streamed answer",
     client="`200`, then a last `data:` event `{\"error\": {\"type\": \"engine_error\", \"code\": \"engine_lost\", "
-           "...}}` (after `engine.stall_seconds`, 2 s in the test, for the stopped seat); for `SIGTERM`, the whole "
-           "answer when it ends before the seat's teardown does (timing decides)",
+           "...}}` (after `engine.stall_seconds`, 2 s in the test, for the stopped seat; at the next token for "
+           "`SIGTERM`: the seat cuts its answer before its teardown, which before raced the answer and named the "
+           "tensors the answer still used as leaks)",
     history="`load`, then a `crash` whose `cause` is `killed` (exit code -9), `frozen` (stopped by a signal (state "
             "T) for the stall period, then killed) or `told-to-stop` (its log: \"FITEVICT_SEAT_STOPPING SIGTERM "
             "received\", then its exit code 0); before, the SIGTERM's end was \"exited unexpectedly with code 0\"",
@@ -66,19 +68,25 @@ def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -
     model = sig.name.lower()
     assert chat(door, model, max_tokens=2).status_code == 200
     pid = torch_seat_pid(door, model)
-    began = threading.Event()
-    hit = threading.Thread(target=lambda: began.wait(60) and os.kill(pid, sig))
-    hit.start()
+    log = Path(os.readlink(f"/proc/{pid}/fd/2"))  # the seat's log
+    done = threading.Event()
+
+    def hit_once_begun() -> None:  # the seat's log says the answer began (the first request's came before)
+        poll(lambda: done.is_set() or log.read_text(errors="replace").count(STARTED_LINE) == 2, "the answer begun")
+        if not done.is_set():
+            os.kill(pid, sig)
+
+    hit = threading.Thread(target=hit_once_begun)  # not on the client's 200: its head may come with the first text,
+    hit.start()  # and the streamer sends whole words, so the first text may come only at the end
     lines = []
     try:
         with httpx.stream("POST", door.base_url + "/v1/chat/completions", timeout=60, json={
                 "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000,
                 "ignore_eos": True, "stream": True}) as r:  # random weights may say EOS before the signal lands
             assert r.status_code == 200
-            began.set()  # the seat generates its answer now (a torch seat sends it when done, or cut)
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     finally:
-        began.set()
+        done.set()
         hit.join()
     try:
         _the_fault_was_told(door, model, sig, pid, lines)
@@ -90,12 +98,9 @@ def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -
 
 def _the_fault_was_told(door: FrontDoor, model: str, sig: signal.Signals, pid: int, lines: list[str]) -> None:
     """What the client saw, the seat reaped, and its crash in history with the signal's cause."""
-    if not (sig == signal.SIGTERM and lines[-1] == "data: [DONE]"):
-        # a seat told to stop tears down while its answer goes on in another thread: the answer is cut when the
-        # seat exits, or whole when it ends first (a small model on a busy machine); timing decides, as for
-        # llama-server; either way the seat's end below is the same
-        error = json.loads(lines[-1][len("data: "):])["error"]
-        assert error["type"] == "engine_error" and error["code"] == "engine_lost", error
+    # a seat told to stop cuts its answer at the next token before its teardown: never a whole answer
+    error = json.loads(lines[-1][len("data: "):])["error"]
+    assert error["type"] == "engine_error" and error["code"] == "engine_lost", error
     poll(lambda: gone(pid), f"seat pid {pid} reaped")
     poll(lambda: ends(door, model)[-1:] == ["crash"], "the crash in history")
     assert ends(door, model) == ["load", "crash"]

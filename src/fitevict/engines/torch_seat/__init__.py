@@ -20,6 +20,8 @@ FOOTPRINT_LINE = "FITEVICT_SEAT_FOOTPRINT "  # the seat logs its /footprint JSON
 FAILED_LINE = "FITEVICT_SEAT_FAILED "  # a failed load's reason, as JSON, after this prefix
 TEARDOWN_LINE = "FITEVICT_SEAT_TEARDOWN "  # the leak breaker's report, as JSON, after this prefix
 STOPPING_LINE = "FITEVICT_SEAT_STOPPING "  # why the seat began its teardown: "SIGTERM received", "/unload asked"
+STARTED_LINE = "generation started: "  # a generation begins (the runner's lock held): its prompt's tokens
+STOPPED_LINE = "generation stopped: "  # a generation ended early: why, after how many tokens
 EXIT_NO_WEIGHTS = 3
 
 

@@ -12,12 +12,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fitevict.engines.torch_seat.adapters import HEADER as ADAPTER_HEADER
 from fitevict.engines.torch_seat.adapters import Activation
-from fitevict.engines.torch_seat.model import Timings
+from fitevict.engines.torch_seat.model import Cut, Timings
 from fitevict.engines.torch_seat.seat import HfSeat
 
 
@@ -100,8 +99,8 @@ class Handler(BaseHTTPRequestHandler):
                   "/v1/embeddings": self._embeddings}
         if self.path not in routes:
             self._send(*_error(404, f"no route POST {self.path}", "not_found"))
-        elif s.state != "ready":
-            self._send(*_error(503, f"the seat is {s.state}", "unavailable"))
+        elif s.state != "ready" or s.stopping.is_set():
+            self._send(*_error(503, f"the seat is {'stopping' if s.state == 'ready' else s.state}", "unavailable"))
         elif s.runner is None:
             self._send(*_error(400, f"{s.path} is a {s.footprint.get('kind')} seat; it serves no text routes"))
         else:
@@ -127,20 +126,31 @@ class Handler(BaseHTTPRequestHandler):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
-        gone = partial(peer_closed, self.connection)
         if body.get("stream"):
-            pieces = runner.stream(prompt, body, special=special, gone=gone)
+            pieces = runner.stream(prompt, body, special=special, gone=self._gone)
             try:
                 act = next(pieces)  # the adapter is active (or the request is refused) before anything is sent
                 self._stream(pieces, rid, created, chat, act)  # type: ignore[arg-type]
+            except Cut:
+                pass  # the stream ends without its last chunk: its reader sees it broken off, never whole
             finally:
                 pieces.close()  # a write that failed (the client hung up) stops the generation now
             return
-        text, t, finish, act = runner.generate(prompt, body, special=special, gone=gone)
+        try:
+            text, t, finish, act = runner.generate(prompt, body, special=special, gone=self._gone)
+        except Cut as e:
+            self._send(*_error(503, f"the answer was cut: {e}", "unavailable"))
+            return
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                   if chat else {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
         self._send(200, {"id": rid, "object": obj, "created": created, "model": self.model_name,
                          "choices": [choice], "usage": _usage(t), "timings": t.to_json()}, act)
+
+    def _gone(self) -> str | None:
+        """Why the answer in progress should end now (checked between two tokens), or None."""
+        if self.seat.stopping.is_set():
+            return "the seat is stopping"
+        return "the client hung up" if peer_closed(self.connection) else None
 
     def _stream(self, pieces, rid: str, created: int, chat: bool,  # type: ignore[no-untyped-def]
                 act: Activation | None) -> None:

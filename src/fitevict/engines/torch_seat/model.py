@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from fitevict.engines.torch_seat import STARTED_LINE, STOPPED_LINE
 from fitevict.engines.torch_seat.adapters import Activation, Switch, choice
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.hf_price import HfLoadConfig, place_groups, plan_weights
@@ -177,26 +178,38 @@ def _gen_kwargs(body: dict) -> dict:
     return kw
 
 
-HUNG_UP = "generation stopped: the client hung up"
+class Cut(Exception):
+    """A generation stopped between two tokens (its client hung up, or the seat began to stop): its answer is
+    incomplete, and is never sent as a whole one."""
 
 
-def _stop_on(gone: Callable[[], bool] | None, stop: threading.Event) -> list:
-    """transformers stopping criteria that end a generation between two tokens once ``stop`` is set or the
-    client is ``gone`` (its connection closed): a hung-up request stops using the seat, as llama-server's does."""
+def _stop_on(gone: Callable[[], str | None] | None, stop: threading.Event, why: list[str]) -> list:
+    """transformers stopping criteria that end a generation between two tokens once ``stop`` is set or ``gone``
+    says why it should end (its client closed its connection, the seat is stopping): a hung-up request stops using
+    the seat, as llama-server's does; ``why`` gets the words."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    class _HungUp(StoppingCriteria):
+    class _Gone(StoppingCriteria):
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
-            if not stop.is_set() and gone is not None and gone():
+            if not stop.is_set() and gone is not None and (reason := gone()):
+                why.append(reason)
                 stop.set()
             return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
 
-    return StoppingCriteriaList([_HungUp()])
+    return StoppingCriteriaList([_Gone()])
 
 
-def _say_stopped(stop: threading.Event, n_new: int) -> None:
-    if stop.is_set():
-        print(f"{HUNG_UP} after {n_new} token(s)", file=sys.stderr, flush=True)
+def _started(n_prompt: int) -> None:
+    print(f"{STARTED_LINE}{n_prompt} prompt token(s)", file=sys.stderr, flush=True)
+
+
+def _stopped(stop: threading.Event, why: list[str], n_new: int) -> str | None:
+    """The words for a generation that ``stop`` ended early (said in the seat's log), or None."""
+    if not stop.is_set():
+        return None
+    words = f"{why[0] if why else 'stopped'} after {n_new} token(s)"
+    print(STOPPED_LINE + words, file=sys.stderr, flush=True)
+    return words
 
 
 class Runner:
@@ -225,34 +238,37 @@ class Runner:
         dev = first_device(self.model)
         return {k: v.to(dev) for k, v in enc.items()}
 
-    def generate(self, text: str, body: dict, *, special: bool, gone: Callable[[], bool] | None = None
+    def generate(self, text: str, body: dict, *, special: bool, gone: Callable[[], str | None] | None = None
                  ) -> tuple[str, Timings, str, Activation | None]:
-        """(text, timings, finish_reason, the adapter's activation) for one prompt; ``gone``: whether the client
-        hung up (checked between tokens: the generation then stops)."""
+        """(text, timings, finish_reason, the adapter's activation) for one prompt; ``gone``: why it should end
+        now, or None (checked between tokens: the generation then stops and ``Cut`` is raised)."""
         enc = self._encode(text, special)
         n_prompt = int(enc["input_ids"].shape[1])
         kw = _gen_kwargs(body)
-        stop = threading.Event()
+        stop, why = threading.Event(), []
         with self.lock, self._adapter(body) as act, torch.inference_mode():
             if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
             timed = _Timed(None)
+            _started(n_prompt)
             t0 = time.monotonic()
             out = self.model.generate(**enc, **kw, streamer=timed, pad_token_id=self.tok.pad_token_id,  # type: ignore
-                                      stopping_criteria=_stop_on(gone, stop))
+                                      stopping_criteria=_stop_on(gone, stop, why))
             t1 = time.monotonic()
-            _say_stopped(stop, timed.n_new)
+            if cut := _stopped(stop, why, timed.n_new):
+                raise Cut(cut)
         new = out[0, n_prompt:]
         first = timed.t_first or t1
         finish = "length" if len(new) >= kw["max_new_tokens"] else "stop"
         return (self.tok.decode(new, skip_special_tokens=True),  # type: ignore[attr-defined]
                 Timings(n_prompt, (first - t0) * 1000, len(new), (t1 - first) * 1000), finish, act)
 
-    def stream(self, text: str, body: dict, *, special: bool, gone: Callable[[], bool] | None = None
+    def stream(self, text: str, body: dict, *, special: bool, gone: Callable[[], str | None] | None = None
                ) -> Iterator[Activation | None | str | Timings]:
         """The adapter's activation first (None on a seat without adapters), once the lock is held and the
         adapter is active; then text pieces as they are generated; then the Timings. Closing the iterator early
-        (the client hung up: writing to it failed) or ``gone`` stops the generation before the lock is let go."""
+        (the client hung up: writing to it failed) or ``gone`` stops the generation before the lock is let go; after
+        a stop by ``gone``, ``Cut`` is raised instead of the Timings."""
         from transformers import TextIteratorStreamer
 
         enc = self._encode(text, special)
@@ -261,13 +277,13 @@ class Runner:
         streamer = TextIteratorStreamer(self.tok, skip_prompt=True, skip_special_tokens=True)  # type: ignore
         timed = _Timed(streamer)
         errors: list[BaseException] = []
-        stop = threading.Event()
+        stop, why = threading.Event(), []
 
         def run() -> None:
             try:
                 with torch.inference_mode():
                     self.model.generate(**enc, **kw, streamer=timed, pad_token_id=self.tok.pad_token_id,  # type: ignore
-                                        stopping_criteria=_stop_on(gone, stop))
+                                        stopping_criteria=_stop_on(gone, stop, why))
             except BaseException as e:  # noqa: BLE001 - handed to the reader below, which raises it
                 errors.append(e)
                 streamer.end()
@@ -276,6 +292,7 @@ class Runner:
             yield act
             if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
+            _started(n_prompt)
             t0 = time.monotonic()
             th = threading.Thread(target=run, name="generate", daemon=True)
             th.start()
@@ -286,13 +303,16 @@ class Runner:
                         yield piece
                 read_all = True
             finally:  # also when the reader stops early: the generation ends before the next request may start
-                if not read_all:
+                if not read_all and not stop.is_set():
+                    why.append("the client hung up (its answer could not be written)")
                     stop.set()
                 th.join()
-                _say_stopped(stop, timed.n_new)
+                cut = _stopped(stop, why, timed.n_new)
             t1 = time.monotonic()
         if errors:
             raise errors[0]
+        if cut:
+            raise Cut(cut)
         first = timed.t_first or t1
         yield Timings(n_prompt, (first - t0) * 1000, timed.n_new, (t1 - first) * 1000)
 

@@ -25,6 +25,8 @@ from fitevict.engines.torch_seat.walk import Walk, live_referents, walk
 from fitevict.host.procmem import ProcessMemory, read_process
 from fitevict.pricing.hf_price import HfLoadConfig
 
+# how long a teardown waits for an answer in progress to end at its next token (it is cut: http.Handler._gone)
+DRAIN_SECONDS = 10.0
 # committed memory above the pre-load baseline after teardown that counts as allocator retention; below it is the
 # runtime state a first request creates (thread pools, generation caches), not the model
 LEAK_FLOOR_BYTES = 8 << 20
@@ -80,6 +82,7 @@ class HfSeat:
     _baseline: ProcessMemory | None = None
     _kept: list = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)  # set once its teardown begins
 
     def load(self) -> None:
         """Load and walk; a walk that finds no weights from the files is a failed load (state 'failed', reason)."""
@@ -135,6 +138,7 @@ class HfSeat:
                 return self.footprint.get("teardown", {})
             if self.state != "ready":
                 return {"verdict": "not-loaded", "state": self.state, "reason": self.reason}
+            drain = self._drain()
             before = _mem()
             refs = self._walk.refs if self._walk else []
             t0 = time.monotonic()
@@ -158,7 +162,7 @@ class HfSeat:
                 "committed_after_trim": after.committed_bytes,
                 "returned_bytes": _minus(before.committed_bytes, after.committed_bytes),  # None: not measured
                 "held_above_baseline_bytes": held, "malloc_trim": trimmed,
-                "seconds": round(time.monotonic() - t0, 4),
+                "seconds": round(time.monotonic() - t0, 4), "in_flight": drain,
                 "verdict": ("leak" if leaks else "allocator-retention" if held is not None and held > LEAK_FLOOR_BYTES
                             else "clean"),
                 "source": "measured",
@@ -166,6 +170,22 @@ class HfSeat:
             self.footprint["teardown"] = report
             self.state = "unloaded"
             return report
+
+
+    def _drain(self) -> str:
+        """Before the teardown: the answer in progress, if any, ends at its next token (cut: never sent as whole)
+        and lets the model go, so that the leak breaker never counts the tensors it still uses. Says how it went;
+        the runner's lock stays held, so no answer starts on a seat going away."""
+        self.stopping.set()
+        runner, t0 = self.runner, time.monotonic()
+        if runner is None:
+            return "none"
+        if runner.lock.acquire(blocking=False):
+            return "none"
+        if runner.lock.acquire(timeout=DRAIN_SECONDS):
+            return f"an answer was cut; it ended {time.monotonic() - t0:.2f} s after the teardown began"
+        return (f"an answer was still running {DRAIN_SECONDS:g} s after the teardown began (no token in that time): "
+                "the tensors it holds are named as leaks below")
 
 
 def _minus(a: int | None, b: int | None) -> int | None:
