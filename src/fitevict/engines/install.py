@@ -31,7 +31,8 @@ ENGINE = "llama.cpp"
 SDIST_PACKAGE = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e570"
-BINARIES: tuple[str, ...] = ("llama-server", "llama-fit-params", "llama-quantize")
+# ggml-rpc-server serves this machine's CPU as a remote device to another machine's llama-server (``--rpc``).
+BINARIES: tuple[str, ...] = ("llama-server", "llama-fit-params", "llama-quantize", "ggml-rpc-server")
 CMAKE_FLAGS: tuple[str, ...] = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_CURL=OFF",
@@ -40,6 +41,7 @@ CMAKE_FLAGS: tuple[str, ...] = (
     "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_TOOLS=ON",
+    "-DGGML_RPC=ON",  # every build can use rpc-server devices (--rpc HOST:PORT) and serve one
 )
 STAMP = "INSTALLED.json"
 ENV_VAR = "FITEVICT_LLAMA_SERVER"
@@ -119,6 +121,8 @@ def read_stamp(base: Path | None = None, variant: str = "cpu") -> dict | None:
         return None  # a native build for another CPU (or one that did not record its CPU): built again here
     if not all(_is_executable(bin_dir / b) for b in BINARIES):
         return None
+    if not set(CMAKE_FLAGS) <= set(stamp.get("cmake_flags", ())):
+        return None  # built with other flags (an older build without RPC, say): built again
     return stamp
 
 
