@@ -73,9 +73,13 @@ def load_args(model: str | Path, cfg: LoadConfig, extra_args: Sequence[str] = ()
         if cfg.kv_unified is not None:
             a += ["-kvu"] if cfg.kv_unified else ["-no-kvu"]
     a += value_args(cfg)  # -ctk -ctv -fa -b -ub, from the one flag table
+    if cfg.rpc:  # before -dev: the engine registers RPC devices as it reads --rpc, and -dev names them
+        a += ["--rpc", ",".join(cfg.rpc)]
     a += ["-dev", ",".join(cfg.devices) if cfg.devices else "none"]
     if cfg.devices:
         a += ["-ngl", str(cfg.n_gpu_layers)]
+        if not cfg.kv_offload:
+            a.append("-nkvo")
     if cfg.n_cpu_moe:
         a += ["--n-cpu-moe", str(cfg.n_cpu_moe)]
     a += override_args(cfg)

@@ -41,11 +41,16 @@ class LoadConfig:
     # () = no -ts (one device; or priced as an even split when the free memory is unknown)
     tensor_split: tuple[float, ...] = ()
     repack: bool = True  # False = -nr (--no-repack): no extra CPU buffer types (AMX, CPU_REPACK, ...)
+    # --rpc HOST:PORT,...: rpc-server endpoints, in order; the engine names their devices RPC0, RPC1, ... (each
+    # server's devices in turn), which ``devices`` may then name
+    rpc: tuple[str, ...] = ()
+    kv_offload: bool = True  # False = -nkvo (--no-kv-offload): the KV cache stays in host memory
 
     def without_placement(self) -> "LoadConfig":
         """This configuration on the CPU alone: the key under which a dry run's context caches serve every
         placement (they size per layer; only the devices differ). Compute buffers do differ per placement."""
-        return replace(self, devices=(), n_gpu_layers=0, n_cpu_moe=0, tensor_overrides=(), tensor_split=())
+        return replace(self, devices=(), n_gpu_layers=0, n_cpu_moe=0, tensor_overrides=(), tensor_split=(), rpc=(),
+                       kv_offload=True)
 
     def with_(self, **changes: object) -> "LoadConfig":
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -61,8 +66,13 @@ class LoadConfig:
             d["tensor_split"] = list(self.tensor_split)
         else:
             del d["tensor_split"]  # absent when unset, so signatures of earlier configurations stay the same
-        if self.repack:
-            del d["repack"]
+        for key in ("repack", "kv_offload"):  # absent at their defaults: earlier signatures stay the same
+            if d[key]:
+                del d[key]
+        if self.rpc:
+            d["rpc"] = list(self.rpc)
+        else:
+            del d["rpc"]
         return d
 
     @staticmethod
@@ -76,4 +86,6 @@ class LoadConfig:
             d["tensor_overrides"] = tuple((str(p), str(b)) for p, b in d["tensor_overrides"])
         if "loras" in d:
             d["loras"] = tuple(str(p) for p in d["loras"])
+        if "rpc" in d:
+            d["rpc"] = tuple(str(e) for e in d["rpc"])
         return LoadConfig(**d)
