@@ -259,11 +259,13 @@ def _smaps(pid: int) -> dict[str, int] | None:
 def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *,
                      port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False,
                      extra_args: tuple[str, ...] = (), exact: bool = False,
-                     mmproj: str | Path | None = None, warmup: bool = False) -> CapturedLoad:
+                     mmproj: str | Path | None = None, warmup: bool = False,
+                     on_ready: Callable[[int], None] | None = None) -> CapturedLoad:
     """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
     listens, with ``wait_listening``), sample smaps_rollup, then stop the process group. ``exact``: preload the
     allocator trace (engines/buftrace), so ``pricing.buftrace.parse_exact_log`` reads every buffer to the byte; a
-    trace that cannot be built fails the capture with the reason."""
+    trace that cannot be built fails the capture with the reason. ``on_ready(pid)`` reads the loaded process
+    (a device's own reading, say) before it is stopped."""
     binary = Path(binary_dir) / SERVER
     argv = [str(binary), *server_args(model_path, cfg, extra_args, mmproj), "-lv", "4", "--host", "127.0.0.1",
             "--port", str(port or free_port()), *([] if warmup else ["--no-warmup"]), "-t", "1"]
@@ -279,6 +281,8 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
 
     def sample(pid: int) -> None:
         seen["after"] = _smaps(pid)
+        if on_ready is not None:
+            on_ready(pid)
 
     env = None
     if exact:
