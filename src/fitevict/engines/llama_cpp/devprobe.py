@@ -6,7 +6,7 @@ alignment and padding, its host buffer type, and which weights it cannot run (``
 once its weights are allocated. From the traced buffers:
 
 - the device's buffer type name (``Vulkan0``; ``RPC0[HOST:PORT]``) and its alignment: the smallest power of two
-  that pads the offloaded F32 tensors (n_embd 513 and 514: row sizes that tell 4 from 8, 16, 32, ...) to the
+  that pads the offloaded F32 tensors (n_embd 513 and 516: row sizes that tell 4 from 8, 16, 32, ...) to the
   traced size;
 - its host buffer type (``Vulkan_Host``; none where the host weights land in plain ``CPU``), that buffer's
   alignment and the bytes each allocation adds: the two models' host buffers solve for both;
@@ -132,7 +132,7 @@ def probe_backend(binary: Path, device: str, rpc: Sequence[str] = (), *, store: 
     dev_name = device
     try:
         with tempfile.TemporaryDirectory(prefix="fitevict-devprobe-") as tmp:
-            for k in (513, 514):
+            for k in (513, 516):
                 path = Path(tmp) / f"f32-{k}.gguf"
                 write_model(Case(QT.F32, k, 512), path)
                 s = load_structure(path)
@@ -143,7 +143,7 @@ def probe_backend(binary: Path, device: str, rpc: Sequence[str] = (), *, store: 
                     return Unavailable(f"{device} took no weight of the probe model (buffers: {bufs})")
                 dev_name = dev[0][0]
                 on_dev = [t.nbytes for t in s.tensors if t.name not in ("token_embd.weight", "output_norm.weight")]
-                dev_sizes.append((sum(b for _, b in dev), on_dev))
+                dev_sizes.append((dev[0][1], on_dev))  # the weights' buffer: the device's first allocation
                 named = [(n, b) for n, b in host if n != "CPU"]
                 if named:  # the device's host buffer type holds token_embd and output_norm
                     host_name = named[0][0]
@@ -158,7 +158,7 @@ def probe_backend(binary: Path, device: str, rpc: Sequence[str] = (), *, store: 
             qpath = Path(tmp) / "q8_0-544.gguf"
             write_model(Case(QT.Q8_0, 544, 512), qpath)
             qs = load_structure(qpath)
-            qdev = sum(b for n, b in _load(binary, qpath, device, rpc, lib, ("-nr",)) if not _host_side(n))
+            qdev = next(b for n, b in _load(binary, qpath, device, rpc, lib, ("-nr",)) if not _host_side(n))
             row_padding = _row_padding(qs, qdev, align)
     except (OSError, RuntimeError, ValueError) as err:
         return Unavailable(f"the device probe of {device} failed: {err}")
