@@ -50,7 +50,7 @@ max_queue = 0
 def chat(fd: FrontDoor, key: str, tokens: int, **headers: str) -> httpx.Response:
     return httpx.post(fd.base_url + "/v1/chat/completions", timeout=600,
                       headers={"Authorization": f"Bearer {key}", **headers},
-                      json={"model": MODEL, "max_tokens": tokens, "temperature": 0,
+                      json={"model": MODEL, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
                             "messages": [{"role": "user", "content": "Count from one to a hundred."}]})
 
 
@@ -62,7 +62,7 @@ def queued(fd: FrontDoor) -> list[dict]:
 def test_an_interactive_request_overtakes_a_batch_flood_within_its_models_turn(door: FrontDoor) -> None:
     assert chat(door, CHAT_KEY, 1).status_code == 200  # loaded: the flood and the chat share one turn
     with ThreadPoolExecutor(8) as pool:
-        flood = [pool.submit(chat, door, BATCH_KEY, 24) for _ in range(6)]
+        flood = [pool.submit(chat, door, BATCH_KEY, 400) for _ in range(6)]
         waiting = poll(lambda: (lambda q: q if len(q) >= 4 else None)(queued(door)), "4 batch requests waiting", 120)
         assert all(q["class"] == "batch" and q["client"] == "pipeline" for q in waiting)
         assert all(q["estimate"]["seconds"] >= 0 for q in waiting)
