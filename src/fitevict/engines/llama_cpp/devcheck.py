@@ -110,8 +110,10 @@ def rpc_servers(bin_dir: Path, n: int, *, timeout_s: float = 30.0) -> Iterator[t
         for _ in range(n):
             port = free_port()
             argv, preexec = orphan_proof([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", "1"])
+            # restore_signals=False keeps SIGPIPE ignored in the server (as it is in Python): the pinned
+            # rpc-server dies of SIGPIPE when a client goes away mid-reply (a dry run stopped at its fit step)
             procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=preexec))
+                                          start_new_session=True, preexec_fn=preexec, restore_signals=False))
             ports.append(port)
         deadline = time.monotonic() + timeout_s
         for proc, port in zip(procs, ports, strict=True):
