@@ -164,7 +164,10 @@ def price(
 
     names = frozenset(t.name for t in s.tensors) if cfg.loras else frozenset()
     lora_by_dev = adapters_bytes(cfg.loras, pl, tuple(cfg.devices), s.arch, names, loras) if cfg.loras else {}
-    devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev or d in lora_by_dev)]
+    # a named device that holds no layer still holds the compute buffer the dry run reserved there: the engine
+    # runs a CPU layer's large ops on it (seen on CUDA0 with -ngl 0: 4.72 MiB of compute and the CUDA context)
+    devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev or d in lora_by_dev
+                       or (compute is not None and compute.get(d)))]
     out_dev = HOST  # the output buffer lives in host memory (the output device's host buffer when offloaded)
     # a device host buffer (Vulkan_Host) adds its own bytes to the allocation
     out_extra = pl.rules(pl.output_device).host_extra if pl.output_device != HOST else 0
