@@ -113,8 +113,11 @@ def _host_side(name: str) -> bool:
 
 
 def _solve_host(seen: Sequence[tuple[int, Sequence[int]]]) -> tuple[int, int] | None:
-    """(alignment, bytes added) that give each traced host buffer from its tensors' sizes; the smallest alignment."""
-    for a in _ALIGNMENTS:
+    """(alignment, bytes added) that give each traced host buffer from its tensors' sizes: the largest alignment
+    that explains them with nothing negative added, so the least added (Vulkan_Host pads to the device's map
+    alignment, 64 on lavapipe, then adds 32 bytes per allocation "like the CPU buffer type"; read as 32-aligned it
+    would seem to add 64)."""
+    for a in sorted(_ALIGNMENTS, reverse=True):
         extras = {traced - sum(pad(n, a) for n in sizes) for traced, sizes in seen}
         if len(extras) == 1 and (e := extras.pop()) >= 0:
             return a, e
