@@ -78,6 +78,8 @@ class VulkanChoice:
         if self.devices:
             listed = ", ".join(f"{d.name}: {d.description}" for d in self.devices)
             return f"the Vulkan build lists {listed} ({named})"
+        if self.visible is not None:
+            return f"the Vulkan build lists no Vulkan device {named}: no device has those indices"
         return (f"the Vulkan build lists no Vulkan device {named}: no discrete or integrated GPU, and CPU-type "
                 f"devices such as lavapipe are used only when named (engine.vulkan_devices, or {VISIBLE_ENV})")
 
