@@ -61,7 +61,7 @@ with_test_systems() {
   # backends; the server stops when "$@" ends. Without root or PostgreSQL those tests skip and say why.
   # Chromium (Debian's package, installed through apt once when root) drives the dashboard's browser test.
   # llama.cpp's Vulkan build (its packages installed through apt once when root, then built into the cache once:
-  # about 25 minutes on 2 cores) runs the device tests on a real Vulkan device (lavapipe without a GPU).
+  # 12 to 28 minutes on 2 cores) runs the device tests on a real Vulkan device (lavapipe without a GPU).
   FITEVICT_PYTHON="$VENV/bin/python" PYTHON="$PY" exec bash "$ROOT/scripts/test-vulkan.sh" \
     bash "$ROOT/scripts/test-chromium.sh" bash "$ROOT/scripts/test-postgres.sh" "$@"
 }

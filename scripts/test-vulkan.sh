@@ -7,7 +7,7 @@
 # The build needs the Debian packages mesa-vulkan-drivers libvulkan-dev glslc spirv-headers (fitevict names what is
 # missing: engines/llama_cpp/vulkan.py). As root with apt-get the missing ones are installed (once; later runs
 # reuse them). With them present the Vulkan build is built into the cache once (`fitevict engine install llama.cpp
-# --vulkan`: about 25 minutes on 2 cores; later runs find it in seconds), and then it must succeed: a failed build
+# --vulkan`: 12 to 28 minutes on 2 cores; later runs find it in seconds), and then it must succeed: a failed build
 # is an error. Elsewhere missing packages only skip the Vulkan tests, with the reason in FITEVICT_TEST_VULKAN_SKIP.
 #
 #   FITEVICT_PYTHON=/path/to/venv/python   the Python that has fitevict installed (default: python3)

@@ -81,8 +81,8 @@ class Resolution:
 
 
 VARIANTS: tuple[str, ...] = ("cpu", "vulkan", "cuda")
-# what a first build takes, for the progress line (measured on 2 busy cores; see docs/engines.md)
-BUILD_MINUTES = {"cpu": "about 5 minutes on 2 cores", "vulkan": "about 25 minutes on 2 cores, shaders included",
+# what a first build takes, for the progress line (measured on 2 busy cores; docs/engines.md)
+BUILD_MINUTES = {"cpu": "about 5 minutes on 2 cores", "vulkan": "12 to 28 minutes on 2 cores, shaders included",
                  "cuda": "tens of minutes: one kernel set per CUDA architecture"}
 VARIANT_NAMES = {"cpu": "CPU build", "vulkan": "Vulkan build", "cuda": "CUDA build"}
 
