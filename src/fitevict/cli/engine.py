@@ -169,7 +169,7 @@ def list_cmd(
     for col in ("build", "folder", "state", "source patches", "lookup"):
         table.add_column(col)
     for b in cached:
-        table.add_row(inst.VARIANT_NAMES[b["variant"]], b["bin_dir"], b["state"], ", ".join(b["patches"]) or "none",
+        table.add_row(inst.VARIANT_NAMES[b["variant"]], Path(b["bin_dir"]).name, b["state"], ", ".join(b["patches"]) or "none",
                       b["lookup"])
     console.print(table)
     if any(r.path is None for r in rows):
