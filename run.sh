@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # fitevict's one entry point for people and CI. Idempotent: each step is skipped when already done.
 #   ./run.sh serve [fitevict serve flags]   set up, then serve (demo zoo when you have no models)
-#   ./run.sh test  [pytest args]            set up, then run the whole test suite (unit + e2e)
-#   ./run.sh setup                          set up only: system packages, venv, llama.cpp build
+#   ./run.sh test  [pytest args]            set up, then run the whole test suite (unit + e2e; the Vulkan build too)
+#   ./run.sh setup                          set up only: system packages, venv, llama.cpp's CPU build
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -56,11 +56,14 @@ ensure_engine() {
   "$VENV/bin/fitevict" engine install llama.cpp
 }
 
-with_test_postgres() {
+with_test_systems() {
   # Runs "$@" beside a throwaway PostgreSQL (installed through apt once when root), so the store tests cover both
   # backends; the server stops when "$@" ends. Without root or PostgreSQL those tests skip and say why.
   # Chromium (Debian's package, installed through apt once when root) drives the dashboard's browser test.
-  PYTHON="$PY" exec bash "$ROOT/scripts/test-chromium.sh" bash "$ROOT/scripts/test-postgres.sh" "$@"
+  # llama.cpp's Vulkan build (its packages installed through apt once when root, then built into the cache once:
+  # 12 to 28 minutes on 2 cores) runs the device tests on a real Vulkan device (lavapipe without a GPU).
+  FITEVICT_PYTHON="$VENV/bin/python" PYTHON="$PY" exec bash "$ROOT/scripts/test-vulkan.sh" \
+    bash "$ROOT/scripts/test-chromium.sh" bash "$ROOT/scripts/test-postgres.sh" "$@"
 }
 
 cmd=${1:-serve}
@@ -74,7 +77,7 @@ case "$cmd" in
   test)
     ensure_system; ensure_venv; ensure_engine
     say "running the test suite (unit + e2e with real llama-server)"
-    with_test_postgres "$VENV/bin/python" -m pytest "$@" ;;
+    with_test_systems "$VENV/bin/python" -m pytest "$@" ;;
   *)
     echo "usage: ./run.sh serve|test|setup [args]" >&2; exit 2 ;;
 esac

@@ -134,7 +134,8 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
         entry = Catalog.from_config(cfg).resolve(model)
         contract = parse_contract(contract_json or None) or Contract()
         # without an engine here the plan is priced without its process overhead, as a first load would be
-        binary = resolve_binary("llama-server", configured=cfg.engine.llama_server).path or Path("llama-server")
+        binary = resolve_binary("llama-server", configured=cfg.engine.llama_server,
+                                vulkan_devices=cfg.engine.vulkan_devices).path or Path("llama-server")
         with Store.open(cfg.store_url) as store:
             book = PriceBook(store, binary.parent, cfg.policy.default_alloc_mode)
             prime_price_book(book, store, binary, calibrate=False)

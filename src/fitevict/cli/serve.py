@@ -39,10 +39,13 @@ def build_config(config: Path | None, overrides: dict):
 def engine_binary(cfg) -> Path:
     from fitevict.engines.install import resolve_binary
 
-    found = resolve_binary("llama-server", configured=cfg.engine.llama_server)
+    found = resolve_binary("llama-server", configured=cfg.engine.llama_server,
+                           vulkan_devices=cfg.engine.vulkan_devices)
     if found.path is None:
         err.print(f"[red]no llama-server:[/] {found.why}")
         raise typer.Exit(2)
+    # the door and every seat it starts run with them (engine.vulkan_devices: GGML_VK_VISIBLE_DEVICES)
+    os.environ.update(dict(found.env))
     return found.path
 
 

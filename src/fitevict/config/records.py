@@ -64,6 +64,9 @@ class ServerConfig:
 class EngineConfig:
     llama_server: Path | None = None  # from the config file (or an override): lookup step 1
     llama_server_env: Path | None = None  # from FITEVICT_LLAMA_SERVER: lookup step 2
+    # the Vulkan devices seats may use, by the engine's index (GGML_VK_VISIBLE_DEVICES in the seat's environment):
+    # names CPU-type devices such as lavapipe, which ggml-vulkan skips unless named; () = the engine's default
+    vulkan_devices: tuple[int, ...] = ()
     extra_args: tuple[str, ...] = ()
     health_timeout_seconds: float = 120.0
     stall_seconds: float = 30.0

@@ -45,6 +45,8 @@ KEYS: tuple[_Key, ...] = (
     _Key("store_url", store_url, env="FITEVICT_STORE_URL"),
     _Key("engine.llama_server", path_value),
     _Key("engine.llama_server_env", path_value, env="FITEVICT_LLAMA_SERVER", in_file=False),
+    _Key("engine.vulkan_devices", str_list(integer(0), "a list of Vulkan device indices like [0]"),
+         env="FITEVICT_VULKAN_DEVICES", env_split=","),
     _Key("engine.extra_args", arg_list),
     _Key("engine.health_timeout_seconds", seconds(positive=True)),
     _Key("engine.stall_seconds", seconds(positive=True)),

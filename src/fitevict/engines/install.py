@@ -1,12 +1,14 @@
 """Provision the pinned llama.cpp engine, and find the binary fitevict will use.
 
 ``install()`` gets the PyPI sdist of llama-cpp-python (which vendors llama.cpp), builds
-llama-server, llama-fit-params and llama-quantize with cmake, and installs them into a versioned
-cache directory. The install is atomic: binaries land in a temporary directory, are checked with
+llama-server, llama-fit-params, llama-quantize and ggml-rpc-server with cmake, and installs them into a versioned
+cache directory: ``bin`` for the CPU build, ``bin-vulkan`` and ``bin-cuda`` for the device builds beside it. The install is atomic: binaries land in a temporary directory, are checked with
 ``--version``, and only then renamed into place, so a failed build leaves nothing half-installed.
 
 ``resolve_binary()`` says which binary will be used and why. Lookup order:
-1. the config file (``engine.llama_server``), 2. ``$FITEVICT_LLAMA_SERVER``, 3. ``PATH``, 4. the cache.
+1. the config file (``engine.llama_server``), 2. ``$FITEVICT_LLAMA_SERVER``, 3. ``PATH``, 4. the cache: a CUDA
+build, else a Vulkan build that lists a Vulkan device as it would run (``engines/llama_cpp/vulkan.py``), else the CPU
+build.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fitevict.engines.llama_cpp import patches, vulkan
 from fitevict.host.cpu import this_cpu
 from fitevict.paths import cache_dir
 
@@ -72,9 +75,16 @@ class Resolution:
     path: Path | None
     why: str
     candidates: tuple[Candidate, ...] = field(default=())
+    # what the chosen binary runs with beyond the caller's environment: GGML_VK_VISIBLE_DEVICES from
+    # engine.vulkan_devices (a seat's environment must carry it)
+    env: tuple[tuple[str, str], ...] = ()
 
 
-VARIANTS: tuple[str, ...] = ("cpu", "cuda")
+VARIANTS: tuple[str, ...] = ("cpu", "vulkan", "cuda")
+# what a first build takes, for the progress line (measured on 2 busy cores; docs/engines.md)
+BUILD_MINUTES = {"cpu": "about 5 minutes on 2 cores", "vulkan": "12 to 28 minutes on 2 cores, shaders included",
+                 "cuda": "tens of minutes: one kernel set per CUDA architecture"}
+VARIANT_NAMES = {"cpu": "CPU build", "vulkan": "Vulkan build", "cuda": "CUDA build"}
 
 
 def engine_root(base: Path | None = None) -> Path:
@@ -88,14 +98,22 @@ def source_dir(base: Path | None = None) -> Path:
 
 
 def installed_bin_dir(base: Path | None = None, variant: str = "cpu") -> Path:
-    """Where a build lives: ``bin`` (CPU) or ``bin-cuda``; both share one source tree."""
+    """Where a build lives: ``bin`` (CPU), ``bin-vulkan`` or ``bin-cuda``; all share one source tree."""
     return engine_root(base) / ("bin" if variant == "cpu" else f"bin-{variant}")
 
 
+def build_dir(base: Path | None = None, variant: str = "cpu") -> Path:
+    """cmake's build folder for a variant: ``build``, ``build-vulkan``, ``build-cuda`` (kept: a rebuild is incremental)."""
+    return engine_root(base) / ("build" if variant == "cpu" else f"build-{variant}")
+
+
 def cmake_flags(variant: str = "cpu", *, cuda_arch: str = "native", nvcc: str | None = None) -> tuple[str, ...]:
-    """The pinned build's cmake flags; a CUDA build adds GGML_CUDA and the GPU architectures to compile for."""
+    """The pinned build's cmake flags; a Vulkan build adds GGML_VULKAN, a CUDA build GGML_CUDA and the GPU
+    architectures to compile for."""
     if variant == "cpu":
         return CMAKE_FLAGS
+    if variant == "vulkan":
+        return (*CMAKE_FLAGS, "-DGGML_VULKAN=ON")
     extra = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
     if nvcc:
         extra.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
@@ -136,11 +154,13 @@ def resolve_binary(
     configured: str | os.PathLike | None = None,
     env: Mapping[str, str] | None = None,
     base: Path | None = None,
+    vulkan_devices: tuple[int, ...] | None = None,
 ) -> Resolution:
     """Which ``name`` binary fitevict will use, and why.
 
-    ``configured`` is the config file's ``engine.llama_server``. For the companion binaries
-    (llama-fit-params, llama-quantize) each step looks beside that step's llama-server.
+    ``configured`` is the config file's ``engine.llama_server``, ``vulkan_devices`` its ``engine.vulkan_devices``
+    (the Vulkan devices a seat may use, by index, CPU-type ones such as lavapipe included). For the companion
+    binaries (llama-fit-params, llama-quantize, ggml-rpc-server) each step looks beside that step's llama-server.
     """
     env = os.environ if env is None else env
     cands: list[Candidate] = []
@@ -167,23 +187,36 @@ def resolve_binary(
     consider("env", Path(env_value).expanduser() if env_value else None, f"not set (${ENV_VAR})")
     on_path = shutil.which("llama-server", path=env.get("PATH"))
     consider("PATH", Path(on_path) if on_path else None, "no llama-server on PATH")
-    # The cache: a CUDA build when one was installed (someone built it to use it), else the CPU build.
-    cached = next((v for v in ("cuda", "cpu") if read_stamp(base, v)), None)
-    consider("cache", installed_bin_dir(base, cached) / "llama-server" if cached else None,
-             f"not installed in {installed_bin_dir(base)} (run: fitevict engine install llama.cpp)")
+    visible = vulkan.visible_setting(vulkan_devices, env)
+    cache_words = ""
+    installed = [v for v in ("cuda", "vulkan", "cpu") if read_stamp(base, v)]
+    if not installed:
+        consider("cache", None, f"not installed in {installed_bin_dir(base)} (run: fitevict engine install llama.cpp)")
+    for variant in installed:
+        server = installed_bin_dir(base, variant) / "llama-server"
+        if variant == "vulkan" and chosen is None:
+            choice = vulkan.lookup(server, env, visible)
+            cache_words = cache_words or choice.words()
+            if not choice.chosen:
+                cands.append(Candidate("cache", server.parent / name, f"passed over: {choice.words()}"))
+                continue
+        was = chosen
+        consider("cache", server, "")
+        if chosen is not was and chosen is not None:
+            cache_words = f", {VARIANT_NAMES[variant]}" + (f": {cache_words}" if cache_words else "")
+    extra = ((vulkan.VISIBLE_ENV, visible),) if vulkan_devices else ()
 
     if chosen is None:
         tried = "; ".join(f"{c.source}: {c.status}" + (f" ({c.path})" if c.path else "") for c in cands)
-        return Resolution(name, None, f"no usable {name} found ({tried})", tuple(cands))
+        return Resolution(name, None, f"no usable {name} found ({tried})", tuple(cands), extra)
     path, source = chosen
     reason = {
         "config": "set in the config file (engine.llama_server)",
         "env": f"set by ${ENV_VAR}",
         "PATH": "found on PATH",
-        "cache": f"built by fitevict from {SDIST_PACKAGE}=={SDIST_VERSION} (llama.cpp {LLAMA_CPP_COMMIT})"
-                 + (", CUDA build" if path.parent.name == "bin-cuda" else ""),
+        "cache": f"built by fitevict from {SDIST_PACKAGE}=={SDIST_VERSION} (llama.cpp {LLAMA_CPP_COMMIT})" + cache_words,
     }[source]
-    return Resolution(name, path, reason, tuple(cands))
+    return Resolution(name, path, reason, tuple(cands), extra)
 
 
 def missing_build_tools(variant: str = "cpu") -> list[tuple[str, str]]:
@@ -192,6 +225,8 @@ def missing_build_tools(variant: str = "cpu") -> list[tuple[str, str]]:
     for tool, (names, package) in _TOOL_PACKAGES.items():
         if not any(shutil.which(n) for n in names):
             missing.append((tool, package))
+    if variant == "vulkan":
+        missing += vulkan.missing()
     if variant == "cuda":
         nvcc = find_nvcc()
         if nvcc is None:
@@ -222,6 +257,8 @@ def install(*, force: bool = False, base: Path | None = None, jobs: int | None =
             progress: Progress | None = None, variant: str = "cpu", cuda_arch: str = "native") -> InstallResult:
     """Build and install the pinned engine into the cache. Returns at once when already installed.
 
+    ``variant="vulkan"`` builds with GGML_VULKAN (the source patched first where the system's Vulkan headers need
+    it: ``engines/llama_cpp/patches.py``; the record names the patches applied) into ``bin-vulkan``.
     ``variant="cuda"`` builds with GGML_CUDA for ``cuda_arch`` (cmake's CMAKE_CUDA_ARCHITECTURES: "native"
     needs a visible GPU at build time; give e.g. "89;90" otherwise) into its own directory.
     """
@@ -238,9 +275,11 @@ def install(*, force: bool = False, base: Path | None = None, jobs: int | None =
     missing = missing_build_tools(variant)
     if missing:
         pkgs = " ".join(sorted({p for _, p in missing}))
+        whole = (f" (a Vulkan build and its devices need the Debian packages {' '.join(vulkan.PACKAGES)})"
+                 if variant == "vulkan" else "")
         raise EngineInstallError(
-            f"cannot build llama.cpp: missing {', '.join(t for t, _ in missing)}. "
-            f"Install them with: apt-get install -y {pkgs}"
+            f"cannot build llama.cpp{' for Vulkan' if variant == 'vulkan' else ''}: missing "
+            f"{', '.join(t for t, _ in missing)}. Install them with: apt-get install -y {pkgs}{whole}"
         )
     root.mkdir(parents=True, exist_ok=True)
     log_path = root / "build.log"
@@ -248,17 +287,22 @@ def install(*, force: bool = False, base: Path | None = None, jobs: int | None =
         log.write(f"\n=== install started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
         sdist = _fetch_sdist(root, say, log)
         src = _extract(sdist, root, say)
-        build = root / ("build" if variant == "cpu" else f"build-{variant}")
+        try:
+            applied = patches.apply(src, variant)
+        except patches.PatchError as e:
+            raise EngineInstallError(str(e)) from e
+        log.write(f"patches applied: {', '.join(applied) or 'none'}\n")
+        build = build_dir(base, variant)
         flags = cmake_flags(variant, cuda_arch=cuda_arch, nvcc=find_nvcc() if variant == "cuda" else None)
         say("configuring with cmake", 0.0)
         _run(["cmake", "-S", str(src), "-B", str(build), *flags], log, log_path)
         n = jobs or os.cpu_count() or 2
-        say(f"building {', '.join(BINARIES)} with {n} jobs (about 5 minutes on 2 cores)", 0.0)
+        say(f"building {', '.join(BINARIES)} with {n} jobs ({BUILD_MINUTES[variant]})", 0.0)
         _run(["cmake", "--build", str(build), "--target", *BINARIES, "-j", str(n)], log, log_path,
              on_line=lambda line: _report_percent(line, say))
         say("installing", 1.0)
         stamp = _install_atomically(build / "bin", bin_dir, time.monotonic() - t0, log, log_path,
-                                    variant=variant, flags=flags)
+                                    variant=variant, flags=flags, applied=applied)
     return InstallResult(bin_dir, False, time.monotonic() - t0, stamp)
 
 
@@ -323,7 +367,8 @@ def _extract(sdist: Path, root: Path, say: Progress) -> Path:
 
 
 def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_path: Path, *,
-                        variant: str = "cpu", flags: tuple[str, ...] = CMAKE_FLAGS) -> dict:
+                        variant: str = "cpu", flags: tuple[str, ...] = CMAKE_FLAGS,
+                        applied: tuple[str, ...] = ()) -> dict:
     for b in BINARIES:
         if not _is_executable(built / b):
             raise EngineInstallError(f"the build did not produce {built / b}; nothing was installed. Log: {log_path}")
@@ -344,6 +389,7 @@ def _install_atomically(built: Path, bin_dir: Path, seconds: float, log, log_pat
             "cpu": this_cpu().fingerprint,
             "cpu_model": this_cpu().model,
             "cmake_flags": list(flags),
+            "patches": list(applied),  # the source patches in place when it was built (llama_cpp/patches.py)
             "binaries": list(BINARIES),
             "version_output": version_text[-400:],
             "build_seconds": round(seconds, 1),
