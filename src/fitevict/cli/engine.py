@@ -120,7 +120,7 @@ def list_cmd(
     """Show which engine binaries will be used, and why (config, $FITEVICT_LLAMA_SERVER, PATH, cache)."""
     configured = _configured_llama_server(config)
     rows = [inst.resolve_binary(b, configured=configured) for b in inst.BINARIES]
-    versions = {r.name: _version_now(r.path) for r in rows if r.path and r.name == "llama-server"}
+    versions = {r.name: _version_now(r.path) for r in rows if r.path and r.name == inst.SERVER}
     builds = {r.name: build_report(r.path) for r in rows if r.path}
     if as_json:
         typer.echo(json.dumps([

@@ -103,8 +103,8 @@ def adapter_load_seconds(doc: dict | None) -> float | None:
 
 class TransformersEngine(EngineBase):
     name = "transformers"
-    traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched", reports_teardown=True,
-                    process_marks=("fitevict.engines.torch_seat",))
+    traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched",
+                    adapter_kinds=("peft",), reports_teardown=True, process_marks=("fitevict.engines.torch_seat",))
 
     def __init__(self, python: Path | None = None) -> None:
         self.python = Path(python or sys.executable)
