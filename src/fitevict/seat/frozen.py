@@ -181,8 +181,7 @@ async def watch_frozen(seat: SeatState, stall_seconds: float, frozen: Callable[[
                    f"used, no thread running or on I/O, no byte sent) (engine.stall_seconds={stall_seconds:g})")
         if why is not None:
             seat.told_by = stuck.shutdown.in_handler(seat.pid)
-            frozen(seat, f"{seat.engine} pid {seat.pid} {why}: killed; the "
-                         "next request loads it again")
+            frozen(seat, f"{seat.engine} pid {seat.pid} {why}: killed")
             try:
                 os.killpg(seat.pgid or seat.pid, signal.SIGKILL)  # a stopped or frozen process dies of it at once
             except ProcessLookupError:
