@@ -99,6 +99,16 @@ def test_what_other_programs_took_is_named_not_read_as_the_seats() -> None:
     assert not unread.verified and unread.freed_bytes is None
 
 
+def test_other_programs_on_a_gpu_are_read_through_nvml_apart_from_the_seats() -> None:
+    from fitevict.seat.release import others_now
+
+    gpu = FakeGpu(used=7 * 1024**3, processes=[(101, 3 * 1024**3), (202, 4 * 1024**3)])
+    seat = frozenset({101})  # the seat's own process is not another program
+    assert others_now(("CUDA0",), seat, FakeNvml([gpu]))["CUDA0"] == 4 * 1024**3
+    gpu.processes.append((303, None))  # one NVML cannot attribute: the drift there is not read, never taken as 0
+    assert "CUDA0" not in others_now(("CUDA0",), seat, FakeNvml([gpu]))
+
+
 _SEAT = """
 import os, signal, sys
 held = bytearray(b"\x01") * (64 * 1024 * 1024)  # 64 MiB, touched: committed anonymous memory
@@ -149,8 +159,12 @@ def test_a_real_release_while_another_program_grows_is_verified_with_the_drift_n
         hog.communicate(timeout=30)
         seat.wait(timeout=30)
     assert res.verified, res.note
-    assert res.others_by_device is not None and res.others_by_device[HOST] >= 150 * MiB, res.others_by_device
-    assert res.freed_by_device[HOST] < res.freed_bytes, res.details()  # the counter's rise is not the seat's
+    # the counter's rise alone is under the bar (the hog took more than the seat gave back): what verified it is
+    # the seat's own return, the rise plus what the other programs took, read beside it
+    held = res.held[HOST]
+    assert held is not None and res.freed_by_device[HOST] < int(held * 0.9) - RELEASE_SLACK, res.details()
+    assert res.others_by_device is not None and res.others_by_device[HOST] > 0, res.others_by_device
+    assert res.freed_bytes == res.freed_by_device[HOST] + res.others_by_device[HOST]
     assert "other programs took" in res.note and res.details()["others_source"].startswith("measured")
 
 
