@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -311,18 +312,27 @@ def history_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP),
 
 
 def history_table(data: list[dict]) -> Table:
-    t = compact_table("history (bytes measured; freed: what came back)",
+    t = compact_table("history (host: each figure with what it is; freed: measured, what came back)",
                       ["time", "event", "model", "secs", "host", "freed", "why"], right=("secs", "host", "freed"))
     stops = ("evict", "unload", "idle-unload", "crash")
     for e in data:
         b = e["bytes"]
         t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e["event"], e["model"] or "",
                   f"{e['seconds']:.2f}" if e["seconds"] is not None else "",
-                  format_size(b["host"], unavailable="n/a"),
+                  _labelled(b["host"], (e.get("sources") or {}).get("host")),
                   format_size(b["freed"], unavailable="n/a") if e["event"] in stops else "",
                   _short(e["strategy"] or e["reason"] or "") + _served(e.get("engine_timings")))
     t.caption = "why: the reason's first words (a stop: what its seat served); --json has all of it"
     return t
+
+
+def _labelled(n: int | None, source: str | None) -> str:
+    """A figure and the first word of its source (measured, planned, engine-reported, predicted), "n/a" when the
+    event has none."""
+    if n is None:
+        return "n/a"
+    kind = re.match(r"[a-z-]+", source or "")
+    return f"{format_size(n)} {kind.group(0)}" if kind else format_size(n)
 
 
 def _served(timings: dict | None) -> str:

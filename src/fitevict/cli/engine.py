@@ -146,7 +146,7 @@ def list_cmd(
     build in the cache (CPU, Vulkan, CUDA)."""
     lookup = _lookup(config)
     rows = [inst.resolve_binary(b, **lookup) for b in inst.BINARIES]
-    versions = {r.name: _version_now(r.path) for r in rows if r.path and r.name == "llama-server"}
+    versions = {r.name: _version_now(r.path) for r in rows if r.path and r.name == inst.SERVER}
     builds = {r.name: build_report(r.path) for r in rows if r.path}
     cached = _cached_builds(rows[0])
     if as_json:

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from fitevict.cli.price_hf import footprint_table, parse_max_memory, price_hf_folder
 from fitevict.engines.dryrun import DryRun
+from fitevict.engines.install import SERVER
 from fitevict.pricing.cmdline import parse_server_argv
 from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.safetensors import is_hf_folder
@@ -147,7 +148,7 @@ def price_cmd(
         price_hf_folder(model, cfg_hf, as_json)
         return
     try:
-        if Path(model).name in ("llama-server", "llama-server.exe"):
+        if Path(model).name in (SERVER, f"{SERVER}.exe"):
             cmd = parse_server_argv([model, *ctx.args])
             path, cfg, notes = Path(cmd.model), cmd.config, list(cmd.warnings)
         else:

@@ -83,6 +83,8 @@ class LogsConfig:
     seats_per_model: int = 5  # a model's newest seat logs kept; older ones pruned (a running seat's never)
     history_days: float = 90.0  # history events and load records older than this are pruned; 0 = kept for ever
     history_rows: int = 1_000_000  # at most this many history events (the oldest pruned first); 0 = no bound
+    records_per_signature: int = 16  # load records and seat peak windows kept per configuration; 0 = no bound
+    records_rows: int = 100_000  # at most this many load records, peak windows, and entries of each cache; 0 = none
     prune_seconds: float = 3600.0  # how often the store is pruned and its write-ahead log checkpointed
 
 

@@ -88,6 +88,8 @@ KEYS: tuple[_Key, ...] = (
     _Key("logs.seats_per_model", integer(1)),
     _Key("logs.history_days", days),
     _Key("logs.history_rows", integer(0)),
+    _Key("logs.records_per_signature", integer(0)),
+    _Key("logs.records_rows", integer(0)),
     _Key("logs.prune_seconds", seconds(positive=True)),
     _Key("aliases", alias_table),  # a table: names clients send (``*`` patterns too) -> catalog models
 )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fitevict.pricing.flags import switch_args, value_args
 from fitevict.engines.base import EngineBase, LaunchSpec, Traits
+from fitevict.engines.install import SERVER as BINARY
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 
@@ -138,8 +139,8 @@ SHUTDOWN_MARK = "cleaning up before exit"  # llama-server's log once its SIGTERM
 class LlamaServerEngine(EngineBase):
     name = "llama-server"
     traits = Traits(file_kinds=("gguf",), dry_run=True, repacks=True, keeps_prompts=True, memory_flags_priced=True,
-                    engine_args=True, overhead="calibrated", adapters="scale-0",
-                    process_marks=("llama-server",))
+                    engine_args=True, overhead="calibrated", adapters="scale-0", adapter_kinds=("lora",),
+                    process_marks=(BINARY,))
 
     def __init__(self, binary: Path) -> None:
         self.binary = Path(binary)

@@ -45,7 +45,7 @@ def overhead_seen(seat: SeatState, known: Mapping[str, int] | None = None) -> di
         return {}
     seen: dict[str, int] = {}
     if seat.load_mem is not None and seat.load_mem.host_bytes is not None:
-        scaling = max(0, seat.overhead - (known or {}).get(HOST, 0))
+        scaling = max(0, (seat.overhead or 0) - (known or {}).get(HOST, 0))  # nothing known: nothing to take off
         seen[HOST] = seat.load_mem.host_bytes - seat.measured.bytes_on(HOST) - scaling
     for dev, n in seat.load_bytes.items():
         if dev == HOST:

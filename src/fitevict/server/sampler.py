@@ -234,7 +234,7 @@ class MemorySampler:
         while self.unstored:
             peaks = self.unstored[0]
             try:
-                await self.store.awrite(op_put_peaks(peaks))
+                await self.store.awrite(op_put_peaks(peaks, self.store.row_bounds))
             except STORE_FAULTS as e:
                 if len(self.unstored) != self._warned:  # once per window held, not at every reading
                     self._warned = len(self.unstored)
