@@ -155,7 +155,7 @@ def list_cmd(
              "version": versions.get(r.name), "build": builds.get(r.name), "env": dict(r.env),
              "candidates": [{"source": c.source, "path": str(c.path) if c.path else None, "status": c.status}
                             for c in r.candidates],
-             **({"cached_builds": cached} if r.name == "llama-server" else {})}
+             **({"cached_builds": cached} if r.name == inst.SERVER else {})}
             for r in rows], indent=2))
         return
     table = Table(title="engine binaries (lookup: config → $FITEVICT_LLAMA_SERVER → PATH → cache)")
