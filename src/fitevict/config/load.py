@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict import paths
-from fitevict.config.records import (BudgetConfig, Config, ConfigError, EngineConfig, LogsConfig, ModelConfig,
+from fitevict.config.records import (BudgetConfig, Config, ConfigError, DevicesConfig, EngineConfig, LogsConfig, ModelConfig,
                                      PolicyConfig, ServerConfig, StoresConfig)
 from fitevict.config.schema import MOVED, OTHER_ENV, BY_KEY, KEYS, MODEL_FIELDS, SECTIONS, TOP_LEVEL, env_variables
 from fitevict.config.parsers import Parser, BadValue, KEY_RE, Origin
@@ -213,6 +213,7 @@ def load_config(
         server=section(ServerConfig, "server"),
         engine=section(EngineConfig, "engine"),
         budget=section(BudgetConfig, "budget"),
+        devices=section(DevicesConfig, "devices"),
         policy=policy,
         stores=section(StoresConfig, "stores"),
         logs=section(LogsConfig, "logs"),
