@@ -3,7 +3,9 @@
 Host: the fall in AnonPages + Shmem (MemTotal - AnonPages - Shmem rises), the committed memory every
 process holds. MemAvailable is recorded beside it but does not decide: on some kernels (virtio-balloon
 free page reporting, for one) freed pages reach MemFree seconds later or not at all, while AnonPages
-drops the moment the process's memory is unmapped. GPU: NVML free.
+drops the moment the process's memory is unmapped. A device: its reader's free memory (``host.devmem``: NVML free;
+an RPC device's engine-reported total less its rpc-server's PSS, so the rpc-server's memory back is the release). A
+unified device is not verified apart: its buffers were host memory, verified with the host.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from typing import Any
 
 from fitevict.engines.process import Child, GroupStop, group_alive, stop_process_group
 from fitevict.host import procmem
-from fitevict.host.nvml import read_gpus
+from fitevict.host.devmem import DeviceMeters
 from fitevict.pricing.footprint import HOST
 from fitevict.units import MiB, format_size
 
 RELEASE_FRACTION = 0.9
 RELEASE_SLACK = 4 * MiB
-FREED_SOURCE = "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"
+FREED_SOURCE = "measured: /proc/meminfo AnonPages+Shmem fall (host), each device's reader: NVML free, rpc-server PSS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +119,16 @@ def release_check(held: Mapping[str, int | None], before: Mapping[str, int], now
 
 
 def free_now(devices: Sequence[str], nvml: Any = None) -> dict[str, int]:
-    """Bytes not held by any process, as the kernel and the driver count them (see the module doc)."""
+    """Bytes not held by any process, as the kernel and each device's reader count them (see the module doc; ``nvml``:
+    the ``host.devmem.DeviceMeters``, or an NVML-like alone). A device whose free memory cannot be read is left out:
+    its release is then unverified, with that said."""
     mem = procmem.read_meminfo()
     host = mem.total_bytes - mem.committed_bytes if mem.committed_bytes is not None else mem.available_bytes
     free = {HOST: host, "MemAvailable": mem.available_bytes}
     if devices:
-        gpus = read_gpus(nvml)
-        for d in devices:
-            g = gpus.device(d)
-            if g is not None:
-                free[d] = g.free_bytes
+        for d, r in DeviceMeters.of(nvml).free(devices).items():
+            if r.bytes is not None:
+                free[d] = r.bytes
     return free
 
 
