@@ -32,6 +32,9 @@ class DeviceBytes:
     bytes: int | None
     source: str = ""
     reason: str = ""
+    # the reading counts pages touched so far (a process's PSS): a buffer not yet written is not in it, so it grows
+    # as the seat's context fills; False where the driver counts what was allocated (NVML, DRM)
+    touched: bool = False
 
 
 class DeviceReader(Protocol):
@@ -132,7 +135,7 @@ class RpcServerReader:
         now = self._pss()
         if now is None or self.baseline is None:
             return _unavailable(self.reason or "the rpc-server's memory was not read")
-        return DeviceBytes(max(0, now - self.baseline), self._source())
+        return DeviceBytes(max(0, now - self.baseline), self._source(), touched=True)
 
     def free(self) -> DeviceBytes:
         now = self._pss()

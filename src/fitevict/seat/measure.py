@@ -42,6 +42,7 @@ def read_devices(seat: SeatState, pids: set[int], nvml: Any) -> dict[str, int | 
     seat.shared = meters.unified(seat.config.devices)
     got = meters.held_by(pids, [d for d in seat.config.devices if d not in seat.shared])
     seat.device_read.update({d: r.source if r.bytes is not None else r.reason for d, r in got.items()})
+    seat.touched = tuple(d for d, r in got.items() if r.touched)
     return {d: r.bytes for d, r in got.items()}
 
 

@@ -61,6 +61,7 @@ class SeatState:
     gpu_bytes: dict[str, int] = field(default_factory=dict)  # the latest reading per device (host.devmem, by kind)
     device_read: dict[str, str] = field(default_factory=dict)  # per device: that reading's source, or why none
     shared: tuple[str, ...] = ()  # its devices whose memory is host memory: their buffers are in its PSS
+    touched: tuple[str, ...] = ()  # its devices read as pages touched so far (an rpc-server's PSS): they grow
     read_at: float | None = None  # when ``host_mem`` and ``gpu_bytes`` were read
     readings: int = 0  # readings of it so far: the one after its load and every sampler tick's
     load_mem: procmem.ProcessMemory | None = None  # the reading right after its load (what the load record keeps)
@@ -133,11 +134,15 @@ class SeatState:
             if pss is None and logged is None:
                 return self.predicted.bytes_on(HOST)
             return max(pss or 0, logged or 0)
-        if device in self.gpu_bytes:
-            return self.gpu_bytes[device]
         if self.measured is not None and self.measured.device(device) is not None:
-            return self.measured.bytes_on(device) + self.gpu_overhead.get(device, 0)
-        return self.predicted.bytes_on(device)
+            reach = self.measured.bytes_on(device) + self.gpu_overhead.get(device, 0)
+        else:
+            reach = self.predicted.bytes_on(device)
+        if device in self.gpu_bytes:
+            # a reading of touched pages (an rpc-server's PSS) is what the seat holds now, its buffers what it grows
+            # to as its context fills: as on the host, the planner counts the one it can grow to
+            return max(self.gpu_bytes[device], reach) if device in self.touched else self.gpu_bytes[device]
+        return reach
 
     def source_on(self, device: str) -> str:
         """What ``bytes_on`` counts: "planned" where it is the larger of a reading of the process and the engine's
@@ -151,7 +156,7 @@ class SeatState:
                 return "measured"
             return "engine-reported" if self.measured is not None else pred_source(self.predicted, HOST)
         if device in self.gpu_bytes:
-            return "measured"
+            return "planned" if device in self.touched else "measured"
         if self.measured is not None and self.measured.device(device):
             return "engine-reported"
         return pred_source(self.predicted, device)

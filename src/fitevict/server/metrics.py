@@ -99,16 +99,20 @@ class Metrics:
                                 "(the engine's timings)", ["model"], registry=r)
         # gauges, set at scrape time
         self.resident = Gauge("fitevict_resident_bytes", "Bytes held by resident models, by device and source "
-                              "(predicted, allocated: engine-reported, measured: PSS or NVML, planned: what the "
+                              "(predicted, allocated: engine-reported, measured: PSS, NVML, DRM fdinfo or an rpc-server's PSS, "
+                              "planned: what the "
                               "planner counts)", ["model", "device", "source"], registry=r)
         self.budget = Gauge("fitevict_budget_bytes", "The most fitevict's residents may hold on a device "
                             "(source: how it was derived)", ["device", "source"], registry=r)
         self.free = Gauge("fitevict_free_bytes", "Free memory on a device now (source: meminfo MemAvailable, "
-                          "NVML, declared)", ["device", "source"], registry=r)
+                          "NVML, engine-reported, declared)", ["device", "source"], registry=r)
         self.reserve = Gauge("fitevict_reserve_bytes", "Memory kept free for everything else on a device",
                              ["device", "source"], registry=r)
         self.total_bytes = Gauge("fitevict_device_total_bytes", "A device's total memory", ["device", "source"],
                                  registry=r)
+        self.unified = Gauge("fitevict_device_unified", "1 when a device's memory is host memory (its bytes count "
+                             "against the CPU budget too), 0 when it has its own (source: who said so)",
+                             ["device", "source"], registry=r)
         # from the history
         self.loads = Counter("fitevict_loads_total", "Loads that completed, by placement strategy",
                              ["model", "reason"], registry=r)
@@ -167,7 +171,7 @@ class Metrics:
 
     def collect(self, budget: Any, residents: list[dict]) -> None:
         """Set the gauges from a budget reading (``Supervisor.budget()``) and ``Supervisor.resident_views()``."""
-        for g in (self.budget, self.free, self.reserve, self.total_bytes, self.resident, self.others,
+        for g in (self.budget, self.free, self.reserve, self.total_bytes, self.unified, self.resident, self.others,
                   self.under_pressure, self.outgrowing, self.reading_age):
             g.clear()
         for d in budget.devices:
@@ -177,6 +181,8 @@ class Metrics:
             self.free.labels(d.name, d.free.source).set(d.free.bytes)
             self.reserve.labels(d.name, d.reserve.source).set(d.reserve.bytes)
             self.total_bytes.labels(d.name, d.total.source).set(d.total.bytes)
+            if d.unified_source:
+                self.unified.labels(d.name, d.unified_source).set(1 if d.unified else 0)
         for v in residents:
             self.outgrowing.labels(v["key"]).set(1 if v.get("outgrew") else 0)
             for dev, d in v["devices"].items():
