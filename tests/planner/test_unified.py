@@ -6,6 +6,8 @@ device's own budget is a limit inside the host's. Checked by re-adding the bytes
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -79,3 +81,20 @@ def test_loads_never_spend_the_same_bytes_twice(m: TableModel, data: st.DataObje
     vk_used = sum(r.bytes[VK] for r in kept) + need.get(VK, 0)
     assert host_used <= budget.budget_bytes(HOST), "the unified device's bytes were not counted in RAM"
     assert vk_used <= budget.budget_bytes(VK)
+
+
+def test_eviction_happens_only_on_the_device_that_is_short() -> None:
+    m = TableModel("m", dense=(64 * MiB,) * 3, output=64 * MiB, embd=0)  # 256 MiB whole on one device
+    on_rpc = Resident("on-rpc", LoadConfig(devices=("RPC0",), n_gpu_layers=99), {HOST: 10 * MiB, "RPC0": 200 * MiB},
+                      last_used=1.0)
+    on_vk = Resident("on-vk", LoadConfig(devices=("Vulkan0",), n_gpu_layers=99),
+                     {HOST: 10 * MiB, "Vulkan0": 300 * MiB}, last_used=0.0)  # least recently used, but not short
+    budget = dataclasses.replace(
+        Budget.declared({HOST: "4GiB", "RPC0": "400MiB", "Vulkan0": {"total": "1GiB", "unified": True}}),
+        rpc=("127.0.0.1:50052",))
+    req = m.request(mode="explicit", config=LoadConfig(devices=("RPC0",), n_gpu_layers=99))
+    p = plan(req, [on_rpc, on_vk], budget, footprint_fn(m), Policy(eviction="lru"), NOW)
+    assert p.action == "load" and p.evict_keys == ("on-rpc",), p.reason
+    assert p.config is not None and p.config.rpc == ("127.0.0.1:50052",)  # a placement on RPC0 carries --rpc
+    ram = plan(m.request(mode="ram-only"), [], budget, footprint_fn(m), Policy(), NOW)
+    assert ram.config is not None and ram.config.rpc == ()  # and one on the host alone does not

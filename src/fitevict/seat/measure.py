@@ -31,6 +31,33 @@ def read_seat(seat: SeatState, engine: Any, nvml: Any, now: float) -> None:
         return
     mem = procmem.read_tree(seat.pid)
     seat.load_reading(now, mem, read_devices(seat, set(mem.pids) or {seat.pid}, nvml))
+    meters = DeviceMeters.of(nvml)
+    for dev, (unified, how) in memory_kind_seen(seat).items():
+        c = meters.census.device(dev) if meters.census is not None else None
+        if c is not None and c.unified_source.startswith("rule:") and c.unified != unified:
+            meters.census = meters.census.learned(dev, unified, how)  # the machine's answer beats a rule
+
+
+UNIFIED_SHARE = 0.5  # a device's bytes count as in the seat's PSS when its unexplained committed part is this large
+UNIFIED_MIN = 8 * 1024 * 1024  # below this on the device, the PSS's noise (overhead, untouched pages) decides nothing
+
+
+def memory_kind_seen(seat: SeatState) -> dict[str, tuple[bool, str]]:
+    """What the reading after its load says of each of its devices: is the device's memory host memory? Its
+    committed PSS beyond its host buffers and the engine's overhead holds the device's buffers (unified), or not.
+    Only where the engine reported buffers on the device and they are large enough to tell. Pure."""
+    if seat.measured is None or seat.load_mem is None or seat.load_mem.committed_bytes is None:
+        return {}
+    extra = seat.load_mem.committed_bytes - seat.measured.host_committed_bytes - seat.overhead
+    out: dict[str, tuple[bool, str]] = {}
+    for dev in seat.config.devices:
+        n = seat.measured.bytes_on(dev) if seat.measured.device(dev) is not None else 0
+        if n >= UNIFIED_MIN:
+            unified = extra >= UNIFIED_SHARE * n
+            out[dev] = (unified, f"measured: the seat's committed PSS exceeds its host buffers and overhead by "
+                                 f"{extra} B against {n} B allocated on {dev}: "
+                                 + ("its memory is host memory" if unified else "its memory is its own"))
+    return out
 
 
 def read_devices(seat: SeatState, pids: set[int], nvml: Any) -> dict[str, int | None]:
