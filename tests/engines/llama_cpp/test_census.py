@@ -5,7 +5,7 @@ from __future__ import annotations
 from fitevict.engines.llama_cpp.census import census_of, vulkan_kinds
 from fitevict.units import MiB
 
-# as the pinned Vulkan build prints it at -lv 4 with two rpc-servers: lavapipe is a CPU-type device
+# ggml-vulkan's device lines, where a build's listing carries them, with two rpc-servers: lavapipe is CPU-type
 LAVAPIPE = """ggml_vulkan: Found 1 Vulkan devices:
 ggml_vulkan: 0 = llvmpipe (LLVM 15.0.6, 256 bits) (llvmpipe) | uma: 0 | fp16: 1 | bf16: 0 | warp size: 8
 ggml_vulkan: Warning: Device type is CPU. This is probably not the device you want.
@@ -63,3 +63,29 @@ def test_without_the_engine_s_word_a_vulkan_device_is_its_own_memory_by_a_labell
     text = "Available devices:\n  Vulkan0: Some GPU (8192 MiB, 8000 MiB free)\n"
     d = census_of(text, (), {}).device("Vulkan0")
     assert d is not None and d.unified is False and d.unified_source.startswith("rule:")
+
+
+# what `vulkaninfo --summary` prints on this kind of machine (Mesa's lavapipe) and on one with two GPUs
+VULKANINFO = """Devices:
+========
+GPU0:
+\tapiVersion         = 1.3.230
+\tdeviceType         = PHYSICAL_DEVICE_TYPE_CPU
+\tdeviceName         = llvmpipe (LLVM 15.0.6, 256 bits)
+\tdriverID           = DRIVER_ID_MESA_LLVMPIPE
+GPU1:
+\tdeviceType         = PHYSICAL_DEVICE_TYPE_DISCRETE_GPU
+\tdeviceName         = AMD Radeon RX 7900 XTX (RADV NAVI31)
+"""
+
+
+def test_without_the_engine_s_word_the_machine_s_vulkan_loader_says_what_a_device_is() -> None:
+    from fitevict.engines.llama_cpp.census import vulkaninfo_types
+
+    types = vulkaninfo_types(VULKANINFO)
+    assert types == {"llvmpipe (LLVM 15.0.6, 256 bits)": "CPU", "AMD Radeon RX 7900 XTX (RADV NAVI31)": "DISCRETE_GPU"}
+    listing = ("Available devices:\n  Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (2048 MiB, 2048 MiB free)\n"
+               "  Vulkan1: AMD Radeon RX 7900 XTX (RADV NAVI31) (24560 MiB, 24000 MiB free)\n")
+    c = census_of(listing, (), {}, types)
+    assert c.device("Vulkan0").unified and c.device("Vulkan0").unified_source.startswith("machine-reported")
+    assert c.device("Vulkan1").unified is False and "DISCRETE_GPU" in c.device("Vulkan1").unified_source

@@ -6,22 +6,30 @@ memory, so its bytes are RAM: ``fitevict.budget``'s rule counts them once) is le
 
 1. declared: ``devices.uma`` in the config;
 2. engine-reported: ggml-vulkan's device lines (``ggml_vulkan: 0 = NAME (DRIVER) | uma: 1 | ...`` for an integrated
-   GPU, and its warning that a device's type is CPU, as lavapipe's is), printed by the listing at ``-lv 4``;
-3. a labelled rule by backend: Metal shares memory (Apple silicon); RPC, CUDA and the rest have their own;
-4. measured, later: a seat's own committed PSS grew by its device's allocated bytes (``learn_unified``).
+   GPU, and its warning that a device's type is CPU, as lavapipe's is), where the listing's output has them (the
+   pinned build logs them at debug level before its log is set up, so its listing does not);
+3. machine-reported: the Vulkan loader's own account (``vulkaninfo --summary``: ``deviceType`` CPU or
+   INTEGRATED_GPU is host memory, DISCRETE_GPU its own), matched by the device's name;
+4. a labelled rule by backend: Metal shares memory (Apple silicon); RPC, CUDA and the rest have their own;
+5. measured, later: a seat's committed PSS holds its device's allocated bytes (``seat.measure.memory_kind_seen``),
+   which replaces a rule's word.
 
 Pure but for ``take_census`` (which runs the engine).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fitevict.engines.llama_cpp.devices import DeviceListError, EngineDevice, list_devices_text, parse_device_list
 
+log = logging.getLogger("fitevict.devices")
+VULKANINFO_TIMEOUT_S = 30.0
 _VK_LINE = re.compile(r"ggml_vulkan: (?P<i>\d+) = .*\| uma: (?P<uma>\d)")
 _VK_CPU = "Device type is CPU"
 _SHARED_BACKENDS = {"Metal": "rule: a Metal device's memory is the host's (Apple silicon's unified memory)"}
@@ -100,7 +108,27 @@ def vulkan_kinds(text: str) -> dict[int, tuple[bool, str]]:
     return out
 
 
-def memory_kind(dev: EngineDevice, text: str, declared: Mapping[str, bool]) -> tuple[bool, str]:
+_VKINFO_NAME = re.compile(r"^\s*deviceName\s*=\s*(?P<name>.+?)\s*$")
+_VKINFO_TYPE = re.compile(r"^\s*deviceType\s*=\s*PHYSICAL_DEVICE_TYPE_(?P<type>\w+)\s*$")
+_HOST_TYPES = {"CPU": "a CPU-type device: its heap is host memory", "INTEGRATED_GPU": "an integrated GPU shares "
+               "host memory"}
+
+
+def vulkaninfo_types(text: str) -> dict[str, str]:
+    """Device name -> deviceType (``CPU``, ``INTEGRATED_GPU``, ``DISCRETE_GPU``, ...) in ``vulkaninfo --summary``."""
+    out: dict[str, str] = {}
+    kind: str | None = None
+    for line in text.splitlines():
+        if m := _VKINFO_TYPE.match(line):
+            kind = m["type"]
+        elif (m := _VKINFO_NAME.match(line)) and kind is not None:
+            out[m["name"]] = kind
+            kind = None
+    return out
+
+
+def memory_kind(dev: EngineDevice, text: str, declared: Mapping[str, bool],
+                vk_types: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """Whether ``dev``'s memory is host memory, and who said so (see the module doc for the order)."""
     if dev.name in declared:
         return declared[dev.name], "declared: devices.uma"
@@ -108,7 +136,11 @@ def memory_kind(dev: EngineDevice, text: str, declared: Mapping[str, bool]) -> t
         said = vulkan_kinds(text).get(int(dev.name.removeprefix("Vulkan") or 0))
         if said is not None:
             return said
-        return False, "rule: ggml_vulkan said nothing of this device; taken as its own memory until a seat measures it"
+        kind = (vk_types or {}).get(dev.description)
+        if kind is not None:
+            why = _HOST_TYPES.get(kind, "its memory is its own")
+            return kind in _HOST_TYPES, f"machine-reported: vulkaninfo deviceType {kind} ({why})"
+        return False, "rule: neither ggml_vulkan nor vulkaninfo said what this device is; its own memory until a seat measures it"
     if dev.backend in _SHARED_BACKENDS:
         return True, _SHARED_BACKENDS[dev.backend]
     if dev.backend == "RPC":
@@ -116,8 +148,10 @@ def memory_kind(dev: EngineDevice, text: str, declared: Mapping[str, bool]) -> t
     return False, f"rule: a {dev.backend} device has its own memory"
 
 
-def census_of(text: str, rpc: Sequence[str], declared: Mapping[str, bool]) -> Census:
-    """The census in a listing's output ``text`` (stdout and stderr) taken with ``rpc`` endpoints. Pure."""
+def census_of(text: str, rpc: Sequence[str], declared: Mapping[str, bool],
+              vk_types: Mapping[str, str] | None = None) -> Census:
+    """The census in a listing's output ``text`` (stdout and stderr) taken with ``rpc`` endpoints, ``vk_types`` what
+    vulkaninfo says of each Vulkan device by name. Pure."""
     devs = parse_device_list(text)
     out = []
     rpc_i = 0
@@ -127,7 +161,7 @@ def census_of(text: str, rpc: Sequence[str], declared: Mapping[str, bool]) -> Ce
             endpoint = d.description.strip() if d.description.strip() in rpc else (
                 rpc[rpc_i] if rpc_i < len(rpc) else "")
             rpc_i += 1
-        unified, source = memory_kind(d, text, declared)
+        unified, source = memory_kind(d, text, declared, vk_types)
         out.append(CensusDevice(d, unified, source, endpoint))
     return Census(tuple(out), tuple(rpc))
 
@@ -140,4 +174,17 @@ def take_census(binary: Path, *, rpc: Sequence[str] = (), declared: Mapping[str,
         text = list_devices_text(binary, rpc=rpc, env=env)
     except DeviceListError as e:
         return Census((), tuple(rpc), f"unavailable, because {e}")
-    return census_of(text, rpc, declared or {})
+    vk_types = read_vulkaninfo(env) if any(d.backend == "Vulkan" for d in parse_device_list(text)) else {}
+    return census_of(text, rpc, declared or {}, vk_types)
+
+
+def read_vulkaninfo(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the machine's Vulkan loader says of its devices (``vulkaninfo --summary``); {} where it is not installed
+    or fails (the census then falls back to a labelled rule and the seats' measurement)."""
+    try:
+        out = subprocess.run(["vulkaninfo", "--summary"], capture_output=True, text=True, timeout=VULKANINFO_TIMEOUT_S,
+                             env=None if env is None else dict(env))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.info("vulkaninfo --summary could not run (%s): the census falls back to a rule", e)
+        return {}
+    return vulkaninfo_types(out.stdout)

@@ -57,8 +57,8 @@ def parse_device_list(text: str) -> tuple[EngineDevice, ...]:
 
 def list_devices_text(binary: Path, *, rpc: Sequence[str] = (), env: Mapping[str, str] | None = None,
                       timeout: float = LIST_TIMEOUT_S) -> str:
-    """What ``binary --list-devices`` printed (stdout, then stderr) with ``rpc`` endpoints, at ``-lv 4`` so that the
-    backends' own device lines (ggml_vulkan's ``uma:``) are in it too."""
+    """What ``binary --list-devices`` printed (stdout, then stderr) with ``rpc`` endpoints, at ``-lv 4`` so that any
+    device line a backend logs (ggml_vulkan's ``uma:``, where a build prints it) is in it too."""
     argv = [str(binary), "-lv", "4", *(["--rpc", ",".join(rpc)] if rpc else []), "--list-devices"]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
