@@ -11,8 +11,8 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict import paths
-from fitevict.config.records import (BudgetConfig, Config, ConfigError, DevicesConfig, EngineConfig, LogsConfig, ModelConfig,
-                                     PolicyConfig, ServerConfig, StoresConfig)
+from fitevict.config.records import (BudgetConfig, Config, ConfigError, DevicesConfig, EngineConfig, LogsConfig,
+                                     ModelConfig, PolicyConfig, ServerConfig, StoresConfig)
 from fitevict.config.schema import MOVED, OTHER_ENV, BY_KEY, KEYS, MODEL_FIELDS, SECTIONS, TOP_LEVEL, env_variables
 from fitevict.config.parsers import Parser, BadValue, KEY_RE, Origin
 
