@@ -53,7 +53,9 @@ from fitevict.engines.llama_server import load_args  # noqa: E402
 
 @st.composite
 def load_configs(draw) -> LoadConfig:
-    devices = draw(st.sampled_from([(), ("CUDA0",), ("CUDA0", "CUDA1")]))
+    devices, rpc = draw(st.sampled_from([((), ()), (("CUDA0",), ()), (("CUDA0", "CUDA1"), ()),
+                                         (("Vulkan0",), ()), (("RPC0",), ("127.0.0.1:50052",)),
+                                         (("RPC0", "RPC1"), ("127.0.0.1:50052", "10.0.0.2:50053"))]))
     n_parallel = draw(st.none() | st.integers(1, 8))
     overrides = tuple(draw(st.lists(st.tuples(st.sampled_from(["exps", r"blk\.1\.", "ffn_up"]),
                                               st.sampled_from(["CPU", *devices])), max_size=2)))
@@ -68,7 +70,7 @@ def load_configs(draw) -> LoadConfig:
         loras=tuple(draw(st.lists(st.sampled_from(["/a/x.gguf", "/b/y.gguf"]), max_size=2, unique=True))),
         tensor_split=(tuple(float(x) for x in draw(st.lists(st.integers(1, 40), min_size=2, max_size=2)))
                       if len(devices) == 2 and draw(st.booleans()) else ()),
-        repack=draw(st.booleans()),
+        repack=draw(st.booleans()), rpc=rpc, kv_offload=draw(st.booleans()) if devices else True,
     )
 
 
@@ -89,3 +91,17 @@ def test_flash_attn_values_are_spelt_once() -> None:
     from fitevict.pricing.loadconfig import FlashAttn
 
     assert get_args(FlashAttn) == FLASH_ATTN_VALUES == FLASH_ATTN
+
+
+def test_rpc_endpoints_and_kv_offload_read_as_llama_server_reads_them() -> None:
+    """--rpc (a comma list, before -dev so the engine has named RPC0, RPC1 when -dev reads them) and -nkvo."""
+    cfg = LoadConfig(n_ctx=1024, devices=("RPC0", "RPC1"), rpc=("127.0.0.1:50052", "127.0.0.1:50053"),
+                     n_gpu_layers=99, tensor_split=(1.0, 3.0), kv_offload=False)
+    argv = load_args("/m.gguf", cfg)
+    assert argv.index("--rpc") < argv.index("-dev") and "-nkvo" in argv
+    assert parse_server_argv(argv).config == cfg
+    back = parse_server_argv(["-m", "x.gguf", "--rpc", "127.0.0.1:1", "--rpc", "h:2", "-dev", "RPC0", "-ngl", "9",
+                              "--no-kv-offload"]).config
+    assert back.rpc == ("127.0.0.1:1", "h:2") and not back.kv_offload
+    with pytest.raises(PricingError, match="HOST:PORT"):
+        parse_server_argv(["-m", "x.gguf", "--rpc", "127.0.0.1"])

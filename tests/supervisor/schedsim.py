@@ -19,6 +19,7 @@ from fitevict.budget import Budget
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.errors import SupervisorError
+from fitevict.schedule.fair import Share
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 
 
@@ -82,6 +83,9 @@ class Served:
     handed: float | None = None  # when the scheduler gave it a seat
     done: float | None = None
     rejected: str | None = None
+    share: Share = Share()
+    estimate: float | None = None  # the wait stated when it was queued (None: handed at once)
+    retry_after: int | None = None
 
 
 @dataclass
@@ -106,6 +110,7 @@ class World:
     _wake: float | None = None
     on_stop: Callable[[World, str, str], None] | None = None
     _after: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _waiters: dict[str, Waiter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.plans = Recorder(self.sizes, self.budget_bytes)
@@ -145,6 +150,7 @@ class World:
     def dispatch(self, waiter: Waiter, key: str) -> None:
         r = self.requests[waiter.request_id]
         r.handed = self.t
+        self._waiters[r.rid] = waiter
         if not waiter.hold:
             return
         eng = self._engine[key]
@@ -153,6 +159,7 @@ class World:
 
     def reject(self, waiter: Waiter, error: SupervisorError) -> None:
         self.requests[waiter.request_id].rejected = type(error).__name__
+        self.requests[waiter.request_id].retry_after = getattr(error, "retry_after", None)
         after = self._after.pop(waiter.request_id, None)
         if after is not None:
             self.at(self.t, after)
@@ -186,7 +193,8 @@ class World:
                 e = self._engine.get(k)
                 if e is not None:
                     e[0] -= 1
-                self.sched.finished(k)
+                self.sched.served(k, self.service_s(k))
+                self.sched.finished(k, self._waiters.pop(rid, None))
                 self._run(k)
             self.at(self.t + self.service_s(key), finish)
 
@@ -194,13 +202,16 @@ class World:
         heapq.heappush(self._heap, (when, next(self._seq), fn))
 
     def submit(self, rid: str, key: str, when: float, *, on_done: Callable[[], None] | None = None,
-               req: pl.PlanRequest | None = None) -> None:
+               req: pl.PlanRequest | None = None, share: Share = Share()) -> None:
         if on_done is not None:
             self._after[rid] = on_done
 
         def arrive() -> None:
-            self.requests[rid] = Served(rid, key, self.t)
-            self.sched.submit(Waiter(req or request(key), self.t, rid))
+            self.requests[rid] = r = Served(rid, key, self.t, share=share)
+            w = Waiter(req or request(key), self.t, rid, share=share)
+            self.sched.submit(w)
+            if w in self.sched.queue:
+                r.estimate = self.sched.estimate(w).seconds
         self.at(when, arrive)
 
     def client(self, cid: str, keys: list[str], start: float = 0.0, think: float = 0.0) -> None:

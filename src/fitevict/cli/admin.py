@@ -242,16 +242,31 @@ def _show_plan(plan: dict, budget: dict | None, as_json: bool) -> None:
 def ps(url: str | None = typer.Option(None, "--url", help=URL_HELP), key: str | None = typer.Option(None, "--key"),
        as_json: bool = typer.Option(False, "--json")) -> None:
     """What a running fitevict has loaded (like `ollama ps`)."""
-    data = admin_call(url, key, "GET", "/v1/models/residents")["data"]
+    doc = admin_call(url, key, "GET", "/v1/models/residents")
+    data = doc["data"]
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
     console.print(ps_table(data, time.time(), _url(url)))
+    if doc.get("queued"):
+        console.print(queued_table(doc["queued"]))
     console.print("[dim]host: measured (the latest reading); pred.: predicted; busy: in flight + waiting; --json: every figure "
                   "with its source[/]")
     usage = admin_call(url, key, "GET", "/health").get("data_dir")
     if usage:
         console.print(f"[dim]data folder {escape(data_dir_line(usage))}[/]")
+
+
+def queued_table(queued: list[dict]) -> Table:
+    """The requests waiting for a seat, in the queue's order, each with the wait estimated for it now."""
+    t = compact_table("waiting (est.: from its place, the measured loads and service ahead of it)",
+                      ["model", "client", "class", "waited", "est.", "ahead", "loads"],
+                      right=("waited", "est.", "ahead", "loads"))
+    for q in queued:
+        e = q["estimate"]
+        t.add_row(q["model"], q["client"], q["class"], f"{q['waited_seconds']:.1f} s", f"{e['seconds']:.1f} s",
+                  str(e["position"]), str(e["placements"]))
+    return t
 
 
 def data_dir_line(usage: dict) -> str:

@@ -21,6 +21,7 @@ from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.safetensors import is_hf_folder
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.engines.llama_cpp.devprobe import buffer_names, rules_for
 from fitevict.engines.machine import host_buffers
 from fitevict.pricing.hostbufs import dry_run_check
 from fitevict.pricing.footprint import HOST
@@ -44,6 +45,15 @@ def _dry_run(model: Path, cfg: LoadConfig, enabled: bool | None,
     if isinstance(res, Unavailable):
         return None, res.reason
     return res, ""
+
+
+def _device_rules(s: GgufStructure, cfg: LoadConfig, probe: bool) -> tuple[dict, list[str]]:
+    """Each device's backend rules as the engine fitevict would run answers them (stored, else probed now when the
+    engine may be run), and what could not be learned."""
+    from fitevict.engines.install import resolve_binary
+
+    found = resolve_binary("llama-server")
+    return rules_for(found.path, s, cfg, probe)
 
 
 def process_overhead(s: GgufStructure, cfg: LoadConfig) -> dict:
@@ -76,6 +86,8 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "devices": [d.to_json() for d in fp.devices],
         "buffers": [{"name": b.name, "device": b.device, "bytes": b.bytes, "mapped": b.mapped} for b in p.buffers],
         "host_buffers": p.host_buffers,  # where the extra host buffer rules (AMX, CPU_REPACK, ...) came from
+        # each device, the name of its buffers and where its backend's rules came from (probe or rule table)
+        "device_rules": [{"device": d, "buffer": b, "rules": r} for d, b, r in p.device_rules],
         "kv": {**p.kv.to_json(), "source": p.context_source} if p.kv else None,
         "output_at_load_bytes": p.output_at_load,
         "host": {"mapped_bytes": fp.host_mapped_bytes, "committed_bytes": fp.host_committed_bytes},
@@ -102,7 +114,12 @@ def price_cmd(
     kv_unified: bool | None = typer.Option(None, "-kvu/-no-kvu", "--kv-unified/--no-kv-unified",
                                            help="One KV buffer shared by all slots."),
     swa_full: bool = typer.Option(False, "--swa-full", help="Full-size SWA cache."),
-    device: str = typer.Option("none", "-dev", "--device", help="Devices, e.g. CUDA0,CUDA1 (none = CPU only)."),
+    device: str = typer.Option("none", "-dev", "--device",
+                               help="Devices, e.g. CUDA0,CUDA1, Vulkan0 or RPC0,RPC1 (none = CPU only)."),
+    rpc: str | None = typer.Option(None, "--rpc", help="rpc-server endpoints HOST:PORT[,...]: devices RPC0, RPC1, ..."),
+    tensor_split: str | None = typer.Option(None, "-ts", "--tensor-split",
+                                            help="Each device's share of the offloaded layers, e.g. 3,1."),
+    no_kv_offload: bool = typer.Option(False, "-nkvo", "--no-kv-offload", help="Keep the KV cache in host memory."),
     override_tensor: list[str] = typer.Option(
         [], "-ot", "--override-tensor", help="PATTERN=BUFFER_TYPE[,...]: put matching weights in CPU or a device."),
     embeddings: bool = typer.Option(False, "--embeddings", "--embedding", help="An embeddings seat."),
@@ -140,7 +157,9 @@ def price_cmd(
             cmd = parse_server_argv(["-m", model, "-c", str(ctx_size), "-ngl", str(n_gpu_layers),
                                      "--n-cpu-moe", str(n_cpu_moe), "-ctk", cache_type_k, "-ctv", cache_type_v,
                                      "-fa", flash_attn, "-ub", str(ubatch), "-b", str(batch), "-lm", load_mode,
-                                     "-dev", device,
+                                     *(["--rpc", rpc] if rpc else []), "-dev", device,
+                                     *(["-ts", tensor_split] if tensor_split else []),
+                                     *(["-nkvo"] if no_kv_offload else []),
                                      *(["-np", str(parallel)] if parallel is not None else []),
                                      *(["-kvu" if kv_unified else "-no-kvu"] if kv_unified is not None else []),
                                      *(["--swa-full"] if swa_full else []),
@@ -152,7 +171,10 @@ def price_cmd(
         # the engine's dry run sizes the compute buffer, and the caches of an architecture fitevict has no rules for
         dry, why = _dry_run(path, cfg, dry_run, cmd.dry_run_args)
         compute = dry.compute if dry else None
-        p = price(s, cfg, compute=compute, context=dry.context if dry else None, host=host_buffers())
+        backends, probe_notes = _device_rules(s, cfg, dry_run is not False)
+        notes += probe_notes
+        p = price(s, cfg, compute=compute, context=dry.context if dry else None, host=host_buffers(),
+                  backends=backends, buffer_names=buffer_names(backends))
     except PricingError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(2) from e
@@ -192,6 +214,8 @@ def _show(s: GgufStructure, cfg: LoadConfig, p: Pricing, warnings: list[str]) ->
         bt.add_row(b.name, b.device, str(b.bytes), format_size(b.bytes), "mapped (page cache)" if b.mapped else "committed")
     con.print(bt)
     con.print(f"host buffer rules: {p.host_buffers}", highlight=False)
+    for d, b, r in p.device_rules:
+        con.print(f"device {d}: buffers {b}; rules {r}", highlight=False)
     if p.kv:
         k = p.kv
         con.print(f"KV: {k.cells} cells x {k.layers_full} layers, SWA {k.cells_swa} cells x {k.layers_swa} layers, "

@@ -7,12 +7,13 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 from fitevict import paths
-from fitevict.config.records import (BudgetConfig, Config, ConfigError, DevicesConfig, EngineConfig, LogsConfig,
-                                     ModelConfig, PolicyConfig, ServerConfig, StoresConfig)
+from fitevict.config.records import (BudgetConfig, Config, ConfigError, DevicesConfig, EngineConfig, FairConfig,
+                                     LogsConfig, ModelConfig, PolicyConfig, ServerConfig, StoresConfig)
 from fitevict.config.schema import MOVED, OTHER_ENV, BY_KEY, KEYS, MODEL_FIELDS, SECTIONS, TOP_LEVEL, env_variables
 from fitevict.config.parsers import Parser, BadValue, KEY_RE, Origin
 
@@ -166,6 +167,19 @@ def _check_aliases(models: Mapping[str, ModelConfig]) -> None:
             owner[low] = f"an alias of models.{key}"
 
 
+def _check_fair(fair: FairConfig) -> None:
+    """Every class named (the default, each key's own and those it may ask for) is one of ``fair.classes``."""
+    names = tuple(fair.classes)
+    named = [("fair.default_class", fair.default_class)]
+    for k in fair.keys.values():
+        named += [(f"fair.keys.{k.name}.class", k.klass)] if k.klass is not None else []
+        named += [(f"fair.keys.{k.name}.classes", c) for c in k.classes]
+    for where, c in named:
+        if c not in names:
+            raise ConfigError(f"{where} = {c!r}: not a priority class; fair.classes has {', '.join(names)}"
+                              + _did_you_mean(c, names))
+
+
 def load_config(
     path: Path | None = None,
     *,
@@ -202,6 +216,11 @@ def load_config(
         return cls(**{k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)})
 
     policy: PolicyConfig = section(PolicyConfig, "policy")
+    fair: FairConfig = section(FairConfig, "fair")
+    _check_fair(fair)
+    server: ServerConfig = section(ServerConfig, "server")
+    server = replace(server, api_keys=server.api_keys + tuple(k.key for k in fair.keys.values()
+                                                              if k.key not in server.api_keys))
     models = {key: _build_model(key, r) for key, r in models_raw.items()}
     _check_aliases(models)
     data_dir: Path = values.get("data_dir") or paths.data_dir()
@@ -210,11 +229,12 @@ def load_config(
     for key, r in models_raw.items():
         origins.update({f"models.{key}.{n}": o.text for n, (_, o) in r.items()})
     return Config(
-        server=section(ServerConfig, "server"),
+        server=server,
         engine=section(EngineConfig, "engine"),
         budget=section(BudgetConfig, "budget"),
         devices=section(DevicesConfig, "devices"),
         policy=policy,
+        fair=fair,
         stores=section(StoresConfig, "stores"),
         logs=section(LogsConfig, "logs"),
         models=MappingProxyType(models),

@@ -309,3 +309,55 @@ def alias_table(v: Any, o: Origin) -> Mapping[str, str]:
             raise BadValue(f"{form}; the model for {name!r} must be one model's name (no '*'), got {target!r}")
         out[name] = target
     return MappingProxyType(out)
+
+
+def class_table(v: Any, o: Origin) -> Mapping[str, float]:
+    """``fair.classes``: priority class names -> weights (> 0); the heavier class goes first."""
+    form = 'a table of class names to weights > 0, e.g. { interactive = 4, batch = 1 }'
+    if not isinstance(v, Mapping) or not v:
+        raise BadValue(form)
+    out: dict[str, float] = {}
+    for name, w in v.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise BadValue(f"{form}; {name!r} is no class name (letters, digits, _ . -)")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < float("inf"):
+            raise BadValue(f"{form}; the weight of {name!r} is {w!r}")
+        out[name] = float(w)
+    return MappingProxyType(out)
+
+
+KEY_FIELDS = ("key", "class", "classes", "weight", "max_in_flight", "max_queue")
+
+
+def key_table(v: Any, o: Origin) -> Mapping[str, Any]:
+    """``[fair.keys.<name>]``: per API key, its secret (``key``), ``class``, the ``classes`` it may ask for above its
+    own, its ``weight`` within its class and its caps."""
+    from fitevict.config.records import KeyConfig
+
+    form = 'tables [fair.keys.<name>] with key = "...", and optionally class, classes, weight, max_in_flight, max_queue'
+    if not isinstance(v, Mapping):
+        raise BadValue(form)
+    out: dict[str, KeyConfig] = {}
+    for name, t in v.items():
+        if not isinstance(t, Mapping) or "key" not in t:
+            raise BadValue(f"{form}; fair.keys.{name} has no key")
+        unknown = [f for f in t if f not in KEY_FIELDS]
+        if unknown:
+            raise BadValue(f"{form}; fair.keys.{name} has no field {unknown[0]!r} (it has {', '.join(KEY_FIELDS)})")
+        try:
+            out[name] = KeyConfig(
+                name=alias(name, o), key=secret(t["key"], o),
+                klass=nonempty_text(t["class"], o) if "class" in t else None,
+                classes=str_list()(t.get("classes", []), o),
+                weight=_positive(t.get("weight", 1.0)),
+                max_in_flight=integer(1)(t["max_in_flight"], o) if "max_in_flight" in t else None,
+                max_queue=integer(0)(t["max_queue"], o) if "max_queue" in t else None)
+        except BadValue as e:
+            raise BadValue(f"{form}; in fair.keys.{name}: {e}") from None
+    return MappingProxyType(out)
+
+
+def _positive(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise BadValue(f"a weight > 0, got {v!r}")
+    return float(v)

@@ -29,6 +29,11 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------- the typed records
 
 
+def _empty_mapping() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -131,6 +136,35 @@ class PolicyConfig:
     recycle_outgrown: bool = False
 
 
+def _default_classes() -> Mapping[str, float]:
+    return MappingProxyType({"interactive": 4.0, "batch": 1.0})
+
+
+@dataclass(frozen=True, slots=True)
+class KeyConfig:
+    """One ``[fair.keys.<name>]`` entry: an API key (a user key) and what it is given. ``None``: the ``[fair]``
+    default."""
+
+    name: str
+    key: str  # the secret itself
+    klass: str | None = None  # its priority class (TOML: class); None: fair.default_class
+    classes: tuple[str, ...] = ()  # the classes its requests may ask for above its own (x-fitevict-priority)
+    weight: float = 1.0  # its share against the other keys of its class
+    max_in_flight: int | None = None  # None: fair.key_max_in_flight
+    max_queue: int | None = None  # None: fair.key_max_queue
+
+
+@dataclass(frozen=True, slots=True)
+class FairConfig:
+    """Fairness between clients (docs/scheduling.md): priority classes with weights, and per-key caps."""
+
+    classes: Mapping[str, float] = field(default_factory=_default_classes)  # name -> weight; the heavier goes first
+    default_class: str = "interactive"  # a request's class when neither its key nor the request names one
+    key_max_in_flight: int | None = None  # per key, requests handed to seats at once (None: no cap)
+    key_max_queue: int | None = None  # per key, requests waiting at once (None: no cap; policy.max_queue per model)
+    keys: Mapping[str, KeyConfig] = field(default_factory=_empty_mapping)  # [fair.keys.<name>]
+
+
 @dataclass(frozen=True, slots=True)
 class StoresConfig:
     """The model stores read beside ``models_dirs`` (fitevict.sources): ``True`` reads a store at its own default
@@ -139,10 +173,6 @@ class StoresConfig:
     ollama: bool | Path = True  # $OLLAMA_MODELS, else ~/.ollama/models
     hf_cache: bool | Path = True  # $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub
     lmstudio: bool | Path = True  # ~/.lmstudio/models (older installs: ~/.cache/lm-studio/models)
-
-
-def _empty_mapping() -> Mapping[str, Any]:
-    return MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +209,7 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    fair: FairConfig = field(default_factory=FairConfig)
     stores: StoresConfig = field(default_factory=StoresConfig)
     logs: LogsConfig = field(default_factory=LogsConfig)
     models: Mapping[str, ModelConfig] = field(default_factory=_empty_mapping)
@@ -203,6 +234,10 @@ class Config:
             "budget": {f.name: _jsonable(getattr(self.budget, f.name)) for f in fields(self.budget)},
             "devices": {f.name: _jsonable(getattr(self.devices, f.name)) for f in fields(self.devices)},
             "policy": {f.name: getattr(self.policy, f.name) for f in fields(self.policy)},
+            "fair": {"classes": dict(self.fair.classes), "default_class": self.fair.default_class,
+                     "key_max_in_flight": self.fair.key_max_in_flight, "key_max_queue": self.fair.key_max_queue,
+                     "keys": {n: {**_jsonable({f.name: getattr(k, f.name) for f in fields(k)}), "key": REDACTED}
+                              for n, k in self.fair.keys.items()}},
             "stores": {f.name: _jsonable(getattr(self.stores, f.name)) for f in fields(self.stores)},
             "logs": {f.name: getattr(self.logs, f.name) for f in fields(self.logs)},
             "models_dirs": [str(p) for p in self.models_dirs],

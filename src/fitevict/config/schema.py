@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fitevict.config.records import CACHE_TYPES
 from fitevict.config.records import ALLOC_MODES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
-from fitevict.config.parsers import (Parser, alias, alias_table, arg_list, boolean, days, one_of, fraction, integer, integer_or, origin_url,
+from fitevict.config.parsers import (Parser, alias, alias_table, arg_list, class_table, key_table, boolean, days, one_of, fraction, integer, integer_or, origin_url,
                                      path_value, positive_size, request_defaults, rpc_endpoint, seconds, secret, size,
                                      size_per_device, store_url, store_source, str_list, nonempty_text, uma_table)
 
@@ -76,6 +76,11 @@ KEYS: tuple[_Key, ...] = (
     _Key("policy.prompt_cache_min_tokens", integer(1)),
     _Key("policy.prompt_cache_disk", size(optional=False)),
     _Key("policy.recycle_outgrown", boolean, env="FITEVICT_RECYCLE_OUTGROWN"),
+    _Key("fair.classes", class_table),
+    _Key("fair.default_class", nonempty_text, env="FITEVICT_DEFAULT_CLASS"),
+    _Key("fair.key_max_in_flight", integer_or("none", 1)),
+    _Key("fair.key_max_queue", integer_or("none", 0)),
+    _Key("fair.keys", key_table),
     _Key("stores.ollama", store_source, env="FITEVICT_OLLAMA"),
     _Key("stores.hf_cache", store_source, env="FITEVICT_HF_CACHE"),
     _Key("stores.lmstudio", store_source, env="FITEVICT_LMSTUDIO"),
@@ -87,9 +92,9 @@ KEYS: tuple[_Key, ...] = (
     _Key("aliases", alias_table),  # a table: names clients send (``*`` patterns too) -> catalog models
 )
 BY_KEY: dict[str, _Key] = {k.key: k for k in KEYS}
-SECTIONS = ("server", "engine", "budget", "devices", "policy", "stores", "logs")
-TOP_LEVEL = ("server", "engine", "budget", "devices", "policy", "stores", "logs", "models", "models_dirs", "data_dir", "store_url",
-             "aliases")
+SECTIONS = ("server", "engine", "budget", "devices", "policy", "fair", "stores", "logs")
+TOP_LEVEL = ("server", "engine", "budget", "devices", "policy", "fair", "stores", "logs", "models", "models_dirs",
+             "data_dir", "store_url", "aliases")
 
 MODEL_FIELDS: dict[str, Parser] = {
     "path": path_value,

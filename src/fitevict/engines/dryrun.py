@@ -43,7 +43,7 @@ from fitevict.engines.machine import this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.pricing.logparse import DryContext, device_of, parse_dry_context
+from fitevict.pricing.logparse import DryContext, device_aliases, device_of, parse_dry_context
 from fitevict.pricing.projector import parse_projector_estimate
 from fitevict.units import MiB
 
@@ -57,7 +57,9 @@ def _key(binary: Path, model: Path, args: list[str], loras: tuple[str, ...] = ()
     adapters = [(str(Path(f).resolve()), Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in loras]
     blob = json.dumps([CACHE_VERSION, str(model.resolve()), st.st_size, st.st_mtime_ns,
                        str(binary.resolve()), bst.st_size, bst.st_mtime_ns, args[2:], *([adapters] if loras else []),
-                       this_cpu().fingerprint])  # the same build on another CPU sizes other buffers
+                       this_cpu().fingerprint,  # the same build on another CPU sizes other buffers
+                       # which Vulkan devices the engine is shown (only when set: earlier keys stay the same)
+                       *([os.environ["GGML_VK_VISIBLE_DEVICES"]] if "GGML_VK_VISIBLE_DEVICES" in os.environ else [])])
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -145,11 +147,13 @@ _DRY_START = re.compile(r"llama_context: constructing llama_context")
 def parse_dry_compute(text: str) -> dict[str, int]:
     """Compute bytes per budget device from the last dry-run reservation in a ``-lv 5`` server log."""
     out: dict[str, int] = {}
+    aliases = device_aliases(text)  # RPC0[HOST:PORT] -> the RPC device it is
     for line in text.splitlines():
         if _DRY_START.search(line):
             out = {}
         elif m := _DRY_COMPUTE.search(line):
-            out[device_of(m.group(1))] = out.get(device_of(m.group(1)), 0) + round(float(m.group(2)) * MiB)
+            dev = device_of(m.group(1), aliases)
+            out[dev] = out.get(dev, 0) + round(float(m.group(2)) * MiB)
         elif FIT_DONE.search(line):
             break
     return out
@@ -259,11 +263,13 @@ def _smaps(pid: int) -> dict[str, int] | None:
 def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadConfig, *,
                      port: int = 0, timeout_s: float = 60.0, wait_listening: bool = False,
                      extra_args: tuple[str, ...] = (), exact: bool = False,
-                     mmproj: str | Path | None = None, warmup: bool = False) -> CapturedLoad:
+                     mmproj: str | Path | None = None, warmup: bool = False,
+                     on_ready: Callable[[int], None] | None = None) -> CapturedLoad:
     """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
     listens, with ``wait_listening``), sample smaps_rollup, then stop the process group. ``exact``: preload the
     allocator trace (engines/buftrace), so ``pricing.buftrace.parse_exact_log`` reads every buffer to the byte; a
-    trace that cannot be built fails the capture with the reason."""
+    trace that cannot be built fails the capture with the reason. ``on_ready(pid)`` reads the loaded process
+    (a device's own reading, say) before it is stopped."""
     binary = Path(binary_dir) / SERVER
     argv = [str(binary), *server_args(model_path, cfg, extra_args, mmproj), "-lv", "4", "--host", "127.0.0.1",
             "--port", str(port or free_port()), *([] if warmup else ["--no-warmup"]), "-t", "1"]
@@ -279,6 +285,8 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
 
     def sample(pid: int) -> None:
         seen["after"] = _smaps(pid)
+        if on_ready is not None:
+            on_ready(pid)
 
     env = None
     if exact:

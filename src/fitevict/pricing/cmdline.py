@@ -10,6 +10,7 @@ know are skipped with a warning. Pure.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fitevict.pricing.flags import SWITCHES, Switch, ValueFlag
@@ -78,6 +79,15 @@ def _split(flag: str, v: str) -> tuple[float, ...]:
     if not shares or any(x < 0 for x in shares):
         raise PricingError(f"{flag} {v!r}: give one share >= 0 per device, e.g. {flag} 3,1")
     return shares
+
+
+def _endpoints(flag: str, v: str) -> tuple[str, ...]:
+    """``--rpc 127.0.0.1:50052,host:50053``: each rpc-server endpoint, in order (a port is required)."""
+    out = tuple(e.strip() for e in v.split(",") if e.strip())
+    bad = [e for e in out if not re.fullmatch(r"\[?[^\s,\[\]]+\]?:\d{1,5}", e)]
+    if not out or bad:
+        raise PricingError(f"{flag} {v!r}: give HOST:PORT[,HOST:PORT...], e.g. {flag} 127.0.0.1:50052")
+    return out
 
 
 NO_REPACK_FLAGS = next(s.names for s in SWITCHES if s.field == "repack")
@@ -212,6 +222,12 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
         elif a in ("-dev", "--device"):
             v = value(a)
             kw["devices"] = () if v == "none" else tuple(d for d in v.split(",") if d)
+        elif a == "--rpc":  # SERVERS: comma-separated HOST:PORT; the engine names their devices RPC0, RPC1, ...
+            kw["rpc"] = (*kw.get("rpc", ()), *_endpoints(a, value(a)))  # type: ignore[misc]
+        elif a in ("-nkvo", "--no-kv-offload"):
+            kw["kv_offload"] = False
+        elif a in ("-kvo", "--kv-offload"):
+            kw["kv_offload"] = True
         elif a.startswith("-"):
             i += _skipped(a, args[i + 1] if i + 1 < len(args) else None, warnings)
         elif not model:

@@ -135,13 +135,13 @@ def is_host_buffer(buffer_name: str, devices: Iterable[str] = ()) -> bool:
     """Whether a buffer the engine names counts against host memory: everything but a device's own buffer.
 
     ``devices`` are the engine's devices (``CUDA0``, ``Vulkan1``, ...). Without them a device is recognised by
-    its spelling (letters and an index, as ggml names devices); ``AMX``, ``CPU_REPACK``, ``CUDA_Host``,
+    its spelling (letters and an index, as ggml names devices, an RPC device's buffers with ``[HOST:PORT]``); ``AMX``, ``CPU_REPACK``, ``CUDA_Host``,
     ``CPU_Mapped`` and any name of that kind is host memory, never a device of its own."""
     if buffer_name in tuple(devices):
         return False
     if buffer_name.startswith("CPU") or buffer_name.endswith("_Host"):
         return True
-    return re.fullmatch(r"[A-Za-z]+\d+", buffer_name) is None
+    return re.fullmatch(r"[A-Za-z]+\d+(\[[^\]]+\])?", buffer_name) is None  # RPC0[HOST:PORT]: an RPC device
 
 
 # --- the rule table: llama.cpp 0c1e570's own rules, by the CPU features they depend on -------------------------

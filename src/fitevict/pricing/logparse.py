@@ -22,6 +22,7 @@ Missing lines leave their terms unavailable, with the reason. Pure.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fitevict.pricing.hostbufs import is_host_buffer
@@ -81,6 +82,8 @@ class LoadLog:
     notes: tuple[str, ...] = field(default=())
     precision_bytes: int = PRECISION_BYTES  # 0 once the allocator trace made every figure exact (pricing.buftrace)
     arch: str | None = None  # print_info's architecture: for one llama.cpp makes no memory for, no cache line is due
+    # buffer type names that are not their device's name, from the log's "using device" lines: RPC0[HOST:PORT] -> RPC1
+    aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def loaded(self) -> bool:
@@ -90,20 +93,23 @@ class LoadLog:
         """Per device: model / context / compute / output, source "engine-reported"; missing lines unavailable."""
         devs: dict[str, dict[str, int]] = {}
 
-        def add(dev: str, term: str, n: int) -> None:
+        alias = dict(self.aliases)
+
+        def add(name: str, term: str, n: int) -> None:
+            dev = device_of(name, alias)
             devs.setdefault(dev, {}).setdefault(term, 0)
             devs[dev][term] += n
 
         for name, n in self.model_buffers:
-            add(device_of(name), "model", n)
+            add(name, "model", n)
         for name, n in (*self.kv_buffers, *self.rs_buffers):
-            add(device_of(name), "context", n)
+            add(name, "context", n)
         for name, n in self.compute_buffers:
-            add(device_of(name), "compute", n)
+            add(name, "compute", n)
         for name, n in self.output_buffers:
-            add(device_of(name), "output", n)
+            add(name, "output", n)
         for name, n in self.lora_buffers:
-            add(device_of(name), "adapters", n)
+            add(name, "adapters", n)
         if not devs:
             return Footprint(devices=(DeviceFootprint(
                 HOST, *(Term.unavailable("the log has no buffer lines (was it written with -lv 4 or more?)"),) * 4),),
@@ -134,10 +140,31 @@ class LoadLog:
                          host_source="engine-reported", notes=self.notes)
 
 
-def device_of(buffer_name: str) -> str:
-    """The budget device a buffer counts against: a device's own buffer (CUDA0, Vulkan1, ...) is that device;
-    every other name (CPU, CPU_Mapped, CPU_REPACK, AMX, CUDA_Host, KleidiAI's, ...) is host memory, "CPU"."""
+def device_of(buffer_name: str, aliases: Mapping[str, str] | None = None) -> str:
+    """The budget device a buffer counts against: a device's own buffer (CUDA0, Vulkan1, ...) is that device, an
+    RPC buffer (``RPC0[HOST:PORT]``) the device ``aliases`` names for it (``device_aliases``; else the buffer name
+    itself); every other name (CPU, CPU_Mapped, CPU_REPACK, AMX, CUDA_Host, Vulkan_Host, ...) is host memory."""
+    if aliases and buffer_name in aliases:
+        return aliases[buffer_name]
     return HOST if is_host_buffer(buffer_name) else buffer_name
+
+
+_USING = re.compile(r"using device (\S+) \((.*?)\) \(")
+
+
+def device_aliases(text: str) -> dict[str, str]:
+    """Buffer type name -> device for the devices a log says it uses whose buffers are not named after them: an RPC
+    device ``RPC<k>`` (described by its endpoint) allocates ``RPC<i>[endpoint]``, ``i`` its index on that server."""
+    out: dict[str, str] = {}
+    per_endpoint: dict[str, int] = {}
+    for line in text.splitlines():
+        if (m := _USING.search(line)) and m.group(1).startswith("RPC") and m.group(2) not in ("",):
+            ep = m.group(2)
+            name = f"RPC{per_endpoint.get(ep, 0)}[{ep}]"
+            if name not in out:
+                out[name] = m.group(1)
+                per_endpoint[ep] = per_endpoint.get(ep, 0) + 1
+    return out
 
 
 def _sum(pairs: list[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
@@ -213,6 +240,7 @@ def parse_load_log(text: str) -> LoadLog:
         flash_attn_resolved=vals.get("fa_resolved"),  # type: ignore[arg-type]
         kv_unified=(vals["kv_unified"] == "true") if "kv_unified" in vals else None,
         breakdown=tuple(breakdown[-8:]) if breakdown else (), notes=tuple(notes), arch=arch,
+        aliases=tuple(device_aliases(text).items()),
     )
 
 

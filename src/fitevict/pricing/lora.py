@@ -113,12 +113,6 @@ def load_adapter(path: str | Path) -> LoraAdapter:
     return _cached(*file_identity(path, "adapter file"))
 
 
-def _buffer_device(base_buffer: str, devices: tuple[str, ...]) -> str:
-    """The budget device of a LoRA buffer: a base weight on a GPU keeps it there; every host buffer type
-    (mapped file, repack, pinned host) gives a plain CPU buffer."""
-    return base_buffer if base_buffer in devices else HOST
-
-
 def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str, ...], arch: str,
                   names: frozenset[str]) -> dict[str, int]:
     """Bytes of the LoRA buffers one adapter allocates, per budget device, for a base placed as ``placement``
@@ -135,11 +129,13 @@ def adapter_bytes(adapter: LoraAdapter, placement: Placement, devices: tuple[str
         if buf is None:
             raise PricingError(f"{adapter.path}: LoRA tensor {t.base_name!r} does not exist in the base model; "
                                "the adapter is for another base")
-        dev = _buffer_device(buf, devices)
+        # a base weight on a device keeps its LoRA there; every host buffer type gives a plain CPU buffer
+        dev = placement.device_of_buffer(buf)
         if dev == HOST:
             n = pad(t.nbytes, CPU_TENSOR_ALIGNMENT)
         else:
-            n = gpu_alloc(TensorInfo(t.name, t.ggml_type, t.shape, t.nbytes, 0, None, False), dev)
+            n = gpu_alloc(TensorInfo(t.name, t.ggml_type, t.shape, t.nbytes, 0, None, False), dev,
+                          placement.rules(dev))
         out[dev] = out.get(dev, 0) + n
     return out
 

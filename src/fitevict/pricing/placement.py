@@ -16,10 +16,13 @@ Rules:
   A tied output copy is created under the name ``token_embd.weight``, so the overrides that move token_embd move
   it too. A buffer type the machine does not have is refused when the flag is parsed. Overrides move weights
   only: the KV cache follows its layer's device.
-- A CPU weight takes the first buffer type that supports its op, in the order: the first GPU's host
-  buffer (``CUDA_Host``, only when a GPU is in use), this machine's extra buffer types (``pricing/hostbufs``:
-  ``AMX``, ``CPU_REPACK``, ..., learned from the engine or from the rule table; none with ``-nr``), then ``CPU``.
-  With mmap a host-buffer weight falls back to ``CPU``.
+- A CPU weight takes the first buffer type that supports its op, in the order: the host buffer type of the first
+  device that has one (``CUDA_Host``, ``Vulkan_Host``; an RPC device has none; asked with that device's
+  ``supports_op``), this machine's extra buffer types (``pricing/hostbufs``: ``AMX``, ``CPU_REPACK``, ..., learned
+  from the engine or from the rule table; none with ``-nr``), then ``CPU``. With mmap a host-buffer weight falls
+  back to ``CPU``.
+- A layer weight on a device whose op that device cannot run (``pricing/backends``: the kinds its probe saw it
+  reject) takes the CPU list above instead; an ``-ot`` to a device is used without asking.
 - With mmap the ``CPU`` weights are not copied: their buffer is the file-offset span from the first to
   the last such tensor (``CPU_Mapped``), page cache rather than committed memory; an extra-buffer weight in
   the middle of the span is counted twice (mapped pages plus its copy).
@@ -28,7 +31,8 @@ Rules:
   takes the weights from ``LoadConfig.tensor_split``: the planner applies this rule to the free memory NVML
   reports (``default_split``), fills ``tensor_split`` with the resulting layers per device
   (``layers_per_device``), and the seat is started with that ``-ts``, so the engine splits exactly as priced.
-- GPU buffers pad each tensor to the device alignment; CUDA pads quantized rows to 512 elements.
+- Device buffers are named and padded by their backend (``pricing/backends``): ``CUDA0`` pads to 128 and quantized
+  rows to 512 elements, ``Vulkan0`` to its device's alignment, an RPC device's ``RPC0[HOST:PORT]`` to its server's.
 
 Pure.
 """
@@ -43,14 +47,13 @@ from dataclasses import dataclass
 import numpy as np
 
 
+from fitevict.pricing.backends import BackendRules, DeviceBackend, device_backends, rule_for, weight_kind
 from fitevict.pricing.footprint import HOST
-from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, is_quantized, pad, row_size
-from fitevict.pricing.hostbufs import NO_EXTRAS, HostBuffers, is_host_buffer
+from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
+from fitevict.pricing.hostbufs import NO_EXTRAS, HostBuffers
 from fitevict.pricing.gguf import EXPERT_RE, MTP_SKIP_ARCHS, GgufStructure, PricingError, TensorInfo
 from fitevict.pricing.loadconfig import LoadConfig
 
-GPU_ALIGNMENT: dict[str, int] = {"CUDA": 128, "ROCm": 128, "Vulkan": 128, "Metal": 32, "SYCL": 128}
-CUDA_MATRIX_ROW_PADDING = 512  # ggml-cuda: quantized rows padded to this many elements
 # Unnumbered tensors that llama.cpp places with the repeating layers (LLM_TENSOR_LAYER_REPEATING in
 # llama-arch.cpp): "first" is created with layer 0 (bloom's token_embd_norm); "every" is created by each layer
 # as a TENSOR_DUPLICATED copy, which the loader keeps once per buffer type (llama's rope_freqs, phi3's factors).
@@ -85,25 +88,24 @@ class Placement:
     tensor_buffer: tuple[tuple[str, str], ...]  # (tensor name, buffer name), tied output as "output.weight"
     buffers: tuple[Buffer, ...]
     warnings: tuple[str, ...] = ()
+    backends: tuple[DeviceBackend, ...] = ()  # the devices' buffer names and rules, as placed
+    host_moved: tuple[str, ...] = ()  # weights of offloaded layers left in host memory: their device cannot run them
 
     def buffer(self, name: str) -> Buffer | None:
         return next((b for b in self.buffers if b.name == name), None)
 
+    def device_of_buffer(self, name: str) -> str:
+        """The budget device of a buffer this placement names (a device's own buffer is that device)."""
+        return next((b.device for b in self.backends if b.buffer == name), HOST)
 
-def _gpu_family(dev: str) -> str:
-    return dev.rstrip("0123456789")
-
-
-def gpu_alloc(t: TensorInfo, dev: str) -> int:
-    size = t.nbytes
-    fam = _gpu_family(dev)
-    if fam in ("CUDA", "ROCm") and is_quantized(t.ggml_type) and t.shape and t.shape[0] % CUDA_MATRIX_ROW_PADDING:
-        size += row_size(t.ggml_type, CUDA_MATRIX_ROW_PADDING - t.shape[0] % CUDA_MATRIX_ROW_PADDING)
-    return pad(size, GPU_ALIGNMENT.get(fam, 128))
+    def rules(self, device: str) -> BackendRules:
+        return next((b.rules for b in self.backends if b.device == device), rule_for(device))
 
 
-def host_buffer_name(devices: tuple[str, ...]) -> str:
-    return f"{_gpu_family(devices[0])}_Host"
+def gpu_alloc(t: TensorInfo, dev: str, rules: BackendRules | None = None) -> int:
+    """Bytes ``dev``'s buffer gives weight ``t`` (its backend's padding and alignment; ``rules`` as placed, else
+    the family's rule)."""
+    return (rules or rule_for(dev)).alloc(t.ggml_type, t.shape, t.nbytes)
 
 
 def split_points(weights: Sequence[float]) -> tuple[float, ...]:
@@ -194,21 +196,30 @@ def override_for(name: str, layer: int | None, expert: bool, n_cpu_moe: int,
     return None
 
 
-def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> Placement:
+def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers,
+          backends: Mapping[str, BackendRules] | None = None,
+          buffer_names: Mapping[str, str] | None = None) -> Placement:
     """Assign every weight to a buffer and size the buffers; ``host`` is this machine's extra host buffer types
-    (ignored under ``-nr``, ``cfg.repack`` False)."""
+    (ignored under ``-nr``, ``cfg.repack`` False); ``backends`` each device's learned rules (``pricing/backends``;
+    a device without is given its family's rule), ``buffer_names`` each device's buffer name as the engine listed
+    it (RPC: ``RPC0[HOST:PORT]``)."""
     if not cfg.repack:
         host = NO_EXTRAS
     rules = compile_overrides(cfg.tensor_overrides, tuple(cfg.devices))
     ngl, warnings = _clamped_ngl(s, cfg)
     devices = tuple(cfg.devices)
+    bk = device_backends(devices, tuple(cfg.rpc), backends, buffer_names)
+    by_dev = {b.device: b for b in bk}
     layer_dev, out_dev = layer_devices(s.n_layer, ngl if devices else 0, devices, cfg.tensor_split)
-    host_buft = host_buffer_name(devices) if devices else None
+    # make_cpu_buft_list: the host buffer type of the first device that has one, asked with that device's ops
+    host_dev = next((b for b in bk if b.rules.host_buffer), None)
+    moved: list[str] = []
 
     def cpu_buffer(t: TensorInfo) -> tuple[str, int]:
         """(buffer, bytes it allocates for ``t``) for a weight on the host."""
-        if host_buft is not None:
-            return ("CPU_Mapped" if cfg.mmap else host_buft), t.nbytes
+        kind = weight_kind(t.name, t.ggml_type.name, t.shape)
+        if host_dev is not None and host_dev.rules.runs(kind):
+            return ("CPU_Mapped" if cfg.mmap else str(host_dev.rules.host_buffer)), t.nbytes
         got = host.place(t.name, t.ggml_type, t.shape, t.nbytes)
         if got is not None:
             return got
@@ -219,8 +230,13 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> Placement:
         buft = override_for(name or t.name, t.layer, t.expert, cfg.n_cpu_moe, rules)
         if buft is not None:
             dev = HOST if buft == CPU_BUFT else buft
-        buf, n = cpu_buffer(t) if dev == HOST else (dev, t.nbytes)
-        return t, buf, dev, n
+        elif dev != HOST and not by_dev[dev].rules.runs(weight_kind(t.name, t.ggml_type.name, t.shape)):
+            moved.append(t.name)  # select_weight_buft: the device cannot run its op; the CPU list follows
+            dev = HOST
+        if dev == HOST:
+            buf, n = cpu_buffer(t)
+            return t, buf, dev, n
+        return t, by_dev[dev].buffer, dev, by_dev[dev].rules.alloc(t.ggml_type, t.shape, t.nbytes)
 
     assigned: list[tuple[TensorInfo, str, str, int]] = []  # (tensor, buffer, device, bytes allocated)
     for t in s.tensors:
@@ -254,9 +270,13 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers) -> Placement:
             te_buf = next(buf for t, buf, _, _ in assigned if t is te)
             if got[1] != te_buf:  # in the same buffer the loader reuses token_embd itself
                 assigned.append(got)
+    if moved:
+        warnings.append(f"{len(moved)} weights of offloaded layers stay in host memory because their device cannot "
+                        f"run their op (first: {moved[0]}; {', '.join(b.rules.label() for b in bk)})")
     return Placement(n_gpu_layers=ngl, layer_device=layer_dev, output_device=out_dev,
                      tensor_buffer=tuple((t.name, buf) for t, buf, _, _ in assigned),
-                     buffers=_buffers(assigned, devices), warnings=tuple(warnings))
+                     buffers=_buffers(assigned, host_dev), warnings=tuple(warnings), backends=bk,
+                     host_moved=tuple(moved))
 
 
 def _clamped_ngl(s: GgufStructure, cfg: LoadConfig) -> tuple[int, list[str]]:
@@ -270,12 +290,15 @@ def _clamped_ngl(s: GgufStructure, cfg: LoadConfig) -> tuple[int, list[str]]:
     return cfg.n_gpu_layers, []
 
 
-def _buffers(assigned: list[tuple[TensorInfo, str, str, int]], devices: tuple[str, ...]) -> tuple[Buffer, ...]:
-    """The model buffers the assigned weights make: the mapped file span, and each other buffer's padded sum."""
-    sizes: dict[str, int] = {}
+def _buffers(assigned: list[tuple[TensorInfo, str, str, int]], host_dev: DeviceBackend | None) -> tuple[Buffer, ...]:
+    """The model buffers the assigned weights make: the mapped file span, and each other buffer's padded sum (a
+    device buffer's tensors come padded by its backend; a device host buffer pads to its own alignment and adds
+    what its allocation adds)."""
+    sizes: dict[tuple[str, str], int] = {}
     mapped_first: int | None = None
     mapped_last = 0
     seen_mapped: set[int] = set()
+    host_buf = host_dev.rules.host_buffer if host_dev is not None else None
     for t, buf, dev, n in assigned:
         if buf == "CPU_Mapped":
             if t.offset in seen_mapped:
@@ -284,12 +307,14 @@ def _buffers(assigned: list[tuple[TensorInfo, str, str, int]], devices: tuple[st
             mapped_first = t.offset if mapped_first is None else min(mapped_first, t.offset)
             mapped_last = max(mapped_last, t.end)
         elif dev != HOST:
-            sizes[buf] = sizes.get(buf, 0) + gpu_alloc(t, dev)
+            sizes[(buf, dev)] = sizes.get((buf, dev), 0) + n
+        elif buf == host_buf and host_dev is not None:
+            sizes[(buf, dev)] = sizes.get((buf, dev), host_dev.rules.host_extra) + pad(n, host_dev.rules.host_alignment)
         else:
-            sizes[buf] = sizes.get(buf, 0) + pad(n, CPU_TENSOR_ALIGNMENT)
+            sizes[(buf, dev)] = sizes.get((buf, dev), 0) + pad(n, CPU_TENSOR_ALIGNMENT)
     buffers: list[Buffer] = []
     if mapped_first is not None:
         buffers.append(Buffer("CPU_Mapped", HOST, mapped_last - mapped_first, mapped=True))
-    for name in sorted(sizes):
-        buffers.append(Buffer(name, HOST if is_host_buffer(name, devices) else name, sizes[name]))
+    for name, dev in sorted(sizes):
+        buffers.append(Buffer(name, dev, sizes[(name, dev)]))
     return tuple(buffers)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fitevict.pricing.backends import BackendRules
 from fitevict.pricing.footprint import HOST, ZERO_FORMULA, DeviceFootprint, Footprint, Term
 from fitevict.pricing.gguf import GgufStructure, PricingError
 from fitevict.pricing.kv import KvInfo, KvLayer, ResolvedContext, kv_layers, output_bytes, resolve_context
@@ -42,6 +43,7 @@ class Pricing:
     output_at_load: int = 0  # the output buffer the load reserves (the log's line); the footprint holds its peak
     context_source: str = "formula"  # "dry-run" when the caches come from the engine's dry run
     host_buffers: str = ""  # where the extra host buffer rules came from (probe or rule table, and on what)
+    device_rules: tuple[tuple[str, str, str], ...] = ()  # (device, its buffer name, where its backend's rules came from)
 
     def config_json(self, cfg: LoadConfig) -> dict:
         return {
@@ -119,15 +121,19 @@ def price(
     context: DryContext | None = None,
     host: HostBuffers,
     loras: Mapping[str, LoraAdapter] | None = None,
+    backends: Mapping[str, BackendRules] | None = None,
+    buffer_names: Mapping[str, str] | None = None,
 ) -> Pricing:
     """Price ``s`` under ``cfg``. ``compute`` (device -> bytes, e.g. from ``dry_run_compute``) overrides the
     compute term with source "dry-run". ``context`` (the caches the same dry run sized) prices the context of an
     architecture fitevict has no KV rules for, with source "dry-run"; for a known architecture the exact rules
     win. ``host`` is the machine's extra host buffer table (``host.machine.host_buffers()`` reads this one's).
     ``loras``: the headers of ``cfg.loras`` already read (path -> adapter); without them they are read here.
+    ``backends``: each device's rules as its probe learned them (``pricing/backends``; else its family's rule),
+    ``buffer_names``: each device's buffer name as the engine lists it (RPC: ``RPC0[HOST:PORT]``).
     Raises PricingError for a configuration llama.cpp refuses."""
     rc = resolve_context(s, cfg)
-    pl: Placement = place(s, cfg, host)
+    pl: Placement = place(s, cfg, host, backends, buffer_names)
     warnings = [*rc.warnings, *pl.warnings]
     if cfg.n_cpu_moe and not s.is_moe:
         warnings.append(f"--n-cpu-moe {cfg.n_cpu_moe} has no effect: {s.arch} has no experts")
@@ -148,8 +154,8 @@ def price(
         else:
             ctx_reason = f"{err}; no dry run of the engine sized it"
     if kv is not None:
-        for layer in kv.layers:
-            dev = pl.layer_device[layer.il]
+        for layer in kv.layers:  # -nkvo: every cache in host memory (a plain CPU buffer)
+            dev = pl.layer_device[layer.il] if cfg.kv_offload else HOST
             ctx_by_dev[dev] = ctx_by_dev.get(dev, 0) + layer.bytes
 
     model_by_dev: dict[str, int] = {}
@@ -160,7 +166,9 @@ def price(
     lora_by_dev = adapters_bytes(cfg.loras, pl, tuple(cfg.devices), s.arch, names, loras) if cfg.loras else {}
     devices = [HOST, *(d for d in cfg.devices if d in model_by_dev or d in ctx_by_dev or d in lora_by_dev)]
     out_dev = HOST  # the output buffer lives in host memory (the output device's host buffer when offloaded)
-    out_b = output_bytes(s, rc, cfg.embeddings)
+    # a device host buffer (Vulkan_Host) adds its own bytes to the allocation
+    out_extra = pl.rules(pl.output_device).host_extra if pl.output_device != HOST else 0
+    out_b = output_bytes(s, rc, cfg.embeddings) + out_extra
     dfs: list[DeviceFootprint] = []
     for d in devices:
         if compute is not None and d in compute:
@@ -187,6 +195,7 @@ def price(
         footprint=fp, n_ctx=rc.n_ctx, n_ctx_seq=rc.n_ctx_seq, n_parallel=rc.n_parallel, kv_unified=rc.kv_unified,
         n_gpu_layers=pl.n_gpu_layers if cfg.devices else 0, flash_attn=rc.flash_attn, n_ubatch=rc.n_ubatch,
         n_batch=rc.n_batch, kv=kv, buffers=pl.buffers, warnings=tuple(warnings),
-        output_at_load=output_bytes(s, rc, cfg.embeddings, at_load=True), context_source=ctx_source,
+        output_at_load=output_bytes(s, rc, cfg.embeddings, at_load=True) + out_extra, context_source=ctx_source,
         host_buffers="none (-nr)" if not cfg.repack else host.label(),
+        device_rules=tuple((b.device, b.buffer, b.rules.label()) for b in pl.backends),
     )

@@ -47,3 +47,13 @@ class Busy(SupervisorError):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RateLimited(SupervisorError):
+    """A client (an API key) has as many requests waiting as its key allows: retry after the wait stated."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

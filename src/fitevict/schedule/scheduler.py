@@ -11,23 +11,19 @@ clock, in milliseconds.
 
 The rules (docs/scheduling.md says the same in prose):
 
-- **One queue, FIFO by arrival.** A request for a ready, compatible seat is handed to it at once, up to
-  the seat's room (its engine slots plus ``engine_queue_depth``, by default one more batch); the rest wait here, not in the
-  engine, so a hung-up client leaves the queue at once and a drain takes at most one round of service.
-- **One placement at a time.** While a seat loads or stops, no other placement starts, so load time and
-  memory are attributable to one model.
-- **Turns.** A seat loaded for waiting requests serves them (they are handed over in the same step that
-  marks it ready, so nothing can evict it first) and every request for it that arrives during its turn.
-  Its turn ends at the starvation bound: ``max_turn_seconds`` after its turn began, or when the oldest
-  request of another model has waited ``max_wait_seconds``. Only then may it be drained (it takes no
-  new requests, finishes those in flight) and evicted. The next placement is for the model whose oldest
-  request has waited longest. Requests grouped this way turn ABCABC into AABBCC, with a bound.
-- **Minimum residency.** A seat is not evicted within ``min_residency_seconds`` of becoming ready; once it has
-  served a request, not longer than its own load took (a guard against thrash, not a tax on every request).
-- **Victims** come from the planner, ordered by GreedyDual-Size priority (``cost``) or by recency
-  (``lru``); pinned seats, seats with requests in flight and seats within their turn are never victims.
-- **Nobody waits for a ghost.** A request that leaves while queued is forgotten at once; a load that
-  nobody waits for any more is cancelled.
+- **One queue, in fair order.** A request for a ready, compatible seat is handed to it at once, up to its room (its
+  slots plus ``engine_queue_depth``); the rest wait here, each model's in fair order (``schedule.fair``: priority
+  classes, then a weighted share per key), so a hung-up client leaves at once and a drain takes one round of service.
+- **One placement at a time**, so load time and memory are attributable to one model.
+- **Turns.** A seat loaded for waiting requests serves them (handed over in the step that marks it ready) and those
+  that arrive during its turn, until ``max_turn_seconds`` or until the first request of another model, earliest
+  deadline first, has waited its class's bound; a higher class may end a lower class's turn once it has served a
+  request. Then it drains (takes nothing new, finishes what it has) and may be evicted. ABCABC becomes AABBCC.
+- **Minimum residency.** No eviction within ``min_residency_seconds`` of becoming ready; once it has served a
+  request, not longer than its own load took (a guard against thrash, not a tax on every request).
+- **Victims** come from the planner, by GreedyDual-Size priority (``cost``) or recency (``lru``); pinned seats, seats
+  with requests in flight and seats within their turn are never victims.
+- **Nobody waits for a ghost.** A request that leaves is forgotten at once; a load nobody waits for is cancelled.
 """
 
 from __future__ import annotations
@@ -39,6 +35,8 @@ from fitevict import planner as pl
 from fitevict.config import EVICTION_POLICIES
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.errors import Busy, Refused, SupervisorError
+from fitevict.schedule.estimate import Estimate, Measured, estimate
+from fitevict.schedule.fair import Fairness, cuts_short, deadline, over_queue
 from fitevict.schedule.seats import PLACING, SERVING, Exit, Seat, SeatStatus, SeatTable, SeatView
 from fitevict.schedule.terms import Effects, Eviction, SchedPolicy, Waiter
 from fitevict.units import GiB
@@ -61,6 +59,9 @@ class Scheduler:
         self.closed: str | None = None
         self.inflation = 0.0  # GreedyDual-Size's L: the priority of the last victim
         self.uses: dict[str, tuple[float, float]] = {}  # per model: (decayed count of requests handed, when)
+        self.fair = Fairness()  # virtual time per model, finish tags per flow, requests in flight per client
+        self.measured = Measured()  # per model: measured load and service seconds (the wait estimate's inputs)
+        self.blocked: dict[str, tuple[str, ...]] = {}  # per model: the seats its last plan waited for
         self._pumping = False
         self._again = False
 
@@ -81,8 +82,20 @@ class Scheduler:
                                    f"(policy.max_queue={self.policy.max_queue}); retry later or raise "
                                    f"policy.max_queue", retry_after=5))
             return
+        self.fair.stamp(w)
         self.queue.append(w)
         self._pump()
+        self._cap_queue(w)
+
+    def _cap_queue(self, w: Waiter) -> None:
+        """``w`` waits (no seat at once): refused when its client has more waiting than its key allows (``max_queue``),
+        told to retry after its estimated wait; a load started for it alone is cancelled (``cancel``)."""
+        if w.share.max_queue is None or w not in self.queue or (
+                waiting := sum(1 for q in self.queue if q.share.client == w.share.client)) <= w.share.max_queue:
+            return
+        wait = self.estimate(w).seconds
+        self.cancel(w)
+        self.fx.reject(w, over_queue(w, waiting - 1, self.fair.in_flight[w.share.client], wait))
 
     def fast(self, w: Waiter) -> str | None:
         """The hot path: hand ``w`` its ready seat at once when it has room and nothing of its model queues
@@ -92,8 +105,9 @@ class Scheduler:
         s = self.table.get(w.key)
         if s is None or s.status is not S.READY or s.in_flight >= s.room(self.policy.engine_queue_depth):
             return None
-        if not self._serves(s, w) or any(q.key == w.key for q in self.queue):
+        if not self._serves(s, w) or self.fair.capped(w) or any(q.key == w.key for q in self.queue):
             return None
+        self.fair.stamp(w)
         self._hand(s, w, self.fx.now())
         return s.key
 
@@ -117,7 +131,8 @@ class Scheduler:
         now = self.fx.now()
         self.spawned(key)  # a load that finished ran its process, whether or not it said so
         self.table.move(s, S.READY)
-        s.ready_at, s.turn_start = now, now
+        s.ready_at, s.turn_start, s.turn_served, s.turn_rank = now, now, 0, None
+        self.measured.loaded(key, load_seconds)
         s.loaded_bytes, s.loaded_source, s.reload_seconds = dict(bytes), bytes_source, load_seconds
         if config is not None:
             s.config = config
@@ -164,7 +179,10 @@ class Scheduler:
             self.table.move(s, S.GONE, exit=how)
         self._pump()
 
-    def finished(self, key: str) -> None:
+    def finished(self, key: str, w: Waiter | None = None) -> None:
+        """A request handed seat ``key`` ended (``w``: which, for its client's count in flight)."""
+        if w is not None and w.hold:
+            self.fair.finished(w)
         s = self.table.get(key)
         if s is not None:
             s.in_flight = max(0, s.in_flight - 1)
@@ -229,6 +247,14 @@ class Scheduler:
 
     # -- views ----------------------------------------------------------------------------------
 
+    def served(self, key: str, seconds: float) -> None:
+        """A request of model ``key`` took ``seconds`` of service, as measured (the wait estimate's input)."""
+        self.measured.served(key, seconds)
+
+    def estimate(self, w: Waiter, *, queued: bool = True) -> Estimate:
+        """How long ``w`` will wait from now (``schedule.estimate``); ``queued``: it is in the queue."""
+        return estimate(self, w, self.fx.now(), queued=queued)
+
     def waiting(self, key: str | None = None) -> int:
         return sum(1 for w in self.queue if key is None or w.key == key)
 
@@ -282,11 +308,11 @@ class Scheduler:
 
     def _dispatch(self, now: float) -> None:
         depth = self.policy.engine_queue_depth
-        for w in list(self.queue):
+        for w in sorted(self.queue, key=self.fair.order):  # each model's waiters in fair order
             s = self.table.get(w.key)
             if s is None or s.status is not S.READY or not self._serves(s, w):
                 continue
-            if w.hold and s.in_flight >= s.room(depth):
+            if w.hold and (s.in_flight >= s.room(depth) or self.fair.capped(w)):
                 continue
             self.queue.remove(w)
             if w.hold:
@@ -315,8 +341,9 @@ class Scheduler:
 
     def _head(self, other_than: str | None = None) -> Waiter | None:
         """The longest-waiting request that needs a placement (not one its ready seat only has no room for), for
-        another model than ``other_than``."""
-        for w in self.queue:
+        another model than ``other_than``. Earliest deadline first: the longest-waiting of one class goes first, and a
+        lower class's request goes first once it has waited its class's bound (``fair.deadline``)."""
+        for w in sorted(self.queue, key=self._due):
             s = self.table.get(w.key)
             if w.key == other_than or s is not None and s.status is S.READY and self._serves(s, w):
                 continue
@@ -376,6 +403,7 @@ class Scheduler:
                 self.table.place(Seat(head.key, plan.config, head.request.source, now, pinned=head.request.pinned))
                 self.fx.start(head, plan)
         elif plan.action == "wait":
+            self.blocked[head.key] = tuple(plan.wait_for)
             for key in plan.wait_for:
                 s = self.table.get(key)
                 if s is None or s.status is not S.READY:
@@ -383,7 +411,7 @@ class Scheduler:
                 if s.in_flight == 0:  # idle, only within its minimum residency: evictable once that passes
                     wake = min(wake, self._young_until(s))
                     continue
-                end = self._turn_end(s, head)
+                end = self._turn_end(s, head, now)
                 if now >= end:
                     self.table.move(s, S.DRAINING)
                 else:
@@ -395,12 +423,24 @@ class Scheduler:
             self._again = True
         return wake
 
-    def _turn_end(self, s: Seat, head: Waiter) -> float:
-        """When ``s`` may be drained for ``head``: its turn's bound, and never within its minimum residency."""
+    def _turn_end(self, s: Seat, head: Waiter, now: float) -> float:
+        """When ``s`` may be drained for ``head``: its turn's bound (``max_turn_seconds``, or ``head``'s class bound),
+        or now when ``head``'s class ends a lower class's turn early (``_cut_short``); never within its minimum
+        residency."""
         p = self.policy
         start = s.turn_start if s.turn_start is not None else s.since
-        end = min(start + p.max_turn_seconds, head.arrived + p.max_wait_seconds)
+        end = min(start + p.max_turn_seconds, self._due(head))
+        if self._cut_short(s, head, now):
+            end = min(end, now)
         return max(end, self._young_until(s))
+
+    def _cut_short(self, s: Seat, head: Waiter, now: float) -> bool:
+        """Whether ``head``'s class ends ``s``'s turn early (``fair.cuts_short``)."""
+        mine = [w for w in self.queue if self._serves(s, w)]
+        return cuts_short(head, s.turn_served, s.turn_rank, mine, now, self.policy.max_wait_seconds)
+
+    def _due(self, w: Waiter) -> float:
+        return deadline(w, self.policy.max_wait_seconds)
 
     def _young_until(self, s: Seat) -> float:
         """The end of ``s``'s minimum residency; once it has served a request, never longer than its own load took.
@@ -434,6 +474,9 @@ class Scheduler:
     def _hand(self, s: Seat, w: Waiter, now: float) -> None:
         s.in_flight += 1
         s.last_used = now
+        s.turn_served += 1
+        s.turn_rank = w.share.rank if s.turn_rank is None else min(s.turn_rank, w.share.rank)
+        self.fair.handed(w)
         if w.keep_alive is not None:
             s.keep_alive = w.keep_alive
         n, then = self.uses.get(s.key, (0.0, now))

@@ -83,6 +83,8 @@ class Seat:
     pinned: bool = False
     ready_at: float | None = None
     turn_start: float | None = None
+    turn_served: int = 0  # requests handed since its turn began
+    turn_rank: int | None = None  # the highest class (lowest rank) handed since its turn began
     last_used: float | None = None  # None: never used (idle unload leaves it alone)
     in_flight: int = 0
     loaded_bytes: Mapping[str, int] = field(default_factory=dict)  # what it held when it became ready, per device

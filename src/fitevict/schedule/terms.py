@@ -12,6 +12,7 @@ from fitevict.budget import Budget
 from fitevict.config import EVICTION_POLICIES
 from fitevict.config.records import PolicyConfig, default
 from fitevict.schedule.errors import SupervisorError
+from fitevict.schedule.fair import Share
 
 Eviction = Literal["cost", "lru"]
 
@@ -45,6 +46,8 @@ class Waiter:
     keep_alive: float | None = None  # seconds after its last request (None: the policy's); inf: forever
     hold: bool = True  # False: an admin load, which needs the seat ready but serves nothing
     origin: Mapping[str, str] | None = None  # where it came from (the route, the name asked by), for history
+    share: Share = Share()  # who it is, for fairness: its client (key), class and caps (schedule.fair)
+    tag: float = 0.0  # its virtual start, stamped when it is queued (schedule.fair.Fairness)
 
     @property
     def key(self) -> str:

@@ -29,7 +29,9 @@ from fitevict.server.heapkeep import HeapKeep
 from fitevict.server.upkeep import Upkeep
 from fitevict.engines.upstream import Upstream
 from fitevict.store import Store
-from fitevict.schedule.errors import ModelUnreadable, unreadable_message
+from fitevict.schedule.errors import ModelUnreadable, RateLimited, unreadable_message
+from fitevict.schedule.fair import Share
+from fitevict.server.clients import PRIORITY_HEADER, client_of, share_for
 from fitevict.supervisor import Busy, LoadFailed, Refused, Supervisor, SupervisorError
 
 
@@ -105,21 +107,27 @@ class Door:
         self.asks = Asks(self.sup.prices)
         self.aliases = Aliases(self.config.aliases)
 
-    def check_auth(self, request: Request, *, admin: bool) -> None:
+    def check_auth(self, request: Request, *, admin: bool) -> str:
         h = request.headers
-        self.check_key(h.get("authorization", ""), h.get("x-api-key", ""), admin=admin)
+        return self.check_key(h.get("authorization", ""), h.get("x-api-key", ""), admin=admin)
 
-    def check_key(self, authorization: str, x_api_key: str, *, admin: bool) -> None:
-        """The keys rule, on the two header values (``Authorization: Bearer <key>`` wins over ``x-api-key``)."""
+    def share(self, request: Request, body: Any = None) -> Share:
+        """Who ``request`` is, for fairness (``server.clients``): its key's client, class and caps."""
+        h = request.headers
+        return share_for(self.config, self.check_auth(request, admin=False), h.get(PRIORITY_HEADER), body)
+
+    def check_key(self, authorization: str, x_api_key: str, *, admin: bool) -> str:
+        """The keys rule, on the two header values (``Authorization: Bearer <key>`` wins over ``x-api-key``). Returns
+        the client the key names (``server.clients.client_of``)."""
         s = self.config.server
         if not s.auth_enabled:
-            return
+            return client_of(self.config, "")
         key = authorization[7:].strip() if authorization[:7].lower() == "bearer " else x_api_key
         if _key_in(key, s.admin_keys):
-            return
+            return client_of(self.config, key)
         if _key_in(key, s.api_keys):
             if not admin:
-                return
+                return client_of(self.config, key)
             hint = "" if s.admin_keys else "; no admin key is configured: set server.admin_keys"
             raise ApiError(403, f"this endpoint needs an admin key (server.admin_keys); the key given is a user "
                                 f"key{hint}", type="permission_error", code="admin_key_required")
@@ -234,6 +242,9 @@ class Door:
 
     @staticmethod
     def supervisor_error(e: SupervisorError) -> ApiError:
+        if isinstance(e, RateLimited):
+            return ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded",
+                            headers={"Retry-After": str(e.retry_after)})
         if isinstance(e, Busy):
             return ApiError(503, str(e), type="server_busy", code="busy", headers={"Retry-After": str(e.retry_after)})
         if isinstance(e, Refused):

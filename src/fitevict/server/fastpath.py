@@ -30,6 +30,7 @@ from fitevict import shrink
 from fitevict.request.contract import with_lora
 from fitevict.supervisor.loadreport import report_headers
 from fitevict.server import plain, progress
+from fitevict.server.clients import PRIORITY_HEADER, share_for
 from fitevict.server.door import Door, Prepared, new_request_id, parse_json
 from fitevict.server.kvrestore import record_restore, restore_for
 from fitevict.server.metrics import Metrics
@@ -37,6 +38,7 @@ from fitevict.server.errors import ApiError, engine_error, stream_break
 from fitevict.server.relay import Relayed, relay
 from fitevict.server.routes import ROUTES, Route
 from fitevict.engines.upstream import UpstreamConn, UpstreamError
+from fitevict.schedule.fair import Share
 from fitevict.supervisor import SupervisorError
 
 __all__ = ["FastPath", "Relayed", "RequestLog", "ROUTES", "relay"]
@@ -48,6 +50,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 PROGRESS = progress.HEADER.encode()
+PRIORITY = PRIORITY_HEADER.encode()
 
 
 # -- the request log line and metrics ------------------------------------------------------------------
@@ -76,6 +79,9 @@ class RequestLog:
                     "tokens": rec.tokens, "queue_wait_s": round(waits.get("queue_s", 0.0), 4),
                     "load_wait_s": round(waits.get("load_s", 0.0), 4),
                     "latency_s": round(infer, 4) if infer is not None else None, "total_s": round(end - rec.t0, 4),
+                    **({"wait_estimate_s": round(waits["wait_estimate"].seconds, 4)} if "wait_estimate" in waits
+                       else {}),
+                    **({"client": rec.share.client, "class": rec.share.klass} if rec.share is not None else {}),
                     **(extra or {})}
             log.info(json.dumps(line))
         m = self.metrics
@@ -86,13 +92,17 @@ class RequestLog:
         if waits:
             self.child(m.queue_wait, endpoint).observe(waits.get("queue_s", 0.0))
             self.child(m.load_wait, endpoint).observe(waits.get("load_s", 0.0))
+        est = waits.get("wait_estimate")
+        if est is not None:  # the wait stated up front, against the wait it had
+            self.child(m.estimate_error, endpoint).observe(
+                est.seconds - waits.get("queue_s", 0.0) - waits.get("load_s", 0.0))
 
 
 class Record:
     """One request's figures as it goes: ``t_seat`` is when the seat was ours (inference latency counts
     from there), ``waits`` gets the supervisor's queue_s/load_s split."""
 
-    __slots__ = ("request_id", "endpoint", "t0", "model", "status", "tokens", "waits", "t_seat")
+    __slots__ = ("request_id", "endpoint", "t0", "model", "status", "tokens", "waits", "t_seat", "share")
 
     def __init__(self, request_id: str, endpoint: str, t0: float) -> None:
         self.request_id, self.endpoint, self.t0 = request_id, endpoint, t0
@@ -101,6 +111,7 @@ class Record:
         self.tokens: int | None = None
         self.waits: dict[str, float] = {}
         self.t_seat: float | None = None
+        self.share: Share | None = None  # who it is, for fairness (server.clients)
 
 
 # -- the ASGI handler ----------------------------------------------------------------------------------
@@ -176,7 +187,7 @@ class FastPath:
 
     async def serve(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
-        auth = api_key = rid = length = ""
+        auth = api_key = rid = length = priority = ""
         progress_asked = False
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -189,12 +200,14 @@ class FastPath:
                 rid = value.decode("latin-1")
             elif name == PROGRESS:
                 progress_asked = True
+            elif name == PRIORITY:
+                priority = value.decode("latin-1")
         rec = Record(rid or new_request_id(), route.endpoint, t0)
         door = self.door
         try:
             if scope["method"] != "POST":
                 raise ApiError(405, "Method Not Allowed", headers={"Allow": "POST"})
-            door.check_key(auth, api_key, admin=False)
+            client = door.check_key(auth, api_key, admin=False)
             if length.isdigit():
                 door.check_body_size(int(length), declared=True)
             raw = await self._read_body(receive)
@@ -204,6 +217,7 @@ class FastPath:
             body = parse_json(raw)
             prep = door.prepare(body, route)
             rec.model = prep.entry.key
+            rec.share = share_for(door.config, client, priority, body)
         except ApiError as e:
             response = e.response(route.api)
             rec.status = response.status_code
@@ -222,7 +236,7 @@ class FastPath:
             self.log.write(rec, {"stream": True, "progress": True})
 
         await progress.openai_stream(self.door, scope["path"], body, prep.ask, rec.request_id,
-                                     rec.waits, ended)(scope, receive, send)
+                                     rec.waits, ended, share=rec.share)(scope, receive, send)
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         msg = await receive()
@@ -254,7 +268,7 @@ class FastPath:
         try:
             need = shrink.need(body, prep.entry.settings.request_defaults) if door.config.policy.shrink_ctx else None
             cm = door.sup.acquire(prep.ask, request_id=rec.request_id, timing=rec.waits, need=need,
-                                  origin=prep.origin(rec.endpoint))
+                                  origin=prep.origin(rec.endpoint), share=rec.share)
             seat = await cm.__aenter__()
             held = cm
             rec.t_seat = time.perf_counter()

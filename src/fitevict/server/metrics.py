@@ -141,6 +141,14 @@ class Metrics:
                                 ["model"], registry=r)
         self.reading_age = Gauge("fitevict_resident_reading_age_seconds", "Age of the reading behind a resident's "
                                  "measured bytes (the memory sampler's latest)", ["model", "device"], registry=r)
+        self.waiting = Gauge("fitevict_waiting_requests", "Requests waiting for a seat, by model and priority class",
+                             ["model", "class"], registry=r)
+        self.wait_estimate = Gauge("fitevict_wait_estimate_seconds", "The longest wait estimated now for a waiting "
+                                   "request (position, measured loads and service), by model and class",
+                                   ["model", "class"], registry=r)
+        self.estimate_error = Histogram("fitevict_wait_estimate_error_seconds", "A request's wait as estimated when "
+                                        "it was queued, less the wait it had", ["endpoint"],
+                                        buckets=(-10, -5, -2, -1, -0.5, -0.1, 0.1, 0.5, 1, 2, 5, 10), registry=r)
         self.load_seconds = Histogram("fitevict_load_seconds", "Seconds from starting an engine to its seat being "
                                       "ready", ["model", "engine"], buckets=LOAD_BUCKETS, registry=r)
         self.release_seconds = Histogram("fitevict_release_seconds", "Seconds from a seat's exit until its memory "
@@ -169,11 +177,19 @@ class Metrics:
         if isinstance(released, (int, float)) and not isinstance(released, bool):
             self.release_seconds.labels(ev.event).observe(released)
 
-    def collect(self, budget: Any, residents: list[dict]) -> None:
-        """Set the gauges from a budget reading (``Supervisor.budget()``) and ``Supervisor.resident_views()``."""
+    def collect(self, budget: Any, residents: list[dict], queued: list[dict] = ()) -> None:  # type: ignore[assignment]
+        """Set the gauges from a budget reading (``Supervisor.budget()``), ``Supervisor.resident_views()`` and
+        ``Supervisor.queued_views()``."""
         for g in (self.budget, self.free, self.reserve, self.total_bytes, self.unified, self.resident, self.others,
-                  self.under_pressure, self.outgrowing, self.reading_age):
+                  self.under_pressure, self.outgrowing, self.reading_age, self.waiting, self.wait_estimate):
             g.clear()
+        longest: dict[tuple[str, str], float] = {}
+        for q in queued:
+            k = (q["model"], q["class"])
+            self.waiting.labels(*k).inc()
+            longest[k] = max(longest.get(k, 0.0), q["estimate"]["seconds"])
+        for k, seconds in longest.items():
+            self.wait_estimate.labels(*k).set(seconds)
         for d in budget.devices:
             self.others.labels(d.name).set(d.others_bytes)
             self.under_pressure.labels(d.name).set(1 if "pressure" in d.reserve.source else 0)

@@ -29,6 +29,7 @@ from fitevict.server import ollama_shapes as sh
 from fitevict.server import seatcall
 from fitevict.server.door import Door, new_request_id, with_defaults
 from fitevict.server.errors import ApiError
+from fitevict.schedule.fair import Share
 from fitevict.supervisor import SupervisorError
 
 OLLAMA_API_VERSION = "0.12.0"  # the Ollama API generation these routes follow (clients compare it)
@@ -164,9 +165,10 @@ class OllamaRoutes:
         if tr.ignored:
             headers["x-fitevict-ignored-options"] = ",".join(tr.ignored)
         timing: dict[str, Any] = {}
+        share = self.door.share(request)
         stack = contextlib.AsyncExitStack()
         try:
-            seat, r = await self._sent(stack, entry, path, tr, rid, timing, headers)
+            seat, r = await self._sent(stack, entry, path, tr, rid, timing, headers, share)
         except BaseException:
             await stack.aclose()
             raise
@@ -176,11 +178,12 @@ class OllamaRoutes:
                                  headers=headers)
 
     async def _sent(self, stack: contextlib.AsyncExitStack, entry: CatalogEntry, path: str, tr: sh.Translated,
-                    rid: str, timing: dict[str, Any], headers: dict[str, str]) -> tuple[Any, Any]:
+                    rid: str, timing: dict[str, Any], headers: dict[str, str], share: Share) -> tuple[Any, Any]:
         """Hold a seat on ``stack`` and send the request to it: the seat and the upstream response."""
         door = self.door
         need = shrink.need(tr.body, entry.settings.request_defaults) if door.config.policy.shrink_ctx else None
-        seat = await stack.enter_async_context(seatcall.held(door, entry, tr.contract, rid, timing, need))
+        seat = await stack.enter_async_context(seatcall.held(door, entry, tr.contract, rid, timing, need,
+                                                             share))
         if "ctx_shrunk" in timing:  # policy.shrink_ctx loaded a smaller context for it
             headers[SHRUNK_HEADER] = f"{timing['ctx_shrunk']['asked_ctx']}->{timing['ctx_shrunk']['loaded_ctx']}"
         with_defaults(entry, tr.body)  # the model's request defaults and default system message
@@ -260,7 +263,7 @@ class OllamaRoutes:
         req: dict[str, Any] = {"input": texts}
         if body.get("dimensions") is not None:
             req["dimensions"] = body["dimensions"]
-        async with seatcall.held(self.door, entry, contract, rid, timing) as seat:
+        async with seatcall.held(self.door, entry, contract, rid, timing, share=self.door.share(request)) as seat:
             req = with_lora(req, seat.config.loras, entry, contract)  # adapters: scales per request
             doc = await seatcall.read_json(await seatcall.send(self.upstream, seat, "/v1/embeddings", req, rid))
         vectors = [d["embedding"] for d in sorted(doc.get("data") or [], key=lambda d: d.get("index", 0))]

@@ -91,7 +91,7 @@ async def metrics_text(door: Door) -> bytes:
     sup = door.sup
     await sup.settle()  # counters include every event of what has already been answered
     budget = await asyncio.to_thread(sup.budget)
-    door.metrics.collect(budget, sup.resident_views())
+    door.metrics.collect(budget, sup.resident_views(), sup.queued_views())
     return generate_latest(door.metrics.registry)
 
 
@@ -101,7 +101,7 @@ def residents(door: Door) -> dict[str, Any]:
     for v in views:  # where each model came from (the catalog's, so a model rescanned away says none)
         entry = door.catalog.get(v["key"])
         v["store"] = entry.store if entry is not None else None
-    return {"object": "list", "data": views, "waiting": door.sup.queue_view()}
+    return {"object": "list", "data": views, "waiting": door.sup.queue_view(), "queued": door.sup.queued_views()}
 
 
 async def _residents(door: Door) -> tuple[bytes, bytes]:

@@ -30,6 +30,7 @@ from fitevict.request.ask import Ask
 from fitevict.request.contract import Contract, with_lora
 from fitevict.store.records import Event
 from fitevict.supervisor import Supervisor, SupervisorError
+from fitevict.schedule.fair import Share
 from fitevict.schedule.seats import PLACING
 from fitevict.server import seatcall
 from fitevict.server.errors import ApiError
@@ -174,14 +175,14 @@ def comment(step: Step) -> bytes:
 
 
 def openai_stream(door: Door, path: str, body: dict[str, Any], asked: Ask, request_id: str, timing: dict,
-                  on_end: Callable[[int], None]) -> StreamingResponse:
+                  on_end: Callable[[int], None], share: Share | None = None) -> StreamingResponse:
     """A streamed OpenAI request that asked for progress: the response starts at once, the load's steps go out
     as SSE comments while the seat is made ready, then the engine's stream is relayed as it comes. An error
     after the start is an SSE ``data: {"error": ...}`` event (what OpenAI clients raise on)."""
     sup, entry, contract = door.sup, asked.entry, asked.contract
     stack = contextlib.AsyncExitStack()
     seat_task = asyncio.ensure_future(stack.enter_async_context(
-        sup.acquire(asked, request_id=request_id, timing=timing)))
+        sup.acquire(asked, request_id=request_id, timing=timing, share=share)))
 
     async def relay() -> AsyncIterator[bytes]:
         status, r = 200, None

@@ -17,6 +17,7 @@ from typing import Any
 from fitevict.engines.upstream import Upstream, UpstreamConn, UpstreamError
 from fitevict.request.catalog import CatalogEntry
 from fitevict.request.contract import Contract
+from fitevict.schedule.fair import Share
 from fitevict.shrink import Need
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
@@ -59,13 +60,14 @@ class SeatResponse:
 
 @contextlib.asynccontextmanager
 async def held(door: Door, entry: CatalogEntry, contract: Contract | None, request_id: str,
-               timing: dict | None = None, need: Need | None = None) -> AsyncIterator[SeatState]:
+               timing: dict | None = None, need: Need | None = None,
+               share: Share | None = None) -> AsyncIterator[SeatState]:
     """A seat of ``entry`` under ``contract`` for the block (loading it if needed); what the door refuses to ask
     (``Door.ask``) and the supervisor's refusals as ``ApiError``. ``need``: the request's tokens, for
-    ``policy.shrink_ctx``."""
+    ``policy.shrink_ctx``; ``share``: who asks, for fairness (``schedule.fair``)."""
     asked = door.ask(entry, contract)
     try:
-        async with door.sup.acquire(asked, request_id=request_id, timing=timing, need=need) as seat:
+        async with door.sup.acquire(asked, request_id=request_id, timing=timing, need=need, share=share) as seat:
             yield seat
     except SupervisorError as e:
         raise door.supervisor_error(e) from None

@@ -42,6 +42,7 @@ from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.history import History
 from fitevict.shrink import Need
 from fitevict.schedule.errors import Busy, ModelUnreadable, Refused, SupervisorError
+from fitevict.schedule.fair import Share
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.pressure_watch import PressureWatch, holdings
 from fitevict.supervisor.orphans import cleanup_orphans
@@ -51,7 +52,7 @@ from fitevict.seat.processes import Processes
 from fitevict.supervisor.outgrowth import check_outgrowth, recycle
 from fitevict.supervisor.pressure_relief import check_pressure
 from fitevict.supervisor.shrink import resident_shrunk, shrunk_waiter
-from fitevict.supervisor.views import resident_views
+from fitevict.supervisor.views import queued_views, resident_views
 from fitevict.prices.learned import plan_policy, prime_price_book
 from fitevict.prices.book import PriceBook
 from fitevict.prices.sheet import PriceSheet
@@ -355,20 +356,23 @@ class Supervisor:
 
     @contextlib.asynccontextmanager
     async def acquire(self, asked: Ask, *, request_id: str | None = None, timing: dict | None = None,
-                      need: Need | None = None, origin: Mapping[str, str] | None = None) -> AsyncIterator[SeatState]:
+                      need: Need | None = None, origin: Mapping[str, str] | None = None,
+                      share: Share | None = None) -> AsyncIterator[SeatState]:
         """Hold a seat for what ``asked`` asks (loading it if needed) for the block. ``timing`` (if given) gets
         ``queue_s`` and ``load_s``: the wait, split into queueing and waiting for a load of this model.
         ``need``: the tokens the request may need (``fitevict.shrink``); with ``policy.shrink_ctx`` a contract
         whose context does not fit loads at the largest context that does when one slot of it holds them
         (``timing["ctx_shrunk"]`` says so). ``origin``: where the request came from (its route, the name it asked
-        by), kept in the history of the load it causes.
+        by), kept in the history of the load it causes. ``share``: who asks, for fairness (``schedule.fair``); a
+        request that waits gets its estimated wait in ``timing["wait_estimate"]`` (``schedule.estimate``).
 
         Cancelling the task while it waits takes the request out of the queue at once; a load that nobody
         waits for any more is cancelled (see ``Scheduler.cancel``)."""
         entry = asked.entry
         if need is not None:  # policy.shrink_ctx: a seat already shrunk for this contract serves it
             asked = resident_shrunk(self.parts, asked, need, timing)
-        w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive, origin=origin)
+        w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive, origin=origin,
+                   share=share if share is not None else Share())
         got = self.scheduler.fast(w)
         hit = got is not None
         if got is None:
@@ -380,14 +384,18 @@ class Supervisor:
         elif timing is not None:
             timing["queue_s"], timing["load_s"] = 0.0, 0.0
         seat = self.seats[got]
+        t_seat: float | None = None
         try:
             if timing is not None:  # what loading cost this request (an adapter is served by its base's seat)
                 timing["load_report"] = (partial(hit_report, self.parts, entry, seat) if hit else
                                          await request_report(self.parts, entry, seat, w.arrived, request_id))
+            t_seat = self.clock()
             yield seat
         finally:
             seat.answered.set()
-            self.scheduler.finished(got)
+            if t_seat is not None:  # its time on the seat: the wait estimate's measured service
+                self.scheduler.served(got, self.clock() - t_seat)
+            self.scheduler.finished(got, w)
             if self.closed:
                 await self.history.changed()
 
@@ -403,11 +411,13 @@ class Supervisor:
         self.desk.futures[w] = fut
         t0 = self.clock()
         self.scheduler.submit(w)
+        if timing is not None and w in self.scheduler.queue:  # the wait stated up front
+            timing["wait_estimate"] = self.scheduler.estimate(w)
         try:
             got = await fut
         except asyncio.CancelledError:
             if not self.scheduler.cancel(w) and fut.done() and not fut.cancelled() and fut.exception() is None:
-                self.scheduler.finished(fut.result())  # handed a seat in the same instant it left
+                self.scheduler.finished(fut.result(), w)  # handed a seat in the same instant it left
             raise
         finally:
             self.desk.futures.pop(w, None)
@@ -451,6 +461,10 @@ class Supervisor:
         for w in self.scheduler.queue:
             out[w.key] = out.get(w.key, 0) + 1
         return out
+
+    def queued_views(self) -> list[dict]:
+        """Every waiting request with its estimated wait (supervisor.views)."""
+        return queued_views(self.parts)
 
     def resident_views(self) -> list[dict]:
         """Every seat as the API, dashboard and ``ps`` show it (supervisor.views)."""

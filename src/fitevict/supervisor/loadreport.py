@@ -243,6 +243,22 @@ def report_headers(timing: Mapping, seat_header: bytes | None = None) -> dict[st
         report = timing["load_report"] = report()
     if isinstance(report, LoadReport) and timing.get("kv_restore") is not None and report.kv_restore is None:
         report = timing["load_report"] = replace(report, kv_restore=timing["kv_restore"])
+    return _load_headers(timing, report, seat_header) | wait_headers(timing)
+
+
+WAIT_HEADER = "x-fitevict-wait-estimate"
+
+
+def wait_headers(timing: Mapping) -> dict[str, str]:
+    """The wait stated when the request was queued (``schedule.estimate``), in seconds, beside the wait it had."""
+    est = timing.get("wait_estimate")
+    if est is None:
+        return {}
+    waited = timing.get("queue_s", 0.0) + timing.get("load_s", 0.0)
+    return {WAIT_HEADER: f"{est.seconds:.3f}", "x-fitevict-waited": f"{waited:.3f}"}
+
+
+def _load_headers(timing: Mapping, report: Any, seat_header: bytes | None) -> dict[str, str]:
     shrunk = timing.get("ctx_shrunk")
     if isinstance(report, LoadReport) and shrunk is not None and not any(n.startswith(SHRUNK) for n in report.notes):
         report = timing["load_report"] = replace(report, notes=(*report.notes, shrunk_note(shrunk)))

@@ -45,3 +45,13 @@ def resident_views(parts: Ports) -> list[dict]:
             "engine_timings": s.timings.to_json(),
         })
     return out
+
+
+def queued_views(parts: Ports) -> list[dict]:
+    """Every request waiting for a seat, in the queue's order: its model, client, class, how long it has waited and
+    the wait estimated for it now (``schedule.estimate``), for ``ps``, the dashboard and ``/metrics``."""
+    now = parts.clock()
+    sched = parts.scheduler
+    return [{"model": w.key, "request_id": w.request_id, "client": w.share.client, "class": w.share.klass,
+             "waited_seconds": round(now - w.arrived, 3), "estimate": sched.estimate(w).to_json()}
+            for w in sched.queue]

@@ -1,0 +1,116 @@
+"""Prices on real device backends against the engine's traced buffers: RPC devices served by real rpc-servers on
+loopback, and a Vulkan device (Mesa's lavapipe, a CPU-type device named with GGML_VK_VISIBLE_DEVICES).
+
+Each placement is priced as ``fitevict price`` prices it (the backend rules its probe learned from the engine,
+compute from the engine's own dry run of that placement) and then loaded under the allocator trace: model, context
+and output must equal the traced bytes on every device, compute within 1 %."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fitevict.engines.base import Unavailable
+from fitevict.engines.llama_cpp.devcheck import check, rpc_servers
+from fitevict.engines.llama_cpp.devprobe import learned_rules
+from fitevict.pricing.loadconfig import LoadConfig
+
+VULKAN_ENV = {"GGML_VK_VISIBLE_DEVICES": "0"}
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from fitevict.zoo import write_zoo
+
+    dest = tmp_path_factory.mktemp("device-zoo")
+    return {m.name: m.path for m in write_zoo(dest, only=("llama-gqa", "llama-moe", "granitehybrid-moe"))}
+
+
+def _assert_exact(res: object) -> None:
+    assert not isinstance(res, Unavailable), res
+    assert res.ok, res.failures()  # type: ignore[union-attr]
+
+
+def test_rpc_device_prices_to_the_engines_buffers(engine_bin_dir: Path, zoo: dict[str, Path]) -> None:
+    """All layers, then 2 layers, on one rpc-server's device: its buffers are named RPC0[HOST:PORT] and live in
+    the other process; the host keeps token_embd (no RPC host buffer type: the CPU's own list)."""
+    with rpc_servers(engine_bin_dir, 1) as (ep,):
+        for ngl in (99, 2):
+            cfg = LoadConfig(n_ctx=1024, n_parallel=1, devices=("RPC0",), rpc=(ep,), n_gpu_layers=ngl)
+            res = check(engine_bin_dir, zoo["llama-gqa"], cfg)
+            _assert_exact(res)
+            assert any(t.device == "RPC0" and t.term == "model" and t.traced for t in res.terms)  # type: ignore[union-attr]
+        rules = learned_rules(engine_bin_dir / "llama-server", ("RPC0",), (ep,))["RPC0"]
+        assert rules.source == "probe" and rules.host_buffer is None  # learned from the engine: RPC has none
+
+
+def test_two_rpc_servers_split_by_ts_with_kv_off_the_device(engine_bin_dir: Path, zoo: dict[str, Path]) -> None:
+    """-ts 1,3 over two rpc-servers (RPC0 and RPC1, both allocating buffers named RPC0[...]), flash attention off,
+    and -nkvo: the caches stay in host memory."""
+    with rpc_servers(engine_bin_dir, 2) as eps:
+        for extra in ({"flash_attn": "off"}, {"kv_offload": False, "flash_attn": "on"}):
+            cfg = LoadConfig(n_ctx=1024, n_parallel=1, devices=("RPC0", "RPC1"), rpc=eps, n_gpu_layers=99,
+                             tensor_split=(1.0, 3.0), **extra)  # type: ignore[arg-type]
+            res = check(engine_bin_dir, zoo["llama-gqa"], cfg)
+            _assert_exact(res)
+            devs = {t.device for t in res.terms if t.term == "model" and t.traced}  # type: ignore[union-attr]
+            assert {"RPC0", "RPC1"} <= devs
+
+
+def test_moe_experts_on_the_cpu_with_an_rpc_device(engine_bin_dir: Path, zoo: dict[str, Path]) -> None:
+    with rpc_servers(engine_bin_dir, 1) as (ep,):
+        cfg = LoadConfig(n_ctx=1024, n_parallel=1, devices=("RPC0",), rpc=(ep,), n_gpu_layers=99, n_cpu_moe=1)
+        _assert_exact(check(engine_bin_dir, zoo["llama-moe"], cfg))
+
+
+def test_fitevict_price_takes_rpc_flags(engine_bin_dir: Path, zoo: dict[str, Path],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI accepts --rpc, -dev, -ngl, -ts and -nkvo as llama-server does, and prices the RPC devices."""
+    from typer.testing import CliRunner
+
+    from fitevict.cli import app
+
+    monkeypatch.setenv("FITEVICT_LLAMA_SERVER", str(engine_bin_dir / "llama-server"))
+    with rpc_servers(engine_bin_dir, 2) as eps:
+        r = CliRunner().invoke(app, ["price", str(zoo["llama-gqa"]), "-c", "1024", "-np", "1", "--rpc", ",".join(eps),
+                                     "-dev", "RPC0,RPC1", "-ngl", "99", "-ts", "1,1", "-nkvo", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    devs = {d["name"]: d for d in doc["devices"]}
+    assert {"RPC0", "RPC1"} <= set(devs)
+    assert all(devs[d]["context_bytes"] == 0 and devs[d]["model_bytes"] > 0 for d in ("RPC0", "RPC1"))  # -nkvo
+    assert devs["RPC0"]["sources"]["compute"] == "dry-run"
+    assert [r["buffer"] for r in doc["device_rules"]] == [f"RPC0[{e}]" for e in eps]
+
+
+def _vulkan_bin_dir() -> Path:
+    from fitevict.engines.install import engine_root
+
+    d = engine_root() / "build-vulkan" / "bin"
+    if not (d / "llama-server").is_file():
+        pytest.skip(f"no Vulkan build of the engine at {d} (fitevict engine install llama.cpp --vulkan)")
+    out = subprocess.run([str(d / "llama-server"), "--list-devices"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **VULKAN_ENV})
+    if "Vulkan0" not in out.stdout + out.stderr:
+        pytest.skip("the Vulkan build lists no Vulkan0: no Vulkan driver (Debian: mesa-vulkan-drivers for lavapipe)")
+    return d
+
+
+@pytest.mark.parametrize("model,cfg", [
+    ("llama-gqa", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99)),
+    ("llama-gqa", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=2, mmap=False)),
+    ("llama-moe", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99, n_cpu_moe=1)),
+    ("granitehybrid-moe", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99)),
+])
+def test_vulkan_device_prices_to_the_engines_buffers(zoo: dict[str, Path], model: str, cfg: LoadConfig,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """On lavapipe: all layers, some layers without mmap (Vulkan_Host weights), MoE experts on the CPU, and a
+    mamba2 hybrid whose weights the device cannot all run (they stay on the host, as the probe learned)."""
+    d = _vulkan_bin_dir()
+    for k, v in VULKAN_ENV.items():
+        monkeypatch.setenv(k, v)
+    _assert_exact(check(d, zoo[model], cfg))
