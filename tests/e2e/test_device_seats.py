@@ -10,12 +10,13 @@ import pytest
 
 from _frontdoor import front_door, history, poll
 from _server import free_port
+from fitevict.engines.install import installed_bin_dir
 from fitevict.engines.llama_cpp.rpcserver import rpc_server_binary, start_rpc_server
 from fitevict.host import procmem
 
 pytestmark = pytest.mark.e2e
 MiB = 1024**2
-VULKAN_BUILD = Path.home() / ".cache/fitevict/engines/llama.cpp-0.3.36/build-vulkan/bin/llama-server"
+VULKAN_BUILD = installed_bin_dir(variant="vulkan") / "llama-server"  # fitevict engine install llama.cpp --vulkan
 
 
 @pytest.fixture
