@@ -2,18 +2,21 @@
 
 ``ggml-rpc-server -H HOST -p PORT -t THREADS`` serves until stopped; ``llama-server --rpc HOST:PORT`` then lists its
 device as ``RPCn``. Started here in its own process group, so that one stop (SIGTERM the group, grace, SIGKILL) ends
-it; its pid is what the RPC device's reader measures (``host.devmem.RpcServerReader``).
+it, and it dies with fitevict (``orphan_proof``); its pid is what the RPC device's reader measures
+(``host.devmem.RpcServerReader``). It runs with SIGPIPE ignored (``restore_signals=False``, as Python has it): the
+pinned rpc-server dies of SIGPIPE when a client goes away mid-reply (a dry run stopped after its fit step), and every
+later load then fails to connect.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitevict.engines.process import orphan_proof, stop_group
 from fitevict.host.procnet import listening_pid
 
 BINARY = "ggml-rpc-server"
@@ -28,7 +31,7 @@ class RpcServerError(RuntimeError):
 class RpcServer:
     endpoint: str  # HOST:PORT, what --rpc and devices.rpc take
     proc: subprocess.Popen[bytes]
-    log_path: Path
+    log_path: Path | None
 
     @property
     def pid(self) -> int:
@@ -36,12 +39,7 @@ class RpcServer:
 
     def stop(self, grace: float = 5.0) -> int:
         """SIGTERM its group, wait ``grace``, SIGKILL the group; its exit code."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                return self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc, grace)
         return self.proc.wait()
 
 
@@ -51,19 +49,21 @@ def rpc_server_binary(llama_server: Path) -> Path | None:
     return p if p.is_file() and os.access(p, os.X_OK) else None
 
 
-def start_rpc_server(binary: Path, port: int, log_path: Path, *, host: str = "127.0.0.1", threads: int = 1,
-                     timeout: float = START_TIMEOUT_S) -> RpcServer:
-    """Start ``binary`` on ``host:port`` and return once it listens there (its socket seen in /proc/net/tcp)."""
+def start_rpc_server(binary: Path, port: int, log_path: Path | None = None, *, host: str = "127.0.0.1",
+                     threads: int = 1, timeout: float = START_TIMEOUT_S) -> RpcServer:
+    """Start ``binary`` on ``host:port`` (its output to ``log_path``, or dropped) and return once it listens there
+    (its socket seen in /proc/net/tcp)."""
     endpoint = f"{host}:{port}"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([str(binary), "-H", host, "-p", str(port), "-t", str(threads)], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    argv, preexec = orphan_proof([str(binary), "-H", host, "-p", str(port), "-t", str(threads)])
+    with (log_path.open("wb") if log_path is not None else open(os.devnull, "wb")) as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=preexec, restore_signals=False)
     server = RpcServer(endpoint, proc, log_path)
     deadline = time.monotonic() + timeout
     while listening_pid(endpoint).pid != proc.pid:
         if proc.poll() is not None or time.monotonic() > deadline:
             server.stop()
-            tail = log_path.read_text(errors="replace")[-800:]
+            tail = log_path.read_text(errors="replace")[-800:] if log_path is not None else "(output dropped)"
             raise RpcServerError(f"{binary} on {endpoint} did not listen within {timeout:g} s "
                                  f"(exit code {proc.returncode}): {tail}")
         try:
