@@ -3,6 +3,7 @@ by the port it listens on; what cannot be read says why."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -76,3 +77,22 @@ def test_a_device_nothing_reads_is_unavailable_with_its_reason_never_zero() -> N
     got = gone.held_by(frozenset())
     assert got.bytes is None and got.reason.startswith("unavailable, because 10.0.0.9:50052 is not on")
     assert DeviceMeters().free(["RPC7"])["RPC7"].bytes is None  # no census, no NVML: unavailable, not 0
+
+
+def test_an_rpc_server_shared_by_two_clients_gives_no_seat_its_whole_growth(server) -> None:
+    p, port = server
+    r = RpcServerReader.of("RPC0", f"127.0.0.1:{port}", total_bytes=4096 * MiB)
+    with socket.create_connection(("127.0.0.1", port)) as mine:
+        me = frozenset({os.getpid()})
+        assert r.held_by(me).bytes is not None  # this process is its only client
+        other = subprocess.Popen([sys.executable, "-c", f"import socket,sys; s=socket.create_connection(('127.0.0.1',"
+                                  f" {port})); print('up', flush=True); sys.stdin.read()"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert other.stdout.readline().strip() == "up"
+            got = r.held_by(me)
+            assert got.bytes is None and f"{other.pid}" in got.reason and "theirs together" in got.reason
+        finally:
+            other.kill()
+            other.wait()
+        assert mine.fileno() >= 0

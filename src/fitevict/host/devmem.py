@@ -22,7 +22,7 @@ from fitevict.host import procmem
 from fitevict.host.fdinfo import SOURCE as FDINFO_SOURCE
 from fitevict.host.fdinfo import drm_devices, read_drm_usage
 from fitevict.host.nvml import read_gpus
-from fitevict.host.procnet import listening_pid
+from fitevict.host.procnet import client_pids, listening_pid
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +132,15 @@ class RpcServerReader:
                 f"{self.baseline} B (smaps_rollup)")
 
     def held_by(self, pids: frozenset[int]) -> DeviceBytes:
+        """The server's growth, when ``pids`` are its only clients; with other clients connected the growth is
+        theirs together, and the seat's share is unavailable (its engine-reported buffers count)."""
         now = self._pss()
         if now is None or self.baseline is None:
             return _unavailable(self.reason or "the rpc-server's memory was not read")
+        others = client_pids(self.endpoint) - pids - {self.pid}
+        if others:
+            return _unavailable(f"rpc-server pid {self.pid} also serves pids {sorted(others)}: its growth "
+                                f"({now - self.baseline} B) is theirs together")
         return DeviceBytes(max(0, now - self.baseline), self._source(), touched=True)
 
     def free(self) -> DeviceBytes:

@@ -11,6 +11,7 @@ from pathlib import Path
 from fitevict.host.procmem import PROC
 
 _LISTEN = "0A"
+_ESTABLISHED = "01"
 _LOOPBACK_NAMES = {"localhost"}
 
 
@@ -31,7 +32,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _listening_inodes(port: int, proc: Path) -> set[str]:
+def _socket_inodes(port: int, proc: Path, *, state: str, side: int) -> set[str]:
+    """Inodes of the sockets in ``state`` whose local (``side`` 1) or remote (``side`` 2) port is ``port``."""
     out: set[str] = set()
     for table in ("tcp", "tcp6"):
         try:
@@ -40,9 +42,28 @@ def _listening_inodes(port: int, proc: Path) -> set[str]:
             continue
         for line in lines:
             f = line.split()
-            if len(f) > 9 and f[3] == _LISTEN and int(f[1].rsplit(":", 1)[1], 16) == port:
+            if len(f) > 9 and f[3] == state and int(f[side].rsplit(":", 1)[1], 16) == port:
                 out.add(f[9])
     return out
+
+
+def _holders(inodes: set[str], proc: Path) -> set[int]:
+    """The readable processes holding any of these socket inodes."""
+    targets = {f"socket:[{i}]" for i in inodes}
+    found: set[int] = set()
+    for pid in (int(p) for p in os.listdir(proc) if p.isdigit()):
+        fds = proc / str(pid) / "fd"
+        try:
+            if any(os.readlink(fds / fd) in targets for fd in os.listdir(fds)):
+                found.add(pid)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # gone, or another user's: not one we can read
+    return found
+
+
+def client_pids(endpoint: str, proc: Path = PROC) -> set[int]:
+    """The processes on this machine connected to ``endpoint`` (HOST:PORT on loopback) now."""
+    return _holders(_socket_inodes(int(endpoint.rpartition(":")[2]), proc, state=_ESTABLISHED, side=2), proc)
 
 
 def listening_pid(endpoint: str, proc: Path = PROC) -> Listener:
@@ -51,16 +72,10 @@ def listening_pid(endpoint: str, proc: Path = PROC) -> Listener:
     if not is_loopback(host):
         return Listener(None, f"unavailable, because {endpoint} is not on this machine's loopback: its process "
                               "cannot be read from here")
-    inodes = _listening_inodes(int(port_s), proc)
+    inodes = _socket_inodes(int(port_s), proc, state=_LISTEN, side=1)
     if not inodes:
         return Listener(None, f"unavailable, because nothing listens on port {port_s} ({proc}/net/tcp)")
-    targets = {f"socket:[{i}]" for i in inodes}
-    for pid in (int(p) for p in os.listdir(proc) if p.isdigit()):
-        fds = proc / str(pid) / "fd"
-        try:
-            for fd in os.listdir(fds):
-                if os.readlink(fds / fd) in targets:
-                    return Listener(pid)
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue  # gone, or another user's: not the one we can read
-    return Listener(None, f"unavailable, because no readable process holds the socket listening on port {port_s}")
+    pids = _holders(inodes, proc)
+    if not pids:
+        return Listener(None, f"unavailable, because no readable process holds the socket listening on port {port_s}")
+    return Listener(min(pids))
