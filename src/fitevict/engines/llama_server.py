@@ -198,6 +198,8 @@ class LlamaServerEngine(EngineBase):
         if self._has("--fit"):
             argv += ["--fit", "off"]  # fitevict is the fit authority: the placement is the planner's
         env = dict(os.environ)
+        # CUDA's ordinals in PCI order, as NVML's: the budget's CUDA0 (NVML) is then the seat's CUDA0
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         if not c.devices:
             env["CUDA_VISIBLE_DEVICES"] = ""  # RAM-only: no CUDA device may be touched
         if self._has("--cache-ram") and not ({"-cram", "--cache-ram"} & set(extra_args)):

@@ -3,7 +3,9 @@
 Host: the fall in AnonPages + Shmem (MemTotal - AnonPages - Shmem rises), the committed memory every
 process holds. MemAvailable is recorded beside it but does not decide: on some kernels (virtio-balloon
 free page reporting, for one) freed pages reach MemFree seconds later or not at all, while AnonPages
-drops the moment the process's memory is unmapped. GPU: NVML free.
+drops the moment the process's memory is unmapped. A device: its reader's free memory (``host.devmem``: NVML free;
+an RPC device's engine-reported total less its rpc-server's PSS, so the rpc-server's memory back is the release). A
+unified device is not verified apart: its buffers were host memory, verified with the host.
 
 These counters are the whole machine's: another program that takes or gives back memory while a seat stops moves
 them too. So a release is judged only on the devices where the seat held bytes, and when the rise falls short,
@@ -22,13 +24,14 @@ from typing import Any
 
 from fitevict.engines.process import Child, GroupStop, group_alive, stop_process_group
 from fitevict.host import procmem
+from fitevict.host.devmem import DeviceMeters
 from fitevict.host.nvml import read_gpus
 from fitevict.pricing.footprint import HOST
 from fitevict.units import MiB, format_size
 
 RELEASE_FRACTION = 0.9
 RELEASE_SLACK = 4 * MiB
-FREED_SOURCE = "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"
+FREED_SOURCE = "measured: /proc/meminfo AnonPages+Shmem fall (host), each device's reader: NVML free, rpc-server PSS"
 OTHERS_SOURCE = ("measured: RssAnon+RssShmem summed over every readable process outside the seat's group "
                  "(/proc/PID/status, host); NVML usedGpuMemory of the other compute processes (GPU)")
 
@@ -154,7 +157,7 @@ def others_now(devices: Sequence[str], seat_pids: frozenset[int], nvml: Any = No
                 host += held
     out = {HOST: host}
     if devices:
-        gpus = read_gpus(nvml)
+        gpus = read_gpus(DeviceMeters.of(nvml).nvml)  # NVML attributes a GPU's memory per process; other kinds not
         for d in devices:
             g = gpus.device(d)
             if g is not None and not g.processes_reason and all(p.used_bytes is not None for p in g.processes):
@@ -163,16 +166,16 @@ def others_now(devices: Sequence[str], seat_pids: frozenset[int], nvml: Any = No
 
 
 def free_now(devices: Sequence[str], nvml: Any = None) -> dict[str, int]:
-    """Bytes not held by any process, as the kernel and the driver count them (see the module doc)."""
+    """Bytes not held by any process, as the kernel and each device's reader count them (see the module doc; ``nvml``:
+    the ``host.devmem.DeviceMeters``, or an NVML-like alone). A device whose free memory cannot be read is left out:
+    its release is then unverified, with that said."""
     mem = procmem.read_meminfo()
     host = mem.total_bytes - mem.committed_bytes if mem.committed_bytes is not None else mem.available_bytes
     free = {HOST: host, "MemAvailable": mem.available_bytes}
     if devices:
-        gpus = read_gpus(nvml)
-        for d in devices:
-            g = gpus.device(d)
-            if g is not None:
-                free[d] = g.free_bytes
+        for d, r in DeviceMeters.of(nvml).free(devices).items():
+            if r.bytes is not None:
+                free[d] = r.bytes
     return free
 
 

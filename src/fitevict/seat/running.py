@@ -58,7 +58,10 @@ class SeatState:
     measured: Footprint | None = None
     measured_note: str = ""
     host_mem: procmem.ProcessMemory | None = None  # the latest reading of its process tree (the sampler's)
-    gpu_bytes: dict[str, int] = field(default_factory=dict)  # the latest NVML reading per GPU
+    gpu_bytes: dict[str, int] = field(default_factory=dict)  # the latest reading per device (host.devmem, by kind)
+    device_read: dict[str, str] = field(default_factory=dict)  # per device: that reading's source, or why none
+    shared: tuple[str, ...] = ()  # its devices whose memory is host memory: their buffers are in its PSS
+    touched: tuple[str, ...] = ()  # its devices read as pages touched so far (an rpc-server's PSS): they grow
     read_at: float | None = None  # when ``host_mem`` and ``gpu_bytes`` were read
     readings: int = 0  # readings of it so far: the one after its load and every sampler tick's
     load_mem: procmem.ProcessMemory | None = None  # the reading right after its load (what the load record keeps)
@@ -125,15 +128,21 @@ class SeatState:
             # PSS is what it touches now plus the process itself. Both are measurements of different
             # things (reachable vs touched), so the planner counts the one that can grow to: the larger.
             pss = self.host_mem.host_bytes if self.host_mem is not None else None
+            if pss is not None and self.shared:  # a unified device's buffers are in the PSS: counted there, once
+                pss = max(0, pss - sum(self._held_on(d) for d in self.shared))
             logged = self.measured.bytes_on(HOST) + self._known_overhead(HOST) if self.measured is not None else None
             if pss is None and logged is None:
                 return self.predicted.bytes_on(HOST)
             return max(pss or 0, logged or 0)
-        if device in self.gpu_bytes:
-            return self.gpu_bytes[device]
         if self.measured is not None and self.measured.device(device) is not None:
-            return self.measured.bytes_on(device) + self._known_overhead(device)
-        return self.predicted.bytes_on(device)
+            reach = self.measured.bytes_on(device) + self._known_overhead(device)
+        else:
+            reach = self.predicted.bytes_on(device)
+        if device in self.gpu_bytes:
+            # a reading of touched pages (an rpc-server's PSS) is what the seat holds now, its buffers what it grows
+            # to as its context fills: as on the host, the planner counts the one it can grow to
+            return max(self.gpu_bytes[device], reach) if device in self.touched else self.gpu_bytes[device]
+        return reach
 
     def overhead_on(self, device: str) -> int | None:
         """The engine process's own memory on ``device`` beyond its buffers, as this machine learned it; None when
@@ -168,7 +177,7 @@ class SeatState:
                 return "measured"
             return "engine-reported" if self.measured is not None else pred_source(self.predicted, HOST)
         if device in self.gpu_bytes:
-            return "measured"
+            return "planned" if device in self.touched else "measured"
         if self.measured is not None and self.measured.device(device):
             return "engine-reported"
         return pred_source(self.predicted, device)
@@ -187,7 +196,12 @@ class SeatState:
             why_not = (self.host_mem.reason if self.host_mem is not None and self.host_mem.reason
                        else "the process was not read yet")
         else:
-            live, how, why_not = self.gpu_bytes.get(device), "NVML bytes of the process", "no NVML reading yet"
+            live = self.gpu_bytes.get(device)
+            how = self.device_read.get(device, "the device reader").removeprefix("measured: ")
+            why_not = self.device_read.get(device, "no reading of the device yet").removeprefix("unavailable, because ")
+            if device in self.shared:
+                why_not = (f"{device}'s memory is host memory: its buffers are in the PSS, counted once there "
+                           "(the allocated figure stands for the device)")
         return {
             "predicted_bytes": self.predicted.bytes_on(device), "predicted_source": pred_source(self.predicted, device),
             "allocated_bytes": alloc,
@@ -252,7 +266,7 @@ class SeatState:
     def held_bytes(self) -> dict[str, int | None]:
         """What a stop should give back, per device: committed host memory and GPU bytes, as measured."""
         return {HOST: self.host_mem.committed_bytes if self.host_mem is not None else None,
-                **{d: self.gpu_bytes.get(d) for d in self.config.devices}}
+                **{d: self.gpu_bytes.get(d) for d in self.config.devices if d not in self.shared}}
 
 
 def pred_source(fp: Footprint, device: str) -> str:

@@ -56,7 +56,7 @@ async def cleanup_orphans(parts: Ports, install: Callable[[SeatState], None]) ->
             res = await stop_and_verify(rec.model, rec.pgid or rec.pid, cfg.devices, proc=None,
                                         grace=parts.config.engine.stop_grace_seconds,
                                         release_timeout=parts.config.engine.release_timeout_seconds,
-                                        nvml=parts.nvml, clock=parts.clock)
+                                        nvml=parts.meters, clock=parts.clock)
             details.update(res.details())
             freed = res.freed_bytes
             action = (f"stopped orphan {rec.engine} pid {rec.pid} (port {rec.port}) left by fitevict pid "
