@@ -1,0 +1,239 @@
+"""A node that dies under load, on a real Ray cluster of three nodes on this machine (``ray.cluster_utils.Cluster``):
+the cluster's front door is a real ``fitevict serve --ray``, each node runs its own door with real llama-server
+seats, every node has every model's files, and the budgets differ (MiB):
+
+    node   budget
+    h      60      the head (Ray's GCS): room for about one small model
+    x      220
+    y      280
+
+A Zipf load of chats runs from three client threads; a node's raylet is SIGKILLed under it (its agent's worker
+ends with it, and its door gets SIGTERM and drains). Every request sent after the node left routing is answered
+200 by a live node; the models resident on the dead node load elsewhere on their next request; only requests in
+flight there may be cut, each 502 ``node_lost`` with ``x-should-retry: true``. Then a node's door is SIGTERMed
+while its raylet lives: the same, the node out of routing for good.
+
+The tests share one cluster and run in order.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+E2E = str(Path(__file__).resolve().parent.parent / "e2e")
+if E2E not in sys.path:
+    sys.path.insert(0, E2E)
+
+from _frontdoor import FrontDoor, front_door, poll  # noqa: E402
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.e2e
+
+KEY = "ck-test-node-dies"
+BUDGETS_MIB = {"h": 60, "x": 220, "y": 280}
+MODELS = ("llama-q8_0", "llama-q4_0", "qwen3-headdim", "qwen2-k256", "mamba", "gemma2-swa")
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@dataclass
+class Sent:
+    """One request of the load: when it was sent and answered (monotonic seconds), and how."""
+
+    model: str
+    sent: float
+    done: float = 0.0
+    status: int = 0
+    node: str = ""
+    route: str = ""
+    code: str = ""
+    retry: str = ""
+
+
+class Rig:
+    def __init__(self, cluster, nodes: dict, door: FrontDoor) -> None:
+        self.cluster, self.nodes, self.door = cluster, nodes, door
+
+    def id_of(self, name: str) -> str:
+        return self.nodes[name].node_id
+
+    def name_of(self, node_id: str) -> str:
+        return next((n for n in self.nodes if self.id_of(n) == node_id), node_id)
+
+
+def _node_env(zoo: dict, root: Path, name: str) -> dict[str, str]:
+    models = root / f"models-{name}"
+    models.mkdir()
+    for m in MODELS:
+        shutil.copyfile(zoo[m].path, models / f"{m}.gguf")
+    return {"FITEVICT_MODELS_DIRS": str(models), "FITEVICT_DATA_DIR": str(root / f"data-{name}"),
+            "FITEVICT_YIELD_TO_OTHERS": "false", "FITEVICT_CONFIG": "", "FITEVICT_CLUSTER_KEY": KEY}
+
+
+@pytest.fixture(scope="module")
+def rig(zoo: dict, llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    from ray.cluster_utils import Cluster
+
+    root = tmp_path_factory.mktemp("node-dies")
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": {"fitevict_ram_limit_mib": BUDGETS_MIB["h"]},
+        "env_vars": _node_env(zoo, root, "h"), "include_dashboard": False})
+    nodes = {"h": cluster.head_node}
+    for n in ("x", "y"):
+        nodes[n] = cluster.add_node(num_cpus=1, resources={"fitevict_ram_limit_mib": BUDGETS_MIB[n]},
+                                    env_vars=_node_env(zoo, root, n))
+    cluster.wait_for_nodes()
+    try:
+        (root / "door").mkdir()
+        with front_door(root / "door", "--ray", cluster.address,
+                        env={"FITEVICT_CONFIG": "", "FITEVICT_CLUSTER_KEY": KEY}, timeout=240) as door:
+            poll(lambda: len(routable(door)) == 3, "three routable nodes", timeout=180)
+            yield Rig(cluster, nodes, door)
+    finally:
+        cluster.shutdown()
+
+
+def nodes_of(door: FrontDoor) -> list[dict]:
+    return httpx.get(door.base_url + "/v1/cluster/nodes", timeout=30).json()["data"]
+
+
+def routable(door: FrontDoor) -> set[str]:
+    return {r["node"] for r in nodes_of(door) if r["routable"]}
+
+
+def residents(door: FrontDoor) -> dict[str, set[str]]:
+    """node -> the models resident there."""
+    out: dict[str, set[str]] = {}
+    for r in httpx.get(door.base_url + "/v1/models/residents", timeout=60).json()["data"]:
+        out.setdefault(r["node"], set()).add(r["key"])
+    return out
+
+
+def send(door: FrontDoor, model: str) -> Sent:
+    s = Sent(model, time.monotonic())
+    r = httpx.post(door.base_url + "/v1/chat/completions", timeout=300,
+                   json={"model": model, "messages": CHAT, "max_tokens": 2})
+    s.done, s.status = time.monotonic(), r.status_code
+    s.node, s.route = r.headers.get("x-fitevict-node", ""), r.headers.get("x-fitevict-route", "")
+    s.retry = r.headers.get("x-should-retry", "")
+    if r.status_code != 200:
+        err = r.json().get("error") or {}
+        s.code, s.node = str(err.get("code") or ""), s.node or str(err.get("node") or "")
+    return s
+
+
+def zipf(n: int, seed: int) -> list[str]:
+    """``n`` model names drawn by Zipf's law (s = 1) over ``MODELS``, in a fixed order."""
+    rnd = random.Random(seed)
+    weights = [1 / (i + 1) for i in range(len(MODELS))]
+    return rnd.choices(MODELS, weights=weights, k=n)
+
+
+def run_load(door: FrontDoor, models: list[str], out: list[Sent], clients: int = 3) -> None:
+    lock = threading.Lock()
+    queue = iter(models)
+
+    def client() -> None:
+        while True:
+            with lock:
+                model = next(queue, None)
+            if model is None:
+                return
+            got = send(door, model)
+            with lock:
+                out.append(got)
+
+    with ThreadPoolExecutor(clients) as pool:
+        for f in [pool.submit(client) for _ in range(clients)]:
+            f.result()
+
+
+def left_routing(door: FrontDoor, node: str) -> float:
+    """Poll until ``node`` is out of routing; the monotonic time it was seen so."""
+    poll(lambda: node not in routable(door), "the node to leave routing", timeout=60)
+    return time.monotonic()
+
+
+def check_after(sent: list[Sent], dead: str, t_kill: float, t_left: float) -> None:
+    """Sent after the node left routing: 200 from a live node. Anything else: in flight when it died, and 502
+    ``node_lost`` naming it."""
+    for s in sent:
+        if s.sent >= t_left:
+            assert (s.status, s.node != dead) == (200, True), s
+        elif s.status != 200:
+            assert s.done >= t_kill and (s.status, s.code, s.node, s.retry) == (502, "node_lost", dead, "true"), s
+
+
+def test_a_raylet_killed_under_a_zipf_load(rig: Rig) -> None:
+    door = rig.door
+    warm: list[Sent] = []
+    run_load(door, zipf(24, seed=1), warm)
+    assert all(s.status == 200 for s in warm), [s for s in warm if s.status != 200]
+    held = residents(door)
+    victim = max(("x", "y"), key=lambda n: len(held.get(rig.id_of(n), ())))
+    dead = rig.id_of(victim)
+    only_there = {m for m in held.get(dead, ()) if not any(m in ms for n, ms in held.items() if n != dead)}
+    assert only_there, held
+
+    sent: list[Sent] = []
+    loader = threading.Thread(target=run_load, args=(door, zipf(60, seed=2), sent))
+    loader.start()
+    poll(lambda: len(sent) >= 10, "the load under way", timeout=300)
+    t_kill = time.monotonic()
+    rig.nodes[victim].kill_raylet()
+    t_left = left_routing(door, dead)
+    loader.join()
+    after = {m: send(door, m) for m in sorted(only_there)}  # each dead node's model, once more
+    check_after(sent + list(after.values()), dead, t_kill, t_left)
+    firsts = {}
+    for m in only_there:  # its first request after the node left routing: loaded on a live node
+        first = min((s for s in sent + list(after.values()) if s.model == m and s.sent >= t_left),
+                    key=lambda s: s.sent)
+        assert (first.status, first.route in ("load", "evict", "wait")) == (200, True), first
+        firsts[m] = first.done - t_kill
+    cut = [s for s in sent if s.status != 200]
+    print(f"cluster: {victim}'s raylet killed under a Zipf load: out of routing {t_left - t_kill:.2f} s after "
+          f"(seen by polling), its models ({', '.join(sorted(only_there))}) served elsewhere "
+          f"{min(firsts.values()):.2f}-{max(firsts.values()):.2f} s after the kill; "
+          f"{sum(s.sent >= t_left for s in sent)} requests sent after it left, all 200; "
+          f"{len(cut)} cut in flight ({', '.join(s.code for s in cut) or 'none'})")
+    assert dead not in residents(door)
+
+
+def test_a_door_sigtermed_while_its_raylet_lives(rig: Rig) -> None:
+    door = rig.door
+    live = [n for n in ("x", "y") if rig.id_of(n) in routable(door)]
+    assert live, nodes_of(door)
+    victim = live[0]
+    node = rig.id_of(victim)
+    held = residents(door).get(node, set())
+    model = next(iter(sorted(held)), "llama-q4_0")
+    row = next(r for r in nodes_of(door) if r["node"] == node)
+    sent: list[Sent] = []
+    loader = threading.Thread(target=run_load, args=(door, [model] * 12, sent, 2))
+    loader.start()
+    poll(lambda: len(sent) >= 2, "requests for the node's model", timeout=300)
+    t_kill = time.monotonic()
+    os.kill(row["pid"], signal.SIGTERM)  # the door drains and stops; its agent and raylet live on
+    t_left = left_routing(door, node)
+    loader.join()
+    again = send(door, model)
+    check_after(sent + [again], node, t_kill, t_left)
+    assert again.status == 200 and again.node != node
+    poll(lambda: not Path(f"/proc/{row['pid']}").exists(), "the door to end", timeout=60)
+    # its agent still answers (the door exited): the node stays out of routing, its residents with it
+    gone = next(r for r in nodes_of(door) if r["node"] == node)
+    assert not gone["routable"] and gone["residents"] == [], gone
