@@ -172,6 +172,11 @@ def allowed(peak: int, file_bytes: int) -> tuple[int, int]:
     return max(int(BELOW * peak), floor), max(int(ABOVE * peak), floor)
 
 
+def within_bare(predicted: int, peak: int) -> bool:
+    """Within -2%/+10% of the peak, with no floor: the bounds the headline states."""
+    return -BELOW * peak <= predicted - peak <= ABOVE * peak
+
+
 def within(predicted: int, peak: int, file_bytes: int) -> bool:
     under, over = allowed(peak, file_bytes)
     return -under <= predicted - peak <= over

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import run_stamp, write_section  # noqa: E402
-from _filled import ABOVE, BELOW, FLOOR_BYTES, SMALL_FILE, predict, run_filled, within  # noqa: E402
+from _filled import ABOVE, BELOW, FLOOR_BYTES, SMALL_FILE, predict, run_filled, within, within_bare  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 
 from fitevict.engines.base import Unavailable
@@ -207,16 +207,11 @@ def _finding(rec: dict, rows: list[dict]) -> list[str]:
     ]
 
 
-def _pct_within(predicted: int, peak: int) -> bool:
-    """Within -2%/+10% of the peak, with no floor."""
-    return -BELOW * peak <= predicted - peak <= ABOVE * peak
-
-
 def headline(rows: list[dict]) -> str:
     """The filled peak as read, as a user reads it: the range, and the count within the bounds without the floor
     and with it."""
     signed = [(r["predicted"] - r["peak_fill_pss"]) / r["peak_fill_pss"] * 100 for r in rows]
-    bare = sum(_pct_within(r["predicted"], r["peak_fill_pss"]) for r in rows)
+    bare = sum(within_bare(r["predicted"], r["peak_fill_pss"]) for r in rows)
     floored = sum(within(r["predicted"], r["peak_fill_pss"], r["file_bytes"]) for r in rows)
     shared = [r for r in rows if r["neighbours"]]
     split = statistics.median([(r["peak_fill"] - r["peak_fill_pss"]) / MiB for r in rows])
@@ -233,7 +228,7 @@ def headline(rows: list[dict]) -> str:
 
 def _alone(rows: list[dict]) -> str:
     signed = [(r["predicted"] - r["peak_fill"]) / r["peak_fill"] * 100 for r in rows]
-    bare = sum(_pct_within(r["predicted"], r["peak_fill"]) for r in rows)
+    bare = sum(within_bare(r["predicted"], r["peak_fill"]) for r in rows)
     floored = sum(within(r["predicted"], r["peak_fill"], r["file_bytes"]) for r in rows)
     return (f"Against the seat alone (the second figure: the engine's code pages counted whole, as when no other "
             f"process maps the same binary, and as the overhead is calibrated): {min(signed):+.2f}% to "
@@ -262,7 +257,7 @@ def filled_section(rec: dict, rows: list[dict], stamp: str) -> str:
         d = r["predicted"] - read
         table.append(f"| {r['model']} | {r['arch']} | `{r['config']}` | {r['n_ctx_seq']} x {r['slots']} | {toks} | "
                      f"{_parts(r)} | {read:,} | {d:+,} ({_pct(d, read)}) | "
-                     f"{_yes(_pct_within(r['predicted'], read))} | "
+                     f"{_yes(within_bare(r['predicted'], read))} | "
                      f"{_yes(within(r['predicted'], read, r['file_bytes']))} | {r['neighbours']} | "
                      f"{_raw(r, r['peak_fill'])} | "
                      f"{_raw(r, r['peak_load_pss'])} | {f'{logged:,}' if logged is not None else 'unavailable'} | "

@@ -56,8 +56,8 @@ def host_bytes(path: Path, ctx: int) -> int:
         return book.footprint(path, LoadConfig(n_ctx=ctx, n_parallel=1)).bytes_on(HOST)
 
 
-def plan(*args: str) -> dict:
-    r = CliRunner().invoke(app, ["plan", *args, "--json"], env={"FITEVICT_CONFIG": ""})
+def plan(*args: str, env: dict[str, str] | None = None) -> dict:
+    r = CliRunner().invoke(app, ["plan", *args, "--json"], env={"FITEVICT_CONFIG": "", **(env or {})})
     assert r.exit_code == 0, r.output
     return json.loads(r.output)
 
@@ -175,3 +175,24 @@ def test_the_offline_plan_is_the_servers_plan(zoo_dir: Path, tmp_path: Path) -> 
     assert offline["needed_bytes"][HOST] == before + 5 * MiB  # priced by the stored measurement, not the formula
     for k in ("needed_bytes", "free_bytes_after", "placement", "evict", "reason"):
         assert offline[k] == server[k], k
+
+
+def test_a_unified_device_s_bytes_are_planned_against_the_host_too(zoo_dir: Path) -> None:
+    base = ("llama-medium", "--models-dir", str(zoo_dir), "--ctx", "4096", "--gpu", "Vulkan0=1GiB")
+    whole = plan(*base, "--ram", "8GiB")  # separate memories: all layers on Vulkan0, the rest on the host
+    assert whole["action"] == "load"
+    host, vk = whole["needed_bytes"]["CPU"], whole["needed_bytes"]["Vulkan0"]
+    assert vk > 64 * MiB
+    # RAM for the host's part and 64 MiB more: separate memories still load it whole ...
+    args = (*base, "--ram", str(host + 64 * MiB))
+    assert plan(*args)["action"] == "load"
+    # ... but declared unified, Vulkan0's bytes are RAM too: counted on the host, they do not fit there whole
+    out = plan(*args, env={"FITEVICT_UMA": "Vulkan0=true"})
+    assert out["action"] != "load", out["reason"]
+    if out["action"] == "partial":
+        assert out["needed_bytes"]["CPU"] <= host + 64 * MiB  # the host's part and Vulkan0's together
+    vk_budget = next(d for d in out["budget"]["devices"] if d["name"] == "Vulkan0")
+    assert vk_budget["unified"] and vk_budget["unified_source"] == "declared"
+    r = CliRunner().invoke(app, ["plan", *args], env={"FITEVICT_CONFIG": "", "FITEVICT_UMA": "Vulkan0=true",
+                                                      "COLUMNS": "200"})
+    assert "Vulkan0 (unified: counted in CPU too)" in r.output and "carved out of RAM" in r.output, r.output

@@ -408,3 +408,23 @@ def test_one_default_per_knob() -> None:
     assert (plan.eviction, plan.exclusive_fraction) == (cfg.eviction, cfg.exclusive_fraction)
     assert (DEFAULT_RAM_RESERVE, DEFAULT_GPU_RESERVE) == (BudgetConfig().ram_reserve, BudgetConfig().gpu_reserve)
     assert pl.ALLOC_MODES is ALLOC_MODES
+
+
+def test_devices_and_limits_per_device_from_file_and_environment(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[devices]\nrpc = ["127.0.0.1:50052", "10.0.0.2:50052"]\numa = { Vulkan0 = true }\n'
+                 '[budget]\ngpu_limit = { Vulkan0 = "100MiB", RPC0 = "1GiB" }\ngpu_reserve = "256MiB"\n')
+    c = load_config(f, env=clean_env)
+    assert c.devices.rpc == ("127.0.0.1:50052", "10.0.0.2:50052") and dict(c.devices.uma) == {"Vulkan0": True}
+    assert dict(c.budget.gpu_limit) == {"Vulkan0": 100 * MiB, "RPC0": GiB} and c.budget.gpu_reserve == 256 * MiB
+    env = {**clean_env, "FITEVICT_GPU_LIMIT": "Vulkan0=200MiB,RPC1=2GiB", "FITEVICT_RPC": "127.0.0.1:6000",
+           "FITEVICT_UMA": "Vulkan0=false"}
+    c = load_config(env=env)
+    assert dict(c.budget.gpu_limit) == {"Vulkan0": 200 * MiB, "RPC1": 2 * GiB}
+    assert c.devices.rpc == ("127.0.0.1:6000",) and dict(c.devices.uma) == {"Vulkan0": False}
+    assert load_config(env={**clean_env, "FITEVICT_GPU_LIMIT": "8GiB"}).budget.gpu_limit == 8 * GiB
+    assert c.to_json()["budget"]["gpu_limit"] == {"Vulkan0": 200 * MiB, "RPC1": 2 * GiB}
+    with pytest.raises(ConfigError, match="devices.rpc"):
+        load_config(env={**clean_env, "FITEVICT_RPC": "localhost"})
+    with pytest.raises(ConfigError, match="budget.gpu_limit"):
+        load_config(env={**clean_env, "FITEVICT_GPU_LIMIT": "Vulkan0=lots"})

@@ -8,6 +8,11 @@ For each budget device (``"CPU"`` = host RAM, ``"CUDA0"``, ...)::
 Every number carries a ``source`` string saying where it came from: measured (``host/budget.py`` reads the machine)
 or declared (``Budget.declared``, for tests, benchmarks and plans for another machine). The planner reads these
 records and nothing else of the machine.
+
+**Unified memory is counted once.** A device whose memory is host memory (``unified``: lavapipe, an APU, Apple) has
+its budget carved out of RAM: every byte placed on it counts against the host budget as well (``charged``), and its
+own budget is a limit inside the host's. So the two budgets can never spend the same bytes, and a seat's PSS (which
+holds its unified device's buffers) is not counted beside them a second time.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class DeviceBudget:
     reserve: Figure
     limit: Figure | None = None  # None = no ceiling
     held: Figure = Figure(0, "nothing held")
+    unified: bool = False  # its memory is host memory: what it holds counts against the host budget too
+    unified_source: str = ""  # who said so: engine-reported, measured, declared, or a labelled rule
 
     @property
     def others_bytes(self) -> int:
@@ -74,6 +81,8 @@ class DeviceBudget:
             "others_bytes": self.others_bytes,
             "budget_bytes": self.budget_bytes,
             "budget_source": self.budget_source,
+            "unified": self.unified,
+            "unified_source": self.unified_source,
         }
 
 
@@ -115,6 +124,25 @@ def size_field(value: int | str, key: str) -> int:
         raise BudgetError(str(e)) from e
 
 
+def per_device(value: int | str | Mapping[str, int | str] | None, name: str, fallback: int | str | None
+               ) -> int | str | None:
+    """A ``gpu_limit`` or ``gpu_reserve`` setting for device ``name``: one size for every device, or the size a
+    mapping by device name gives it (``fallback`` for a device it does not name)."""
+    if isinstance(value, Mapping):
+        return value.get(name, fallback)
+    return value
+
+
+def charged(held: Mapping[str, int], unified: frozenset[str] | tuple[str, ...]) -> dict[str, int]:
+    """Bytes per budget device with every unified device's bytes charged to the host as well (see the module doc):
+    the one rule for what a placement needs and what a resident holds."""
+    out = dict(held)
+    extra = sum(n for d, n in held.items() if d in unified and d != HOST)
+    if extra:
+        out[HOST] = out.get(HOST, 0) + extra
+    return out
+
+
 def _keys(name: str) -> tuple[str, str]:
     return ("ram_reserve", "ram_limit") if name == HOST else ("gpu_reserve", "gpu_limit")
 
@@ -125,6 +153,8 @@ class Budget:
 
     devices: tuple[DeviceBudget, ...]
     notes: tuple[str, ...] = ()
+    # the rpc-server endpoints of its RPC devices (RPC0, RPC1, ...), in order: a placement on any of them passes all
+    rpc: tuple[str, ...] = ()
 
     def device(self, name: str) -> DeviceBudget | None:
         for d in self.devices:
@@ -138,7 +168,13 @@ class Budget:
 
     @property
     def gpu_names(self) -> tuple[str, ...]:
+        """Every device but the host: the engine's names (CUDA0, Vulkan0, RPC0, ...)."""
         return tuple(d.name for d in self.devices if d.name != HOST)
+
+    @property
+    def unified_names(self) -> frozenset[str]:
+        """The devices whose memory is host memory (their bytes count against the host budget too)."""
+        return frozenset(d.name for d in self.devices if d.unified and d.name != HOST)
 
     def budget_bytes(self, name: str) -> int:
         """The residents' budget on ``name``; 0 for a device this budget does not have."""
@@ -146,24 +182,26 @@ class Budget:
         return d.budget_bytes if d else 0
 
     def to_json(self) -> dict:
-        return {"devices": [d.to_json() for d in self.devices], "notes": list(self.notes)}
+        return {"devices": [d.to_json() for d in self.devices], "notes": list(self.notes), "rpc": list(self.rpc)}
 
     @staticmethod
     def declared(spec: Mapping[str, int | str | Mapping[str, int | str]]) -> "Budget":
         """A budget from declared numbers, for tests, benchmarks and dry runs.
 
         ``{"CPU": "16GiB", "CUDA0": "8GiB"}`` declares totals (all free, no reserve, no limit);
-        a mapping per device may give ``total``, ``free``, ``reserve``, ``limit``, ``held``.
+        a mapping per device may give ``total``, ``free``, ``reserve``, ``limit``, ``held``, and ``unified``
+        (True: its memory is host memory).
         """
         devices = []
         for name, v in spec.items():
             rk, lk = _keys(name)
             f = dict(v) if isinstance(v, Mapping) else {"total": v}
-            unknown = set(f) - {"total", "free", "reserve", "limit", "held"}
+            unknown = set(f) - {"total", "free", "reserve", "limit", "held", "unified"}
             if unknown or "total" not in f:
                 raise BudgetError(
-                    f"{name}: declare total (and optionally free, reserve, limit, held); got {sorted(f)}"
+                    f"{name}: declare total (and optionally free, reserve, limit, held, unified); got {sorted(f)}"
                 )
+            unified = bool(f.get("unified", False)) and name != HOST
             total = size_field(f["total"], f"{name}.total")
             d = DeviceBudget(
                 name=name,
@@ -172,6 +210,8 @@ class Budget:
                 reserve=Figure(size_field(f.get("reserve", 0), rk), "declared"),
                 limit=None if f.get("limit") is None else Figure(size_field(f["limit"], lk), "declared"),
                 held=Figure(size_field(f.get("held", 0), f"{name}.held"), "declared"),
+                unified=unified,
+                unified_source="declared" if unified else "",
             )
             devices.append(validated(d, rk, lk))
         return Budget(tuple(devices))

@@ -178,7 +178,7 @@ def strained(budget: Budget, under: frozenset[str], margin: Mapping[str, int]) -
                                   f"{d.reserve.source} + budget.pressure_margin (under memory pressure)"))
         if d.name in under and d.reserve.bytes + margin.get(d.name, 0) < d.total.bytes else d
         for d in budget.devices)
-    return Budget(devices, budget.notes)
+    return Budget(devices, budget.notes, budget.rpc)
 
 
 __all__ = ["Idle", "Outgrowth", "Relief", "Strain", "assess", "order", "outgrowth", "strain", "strained"]

@@ -61,8 +61,11 @@ class Fleet:
     def poke(self) -> None:
         pass
 
-    def mark_lost(self, node: str, why: str) -> None:
+    def mark_lost(self, node: str, why: str, *, stopping: bool = False) -> None:
         self.lost.append(node)
+
+    def routable(self, node: str) -> bool:
+        return node not in self.lost
 
     def rows(self, now: float) -> list[dict[str, Any]]:
         return [{"node": f.node, "url": f.url, "pid": 1, "routable": True, "lost_since": None, "why_lost": None,

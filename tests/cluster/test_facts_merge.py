@@ -49,3 +49,14 @@ def test_the_model_list_names_who_has_the_files_and_who_holds_the_seat() -> None
     rows = {r["id"]: r["fitevict"] for r in got["data"]}
     assert rows["m"]["nodes"] == ["n1", "n2"] and rows["m"]["resident_on"] == ["n2"]
     assert rows["m:sql"]["resident_on"] == ["n2"] and rows["m:sql"]["resident"]  # an adapter: its base's seat
+
+
+def test_a_node_reports_its_engine_devices_and_counts_unified_memory_once() -> None:
+    residents = {"data": [{"key": "vk", "state": "ready", "unified": ["Vulkan0"],
+                           "devices": {"CPU": {"planned_bytes": 100}, "Vulkan0": {"planned_bytes": 200}}},
+                          {"key": "rpc", "state": "ready",
+                           "devices": {"CPU": {"planned_bytes": 50}, "RPC0": {"planned_bytes": 400}}}]}
+    f = node_facts({"node": "n1", "taken_at": 1.0, "residents": residents,
+                    "budget_bytes": {"CPU": 1000, "Vulkan0": 500, "RPC0": 600}})
+    # Vulkan0's bytes are RAM: the host's room is less them too; RPC0's live in its rpc-server, apart
+    assert f.room_bytes == {"CPU": 1000 - 100 - 200 - 50, "Vulkan0": 300, "RPC0": 200}

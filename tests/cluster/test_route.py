@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fitevict.cluster.route import NodeFacts, NodeSeat, Verdict, rank, resolve, route
+from fitevict.cluster.route import NodeFacts, NodeSeat, Verdict, meaning, no_node_status, rank, resolve, route
 
 GiB = 1 << 30
 NOW = 1000.0
@@ -137,3 +137,57 @@ def test_the_order_follows_the_rule_and_does_not_depend_on_the_order_of_reports(
     rooms = [sum(next(v for v in verdicts if v.node == c.node).free_after.values()) for c in loads]
     by_action = [next(v for v in verdicts if v.node == c.node).action for c in loads]
     assert all(by_action[i] != by_action[i + 1] or rooms[i] >= rooms[i + 1] for i in range(len(loads) - 1))
+
+
+# -- a node that stops or is lost: what its answers mean, and when no node took a request ---------------------------
+
+STOPPING_503 = '{"error": {"message": "m: fitevict is shutting down; retry later", "type": "server_busy"}}'
+REFUSED_502 = ('{"error": {"message": "m: the engine did not answer: cannot connect to the engine on 127.0.0.1:44539: '
+               'ConnectionRefusedError(111, \'Connection refused\')", "type": "engine_error"}}')
+BROKEN_502 = '{"error": {"message": "m: the engine broke off its answer", "type": "engine_error"}}'
+
+
+def test_a_503_from_a_door_that_is_shutting_down_means_the_node_is_stopping() -> None:
+    assert meaning(503, STOPPING_503, "hit", True) == "stopping"
+    assert meaning(503, STOPPING_503, "load", False) == "stopping"
+    assert meaning(503, '{"error": {"message": "m: queue full (8 waiting)"}}', "hit", True) == "busy"
+    assert meaning(529, '{"type": "error"}', "hit", True) == "busy"
+    assert meaning(507, '{"error": {"message": "needs 2 GiB"}}', "load", True) == "refused"
+
+
+def test_a_hit_whose_engine_refused_the_connection_is_a_residence_gone() -> None:
+    assert meaning(502, REFUSED_502, "hit", True) == "gone"
+    assert meaning(502, REFUSED_502, "hit", False) == "gone"  # nothing reached an engine: it may go on
+    assert meaning(502, REFUSED_502, "load", True) == "answer"  # a load's engine: the node's own failure
+
+
+def test_a_502_from_a_node_out_of_routing_is_a_request_cut_by_its_loss() -> None:
+    assert meaning(502, BROKEN_502, "hit", False) == "cut"
+    assert meaning(502, BROKEN_502, "hit", True) == "answer"  # a live node's engine error is its own answer
+    assert meaning(200, "{}", "hit", False) == "answer"
+    assert meaning(400, '{"error": {"message": "bad"}}', "hit", True) == "answer"
+
+
+def test_no_node_is_507_only_when_every_live_node_refused_on_bytes() -> None:
+    on_bytes = [("a", "needs 900 MiB, 200 MiB free"), ("b", "answered 507: does not fit")]
+    assert no_node_status(on_bytes, lost=False, busy=False) == 507
+    left_out = [("c", "facts unavailable: lost: its door is shutting down"), ("d", "facts 9.0 s old (more than 5 s): "
+                "presumed lost"), ("e", "has no files for m")]
+    assert no_node_status(on_bytes + left_out, lost=False, busy=False) == 507  # the dead are no live node
+    assert no_node_status(left_out, lost=False, busy=False) == 503  # no live node: a retry may find one
+    assert no_node_status(on_bytes, lost=True, busy=False) == 503  # one stopped or was lost on the way
+    assert no_node_status(on_bytes, lost=False, busy=True) == 503  # one was busy
+    assert no_node_status(on_bytes + [("f", "dry run failed: GetTimeoutError: ")], lost=False, busy=False) == 503
+
+
+def test_a_draining_node_in_the_table_is_no_residence_and_its_model_loads_elsewhere() -> None:
+    # the fleet's table once a node left routing: its facts an error, its residents gone with it
+    facts = [node("a", error="lost: its door is shutting down (answered 503)"), node("b"), node("c", seat("x"))]
+    assert route("m", facts, None, NOW, 5.0).candidates == ()  # no hit: the dry runs are asked
+    verdicts = [Verdict("b", "ram", free_after={"CPU": 2 * GiB}), Verdict("c", "ram", free_after={"CPU": 3 * GiB})]
+    r = route("m", facts, verdicts, NOW, 5.0)
+    assert [(c.node, c.why) for c in r.candidates] == [("c", "load"), ("b", "load")]
+    assert "shutting down" in dict(r.refused)["a"]
+    # the same node, still reporting its seat: a hit there, and the hit names the seat
+    live = route("m", [node("a", seat("m")), node("b")], None, NOW, 5.0)
+    assert [(c.node, c.why, c.seat) for c in live.candidates] == [("a", "hit", "m")]

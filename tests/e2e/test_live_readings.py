@@ -122,6 +122,8 @@ def test_measured_is_the_live_reading_of_a_filled_seat(zoo: dict, tmp_path: Path
               f"{cpu['planned_bytes']:,} B, priced {cpu['predicted_bytes']:,} B")
         assert abs(cpu["measured_bytes"] - pss) <= bound, (cpu, pss)
         assert cpu["measured_source"].startswith("measured: PSS") and cpu["measured_at"] is not None
+        # the load's reading (what `measured` used to stay at) is below the live one: the filled context grew it
+        assert at_load < cpu["measured_bytes"], (at_load, cpu)
         assert cpu["measured_peak_bytes"] >= max(cpu["measured_bytes"], at_load)
         assert cpu["planned_bytes"] >= cpu["measured_bytes"]  # the planner counts the live reading
         ps = subprocess.run([sys.executable, "-m", "fitevict.cli", "ps", "--json", "--url", base],

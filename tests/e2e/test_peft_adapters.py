@@ -79,8 +79,11 @@ def test_alternating_adapters_load_the_base_once_and_each_changes_the_output(doo
     assert all(r["base_hit"] and r["adapter_hit"] and r["was_cached"] for r in rest)
     assert all(r["base_load_seconds"] is None and r["evicted"] == [] for r in rest)
     assert {r["adapter"] for r in rest} == {"sql", "poem"} and base_report["adapter"] is None
-    # every request switched (sql, poem, sql, ...): the seat measured each switch and said so
-    assert all(r["activate_seconds"] is not None and 0 <= r["activate_seconds"] < 1 for _, r in got)
+    # every request switched (sql, poem, sql, ...): the seat measured each switch, which costs less than the base's
+    # load it spares (the budget a switch is measured against, not a wall-clock figure), and said so
+    spared = first["base_load_seconds"]
+    assert all(r["activate_seconds"] is not None and 0 < r["activate_seconds"] < spared for _, r in got), \
+        ([r["activate_seconds"] for _, r in got], spared)
     assert all(any("switching from the previous request" in n for n in r["notes"]) for r in rest)
     assert any("disabled" in n for n in base_report["notes"]) and base_report["activate_seconds"] is not None
 

@@ -111,6 +111,9 @@ def test_restart_adopts_a_healthy_orphan_when_configured(tmp_path: Path, models_
             assert orphans[0].details["adopted"] is True and "adopted" in orphans[0].reason
             async with second.acquire(second.ask("llama-gqa")) as seat:  # served by the same process, no reload
                 assert seat.pid == pid and seat.state == "ready"
+            # what it counts for the adopted seat is what bytes_on counted (planned), never labelled measured
+            adopted = second.table.get("llama-gqa")
+            assert adopted is not None and adopted.loaded_source == "planned", adopted.loaded_source
             assert [s.pid for s in store.seats()] == [pid]
             os.kill(pid, signal.SIGKILL)  # an adopted seat is not our child; its death is still seen
             crash = await second.wait_for_event(lambda e: e.event == "crash", timeout=30)

@@ -80,6 +80,10 @@ def test_measured_footprint_from_the_logged_walk() -> None:
     assert [(d.name, d.model.bytes, d.model.source) for d in fp.devices] == [(HOST, 1000, "measured"),
                                                                              ("CUDA0", 5000, "measured")]
     assert fp.devices[0].context.source == "unavailable"  # KV is allocated per request, never 0
+    assert all(d.output.source == "unavailable" and "per request" in d.output.reason for d in fp.devices)
+    gpu_only = footprint_from_walk(_doc({"cuda:0": {"total": 5000}})).devices[0]  # the walk saw no host tensor
+    assert (gpu_only.name, gpu_only.model.bytes, gpu_only.model.reason) == (
+        HOST, 0, "the object walk found no tensor on the host")
     assert (fp.host_committed_bytes, fp.host_mapped_bytes, fp.host_source) == (300, 200, "measured")
     assert TransformersEngine().measured_footprint("no footprint line") is None
 

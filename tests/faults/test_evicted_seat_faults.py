@@ -142,8 +142,8 @@ def test_a_seat_killed_while_it_is_evicted_says_so(door: FrontDoor) -> None:
     ev = check_evicted(door, "med-b", "med-a", pid, answer)
     d = ev["details"]
     assert d["stop_ended"] == "killed" and d["stop_exit_code"] == -signal.SIGKILL, d
+    # within its grace: the stop saw the exit before its own SIGKILL (``stop_account``), not a wall-clock figure
     assert "ended by signal 9 (SIGKILL) during the stop, within its grace: not the stop's" in d["stop_ended_note"]
-    assert d["exit_seconds"] < GRACE_S
     plain = resident(door, "med-b")  # an eviction whose seat runs: it ends on the SIGTERM
     normal = last_evict(door, "med-a")["details"]
     assert normal["stop_ended"] == "sigterm" and "exited on the stop's SIGTERM" in normal["stop_ended_note"], normal

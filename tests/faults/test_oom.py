@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,7 +85,7 @@ def test_seat_oom_killed_in_a_memory_cgroup(door: FrontDoor) -> None:
 def test_a_sigkill_the_kernel_does_not_name_is_killed_not_oom(door: FrontDoor) -> None:
     ask(door, "killed", max_tokens=2)
     Path(f"/proc/{seat_pid(door, 'killed')}/oom_score_adj").write_text("1000")
-    e, pid, _ = openai_stream_cut(door, "killed", signal.SIGKILL)
+    e, pid = openai_stream_cut(door, "killed", signal.SIGKILL)
     assert e.body["code"] == "engine_lost"
     crash = check_crashed(door, "killed", pid)
     assert crash["details"]["cause"] == "killed" and crash["details"]["oom"] is None
@@ -96,10 +95,10 @@ def test_a_sigkill_the_kernel_does_not_name_is_killed_not_oom(door: FrontDoor) -
 
 def frozen_mid_stream(fd: FrontDoor, model: str, cgroup: Path, switch: str, on: str, off: str) -> dict:
     """A long stream of ``model`` whose seat is moved into ``cgroup`` after 3 chunks and frozen there (``switch``
-    set to ``on``): the client is told ``engine_lost`` once the stall was seen, and the seat's ``crash`` is
-    returned (the cgroup thawed, ``off``, and removed whatever happened)."""
+    set to ``on``): the client is told ``engine_lost`` (the door's error, not the SDK's timeout) with the watch's
+    reason, and the seat's ``crash`` is returned (the cgroup thawed, ``off``, and removed whatever happened)."""
     stream = ask(fd, model, stream=True, max_tokens=4000, extra_body={"ignore_eos": True})
-    got, pid, t0 = 0, None, 0.0
+    got, pid = 0, None
     try:
         with pytest.raises(openai.APIError) as e:
             for _ in stream:
@@ -108,11 +107,9 @@ def frozen_mid_stream(fd: FrontDoor, model: str, cgroup: Path, switch: str, on: 
                     pid = seat_pid(fd, model)
                     (cgroup / "cgroup.procs").write_text(str(pid))
                     (cgroup / switch).write_text(on)
-                    t0 = time.monotonic()
-        waited = time.monotonic() - t0
         assert pid is not None and e.value.body["code"] == "engine_lost"
-        assert STALL_S <= waited < STALL_S + 10  # told once the stall was seen, not when the client gave up
         crash = check_crashed(fd, model, pid)
+        assert f"llama-server pid {pid} " in e.value.message, e.value.message  # told why: the watch's own words
     finally:
         (cgroup / switch).write_text(off)
         remove_cgroup(cgroup)
@@ -138,8 +135,8 @@ def test_a_seat_stuck_without_a_stop_signal_is_detected_and_replaced(door: Front
 
 @pytest.mark.fault(
     fault="a seat frozen mid-stream by a cgroup v1 freezer (`freezer.state` FROZEN: state D, deaf to every signal)",
-    client="after `engine.stall_seconds` (2 s in the test), the `engine_lost` error event (`openai.APIError`); "
-           "before the fix the request waited for ever",
+    client="at the stuck-seat watch's next look (the seat has a request in flight), the `engine_lost` error event "
+           "(`openai.APIError`) naming the freezer; before the fix the request waited for ever",
     history="`load`, then a `crash` (`cause: frozen`) whose reason names the freezer cgroup (\"frozen by its "
             "cgroup's freezer (...: FROZEN, state D)\") and says it was killed",
     running="the frozen seat moved out of the frozen cgroup (which thaws it alone), killed and reaped; the next "

@@ -37,6 +37,7 @@ import httpx
 import pytest
 
 from _frontdoor import FrontDoor, front_door, poll
+from _held import held_engine, release
 
 ray = pytest.importorskip("ray")
 
@@ -48,28 +49,6 @@ FILES = {"h": ("llama-medium", "llama-q8_0", "llama-q4_0"), "x": ("llama-medium"
 HELD = {"x": "llama-medium", "z": "llama-q4_0"}  # the model whose seat start each node's engine holds
 CHAT = [{"role": "user", "content": "hi"}]
 RAY_GCS_SHORT = {"RAY_gcs_rpc_server_reconnect_timeout_s": "3"}  # as if Ray waited 3 s for its GCS (60 s: its default)
-
-
-def held_engine(root: Path, real: Path, model: str) -> Path:
-    """A folder with a ``llama-server`` that, for ``model``'s seat (not a dry run, ``-lv 5``), appends its pid to
-    ``gate.started`` and waits until ``gate`` (a FIFO) is written or it is killed; then runs the real one. The
-    engine's other binaries are linked beside it. The wait is bash's own ``read``: no child process to orphan."""
-    root.mkdir()
-    for f in real.parent.iterdir():
-        if f.name != "llama-server":
-            (root / f.name).symlink_to(f)
-    gate = root / "gate"
-    os.mkfifo(gate)
-    script = root / "llama-server"
-    script.write_text(f"""#!/bin/bash
-case " $* " in
-  *" -lv 5 "*) ;;
-  *"/{model}.gguf "*) echo $$ >> "{gate}.started"; read -r _ < "{gate}" ;;
-esac
-exec "{real}" "$@"
-""")
-    script.chmod(0o755)
-    return root
 
 
 class Rig:
@@ -129,18 +108,6 @@ def rig(zoo: dict, llama_server: Path, tmp_path_factory: pytest.TempPathFactory)
         for name in HELD:  # a held engine still waiting (a test that failed half-way) is let go, to end with its node
             release(root / f"engine-{name}" / "gate")
         cluster.shutdown()
-
-
-def release(fifo: Path) -> None:
-    """Open the gate of a held engine, if one waits on it."""
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:  # ENXIO: no engine waits on it (or no gate)
-        return
-    try:
-        os.write(fd, b"go\n")
-    finally:
-        os.close(fd)
 
 
 def health(door: FrontDoor) -> dict:

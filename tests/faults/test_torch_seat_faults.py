@@ -55,11 +55,11 @@ def chat(fd: FrontDoor, model: str, **body) -> httpx.Response:
     fault="a transformers (torch) seat `SIGKILL`ed, `SIGSTOP`ped or sent `SIGTERM` by another program while it "
           "generates a streamed answer",
     client="`200`, then a last `data:` event `{\"error\": {\"type\": \"engine_error\", \"code\": \"engine_lost\", "
-           "...}}` (after `engine.stall_seconds`, 2 s in the test, for the stopped seat; at the next token for "
+           "...}}` (at the stuck-seat watch's next look for the stopped seat; at the next token for "
            "`SIGTERM`: the seat cuts its answer before its teardown, which before raced the answer and named the "
            "tensors the answer still used as leaks)",
     history="`load`, then a `crash` whose `cause` is `killed` (exit code -9), `frozen` (stopped by a signal (state "
-            "T) for the stall period, then killed) or `told-to-stop` (its log: \"FITEVICT_SEAT_STOPPING SIGTERM "
+            "T) with the request in flight, then killed at once) or `told-to-stop` (its log: \"FITEVICT_SEAT_STOPPING SIGTERM "
             "received\", then its exit code 0); before, the SIGTERM's end was \"exited unexpectedly with code 0\"",
     running="nothing of that seat (reaped); the next request loads it again",
     lost="the rest of that one answer")

@@ -111,3 +111,34 @@ def test_meminfo_override(tmp_path: Path) -> None:
     b = measure_budget(ram_reserve="1GiB", nvml=FakeNvml([]), meminfo=f)
     # total 8 GiB, available 6 GiB -> others 2 GiB; 8 - 1 - 2 = 5 GiB
     assert b.budget_bytes(HOST) == 5 * GiB
+
+
+def test_the_engine_s_devices_join_nvml_s_under_their_own_names_with_limits_per_device() -> None:
+    from fitevict.engines.llama_cpp.census import census_of
+
+    listing = ("ggml_vulkan: 0 = llvmpipe (LLVM 15.0.6, 256 bits) (llvmpipe) | uma: 0 | fp16: 1\n"
+               "ggml_vulkan: Warning: Device type is CPU. This is probably not the device you want.\n"
+               "Available devices:\n"
+               "  CUDA0: NVIDIA Fake 24GB (24576 MiB, 24000 MiB free)\n"
+               "  Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (2048 MiB, 2048 MiB free)\n"
+               "  RPC0: 127.0.0.1:50052 (4096 MiB, 3072 MiB free)\n")
+    census = census_of(listing, ("127.0.0.1:50052",), {})
+    nvml = FakeNvml([FakeGpu(total=24 * GiB, used=2 * GiB)])
+    b = measure_budget(gpu_limit={"Vulkan0": "100MiB", "RPC0": "200MiB"}, gpu_reserve={"RPC0": 0}, nvml=nvml,
+                       environ={}, census=census, held={"RPC0": 512 * MiB})
+    assert b.names == (HOST, "CUDA0", "Vulkan0", "RPC0")
+    cuda, vk, rpc = b.device("CUDA0"), b.device("Vulkan0"), b.device("RPC0")
+    assert cuda.free.source == "nvml" and cuda.limit is None  # NVML's device, matched by its CUDA ordinal
+    assert vk.unified and vk.unified_source.startswith("engine-reported") and b.unified_names == {"Vulkan0"}
+    assert vk.total.bytes == 2048 * MiB and vk.total.source.startswith("engine-reported")
+    assert vk.budget_bytes == 100 * MiB and vk.reserve.bytes == 512 * MiB  # a device not named keeps 512 MiB
+    # RPC0: the listing saw 1 GiB used by others; residents hold 512 MiB now, so free reads 2.5 GiB and others 1 GiB
+    assert rpc.free.bytes == 2560 * MiB and rpc.others_bytes == 1 * GiB and rpc.budget_bytes == 200 * MiB
+    assert not rpc.unified
+
+
+def test_a_census_the_engine_could_not_give_leaves_nvml_s_devices_and_says_why() -> None:
+    from fitevict.engines.llama_cpp.census import Census
+
+    b = measure_budget(nvml=FakeNvml([FakeGpu()]), environ={}, census=Census((), (), "unavailable, because no"))
+    assert b.gpu_names == ("CUDA0",) and any("unavailable, because no" in n for n in b.notes)

@@ -89,7 +89,7 @@ def test_config_names_an_adapter_with_its_base(zoo_dir: Path, tmp_path: Path) ->
     assert cat.resolve("verse").key == "llama-gqa:poem"
     with pytest.raises(ConfigError, match="no such model in the catalog"):
         Catalog.scan([zoo_dir], {"x": ModelConfig(key="x", path=elsewhere, base="nope")})
-    with pytest.raises(ConfigError, match="needs a GGUF base on llama-server"):
+    with pytest.raises(ConfigError, match="lora adapter, which llama-server applies on a base of kind gguf"):
         Catalog.scan([zoo_dir], {"x": ModelConfig(key="x", path=elsewhere, base="tiny-hf")})
     with pytest.raises(ConfigError, match="neither a GGUF LoRA adapter"):
         Catalog.scan([zoo_dir], {"x": ModelConfig(key="x", path=zoo_dir / "llama-gqa.gguf", base="llama-gqa")})

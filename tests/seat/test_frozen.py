@@ -67,3 +67,38 @@ def test_a_stuck_seat_not_in_a_handler_is_only_stuck(tmp_path: Path, setup: str)
     seat = _stuck(tmp_path, setup)
     assert seat.killed_for is not None and "made no progress" in seat.killed_for
     assert seat.told_by is None
+
+
+def _stopped(tmp_path: Path, in_flight: int, stall_s: float) -> SeatState:
+    """A seat whose process is stopped by SIGSTOP, with ``in_flight`` requests on it; the seat once the watch killed
+    it."""
+    seat = fakeparts.seat(tmp_path)
+    seat.seat.in_flight = in_flight
+
+    async def scenario() -> None:
+        await fakeparts.run(seat, "import signal\nwhile True: signal.pause()")
+        assert seat.pid is not None and seat.proc is not None
+        os.kill(seat.pid, signal.SIGSTOP)
+        async with asyncio.timeout(30):
+            await watch_frozen(seat, stall_s, lambda s, why: setattr(s, "killed_for", why))
+            await seat.proc.wait()
+
+    asyncio.run(scenario())
+    return seat
+
+
+def test_a_stopped_seat_with_a_request_in_flight_is_killed_at_once(tmp_path: Path) -> None:
+    """Its clients wait on a process that cannot answer: they are told at the first look, not after the stall
+    period (an hour here: the watch returns only because it acted at once)."""
+    seat = _stopped(tmp_path, in_flight=1, stall_s=3600.0)
+    assert seat.killed_for is not None, "the watch returned without killing it"
+    assert "stopped by a signal (state T) with 1 request(s) in flight on it, which it cannot answer" in seat.killed_for
+    assert "stall_seconds" not in seat.killed_for
+    assert seat.proc is not None and seat.proc.returncode == -signal.SIGKILL
+
+
+def test_an_idle_stopped_seat_is_given_the_stall_period(tmp_path: Path) -> None:
+    """No one waits on it: a SIGCONT may come, so it is killed only once stopped for ``stall_seconds``."""
+    seat = _stopped(tmp_path, in_flight=0, stall_s=STALL_S)
+    assert seat.killed_for is not None and "was stopped by a signal (state T) for" in seat.killed_for
+    assert f"(engine.stall_seconds={STALL_S:g})" in seat.killed_for and "in flight" not in seat.killed_for

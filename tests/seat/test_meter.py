@@ -95,3 +95,23 @@ def test_a_seat_without_a_process_has_its_log_read_and_no_reading(tmp_path: Path
     seat.log_path.write_text(LOG)
     _meter(tmp_path, FakeNvml()).read(seat)
     assert seat.measured is not None and seat.load_mem is None and seat.readings == 0
+
+
+def test_a_device_whose_buffers_are_in_the_seat_s_pss_is_seen_unified() -> None:
+    from types import SimpleNamespace
+
+    from fitevict.pricing.footprint import DeviceFootprint, Footprint, Term
+    from fitevict.seat.measure import memory_kind_seen
+
+    t = lambda n: Term(n, "engine-reported")  # noqa: E731
+    fp = Footprint((DeviceFootprint("CPU", t(10 * MiB), t(0), t(5 * MiB), t(0)),
+                    DeviceFootprint("Vulkan0", t(100 * MiB), t(20 * MiB), t(8 * MiB), t(0))), 2 * MiB, 13 * MiB,
+                   "engine-reported")
+    seat = lambda committed: SimpleNamespace(  # noqa: E731
+        measured=fp, overhead=20 * MiB, config=SimpleNamespace(devices=("Vulkan0",)),
+        load_mem=SimpleNamespace(committed_bytes=committed))
+    # 13 MiB of host buffers + 20 MiB overhead; the PSS holds 120 MiB more: Vulkan0's weights and KV are in it
+    uni, how = memory_kind_seen(seat(153 * MiB))["Vulkan0"]
+    assert uni and how.startswith("measured:") and "host memory" in how
+    # a discrete device's buffers are not in the process: its PSS is its host buffers and overhead
+    assert memory_kind_seen(seat(34 * MiB))["Vulkan0"][0] is False

@@ -113,8 +113,9 @@ def test_a_transformers_seat_is_counted_with_its_own_process_as_priced(tmp_path:
     seat.engine, seat.predicted_overhead = "transformers", 900 * MiB
     _ready(tmp_path, book, seat)
     assert seat.overhead == 900 * MiB  # never the llama-server build's calibration
-    assert seat.overhead_label.startswith("measured: this machine's transformers seats' own process")
+    assert seat.overhead_label.startswith("stored-measurement: this machine's transformers seats' own process")
     unknown = fakeparts.seat(tmp_path, port=2)
     unknown.engine = "transformers"  # no transformers seat measured here yet
     _ready(tmp_path, book, unknown)
-    assert unknown.overhead == 0 and unknown.overhead_label.startswith("unavailable, because")
+    assert unknown.overhead is None and unknown.overhead_label.startswith("unavailable, because")
+    assert unknown.figures(HOST)["overhead_bytes"] is None  # never a 0 standing in for what is not known

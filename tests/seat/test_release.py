@@ -72,14 +72,100 @@ def test_gpu_free_is_read_through_nvml(tmp_path) -> None:
         free = free_now(("CUDA0",), nvml)
         assert free["CUDA0"] == 20 * 1024**3 and free[HOST] > 0
         nvml.gpus[0].used = 1 * 1024**3  # the seat's 3 GiB came back
-        r = release_check({HOST: 0, "CUDA0": 3 * 1024**3}, free, free_now(("CUDA0",), nvml), elapsed=0.1,
-                          timed_out=False)
-        assert r.verified and r.freed_by_device["CUDA0"] == 3 * 1024**3
+        now = free_now(("CUDA0",), nvml)
+        now[HOST] = free[HOST] - 148 * 1024  # another program took 148 KiB of the host meanwhile
+        r = release_check({HOST: 0, "CUDA0": 3 * 1024**3}, free, now, elapsed=0.1, timed_out=False)
+        assert r.verified and r.freed_by_device["CUDA0"] == 3 * 1024**3, r.note
+        assert "CPU: held nothing, not judged" in r.note  # a seat that held 0 B there is never judged there
         # the GPU budget counts the seat's bytes as fitevict's own, not someone else's
         b = sup._measure_budget()
         assert b.device("CUDA0") is not None and b.device("CUDA0").total.source.startswith("nvml")
     finally:
         store.close()
+
+
+def test_what_other_programs_took_is_named_not_read_as_the_seats() -> None:
+    # the seat gave back 100 MiB while another program took 60 MiB: the counter rose only 40 MiB
+    r = release_check({HOST: HELD}, {HOST: 0}, {HOST: 40 * MiB}, elapsed=0.1, timed_out=True,
+                      others={HOST: 60 * MiB})
+    assert r.verified and r.freed_bytes == HELD and r.freed_by_device == {HOST: 40 * MiB}, r.note
+    assert "other programs took 60.0 MiB meanwhile, not counted as the seat's" in r.note
+    # others gave 60 MiB back while the seat kept most of its own: the counter's rise is not the seat's
+    kept = release_check({HOST: HELD}, {HOST: 0}, {HOST: HELD}, elapsed=0.1, timed_out=True,
+                         others={HOST: -60 * MiB})
+    assert not kept.verified and kept.freed_bytes == 40 * MiB and "gave back 60.0 MiB" in kept.note
+    # without a reading of the others, a counter that fell leaves the seat's share unknown
+    unread = release_check({HOST: HELD}, {HOST: 0}, {HOST: -MiB}, elapsed=0.1, timed_out=True)
+    assert not unread.verified and unread.freed_bytes is None
+
+
+def test_other_programs_on_a_gpu_are_read_through_nvml_apart_from_the_seats() -> None:
+    from fitevict.seat.release import others_now
+
+    gpu = FakeGpu(used=7 * 1024**3, processes=[(101, 3 * 1024**3), (202, 4 * 1024**3)])
+    seat = frozenset({101})  # the seat's own process is not another program
+    assert others_now(("CUDA0",), seat, FakeNvml([gpu]))["CUDA0"] == 4 * 1024**3
+    gpu.processes.append((303, None))  # one NVML cannot attribute: the drift there is not read, never taken as 0
+    assert "CUDA0" not in others_now(("CUDA0",), seat, FakeNvml([gpu]))
+
+
+_SEAT = """
+import os, signal, sys
+held = bytearray(b"\x01") * (64 * 1024 * 1024)  # 64 MiB, touched: committed anonymous memory
+def bye(*_):
+    with open(sys.argv[1], "w") as go:
+        go.write("go")
+    with open(sys.argv[2]) as done:  # the hog has taken its memory: only now give ours back
+        done.read()
+    os._exit(0)
+signal.signal(signal.SIGTERM, bye)
+print("ready", flush=True)
+signal.pause()
+"""
+_HOG = """
+import sys, time
+with open(sys.argv[1]) as go:
+    go.read()
+taken = bytearray(b"\x01") * (160 * 1024 * 1024)  # 160 MiB while the seat stops
+with open(sys.argv[2], "w") as done:
+    done.write("done")
+sys.stdin.read()  # held until the test closes our stdin
+"""
+
+
+def test_a_real_release_while_another_program_grows_is_verified_with_the_drift_named(tmp_path) -> None:
+    """A real seat holding 64 MiB stops while another real process takes 160 MiB: the machine's counter falls, yet
+    the seat's release is verified, with what the other program took read and named."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from fitevict.engines.process import Child
+    from fitevict.seat.release import stop_and_verify
+
+    go, done = tmp_path / "go", tmp_path / "done"
+    os.mkfifo(go)
+    os.mkfifo(done)
+    hog = subprocess.Popen([sys.executable, "-c", _HOG, str(go), str(done)], stdin=subprocess.PIPE)
+    seat = subprocess.Popen([sys.executable, "-c", _SEAT, str(go), str(done)], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        assert seat.stdout is not None and seat.stdout.readline() == b"ready\n"
+        res = asyncio.run(stop_and_verify("seat", seat.pid, (), proc=Child(seat), grace=30.0, release_timeout=10.0,
+                                          nvml=None, clock=time.monotonic))
+    finally:
+        hog.communicate(timeout=30)
+        seat.wait(timeout=30)
+    assert res.verified, res.note
+    # the counter's rise alone is under the bar (the hog took more than the seat gave back): what verified it is
+    # the seat's own return, the rise plus what the other programs took, read beside it
+    held = res.held[HOST]
+    assert held is not None and res.freed_by_device[HOST] < int(held * 0.9) - RELEASE_SLACK, res.details()
+    assert res.others_by_device is not None and res.others_by_device[HOST] > 0, res.others_by_device
+    assert res.freed_bytes == res.freed_by_device[HOST] + res.others_by_device[HOST]
+    assert "other programs took" in res.note and res.details()["others_source"].startswith("measured")
 
 
 def _fake_binary(tmp_path):

@@ -141,8 +141,21 @@ def test_an_engine_error_is_put_in_the_routes_shape() -> None:
     tools = b'{"error": {"code": 500, "message": "Failed to parse tools: Missing tool type: 1", "type": "server_error"}}'
     assert engine_error("openai", "m", 500, tools)[0] == 400
     assert engine_error("openai", "m", 500, b'{"error": {"message": "out of memory"}}')[0] == 500  # the engine's own
-    own = json.dumps({"error": {"code": 501, "message": "Infill is not supported", "type": "not_supported_error"}})
-    assert engine_error("openai", "m", 501, own.encode()) == (501, own.encode())  # the engine's own answer
+    # the engine's 501 for a model without fill-in-the-middle tokens: the client's 400, in each API's shape
+    no_fim = json.dumps({"error": {"code": 501, "message": "Infill is not supported by this model: prefix token is "
+                                   "missing. suffix token is missing. middle token is missing. ",
+                                   "type": "not_supported_error"}}).encode()
+    status, body = engine_error("openai", "m", 501, no_fim)
+    err = json.loads(body)["error"]
+    assert status == 400 and err["type"] == "invalid_request_error" and err["code"] == "model_without_fim"
+    assert err["message"].startswith("m cannot fill in the middle") and "prefix token is missing" in err["message"]
+    status, body = engine_error("anthropic", "m", 501, no_fim)
+    assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
+    other = json.dumps({"error": {"code": 501, "message": "no", "type": "not_supported_error"}}).encode()
+    assert engine_error("openai", "m", 501, other)[0] == 400
+    assert json.loads(engine_error("openai", "m", 501, other)[1])["error"]["code"] == "not_supported_by_model"
+    teapot = b'{"error": {"code": 501, "message": "Infill is not supported", "type": "server_error"}}'
+    assert engine_error("openai", "m", 501, teapot) == (501, teapot)  # not the engine's refusal: passes as it came
     status, body = engine_error("anthropic", "m", 400, b'{"error": {"message": "too long", "type": "x"}}')
     assert status == 400 and json.loads(body) == {"type": "error", "error": {
         "type": "invalid_request_error", "message": "m: the engine refused the request: too long"}}

@@ -68,16 +68,38 @@ def test_a_seat_outgrows_its_price_beyond_the_bound_with_its_growth_rate() -> No
 
 
 def test_the_overhead_label_says_what_the_figure_is() -> None:
-    assert overhead_label("llama-server", 18 * MiB, "calibrated").startswith("measured: the engine process's own, "
-                                                                               "calibrated at a filled peak")
+    # a figure learned from earlier readings is a stored measurement, not a reading of this seat
+    assert overhead_label("llama-server", 18 * MiB, "calibrated").startswith(
+        "stored-measurement: the engine process's own, calibrated at a filled peak")
     assert "the largest seen" in overhead_label("llama-server", 18 * MiB, "raised")
     never = overhead_label("llama-server", 0, "this engine build was never calibrated on this machine")
     assert never.startswith("rule: ") and never.endswith("because this engine build was never calibrated on this "
                                                           "machine")
     assert overhead_label("transformers", 18 * MiB, "calibrated", None).startswith("unavailable, because no "
                                                                                     "transformers seat")
-    assert overhead_label("transformers", 0, "calibrated", 300 * MiB).startswith("measured: this machine's "
-                                                                                 "transformers seats' own")
+    assert overhead_label("transformers", 0, "calibrated", 300 * MiB).startswith("stored-measurement: this "
+                                                                                 "machine's transformers seats' own")
+    assert "counted as 0" not in overhead_label("transformers", 0, "calibrated", None)
+
+
+def test_a_figure_never_read_is_unavailable_never_a_measured_zero() -> None:
+    """A seat on a GPU whose engine overhead was never learned, not read yet, with no overhead known on the host:
+    each such figure is None with why, never 0 labelled measured."""
+    s = _seat()
+    s.overhead, s.overhead_label = None, "unavailable, because no transformers seat was measured on this machine yet"
+    host = s.figures(HOST)
+    assert host["overhead_bytes"] is None and host["overhead_source"].startswith("unavailable, because")
+    assert host["measured_peak_bytes"] is None
+    assert host["measured_peak_source"] == "unavailable, because the process was not read yet"
+    assert host["planned_bytes"] == 100 * MiB  # the buffers alone: nothing unknown added
+    gpu = s.figures("CUDA0")
+    assert gpu["overhead_bytes"] is None and gpu["overhead_source"].startswith(
+        "unavailable, because no engine overhead was learned for CUDA0")
+    s.gpu_overhead = {"CUDA0": 300 * MiB}
+    learned = s.figures("CUDA0")
+    assert learned["overhead_bytes"] == 300 * MiB and learned["overhead_source"].startswith("stored-measurement:")
+    s.load_reading(10.0, _pss(70), {})
+    assert s.figures(HOST)["measured_peak_source"].startswith("measured: ")
 
 
 def test_process_bytes_the_price_knowingly_left_out_count_with_it() -> None:

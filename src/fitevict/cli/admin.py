@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -85,9 +87,10 @@ def plan_cmd(
     n_gpu_layers: int | None = typer.Option(None, "--n-gpu-layers", "-ngl", help="For --alloc-mode explicit."),
     n_cpu_moe: int | None = typer.Option(None, "--n-cpu-moe", help="For --alloc-mode explicit."),
     ram_limit: str | None = typer.Option(None, "--ram-limit", help="Ceiling on host RAM for fitevict's models."),
-    gpu_limit: str | None = typer.Option(None, "--gpu-limit", help="Ceiling per GPU."),
+    gpu_limit: str | None = typer.Option(None, "--gpu-limit", help="Ceiling on each device, or per device by the "
+                                         "engine's names: Vulkan0=100MiB,RPC0=200MiB."),
     ram: str | None = typer.Option(None, "--ram", help="Plan for a machine with this much host RAM free (declared), instead of this one."),
-    gpu: list[str] = typer.Option([], "--gpu", help="Plan for a GPU NAME=SIZE free (declared), e.g. CUDA0=24GiB; repeatable."),
+    gpu: list[str] = typer.Option([], "--gpu", help="Plan for a device NAME=SIZE free (declared), e.g. CUDA0=24GiB or Vulkan0=2GiB (devices.uma declares it unified); repeatable."),
     residents: Path | None = typer.Option(None, "--residents", help='JSON list of residents: [{"key", "bytes": {"CPU": n, "CUDA0": n}, "last_used", "pinned", "protected", "in_flight"}].'),
     server: str | None = typer.Option(None, "--server", help="Ask a running fitevict for its plan instead (its residents, its budget)."),
     key: str | None = typer.Option(None, "--key", help="Admin key for --server."),
@@ -149,13 +152,18 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
 
 
 def _offline_budget(cfg, ram: str | None, gpu: list[str]):
-    """This machine's budget under the config, or a declared machine (``--ram``, ``--gpu NAME=SIZE``)."""
-    from fitevict.budget import Budget, BudgetError
+    """This machine's budget under the config (its devices as the engine build lists them, with ``devices.rpc``), or
+    a declared machine (``--ram``, ``--gpu NAME=SIZE``; ``devices.uma`` says which declared devices are unified)."""
+    from fitevict.budget import Budget, BudgetError, per_device
+    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.census import take_census
     from fitevict.host.budget import budget_from_config
 
     try:
         if ram is None and not gpu:
-            return budget_from_config(cfg.budget)
+            binary = resolve_binary("llama-server", configured=cfg.engine.llama_server).path
+            census = take_census(binary, rpc=cfg.devices.rpc, declared=cfg.devices.uma) if binary else None
+            return budget_from_config(cfg.budget, census=census)
         from fitevict.units import parse_size
 
         spec: dict[str, Any] = {}
@@ -163,15 +171,16 @@ def _offline_budget(cfg, ram: str | None, gpu: list[str]):
             spec["CPU"] = {"total": parse_size(ram, name="--ram"), "reserve": 0,
                            **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
         for name, size in _parse_sizes(gpu, "--gpu").items():
-            spec[name] = {"total": size, "reserve": 0,
-                          **({"limit": cfg.budget.gpu_limit} if cfg.budget.gpu_limit else {})}
+            limit = per_device(cfg.budget.gpu_limit, name, None)
+            spec[name] = {"total": size, "reserve": 0, "unified": cfg.devices.uma.get(name, False),
+                          **({"limit": limit} if limit else {})}
         if "CPU" not in spec:
             from fitevict.host.procmem import read_meminfo
 
             m = read_meminfo()
             spec["CPU"] = {"total": m.total_bytes, "free": m.available_bytes, "reserve": cfg.budget.ram_reserve,
                            **({"limit": cfg.budget.ram_limit} if cfg.budget.ram_limit else {})}
-        return Budget.declared(spec)
+        return dataclasses.replace(Budget.declared(spec), rpc=cfg.devices.rpc)
     except BudgetError as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
@@ -215,12 +224,17 @@ def _show_plan(plan: dict, budget: dict | None, as_json: bool) -> None:
         console.print(f"remedy: {escape(plan['remedy'])}")
     cols = ["device", "needed", "budget", "free now", "free after", "avail."]
     t = compact_table("bytes per device", cols, right=tuple(cols[1:]))
+    unified = {d["name"]: d.get("unified_source", "") for d in (budget or {}).get("devices", []) if d.get("unified")}
     for dev in plan["budget_bytes"]:
-        t.add_row(dev, *(format_size(plan[k].get(dev)) if plan[k].get(dev) is not None else "-" for k in
+        t.add_row(f"{dev} (unified: counted in CPU too)" if dev in unified else dev, *(format_size(plan[k].get(dev)) if plan[k].get(dev) is not None else "-" for k in
                          ("needed_bytes", "budget_bytes", "free_bytes_before", "free_bytes_after", "available_bytes")))
     console.print(t)
     console.print("[dim]needed: predicted (formula / dry run); avail.: after the evictions allowed; residents: "
                   "measured or declared[/]")
+    for dev, source in unified.items():
+        console.print(f"[dim]{escape(dev)} is unified memory ({escape(source)}): its budget is carved out of RAM; "
+                      f"its bytes count in CPU's needed and free as well, and its own budget is a limit inside "
+                      f"CPU's[/]")
     for e in plan["evict"]:
         console.print(f"evict {escape(e['key'])}: {escape(e['reason'])}")
     if plan.get("wait_for"):
@@ -311,18 +325,27 @@ def history_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP),
 
 
 def history_table(data: list[dict]) -> Table:
-    t = compact_table("history (bytes measured; freed: what came back)",
+    t = compact_table("history (host: each figure with what it is; freed: measured, what came back)",
                       ["time", "event", "model", "secs", "host", "freed", "why"], right=("secs", "host", "freed"))
     stops = ("evict", "unload", "idle-unload", "crash")
     for e in data:
         b = e["bytes"]
         t.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e["event"], e["model"] or "",
                   f"{e['seconds']:.2f}" if e["seconds"] is not None else "",
-                  format_size(b["host"], unavailable="n/a"),
+                  _labelled(b["host"], (e.get("sources") or {}).get("host")),
                   format_size(b["freed"], unavailable="n/a") if e["event"] in stops else "",
                   _short(e["strategy"] or e["reason"] or "") + _served(e.get("engine_timings")))
     t.caption = "why: the reason's first words (a stop: what its seat served); --json has all of it"
     return t
+
+
+def _labelled(n: int | None, source: str | None) -> str:
+    """A figure and the first word of its source (measured, planned, engine-reported, predicted), "n/a" when the
+    event has none."""
+    if n is None:
+        return "n/a"
+    kind = re.match(r"[a-z-]+", source or "")
+    return f"{format_size(n)} {kind.group(0)}" if kind else format_size(n)
 
 
 def _served(timings: dict | None) -> str:

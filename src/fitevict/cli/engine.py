@@ -146,7 +146,7 @@ def list_cmd(
     build in the cache (CPU, Vulkan, CUDA)."""
     lookup = _lookup(config)
     rows = [inst.resolve_binary(b, **lookup) for b in inst.BINARIES]
-    versions = {r.name: _version_now(r.path) for r in rows if r.path and r.name == "llama-server"}
+    versions = {r.name: _version_now(r.path) for r in rows if r.path and r.name == inst.SERVER}
     builds = {r.name: build_report(r.path) for r in rows if r.path}
     cached = _cached_builds(rows[0])
     if as_json:
@@ -155,7 +155,7 @@ def list_cmd(
              "version": versions.get(r.name), "build": builds.get(r.name), "env": dict(r.env),
              "candidates": [{"source": c.source, "path": str(c.path) if c.path else None, "status": c.status}
                             for c in r.candidates],
-             **({"cached_builds": cached} if r.name == "llama-server" else {})}
+             **({"cached_builds": cached} if r.name == inst.SERVER else {})}
             for r in rows], indent=2))
         return
     table = Table(title="engine binaries (lookup: config → $FITEVICT_LLAMA_SERVER → PATH → cache)")

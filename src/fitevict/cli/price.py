@@ -16,6 +16,7 @@ from rich.table import Table
 
 from fitevict.cli.price_hf import footprint_table, parse_max_memory, price_hf_folder
 from fitevict.engines.dryrun import DryRun
+from fitevict.engines.install import SERVER
 from fitevict.pricing.cmdline import parse_server_argv
 from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.safetensors import is_hf_folder
@@ -138,16 +139,10 @@ def price_cmd(
     MODEL may also be a Hugging Face folder (config.json + *.safetensors, or a diffusers pipeline)."""
     err = Console(stderr=True)
     if is_hf_folder(Path(model)):
-        try:
-            cfg_hf = HfLoadConfig(n_ctx=ctx_size, dtype=dtype, quant=quant, bnb4_double_quant=double_quant,  # type: ignore[arg-type]
-                                  device_map=device_map, max_memory=parse_max_memory(max_memory))
-        except (PricingError, ValueError) as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False)
-            raise typer.Exit(2) from e
-        price_hf_folder(model, cfg_hf, as_json)
+        _price_hf(model, ctx_size, dtype, quant, double_quant, device_map, max_memory, as_json, err)
         return
     try:
-        if Path(model).name in ("llama-server", "llama-server.exe"):
+        if Path(model).name in (SERVER, f"{SERVER}.exe"):
             cmd = parse_server_argv([model, *ctx.args])
             path, cfg, notes = Path(cmd.model), cmd.config, list(cmd.warnings)
         else:
@@ -170,11 +165,10 @@ def price_cmd(
         s = load_structure(path)
         # the engine's dry run sizes the compute buffer, and the caches of an architecture fitevict has no rules for
         dry, why = _dry_run(path, cfg, dry_run, cmd.dry_run_args)
-        compute = dry.compute if dry else None
         backends, probe_notes = _device_rules(s, cfg, dry_run is not False)
+        p = price(s, cfg, compute=dry.compute if dry else None, context=dry.context if dry else None,
+                  host=host_buffers(), backends=backends, buffer_names=buffer_names(backends))
         notes += probe_notes
-        p = price(s, cfg, compute=compute, context=dry.context if dry else None, host=host_buffers(),
-                  backends=backends, buffer_names=buffer_names(backends))
     except PricingError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(2) from e
@@ -185,6 +179,18 @@ def price_cmd(
         typer.echo(json.dumps(out, indent=2))
         return
     _show(s, cfg, p, warnings)
+
+
+def _price_hf(model: str, ctx_size: int, dtype: str, quant: str, double_quant: bool, device_map: str,
+              max_memory: list[str], as_json: bool, err: Console) -> None:
+    """A Hugging Face folder's price (exits 2 on a configuration it cannot take)."""
+    try:
+        cfg_hf = HfLoadConfig(n_ctx=ctx_size, dtype=dtype, quant=quant, bnb4_double_quant=double_quant,  # type: ignore[arg-type]
+                              device_map=device_map, max_memory=parse_max_memory(max_memory))
+    except (PricingError, ValueError) as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(2) from e
+    price_hf_folder(model, cfg_hf, as_json)
 
 
 def _warnings(notes: list[str], p: Pricing, cfg: LoadConfig, dry: DryRun | None, why: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitevict.budget import charged
 from fitevict.cluster.route import NodeFacts, NodeSeat, Verdict
 
 
@@ -12,8 +13,8 @@ def seat_of(view: dict[str, Any]) -> NodeSeat:
     """One row of a door's ``/v1/models/residents``."""
     gd = view.get("greedy_dual") or {}
     credit = gd["priority"] - gd.get("floor", 0.0) if isinstance(gd.get("priority"), (int, float)) else None
-    planned = {d: int(f["planned_bytes"]) for d, f in (view.get("devices") or {}).items()
-               if isinstance(f, dict) and f.get("planned_bytes") is not None}
+    planned = charged({d: int(f["planned_bytes"]) for d, f in (view.get("devices") or {}).items()
+                       if isinstance(f, dict) and f.get("planned_bytes") is not None}, tuple(view.get("unified") or ()))
     return NodeSeat(key=view["key"], state=str(view.get("state") or ""), bytes=planned,
                 in_flight=int(view.get("in_flight") or 0), waiting=int(view.get("waiting") or 0), credit=credit)
 

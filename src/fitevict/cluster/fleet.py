@@ -6,7 +6,10 @@ node (``fitevict-agent-<node id>`` in the ``fitevict`` namespace), pinned to it 
 door on the cluster finds the same agents. The fleet polls, every ``poll_s``: the node list (a node that joins
 gets an agent; a node Ray declares dead leaves), and each agent's facts, with a deadline (``call_timeout_s``).
 A node whose facts cannot be read leaves routing at once, as does one whose door refuses connections
-(``lost``); it comes back when it reports again.
+(``lost``), and its residents leave the routing table in the same step: a lost node is nobody's residence. It comes
+back when it reports again, with facts asked after it was lost. A node whose door said it is shutting down
+(``stopping``) never comes back: its door is on its way out; a seat whose engine refused a connection leaves its
+node's residents (``drop_resident``) until the node's next facts, asked after that.
 
 The node list comes from Ray's GCS (on the head node); facts come from the agents directly. A node list that does
 not answer within the deadline (the GCS killed or restarting) leaves the members as they were: routing goes on
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fitevict.cluster.agent import NodeAgent, budget_from_resources
@@ -80,6 +83,8 @@ class Member:
     facts: NodeFacts | None = None
     lost_since: float | None = None  # when the fleet saw it fail (facts, connection), until it reports again
     why_lost: str = ""
+    stopping: bool = False  # its door said it is shutting down: it never takes a request again
+    changed_at: float = 0.0  # when the fleet last took something out of its facts: older facts do not put it back
     joined: float = field(default_factory=time.time)
 
 
@@ -183,23 +188,48 @@ class Fleet:
     # -- facts --------------------------------------------------------------------------------------
 
     async def _refresh(self, m: Member) -> None:
+        asked = time.time()
         try:
             raw = await asyncio.wait_for(m.agent.facts.remote(), self.call_timeout_s)
         except Exception as e:  # the agent is dead or late: its node leaves routing until it reports again
             self.mark_lost(m.node, f"facts not read within {self.call_timeout_s:g} s: {type(e).__name__}")
             return
         f = node_facts(raw)
-        m.facts = f
-        if f.error is None:
-            m.lost_since, m.why_lost = None, ""
-        else:
+        if f.error is not None:
+            m.facts = f
             self.mark_lost(m.node, f.error)
+        elif m.stopping or asked <= m.changed_at:  # its door is going, or these facts predate what the fleet saw
+            return
+        else:
+            m.facts, m.lost_since, m.why_lost = f, None, ""
 
-    def mark_lost(self, node: str, why: str) -> None:
+    def mark_lost(self, node: str, why: str, *, stopping: bool = False) -> None:
+        """``node`` leaves routing now, and its residents with it; ``stopping``: for good (its door is going)."""
         m = self.members.get(node)
-        if m is not None and m.lost_since is None:
-            m.lost_since, m.why_lost = time.time(), why
+        if m is None:
+            return
+        m.stopping = m.stopping or stopping
+        m.changed_at = time.time()
+        if m.facts is not None and m.facts.seats:
+            m.facts = replace(m.facts, seats=())
+        if m.lost_since is None:
+            m.lost_since, m.why_lost = m.changed_at, why
             log.warning("node %s leaves routing: %s", node, why)
+
+    def drop_resident(self, node: str, key: str, why: str) -> None:
+        """The seat ``key`` is no residence on ``node`` any more (its engine refused a connection), until the
+        node's next facts asked after now say otherwise."""
+        m = self.members.get(node)
+        if m is None or m.facts is None:
+            return
+        m.changed_at = time.time()
+        m.facts = replace(m.facts, seats=tuple(s for s in m.facts.seats if s.key != key))
+        log.warning("node %s: %s is no residence there now: %s", node, key, why)
+
+    def routable(self, node: str) -> bool:
+        """Whether ``node`` takes requests now (a member, not lost, with facts that did not fail)."""
+        m = self.members.get(node)
+        return m is not None and m.lost_since is None and m.facts is not None and m.facts.error is None
 
     async def refresh(self, nodes: list[str] | None = None) -> None:
         ms = [m for n, m in self.members.items() if nodes is None or n in nodes]
@@ -251,8 +281,7 @@ class Fleet:
         rows = []
         for m in self.members.values():
             f = m.facts
-            rows.append({"node": m.node, "url": m.url, "pid": m.pid,
-                         "routable": m.lost_since is None and f is not None and f.error is None,
+            rows.append({"node": m.node, "url": m.url, "pid": m.pid, "routable": self.routable(m.node),
                          "lost_since": m.lost_since, "why_lost": m.why_lost or None,
                          "facts_age_s": round(f.age(now), 3) if f is not None else None,
                          "residents": [s.key for s in f.seats] if f is not None else [],

@@ -3,11 +3,14 @@
 For an inference request it reads the model's name, asks the routing rule (``route``) for candidate nodes and
 relays the request, as received, to the first that takes it: the answer's bytes go from the node's door to the
 client as they arrive, over HTTP (never through Ray's object store). A node that refuses (507: does not fit, 503:
-busy), cannot be reached, or is lost before the first byte of its answer (the client has been sent nothing) sends
-the request to the next candidate, with the reason logged; a node lost on the way has the request routed again
-without it, once. Only an answer cut after its first byte ends with an error naming the node: an error event
-(``node_lost``) for a stream, a closed connection for a whole answer. When no node takes it, the client gets
-503 (a node was lost: retry) or 507, with each node's reason.
+busy), says it is shutting down (503: it leaves routing), cannot be reached, is lost before the first byte of its
+answer (the client has been sent nothing), or whose seat routed as a hit is gone (its engine refused the
+connection) sends the request to the next candidate, with the reason logged; when a node was lost or a residence
+gone on the way, the request is routed again without them, once. A request in flight on a node that leaves
+routing, answered 502 by its door, is cut: 502 ``node_lost``, ``x-should-retry: true``; an answer cut after its
+first byte ends with an error naming the node: an error event (``node_lost``) for a stream, a closed connection
+for a whole answer. When no node takes it, the client gets 507 when every node refused it on bytes, else 503
+(retry), with each node's reason.
 
 The admin routes (load, unload, plan, rescan) go to the nodes they concern (``admin``). The list, residents and
 history routes merge every node's (``merge``), each row naming its node; ``/metrics`` and the dashboard too
@@ -27,7 +30,7 @@ import httpx
 
 from fitevict.cluster import admin, merge, page
 from fitevict.cluster.fleet import Fleet
-from fitevict.cluster.route import Candidate, Route, resolve, route, usable
+from fitevict.cluster.route import Candidate, Route, meaning, no_node_status, resolve, route, usable
 from fitevict.cluster.wire import Receive, Scope, Send, query, read_body, send_error, send_json
 from fitevict.config import Config
 from fitevict.server.door import Door, new_request_id
@@ -39,7 +42,9 @@ log = logging.getLogger("fitevict.cluster")
 
 # every route a node's fast path relays to a seat (server.routes), and Ollama's
 INFERENCE = frozenset((*ROUTES, "/api/chat", "/api/generate", "/api/embed", "/api/embeddings"))
-REFUSALS = (503, 507, 529)  # the node's door does not take it now (529: on Anthropic's routes): the next may
+# answers read whole before anything is sent, for what they mean (route.meaning): the node's door does not take it
+# now (503, 507; 529 on Anthropic's routes), it is shutting down (503), or its engine is gone or was cut (502)
+READ_FIRST = (502, 503, 507, 529)
 PASSED_HEADERS = (b"content-type", b"content-length", b"retry-after", b"x-request-id", b"cache-control")
 
 
@@ -136,20 +141,21 @@ class ClusterDoor:
         except ApiError as e:
             return await send_error(e, path, scope, receive, send)
         tried = Tried()
-        seen: set[str] = set()
-        for attempt in range(2):  # a node lost on the way (nothing sent to the client): route again, without it
-            for cand in (c for c in plan.candidates if c.node not in seen):
-                seen.add(cand.node)
+        seen: set[tuple[str, str]] = set()  # (node, route) offered: a node whose hit was gone may still load it
+        for attempt in range(2):  # a node lost or a residence gone on the way: route again, without them
+            for cand in (c for c in plan.candidates if (c.node, c.why) not in seen and c.node not in tried.lost):
+                seen.add((cand.node, cand.why))
                 if await self._try(cand, raw, rid, scope, receive, send, tried, name_node):
                     self.routed[cand.node, cand.why] = self.routed.get((cand.node, cand.why), 0) + 1
                     log.info(json.dumps({"request_id": rid, "model": key, "path": path, "node": cand.node,
-                                         "route": cand.why, "tried": tried.reasons,
+                                         "route": cand.why, "tried": [f"{n}: {w}" for n, w in tried.reasons],
                                          "total_s": round(time.perf_counter() - t0, 4)}))
                     return
-            if attempt or not tried.lost:
+            if attempt or not (tried.lost or tried.gone):
                 break
             plan = await self.route(key, contract)
-        tried.reasons += [f"{n}: {why}" for n, why in plan.refused if n not in seen]
+        offered = {n for n, _why in seen}
+        tried.refused += [(n, why) for n, why in plan.refused if n not in offered]
         await send_error(tried.error(key), path, scope, receive, send)
 
     def _model_of(self, raw: bytes) -> tuple[str, dict | None, bytes]:
@@ -201,7 +207,7 @@ class ClusterDoor:
         why): the next candidate's turn."""
         door = self.fleet.door(cand.node)
         if door is None:
-            tried.reasons.append(f"{cand.node}: left the cluster")
+            tried.reasons.append((cand.node, "left the cluster"))
             return False
         url, key = door
         path, qs = scope["path"], scope.get("query_string", b"").decode("latin-1")
@@ -215,16 +221,48 @@ class ClusterDoor:
         except httpx.TransportError as e:  # no byte of an answer came back: another node may take it
             self._lost_before(cand.node, e, tried)
             return False
-        if resp.status_code in REFUSALS:
-            why = (await resp.aread()).decode(errors="replace")[:500]
-            await resp.aclose()
-            tried.reasons.append(f"{cand.node}: answered {resp.status_code}: {why}")
-            return False
-        if not await self._stream(cand, resp, path, send, name_node, tried):
+        if resp.status_code in READ_FIRST:
+            try:
+                body = await resp.aread()
+            except httpx.TransportError as e:
+                self._lost_before(cand.node, e, tried)
+                return False
+            finally:
+                await resp.aclose()
+            if not await self._error_answer(cand, resp, body, path, scope, receive, send, tried, name_node):
+                return False
+        elif not await self._stream(cand, resp, path, send, name_node, tried):
             return False
         if cand.why != "hit":
             self.fleet.poke()  # it loaded (or evicted) there: fresh facts now
         return True
+
+    async def _error_answer(self, cand: Candidate, resp: httpx.Response, body: bytes, path: str, scope: Scope,
+                            receive: Receive, send: Send, tried: Tried, name_node: bool) -> bool:
+        """A node's error answer, read whole, by what it means (``route.meaning``): False when the request goes
+        on to the next candidate (``tried`` says why); True when the client got an answer (the node's own, or
+        502 ``node_lost`` for a request in flight on a node that left routing)."""
+        text = body.decode(errors="replace")
+        what = meaning(resp.status_code, text, cand.why, self.fleet.routable(cand.node))
+        if what == "stopping":
+            self.fleet.mark_lost(cand.node, f"its door is shutting down (answered {resp.status_code})",
+                                 stopping=True)
+            self.fleet.poke()
+            tried.lost.add(cand.node)
+        elif what == "gone":
+            self.fleet.drop_resident(cand.node, cand.seat, "its engine refused the connection of a hit")
+            self.fleet.poke()
+            tried.gone.add(cand.node)
+        elif what == "cut":
+            await send_error(_lost(cand.node, path, None), path, scope, receive, send)
+            return True
+        elif what in ("refused", "busy"):
+            tried.busy = tried.busy or what == "busy"
+        else:
+            await self._send_read(cand, resp, body, send, name_node)
+            return True
+        tried.reasons.append((cand.node, f"answered {resp.status_code}: {text[:500]}"))
+        return False
 
     def _lost_before(self, node: str, e: Exception, tried: Tried) -> None:
         """``node`` was lost before the first byte of its answer: it leaves routing, and the request may go on."""
@@ -233,14 +271,29 @@ class ClusterDoor:
         self.fleet.mark_lost(node, f"{why}: {e!r}")
         self.fleet.poke()
         tried.lost.add(node)
-        tried.reasons.append(f"{node}: {why} ({type(e).__name__})")
+        tried.reasons.append((node, f"{why} ({type(e).__name__})"))
+
+    async def _send_read(self, cand: Candidate, resp: httpx.Response, body: bytes, send: Send,
+                         name_node: bool) -> None:
+        """Send a node's answer read whole (``body``), as it came (a JSON one naming its node if ``name_node``)."""
+        head = _head(cand, resp)
+        if name_node and resp.headers.get("content-type", "").startswith("application/json"):
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict):
+                body = json.dumps({**doc, "node": cand.node, "route": cand.why}).encode()
+        head = [(k, v) for k, v in head if k.lower() != b"content-length"]
+        head.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": head})
+        await send({"type": "http.response.body", "body": body})
 
     async def _stream(self, cand: Candidate, resp: httpx.Response, path: str, send: Send, name_node: bool,
                       tried: Tried) -> bool:
         """Relay ``resp`` to the client; False, with nothing sent, when the node was lost before the answer's first
         byte (its status line is held until then)."""
-        head = [(k, v) for k, v in resp.headers.raw if k.lower() in PASSED_HEADERS or k.lower().startswith(b"x-fitevict")]
-        head += [(b"x-fitevict-node", cand.node.encode()), (b"x-fitevict-route", cand.why.encode())]
+        head = _head(cand, resp)
         ctype = resp.headers.get("content-type", "")
         if name_node and ctype.startswith("application/json"):  # a whole JSON answer: it names its node
             return await self._named(cand, resp, head, send, tried)
@@ -272,7 +325,8 @@ class ClusterDoor:
 
     async def _named(self, cand: Candidate, resp: httpx.Response, head: list, send: Send, tried: Tried) -> bool:
         try:
-            doc = json.loads(await resp.aread())
+            body = await resp.aread()
+            json.loads(body)
         except httpx.TransportError as e:  # nothing was sent: another node may take it
             self._lost_before(cand.node, e, tried)
             return False
@@ -284,13 +338,7 @@ class ClusterDoor:
             return True
         finally:
             await resp.aclose()
-        if isinstance(doc, dict):
-            doc = {**doc, "node": cand.node, "route": cand.why}
-        body = json.dumps(doc).encode()
-        head = [(k, v) for k, v in head if k.lower() != b"content-length"]
-        head.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": head})
-        await send({"type": "http.response.body", "body": body})
+        await self._send_read(cand, resp, body, send, True)
         return True
 
     # -- the nodes' own answers -----------------------------------------------------------------------
@@ -345,36 +393,53 @@ def _refused_by(node: str, r: httpx.Response) -> ApiError:
 
 
 class Tried:
-    """The nodes a request was offered to and why each did not take it (``reasons``), and those lost on the way."""
+    """The nodes a request was offered to and why each did not take it (``reasons``), those lost on the way (lost,
+    or shutting down), those whose residence was gone, whether one was busy, and the route's other refusals."""
 
     def __init__(self) -> None:
-        self.reasons: list[str] = []
+        self.reasons: list[tuple[str, str]] = []  # (node, why it did not take it), in the order offered
         self.lost: set[str] = set()
+        self.gone: set[str] = set()
+        self.busy = False
+        self.refused: list[tuple[str, str]] = []  # the route's reasons for the nodes never offered it
 
     def error(self, key: str) -> ApiError:
-        """No node took it: 503 when a node was lost on the way (a retry is routed afresh), else 507."""
-        why = "; ".join(self.reasons)
-        if self.lost:
-            return ApiError(503, f"no node took {key}: {why}", type="server_busy", code="no_node",
-                            headers={"x-should-retry": "true", "retry-after": "1"},
-                            extra={"lost": sorted(self.lost)})
-        return ApiError(507, f"no node took {key}: {why}", type="insufficient_memory", code="no_node",
-                        headers={"x-should-retry": "false"})
+        """No node took it: 507 when every node refused it on bytes, else 503 (a retry is routed afresh)."""
+        refused = self.reasons + self.refused
+        status = no_node_status(refused, lost=bool(self.lost), busy=self.busy or bool(self.gone))
+        return _no_node_error(status, f"no node took {key}: {'; '.join(f'{n}: {w}' for n, w in refused)}",
+                              refused, sorted(self.lost))
 
 
-def _lost(node: str, path: str, e: Exception) -> ApiError:
-    return ApiError(502, f"node {node} was lost during this answer, after it began ({type(e).__name__}); its models "
-                         f"load elsewhere on the next request", type="node_lost", code="node_lost",
+def _no_node_error(status: int, message: str, refused: list[tuple[str, str]], lost: list[str]) -> ApiError:
+    """503 or 507 ``no_node`` with each node's reason (``error.nodes``) and the nodes lost (``error.lost``)."""
+    extra: dict[str, Any] = {"nodes": [{"node": n, "reason": why} for n, why in refused]}
+    if lost:
+        extra["lost"] = lost
+    if status == 507:
+        return ApiError(507, message, type="insufficient_memory", code="no_node",
+                        headers={"x-should-retry": "false"}, extra=extra)
+    return ApiError(503, message, type="server_busy", code="no_node",
+                    headers={"x-should-retry": "true", "retry-after": "1"}, extra=extra)
+
+
+def _head(cand: Candidate, resp: httpx.Response) -> list[tuple[bytes, bytes]]:
+    """The headers relayed from a node's answer, and where it was served."""
+    head = [(k, v) for k, v in resp.headers.raw if k.lower() in PASSED_HEADERS or k.lower().startswith(b"x-fitevict")]
+    return head + [(b"x-fitevict-node", cand.node.encode()), (b"x-fitevict-route", cand.why.encode())]
+
+
+def _lost(node: str, path: str, e: Exception | None) -> ApiError:
+    how = (f"after it began ({type(e).__name__})" if e is not None else
+           "before it began: its door answered 502 as the node left routing")
+    return ApiError(502, f"node {node} was lost during this answer, {how}; its models load elsewhere on the next "
+                         f"request", type="node_lost", code="node_lost",
                     headers={"x-should-retry": "true", "x-fitevict-node": node}, extra={"node": node})
 
 
 def _no_node(key: str, plan: Route) -> ApiError:
-    lost = [n for n, why in plan.refused if why.startswith(("facts", "lost"))]
-    status = 503 if lost and all(why.startswith(("facts", "lost", "has no files")) for _n, why in plan.refused) else 507
-    return ApiError(status, f"no node can serve {key} now: {plan.reasons()}",
-                    type="insufficient_memory" if status == 507 else "server_busy", code="no_node",
-                    headers={"x-should-retry": "false" if status == 507 else "true"},
-                    extra={"nodes": [{"node": n, "reason": why} for n, why in plan.refused]})
+    status = no_node_status(plan.refused, lost=False, busy=False)
+    return _no_node_error(status, f"no node can serve {key} now: {plan.reasons()}", list(plan.refused), [])
 
 
 # -- the merged GET routes -------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ node holds, each node that has its files answers a dry run of its own planner (`
 
 Ties go to the node id, so two front doors that see the same facts send the same request to the same node. Facts
 older than ``max_age`` leave their node out of routing (it is presumed lost until it reports again). A node may
-still refuse what its facts promised (they are a snapshot): the caller then tries the next candidate.
+still refuse what its facts promised (they are a snapshot): ``meaning`` says what its answer means, and the caller
+then tries the next candidate; ``no_node_status`` says how a request no node took is answered.
 """
 
 from __future__ import annotations
@@ -24,10 +25,22 @@ from types import MappingProxyType
 from typing import Literal
 
 Why = Literal["hit", "load", "evict", "wait"]
+# what a node's error answer means for the request it was offered (``meaning``)
+Meaning = Literal["answer", "refused", "busy", "stopping", "gone", "cut"]
+# a node's door that takes no new work (its supervisor shutting down) answers 503 with these words
+STOPPING = "fitevict is shutting down"
+# a node's door whose seat's engine does not take the connection answers 502 with these words
+ENGINE_GONE = "cannot connect to the engine"
 WHY_ORDER: dict[str, int] = {"hit": 0, "load": 1, "evict": 2, "wait": 3}
 # the planner's loading actions, best placement first: all on the GPUs, split, then host RAM only
 LOAD_ORDER: dict[str, int] = {"load": 0, "partial": 1, "ram": 2}
 _EMPTY: Mapping[str, int] = MappingProxyType({})
+# the first words of a node's reason to be left out: its facts failed or aged (lost), it lacks the model's files
+NO_FACTS, OLD_FACTS, NO_FILES = "facts unavailable", "facts", "has no files for"
+# the first words of a node's reason when it is out of routing (lost, stale, gone), and of a reason not about
+# bytes (its dry run failed or answered an error)
+OUT_OF_ROUTING = (OLD_FACTS, "lost", "left the cluster")
+NOT_ON_BYTES = ("dry run failed", "dry run answered")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +102,13 @@ class Verdict:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A node to try, why (hit, load, evict or wait) and the figure that ranked it, in words."""
+    """A node to try, why (hit, load, evict or wait), the figure that ranked it, in words, and for a hit the seat
+    that serves it there."""
 
     node: str
     why: Why
     detail: str = ""
+    seat: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +146,11 @@ def usable(facts: Iterable[NodeFacts], key: str, now: float, max_age: float) -> 
     out: list[tuple[str, str]] = []
     for f in sorted(facts, key=lambda f: f.node):
         if f.error is not None:
-            out.append((f.node, f"facts unavailable: {f.error}"))
+            out.append((f.node, f"{NO_FACTS}: {f.error}"))
         elif f.age(now) > max_age:
-            out.append((f.node, f"facts {f.age(now):.1f} s old (more than {max_age:g} s): presumed lost"))
+            out.append((f.node, f"{OLD_FACTS} {f.age(now):.1f} s old (more than {max_age:g} s): presumed lost"))
         elif key not in f.models:
-            out.append((f.node, f"has no files for {key}"))
+            out.append((f.node, f"{NO_FILES} {key}"))
         else:
             ok.append(f)
     return ok, out
@@ -150,7 +165,7 @@ def hits(key: str, nodes: Sequence[NodeFacts]) -> list[Candidate]:
         if s is not None:
             found.append((s.in_flight + s.waiting, -sum(f.room_bytes.values()), f.node, s))
     found.sort(key=lambda t: t[:3])
-    return [Candidate(node, "hit", f"{s.key} {s.state} there, {busy} request(s) in flight or waiting")
+    return [Candidate(node, "hit", f"{s.key} {s.state} there, {busy} request(s) in flight or waiting", s.key)
             for busy, _room, node, s in found]
 
 
@@ -173,9 +188,9 @@ def rank(verdicts: Iterable[Verdict], facts: Mapping[str, NodeFacts]) -> Route:
     refused: list[tuple[str, str]] = []
     for v in sorted(verdicts, key=lambda v: v.node):
         if v.action == "hit":
-            keyed.append(((0, 0, 0.0, v.node), Candidate(v.node, "hit", v.reason)))
+            keyed.append(((0, 0, 0.0, v.node), Candidate(v.node, "hit", v.reason, v.key)))
         elif v.action == "wait" and v.key and v.key in v.wait_for:  # its own seat, loading (or busy) there
-            keyed.append(((0, 1, 0.0, v.node), Candidate(v.node, "hit", v.reason)))
+            keyed.append(((0, 1, 0.0, v.node), Candidate(v.node, "hit", v.reason, v.key)))
         elif v.action in LOAD_ORDER and not v.evict:
             room = sum(v.free_after.values())
             keyed.append(((1, LOAD_ORDER[v.action], -float(room), v.node),
@@ -203,3 +218,38 @@ def route(key: str, facts: Iterable[NodeFacts], verdicts: Iterable[Verdict] | No
     by_node = {f.node: f for f in nodes}
     ranked = rank((v for v in verdicts if v.node in by_node), by_node)
     return Route(ranked.candidates, tuple(out) + ranked.refused)
+
+
+def meaning(status: int, body: str, why: Why, routable: bool) -> Meaning:
+    """What a node's error answer (``status``, its ``body`` read whole, nothing of it sent to the client yet) means
+    for a request routed there as ``why``, the node ``routable`` or not by now:
+
+    - ``stopping``: a 503 from a door that is shutting down: the node leaves routing, the request goes on;
+    - ``gone``: a 502 for a seat routed as a hit whose engine refused the connection: that residence is gone (the
+      request never reached an engine), and the request goes on;
+    - ``cut``: another 502 from a node out of routing: the request was in flight there when it was lost;
+    - ``refused``: a 507, the node has no room for it; ``busy``: a 503 or 529, its queue is full: the next node;
+    - ``answer``: the node's own answer, for the client."""
+    if status == 503 and STOPPING in body:
+        return "stopping"
+    if status == 502 and why == "hit" and ENGINE_GONE in body:
+        return "gone"
+    if status == 502 and not routable:
+        return "cut"
+    if status == 507:
+        return "refused"
+    if status in (503, 529):
+        return "busy"
+    return "answer"
+
+
+def no_node_status(refused: Iterable[tuple[str, str]], *, lost: bool, busy: bool) -> int:
+    """The status of a request that no node took: 507 only when every live node with the model's files refused it
+    on bytes (a dry run that answered ``refuse``, or a 507), else 503: a node was lost or stopped on the way
+    (``lost``), was busy (``busy``), or a dry run failed, or no live node has the files (a retry may be served).
+    ``refused``: each node's reason (``usable``'s, the dry runs', the nodes' answers); a node already out of
+    routing before the request counts for neither."""
+    if lost or busy:
+        return 503
+    whys = [why for _node, why in refused if not why.startswith((NO_FILES, *OUT_OF_ROUTING))]
+    return 507 if whys and not any(why.startswith(NOT_ON_BYTES) for why in whys) else 503

@@ -12,8 +12,8 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict import paths
-from fitevict.config.records import (BudgetConfig, Config, ConfigError, EngineConfig, FairConfig, LogsConfig,
-                                     ModelConfig, PolicyConfig, ServerConfig, StoresConfig)
+from fitevict.config.records import (BudgetConfig, Config, ConfigError, DevicesConfig, EngineConfig, FairConfig,
+                                     LogsConfig, ModelConfig, PolicyConfig, ServerConfig, StoresConfig)
 from fitevict.config.schema import MOVED, OTHER_ENV, BY_KEY, KEYS, MODEL_FIELDS, SECTIONS, TOP_LEVEL, env_variables
 from fitevict.config.parsers import Parser, BadValue, KEY_RE, Origin
 
@@ -232,6 +232,7 @@ def load_config(
         server=server,
         engine=section(EngineConfig, "engine"),
         budget=section(BudgetConfig, "budget"),
+        devices=section(DevicesConfig, "devices"),
         policy=policy,
         fair=fair,
         stores=section(StoresConfig, "stores"),

@@ -153,6 +153,56 @@ def size(*, optional: bool) -> Parser:
     return parse
 
 
+def size_per_device(*, optional: bool) -> Parser:
+    """A size for every device, or sizes per device by the engine's names: a table ``{ Vulkan0 = "1GiB" }`` in a
+    file, ``Vulkan0=1GiB,RPC0=2GiB`` in the environment or on a command line."""
+    one = size(optional=optional)
+    form = 'a size like 2GiB, or sizes per device like { Vulkan0 = "1GiB", RPC0 = "2GiB" } (Vulkan0=1GiB,RPC0=2GiB)'
+
+    def parse(v: Any, o: Origin) -> int | Mapping[str, int] | None:
+        if isinstance(v, str) and "=" in v:
+            pairs = [item.partition("=") for item in v.split(",") if item.strip()]
+            v = {name.strip(): value.strip() for name, _eq, value in pairs}
+        if not isinstance(v, Mapping):
+            return one(v, o)
+        out: dict[str, int] = {}
+        for name, value in v.items():
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][\w-]*", name):
+                raise BadValue(f"{form}; {name!r} is no device name (the engine's, like CUDA0, Vulkan0, RPC0)")
+            try:
+                out[name] = size(optional=False)(value, o)
+            except BadValue as e:
+                raise BadValue(f"{form}; {name} = {value!r} should be {e}") from None
+        return MappingProxyType(out)
+
+    return parse
+
+
+def uma_table(v: Any, o: Origin) -> Mapping[str, bool]:
+    """``devices.uma``: device name -> whether its memory is host memory, e.g. ``{ Vulkan0 = true }``."""
+    form = "a table of device names to true (its memory is host memory) or false, e.g. { Vulkan0 = true }"
+    if isinstance(v, str) and o.textual:
+        v = {name.strip(): value.strip() for name, _eq, value in (i.partition("=") for i in v.split(",") if i.strip())}
+    if not isinstance(v, Mapping):
+        raise BadValue(form)
+    out: dict[str, bool] = {}
+    for name, value in v.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z][\w-]*", name):
+            raise BadValue(f"{form}; {name!r} is no device name")
+        try:
+            out[name] = boolean(value, o)
+        except BadValue as e:
+            raise BadValue(f"{form}; {name} = {value!r} should be {e}") from None
+    return MappingProxyType(out)
+
+
+def rpc_endpoint(v: Any, o: Origin) -> str:
+    """An rpc-server endpoint, ``HOST:PORT`` (what ``llama-server --rpc`` takes)."""
+    if not isinstance(v, str) or not re.fullmatch(r"[^\s,:]+:\d{1,5}", v.strip()) or int(v.rsplit(":", 1)[1]) > 65535:
+        raise BadValue("an endpoint HOST:PORT, like 127.0.0.1:50052")
+    return v.strip()
+
+
 def positive_size(v: Any, o: Origin) -> int:
     n = size(optional=False)(v, o)
     if n == 0:

@@ -83,21 +83,40 @@ class LogsConfig:
     seats_per_model: int = 5  # a model's newest seat logs kept; older ones pruned (a running seat's never)
     history_days: float = 90.0  # history events and load records older than this are pruned; 0 = kept for ever
     history_rows: int = 1_000_000  # at most this many history events (the oldest pruned first); 0 = no bound
+    records_per_signature: int = 16  # load records and seat peak windows kept per configuration; 0 = no bound
+    records_rows: int = 100_000  # at most this many load records, peak windows, and entries of each cache; 0 = none
     prune_seconds: float = 3600.0  # how often the store is pruned and its write-ahead log checkpointed
+
+
+GPU_RESERVE = 512 * MiB  # kept free on each device that ``budget.gpu_reserve`` does not name
 
 
 @dataclass(frozen=True, slots=True)
 class BudgetConfig:
     ram_limit: int | None = None  # bytes; None = the machine's
-    gpu_limit: int | None = None  # bytes per GPU; None = the device's
+    # bytes on each device (a size), or per device by the engine's names ({"Vulkan0": ..., "RPC0": ...}: a device not
+    # named has no limit); None = the device's
+    gpu_limit: int | Mapping[str, int] | None = None
     ram_reserve: int = 1 * GiB
-    gpu_reserve: int = 512 * MiB
+    gpu_reserve: int | Mapping[str, int] = GPU_RESERVE  # the same forms; a device not named keeps GPU_RESERVE
     yield_to_others: bool = True  # stop idle seats when other programs take the reserve (fitevict.pressure)
     pressure_margin: int = 256 * MiB  # hysteresis: under pressure below reserve, calm again at reserve + margin
     # a seat whose reading exceeds its price by more than this is outgrowing it (fitevict.pressure.outgrowth). From
     # the measured noise: a healthy filled seat reads at most 56 MiB over its price (-1.25 % of the 4.5 GB life-size
     # 8B), 4 MiB on the demo models; 64 MiB is above both
     outgrow_margin: int = 64 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class DevicesConfig:
+    """The devices seats may use beside those the engine build finds itself (``llama-server --list-devices``)."""
+
+    # rpc-server endpoints (HOST:PORT), in order: the engine names their devices RPC0, RPC1, ... and a seat placed on
+    # any of them is started with all of them (``--rpc``), so that every seat names them alike
+    rpc: tuple[str, ...] = ()
+    # declared: device name -> whether its memory is host memory (a unified-memory device: an APU, Apple, lavapipe).
+    # Overrides what the engine and the machine say (fitevict.engines.llama_cpp.census)
+    uma: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +212,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     fair: FairConfig = field(default_factory=FairConfig)
     stores: StoresConfig = field(default_factory=StoresConfig)
@@ -216,7 +236,8 @@ class Config:
             "config_path": _jsonable(self.config_path),
             "server": server,
             "engine": {f.name: _jsonable(getattr(self.engine, f.name)) for f in fields(self.engine)},
-            "budget": {f.name: getattr(self.budget, f.name) for f in fields(self.budget)},
+            "budget": {f.name: _jsonable(getattr(self.budget, f.name)) for f in fields(self.budget)},
+            "devices": {f.name: _jsonable(getattr(self.devices, f.name)) for f in fields(self.devices)},
             "policy": {f.name: getattr(self.policy, f.name) for f in fields(self.policy)},
             "fair": {"classes": dict(self.fair.classes), "default_class": self.fair.default_class,
                      "key_max_in_flight": self.fair.key_max_in_flight, "key_max_queue": self.fair.key_max_queue,

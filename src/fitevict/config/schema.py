@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from fitevict.config.records import CACHE_TYPES
 from fitevict.config.records import ALLOC_MODES, EVICTION_POLICIES, FLASH_ATTN, ORPHAN_POLICIES
 from fitevict.config.parsers import (Parser, alias, alias_table, arg_list, class_table, key_table, boolean, days, one_of, fraction, integer, integer_or, origin_url,
-                                     path_value, positive_size, request_defaults, seconds, secret, size, store_url,
-                                     store_source, str_list, nonempty_text)
+                                     path_value, positive_size, request_defaults, rpc_endpoint, seconds, secret, size,
+                                     size_per_device, store_url, store_source, str_list, nonempty_text, uma_table)
 
 
 # ----------------------------------------------------------------------------- the schema
@@ -54,12 +54,14 @@ KEYS: tuple[_Key, ...] = (
     _Key("engine.release_timeout_seconds", seconds(positive=True)),
     _Key("engine.orphans", one_of(ORPHAN_POLICIES)),
     _Key("budget.ram_limit", size(optional=True), env="FITEVICT_RAM_LIMIT"),
-    _Key("budget.gpu_limit", size(optional=True), env="FITEVICT_GPU_LIMIT"),
+    _Key("budget.gpu_limit", size_per_device(optional=True), env="FITEVICT_GPU_LIMIT"),
     _Key("budget.ram_reserve", size(optional=False)),
-    _Key("budget.gpu_reserve", size(optional=False)),
+    _Key("budget.gpu_reserve", size_per_device(optional=False)),
     _Key("budget.yield_to_others", boolean, env="FITEVICT_YIELD_TO_OTHERS"),
     _Key("budget.pressure_margin", size(optional=False)),
     _Key("budget.outgrow_margin", size(optional=False)),
+    _Key("devices.rpc", str_list(rpc_endpoint, "a list of endpoints HOST:PORT"), env="FITEVICT_RPC", env_split=","),
+    _Key("devices.uma", uma_table, env="FITEVICT_UMA"),
     _Key("policy.idle_unload_seconds", seconds(positive=False), env="FITEVICT_IDLE_UNLOAD_SECONDS"),
     _Key("policy.max_queue", integer(1)),
     _Key("policy.queue_timeout_seconds", seconds(positive=True)),
@@ -88,13 +90,15 @@ KEYS: tuple[_Key, ...] = (
     _Key("logs.seats_per_model", integer(1)),
     _Key("logs.history_days", days),
     _Key("logs.history_rows", integer(0)),
+    _Key("logs.records_per_signature", integer(0)),
+    _Key("logs.records_rows", integer(0)),
     _Key("logs.prune_seconds", seconds(positive=True)),
     _Key("aliases", alias_table),  # a table: names clients send (``*`` patterns too) -> catalog models
 )
 BY_KEY: dict[str, _Key] = {k.key: k for k in KEYS}
-SECTIONS = ("server", "engine", "budget", "policy", "fair", "stores", "logs")
-TOP_LEVEL = ("server", "engine", "budget", "policy", "fair", "stores", "logs", "models", "models_dirs", "data_dir", "store_url",
-             "aliases")
+SECTIONS = ("server", "engine", "budget", "devices", "policy", "fair", "stores", "logs")
+TOP_LEVEL = ("server", "engine", "budget", "devices", "policy", "fair", "stores", "logs", "models", "models_dirs",
+             "data_dir", "store_url", "aliases")
 
 MODEL_FIELDS: dict[str, Parser] = {
     "path": path_value,

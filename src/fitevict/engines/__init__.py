@@ -46,11 +46,19 @@ def engine_for_kind(kind: str) -> str:
     raise UnknownEngine(f"(none loads {kind} models)")
 
 
+def engine_for_adapter(kind: str) -> str:
+    """The engine that applies an adapter of ``kind`` ("lora", "peft") on its base: the first registered that can."""
+    for name in REGISTRY:
+        if kind in traits(name).adapter_kinds:
+            return name
+    raise UnknownEngine(f"(none applies {kind} adapters)")
+
+
 def is_engine_process(argv: Sequence[str]) -> bool:
     """Whether a process's command line is one of a registered engine's seats (a recorded pid not yet recycled)."""
     head = " ".join(argv[:4])
     return any(mark in head for name in REGISTRY for mark in traits(name).process_marks)
 
 
-__all__ = ["REGISTRY", "Engine", "EngineBase", "Traits", "UnknownEngine", "engine_class", "engine_for_kind",
-           "is_engine_process", "traits"]
+__all__ = ["REGISTRY", "Engine", "EngineBase", "Traits", "UnknownEngine", "engine_class", "engine_for_adapter",
+           "engine_for_kind", "is_engine_process", "traits"]

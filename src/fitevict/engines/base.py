@@ -45,6 +45,7 @@ class Traits:
     # LoRA adapters on a seat: "scale-0": each request sends every adapter's scale (0 for the base itself), the engine
     # applies them inside the request; "switched": the seat switches its active adapter and times the switch; "none"
     adapters: str = "none"
+    adapter_kinds: tuple[str, ...] = ()  # the adapter files it applies on a seat of its base: "lora" (GGUF), "peft"
     reports_teardown: bool = False  # the seat reports a leak check on its way out (``teardown``)
     process_marks: tuple[str, ...] = ()  # words in argv[0:4] that mark a process as one of this engine's seats
 

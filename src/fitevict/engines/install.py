@@ -35,7 +35,8 @@ SDIST_PACKAGE = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e570"
 # ggml-rpc-server serves this machine's CPU as a remote device to another machine's llama-server (``--rpc``).
-BINARIES: tuple[str, ...] = ("llama-server", "llama-fit-params", "llama-quantize", "ggml-rpc-server")
+SERVER = "llama-server"  # the engine's server binary (and the name of its engine)
+BINARIES: tuple[str, ...] = (SERVER, "llama-fit-params", "llama-quantize", "ggml-rpc-server")
 CMAKE_FLAGS: tuple[str, ...] = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_CURL=OFF",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fitevict.pricing.flags import switch_args, value_args
 from fitevict.engines.base import EngineBase, LaunchSpec, Traits
+from fitevict.engines.install import SERVER as BINARY
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 
@@ -138,8 +139,8 @@ SHUTDOWN_MARK = "cleaning up before exit"  # llama-server's log once its SIGTERM
 class LlamaServerEngine(EngineBase):
     name = "llama-server"
     traits = Traits(file_kinds=("gguf",), dry_run=True, repacks=True, keeps_prompts=True, memory_flags_priced=True,
-                    engine_args=True, overhead="calibrated", adapters="scale-0",
-                    process_marks=("llama-server",))
+                    engine_args=True, overhead="calibrated", adapters="scale-0", adapter_kinds=("lora",),
+                    process_marks=(BINARY,))
 
     def __init__(self, binary: Path) -> None:
         self.binary = Path(binary)
@@ -197,6 +198,8 @@ class LlamaServerEngine(EngineBase):
         if self._has("--fit"):
             argv += ["--fit", "off"]  # fitevict is the fit authority: the placement is the planner's
         env = dict(os.environ)
+        # CUDA's ordinals in PCI order, as NVML's: the budget's CUDA0 (NVML) is then the seat's CUDA0
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         if not c.devices:
             env["CUDA_VISIBLE_DEVICES"] = ""  # RAM-only: no CUDA device may be touched
         if self._has("--cache-ram") and not ({"-cram", "--cache-ram"} & set(extra_args)):

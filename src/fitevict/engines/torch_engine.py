@@ -28,6 +28,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 SEAT_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 _PER_REQUEST = "allocated per request (the walk runs at load); priced by formula"
+_NO_OUTPUT = "no output buffer at load: the logits are allocated per request; priced by formula"
 
 
 def hf_config(config: LoadConfig | HfLoadConfig, *, embeddings: bool = False,
@@ -78,10 +79,10 @@ def footprint_from_walk(doc: dict) -> Footprint:
         lora = int(d.get("adapter", 0))  # PEFT adapters' weights: their own term, as priced
         devices.append(DeviceFootprint(_device_name(dev), model=Term(int(d["total"]) - lora, "measured"),
                                        context=Term.unavailable(_PER_REQUEST), compute=Term.unavailable(_PER_REQUEST),
-                                       output=Term(0, "measured"),
+                                       output=Term.unavailable(_NO_OUTPUT),
                                        **({"adapters": Term(lora, "measured")} if doc.get("adapters") else {})))
     if not any(d.name == HOST for d in devices):
-        devices.insert(0, DeviceFootprint(HOST, model=Term(0, "measured")))
+        devices.insert(0, DeviceFootprint(HOST, model=Term(0, "measured", "the object walk found no tensor on the host")))
     loaded = doc["process"]["loaded"]
     notes = [f"seat overhead (pre-load baseline): committed {doc['process']['baseline']['committed_bytes']} B, "
              f"mapped {doc['process']['baseline']['mapped_bytes']} B"]
@@ -102,8 +103,8 @@ def adapter_load_seconds(doc: dict | None) -> float | None:
 
 class TransformersEngine(EngineBase):
     name = "transformers"
-    traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched", reports_teardown=True,
-                    process_marks=("fitevict.engines.torch_seat",))
+    traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched",
+                    adapter_kinds=("peft",), reports_teardown=True, process_marks=("fitevict.engines.torch_seat",))
 
     def __init__(self, python: Path | None = None) -> None:
         self.python = Path(python or sys.executable)

@@ -214,6 +214,16 @@ def largest_processes(exclude: set[int], n: int = 5, *, proc: Path = PROC) -> li
     return sorted(out, key=lambda p: -p.bytes)[:n]
 
 
+def anon_status_bytes(pid: int | str) -> int | None:
+    """RssAnon + RssShmem of ``pid`` from ``/proc/PID/status`` (a counter the kernel keeps: cheap to read for every
+    process), None when it cannot be read (gone, another user's, a kernel thread without those lines)."""
+    try:
+        f = _kib_fields(proc_text(pid, "status"), ("RssAnon", "RssShmem"))
+    except OSError:
+        return None
+    return f["RssAnon"] + f["RssShmem"] if len(f) == 2 else None
+
+
 def process_state(pid: int) -> str | None:
     """The one-letter state of ``pid`` (``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z``, ...), None when it is
     gone."""

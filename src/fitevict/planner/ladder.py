@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import fields
 
+from fitevict.budget import charged
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import default_split, layers_per_device
@@ -15,7 +16,7 @@ from fitevict.planner.records import EMPTY, Action, FootprintFn, PlanInvariantEr
 # placement candidates
 
 
-_PLACEMENT_FIELDS = ("n_gpu_layers", "n_cpu_moe", "devices", "tensor_split")
+_PLACEMENT_FIELDS = ("n_gpu_layers", "n_cpu_moe", "devices", "tensor_split", "rpc")
 _ALL_FIELDS = tuple(f.name for f in fields(LoadConfig))
 _OTHER_FIELDS = tuple(f for f in _ALL_FIELDS if f not in _PLACEMENT_FIELDS)
 
@@ -81,13 +82,15 @@ class Rungs:
     the way llama.cpp splits by default, by free memory (``placement.default_split``), and carries the resulting
     layers per device as its ``tensor_split`` (``placement.layers_per_device``): priced so, and started so."""
 
-    __slots__ = ("base", "gpus", "L", "M", "kind", "made", "free")
+    __slots__ = ("base", "gpus", "L", "M", "kind", "made", "free", "rpc")
 
     def __init__(self, request: PlanRequest, gpus: tuple[str, ...], n_ctx: int,
-                 free: Mapping[str, int] = EMPTY) -> None:
+                 free: Mapping[str, int] = EMPTY, rpc: tuple[str, ...] = ()) -> None:
+        """``rpc``: the rpc-server endpoints of the budget's RPC devices, in order; a rung on any RPC device is
+        started with all of them (``Budget.rpc``), so that the engine names those devices as the budget does."""
         self.L, self.M = request.n_layer, request.n_moe_layers
         self.made: dict[int, LoadConfig] = {}
-        self.free = free
+        self.free, self.rpc = free, rpc
         mode = request.alloc_mode
         if mode == "explicit":
             c = request.config if request.config.n_ctx == n_ctx else _derive(request.config, n_ctx=n_ctx)
@@ -126,7 +129,10 @@ class Rungs:
 
     def _split(self, c: LoadConfig) -> LoadConfig:
         """``c`` with llama.cpp's default split by free memory made explicit (see the class doc); as it is when it
-        names its own split, uses one GPU, offloads nothing, or a GPU's free memory is unknown."""
+        names its own split, uses one GPU, offloads nothing, or a GPU's free memory is unknown. A placement on an RPC
+        device gets the budget's ``--rpc`` endpoints."""
+        if self.rpc and not c.rpc and any(d.startswith("RPC") for d in c.devices):
+            c = _derive(c, rpc=self.rpc)
         if len(c.devices) < 2 or c.tensor_split or c.n_gpu_layers == 0:
             return c
         weights = default_split(c.devices, self.free)
@@ -144,10 +150,11 @@ class Unpriced(Exception):
 class Prices:
     """Prices configurations of one model, once each, as bytes per budget device."""
 
-    __slots__ = ("key", "fn", "cache")
+    __slots__ = ("key", "fn", "cache", "unified")
 
-    def __init__(self, key: str, fn: FootprintFn) -> None:
-        self.key, self.fn = key, fn
+    def __init__(self, key: str, fn: FootprintFn, unified: frozenset[str] = frozenset()) -> None:
+        """``unified``: the devices whose bytes count against the host too (``budget.charged``)."""
+        self.key, self.fn, self.unified = key, fn, unified
         self.cache: dict[LoadConfig, tuple[Footprint, dict[str, int]]] = {}
 
     def __call__(self, c: LoadConfig) -> tuple[Footprint, dict[str, int]]:
@@ -170,6 +177,8 @@ class Prices:
         need = {HOST: fp.bytes_on(HOST)}
         for g in fp.gpu_names:
             need[g] = need.get(g, 0) + fp.bytes_on(g)
+        if self.unified:
+            need = charged(need, self.unified)
         self.cache[c] = (fp, need)
         return fp, need
 

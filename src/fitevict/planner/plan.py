@@ -8,10 +8,10 @@ wait for busy residents (``_wait``) or a refusal (``_refusal``). ``_Scene.plan``
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from fitevict.budget import Budget
+from fitevict.budget import Budget, charged
 from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import GiB
@@ -38,7 +38,7 @@ def plan(
     if s.same is not None and (early := _same_key(s, s.same)) is not None:
         return early
     gpu_free = {g: d.free.bytes for g in budget.gpu_names if (d := budget.device(g)) is not None}
-    rungs = Rungs(request, budget.gpu_names, request.config.n_ctx, gpu_free)
+    rungs = Rungs(request, budget.gpu_names, request.config.n_ctx, gpu_free, budget.rpc)
     if request.alloc_mode == "gpu-only" and not rungs.gpus:
         return s.plan(
             "refuse", None,
@@ -92,7 +92,10 @@ class _Scene:
     @classmethod
     def of(cls, request: PlanRequest, residents: Iterable[Resident], budget: Budget, footprints: FootprintFn,
            policy: Policy, now: float) -> _Scene:
+        unified = budget.unified_names
         res = tuple(residents)
+        if unified:  # a unified device's bytes are host bytes too: counted against both budgets (budget.charged)
+            res = tuple(replace(r, bytes=charged(r.bytes, unified)) for r in res)
         seen: set[str] = set()
         for r in res:
             if r.key in seen:
@@ -121,7 +124,7 @@ class _Scene:
         for r in busy:
             for d, n in r.bytes.items():
                 avail_wait[d] += n
-        return cls(request, budget, policy, now, Prices(request.key, footprints), devices, budget_b, free_before,
+        return cls(request, budget, policy, now, Prices(request.key, footprints, unified), devices, budget_b, free_before,
                    same, forced, pool, busy, [r for r in others if r.pinned or r.protected], freed_forced, avail,
                    avail_wait)
 
@@ -245,7 +248,7 @@ def _refusal(s: _Scene, rungs: Rungs, shown: int, gpu_free: Mapping[str, int]) -
     try:
         if asked > smallest:
             largest = _largest_ctx(request, s.budget.gpu_names, s.price, avail_wait, s.prefer_gpu, policy, asked,
-                                   gpu_free)
+                                   gpu_free, s.budget.rpc)
         largest, ctx_words = ctx_suggestion(largest, request.n_ctx_train)
         remedy = _remedy(request, s.budget, binding, s.blockers, largest, rungs, s.price, avail_wait, gpu_free)
     except Unpriced as e:
@@ -290,7 +293,7 @@ def ctx_suggestion(largest: int | None, n_ctx_train: int) -> tuple[int | None, s
 
 def _largest_ctx(
     request: PlanRequest, gpus: tuple[str, ...], price: Prices, room: Mapping[str, int],
-    prefer_gpu: bool, policy: Policy, asked: int, free: Mapping[str, int] = EMPTY,
+    prefer_gpu: bool, policy: Policy, asked: int, free: Mapping[str, int] = EMPTY, rpc: tuple[str, ...] = (),
 ) -> int | None:
     """The largest multiple of ``ctx_step`` below ``asked`` (and >= min_ctx) at which some rung fits.
 
@@ -305,7 +308,7 @@ def _largest_ctx(
         return None
 
     def fits(k: int) -> bool:
-        return search(Rungs(request, gpus, k * step, free), price, room, prefer_gpu)[0] is not None
+        return search(Rungs(request, gpus, k * step, free, rpc), price, room, prefer_gpu)[0] is not None
 
     if not fits(lo):
         return None
@@ -331,7 +334,8 @@ def _remedy(
     if request.alloc_mode in ("gpu-only", "explicit") and rungs.gpus:
         wider = PlanRequest(request.key, request.config, "max-gpu", request.n_layer, request.n_moe_layers,
                             request.n_ctx_train)
-        if search(Rungs(wider, budget.gpu_names, request.config.n_ctx, free), price, avail, True)[0] is not None:
+        if search(Rungs(wider, budget.gpu_names, request.config.n_ctx, free, budget.rpc), price, avail,
+                  True)[0] is not None:
             parts.append("allow CPU offload (alloc mode max-gpu)")
     for d in binding:
         b = budget.device(d)

@@ -53,14 +53,15 @@ def overhead_label(engine: str, fixed: int, origin: str, own: int | None = None)
     neither happened (``origin`` says why), not counted: the figure is then the rules' alone. A transformers seat's
     (``own``): its own process, measured on this machine's earlier seats, or unavailable until one was."""
     if traits(engine).overhead != "calibrated":
-        return (f"measured: this machine's {engine} seats' own process (PSS beyond the price), the largest seen"
-                if own else f"unavailable, because no {engine} seat was measured on this machine yet: counted as 0")
+        return (f"stored-measurement: this machine's {engine} seats' own process (PSS beyond the price), the largest "
+                "seen" if own else f"unavailable, because no {engine} seat was measured on this machine yet")
     rules = "the rules that scale with the model (tokenizer, work buffer, context)"
     if fixed > 0 and origin == "calibrated":
-        return f"measured: the engine process's own, calibrated at a filled peak of the calibration model, with {rules}"
+        return (f"stored-measurement: the engine process's own, calibrated at a filled peak of the calibration model, "
+                f"with {rules}")
     if fixed > 0 and origin == "raised":
-        return ("measured: the engine process's own, the largest seen beyond the logged buffers by loads of this build "
-                f"here, with {rules}")
+        return ("stored-measurement: the engine process's own, the largest seen beyond the logged buffers by loads of "
+                f"this build here, with {rules}")
     return f"rule: {rules} only; the process's fixed part is not counted, because {origin}"
 
 

@@ -156,6 +156,16 @@ def _skipped(a: str, nxt: str | None, warnings: list[str]) -> int:
     return 0
 
 
+# llama-server's flags without a value that set one LoadConfig field (beside the flag table's own switches)
+_SWITCH_FIELDS: dict[str, tuple[str, bool]] = {
+    "--embedding": ("embeddings", True), "--embeddings": ("embeddings", True),
+    "-kvu": ("kv_unified", True), "--kv-unified": ("kv_unified", True),
+    "-no-kvu": ("kv_unified", False), "--no-kv-unified": ("kv_unified", False),
+    "-nkvo": ("kv_offload", False), "--no-kv-offload": ("kv_offload", False),
+    "-kvo": ("kv_offload", True), "--kv-offload": ("kv_offload", True),
+}
+
+
 def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
     """Parse ``llama-server -m X.gguf -c 4096 ...`` (the program name itself is optional)."""
     args = list(argv)
@@ -192,10 +202,10 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
         elif a in ("-ngl", "--gpu-layers", "--n-gpu-layers"):
             v = value(a)
             kw["n_gpu_layers"] = -1 if v in ("all", "auto") else max(_int(a, v), -1)
+        elif a in _SWITCH_FIELDS:  # flags without a value that set one LoadConfig field
+            kw[_SWITCH_FIELDS[a][0]] = _SWITCH_FIELDS[a][1]
         elif a in _RULE_FLAGS:
             rules.extend(_rules_of(a, value(a) if a not in ("-cmoe", "--cpu-moe") else ""))
-        elif a in ("--embedding", "--embeddings"):
-            kw["embeddings"] = True
         elif a in ("--lora", "--lora-scaled"):  # FNAME[,FNAME...] / FNAME:SCALE[,...]: each adapter's LoRA buffer
             files = [f.rsplit(":", 1)[0] if a == "--lora-scaled" else f for f in value(a).split(",") if f]
             kw["loras"] = (*kw.get("loras", ()), *files)  # type: ignore[misc]
@@ -213,10 +223,6 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
             if v not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
                 raise PricingError(f"{a} {v!r}: use auto, none, mmap, mlock, mmap+mlock or dio")
             kw["mmap"] = v in ("auto", "mmap", "mmap+mlock")
-        elif a in ("-kvu", "--kv-unified"):
-            kw["kv_unified"] = True
-        elif a in ("-no-kvu", "--no-kv-unified"):
-            kw["kv_unified"] = False
         elif a in ("-ts", "--tensor-split"):
             kw["tensor_split"] = _split(a, value(a))
         elif a in ("-dev", "--device"):
@@ -224,10 +230,6 @@ def parse_server_argv(argv: list[str] | tuple[str, ...]) -> ServerCommand:
             kw["devices"] = () if v == "none" else tuple(d for d in v.split(",") if d)
         elif a == "--rpc":  # SERVERS: comma-separated HOST:PORT; the engine names their devices RPC0, RPC1, ...
             kw["rpc"] = (*kw.get("rpc", ()), *_endpoints(a, value(a)))  # type: ignore[misc]
-        elif a in ("-nkvo", "--no-kv-offload"):
-            kw["kv_offload"] = False
-        elif a in ("-kvo", "--kv-offload"):
-            kw["kv_offload"] = True
         elif a.startswith("-"):
             i += _skipped(a, args[i + 1] if i + 1 < len(args) else None, warnings)
         elif not model:

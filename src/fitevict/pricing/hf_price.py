@@ -266,7 +266,7 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
     if s.quant_method:
         warnings.append(f"{s.quant_method}-packed checkpoint: every tensor counted as stored")
     n_ctx = cfg.n_ctx or (training_context(s.config) or 0)
-    if s.kind == "transformers" and n_ctx <= 0:
+    if not s.pipeline and n_ctx <= 0:
         raise PricingError(f"{s.path}: -c 0 asks for the training context, but config.json has no "
                            "max_position_embeddings; give -c")
     weights = plan_weights(s, cfg)
@@ -284,7 +284,7 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
     kv = None
     ctx_by: dict[str, int] = {}
     comp, formula = compute_bytes(s, cfg, n_ctx)
-    if s.kind == "transformers" and not cfg.embeddings:
+    if not s.pipeline and not cfg.embeddings:
         kv = hf_kv(s.config, n_ctx, DTYPE_BYTES[load_dtype(s, cfg)], cfg.n_seq)  # K/V in the activations' dtype
         layer_devs = [d for g, d in placement if _LAYER.match(g + ".")] or [first]
         for i, share in enumerate(_split(kv.total_bytes, len(layer_devs))):
@@ -302,7 +302,7 @@ def price_hf(s: HfStructure, cfg: HfLoadConfig, *, overhead_bytes: int | None = 
         name=d, model=Term(model_by.get(d, 0), "formula"), context=Term(ctx_by.get(d, 0), "formula"),
         compute=comp_term(d), output=Term(0, "formula"),
         **({"adapters": Term(lora_by.get(d, 0), "formula")} if adapters else {})) for d in devices)
-    mmaps = cfg.quant == "none" and s.kind == "transformers"  # bnb quantizes into anonymous memory
+    mmaps = cfg.quant == "none" and not s.pipeline  # bnb quantizes into anonymous memory
     mapped = sum(w.bytes for w in weights if mmaps and w.kind == "stored" and where[w.group] == HOST)
     committed = dfs[0].total_bytes - mapped
     kept = s.stored_bytes if cfg.quant != "none" else 0

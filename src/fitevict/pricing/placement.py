@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -196,6 +196,20 @@ def override_for(name: str, layer: int | None, expert: bool, n_cpu_moe: int,
     return None
 
 
+def _tied_copy(s: GgufStructure, assigned: list[tuple[TensorInfo, str, str, int]],
+               buffer_of: Callable[[TensorInfo], tuple[TensorInfo, str, str, int]]
+               ) -> list[tuple[TensorInfo, str, str, int]]:
+    """A tied embedding's copy for the output layer, where it lands in another buffer than token_embd's: created as
+    token_embd.weight (TENSOR_DUPLICATED) in the output layer's buffer list; in the same buffer the loader reuses
+    token_embd itself."""
+    te = s.tensor("token_embd.weight") if s.tied_output else None
+    if te is None:
+        return []
+    got = buffer_of(TensorInfo("output.weight", te.ggml_type, te.shape, te.nbytes, te.offset, None, False))
+    te_buf = next(buf for t, buf, _, _ in assigned if t is te)
+    return [] if got[1] == te_buf else [got]
+
+
 def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers,
           backends: Mapping[str, BackendRules] | None = None,
           buffer_names: Mapping[str, str] | None = None) -> Placement:
@@ -261,15 +275,7 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers,
         else:
             dev = HOST
         assigned.append(buffer_of(t, dev))
-    if s.tied_output:
-        te = s.tensor("token_embd.weight")
-        if te is not None:
-            dup = TensorInfo("output.weight", te.ggml_type, te.shape, te.nbytes, te.offset, None, False)
-            # the copy is created as token_embd.weight (TENSOR_DUPLICATED) in the output layer's buffer list
-            got = buffer_of(dup, out_dev, "token_embd.weight")
-            te_buf = next(buf for t, buf, _, _ in assigned if t is te)
-            if got[1] != te_buf:  # in the same buffer the loader reuses token_embd itself
-                assigned.append(got)
+    assigned.extend(_tied_copy(s, assigned, lambda t: buffer_of(t, out_dev, "token_embd.weight")))
     if moved:
         warnings.append(f"{len(moved)} weights of offloaded layers stay in host memory because their device cannot "
                         f"run their op (first: {moved[0]}; {', '.join(b.rules.label() for b in bk)})")

@@ -113,6 +113,32 @@ def kv_from_dry_run(dry: DryContext) -> KvInfo:
     )
 
 
+def _context(s: GgufStructure, rc: ResolvedContext, cfg: LoadConfig, pl: Placement,
+             context: DryContext | None) -> tuple[KvInfo | None, dict[str, int], str, str]:
+    """The caches (KV, SWA, recurrent) per device, their source, and why they are unavailable (or "")."""
+    ctx_by_dev: dict[str, int] = {}
+    kv: KvInfo | None = None
+    ctx_reason = ""
+    ctx_source = "formula"
+    try:
+        kv = kv_layers(s, rc, cfg)
+    except PricingError as err:
+        if not s.unsupported:
+            raise
+        if context is not None and context.caches:
+            # the caches' per-layer bytes do not depend on the placement: each layer's share goes to the device
+            # this placement gives the layer, whichever placement the dry run itself used
+            kv, ctx_source = kv_from_dry_run(context), "dry-run"
+        else:
+            ctx_reason = f"{err}; no dry run of the engine sized it"
+    if kv is not None:
+        for layer in kv.layers:  # -nkvo: every cache in host memory (a plain CPU buffer)
+            dev = pl.layer_device[layer.il] if cfg.kv_offload else HOST
+            ctx_by_dev[dev] = ctx_by_dev.get(dev, 0) + layer.bytes
+
+    return kv, ctx_by_dev, ctx_source, ctx_reason
+
+
 def price(
     s: GgufStructure,
     cfg: LoadConfig,
@@ -138,25 +164,7 @@ def price(
     if cfg.n_cpu_moe and not s.is_moe:
         warnings.append(f"--n-cpu-moe {cfg.n_cpu_moe} has no effect: {s.arch} has no experts")
 
-    ctx_by_dev: dict[str, int] = {}
-    kv: KvInfo | None = None
-    ctx_reason = ""
-    ctx_source = "formula"
-    try:
-        kv = kv_layers(s, rc, cfg)
-    except PricingError as err:
-        if not s.unsupported:
-            raise
-        if context is not None and context.caches:
-            # the caches' per-layer bytes do not depend on the placement: each layer's share goes to the device
-            # this placement gives the layer, whichever placement the dry run itself used
-            kv, ctx_source = kv_from_dry_run(context), "dry-run"
-        else:
-            ctx_reason = f"{err}; no dry run of the engine sized it"
-    if kv is not None:
-        for layer in kv.layers:  # -nkvo: every cache in host memory (a plain CPU buffer)
-            dev = pl.layer_device[layer.il] if cfg.kv_offload else HOST
-            ctx_by_dev[dev] = ctx_by_dev.get(dev, 0) + layer.bytes
+    kv, ctx_by_dev, ctx_source, ctx_reason = _context(s, rc, cfg, pl, context)
 
     model_by_dev: dict[str, int] = {}
     for b in pl.buffers:

@@ -54,7 +54,7 @@ class HfStructure:
     """An HF model folder or diffusers pipeline: config, tensors, and what the files take on disk."""
 
     path: str
-    kind: str  # "transformers" | "diffusers"
+    kind: str  # "transformers" | "diffusers": the library whose layout the folder has
     arch: str  # config.json's architectures[0], or the pipeline's _class_name
     config: Mapping  # config.json (the pipeline's model_index.json for diffusers)
     tensors: tuple[StTensor, ...]
@@ -62,6 +62,11 @@ class HfStructure:
     quant_method: str | None = None  # config.json's quantization_config.quant_method (gptq, awq, bitsandbytes, ...)
     components: Mapping[str, Mapping] = field(default_factory=dict)  # diffusers: component -> its config
     warnings: tuple[str, ...] = ()
+
+    @property
+    def pipeline(self) -> bool:
+        """A diffusers pipeline (components, no KV cache), not one model."""
+        return self.kind == "diffusers"
 
     @property
     def stored_bytes(self) -> int:

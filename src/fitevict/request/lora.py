@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fitevict.config import ConfigError, ModelConfig
+from fitevict.engines import engine_for_adapter, traits
 from fitevict.pricing.lora import is_lora_gguf
 from fitevict.pricing.peft import PEFT_WEIGHTS
 
@@ -142,9 +143,11 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
         else:
             raise ConfigError(f"models.{m.key}.path = '{m.path}': neither a GGUF LoRA adapter (general.type = adapter, "
                               f"adapter.type = lora) nor a PEFT folder with {PEFT_CONFIG}")
-        if kind == "lora" and base.kind != "gguf":
-            raise ConfigError(f"{where}: {m.path} is a GGUF LoRA adapter, which needs a GGUF base on llama-server; "
-                              f"{m.base!r} is {base.engine} ({base.kind}); name a GGUF base or use a PEFT adapter")
+        applier = engine_for_adapter(kind)
+        if base.kind not in traits(applier).file_kinds:
+            raise ConfigError(f"{where}: {m.path} is a {kind} adapter, which {applier} applies on a base of kind "
+                              f"{'/'.join(traits(applier).file_kinds)}; {m.base!r} is {base.engine} ({base.kind}); "
+                              "name such a base or an adapter of another kind")
         found = [f for f in found if id(f) not in discovered  # a discovered adapter named anew
                  or f[1].resolve() != m.path.resolve() or f[2].key != base.key]
         found.append((m.key, m.path, base, kind))
@@ -152,7 +155,7 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
     by_base: dict[str, list[Path]] = {}
     for key, path, base, kind in sorted(found, key=lambda f: f[0].lower()):
         held = by_base.setdefault(base.key, [])
-        if (kind, base.engine) in (("lora", "llama-server"), ("peft", "transformers")) and path not in held:
+        if kind in traits(base.engine).adapter_kinds and path not in held:
             held.append(path)  # one file under two keys (two store names of one adapter) is loaded once
     bases = [replace(b, loras=tuple(by_base.get(b.key, ()))) for b in entries]
     out = list(bases)
@@ -163,7 +166,8 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
         settings = replace(base.settings, key=key, path=path, base=base.key,
                            aliases=own.aliases if own else (), pin=own.pin if own else base.settings.pin)
         out.append(replace(
-            base, key=key, path=path, engine="transformers" if kind == "peft" else base.engine,
+            base, key=key, path=path,
+            engine=base.engine if kind in traits(base.engine).adapter_kinds else engine_for_adapter(kind),
             aliases=settings.aliases, pinned=settings.pin, file_bytes=_file_bytes(path), settings=settings,
             gguf_files=(), model_dir=path if path.is_dir() else path.parent, kind=kind,
             files=(path / PEFT_WEIGHTS,) if kind == "peft" else (path,), base=base.key, base_path=base.path))

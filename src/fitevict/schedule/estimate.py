@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fitevict.schedule.seats import PLACING, SERVING, SeatStatus
 from fitevict.units import GiB
 
-if TYPE_CHECKING:
-    from fitevict.schedule.scheduler import Scheduler
-    from fitevict.schedule.terms import Waiter
+# the scheduler and a queued request (schedule.scheduler.Scheduler, schedule.terms.Waiter): named, not imported,
+# since the scheduler builds on this module
+Scheduler = Any
+Waiter = Any
 
 SMOOTHING = 0.3  # weight of the newest service reading in the mean
 ASSUMED_LOAD_RATE = 1.0 * GiB  # bytes/s for a model never loaded here (the scheduler's DEFAULT_RELOAD_RATE)

@@ -20,12 +20,12 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from fitevict.schedule.errors import RateLimited
 
-if TYPE_CHECKING:
-    from fitevict.schedule.terms import Waiter
+# a queued request (schedule.terms.Waiter): named, not imported, since terms builds on this module
+Waiter = Any
 
 ANONYMOUS = "-"  # the client of a request that brought no key (keys are off)
 INTERACTIVE, BATCH = "interactive", "batch"

@@ -50,7 +50,8 @@ class Ending:
                 hold.append(asyncio.get_running_loop().call_later(VERIFY_HOLD_S, free))
             self.changed()
 
-        res = await stop_and_verify(seat.key, seat.pgid, seat.config.devices, proc=seat.proc,
+        own = tuple(d for d in seat.config.devices if d not in seat.shared)  # a unified device's are the host's
+        res = await stop_and_verify(seat.key, seat.pgid, own, proc=seat.proc,
                                     grace=self.engine.stop_grace_seconds,
                                     release_timeout=self.engine.release_timeout_seconds, nvml=self.nvml,
                                     clock=self.clock, gpu_held=seat.gpu_bytes, on_exit=exited)

@@ -1,14 +1,16 @@
 """A seat frozen while it runs answers nothing, and every request sent to it would wait for ever. Two kinds are told
-apart and killed after ``engine.stall_seconds``; the seat's end then gives the reason given here (its crash, or the
-stop a draining seat drained for), and the next request loads the model again (a client whose stream was cut is
-told by the relay):
+apart and killed; the seat's end then gives the reason given here (its crash, or the stop a draining seat drained
+for), and the next request loads the model again (a client whose stream was cut is told by the relay, with the
+reason given here):
 
 - **stopped**: its process stopped by a signal (``SIGSTOP``, ``SIGTSTP``, ``SIGTTIN``, ``SIGTTOU``: state ``T``), or
   frozen by a cgroup v1 freezer (state ``D``, its ``freezer.state`` ``FROZEN``: it wakes for no signal, so it is
-  moved out of that cgroup, which thaws it alone, for the kill to land). A traced process (state ``t``: a debugger)
-  is left alone.
-- **stuck**: alive and asleep (a deadlock, a frozen cgroup) while the front door waits on it. All three must hold
-  for the whole stall period, so that a slow machine is never taken for a stuck seat: a request is in flight on it
+  moved out of that cgroup, which thaws it alone, for the kill to land). The kernel says so the moment it happens,
+  so a stopped seat with a request in flight is killed at the first look that sees it: its clients are told at once
+  rather than after a stall period. An idle one is given ``engine.stall_seconds`` (a ``SIGCONT`` may come: no one
+  waits on it meanwhile). A traced process (state ``t``: a debugger) is left alone.
+- **stuck**: alive and asleep (a deadlock, a frozen cgroup) while the front door waits on it, killed after
+  ``engine.stall_seconds``. All three must hold for the whole stall period, so that a slow machine is never taken for a stuck seat: a request is in flight on it
   and the front door has waited that long for its next byte (``silent_for``: a slow client that stopped reading is
   not the engine's fault, so a relay blocked on its client does not count); none of its threads ran or waited on
   the disk (no thread in state ``R`` or ``D`` at any look: a starved or paging engine is slow, not stuck); and its
@@ -165,16 +167,21 @@ async def watch_frozen(seat: SeatState, stall_seconds: float, frozen: Callable[[
         icebox = frozen_by_cgroup(seat.pid) if state == "D" else None
         since = (since if since is not None else now) if state == "T" or icebox is not None else None
         why = None
-        if since is not None and now - since >= stall_seconds:
+        if since is not None and seat.seat.in_flight:
+            why = (f"was stopped by a signal (state T) with {seat.seat.in_flight} request(s) in flight on it, which it "
+                   "cannot answer" if icebox is None else
+                   f"was frozen by its cgroup's freezer ({icebox}: FROZEN, state D) with {seat.seat.in_flight} "
+                   "request(s) in flight on it, which it cannot answer")
+        elif since is not None and now - since >= stall_seconds:
             why = (f"was stopped by a signal (state T) for {now - since:.1f} s" if icebox is None else
                    f"was frozen by its cgroup's freezer ({icebox}: FROZEN, state D) for {now - since:.1f} s")
+            why += f" (engine.stall_seconds={stall_seconds:g})"
         elif (quiet := stuck.look(seat, now, silent_for)) >= stall_seconds:
             why = (f"made no progress for {quiet:.1f} s while a request waited on it (state {state}: no CPU time "
-                   "used, no thread running or on I/O, no byte sent)")
+                   f"used, no thread running or on I/O, no byte sent) (engine.stall_seconds={stall_seconds:g})")
         if why is not None:
             seat.told_by = stuck.shutdown.in_handler(seat.pid)
-            frozen(seat, f"{seat.engine} pid {seat.pid} {why} (engine.stall_seconds={stall_seconds:g}): killed; the "
-                         "next request loads it again")
+            frozen(seat, f"{seat.engine} pid {seat.pid} {why}: killed")
             try:
                 os.killpg(seat.pgid or seat.pid, signal.SIGKILL)  # a stopped or frozen process dies of it at once
             except ProcessLookupError:

@@ -38,6 +38,6 @@ class Readiness:
         if traits(seat.engine).overhead == "calibrated":
             seat.overhead = host_overhead(seat.predicted, prices.engine_overhead)
         else:  # a seat whose process is its own (a torch seat's), never the llama-server build's calibration
-            seat.overhead = int(seat.predicted_overhead or 0)
+            seat.overhead = seat.predicted_overhead  # None until this machine measured one such seat
         seat.overhead_label = overhead_label(seat.engine, fixed, prices.overhead_origin, seat.predicted_overhead)
         seat.gpu_overhead = {d: n for d, n in prices.engine_overhead.items() if d in cfg.devices}

@@ -3,12 +3,20 @@
 Host: the fall in AnonPages + Shmem (MemTotal - AnonPages - Shmem rises), the committed memory every
 process holds. MemAvailable is recorded beside it but does not decide: on some kernels (virtio-balloon
 free page reporting, for one) freed pages reach MemFree seconds later or not at all, while AnonPages
-drops the moment the process's memory is unmapped. GPU: NVML free.
+drops the moment the process's memory is unmapped. A device: its reader's free memory (``host.devmem``: NVML free;
+an RPC device's engine-reported total less its rpc-server's PSS, so the rpc-server's memory back is the release). A
+unified device is not verified apart: its buffers were host memory, verified with the host.
+
+These counters are the whole machine's: another program that takes or gives back memory while a seat stops moves
+them too. So a release is judged only on the devices where the seat held bytes, and when the rise falls short,
+what the other programs took meanwhile is read (``others_now``) and named beside the seat's own figure, never
+counted as the seat's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,13 +24,16 @@ from typing import Any
 
 from fitevict.engines.process import Child, GroupStop, group_alive, stop_process_group
 from fitevict.host import procmem
+from fitevict.host.devmem import DeviceMeters
 from fitevict.host.nvml import read_gpus
 from fitevict.pricing.footprint import HOST
 from fitevict.units import MiB, format_size
 
 RELEASE_FRACTION = 0.9
 RELEASE_SLACK = 4 * MiB
-FREED_SOURCE = "measured: /proc/meminfo AnonPages+Shmem fall (host), NVML free (GPU)"
+FREED_SOURCE = "measured: /proc/meminfo AnonPages+Shmem fall (host), each device's reader: NVML free, rpc-server PSS"
+OTHERS_SOURCE = ("measured: RssAnon+RssShmem summed over every readable process outside the seat's group "
+                 "(/proc/PID/status, host); NVML usedGpuMemory of the other compute processes (GPU)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +41,10 @@ class Release:
     verified: bool
     final: bool  # no point polling again (verified, unverifiable, or timed out)
     freed_bytes: int | None  # host: the fall in AnonPages+Shmem (measured); None when others took more
-    freed_by_device: dict[str, int]
+    freed_by_device: dict[str, int]  # the rise in memory no process holds, per device (the whole machine's)
     release_seconds: float | None
     note: str
+    others_by_device: dict[str, int] | None = None  # what other programs took meanwhile (None: not read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +62,12 @@ class StopResult:
     exit_code: int | None = None  # the process's own, as the stop read it (None: not a child of this fitevict)
     ended: str = "unknown"  # how it ended during the stop, in one word (``stop_account``)
     ended_note: str = ""  # the same in words
+    others_by_device: Mapping[str, int] | None = None  # what other programs took during the release (measured)
 
     def details(self) -> dict[str, Any]:
-        return {"stop_exit_code": self.exit_code, "stop_ended": self.ended, "stop_ended_note": self.ended_note,
+        return {"others_took_bytes": None if self.others_by_device is None else dict(self.others_by_device),
+                "others_source": OTHERS_SOURCE if self.others_by_device is not None else None,
+                "stop_exit_code": self.exit_code, "stop_ended": self.ended, "stop_ended_note": self.ended_note,
                 "release_verified": self.verified, "exit_seconds": self.exit_seconds,
                 "release_seconds": self.release_seconds, "held_committed_bytes": self.held.get(HOST),
                 "held_bytes": dict(self.held), "freed_by_device": dict(self.freed_by_device),
@@ -89,54 +104,96 @@ def stop_account(code: int | None, stop: GroupStop, grace: float) -> tuple[str, 
 
 
 def release_check(held: Mapping[str, int | None], before: Mapping[str, int], now: Mapping[str, int], *,
-                  elapsed: float, timed_out: bool) -> Release:
+                  elapsed: float, timed_out: bool, others: Mapping[str, int] | None = None) -> Release:
     """Has the memory a stopped seat held come back? Pure: compares "not held by any process" before and now.
 
     ``before``/``now`` map a device to bytes no process holds (host: MemTotal - AnonPages - Shmem;
-    GPU: NVML free); extra keys (MemAvailable) are reported, not checked. Other processes move these
-    counters too, so a device counts as released when they rose by at least 90% of what the seat held,
-    less 4 MiB. A figure the seat never had measured cannot be verified: the release is then reported
-    unverified with that reason, never as verified.
+    GPU: NVML free); extra keys (MemAvailable) are reported, not checked. A device where the seat held 0 B is not
+    judged: nothing of the seat's can come back there. Other processes move these counters too: ``others`` maps a
+    device to the bytes other programs took between the two readings (measured; negative when they gave some back),
+    and the seat's own return is the rise plus what they took. A device counts as released when the seat's return
+    is at least 90% of what it held, less 4 MiB. A figure the seat never had measured cannot be verified: the
+    release is then reported unverified with that reason, never as verified.
     """
     freed = {d: now[d] - before[d] for d in before if d in now}
-    # A fall in free memory means others took more than the seat gave back: the seat's share is unknown.
-    host_freed = freed.get(HOST) if freed.get(HOST, -1) >= 0 else None
-    unknown = [d for d, h in held.items() if h is None or d not in freed]
+    took = dict(others or {})
+    seat = {d: f + took.get(d, 0) for d, f in freed.items()}
+    # A fall in free memory with nothing else read means others took more than the seat gave back: its share is
+    # unknown.
+    host_freed = seat.get(HOST) if seat.get(HOST, -1) >= 0 else None
+    judged = {d: h for d, h in held.items() if h != 0}
+    unknown = [d for d, h in judged.items() if h is None or d not in freed]
     if unknown:
         return Release(False, True, host_freed, freed, None,
-                       f"unverified: held memory on {', '.join(unknown)} was never measured")
-    short = {d: (freed[d], h) for d, h in held.items()
-             if h is not None and freed[d] < max(0, int(h * RELEASE_FRACTION) - RELEASE_SLACK)}
-    words = "; ".join(f"{d}: {format_size(freed[d])} came back of {format_size(h)} held" for d, h in held.items()
-                      if h is not None)
+                       f"unverified: held memory on {', '.join(unknown)} was never measured", others)
+    short = [d for d, h in judged.items() if h is not None and seat[d] < max(0, int(h * RELEASE_FRACTION) - RELEASE_SLACK)]
+    words = "; ".join([_device_words(d, h, seat[d], took.get(d)) for d, h in judged.items() if h is not None]
+                      + [f"{d}: held nothing, not judged" for d, h in held.items() if h == 0])
     if not short:
-        return Release(True, True, host_freed, freed, elapsed, words)
+        return Release(True, True, host_freed, freed, elapsed, words, others)
     if timed_out:
-        return Release(False, True, host_freed, freed, None, f"not released within the timeout: {words}")
-    return Release(False, False, host_freed, freed, None, words)
+        return Release(False, True, host_freed, freed, None, f"not released within the timeout: {words}", others)
+    return Release(False, False, host_freed, freed, None, words, others)
+
+
+def _device_words(device: str, held: int, seat_freed: int, others_took: int | None) -> str:
+    """One device's release in words: the seat's return of what it held, and what other programs did meanwhile."""
+    words = f"{device}: {format_size(seat_freed)} came back of {format_size(held)} held"
+    if others_took:
+        verb = "took" if others_took > 0 else "gave back"
+        words += f" (other programs {verb} {format_size(abs(others_took))} meanwhile, not counted as the seat's)"
+    return words
+
+
+def others_now(devices: Sequence[str], seat_pids: frozenset[int], nvml: Any = None) -> dict[str, int]:
+    """What every other program holds on each device right now (see ``OTHERS_SOURCE``). A process whose memory
+    cannot be read (another user's, a kernel thread, gone) is left out of both readings alike; a GPU whose processes
+    NVML cannot attribute is left out (its drift is then not read, never taken as 0)."""
+    host = 0
+    for entry in os.scandir(procmem.PROC):
+        if entry.name.isdigit() and int(entry.name) not in seat_pids:
+            held = procmem.anon_status_bytes(entry.name)
+            if held is not None:
+                host += held
+    out = {HOST: host}
+    if devices:
+        gpus = read_gpus(DeviceMeters.of(nvml).nvml)  # NVML attributes a GPU's memory per process; other kinds not
+        for d in devices:
+            g = gpus.device(d)
+            if g is not None and not g.processes_reason and all(p.used_bytes is not None for p in g.processes):
+                out[d] = sum(p.used_bytes for p in g.processes if p.used_bytes is not None and p.pid not in seat_pids)
+    return out
 
 
 def free_now(devices: Sequence[str], nvml: Any = None) -> dict[str, int]:
-    """Bytes not held by any process, as the kernel and the driver count them (see the module doc)."""
+    """Bytes not held by any process, as the kernel and each device's reader count them (see the module doc; ``nvml``:
+    the ``host.devmem.DeviceMeters``, or an NVML-like alone). A device whose free memory cannot be read is left out:
+    its release is then unverified, with that said."""
     mem = procmem.read_meminfo()
     host = mem.total_bytes - mem.committed_bytes if mem.committed_bytes is not None else mem.available_bytes
     free = {HOST: host, "MemAvailable": mem.available_bytes}
     if devices:
-        gpus = read_gpus(nvml)
-        for d in devices:
-            g = gpus.device(d)
-            if g is not None:
-                free[d] = g.free_bytes
+        for d, r in DeviceMeters.of(nvml).free(devices).items():
+            if r.bytes is not None:
+                free[d] = r.bytes
     return free
 
 
 async def verify_release(before: Mapping[str, int], held: Mapping[str, int | None], devices: Sequence[str], *,
-                         nvml: Any, timeout: float, clock: Callable[[], float]) -> Release:
-    """Poll until the memory the seat held is back on every device, or ``timeout`` passes."""
+                         nvml: Any, timeout: float, clock: Callable[[], float],
+                         others_before: Mapping[str, int] | None = None,
+                         seat_pids: frozenset[int] = frozenset()) -> Release:
+    """Poll until the memory the seat held is back on every device, or ``timeout`` passes. While the rise falls
+    short and ``others_before`` was read, what other programs took since is read too and given to the check."""
     t0 = clock()
     while True:
         elapsed = clock() - t0
-        r = release_check(held, before, free_now(devices, nvml), elapsed=elapsed, timed_out=elapsed > timeout)
+        now = free_now(devices, nvml)
+        r = release_check(held, before, now, elapsed=elapsed, timed_out=elapsed > timeout)
+        if not r.verified and others_before is not None:
+            after = others_now(devices, seat_pids, nvml)
+            took = {d: after[d] - others_before[d] for d in others_before if d in after}
+            r = release_check(held, before, now, elapsed=elapsed, timed_out=elapsed > timeout, others=took)
         if r.verified or r.final:
             return r
         await asyncio.sleep(0.02)  # polling kernel and driver counters: there is no event to await
@@ -156,6 +213,8 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
     tree = procmem.read_tree(pgid) if pgid is not None else None
     host_held = tree.committed_bytes if tree is not None and tree.source != "unavailable" else None
     held: dict[str, int | None] = {HOST: host_held, **{d: (gpu_held or {}).get(d) for d in devices}}
+    seat_pids = frozenset(tree.pids) if tree is not None else frozenset()
+    others_before = others_now(devices, seat_pids, nvml) if host_held is not None else None
     before = free_now(devices, nvml)
     stop = await stop_process_group(pgid, grace, proc=proc, clock=clock)
     exit_s = stop.seconds
@@ -171,6 +230,7 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
                 "the freed bytes and the release time are unavailable" if gone
                 else f"unverified: {why}, and the group is still alive")
         return StopResult(key, held, None, {}, exit_s, None, False, note, stop_code, *how)
-    r = await verify_release(before, held, devices, nvml=nvml, timeout=release_timeout, clock=clock)
+    r = await verify_release(before, held, devices, nvml=nvml, timeout=release_timeout, clock=clock,
+                             others_before=others_before, seat_pids=seat_pids)
     return StopResult(key, held, r.freed_bytes, r.freed_by_device, exit_s, r.release_seconds, r.verified, r.note,
-                      stop_code, *how)
+                      stop_code, *how, others_by_device=r.others_by_device)

@@ -52,13 +52,16 @@ class SeatState:
     proc: Child | None = None
     pid: int | None = None
     pgid: int | None = None
-    overhead: int = 0  # the engine process's own host memory beyond its buffers (measured estimate)
-    gpu_overhead: dict[str, int] = field(default_factory=dict)  # the same per GPU (CUDA context), measured
+    overhead: int | None = None  # the engine process's own host memory beyond its buffers (None: not known)
+    gpu_overhead: dict[str, int] = field(default_factory=dict)  # the same per GPU (CUDA context), learned here
     overhead_label: str = ""  # what ``overhead`` is and where it came from (``overhead_source`` in its figures)
     measured: Footprint | None = None
     measured_note: str = ""
     host_mem: procmem.ProcessMemory | None = None  # the latest reading of its process tree (the sampler's)
-    gpu_bytes: dict[str, int] = field(default_factory=dict)  # the latest NVML reading per GPU
+    gpu_bytes: dict[str, int] = field(default_factory=dict)  # the latest reading per device (host.devmem, by kind)
+    device_read: dict[str, str] = field(default_factory=dict)  # per device: that reading's source, or why none
+    shared: tuple[str, ...] = ()  # its devices whose memory is host memory: their buffers are in its PSS
+    touched: tuple[str, ...] = ()  # its devices read as pages touched so far (an rpc-server's PSS): they grow
     read_at: float | None = None  # when ``host_mem`` and ``gpu_bytes`` were read
     readings: int = 0  # readings of it so far: the one after its load and every sampler tick's
     load_mem: procmem.ProcessMemory | None = None  # the reading right after its load (what the load record keeps)
@@ -125,15 +128,42 @@ class SeatState:
             # PSS is what it touches now plus the process itself. Both are measurements of different
             # things (reachable vs touched), so the planner counts the one that can grow to: the larger.
             pss = self.host_mem.host_bytes if self.host_mem is not None else None
-            logged = self.measured.bytes_on(HOST) + self.overhead if self.measured is not None else None
+            if pss is not None and self.shared:  # a unified device's buffers are in the PSS: counted there, once
+                pss = max(0, pss - sum(self._held_on(d) for d in self.shared))
+            logged = self.measured.bytes_on(HOST) + self._known_overhead(HOST) if self.measured is not None else None
             if pss is None and logged is None:
                 return self.predicted.bytes_on(HOST)
             return max(pss or 0, logged or 0)
-        if device in self.gpu_bytes:
-            return self.gpu_bytes[device]
         if self.measured is not None and self.measured.device(device) is not None:
-            return self.measured.bytes_on(device) + self.gpu_overhead.get(device, 0)
-        return self.predicted.bytes_on(device)
+            reach = self.measured.bytes_on(device) + self._known_overhead(device)
+        else:
+            reach = self.predicted.bytes_on(device)
+        if device in self.gpu_bytes:
+            # a reading of touched pages (an rpc-server's PSS) is what the seat holds now, its buffers what it grows
+            # to as its context fills: as on the host, the planner counts the one it can grow to
+            return max(self.gpu_bytes[device], reach) if device in self.touched else self.gpu_bytes[device]
+        return reach
+
+    def overhead_on(self, device: str) -> int | None:
+        """The engine process's own memory on ``device`` beyond its buffers, as this machine learned it; None when
+        it was never learned (``overhead_source`` says why)."""
+        return self.overhead if device == HOST else self.gpu_overhead.get(device)
+
+    def _known_overhead(self, device: str) -> int:
+        """What the planner adds to the engine's buffers: the overhead where it is known; where it never was, it
+        adds nothing it knows of (the figures say "unavailable", never 0)."""
+        n = self.overhead_on(device)
+        return n if n is not None else 0
+
+    def overhead_source(self, device: str) -> str:
+        """What ``overhead_on(device)`` is and where it came from."""
+        if device == HOST:
+            return self.overhead_label or "unavailable, because the seat was not made ready yet"
+        if device in self.gpu_overhead:
+            return ("stored-measurement: the engine process's own on this GPU (NVML process bytes minus its "
+                    "buffers), learned by earlier loads on this machine")
+        return (f"unavailable, because no engine overhead was learned for {device} on this machine yet: the planner "
+                "counts the engine's buffers alone there")
 
     def source_on(self, device: str) -> str:
         """What ``bytes_on`` counts: "planned" where it is the larger of a reading of the process and the engine's
@@ -147,7 +177,7 @@ class SeatState:
                 return "measured"
             return "engine-reported" if self.measured is not None else pred_source(self.predicted, HOST)
         if device in self.gpu_bytes:
-            return "measured"
+            return "planned" if device in self.touched else "measured"
         if self.measured is not None and self.measured.device(device):
             return "engine-reported"
         return pred_source(self.predicted, device)
@@ -160,22 +190,25 @@ class SeatState:
         measured). A figure not read is None, with why."""
         alloc = self.measured.bytes_on(device) if self.measured is not None and (
             device == HOST or self.measured.device(device) is not None) else None
-        overhead = self.overhead if device == HOST else self.gpu_overhead.get(device, 0)
         if device == HOST:
             live = self.host_mem.host_bytes if self.host_mem is not None else None
             how = "PSS of the process tree (/proc/PID/smaps_rollup)"
             why_not = (self.host_mem.reason if self.host_mem is not None and self.host_mem.reason
                        else "the process was not read yet")
         else:
-            live, how, why_not = self.gpu_bytes.get(device), "NVML bytes of the process", "no NVML reading yet"
+            live = self.gpu_bytes.get(device)
+            how = self.device_read.get(device, "the device reader").removeprefix("measured: ")
+            why_not = self.device_read.get(device, "no reading of the device yet").removeprefix("unavailable, because ")
+            if device in self.shared:
+                why_not = (f"{device}'s memory is host memory: its buffers are in the PSS, counted once there "
+                           "(the allocated figure stands for the device)")
         return {
             "predicted_bytes": self.predicted.bytes_on(device), "predicted_source": pred_source(self.predicted, device),
             "allocated_bytes": alloc,
             "allocated_source": ("engine-reported: its buffers (load log, to 0.01 MiB)" if alloc is not None else
                                  f"unavailable, because {self.measured_note or 'the load log was not read yet'}"),
-            "overhead_bytes": overhead,
-            "overhead_source": (self.overhead_label or "rule: no overhead was set for this seat") if device == HOST
-            else "measured: the engine process's own (NVML process bytes minus its buffers)",
+            "overhead_bytes": self.overhead_on(device),
+            "overhead_source": self.overhead_source(device),
             "measured_bytes": live,
             "measured_source": (f"measured: {how}, the latest of {self.readings} readings (the memory sampler reads "
                                 "every server.sample_seconds)" if live is not None
@@ -184,7 +217,8 @@ class SeatState:
             "measured_age_seconds": (max(0.0, now - self.read_at) if live is not None and now is not None
                                      and self.read_at is not None else None),
             "measured_peak_bytes": self.peak_bytes.get(device),
-            "measured_peak_source": "measured: the highest of every reading over its life",
+            "measured_peak_source": ("measured: the highest of every reading over its life"
+                                     if device in self.peak_bytes else f"unavailable, because {why_not}"),
             "planned_bytes": self.bytes_on(device),
             "planned_source": ("planned: the larger of allocated + overhead and measured (the latest reading)"
                                if alloc is not None or live is not None else
@@ -232,7 +266,7 @@ class SeatState:
     def held_bytes(self) -> dict[str, int | None]:
         """What a stop should give back, per device: committed host memory and GPU bytes, as measured."""
         return {HOST: self.host_mem.committed_bytes if self.host_mem is not None else None,
-                **{d: self.gpu_bytes.get(d) for d in self.config.devices}}
+                **{d: self.gpu_bytes.get(d) for d in self.config.devices if d not in self.shared}}
 
 
 def pred_source(fp: Footprint, device: str) -> str:

@@ -64,7 +64,7 @@ class CrashWatch:
         words, account = await died(seat, rc, self.processes.engine_for(seat.entry))
         await self.history.record(Event(
             time=self.clock(), event="crash", model=seat.key, engine=seat.engine, freed_bytes=res.freed_bytes,
-            reason=words if seat.killed_for else f"{words}; the next request reloads it",
+            reason=f"{words}; the next request reloads it",
             details={"pid": seat.pid, "log": str(seat.log_path), **timings(seat), **account, **res.details()}))
         await self.ending.forget(seat)
         self.processes.done_with_log(seat.log_path)

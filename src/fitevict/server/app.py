@@ -20,6 +20,7 @@ from fitevict.config import Config
 from fitevict.request.catalog import Catalog
 from fitevict.server.door import Door
 from fitevict.server.fastpath import FastPath
+from fitevict.store.retention import RowBounds
 from fitevict.server.metrics import Metrics
 from fitevict.server.rescan import CatalogWatch
 from fitevict.server.sampler import MemorySampler
@@ -43,6 +44,7 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
     own_store = store is None if own_store is None else own_store
     store = store or Store.open(config.store_url)
     store.history_rows = config.logs.history_rows or None  # the row bound holds at every event (store.retention)
+    store.row_bounds = RowBounds.of(config.logs.records_per_signature, config.logs.records_rows)  # and at every record
     sup = Supervisor(config=config, catalog=catalog, store=store, engine_binary=engine_binary)
     pool = Upstream()  # kept-alive connections per seat, for the fast path and the translated (Ollama) routes
     sup.fx.silent_for = pool.silent_for  # a stuck seat is one the door waits on (seat.frozen)

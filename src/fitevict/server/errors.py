@@ -18,6 +18,9 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
 BUSY_TYPES = ("server_busy", "overloaded_error")  # a full queue: Anthropic's 529
 # how the pinned engine's chat parser begins the 500s it answers to a body it cannot read (common/chat.cpp)
 REQUEST_FAULTS = ("Failed to parse messages", "Failed to parse tools")
+# how the pinned engine begins its refusal of /infill for a model whose vocabulary lacks fill-in-the-middle tokens
+# (tools/server/server-context.cpp: "Infill is not supported by this model: prefix token is missing. ...")
+NO_FIM = "Infill is not supported by this model"
 
 
 class ApiError(Exception):
@@ -59,9 +62,13 @@ def engine_error(api: str, model: str, status: int, raw: bytes) -> tuple[int, by
     """An engine's error answer in ``api``'s shape. llama-server answers a body it failed to read (a field of the
     wrong type, a missing one it reads by force) with a 500 whose message is nlohmann::json's exception
     (``[json.exception.type_error.302] ...``) or its chat parser's (``Failed to parse tools: ...``): that is the
-    request's fault, a 400. OpenAI's shape is the engine's
-    own, so its answer passes as it came unless its status changes."""
+    request's fault, a 400. Its ``501 not_supported_error`` is a request this model cannot serve (``model_refusal``):
+    a 400 too, saying why. OpenAI's shape is the engine's own, so any other answer passes as it came."""
     message, kind = _engine_message(raw)
+    refusal = model_refusal(model, status, message, kind)
+    if refusal is not None:
+        new_status, body = refusal.shaped(api)
+        return new_status, json.dumps(body).encode()
     fault = status == 500 and ("[json.exception." in message or message.startswith(REQUEST_FAULTS))
     if api == OPENAI and not fault:
         return status, raw
@@ -69,6 +76,23 @@ def engine_error(api: str, model: str, status: int, raw: bytes) -> tuple[int, by
                    type="invalid_request_error" if fault else kind, code="invalid_body" if fault else None)
     new_status, body = err.shaped(api)
     return new_status, json.dumps(body).encode()
+
+
+def model_refusal(model: str, status: int, message: str, kind: str) -> ApiError | None:
+    """The engine's ``501 not_supported_error`` as the client's 400: the model cannot serve this request, and the
+    same request to it fails again. ``/infill`` on a model without fill-in-the-middle tokens says which tokens the
+    engine found missing and what serves instead. None for any other answer."""
+    if status != 501 or kind != "not_supported_error":
+        return None
+    if message.startswith(NO_FIM):
+        missing = message[len(NO_FIM):].lstrip(": ").strip()
+        return ApiError(400, f"{model} cannot fill in the middle: its vocabulary has no fill-in-the-middle tokens (the "
+                        f"engine: {missing}). /infill needs a model with FIM prefix, suffix and middle tokens (GGUF "
+                        "tokenizer.ggml.fim_pre_token_id, fim_suf_token_id and fim_mid_token_id, or tokens the engine "
+                        "recognises such as <|fim_prefix|>), as code models have; /v1/completions serves this one",
+                        param="model", code="model_without_fim")
+    return ApiError(400, f"{model} cannot serve this request: the engine said: {message}", param="model",
+                    code="not_supported_by_model")
 
 
 def stream_break(api: str, model: str, why: str) -> bytes:

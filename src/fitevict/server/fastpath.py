@@ -291,7 +291,7 @@ class FastPath:
                               seat_headers=seat_headers,
                               on_sent=lambda: report.append(report_headers(rec.waits)),
                               on_error=lambda status, raw: engine_error(route.api, seat.key, status, raw),
-                              on_break=lambda why: stream_break(route.api, seat.key, why))
+                              on_break=lambda why: stream_break(route.api, seat.key, seat.killed_for or why))
             hangup.disarm()
         except asyncio.CancelledError:
             hangup.disarm()

@@ -99,17 +99,27 @@ class Metrics:
                                 "(the engine's timings)", ["model"], registry=r)
         # gauges, set at scrape time
         self.resident = Gauge("fitevict_resident_bytes", "Bytes held by resident models, by device and source "
-                              "(predicted, allocated: engine-reported, measured: PSS or NVML, planned: what the "
+                              "(predicted, allocated: engine-reported, measured: PSS, NVML, DRM fdinfo or an rpc-server's PSS, "
+                              "planned: what the "
                               "planner counts)", ["model", "device", "source"], registry=r)
         self.budget = Gauge("fitevict_budget_bytes", "The most fitevict's residents may hold on a device "
                             "(source: how it was derived)", ["device", "source"], registry=r)
         self.free = Gauge("fitevict_free_bytes", "Free memory on a device now (source: meminfo MemAvailable, "
-                          "NVML, declared)", ["device", "source"], registry=r)
+                          "NVML, engine-reported, declared)", ["device", "source"], registry=r)
         self.reserve = Gauge("fitevict_reserve_bytes", "Memory kept free for everything else on a device",
                              ["device", "source"], registry=r)
         self.total_bytes = Gauge("fitevict_device_total_bytes", "A device's total memory", ["device", "source"],
                                  registry=r)
-        # from the history
+        self.unified = Gauge("fitevict_device_unified", "1 when a device's memory is host memory (its bytes count "
+                             "against the CPU budget too), 0 when it has its own (source: who said so)",
+                             ["device", "source"], registry=r)
+        self._history_metrics(r)
+        self._by_event = {"load": self.loads, "evict": self.evictions, "unload": self.unloads,
+                          "idle-unload": self.unloads, "recycle": self.unloads, "refuse": self.refusals,
+                          "fail": self.failed, "crash": self.crashes, "leak": self.leaks}
+
+    def _history_metrics(self, r: CollectorRegistry) -> None:
+        """The counters and histograms moved by recorded history events and waiting requests."""
         self.loads = Counter("fitevict_loads_total", "Loads that completed, by placement strategy",
                              ["model", "reason"], registry=r)
         self.evictions = Counter("fitevict_evictions_total", "Seats stopped to make room", ["model", "reason"],
@@ -150,9 +160,6 @@ class Metrics:
         self.release_seconds = Histogram("fitevict_release_seconds", "Seconds from a seat's exit until its memory "
                                          "was verified back (measured)", ["event"], buckets=RELEASE_BUCKETS,
                                          registry=r)
-        self._by_event = {"load": self.loads, "evict": self.evictions, "unload": self.unloads,
-                          "idle-unload": self.unloads, "recycle": self.unloads, "refuse": self.refusals,
-                          "fail": self.failed, "crash": self.crashes, "leak": self.leaks}
 
     def observe_event(self, ev: Event) -> None:
         """Move the counters and histograms for one recorded history event (``Supervisor.on_event``)."""
@@ -176,7 +183,7 @@ class Metrics:
     def collect(self, budget: Any, residents: list[dict], queued: list[dict] = ()) -> None:  # type: ignore[assignment]
         """Set the gauges from a budget reading (``Supervisor.budget()``), ``Supervisor.resident_views()`` and
         ``Supervisor.queued_views()``."""
-        for g in (self.budget, self.free, self.reserve, self.total_bytes, self.resident, self.others,
+        for g in (self.budget, self.free, self.reserve, self.total_bytes, self.unified, self.resident, self.others,
                   self.under_pressure, self.outgrowing, self.reading_age, self.waiting, self.wait_estimate):
             g.clear()
         longest: dict[tuple[str, str], float] = {}
@@ -193,6 +200,8 @@ class Metrics:
             self.free.labels(d.name, d.free.source).set(d.free.bytes)
             self.reserve.labels(d.name, d.reserve.source).set(d.reserve.bytes)
             self.total_bytes.labels(d.name, d.total.source).set(d.total.bytes)
+            if d.unified_source:
+                self.unified.labels(d.name, d.unified_source).set(1 if d.unified else 0)
         for v in residents:
             self.outgrowing.labels(v["key"]).set(1 if v.get("outgrew") else 0)
             for dev, d in v["devices"].items():

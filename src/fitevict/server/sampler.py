@@ -1,5 +1,5 @@
 """The memory sampler: while the server runs, it reads every seat (PSS and RSS of its process tree from
-smaps_rollup, GPU bytes from NVML where a GPU exists) and the host (MemAvailable), keeps each seat's peaks over
+smaps_rollup, device bytes by the kind of device: NVML, DRM fdinfo, an rpc-server's PSS) and the host (MemAvailable), keeps each seat's peaks over
 its serving window, and stores the window (``seat_peaks``) through the store's writer when the seat is gone. A
 window the store refuses (its disk full, its file locked or corrupt) is logged with the reason, held, and stored
 again, in order, from the next reading on (in a task of its own: a store that makes writes wait never delays a
@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fitevict.host import procmem
+from fitevict.host.devmem import DeviceMeters
 from fitevict.host.nvml import read_gpus
 from fitevict.store import Store
 from fitevict.store.faults import STORE_FAULTS, reason
@@ -101,20 +103,24 @@ def close(w: Window, now: float) -> SeatPeaks:
     reasons = {k: (w.reasons.get(k) or "unavailable, because the seat was never sampled")
                for k, v in values.items() if v is None}
     sources = {"pss": "+".join(w.sources) or "none", "rss": "+".join(w.sources) or "none",
-               "gpu": "nvml", "available_drop": "meminfo MemAvailable: baseline - lowest in the window"}
+               "gpu": "measured by device kind (host.devmem): NVML, DRM fdinfo, rpc-server PSS", "available_drop": "meminfo MemAvailable: baseline - lowest in the window"}
     return SeatPeaks(seat_id=w.seat_id, model=w.model, engine=w.engine, config=w.config, started_at=w.started_at,
                      ended_at=now, samples=w.samples, **values, baseline_available_bytes=w.baseline_available_bytes,
                      details={"sources": sources, "reasons": reasons, "other_seats": w.other_seats,
                               "baseline": w.baseline})
 
 
-def _read(seats: list[tuple[str, int]], nvml: Any) -> tuple[int | None, str, dict[str, SeatReading]]:
-    """Blocking reads (run in a thread): the host, then each (seat id, pgid) process tree and its GPU bytes."""
+def _read(seats: list[tuple[str, int]], nvml: Any, devices_of: Mapping[str, Sequence[str]] | None = None
+          ) -> tuple[int | None, str, dict[str, SeatReading]]:
+    """Blocking reads (run in a thread): the host, then each (seat id, pgid) process tree and its device bytes: NVML's
+    GPUs, and each of the seat's other devices (``devices_of``) by its kind of reader (``nvml``: the
+    ``host.devmem.DeviceMeters``, or an NVML-like alone)."""
     try:
         available, available_reason = procmem.read_meminfo().available_bytes, ""
     except procmem.HostMemoryError as e:
         available, available_reason = None, f"unavailable, because {e}"
-    gpus = read_gpus(nvml) if seats else None
+    meters = DeviceMeters.of(nvml)
+    gpus = read_gpus(meters.nvml) if seats else None
     out: dict[str, SeatReading] = {}
     for seat_id, pgid in seats:
         tree = procmem.read_tree(pgid)
@@ -123,15 +129,20 @@ def _read(seats: list[tuple[str, int]], nvml: Any) -> tuple[int | None, str, dic
             why = f"unavailable, because {tree.reason}"
         else:
             pss, rss, why = tree.host_bytes, tree.rss_bytes, ""
-        committed = tree.committed_bytes
-        used: dict[str, int | None] = {}
-        if gpus is None or not gpus.available:
-            gpu, gpu_why = None, f"unavailable, because {gpus.reason if gpus else 'no reading'}"
-        else:
-            used = gpus.used_by(set(tree.pids))
-            gpu = None if any(v is None for v in used.values()) else sum(v or 0 for v in used.values())
-            gpu_why = "" if gpu is not None else "unavailable, because NVML does not attribute memory to the seat"
-        out[seat_id] = SeatReading(pss, rss, committed, tree.source, why, gpu, gpu_why, tree, used)
+        wanted = [d for d in (devices_of or {}).get(seat_id, ()) if d in meters.readers
+                  and meters.readers[d].kind != "nvml" and d not in meters.unified((d,))]
+        other = meters.held_by(set(tree.pids), wanted)
+        used: dict[str, int | None] = {d: r.bytes for d, r in other.items()}
+        reasons = [f"{d}: {r.reason}" for d, r in other.items() if r.bytes is None]
+        if gpus is not None and gpus.available:
+            used.update(gpus.used_by(set(tree.pids)))
+            if any(v is None for v in gpus.used_by(set(tree.pids)).values()):
+                reasons.append("NVML does not attribute memory to the seat")
+        elif not other:
+            reasons.append(gpus.reason if gpus else "no reading")
+        gpu = None if reasons else sum(v or 0 for v in used.values())
+        gpu_why = "" if gpu is not None else f"unavailable, because {'; '.join(reasons)}"
+        out[seat_id] = SeatReading(pss, rss, tree.committed_bytes, tree.source, why, gpu, gpu_why, tree, used)
     return available, available_reason, out
 
 
@@ -175,7 +186,8 @@ class MemorySampler:
         live = {s.id: s for s in self.sup.seats.values()
                 if s.pgid is not None and s.state is not SeatStatus.GONE}
         available, why, readings = await asyncio.to_thread(
-            _read, [(i, s.pgid) for i, s in live.items()], self.sup.nvml)
+            _read, [(i, s.pgid) for i, s in live.items()], self.sup.meters,
+            {i: s.config.devices for i, s in live.items()})
         now = self.sup.clock()
         for seat_id in [i for i in self.windows if i not in live]:
             await self._store(self.windows.pop(seat_id), now)
@@ -234,7 +246,7 @@ class MemorySampler:
         while self.unstored:
             peaks = self.unstored[0]
             try:
-                await self.store.awrite(op_put_peaks(peaks))
+                await self.store.awrite(op_put_peaks(peaks, self.store.row_bounds))
             except STORE_FAULTS as e:
                 if len(self.unstored) != self._warned:  # once per window held, not at every reading
                     self._warned = len(self.unstored)

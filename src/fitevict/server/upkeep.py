@@ -15,7 +15,7 @@ from typing import Any
 
 from fitevict.config import Config
 from fitevict.host.datadir import DataDirUsage, data_dir_usage
-from fitevict.store.retention import Pruned, checkpoint, op_compact, op_prune
+from fitevict.store.retention import Pruned, RowBounds, checkpoint, compact, op_prune
 
 log = logging.getLogger("fitevict.upkeep")
 
@@ -36,7 +36,9 @@ class Upkeep:
         bounds = self.config.logs
         done: dict[str, Any] = {"at": now}
         try:
-            pruned: Pruned = await self.store.awrite(op_prune(now, bounds.history_days, bounds.history_rows))
+            pruned: Pruned = await self.store.awrite(op_prune(
+                now, bounds.history_days, bounds.history_rows, RowBounds.of(bounds.records_per_signature,
+                                                                            bounds.records_rows)))
         except Exception as e:  # a refused write (full disk, locked database) must not stop the upkeep
             done["pruned"] = f"unavailable, because the store refused the prune: {e}"
             log.warning("store not pruned: %s", e)
@@ -46,7 +48,8 @@ class Upkeep:
             if pruned.total:
                 log.info("%s", pruned.reason())
         try:
-            done["compacted"] = await self.store.awrite(op_compact, transaction=False)
+            steps = await compact(self.store.awrite)  # one write per step: other writes run between them
+            done["compacted"] = f"{len(steps)} step(s), the last: {steps[-1]}" if steps else None
         except Exception as e:
             done["compacted"] = f"unavailable, because the store refused it: {e}"
             log.warning("store space not given back to the disk: %s", e)

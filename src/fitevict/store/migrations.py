@@ -265,6 +265,16 @@ def _m0005_gguf_structures(conn: Connection) -> None:
     md.create_all(conn)
 
 
+def _m0009_bound_indexes(conn: Connection) -> None:
+    """Indexes the row bounds read (``retention``): each cache's newest entries, and a seat's configuration's newest
+    peak windows."""
+    for sql in ("CREATE INDEX ix_compute_cache_created ON compute_cache (created_at)",
+                "CREATE INDEX ix_gguf_structures_parsed ON gguf_structures (parsed_at)",
+                "CREATE INDEX ix_seat_peaks_model_id ON seat_peaks (model, id)",
+                "CREATE INDEX ix_measurements_signature_id ON measurements (signature, id)"):
+        conn.execute(sa.text(sql))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", _m0001_initial),
     Migration(2, "events vocabulary: reject, leak", _m0002_events_vocabulary),
@@ -274,6 +284,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "events vocabulary: outgrew", _m0006_outgrew_event),
     Migration(7, "events vocabulary: recycle", _m0007_recycle_event),
     Migration(8, "events: engine_reported_bytes, buffers_predicted_bytes", _m0008_event_figures),
+    Migration(9, "indexes for the row bounds", _m0009_bound_indexes),
 )
 
 _md = sa.MetaData()

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from fitevict.store import schema as t
 from fitevict.store.records import check_bytes, check_seconds
+from fitevict.store.retention import RowBounds, trim_peaks
 
 PEAK_FIELDS: tuple[str, ...] = ("peak_pss_bytes", "peak_rss_bytes", "peak_gpu_bytes", "peak_available_drop_bytes")
 
@@ -67,8 +68,9 @@ class SeatPeaks:
                 "baseline_available_bytes": self.baseline_available_bytes, "details": self.details}
 
 
-def op_put_peaks(p: SeatPeaks) -> Callable[[Connection], int]:
-    """The write (for ``Store.write`` / ``awrite``: the store's one writer)."""
+def op_put_peaks(p: SeatPeaks, bounds: RowBounds = RowBounds()) -> Callable[[Connection], int]:
+    """The write (for ``Store.write`` / ``awrite``: the store's one writer); the windows of the same model and
+    configuration beyond ``bounds`` go in the same transaction."""
     values = {"seat_id": p.seat_id, "model": p.model, "engine": p.engine,
               "config_json": json.dumps(p.config, sort_keys=True), "started_at": float(p.started_at),
               "ended_at": float(p.ended_at), "samples": int(p.samples),
@@ -76,7 +78,9 @@ def op_put_peaks(p: SeatPeaks) -> Callable[[Connection], int]:
               "details_json": json.dumps(p.details, sort_keys=True, allow_nan=False)}
 
     def fn(conn: Connection) -> int:
-        return int(conn.execute(sa.insert(t.seat_peaks).values(**values).returning(t.seat_peaks.c.id)).scalar_one())
+        new_id = int(conn.execute(sa.insert(t.seat_peaks).values(**values).returning(t.seat_peaks.c.id)).scalar_one())
+        trim_peaks(conn, bounds, (values["model"], values["config_json"]))
+        return new_id
 
     return fn
 

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from fitevict.pricing.footprint import SOURCES
 from fitevict.store import schema as t
 from fitevict.store.records import EVENTS, Event, Measurement, SeatRecord
-from fitevict.store.retention import trim_events
+from fitevict.store.retention import RowBounds, trim_events, trim_measurements
 
 Order = Literal["asc", "desc"]
 
@@ -169,7 +169,8 @@ def _bytewise(col: sa.ColumnClause, dialect: str) -> sa.ColumnElement[Any]:
     return col
 
 
-def op_put_measurement(m: Measurement) -> Callable[[Connection], int]:
+def op_put_measurement(m: Measurement, bounds: RowBounds = RowBounds()) -> Callable[[Connection], int]:
+    """Store a load record; the configuration's records beyond ``bounds`` go in the same transaction."""
     if m.source not in MEASUREMENT_SOURCES:
         raise ValueError(f"measurement source {m.source!r} is not one of {MEASUREMENT_SOURCES}")
     values = {
@@ -186,7 +187,9 @@ def op_put_measurement(m: Measurement) -> Callable[[Connection], int]:
 
     def fn(conn: Connection) -> int:
         stmt = sa.insert(t.measurements).values(**values).returning(t.measurements.c.id)
-        return int(conn.execute(stmt).scalar_one())
+        new_id = int(conn.execute(stmt).scalar_one())
+        trim_measurements(conn, bounds, m.signature)
+        return new_id
 
     return fn
 

@@ -45,6 +45,7 @@ from fitevict.store.queries import (EVENT_SORT_COLUMNS, MAX_EVENTS_LIMIT, MEASUR
                                     op_seat_upsert, q_compute_get, q_events, q_last_measurement,
                                     q_newest_measurements, q_seats)
 from fitevict.store.records import Event, Measurement, SeatRecord
+from fitevict.store.retention import RowBounds
 from fitevict.store.writer import Writer
 
 T = TypeVar("T")
@@ -69,6 +70,9 @@ class Store:
         # at most this many history events: recording one removes those this many records older (logs.history_rows,
         # set by the server; None: no bound, as for a CLI command that opens the store)
         self.history_rows: int | None = None
+        # load records and seat peak windows kept per configuration and in all (logs.records_per_signature,
+        # logs.records_rows; set by the server): held at every record written
+        self.row_bounds = RowBounds()
         writer.on_refused = self._refused
 
     @classmethod
@@ -253,7 +257,7 @@ class Store:
         defaults to now. The host figures are None where they could not be read (stored as NULL).
         """
         m = measurement_of(signature, model, engine, footprint_json, host_committed, host_mapped, total, source, measured_at)
-        return self.write(op_put_measurement(m))
+        return self.write(op_put_measurement(m, self.row_bounds))
 
     def last_measurement(self, signature: str) -> Measurement | None:
         """The newest measurement stored under ``signature``, or None."""
@@ -345,7 +349,7 @@ class AsyncStore:
         measured_at: float | None = None,
     ) -> int:
         m = measurement_of(signature, model, engine, footprint_json, host_committed, host_mapped, total, source, measured_at)
-        return await self._s.awrite(op_put_measurement(m))
+        return await self._s.awrite(op_put_measurement(m, self._s.row_bounds))
 
     async def last_measurement(self, signature: str) -> Measurement | None:
         return await self._s.aread(q_last_measurement(signature))

@@ -26,7 +26,9 @@ from fitevict.config import Config
 from fitevict.engines.base import Engine, LaunchSpec
 from fitevict.engines.process import free_port
 from fitevict.budget import Budget
+from fitevict.engines.llama_cpp.census import take_census
 from fitevict.host.budget import budget_from_config
+from fitevict.host.devmem import DeviceMeters
 from fitevict.pricing.gguf import PricingError
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
@@ -120,6 +122,7 @@ class Supervisor:
         """``ports``: where a new seat's port comes from (the OS by default); ``nvml``: None for the real pynvml
         (when a driver exists), tests pass a fake at this edge; ``clock``: the one clock."""
         self.config, self.catalog, self.store, self.clock, self.nvml = config, catalog, store, clock, nvml
+        self.meters = DeviceMeters(nvml)  # every device by its kind, once the engine's census is taken (``start``)
         self.engine_binary = Path(engine_binary)
         self.prices = PriceBook(store, self.engine_binary.parent, config.policy.default_alloc_mode)
         self.table = SeatTable()  # every seat's one record and state; the scheduler changes it
@@ -133,7 +136,8 @@ class Supervisor:
         self.desk = Desk()
         self.parts = Ports(clock=clock, config=config, catalog=catalog, store=store, prices=self.prices,
                            table=self.table, seats=self.seats, history=self.history, processes=self.processes, planning=self.planning,
-                           desk=self.desk, kv=self.kv, pressure=self.pressure, nvml=nvml)
+                           desk=self.desk, kv=self.kv, pressure=self.pressure, nvml=nvml,
+                           meters=self.meters)
         self.fx = LiveEffects(self.parts)
         self.scheduler = Scheduler(self.fx, sched_policy(config), idle_unload_seconds=config.policy.idle_unload_seconds,
                                    table=self.table, planning=plan_policy(config))
@@ -167,7 +171,16 @@ class Supervisor:
         loop = asyncio.get_running_loop()  # a store renewed while running gets the live seats' records again
         self.store.renewed.append(lambda: loop.call_soon_threadsafe(self.fx.records.again, self.seats.values()))
         await asyncio.to_thread(prime_price_book, self.prices, self.store, self.engine_binary, calibrate=True)
-        return await cleanup_orphans(self.parts, self.fx.install)
+        events = await cleanup_orphans(self.parts, self.fx.install)
+        await asyncio.to_thread(self.take_census)  # after the orphans: the rpc-servers' baselines with no seat
+        return events
+
+    def take_census(self) -> None:
+        """Ask the engine build which devices seats may use (with ``devices.rpc``), and read them from now on."""
+        census = take_census(self.engine_binary, rpc=self.config.devices.rpc, declared=self.config.devices.uma)
+        if census.reason:
+            log.warning("the engine's devices: %s; seats use the host and NVML's GPUs", census.reason)
+        self.meters.use(census)
 
     async def shutdown(self, grace: float | None = None) -> ShutdownSummary:
         """Take no new work; answer every waiting request 503; let requests in flight finish within ``grace``
@@ -215,7 +228,8 @@ class Supervisor:
 
     def _measure_budget(self) -> Budget:
         """The machine now, with what fitevict's own seats hold counted as theirs, not someone else's."""
-        return budget_from_config(self.config.budget, nvml=self.nvml, held=holdings(self.seats)[0])
+        return budget_from_config(self.config.budget, nvml=self.nvml, held=holdings(self.seats)[0],
+                                  census=self.meters.census)
 
     # -- events ---------------------------------------------------------------------------------
 

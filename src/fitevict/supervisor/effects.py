@@ -65,7 +65,7 @@ class LiveEffects:
         """The scheduler, built over these effects: the collaborators that tell it what happened are built now."""
         p = self.parts
         p.scheduler = scheduler
-        self.ending = Ending(p.table, p.config.engine, p.nvml, p.clock, records=self.records, gone=scheduler.stopped,
+        self.ending = Ending(p.table, p.config.engine, p.meters, p.clock, records=self.records, gone=scheduler.stopped,
                              changed=self._changed)
         self.stopper = Stopper(p.clock, p.history, p.processes, p.planning, ending=self.ending, records=self.records,
                                save_prompts=partial(keep_before_stop, p.kv, enabled=p.config.policy.prompt_cache,
@@ -80,7 +80,7 @@ class LiveEffects:
             launcher=Launcher(p.processes, p.table, p.clock, p.config.engine, prices=prices, ending=self.ending,
                               records=self.records, spawned=scheduler.spawned, changed=p.history.changed),
             ending=self.ending, readiness=Readiness(p.desk.shrinks, p.kv, p.config, p.prices),
-            meter=Meter(p.nvml, p.clock, p.processes),
+            meter=Meter(p.meters, p.clock, p.processes),
             recorder=LoadRecorder(p.clock, p.history, p.planning,
                                   learning=Learning(p.prices, p.store, p.processes, p.clock),
                                   report=lambda seat, plan: seat_load_report(seat, plan, p.planning.last_budget,

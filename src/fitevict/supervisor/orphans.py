@@ -56,7 +56,7 @@ async def cleanup_orphans(parts: Ports, install: Callable[[SeatState], None]) ->
             res = await stop_and_verify(rec.model, rec.pgid or rec.pid, cfg.devices, proc=None,
                                         grace=parts.config.engine.stop_grace_seconds,
                                         release_timeout=parts.config.engine.release_timeout_seconds,
-                                        nvml=parts.nvml, clock=parts.clock)
+                                        nvml=parts.meters, clock=parts.clock)
             details.update(res.details())
             freed = res.freed_bytes
             action = (f"stopped orphan {rec.engine} pid {rec.pid} (port {rec.port}) left by fitevict pid "
@@ -88,7 +88,7 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
         return None
     now = parts.clock()
     record = Seat(entry.key, cfg, str(path.resolve()), now, SeatStatus.READY, pinned=entry.pinned, ready_at=now,
-                  turn_start=now, loaded_source="measured")
+                  turn_start=now)
     seat = SeatState(
         id=rec.seat_id, seat=record, entry=entry, engine=rec.engine, model_path=path,
         port=rec.port, log_path=Path(rec.log_path or parts.processes.log_dir / f"{entry.key}-{rec.seat_id}.log"),
@@ -101,6 +101,7 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
         seat.measured_note = f"unavailable, because the adopted seat's log could not be read: {e}"
     seat.load_reading(now, procmem.read_tree(rec.pid), {})
     record.loaded_bytes = {HOST: seat.bytes_on(HOST)}
+    record.loaded_source = seat.source_on(HOST)  # what bytes_on counted: planned, measured, or the price
     install(seat)
     await parts.store.aio.seat_upsert(seat_record(seat))
     return seat

@@ -72,8 +72,8 @@ async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
                    engine_reported_bytes=seat.measured.total_bytes if seat.measured is not None else None,
                    details={**found.to_json(), "source": SOURCE, "config": seat.config.to_json(),
                             "machine": parts.prices.machine, "pid": seat.pid, "readings": seat.readings,
-                            "allocated_bytes": alloc, "overhead_bytes": seat.overhead if found.device == HOST
-                            else seat.gpu_overhead.get(found.device, 0),
+                            "allocated_bytes": alloc, "overhead_bytes": seat.overhead_on(found.device),
+                            "overhead_source": seat.overhead_source(found.device),
                             "planned_bytes": seat.bytes_on(found.device), "unpriced_overhead_bytes": unpriced,
                             "peak_bytes": seat.peak_bytes.get(found.device), "price_learned": learned})
         log.warning("%s", ev.reason)

@@ -14,7 +14,8 @@ with, instead of the supervisor itself. Each part is built once by the ``Supervi
     desk        the waiting requests' futures, stop waiters, shrink decisions, whether it takes work
     kv          the prompt cache kept across swaps
     pressure    memory pressure from other programs
-    nvml        the GPU reader (None: the real one when a driver exists; tests pass a fake)
+    nvml        the NVML reader (None: the real one when a driver exists; tests pass a fake)
+    meters      the device readers by kind (host.devmem), over the engine's census of its devices
     tasks       background work (stops, records) that shutdown waits for
     scheduler   the pure scheduler, bound once it exists (it is built over the effects that use these ports)
 """
@@ -28,6 +29,7 @@ from typing import Any
 
 from fitevict.budget import Budget
 from fitevict.config import Config
+from fitevict.host.devmem import DeviceMeters
 from fitevict.request.catalog import Catalog
 from fitevict.schedule.scheduler import Scheduler
 from fitevict.schedule.seats import SeatTable
@@ -59,6 +61,7 @@ class Ports:
     kv: PromptKeep
     pressure: PressureWatch
     nvml: Any
+    meters: DeviceMeters
     tasks: set[asyncio.Task] = field(default_factory=set)
     scheduler: Scheduler = field(init=False)
 

@@ -31,7 +31,7 @@ async def check_pressure(parts: Ports, live: Mapping[str, int | None]) -> Relief
         return None
     held, per_seat = holdings(parts.seats, live)
     budget = await asyncio.to_thread(budget_from_config, parts.config.budget, parts.nvml, held=held,
-                                     held_source=HELD_SOURCE)
+                                     held_source=HELD_SOURCE, census=parts.meters.census)
     sched = parts.scheduler
     pending: dict[str, int] = {}
     for key, record in sched.seats.items():

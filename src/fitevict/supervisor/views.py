@@ -24,7 +24,9 @@ def resident_views(parts: Ports) -> list[dict]:
             "key": s.key, "engine": s.engine, "state": str(s.state),
             "phase": record.status.value if record is not None else None, "placement": placement,
             **({"split": s.split} if s.split else {}),
-            "devices": per_dev, "ctx": s.config.n_ctx, "config": s.config.to_json(),
+            "devices": per_dev, "ctx": s.config.n_ctx,
+            # its devices whose memory is host memory: their bytes count against the host budget too
+            "unified": list(s.shared), "config": s.config.to_json(),
             "in_flight": record.in_flight if record is not None else 0,
             "waiting": parts.scheduler.waiting(s.key),
             "last_used": record.last_used if record is not None else None, "loaded_at": s.ready_at,

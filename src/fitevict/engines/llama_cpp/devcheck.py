@@ -10,9 +10,6 @@ term on each device: model, context (KV and recurrent state) and output to the b
 from __future__ import annotations
 
 import contextlib
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +18,8 @@ from fitevict.engines.base import Unavailable
 from fitevict.engines.dryrun import capture_load_log, dry_run
 from fitevict.engines.llama_cpp.devprobe import buffer_names, rules_for
 from fitevict.engines.machine import host_buffers
-from fitevict.engines.process import free_port, orphan_proof, stop_group
+from fitevict.engines.llama_cpp.rpcserver import RpcServer, start_rpc_server
+from fitevict.engines.process import free_port
 from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
@@ -91,39 +89,19 @@ def check(bin_dir: Path, model: Path, cfg: LoadConfig, *, timeout_s: float = 180
     return Check(tuple(out), log.precision_bytes == 0, p.device_rules, (*notes, *log.notes))
 
 
-def _listening(port: int) -> bool:
-    with contextlib.closing(socket.socket()) as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @contextlib.contextmanager
 def rpc_servers(bin_dir: Path, n: int, *, timeout_s: float = 30.0) -> Iterator[tuple[str, ...]]:
-    """``n`` rpc-servers on loopback, each serving its CPU (``-t 1``), for the time of the block; their
-    endpoints. Each is stopped (process group) at the end, whatever happened."""
+    """``n`` rpc-servers on loopback (``rpcserver.start_rpc_server``), each serving its CPU (``-t 1``), for the time
+    of the block; their endpoints. Each is stopped (process group) at the end, whatever happened."""
     binary = bin_dir / "ggml-rpc-server"
     if not binary.is_file():
         raise FileNotFoundError(f"no ggml-rpc-server in {bin_dir}: the engine was built without RPC "
                                 "(fitevict engine install llama.cpp builds it)")
-    procs: list[subprocess.Popen] = []
+    servers: list[RpcServer] = []
     try:
-        ports = []
         for _ in range(n):
-            port = free_port()
-            argv, preexec = orphan_proof([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", "1"])
-            # restore_signals=False keeps SIGPIPE ignored in the server (as it is in Python): the pinned
-            # rpc-server dies of SIGPIPE when a client goes away mid-reply (a dry run stopped at its fit step)
-            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=preexec, restore_signals=False))
-            ports.append(port)
-        deadline = time.monotonic() + timeout_s
-        for proc, port in zip(procs, ports, strict=True):
-            while not _listening(port):  # the server's socket accepting is the event awaited
-                if proc.poll() is not None:
-                    raise RuntimeError(f"ggml-rpc-server on port {port} exited with {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"ggml-rpc-server on port {port} did not listen within {timeout_s:.0f} s")
-                time.sleep(0.05)
-        yield tuple(f"127.0.0.1:{p}" for p in ports)
+            servers.append(start_rpc_server(binary, free_port(), timeout=timeout_s))
+        yield tuple(s.endpoint for s in servers)
     finally:
-        for proc in procs:
-            stop_group(proc)
+        for server in servers:
+            server.stop()

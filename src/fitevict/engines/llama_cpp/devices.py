@@ -55,10 +55,11 @@ def parse_device_list(text: str) -> tuple[EngineDevice, ...]:
     return tuple(out)
 
 
-def list_devices(binary: Path, *, rpc: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 timeout: float = LIST_TIMEOUT_S) -> tuple[EngineDevice, ...]:
-    """Ask ``binary`` which devices it can use with ``rpc`` endpoints (each rpc-server's devices follow in order)."""
-    argv = [str(binary), *(["--rpc", ",".join(rpc)] if rpc else []), "--list-devices"]
+def list_devices_text(binary: Path, *, rpc: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                      timeout: float = LIST_TIMEOUT_S) -> str:
+    """What ``binary --list-devices`` printed (stdout, then stderr) with ``rpc`` endpoints, at ``-lv 4`` so that any
+    device line a backend logs (ggml_vulkan's ``uma:``, where a build prints it) is in it too."""
+    argv = [str(binary), "-lv", "4", *(["--rpc", ",".join(rpc)] if rpc else []), "--list-devices"]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                              env=None if env is None else dict(env))
@@ -68,4 +69,10 @@ def list_devices(binary: Path, *, rpc: Sequence[str] = (), env: Mapping[str, str
     if out.returncode != 0 or "Available devices:" not in text:
         tail = " | ".join(text.strip().splitlines()[-4:])
         raise DeviceListError(f"`{' '.join(argv)}` exited {out.returncode} without a device list: {tail}")
-    return parse_device_list(out.stdout)
+    return text
+
+
+def list_devices(binary: Path, *, rpc: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 timeout: float = LIST_TIMEOUT_S) -> tuple[EngineDevice, ...]:
+    """Ask ``binary`` which devices it can use with ``rpc`` endpoints (each rpc-server's devices follow in order)."""
+    return parse_device_list(list_devices_text(binary, rpc=rpc, env=env, timeout=timeout))
