@@ -121,8 +121,10 @@ def main() -> int:
             *lines, "",
             f"{stamp}; CPU {cpu_model()}, load average {load_before} before, {load_average()} after; {command}."])
         print(body)
-        if not args.no_write:
-            write_section("devices-rpc" if backend == "rpc" else "devices-vulkan", body, doc=DOC)
+        if not args.no_write and backend == "rpc":
+            write_section("devices-rpc", body, doc=DOC)
+        elif not args.no_write:
+            write_section("devices-vulkan", body, doc=DOC)
     return 1 if failed else 0
 
 
