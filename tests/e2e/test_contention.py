@@ -112,7 +112,9 @@ def test_sigterm_with_queued_and_in_flight_requests_stops_cleanly(tmp_path: Path
                 "model": key, "max_tokens": n, "ignore_eos": True, "messages": [{"role": "user", "content": "hi"}]})
             return r, time.monotonic()
 
-        in_flight = [pool.submit(call, "med-a", 24) for _ in range(2)]
+        # long enough to be in flight still at SIGTERM (asserted below): ended before, med-a's seat would be
+        # evicted for med-b's waiters and its stop would be the eviction's, not shutdown's
+        in_flight = [pool.submit(call, "med-a", 256) for _ in range(2)]
         poll(lambda: any(r["in_flight"] == 2 for r in
                           httpx.get(door.base_url + "/v1/models/residents", timeout=30).json()["data"]),
               "2 requests in flight on med-a")
@@ -130,6 +132,7 @@ def test_sigterm_with_queued_and_in_flight_requests_stops_cleanly(tmp_path: Path
     assert all(r.status_code == 503 and r.headers.get("retry-after") for r in answers), [r.status_code for r in answers]
     assert all("shutting down" in r.json()["error"]["message"] for r in answers)
     assert [r.status_code for r, _t in done] == [200, 200]
+    assert min(t for _r, t in done) > t0, "the requests ended before SIGTERM: nothing was in flight"
     # it waited for the requests in flight, within its grace period, and cut none, then stopped its seats
     print(f"shutdown: {took:.2f} s from SIGTERM to exit, {t0 + took - last_answer:.2f} s of it after the last "
           "in-flight answer")

@@ -16,6 +16,7 @@ planning part (what the seat held on GPUs, as the history counts it).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -45,8 +46,21 @@ class Stopper:
                  save_prompts: Callable[[SeatState, str], Awaitable[dict[str, Any]]], stopped: Stopped) -> None:
         self.clock, self.history, self.processes, self.planning = clock, history, processes, planning
         self.ending, self.records, self.save_prompts, self.stopped = ending, records, save_prompts, stopped
+        self.under_way: dict[str, asyncio.Task] = {}  # the task of each stop not finished yet, by seat key
 
     async def stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
+        """Stop ``seat`` (run as a task of its own: it is in ``under_way`` until it ends, so that shutdown can wait
+        for a stop already under way and count it)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.under_way[seat.key] = task
+        try:
+            return await self._stop(seat, event, reason, request_id)
+        finally:
+            if self.under_way.get(seat.key) is task:
+                del self.under_way[seat.key]
+
+    async def _stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         self.records.keep(seat, STOPPING + event)  # a restart knows this stop was under way
         exited = seat.pid is not None and exiting(seat.pid)  # killed while it drained, say: nothing to save
         kept = {} if exited else await self.save_prompts(seat, event)

@@ -217,12 +217,14 @@ class Supervisor:
         cut = sum(s.in_flight for s in self.scheduler.seats.values())
         for task in list(self.fx.loader.loads.values()):
             task.cancel("fitevict is shutting down")
-        seats = [s for s in list(self.seats.values()) if s.state in SERVING]
-        results = await asyncio.gather(*(self.fx.stopper.stop(s, "unload", "fitevict shutting down", None)
+        under_way = dict(self.fx.stopper.under_way)  # stops begun before (an eviction, say): waited for, counted
+        seats = [s for s in list(self.seats.values()) if s.state in SERVING and s.key not in under_way]
+        results = await asyncio.gather(*under_way.values(),
+                                       *(self.fx.stopper.stop(s, "unload", "fitevict shutting down", None)
                                          for s in seats), return_exceptions=True)
         while self.parts.tasks:  # records and stops that those started: all written before the store closes
             await asyncio.gather(*list(self.parts.tasks), return_exceptions=True)
-        self.summary = _summary(answered, cut, self.clock() - t0, [s.key for s in seats], results)
+        self.summary = _summary(answered, cut, self.clock() - t0, [*under_way, *(s.key for s in seats)], results)
         self.history.abandon()  # events the store never took are lost now: the log says which
         return self.summary
 
