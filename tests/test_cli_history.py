@@ -22,5 +22,8 @@ def test_each_host_figure_says_what_it_is() -> None:
     con.print(history_table(rows))
     text = con.export_text()
     assert "bytes measured" not in text and "host: each figure with what it is" in text.replace("\n", " ")
-    assert "100 MiB planned" in text and "50.0 MiB measured" in text and "70.0 MiB predicted" in text
+    lines = [line.split() for line in text.splitlines()]  # each figure, and its kind on the line under it
+    for figure, kind in (("100 MiB", "planned"), ("50.0 MiB", "measured"), ("70.0 MiB", "predicted")):
+        at = next(i for i, words in enumerate(lines) if " ".join(words).find(figure) >= 0)
+        assert kind in lines[at + 1], (figure, kind, text)
     assert "n/a" in text

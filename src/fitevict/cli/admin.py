@@ -207,7 +207,7 @@ def _declared_residents(path: Path) -> list:
 def compact_table(title: str | None, columns: list[str], *, right: tuple[str, ...] = ()) -> Table:
     """A table for an 80-column terminal: no outer frame, one space between columns, and long cells folded onto a
     second line instead of cut with an ellipsis (the full figures are in --json)."""
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), title_justify="left",
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), title_justify="left",
               show_edge=False)
     for col in columns:
         t.add_column(col, overflow="fold", justify="right" if col in right else "left")
@@ -345,7 +345,7 @@ def _labelled(n: int | None, source: str | None) -> str:
     if n is None:
         return "n/a"
     kind = re.match(r"[a-z-]+", source or "")
-    return f"{format_size(n)} {kind.group(0)}" if kind else format_size(n)
+    return f"{format_size(n)}\n{kind.group(0)}" if kind else format_size(n)  # the kind under it: a narrow column
 
 
 def _served(timings: dict | None) -> str:
