@@ -80,17 +80,18 @@ def test_an_interactive_request_overtakes_a_batch_flood_within_its_models_turn(d
 
 def test_a_key_over_its_caps_is_refused_429_in_each_apis_shape(door: FrontDoor) -> None:
     assert chat(door, CHAT_KEY, 1).status_code == 200  # loaded, so nothing waits for a load
-    started = threading.Event()
+    started, release = threading.Event(), threading.Event()
     held: list[int] = []
 
-    def hold() -> None:  # one request of the capped key in flight: a stream read slowly
+    def hold() -> None:  # one request of the capped key in flight: a long stream, not read past its first chunk
         with httpx.stream("POST", door.base_url + "/v1/chat/completions", timeout=600,
                           headers={"Authorization": f"Bearer {CAPPED_KEY}"},
-                          json={"model": MODEL, "max_tokens": 200, "stream": True,
+                          json={"model": MODEL, "max_tokens": 100000, "ignore_eos": True, "stream": True,
                                 "messages": [{"role": "user", "content": "Write a long story."}]}) as r:
             held.append(r.status_code)
             for _chunk in r.iter_raw():
                 started.set()
+                release.wait(600)  # until the refusals were seen: the seat generates to its context's end meanwhile
 
     t = threading.Thread(target=hold)
     t.start()
@@ -109,8 +110,10 @@ def test_a_key_over_its_caps_is_refused_429_in_each_apis_shape(door: FrontDoor) 
         r = httpx.post(door.base_url + "/api/chat", headers={"Authorization": f"Bearer {CAPPED_KEY}"}, timeout=120,
                        json={"model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 429 and set(r.json()) == {"error"} and int(r.headers["retry-after"]) >= 1
+        release.set()  # with one slot, the other key's request would wait behind the held stream
         other = chat(door, CHAT_KEY, 1)  # another key is not held back
         assert other.status_code == 200
     finally:
+        release.set()
         t.join(600)
     assert held == [200]

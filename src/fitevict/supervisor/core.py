@@ -413,9 +413,11 @@ class Supervisor:
         self.desk.futures[w] = fut
         t0 = self.clock()
         self.scheduler.submit(w)
-        if timing is not None and w in self.scheduler.queue:  # the wait stated up front
-            timing["wait_estimate"] = self.scheduler.estimate(w)
         try:
+            if timing is not None:  # the wait stated up front, once the plan's own effects (a load it started) have
+                await asyncio.sleep(0)  # taken their first step: the estimate reads the seat they placed
+                if w in self.scheduler.queue:
+                    timing["wait_estimate"] = self.scheduler.estimate(w)
             got = await fut
         except asyncio.CancelledError:
             if not self.scheduler.cancel(w) and fut.done() and not fut.cancelled() and fut.exception() is None:
