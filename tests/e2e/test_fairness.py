@@ -20,6 +20,7 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "llama-gqa"
 BATCH_KEY, CHAT_KEY, CAPPED_KEY = "sk-batch", "sk-chat", "sk-capped"
+FLOOD_TOKENS = 100000  # to the context's end (ignore_eos): 400 tokens took 0.14 s on a fast seat, too short to queue
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,8 @@ def queued(fd: FrontDoor) -> list[dict]:
 def test_an_interactive_request_overtakes_a_batch_flood_within_its_models_turn(door: FrontDoor) -> None:
     assert chat(door, CHAT_KEY, 1).status_code == 200  # loaded: the flood and the chat share one turn
     with ThreadPoolExecutor(8) as pool:
-        flood = [pool.submit(chat, door, BATCH_KEY, 400) for _ in range(6)]
+        # each batch request generates to its context's end, so the flood queues on a fast seat too
+        flood = [pool.submit(chat, door, BATCH_KEY, FLOOD_TOKENS) for _ in range(6)]
         waiting = poll(lambda: (lambda q: q if len(q) >= 4 else None)(queued(door)), "4 batch requests waiting", 120)
         assert all(q["class"] == "batch" and q["client"] == "pipeline" for q in waiting)
         assert all(q["estimate"]["seconds"] >= 0 for q in waiting)
