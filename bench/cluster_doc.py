@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from _docs import Stamp
 from trace_replay import cpu_words
 
 MiB = 2**20
@@ -44,7 +45,7 @@ def real_part(real: dict[str, Any] | None) -> list[str]:
         "",
         f"Run {real['date']} ({real['took_s']:.0f} s with the clusters' starts"
         + (f"; {real['cpu']}, load average {real['load_before']} before, {real['load_after']} after; "
-           f"{real['stamp']}" if "stamp" in real else "") + "). Each side on its own real 3-node Ray "
+           f"the real run's commit {Stamp.from_json(real['stamp']).commit}" if "stamp" in real else "") + "). Each side on its own real 3-node Ray "
         "cluster on this machine (`ray.cluster_utils.Cluster`, one CPU per node), with a budget of "
         f"{real['budget_mib']} MiB per node; both serve with real llama-server processes, one request at a time "
         "per model (max_tokens 1). Trace: " + real["trace"] + ". Models and their bytes as a node's door plans them "

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import run_stamp, write_section  # noqa: E402
+from _docs import write_section  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 
 from fitevict.engines.base import Unavailable
@@ -96,10 +96,9 @@ def main() -> int:
     root = engine_root()
     zoo = {m.name: m.path for m in write_zoo(Path(tempfile.mkdtemp(prefix="fitevict-devacc-")),
                                             only=args.models.split(","))}
-    command = "`.venv/bin/python bench/device_accuracy.py " + " ".join(sys.argv[1:]) + "`"
     failed = 0
     for backend in args.backends.split(","):
-        load_before, stamp = load_average(), run_stamp()
+        load_before = load_average()
         if backend == "rpc":
             bin_dir = root / "bin"
             with rpc_servers(bin_dir, 2) as eps:
@@ -119,7 +118,7 @@ def main() -> int:
             "✗ where a term misses its target (model, context, output to the byte; compute within 1 %). "
             f"{n - bad} of {n} placements on target.", "",
             *lines, "",
-            f"{stamp}; CPU {cpu_model()}, load average {load_before} before, {load_average()} after; {command}."])
+            f"CPU {cpu_model()}, load average {load_before} before, {load_average()} after."])
         print(body)
         if not args.no_write and backend == "rpc":
             write_section("devices-rpc", body, doc=DOC)

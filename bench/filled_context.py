@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import run_stamp, write_section  # noqa: E402
+from _docs import Section, Stamp, publish  # noqa: E402
 from _filled import ABOVE, BELOW, FLOOR_BYTES, SMALL_FILE, predict, run_filled, within, within_bare  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 
@@ -41,6 +41,7 @@ from fitevict.units import MiB
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCURACY, FIRST_LOAD, README = ROOT / "docs" / "accuracy.md", ROOT / "docs" / "first_load.md", ROOT / "README.md"
+SAVED = Path(__file__).resolve().parent / "filled_context.json"
 # dense GQA (f32, f16), SWA, MoE, hybrid and recurrent, quantized (Q8_0, Q4_0 repacked), the ~200 MB model
 MODELS = ("llama-tied", "qwen2-k256", "gemma3-swa", "qwen3moe", "jamba-hybrid", "granitehybrid-moe",
           "lfm2-shortconv", "mamba", "llama-q8_0", "llama-q4_0", "gemma3-q4_0", "llama-medium")
@@ -64,7 +65,7 @@ def measure(models: list[str], slots: list[int]) -> tuple[dict, list[dict]]:
         raise SystemExit(rec.reason)
     rec["host_buffers"] = here.label()
     rec["run"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(),
-                  "load_before": load_average(), "stamp": run_stamp(),
+                  "load_before": load_average(), "stamp": Stamp.now().to_json(),
                   "cores": os.cpu_count()}
     calibrated = int(rec["overhead"][HOST])
     from fitevict.zoo import write_zoo
@@ -173,12 +174,6 @@ def first_load_doc(rec: dict, rows: list[dict]) -> str:
           f"{_err(r, r['peak_load'])} | {_raw(r, r['peak_load_pss'])} |" for r in rows),
     ]
     return "\n".join([
-        "# A model's first load: price against peak PSS", "",
-        "A llama-server process holds more than its buffers: the pages of its code, its heap, its threads' stacks,",
-        "ggml's work buffer. fitevict measures the part that does not depend on the model once per engine binary, at",
-        "the peak of a filled context (`engines/overhead.py`, run by `fitevict engine install` and by a first",
-        "`serve`), prices the parts that do from the model's dimensions (`pricing/process.py`), and adds both to",
-        "every host price from the first load on.", "",
         *_how(rec, rows),
         f"First loads (from spawn until `/health` answers): {_summary(rows, 'peak_load')}. As read: "
         f"{_summary(rows, 'peak_load_pss')}.", "",
@@ -240,7 +235,7 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def filled_section(rec: dict, rows: list[dict], stamp: str) -> str:
+def filled_section(rec: dict, rows: list[dict]) -> str:
     table = [
         "| model | arch | config | n_ctx_seq x slots | tokens per slot (prompt + generated) | predicted, B (buffers + "
         "calibrated + scaling parts) | PSS as read at the filled peak, B | error, B (%) | within -2%/+10% | "
@@ -275,8 +270,23 @@ def filled_section(rec: dict, rows: list[dict], stamp: str) -> str:
         *table, "",
         f"Rerun: `nice -n 5 .venv/bin/python bench/filled_context.py --json bench/filled_context.json` (writes this "
         "section, `docs/first_load.md` and the accuracy line of README.md; `--render bench/filled_context.json` "
-        f"writes them again from the saved rows). {stamp}.",
+        "writes them again from the saved rows).",
     ])
+
+
+def sections(rec: dict, rows: list[dict]) -> list[Section]:
+    """The three sections one run writes, under the stamp it saved."""
+    run = rec["run"]
+    stamp = Stamp.from_json(run.get("stamp"), cpu=run.get("cpu", ""), load=run.get("load_before", ""))
+    return [Section(FIRST_LOAD, "first-load", first_load_doc(rec, rows), stamp),
+            Section(ACCURACY, "filled", filled_section(rec, rows), stamp),
+            Section(README, "accuracy-headline", readme_line(rows), stamp)]
+
+
+def rerender() -> list[Section]:
+    """The sections again from the committed run (``bench/filled_context.json``)."""
+    saved = json.loads(SAVED.read_text())
+    return sections(saved["calibration"], saved["rows"])
 
 
 def readme_line(rows: list[dict]) -> str:
@@ -305,14 +315,11 @@ def main() -> None:
         rec, rows = measure(models, [int(x) for x in args.configs.split(",")])
     if args.json:
         args.json.write_text(json.dumps({"calibration": rec, "rows": rows}, indent=1))
-    first = first_load_doc(rec, rows)
-    filled = filled_section(rec, rows, rec["run"].get("stamp", "the commit it ran on was not recorded"))
+    got = sections(rec, rows)
     if args.no_write:
-        print(first, filled, readme_line(rows), sep="\n\n")
+        print(*(s.body for s in got), sep="\n\n")
         return
-    FIRST_LOAD.write_text(first)
-    write_section("filled", filled, doc=ACCURACY)
-    write_section("accuracy-headline", readme_line(rows), doc=README)
+    publish(got)
     print(f"wrote {FIRST_LOAD}, the filled section of {ACCURACY} and README's accuracy line")
 
 

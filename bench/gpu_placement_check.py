@@ -152,7 +152,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.report:
         from gpu_placement_report import report
-        return report(args.report, write=not args.no_write, command=" ".join(sys.argv))
+        return report(args.report, write=not args.no_write)
     if not args.build and args.bin_dir is None:
         ap.error("give --build or --bin-dir")
     return record(args)

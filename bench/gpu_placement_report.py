@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _docs import ROOT, run_stamp, write_section
+from _docs import ROOT, write_section
 
 from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.gguf import PricingError, load_structure
@@ -106,7 +106,7 @@ def compare(rec: dict, structure, host: HostBuffers, t: Tally) -> None:
         t.overheads.append(used - dev.total_bytes)
 
 
-def report(path: Path, *, write: bool = True, command: str = "") -> int:
+def report(path: Path, *, write: bool = True) -> int:
     facts, recs = read_records(path)
     host = HostBuffers.from_json(facts["host_buffers"])
     names = sorted({r["model"] for r in recs})
@@ -122,7 +122,7 @@ def report(path: Path, *, write: bool = True, command: str = "") -> int:
         "",
         f"Recorded {facts['date']} on {facts['gpu']} (CUDA {' '.join(facts['nvcc'])}), CPU {facts['cpu_model']}, "
         f"commit {facts['commit']}; CUDA build {facts.get('build_seconds') or 'cached'} s. "
-        f"Replayed: {run_stamp()}. Command: `{command or 'python3 bench/gpu_placement_check.py --report FILE'}`.",
+        "Replayed from the records by `bench/gpu_placement_check.py --report FILE`; the stamp below is the replay's.",
         "",
         f"**{t.exact} of {t.loads} loads priced exactly** (every model buffer by name, KV per device, output: "
         f"{'allocator bytes' if t.precisions == {0} else 'as the load log prints them, 0.01 MiB, where the allocator trace was unavailable'}); compute within 1 % of the allocator in {t.compute_ok} of {t.loads} (dry run on the "

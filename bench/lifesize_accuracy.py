@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import write_section  # noqa: E402
+from _docs import Section, Stamp, publish  # noqa: E402
 from _filled import ABOVE, BELOW, predict, run_filled  # noqa: E402
 from _lifesize import life_size_models  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
@@ -89,6 +89,7 @@ def measure(runs: list[tuple[str, int, int]], saved: Path | None = None) -> tupl
               f"predicted {pred.host:,} B vs filled PSS as read {got.peak_fill_pss:,} B "
               f"({pct(pred.host - got.peak_fill_pss, got.peak_fill_pss)}); fill {got.fill_s:.1f} s", flush=True)
         rec["run"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(),
+                      "stamp": Stamp.now().to_json(),
                       "cores": os.cpu_count(), "load": load_average()}
         if saved is not None:
             saved.write_text(json.dumps({"calibration": rec, "rows": rows}, indent=1))
@@ -221,13 +222,26 @@ def main() -> None:
         rec, rows = measure([r for r in RUNS if not only or r[0] in only], args.json)
     if args.json:
         args.json.write_text(json.dumps({"calibration": rec, "rows": rows}, indent=1))
-    text = render(rec, rows)
+    got = sections(rec, rows)
     if args.no_write:
-        print(text)
+        print(got[0].body)
         return
-    write_section("lifesize", text, doc=ACCURACY)
-    write_section("accuracy-lifesize", readme_line(rows), doc=ACCURACY.parent.parent / "README.md")
+    publish(got)
     print(f"wrote the lifesize section of {ACCURACY} and README's life-size accuracy line")
+
+
+def sections(rec: dict, rows: list[dict]) -> list[Section]:
+    """The doc's section and README's line, under the stamp the run saved."""
+    run = rec["run"]
+    stamp = Stamp.from_json(run.get("stamp"), date=run.get("date", ""), cpu=run.get("cpu", ""))
+    return [Section(ACCURACY, "lifesize", render(rec, rows), stamp),
+            Section(ACCURACY.parent.parent / "README.md", "accuracy-lifesize", readme_line(rows), stamp)]
+
+
+def rerender() -> list[Section]:
+    """The sections again from the committed run (``bench/lifesize_accuracy.json``)."""
+    saved = json.loads((Path(__file__).resolve().parent / "lifesize_accuracy.json").read_text())
+    return sections(saved["calibration"], saved["rows"])
 
 
 if __name__ == "__main__":

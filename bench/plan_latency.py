@@ -17,7 +17,6 @@ import argparse
 import os
 import platform
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,10 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from fitevict.budget import Budget
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _docs import write_section  # noqa: E402
+
+from fitevict.budget import Budget  # noqa: E402
 from fitevict.planner import FootprintFn, PlanRequest, Policy, Resident, plan
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
@@ -35,7 +37,7 @@ HERE = host_buffers()  # this machine's extra host buffers (its probe, else the 
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- plan_latency:start -->", "<!-- plan_latency:end -->"
+SECTION = "plan_latency"
 N_MODELS, N_RESIDENTS = 1000, 100
 ZOO_SUBSET = ("llama-gqa", "llama-tied", "llama-moe", "gemma2-swa", "llama-q8_0", "llama-q4_0", "deci-kvarray")
 GPU = "CUDA0"
@@ -173,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
             mix = Counter({k: len(v) for k, v in by_action.items()})
             rows.append((label, times, by_action))
     lines = [
-        START,
         "## plan() latency",
         "",
         f"`bench/plan_latency.py`: {N_RESIDENTS} residents, a {N_MODELS}-model catalog, {a.runs} plans per row; "
@@ -192,23 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         served = [t for k, v in by_action.items() if k != "refuse" for t in v]
         lines.append(f"| {label} | {pct(times, 0.5):.0f} | {pct(times, 0.99):.0f} | {pct(served, 0.99):.0f} "
                      f"| {max(times):.0f} | {per} |")
-    lines.append(END)
     section = "\n".join(lines)
     print(section)
     if not a.no_write:
-        write_section(section)
+        write_section(SECTION, section)
     return 0
-
-
-def write_section(section: str) -> None:
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    DOC.write_text(text)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from fitevict.engines.process import alive
 from fitevict.host.procmem import descendants, read_meminfo, read_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import run_stamp, write_section  # noqa: E402
+from _docs import Stamp, write_section  # noqa: E402
 from _serve import Served, cpu_model, fmt, load_average, med, scale, serve, signal_exit, wait_for  # noqa: E402
 
 MODEL = "llama-medium"
@@ -235,7 +235,7 @@ def report(reps: dict[str, list[dict]], ctx: dict) -> str:
                      f"{'named' if s['hog_named'] else 'not named'} among the largest other processes.")
         lines.append("")
     lines.append(f"Rerun: `nice -n 5 .venv/bin/python bench/pressure.py --reps {ctx['reps']}` (writes this section; "
-                 f"`--no-doc` prints it only). {ctx['stamp']}.")
+                 f"`--no-doc` prints it only).")
     return "\n".join(lines)
 
 
@@ -279,7 +279,7 @@ def main() -> None:
     reserve = available() - int(args.room * GiB)
     ctx = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_average(), "room": int(args.room * GiB),
            "reserve": reserve, "hog": int(args.hog * GiB), "every": args.every, "reps": args.reps,
-           "date": time.strftime("%Y-%m-%d"), "stamp": run_stamp()}
+           "date": time.strftime("%Y-%m-%d"), "stamp": Stamp.now().to_json()}
     reps: dict[str, list[dict]] = {n: [] for n in INTERVALS}
     try:
         for n in INTERVALS:
@@ -294,7 +294,7 @@ def main() -> None:
     ctx["load_after"] = load_average()
     body = report(reps, ctx)
     if not args.no_doc:
-        write_section("pressure", body)
+        write_section("pressure", body, stamp=Stamp.from_json(ctx["stamp"]))
     print(body)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import run_stamp, write_section  # noqa: E402
+from _docs import write_section  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 
 from fitevict.engines.dryrun import CapturedLoad, DryRun, capture_load_log, dry_run, dry_run_compute
@@ -341,7 +341,7 @@ def measure_load(tally: Tally, bin_dir: Path, load: Load) -> None:
         add_host_row(tally, load, p, pred, cap)
 
 
-def intro_lines(tally: Tally, wall: float, load_before: str, stamp: str) -> list[str]:
+def intro_lines(tally: Tally, wall: float, load_before: str) -> list[str]:
     """The section's heading and what it measured, how, where and when."""
     return [
         "## Against the allocator: every buffer of every load",
@@ -362,7 +362,7 @@ def intro_lines(tally: Tally, wall: float, load_before: str, stamp: str) -> list
         "a filled context.",
         "GPU placements (layer split, per-placement dry runs) are checked only against a fake NVML here: no GPU was",
         "available to this run, so their bytes on a real device are still unverified.",
-        f"Load average {load_before} before the run, {load_average()} after; {stamp}.",
+        f"Load average {load_before} before the run, {load_average()} after.",
         "",
     ]
 
@@ -450,7 +450,7 @@ def main() -> None:
     models = write_models(bin_dir, zoo_dir, args.models.split(","))
     tally = Tally()
     t0 = time.monotonic()
-    load_before, stamp = load_average(), run_stamp()
+    load_before = load_average()
     for name, path in models.items():
         s = load_structure(path)
         for label, cfg in CONFIGS.items():
@@ -459,7 +459,7 @@ def main() -> None:
             measure_load(tally, bin_dir, Load(name, path, s, label, cfg))
     extra = beyond_the_matrix(bin_dir, models, zoo_dir)
     wall = time.monotonic() - t0
-    text = "\n".join([*intro_lines(tally, wall, load_before, stamp), *summary_lines(tally, models),
+    text = "\n".join([*intro_lines(tally, wall, load_before), *summary_lines(tally, models),
                       *load_tables(tally), *extra, *refused_lines(tally)])
     if args.no_write:
         print(text)

@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import run_stamp, write_section  # noqa: E402
+from _docs import DOC, Section, Stamp, publish  # noqa: E402
 from _serve import Served, cpu_model, fmt, load_average, med, scale, serve, signal_exit  # noqa: E402
 
 MODEL = "llama-medium"
@@ -198,7 +198,7 @@ def report(got: dict[str, list[dict]], kept: dict, ctx: dict) -> str:
         kept_text(on, off, kept),
         "",
         f"Rerun: `nice -n 5 .venv/bin/python bench/prompt_keep.py --swaps {len(on)}` (writes this section and "
-        f"`bench/prompt_keep.json`; `--no-doc` prints it only; `--render` writes it from the json). {ctx['stamp']}.",
+        f"`bench/prompt_keep.json`; `--no-doc` prints it only; `--render` writes it from the json).",
     ])
 
 
@@ -209,8 +209,7 @@ def main() -> None:
     ap.add_argument("--render", action="store_true", help="write the section from bench/prompt_keep.json; run nothing")
     args = ap.parse_args()
     if args.render:
-        saved = json.loads(RAW.read_text())
-        write_section("prompt_keep", report(saved["got"], saved["kept"], saved["ctx"]))
+        publish(rerender())
         return
     signal_exit()
     from fitevict.engines.machine import host_buffers
@@ -231,7 +230,7 @@ def main() -> None:
     limit = int(1.5 * one)
     config = f"[budget]\nram_limit = {limit}\n[policy]\nmin_residency_seconds = 0\nidle_unload_seconds = 0\n"
     ctx = {"cpu": cpu_model(), "cores": os.cpu_count(), "limit": limit, "load_before": load_average(),
-           "date": time.strftime("%Y-%m-%d"), "stamp": run_stamp()}
+           "date": time.strftime("%Y-%m-%d"), "stamp": Stamp.now().to_json()}
     try:
         with serve(tmp, "on", models, config, {"FITEVICT_PROMPT_CACHE": "true"}) as on, \
                 serve(tmp, "off", models, config, {"FITEVICT_PROMPT_CACHE": "false"}) as off:
@@ -243,11 +242,18 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     ctx["load_after"] = load_average()
     ctx["prompt_tokens"] = fmt(engine(got["off"], "prompt_n"), ".0f")
-    body = report(got, kept, ctx)
     RAW.write_text(json.dumps({"got": got, "kept": kept, "ctx": ctx}, indent=1) + "\n")
     if not args.no_doc:
-        write_section("prompt_keep", body)
-    print(body)
+        publish(rerender())
+    print(report(got, kept, ctx))
+
+
+def rerender() -> list[Section]:
+    """The section again from the saved run (``bench/prompt_keep.json``), under its stamp."""
+    saved = json.loads(RAW.read_text())
+    ctx = saved["ctx"]
+    stamp = Stamp.from_json(ctx.get("stamp"), cpu=ctx.get("cpu", ""), load=ctx.get("load_before", ""))
+    return [Section(DOC, "prompt_keep", report(saved["got"], saved["kept"], ctx), stamp)]
 
 
 if __name__ == "__main__":
