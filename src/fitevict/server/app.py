@@ -26,6 +26,7 @@ from fitevict.server.rescan import CatalogWatch
 from fitevict.server.sampler import MemorySampler
 from fitevict.server.heapkeep import HeapKeep
 from fitevict.server.upkeep import Upkeep
+from fitevict.supervisor.bounded import STEP_SECONDS, bounded
 from fitevict.engines.upstream import Upstream
 from fitevict.pricing.gguf import use_shelf
 from fitevict.store import Store
@@ -87,11 +88,10 @@ def create_app(config: Config, *, engine_binary: Path, catalog: Catalog | None =
         gc.freeze()  # what start-up built lives as long as the server: full collections no longer walk it
 
     async def shutdown() -> None:
-        await watch.stop()
-        await sampler.stop()
-        await upkeep.stop()
-        await heapkeep.stop()
-        await sup.shutdown()
+        for name, part in (("the catalog watch", watch), ("the memory sampler", sampler), ("the upkeep", upkeep),
+                           ("the heap keeper", heapkeep)):
+            await bounded(f"stopping {name}", part.stop(), STEP_SECONDS)
+        await sup.shutdown()  # each of its steps bounded in turn
         pool.close()
         while unshelve:
             unshelve.pop()()

@@ -37,6 +37,7 @@ from fitevict.request.contract import Contract, seat_key
 from fitevict.supervisor.loadreport import hit_report, request_report
 from fitevict.store import Store
 from fitevict.store.records import Event
+from fitevict.supervisor.bounded import STEP_SECONDS, bounded
 from fitevict.supervisor.desk import Desk
 from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.history import History
@@ -80,6 +81,15 @@ class ShutdownSummary:
                 f"{len(self.unverified)} not verified, {len(self.failed)} failed")
         details = [*(f"not verified: {u}" for u in self.unverified), *(f"failed: {f}" for f in self.failed)]
         return text + "".join(f"\n  {d}" for d in details)
+
+
+def _outcome(stop: asyncio.Future, limit: float) -> Any:
+    """A shutdown stop's result, the error it raised, or why it has none."""
+    if not stop.done():
+        return TimeoutError(f"its stop did not end within {limit:.0f} s")
+    if stop.cancelled():
+        return asyncio.CancelledError("its stop was cancelled")
+    return stop.exception() or stop.result()
 
 
 def _summary(answered: int, cut: int, seconds: float, keys: list[str], results: list[Any]) -> ShutdownSummary:
@@ -201,7 +211,8 @@ class Supervisor:
         for task in self._ahead:
             task.cancel()
         answered = len(self.scheduler.close("shutting down"))
-        await self.prices.dry_runs_ended()  # a price read ahead leaves no engine process behind
+        stop_limit = self.config.engine.stop_grace_seconds + STEP_SECONDS  # a stop's TERM, KILL and release check
+        await bounded("the dry runs under way", self.prices.dry_runs_ended(), STEP_SECONDS)  # no engine left behind
 
         def idle() -> bool:
             return all(s.in_flight == 0 for s in self.scheduler.seats.values())
@@ -219,11 +230,14 @@ class Supervisor:
             task.cancel("fitevict is shutting down")
         under_way = dict(self.fx.stopper.under_way)  # stops begun before (an eviction, say): waited for, counted
         seats = [s for s in list(self.seats.values()) if s.state in SERVING and s.key not in under_way]
-        results = await asyncio.gather(*under_way.values(),
-                                       *(self.fx.stopper.stop(s, "unload", "fitevict shutting down", None)
-                                         for s in seats), return_exceptions=True)
+        stops = [asyncio.ensure_future(t) for t in under_way.values()] + [
+            asyncio.ensure_future(self.fx.stopper.stop(s, "unload", "fitevict shutting down", None)) for s in seats]
+        await bounded("stopping the seats", asyncio.wait(stops), stop_limit, stops) if stops else None
+        results = [_outcome(t, stop_limit) for t in stops]
         while self.parts.tasks:  # records and stops that those started: all written before the store closes
-            await asyncio.gather(*list(self.parts.tasks), return_exceptions=True)
+            pending = list(self.parts.tasks)
+            if not await bounded("the records and stops under way", asyncio.wait(pending), STEP_SECONDS, pending):
+                break
         self.summary = _summary(answered, cut, self.clock() - t0, [*under_way, *(s.key for s in seats)], results)
         self.history.abandon()  # events the store never took are lost now: the log says which
         return self.summary
