@@ -76,8 +76,8 @@ def test_a_pipeline_over_two_rpc_servers_prices_to_the_engines_buffers(
 
 
 NO_PIPELINE_MISS = ("known miss: without pipeline parallelism (-nkvo) the dry run still gives RPC1's first norm to "
-                    "RPC0, and the allocator's layout decides the difference (up to one norm either way; priced "
-                    "as the dry run says, with a note)")
+                    "RPC0, and the allocator's layout decides the difference (-0.50 MiB here, within one norm; "
+                    "priced as the dry run says, with a note)")
 
 
 def test_two_rpc_servers_without_the_pipeline(engine_bin_dir: Path, zoo: dict[str, Path]) -> None:

@@ -23,8 +23,9 @@ layer on another (non-CPU) device by ``n_copies`` padded ``norm-<il>`` tensors (
 graph's tokens) per such boundary: 4 x 0.75 MiB on a 384-wide model at ``-ub 512``. Seen: a 3-layer llama at
 ``-dev RPC0,RPC1 -ts 1,3``, RPC1's dry run 13.04 MiB, its load 10.04 MiB. A device after the CPU is not affected
 (pass 2 never expands from the CPU, so the norm lands on the device in both). Without pipeline parallelism the one
-extra input is freed and its room reused, and the difference is the allocator's layout, up to one norm tensor
-either way (seen: +0.5 MiB with ``-ot``, -0.5 MiB with ``-nkvo``): said in a note, not priced.
+extra input is freed and its room reused, and the difference is the allocator's layout: seen within one norm tensor
+either way (``-nkvo``: -0.50, +0.37, -0.37 MiB and three times nothing on the zoo; ``-ot``: +0.5 MiB), said in a
+note, not priced.
 
 Pure.
 """
@@ -105,9 +106,10 @@ def dry_run_excess(s: GgufStructure, cfg: LoadConfig, rc: ResolvedContext,
         if copies > 1:
             out[dev] = out.get(dev, 0) + copies * norm
         else:
-            notes.append(f"{dev}'s compute from the dry run may differ from the load by up to {norm} bytes either "
-                         f"way: its reserve gives layer {il}'s norm to {prev} (ggml_backend_sched_reserve_size resets "
-                         "the norm's pinned backend), and without pipeline parallelism the allocator's layout decides")
+            notes.append(f"{dev}'s compute from the dry run may differ from the load (seen within one norm, {norm} "
+                         f"bytes, either way): its reserve gives layer {il}'s norm to {prev} "
+                         "(ggml_backend_sched_reserve_size resets the norm's pinned backend), and without pipeline "
+                         "parallelism the allocator's layout decides")
     return tuple(DryRunExcess(d, b, f"{d}: the dry run's compute less {b} bytes: {copies} pipeline copies of the "
                                     "norm(s) its reserve gives the previous device (ggml_backend_sched_reserve_size "
                                     "resets the backend graph_get_cb pins them to); the load keeps them on "
