@@ -63,3 +63,13 @@ def test_no_excess_after_the_cpu_or_where_the_norm_is_not_pinned(structures: dic
     assert _excess(s, partial) == ({}, ())
     got, notes = _excess(s, partial.with_(n_ubatch=16))
     assert got == {} and len(notes) == 1 and "layer 2" in notes[0]
+
+
+def test_every_device_that_takes_over_sheds_its_own_copies(structures: dict[str, GgufStructure]) -> None:
+    """Three devices, -ts 1,1,2 over gemma2's 4 layers and output: RPC1 and RPC2 each take over once (seen on three real
+    rpc-servers: each then priced within 1 % of its load), RPC0 follows the CPU."""
+    s = structures["gemma2-swa"]
+    cfg = TWO.with_(devices=("RPC0", "RPC1", "RPC2"), rpc=(*EPS, "127.0.0.1:50054"), tensor_split=(1.0, 1.0, 2.0))
+    assert place(s, cfg, HOST).layer_device == ("RPC0", "RPC0", "RPC1", "RPC2")
+    norm = s.n_embd * 512 * 4
+    assert _excess(s, cfg) == ({"RPC1": GGML_SCHED_MAX_COPIES * norm, "RPC2": GGML_SCHED_MAX_COPIES * norm}, ())
