@@ -12,7 +12,9 @@ figure is not what the load reserves (llama.cpp 0c1e570):
   ``ggml_backend_sched_reserve_size``, which begins with ``ggml_backend_sched_reset``: the build's assignments are
   wiped (``hv_tensor_backend_ids`` set to -1), and the scheduler's own pass 2 ("expand gpu down") gives
   ``norm-<il>`` to the *previous* layer's device. The split of the next device then takes two inputs from its
-  predecessor (``norm-<il>`` and the residual ``l_out-<il-1>``) where the load takes one;
+  predecessor (``norm-<il>`` and the residual ``l_out-<il-1>``) where the load takes one. (llama.cpp PR 17232 took
+  the same reset out of ``ggml_backend_sched_reserve``; the size-only path of the pinned build still has it. An
+  engine without it makes the dry run equal to the load, and tests/engines/test_device_price.py then fails.)
 - **each input is copied ``n_copies`` times**: with pipeline parallelism (llama-context.cpp: more than one device,
   ``n_gpu_layers() > n_layer_all``, split mode layer, ``offload_kqv``, no tensor overrides, every non-CPU device
   with async compute and events) the scheduler has ``n_copies = GGML_SCHED_MAX_COPIES`` (4) copies of every split
