@@ -1,10 +1,10 @@
 """Prices on real device backends against the engine's allocator: writes a table per backend into docs/accuracy.md.
 
 Each placement (all layers, N layers, MoE experts on the CPU, KV off the device, flash attention on and off, two
-devices split by -ts, weights kept in host memory) is priced as ``fitevict price`` prices it (the backend rules the
-device probe learned from the engine, compute from the engine's own dry run on that device) and then loaded under
-the allocator trace; every term on every device is put beside the traced bytes. Targets: model, context and
-output to the byte, compute within 1 %.
+devices split by -ts with and without -nkvo, weights kept in host memory) is priced as ``fitevict price`` prices it
+(the backend rules the device probe learned from the engine, compute from the engine's own dry run on that device)
+and then loaded under the allocator trace; every term on every device is put beside the traced bytes. Targets:
+model, context and output to the byte, compute within 1 %.
 
 - RPC: one and two ``ggml-rpc-server`` processes on loopback, started and stopped here (the CPU build's);
 - Vulkan: the Vulkan build's llama-server on ``Vulkan0`` (lavapipe needs ``GGML_VK_VISIBLE_DEVICES=0``, set here
@@ -46,8 +46,10 @@ def placements(n_layer: int, moe: bool, devs: tuple[str, ...], rpc: tuple[str, .
            ("-ngl 99 -fa off", base.with_(flash_attn="off")), ("-ngl 2 -lm none", base.with_(n_gpu_layers=2, mmap=False))]
     if moe:
         out.append(("-ngl 99 --n-cpu-moe 1", base.with_(n_cpu_moe=1)))
-    if len(devs) > 1:
-        out.append((f"-dev {','.join(devs)} -ts 1,3", base.with_(devices=devs, tensor_split=(1.0, 3.0))))
+    if len(devs) > 1:  # with and without pipeline parallelism (-nkvo turns it off)
+        two = base.with_(devices=devs, tensor_split=(1.0, 3.0))
+        two_dev = f"-dev {','.join(devs)} -ts 1,3"
+        out += [(two_dev, two), (f"{two_dev} -nkvo", two.with_(kv_offload=False))]
     return out
 
 
@@ -103,7 +105,10 @@ def main() -> int:
             bin_dir = root / "bin"
             with rpc_servers(bin_dir, 2) as eps:
                 lines, n, bad = run_backend("rpc", bin_dir, zoo, ("RPC0", "RPC1"), eps, print)
-            what = "RPC devices: two `ggml-rpc-server -t 1` on loopback (RPC0, RPC1), the CPU build"
+            what = ("RPC devices: two `ggml-rpc-server -t 1` on loopback (RPC0, RPC1), the CPU build. The compute of a "
+                    "device that takes over from another is the dry run's less the pipeline copies of the norm its "
+                    "reserve counts there (`pricing/pipeline.py`, docs/machines.md); the compute terms are the dry "
+                    "run's 0.01 MiB print, so a buffer of a few KiB cannot meet 1 %")
         elif backend == "vulkan":
             bin_dir = root / "build-vulkan" / "bin"
             os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")

@@ -21,6 +21,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import DryContext, split_evenly
 from fitevict.pricing.hostbufs import HostBuffers
 from fitevict.pricing.lora import LoraAdapter, adapters_bytes
+from fitevict.pricing.pipeline import dry_run_excess
 from fitevict.pricing.placement import Buffer, Placement, place
 
 
@@ -180,10 +181,14 @@ def price(
     # a device host buffer (Vulkan_Host) adds its own bytes to the allocation
     out_extra = pl.rules(pl.output_device).host_extra if pl.output_device != HOST else 0
     out_b = output_bytes(s, rc, cfg.embeddings) + out_extra
+    # the dry run's reserve counts pipeline copies of a pinned norm the load keeps on its own device (pricing/pipeline)
+    excess, excess_notes = dry_run_excess(s, cfg, rc, pl) if compute is not None else ((), ())
+    less = {e.device: e.bytes for e in excess if e.device in (compute or {})}
+    warnings += [e.why for e in excess if e.device in less] + list(excess_notes)
     dfs: list[DeviceFootprint] = []
     for d in devices:
         if compute is not None and d in compute:
-            comp = Term(int(compute[d]), "dry-run")
+            comp = Term(max(int(compute[d]) - less.get(d, 0), 0), "dry-run")
         elif s.unsupported:
             comp = Term.unavailable(f"no dry run and {s.unsupported}")
         else:
