@@ -108,16 +108,20 @@ class Stamp:
         return cls(*m.groups()) if m and all(g.strip() for g in m.groups()) else None
 
 
+STARTED = Stamp.now()  # this run's stamp, taken as it began (a bench imports this module first thing)
+
+
 def section_text(name: str, body: str, stamp: Stamp) -> str:
     """The block ``write_section`` writes: the markers, the body, and the stamp as the last line."""
     return f"<!-- {name}:start -->\n{body.rstrip()}\n\n{stamp.line()}\n<!-- {name}:end -->"
 
 
 def write_section(name: str, body: str, doc: Path = DOC, stamp: Stamp | None = None) -> None:
-    """Write ``body`` as the section ``name`` of ``doc``, stamped with ``stamp`` (a saved run's) or this run's."""
+    """Write ``body`` as the section ``name`` of ``doc``, stamped with ``stamp`` (a saved run's) or this run's
+    (``STARTED``)."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    block = section_text(name, body, stamp or Stamp.now())
+    block = section_text(name, body, stamp or STARTED)
     if start in text and end in text:
         head, rest = text.split(start, 1)
         _, tail = rest.split(end, 1)

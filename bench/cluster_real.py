@@ -35,7 +35,7 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _docs import Stamp  # noqa: E402
+from _docs import STARTED, Stamp  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 from trace_replay import CONTRACT, count_lru_fill, count_lru_max  # noqa: E402
 from traces import zipf_trace, zoo_specs  # noqa: E402
@@ -319,7 +319,7 @@ def main() -> int:
         safe, fill = count_lru_max(specs, budget), count_lru_fill(specs, budget)
         t0 = time.time()
         result = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(), "load_before": load_average(),
-                  "stamp": Stamp.now().to_json(), "took_s": 0.0, "budget_mib": budget_mib, "models": list(MODELS),
+                  "stamp": STARTED.to_json(), "took_s": 0.0, "budget_mib": budget_mib, "models": list(MODELS),
                   "sizes_mib": {k: round(v / MiB, 2) for k, v in sizes.items()},
                   "table_sizes_mib": {k: round(v / MiB, 2) for k, v in table_sizes.items()},
                   "trace": trace.about.replace("service 0 s each", "each served for real (max_tokens 1)"), "rows": []}

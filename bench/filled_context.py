@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import Section, Stamp, publish  # noqa: E402
+from _docs import STARTED, Section, Stamp, publish  # noqa: E402
 from _filled import ABOVE, BELOW, FLOOR_BYTES, SMALL_FILE, predict, run_filled, within, within_bare  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 
@@ -65,7 +65,7 @@ def measure(models: list[str], slots: list[int]) -> tuple[dict, list[dict]]:
         raise SystemExit(rec.reason)
     rec["host_buffers"] = here.label()
     rec["run"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(),
-                  "load_before": load_average(), "stamp": Stamp.now().to_json(),
+                  "load_before": load_average(), "stamp": STARTED.to_json(),
                   "cores": os.cpu_count()}
     calibrated = int(rec["overhead"][HOST])
     from fitevict.zoo import write_zoo

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import Section, Stamp, publish  # noqa: E402
+from _docs import STARTED, Section, Stamp, publish  # noqa: E402
 from _filled import ABOVE, BELOW, predict, run_filled  # noqa: E402
 from _lifesize import life_size_models  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
@@ -89,7 +89,7 @@ def measure(runs: list[tuple[str, int, int]], saved: Path | None = None) -> tupl
               f"predicted {pred.host:,} B vs filled PSS as read {got.peak_fill_pss:,} B "
               f"({pct(pred.host - got.peak_fill_pss, got.peak_fill_pss)}); fill {got.fill_s:.1f} s", flush=True)
         rec["run"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(),
-                      "stamp": Stamp.now().to_json(),
+                      "stamp": STARTED.to_json(),
                       "cores": os.cpu_count(), "load": load_average()}
         if saved is not None:
             saved.write_text(json.dumps({"calibration": rec, "rows": rows}, indent=1))

@@ -34,7 +34,7 @@ from fitevict.engines.process import alive
 from fitevict.host.procmem import descendants, read_meminfo, read_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import Stamp, write_section  # noqa: E402
+from _docs import STARTED, Stamp, write_section  # noqa: E402
 from _serve import Served, cpu_model, fmt, load_average, med, scale, serve, signal_exit, wait_for  # noqa: E402
 
 MODEL = "llama-medium"
@@ -279,7 +279,7 @@ def main() -> None:
     reserve = available() - int(args.room * GiB)
     ctx = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_average(), "room": int(args.room * GiB),
            "reserve": reserve, "hog": int(args.hog * GiB), "every": args.every, "reps": args.reps,
-           "date": time.strftime("%Y-%m-%d"), "stamp": Stamp.now().to_json()}
+           "date": time.strftime("%Y-%m-%d"), "stamp": STARTED.to_json()}
     reps: dict[str, list[dict]] = {n: [] for n in INTERVALS}
     try:
         for n in INTERVALS:

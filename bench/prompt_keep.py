@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import DOC, Section, Stamp, publish  # noqa: E402
+from _docs import DOC, STARTED, Section, Stamp, publish  # noqa: E402
 from _serve import Served, cpu_model, fmt, load_average, med, scale, serve, signal_exit  # noqa: E402
 
 MODEL = "llama-medium"
@@ -230,7 +230,7 @@ def main() -> None:
     limit = int(1.5 * one)
     config = f"[budget]\nram_limit = {limit}\n[policy]\nmin_residency_seconds = 0\nidle_unload_seconds = 0\n"
     ctx = {"cpu": cpu_model(), "cores": os.cpu_count(), "limit": limit, "load_before": load_average(),
-           "date": time.strftime("%Y-%m-%d"), "stamp": Stamp.now().to_json()}
+           "date": time.strftime("%Y-%m-%d"), "stamp": STARTED.to_json()}
     try:
         with serve(tmp, "on", models, config, {"FITEVICT_PROMPT_CACHE": "true"}) as on, \
                 serve(tmp, "off", models, config, {"FITEVICT_PROMPT_CACHE": "false"}) as off:
