@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.host.procmem import HostMemoryError, read_meminfo, read_process, read_tree
+from fitevict.host.procmem import HostMemoryError, read_meminfo, read_process, read_tree, rss_bytes, tree_rss_bytes
 
 MiB = 1024 * 1024
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -188,3 +188,17 @@ def test_reading_a_process_interns_none_of_its_ids(child: Child, monkeypatch: py
     assert procmem.process_state(pid) in ("S", "R") and not procmem.exiting(pid)
     assert oomkill.observe(pid).started_s is not None
     assert [s for s in interned if s.isdigit()] == []  # no pid, no thread id (a cgroup's fixed names may be)
+
+
+def test_the_load_progress_counter_grows_with_what_a_descendant_touches(child: Child) -> None:
+    """``tree_rss_bytes`` (statm, no page walk) sees a child's pages come in, as ``load_advanced`` needs."""
+    child.wait_for("base")
+    before_child, before_tree = rss_bytes(child.pid), tree_rss_bytes(os.getpid())
+    child.go()
+    child.wait_for("grown")
+    grew = rss_bytes(child.pid) - before_child  # type: ignore[operator]
+    assert ANON + FILE - SLACK <= grew <= ANON + FILE + SLACK, grew / MiB
+    assert tree_rss_bytes(os.getpid()) - before_tree >= grew - SLACK  # type: ignore[operator]
+    # the kernel's counter against smaps_rollup's page walk: the same pages (the counter may lag by a per-CPU batch)
+    assert abs(rss_bytes(child.pid) - read_process(child.pid).rss_bytes) <= SLACK  # type: ignore[operator]
+    assert tree_rss_bytes(2**22 + 7) is None and rss_bytes(2**22 + 7) is None  # no such process

@@ -384,7 +384,7 @@ async def _poll_ready(seat: SeatState, exited: asyncio.Future, clock: Callable[[
         if now - last_read >= 0.1 and seat.pid is not None:
             last_read = now
             seat.kernel_seen = oomkill.follow(seat.pid, seat.kernel_seen)  # a SIGKILL before ready: the OOM killer's?
-            mark = (procmem.cpu_ticks(seat.pid), procmem.read_tree(seat.pid).rss_bytes)
+            mark = (procmem.cpu_ticks(seat.pid), procmem.tree_rss_bytes(seat.pid))  # counters: no page walk
             if load_advanced(last, mark):
                 last_progress = now
             last = mark
