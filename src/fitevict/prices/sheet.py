@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict import planner as pl
-from fitevict.engines.torch_engine import hf_config
+from fitevict.engines.transformers.engine import hf_config
 from fitevict.pricing import price as pricing
 from fitevict.pricing.correction import Correction, apply_correction, correction
 from fitevict.pricing.footprint import Footprint, as_stored

@@ -26,7 +26,7 @@ from typing import Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
-from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
+from fitevict.engines.transformers.seat import EXIT_NO_WEIGHTS
 from fitevict.host.oomkill import oom_evidence
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.errors import LoadFailed

@@ -1,11 +1,11 @@
 """The transformers engine: an HF load configuration becomes the seat's argv, and the seat's object walk becomes a
 measured Footprint.
 
-Each transformers seat is its own process (``python -m fitevict.engines.torch_seat``), started in its own process
+Each transformers seat is its own process (``python -m fitevict.engines.transformers.seat``), started in its own process
 group like a llama-server seat. Its environment sets ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed model memory
 goes back to the kernel instead of staying with glibc, and hides CUDA devices from a CPU-only seat.
 
-The seat logs three machine-readable lines (prefixes in fitevict.engines.torch_seat): its footprint after load,
+The seat logs three machine-readable lines (prefixes in fitevict.engines.transformers.seat): its footprint after load,
 a failed load's reason, and the leak breaker's teardown report. The same documents are served over HTTP:
 ``GET /footprint`` and ``POST /unload``. Nothing here imports torch.
 """
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fitevict.engines.base import EngineBase, LaunchSpec, Traits
-from fitevict.engines.torch_seat import (FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE, TEARDOWN_LINE, SeatArgs, parse_seat_argv,
-                                         seat_argv)
+from fitevict.engines.transformers.seat import (FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE, TEARDOWN_LINE, SeatArgs,
+                                                parse_seat_argv, seat_argv)
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.loadconfig import LoadConfig
@@ -104,7 +104,8 @@ def adapter_load_seconds(doc: dict | None) -> float | None:
 class TransformersEngine(EngineBase):
     name = "transformers"
     traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched",
-                    adapter_kinds=("peft",), reports_teardown=True, process_marks=("fitevict.engines.torch_seat",))
+                    adapter_kinds=("peft",), reports_teardown=True,
+                    process_marks=("fitevict.engines.transformers.seat",))
 
     def __init__(self, python: Path | None = None) -> None:
         self.python = Path(python or sys.executable)
@@ -115,7 +116,7 @@ class TransformersEngine(EngineBase):
         """``mmproj`` and ``slot_save_path`` are not this engine's (its traits say so): never set here."""
         cfg = hf_config(config, embeddings=embeddings, extra_args=extra_args)  # priced under the same cfg
         args = SeatArgs(Path(model_path), port, cfg, Path(model_path).name, test_keep_tensor)
-        argv = (str(self.python), "-m", "fitevict.engines.torch_seat", *seat_argv(args))
+        argv = (str(self.python), "-m", "fitevict.engines.transformers.seat", *seat_argv(args))
         env = {**os.environ, **SEAT_ENV}
         notes: list[str] = []
         if not cfg.gpus:
