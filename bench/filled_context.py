@@ -30,10 +30,10 @@ from _filled import ABOVE, BELOW, FLOOR_BYTES, SMALL_FILE, predict, run_filled, 
 from _serve import cpu_model, load_average  # noqa: E402
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.fill import MAX_TOKENS, SAMPLE_S
-from fitevict.engines.install import resolve_binary
-from fitevict.engines.overhead import CALIBRATION_MODEL, calibrate_overhead
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.fill import MAX_TOKENS, SAMPLE_S
+from fitevict.engines.llama_cpp.install import resolve_binary
+from fitevict.engines.llama_cpp.overhead import CALIBRATION_MODEL, calibrate_overhead
+from fitevict.engines.llama_cpp.machine import host_buffers
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
@@ -176,7 +176,7 @@ def first_load_doc(rec: dict, rows: list[dict]) -> str:
         "# A model's first load: price against peak PSS", "",
         "A llama-server process holds more than its buffers: the pages of its code, its heap, its threads' stacks,",
         "ggml's work buffer. fitevict measures the part that does not depend on the model once per engine binary, at",
-        "the peak of a filled context (`engines/overhead.py`, run by `fitevict engine install` and by a first",
+        "the peak of a filled context (`llama_cpp/overhead.py`, run by `fitevict engine install` and by a first",
         "`serve`), prices the parts that do from the model's dimensions (`pricing/process.py`), and adds both to",
         "every host price from the first load on.", "",
         *_how(rec, rows),

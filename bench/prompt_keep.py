@@ -213,7 +213,7 @@ def main() -> None:
         write_section("prompt_keep", report(saved["got"], saved["kept"], saved["ctx"]))
         return
     signal_exit()
-    from fitevict.engines.machine import host_buffers
+    from fitevict.engines.llama_cpp.machine import host_buffers
     from fitevict.pricing.footprint import HOST
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.loadconfig import LoadConfig

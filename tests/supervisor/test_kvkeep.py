@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
+from fitevict.engines.llama_cpp.slotfile import SlotFileError, common_prefix, read_tokens
 from fitevict.supervisor.kvkeep import PromptKeep, Restored, SavedPrompt, engine_seconds, restore_effect, timing_source
 
 

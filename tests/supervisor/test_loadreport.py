@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fitevict.engines.llama_server import LlamaServerEngine
+from fitevict.engines.llama_cpp.server import LlamaServerEngine
 from fitevict.supervisor.loadreport import HEADER, LoadReport, load_report, report_headers
 
 adapter_load_seconds = LlamaServerEngine.adapter_seconds

@@ -16,7 +16,7 @@ import pytest
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
-from fitevict.engines.dryrun import DryRun
+from fitevict.engines.llama_cpp.dryrun import DryRun
 from fitevict.pricing.footprint import HOST, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog

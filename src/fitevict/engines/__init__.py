@@ -13,7 +13,7 @@ from fitevict.engines.base import Engine, EngineBase, Traits
 
 # name -> "module:attribute", imported when an entry first names the engine (torch stays out of the front door)
 REGISTRY: dict[str, str] = {
-    "llama-server": "fitevict.engines.llama_server:LlamaServerEngine",
+    "llama-server": "fitevict.engines.llama_cpp.server:LlamaServerEngine",
     "transformers": "fitevict.engines.transformers.engine:TransformersEngine",
 }
 

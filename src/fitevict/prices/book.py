@@ -22,11 +22,11 @@ from types import MappingProxyType
 from typing import Any
 
 from fitevict.engines import traits
-from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
-from fitevict.engines.dryrun import dry_run
+from fitevict.engines.llama_cpp.dryrun import Unavailable as DryRunUnavailable
+from fitevict.engines.llama_cpp.dryrun import dry_run
 from fitevict.pricing.footprint import Footprint
-from fitevict.engines.overhead import engine_threads, tiled_here
-from fitevict.engines.machine import host_buffers, machine_key
+from fitevict.engines.llama_cpp.overhead import engine_threads, tiled_here
+from fitevict.engines.llama_cpp.machine import host_buffers, machine_key
 from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.grown import Grown

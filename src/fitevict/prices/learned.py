@@ -16,8 +16,8 @@ from typing import Any
 from fitevict import planner as pl
 from fitevict.config import Config
 from fitevict.engines.base import Unavailable
-from fitevict.engines.machine import machine_key
-from fitevict.engines.overhead import RECORD_VERSION, calibratable, calibrate_overhead, calibrated_overhead
+from fitevict.engines.llama_cpp.machine import machine_key
+from fitevict.engines.llama_cpp.overhead import RECORD_VERSION, calibratable, calibrate_overhead, calibrated_overhead
 from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store

@@ -14,7 +14,7 @@ from pathlib import Path
 from fitevict.config import Config
 from fitevict.engines import engine_class
 from fitevict.engines.base import Engine, LaunchSpec
-from fitevict.engines.machine import engine_build, install_stamp, stamp_differs
+from fitevict.engines.llama_cpp.machine import engine_build, install_stamp, stamp_differs
 from fitevict.schedule.errors import LoadFailed
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry

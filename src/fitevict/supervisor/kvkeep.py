@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from fitevict.engines import loopback, traits
-from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
+from fitevict.engines.llama_cpp.slotfile import SlotFileError, common_prefix, read_tokens
 from fitevict.units import GiB, format_size
 
 log = logging.getLogger("fitevict.kvkeep")

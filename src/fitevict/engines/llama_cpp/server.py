@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fitevict.pricing.flags import switch_args, value_args
 from fitevict.engines.base import EngineBase, LaunchSpec, Traits
-from fitevict.engines.install import SERVER as BINARY
+from fitevict.engines.llama_cpp.install import SERVER as BINARY
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 
