@@ -18,11 +18,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fitevict.engines.base import EngineBase, LaunchSpec, Traits
-from fitevict.engines.transformers.seat import (FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE, TEARDOWN_LINE, SeatArgs,
-                                                parse_seat_argv, seat_argv)
+from fitevict.engines.base import NO_WEIGHTS, EngineBase, LaunchSpec, Traits
+from fitevict.engines.transformers.seat import (EXIT_NO_WEIGHTS, FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE,
+                                                TEARDOWN_LINE, SeatArgs, parse_seat_argv, seat_argv)
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.hf_price import HfLoadConfig
+from fitevict.pricing.peft import PEFT_CONFIG
 from fitevict.pricing.loadconfig import LoadConfig
 
 SEAT_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false",
@@ -103,6 +104,7 @@ def adapter_load_seconds(doc: dict | None) -> float | None:
 
 class TransformersEngine(EngineBase):
     name = "transformers"
+    pricer = "fitevict.engines.transformers.pricer:PRICER"
     traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched",
                     adapter_kinds=("peft",), reports_teardown=True,
                     process_marks=("fitevict.engines.transformers.seat",))
@@ -135,6 +137,16 @@ class TransformersEngine(EngineBase):
     def document(cls, log_text: str) -> dict | None:
         """The seat's footprint document as it logged it after load (walk, process baseline), or None."""
         return _last_json(log_text, FOOTPRINT_LINE)
+
+    @classmethod
+    def adapter_kind(cls, path: Path) -> str | None:
+        """A PEFT adapter folder (its ``adapter_config.json``)."""
+        return "peft" if Path(path).is_dir() and PEFT_CONFIG in os.listdir(path) else None
+
+    @classmethod
+    def exit_meaning(cls, code: int | None) -> str | None:
+        """The seat's exit code for a walk that found no weights (``EXIT_NO_WEIGHTS``)."""
+        return NO_WEIGHTS if code == EXIT_NO_WEIGHTS else None
 
     @classmethod
     def failure(cls, log_text: str) -> str | None:
