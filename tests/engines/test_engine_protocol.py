@@ -14,7 +14,7 @@ from fitevict.engines import (REGISTRY, EngineBase, Traits, engine_class, engine
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "fitevict"
 PROTOCOL = ("launch_spec", "measured_footprint", "document", "failure", "teardown", "adapter_seconds", "for_binary",
-            "model_of", "bind_failed", "exit_meaning", "adapter_kind")
+            "model_of", "bind_failed", "exit_meaning", "adapter_kind", "saved_prompt")
 
 
 def _mentions_engine(node: ast.AST) -> bool:
@@ -120,7 +120,6 @@ REACHES_IN: dict[str, set[str]] = {
     "fitevict.server.main": {"fitevict.engines.llama_cpp.install"},
     "fitevict.seat.processes": {"fitevict.engines.llama_cpp.machine"},
     "fitevict.supervisor.core": {"fitevict.engines.llama_cpp.census"},
-    "fitevict.supervisor.kvkeep": {"fitevict.engines.llama_cpp.slotfile"},
 }
 
 
@@ -193,3 +192,7 @@ def test_each_engine_reads_its_own_seats_and_exits() -> None:
     assert not llama.bind_failed("main: server is listening") and not torch.bind_failed("couldn't bind")
     from fitevict.engines.base import NO_WEIGHTS
     assert torch.exit_meaning(3) == NO_WEIGHTS and torch.exit_meaning(1) is None and llama.exit_meaning(3) is None
+    with pytest.raises(ValueError, match="saves no prompts"):
+        torch.saved_prompt(Path("/nonexistent.bin"))
+    with pytest.raises(OSError):
+        llama.saved_prompt(Path("/nonexistent.bin"))

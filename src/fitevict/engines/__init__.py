@@ -99,6 +99,15 @@ def adapter_kind_of(path: Path | str) -> str | None:
     return None
 
 
+def saved_prompt(path: Path | str) -> list[int]:
+    """The tokens of a saved prompt file, read by the engine that keeps prompts (``traits.keeps_prompts``); raises
+    OSError or ValueError for a file it cannot read."""
+    for name in REGISTRY:
+        if traits(name).keeps_prompts:
+            return engine_class(name).saved_prompt(Path(path))
+    raise ValueError(f"{path}: no registered engine keeps prompts")
+
+
 def is_engine_process(argv: Sequence[str]) -> bool:
     """Whether a process's command line is one of a registered engine's seats (a recorded pid not yet recycled)."""
     head = " ".join(argv[:4])
@@ -107,4 +116,4 @@ def is_engine_process(argv: Sequence[str]) -> bool:
 
 __all__ = ["REGISTRY", "Engine", "EngineBase", "PricerBase", "Traits", "UnknownEngine", "adapter_kind_of",
            "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "is_engine_process", "pricer_for",
-           "pricers", "traits"]
+           "pricers", "saved_prompt", "traits"]

@@ -112,6 +112,12 @@ class Engine(Protocol):
         ...
 
     @classmethod
+    def saved_prompt(cls, path: Path) -> list[int]:
+        """The tokens of the prompt a slot file this engine saved holds (``traits.keeps_prompts``); raises OSError
+        or ValueError for a file it cannot read."""
+        ...
+
+    @classmethod
     def adapter_kind(cls, path: Path) -> str | None:
         """The kind of adapter ``path`` is, among ``traits.adapter_kinds`` ("lora", "peft"), or None."""
         ...
@@ -174,6 +180,10 @@ class EngineBase:
     @classmethod
     def adapter_kind(cls, path: Path) -> str | None:
         return None
+
+    @classmethod
+    def saved_prompt(cls, path: Path) -> list[int]:
+        raise ValueError(f"{path}: {cls.name} saves no prompts")
 
 
 class PricerBase:

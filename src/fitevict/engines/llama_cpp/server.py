@@ -18,6 +18,7 @@ from pathlib import Path
 from fitevict.pricing.flags import switch_args, value_args
 from fitevict.engines.base import EngineBase, LaunchSpec, Traits
 from fitevict.engines.llama_cpp.install import SERVER as BINARY
+from fitevict.engines.llama_cpp.slotfile import read_tokens
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.lora import is_lora_gguf
@@ -174,6 +175,11 @@ class LlamaServerEngine(EngineBase):
     @classmethod
     def bind_failed(cls, log_text: str) -> bool:
         return BIND_FAILED in log_text
+
+    @classmethod
+    def saved_prompt(cls, path: Path) -> list[int]:
+        """The tokens in a saved slot's header (``slotfile.read_tokens``)."""
+        return read_tokens(path)
 
     @classmethod
     def adapter_kind(cls, path: Path) -> str | None:
