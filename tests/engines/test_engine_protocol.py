@@ -118,7 +118,6 @@ REACHES_IN: dict[str, set[str]] = {
     "fitevict.cli.serve": {"fitevict.engines.llama_cpp.install"},
     "fitevict.cli.zoo": {"fitevict.engines.llama_cpp.install"},
     "fitevict.server.main": {"fitevict.engines.llama_cpp.install"},
-    "fitevict.seat.processes": {"fitevict.engines.llama_cpp.machine"},
     "fitevict.supervisor.core": {"fitevict.engines.llama_cpp.census"},
 }
 

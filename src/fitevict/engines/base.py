@@ -235,6 +235,15 @@ class PricerBase:
         """``<engine build>@<cpu fingerprint>``: the key every figure learned on this machine is stored under."""
         raise NotImplementedError
 
+    def build_id(self, binary: Path) -> str:
+        """The identity of the engine build at ``binary`` ("missing:..." when there is none): a change means another
+        build was put in its place."""
+        raise NotImplementedError
+
+    def build_change(self, binary: Path) -> str | None:
+        """How ``binary`` differs from the build its install stamp names, or None."""
+        return None
+
     def host_buffers(self, engine_dir: Path) -> Any:
         """The extra host buffer table pricing uses on this machine for the build in ``engine_dir``."""
         raise NotImplementedError

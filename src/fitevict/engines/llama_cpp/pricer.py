@@ -88,6 +88,13 @@ class GgufPricer(PricerBase):
     def build_key(self, engine_dir: Path, cpu: Cpu | None) -> str:
         return machine.machine_key(Path(engine_dir) / SERVER, cpu)
 
+    def build_id(self, binary: Path) -> str:
+        return machine.engine_build(binary)
+
+    def build_change(self, binary: Path) -> str | None:
+        stamp = machine.install_stamp(binary)
+        return machine.stamp_differs(binary, stamp) if stamp is not None else None
+
     def host_buffers(self, engine_dir: Path) -> HostBuffers:
         return machine.host_buffers(Path(engine_dir) / SERVER)
 
