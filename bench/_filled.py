@@ -26,11 +26,11 @@ from pathlib import Path
 import psutil
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.buftrace import buftrace_library, preload_env
-from fitevict.engines.dryrun import dry_run
-from fitevict.engines.fill import MAX_TOKENS, SAMPLE_S, PeakSampler, fill, healthy
-from fitevict.engines.llama_server import LlamaServerEngine
-from fitevict.engines.overhead import model_terms
+from fitevict.engines.llama_cpp.buftrace import buftrace_library, preload_env
+from fitevict.engines.llama_cpp.dryrun import dry_run
+from fitevict.engines.llama_cpp.fill import MAX_TOKENS, SAMPLE_S, PeakSampler, fill, healthy
+from fitevict.engines.llama_cpp.server import LlamaServerEngine
+from fitevict.engines.llama_cpp.overhead import model_terms
 from fitevict.engines.process import free_port, stop_group
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure

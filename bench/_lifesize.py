@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fitevict.engines.install import resolve_binary, source_dir
+from fitevict.engines.llama_cpp.install import resolve_binary, source_dir
 from fitevict.zoo import ZooModel
 from fitevict.zoo.lifesize import write_life_size
 

@@ -26,7 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
@@ -40,7 +40,7 @@ def mib(n: float | None) -> str:
 
 async def drive(models: Path, data: Path, keys: list[str], ram_limit: int) -> dict:
     from fitevict.config import load_config
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
     from fitevict.pricing.logparse import parse_load_log
     from fitevict.request.catalog import Catalog
     from fitevict.request.contract import with_lora

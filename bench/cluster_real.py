@@ -298,7 +298,7 @@ def run_serve(root: Path, zoo: Path, trace: Trace, sizes: dict[str, int], n: int
 
 
 def main() -> int:
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
     from fitevict.zoo import write_zoo
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the clusters' shutdowns run

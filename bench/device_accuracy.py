@@ -27,7 +27,7 @@ from _docs import write_section  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.install import engine_root
+from fitevict.engines.llama_cpp.install import engine_root
 from fitevict.engines.llama_cpp.devcheck import TERMS, Check, check, rpc_servers
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig

@@ -30,10 +30,10 @@ from _filled import ABOVE, BELOW, FLOOR_BYTES, SMALL_FILE, predict, run_filled, 
 from _serve import cpu_model, load_average  # noqa: E402
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.fill import MAX_TOKENS, SAMPLE_S
-from fitevict.engines.install import resolve_binary
-from fitevict.engines.overhead import CALIBRATION_MODEL, calibrate_overhead
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.fill import MAX_TOKENS, SAMPLE_S
+from fitevict.engines.llama_cpp.install import resolve_binary
+from fitevict.engines.llama_cpp.overhead import CALIBRATION_MODEL, calibrate_overhead
+from fitevict.engines.llama_cpp.machine import host_buffers
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig

@@ -1,7 +1,7 @@
 """GPU placement pricing against a real CUDA llama-server: record on a GPU machine, replay anywhere.
 
 One command on a machine with an NVIDIA GPU builds the CUDA variant of the pinned engine (or takes ``--bin-dir``),
-then loads every demo-zoo model in every placement on ``CUDA0`` under the allocator trace (engines/buftrace):
+then loads every demo-zoo model in every placement on ``CUDA0`` under the allocator trace (engines/llama_cpp/buftrace):
 all layers, N layers, none, MoE experts on the CPU, KV off the device (``-nkvo``), flash attention on and off,
 no mmap. For each load it keeps the engine's exact log, the engine's own dry run on that device (its compute
 bytes), and the seat's GPU memory as NVML reads it while loaded (measured). The records go to
@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fitevict.engines.dryrun import capture_load_log, dry_run
+from fitevict.engines.llama_cpp.dryrun import capture_load_log, dry_run
 from fitevict.pricing.loadconfig import LoadConfig
 
 DEFAULT_MODELS = ("llama-gqa", "llama-tied", "llama-moe", "llama-q4_0", "gemma2-swa")
@@ -62,7 +62,7 @@ def _text(argv: list[str]) -> str:
 
 
 def machine_facts(bin_dir: Path, build_seconds: float | None, commit: str) -> dict:
-    from fitevict.engines.machine import host_buffers
+    from fitevict.engines.llama_cpp.machine import host_buffers
     from fitevict.host.cpu import this_cpu
 
     cpu = this_cpu()
@@ -98,7 +98,7 @@ def record_one(bin_dir: Path, name: str, path: Path, label: str, cfg: LoadConfig
 
 
 def build(arch: str) -> tuple[Path, float]:
-    from fitevict.engines.install import install
+    from fitevict.engines.llama_cpp.install import install
 
     last = [0.0]
 

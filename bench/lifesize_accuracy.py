@@ -4,7 +4,7 @@ context filled. Writes the ``lifesize`` section of docs/accuracy.md.
 For each life-size model (``fitevict demo-models --life-size``) and configuration it prices a first load as the
 server does (``bench/_filled.predict``: rules, this machine's host buffer table, the engine's dry run, the engine
 process's calibrated overhead and the parts that scale with the model), starts the model as a seat starts with the
-allocator traced (``engines/buftrace``), samples the process tree's PSS every 20 ms from spawn through the load and
+allocator traced (``llama_cpp/buftrace``), samples the process tree's PSS every 20 ms from spawn through the load and
 through its slots filled to ``n_ctx_seq`` tokens, and compares. No floor in MiB: every model here is 70 MB or more,
 and the bounds (-2 % / +10 % of the peak as read) hold for each row as it is.
 
@@ -30,9 +30,9 @@ from _lifesize import life_size_models  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.install import resolve_binary
-from fitevict.engines.machine import host_buffers
-from fitevict.engines.overhead import calibrated_overhead, calibrate_overhead
+from fitevict.engines.llama_cpp.install import resolve_binary
+from fitevict.engines.llama_cpp.machine import host_buffers
+from fitevict.engines.llama_cpp.overhead import calibrated_overhead, calibrate_overhead
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
@@ -130,7 +130,7 @@ def render(rec: dict, rows: list[dict]) -> str:
         "the engine's own vocabulary files, random weights. Host buffer table: "
         f"{rec['host_buffers']}; the engine's calibrated overhead {rec['calibrated']:,} B.", "",
         "**Buffers** compares the priced host buffers with the engine's own allocations, read to the byte by the "
-        "allocator trace (`engines/buftrace`): weights, caches and output are priced to the byte, the compute "
+        "allocator trace (`llama_cpp/buftrace`): weights, caches and output are priced to the byte, the compute "
         "buffer from the engine's dry run, which prints it in MiB with 2 decimals (within "
         f"{PRECISION_BYTES:,} B): {exact} of {len(rows)} rows within that. **Filled** compares the whole "
         "price (buffers + the engine process's overhead) with the peak of the seat's PSS *as read* (Pss_Anon + "

@@ -73,7 +73,7 @@ def scaled_q8(m8: Mapping, models_dir: Path) -> dict:
     same steps on the unchanged structure give the front door's own price to the byte (checked here). Load seconds:
     the Q4_0 file's measured load scaled by the file sizes (declared)."""
     from fitevict.cli.price import process_overhead
-    from fitevict.engines.machine import host_buffers
+    from fitevict.engines.llama_cpp.machine import host_buffers
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.price import price
     from gguf import GGMLQuantizationType as Q

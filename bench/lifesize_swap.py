@@ -36,8 +36,8 @@ from _docs import write_section  # noqa: E402
 from _lifesize import life_size_models  # noqa: E402
 from _serve import cpu_model, load_average, prices_read_ahead, serve, wait_for  # noqa: E402
 
-from fitevict.engines.install import resolve_binary
-from fitevict.engines.llama_server import LlamaServerEngine
+from fitevict.engines.llama_cpp.install import resolve_binary
+from fitevict.engines.llama_cpp.server import LlamaServerEngine
 from fitevict.engines.process import free_port, stop_group
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import MiB

@@ -31,7 +31,7 @@ from fitevict.budget import Budget  # noqa: E402
 from fitevict.planner import FootprintFn, PlanRequest, Policy, Resident, plan
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

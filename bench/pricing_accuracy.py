@@ -1,7 +1,7 @@
 """Pricing accuracy against the real engine: writes docs/accuracy.md.
 
 For every demo-zoo model and a set of configurations it starts the real llama-server (``-dev none``) with the
-allocator trace preloaded (engines/buftrace), reads every buffer to the byte, and puts beside each one
+allocator trace preloaded (engines/llama_cpp/buftrace), reads every buffer to the byte, and puts beside each one
 fitevict's prediction, the file size, the
 Ollama-style pre-spawn formula (file + 2 * n_layer * n_head_kv * head_dim * ctx * 2 B) and the process'
 RSS growth during the load, each with its error. It also compares predicted committed host memory with
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
 from _serve import cpu_model, load_average  # noqa: E402
 
-from fitevict.engines.dryrun import CapturedLoad, DryRun, capture_load_log, dry_run, dry_run_compute
-from fitevict.engines.install import resolve_binary
+from fitevict.engines.llama_cpp.dryrun import CapturedLoad, DryRun, capture_load_log, dry_run, dry_run_compute
+from fitevict.engines.llama_cpp.install import resolve_binary
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.buftrace import parse_exact_log
@@ -37,7 +37,7 @@ from fitevict.pricing.logparse import LoadLog, parse_load_log
 from fitevict.pricing.price import Pricing, price
 from fitevict.units import MiB
 from fitevict.zoo import ZOO_NAMES, rewrite_arch, write_zoo
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 
@@ -353,7 +353,7 @@ def intro_lines(tally: Tally, wall: float, load_before: str) -> list[str]:
         "bench/pricing_accuracy.py` (writes this section only).",
         "",
         "The truth is the allocator's: every `ggml_backend_buffer` the engine creates, logged to the byte by",
-        "an LD_PRELOAD library (`src/fitevict/engines/buftrace.c`) and joined to the log line that names its role",
+        "an LD_PRELOAD library (`engines/llama_cpp/buftrace.c`) and joined to the log line that names its role",
         "(`pricing/buftrace.py`). Model, context (KV, SWA, recurrent and short-conv state) and output are fitevict's",
         "rules; the compute buffer is the engine's own `--fit` dry run, which prints MiB with 2 decimals (so its",
         "error is that rounding, at most 5,243 B per buffer).",

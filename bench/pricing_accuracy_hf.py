@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
 
 from fitevict.engines.process import free_port, stop_group  # noqa: E402
-from fitevict.engines.torch_engine import TransformersEngine  # noqa: E402
+from fitevict.engines.transformers.engine import TransformersEngine  # noqa: E402
 from fitevict.pricing.hf_price import HfLoadConfig, price_hf  # noqa: E402
 from fitevict.pricing.safetensors import load_hf_structure  # noqa: E402
 from fitevict.units import MiB  # noqa: E402
@@ -61,7 +61,7 @@ def host_now(doc: dict) -> int:
 
 
 def get_memory_footprint(path: Path, cfg: HfLoadConfig) -> int | None:
-    from fitevict.engines.torch_seat.model import load
+    from fitevict.engines.transformers.seat.model import load
 
     loaded = load(path, cfg)
     fn = getattr(loaded.obj, "get_memory_footprint", None)

@@ -1,6 +1,6 @@
 """Record what the host-buffer probe's one-layer loads allocate on this machine, for tests on any machine.
 
-The probe (``engines/probe.py``) writes, for every ggml type it knows and several shape classes, a one-layer model
+The probe (``llama_cpp/probe.py``) writes, for every ggml type it knows and several shape classes, a one-layer model
 whose weights are F32 but one matrix, loads it into llama-server under the allocator trace and reads which buffer
 types the engine tried for the probed weight and what it allocated. This script runs the same loads and keeps their
 raw answers, the trace lines (``fitevict-buftrace: alloc <buffer type> <bytes>``) of each case and of the all-F32
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType as QT
 
-from fitevict.engines.buftrace import Unavailable, buftrace_library
-from fitevict.engines.install import resolve_binary
-from fitevict.engines.machine import machine_key, this_cpu
-from fitevict.engines.probe import PROBE_TYPES, cases, learn, read_trace, run_engine, write_model
+from fitevict.engines.llama_cpp.buftrace import Unavailable, buftrace_library
+from fitevict.engines.llama_cpp.install import resolve_binary
+from fitevict.engines.llama_cpp.machine import machine_key, this_cpu
+from fitevict.engines.llama_cpp.probe import PROBE_TYPES, cases, learn, read_trace, run_engine, write_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMAT = 1
@@ -67,7 +67,7 @@ def main() -> int:
                              "trace": trace_lines(run_engine(binary, path, lib))})
             path.unlink()
             print(f"{case.name}: {recorded[-1]['trace'][-1] if recorded[-1]['trace'] else 'no trace'}", flush=True)
-    from fitevict.engines.probe import Case
+    from fitevict.engines.llama_cpp.probe import Case
 
     seen = {Case(QT[c["type"]], c["k"], c["n"], c["expert"]): read_trace(c["trace"]) for c in recorded}
     learned = learn(seen, read_trace(baseline), cpu, machine_key(binary, cpu))

@@ -212,7 +212,7 @@ def main() -> None:
         publish(rerender())
         return
     signal_exit()
-    from fitevict.engines.machine import host_buffers
+    from fitevict.engines.llama_cpp.machine import host_buffers
     from fitevict.pricing.footprint import HOST
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.loadconfig import LoadConfig

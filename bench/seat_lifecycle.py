@@ -28,7 +28,7 @@ def mib(n: int | None) -> str:
 
 async def run(zoo_dir: Path, data: Path) -> list[dict]:
     from fitevict.config import load_config
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
     from fitevict.pricing.footprint import HOST
     from fitevict.request.catalog import Catalog
     from fitevict.store import Store

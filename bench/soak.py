@@ -57,7 +57,7 @@ class Journal:
 
 def build_models(tmp: Path) -> Path:
     """The soak's models folder (demo zoo written once, then copied)."""
-    from fitevict.engines.install import engine_root
+    from fitevict.engines.llama_cpp.install import engine_root
     from fitevict.zoo import write_zoo
     from fitevict.zoo.rerank import write_reranker
 
@@ -73,7 +73,7 @@ def build_models(tmp: Path) -> Path:
 
 def medium_bytes(models: Path) -> int:
     """The priced host bytes of one medium copy at ctx 4096, -np 1 (the budget is sized in it)."""
-    from fitevict.engines.machine import host_buffers
+    from fitevict.engines.llama_cpp.machine import host_buffers
     from fitevict.pricing.footprint import HOST
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.loadconfig import LoadConfig

@@ -36,7 +36,7 @@ from fitevict.request.contract import Contract
 from fitevict.prices.book import PriceBook
 
 from tracesim import ModelSpec, Req, Trace
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

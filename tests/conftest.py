@@ -52,7 +52,7 @@ def store_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def llama_server() -> Path:
     """Path of the llama-server binary fitevict resolves (config, env, PATH, cache)."""
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
 
     found = resolve_binary("llama-server")
     if found.path is None:

@@ -19,7 +19,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.price import price
 from fitevict.units import MiB, format_size
 from fitevict.zoo import write_zoo
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

@@ -311,7 +311,7 @@ def test_rewrite_arch_keeps_tensors_and_renames_keys(tmp_path) -> None:
 @pytest.fixture(scope="module")
 def engine_source() -> Path:
     """The engine's llama.cpp source, whose models/ holds the real vocabularies the life-size zoo copies."""
-    from fitevict.engines.install import source_dir
+    from fitevict.engines.llama_cpp.install import source_dir
 
     src = source_dir()
     if not (src / "models").is_dir():

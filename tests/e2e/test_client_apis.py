@@ -20,7 +20,7 @@ import pytest
 
 from _frontdoor import FrontDoor, front_door, history, poll
 from _models import medium_host_bytes, swap_models
-from fitevict.engines.install import engine_root
+from fitevict.engines.llama_cpp.install import engine_root
 from fitevict.server.routes import ROUTES
 from fitevict.zoo.rerank import NAME as RERANKER, write_reranker
 

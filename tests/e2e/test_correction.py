@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.config import load_config
-from fitevict.engines.dryrun import dry_run
+from fitevict.engines.llama_cpp.dryrun import dry_run
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.price import price
@@ -21,7 +21,7 @@ from fitevict.request.contract import Contract
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
 from fitevict.zoo import write_zoo
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

@@ -10,7 +10,7 @@ import pytest
 
 from _frontdoor import front_door, history, poll
 from _server import free_port
-from fitevict.engines.install import installed_bin_dir
+from fitevict.engines.llama_cpp.install import installed_bin_dir
 from fitevict.engines.llama_cpp.rpcserver import rpc_server_binary, start_rpc_server
 from fitevict.host import procmem
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.overhead import CALIBRATION_MODEL, calibrate_overhead
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.overhead import CALIBRATION_MODEL, calibrate_overhead
+from fitevict.engines.llama_cpp.machine import host_buffers
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 

@@ -12,7 +12,7 @@ import pytest
 from _frontdoor import front_door
 from _server import running_server
 
-from fitevict.engines.install import source_dir
+from fitevict.engines.llama_cpp.install import source_dir
 from fitevict.zoo.lifesize import vocab_file, write_life_size
 
 pytestmark = pytest.mark.e2e

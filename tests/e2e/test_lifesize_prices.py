@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.dryrun import Unavailable, capture_load_log, dry_run_compute
-from fitevict.engines.install import source_dir
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.dryrun import Unavailable, capture_load_log, dry_run_compute
+from fitevict.engines.llama_cpp.install import source_dir
+from fitevict.engines.llama_cpp.machine import host_buffers
 from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig

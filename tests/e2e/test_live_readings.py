@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from _frontdoor import front_door, history, poll
-from fitevict.engines.fill import fill
+from fitevict.engines.llama_cpp.fill import fill
 from fitevict.host.procmem import read_meminfo, read_tree
 from fitevict.units import GiB, MiB
 

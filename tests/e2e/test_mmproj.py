@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.dryrun import DryRun, capture_load_log, dry_run
-from fitevict.engines.llama_server import LlamaServerEngine
+from fitevict.engines.llama_cpp.dryrun import DryRun, capture_load_log, dry_run
+from fitevict.engines.llama_cpp.server import LlamaServerEngine
 from fitevict.pricing.buftrace import parse_exact_log, parse_trace
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
@@ -20,7 +20,7 @@ from fitevict.pricing.projector import price_projector, with_projector
 from fitevict.request.catalog import Catalog
 from fitevict.zoo import write_zoo
 from fitevict.zoo.mmproj import write_mmproj
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.dryrun import dry_run
-from fitevict.engines.overhead import (CALIBRATION_CONFIG, CALIBRATION_MODEL, FilledSeat, calibrate_overhead,
+from fitevict.engines.llama_cpp.dryrun import dry_run
+from fitevict.engines.llama_cpp.overhead import (CALIBRATION_CONFIG, CALIBRATION_MODEL, FilledSeat, calibrate_overhead,
                                        calibrated_overhead, measure_filled, model_terms)
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
@@ -103,7 +103,7 @@ def test_the_supervisor_prices_a_first_load_with_the_process(tmp_path: Path, zoo
 
     from fitevict.request.catalog import Catalog
     from fitevict.config import load_config
-    from fitevict.engines.fill import PeakSampler, fill
+    from fitevict.engines.llama_cpp.fill import PeakSampler, fill
     from fitevict.pricing.kv import resolve_context
     from fitevict.store import Store
     from fitevict.supervisor import Supervisor

@@ -1,7 +1,7 @@
 """Prices against the real engine: every zoo model under several configurations, term by term.
 
 Each case starts the real llama-server with ``-dev none -lv 4`` and the allocator trace preloaded
-(engines/buftrace.c), reads its load log until every buffer is logged (the server is stopped right after its
+(engines/llama_cpp/buftrace.c), reads its load log until every buffer is logged (the server is stopped right after its
 compute buffer is reserved), and compares with ``price``: model, context and output buffers to the byte, cell
 counts and context sizes exactly, the compute buffer (the engine's ``--fit`` dry run, printed in MiB with 2
 decimals) within that print's rounding.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fitevict.engines.dryrun import DryRun, Unavailable, capture_load_log, dry_run, dry_run_compute
+from fitevict.engines.llama_cpp.dryrun import DryRun, Unavailable, capture_load_log, dry_run, dry_run_compute
 from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.gguf import PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
@@ -25,7 +25,7 @@ from fitevict.pricing.logparse import PRECISION_BYTES, parse_load_log
 from fitevict.pricing.price import price
 from fitevict.units import MiB
 from fitevict.zoo import ZOO_NAMES, rewrite_arch
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.buftrace import buftrace_library, preload_env
+from fitevict.engines.llama_cpp.buftrace import buftrace_library, preload_env
 from fitevict.pricing.buftrace import exact_log, parse_exact_log, parse_trace
 from fitevict.pricing.logparse import PRECISION_BYTES, parse_load_log
 

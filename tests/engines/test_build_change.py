@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from fitevict.engines.install import STAMP
-from fitevict.engines.machine import build_report, engine_build
+from fitevict.engines.llama_cpp.install import STAMP
+from fitevict.engines.llama_cpp.machine import build_report, engine_build
 
 
 def installed(tmp: Path, *, with_files: bool) -> Path:

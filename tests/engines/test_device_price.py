@@ -121,7 +121,7 @@ def test_fitevict_price_takes_rpc_flags(engine_bin_dir: Path, zoo: dict[str, Pat
 
 
 def _vulkan_bin_dir() -> Path:
-    from fitevict.engines.install import engine_root
+    from fitevict.engines.llama_cpp.install import engine_root
 
     d = engine_root() / "build-vulkan" / "bin"
     if not (d / "llama-server").is_file():

@@ -13,7 +13,8 @@ from fitevict.engines import (REGISTRY, EngineBase, Traits, engine_class, engine
                               is_engine_process, traits)
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "fitevict"
-PROTOCOL = ("launch_spec", "measured_footprint", "document", "failure", "teardown", "adapter_seconds", "for_binary")
+PROTOCOL = ("launch_spec", "measured_footprint", "document", "failure", "teardown", "adapter_seconds", "for_binary",
+            "model_of", "bind_failed", "exit_meaning", "adapter_kind", "saved_prompt")
 
 
 def _mentions_engine(node: ast.AST) -> bool:
@@ -100,3 +101,97 @@ def test_each_file_kind_has_its_default_engine_and_seats_are_known_by_their_mark
         mark = traits(name).process_marks[0]
         assert is_engine_process(["/usr/bin/python3", "-m", mark, "--port", "8080"])
     assert not is_engine_process(["/usr/bin/sleep", "100"])
+
+
+FAMILIES = ("fitevict.engines.llama_cpp", "fitevict.engines.transformers")
+# what still reaches into a family from outside it, by importer: the CLI's commands of llama.cpp's builds (install,
+# probe, calibrate, price with the engine's own dry run), the door's and seats' lookups of the configured build, the
+# device census. Nothing may be added here; an entry whose import is gone must go too (checked below).
+REACHES_IN: dict[str, set[str]] = {
+    "fitevict.cli.admin": {"fitevict.engines.llama_cpp.install", "fitevict.engines.llama_cpp.census"},
+    "fitevict.cli.engine": {"fitevict.engines.llama_cpp", "fitevict.engines.llama_cpp.install",
+                            "fitevict.engines.llama_cpp.machine", "fitevict.engines.llama_cpp.overhead",
+                            "fitevict.engines.llama_cpp.vulkan", "fitevict.engines.llama_cpp.probe"},
+    "fitevict.cli.price": {"fitevict.engines.llama_cpp.dryrun", "fitevict.engines.llama_cpp.install",
+                           "fitevict.engines.llama_cpp.devprobe", "fitevict.engines.llama_cpp.machine",
+                           "fitevict.engines.llama_cpp.overhead"},
+    "fitevict.cli.serve": {"fitevict.engines.llama_cpp.install"},
+    "fitevict.cli.zoo": {"fitevict.engines.llama_cpp.install"},
+    "fitevict.server.main": {"fitevict.engines.llama_cpp.install"},
+    "fitevict.supervisor.core": {"fitevict.engines.llama_cpp.census"},
+}
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(("fitevict", *(p for p in path.relative_to(SRC).with_suffix("").parts if p != "__init__")))
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    """Every fitevict module ``tree`` imports, at any depth: ``import a.b``, ``from a.b import c`` (as ``a.b`` and, for
+    a submodule ``c``, ``a.b.c``)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in out if m.split(".")[0] == "fitevict"}
+
+
+def family_reaches(tree: ast.AST, importer: str) -> set[str]:
+    """The family modules ``importer`` imports from outside that family (the registry names them as strings)."""
+    own = next((f for f in FAMILIES if importer == f or importer.startswith(f + ".")), None)
+    return {m for m in imported_modules(tree) for f in FAMILIES
+            if f != own and (m == f or m.startswith(f + ".")) and not _is_attribute(m, f)}
+
+
+def _is_attribute(module: str, family: str) -> bool:
+    """``from fitevict.engines.llama_cpp.install import SERVER`` names ``...install.SERVER``: a name, not a module."""
+    rest = module[len(family):].lstrip(".").split(".")
+    return len(rest) > 1 or (len(rest) == 1 and rest[0] != "" and rest[0][:1].isupper())
+
+
+def _reaches() -> dict[str, set[str]]:
+    found = {}
+    for p in sorted(SRC.rglob("*.py")):
+        if got := family_reaches(ast.parse(p.read_text()), _module_name(p)):
+            found[_module_name(p)] = got
+    return found
+
+
+def test_no_module_outside_a_family_imports_one_of_its_modules() -> None:
+    found = _reaches()
+    new = {m: sorted(got - REACHES_IN.get(m, set())) for m, got in found.items() if got - REACHES_IN.get(m, set())}
+    assert new == {}, "ask the engine registry (fitevict.engines: traits, engine_class, pricer_for) instead"
+    stale = {m: sorted(want - found.get(m, set())) for m, want in REACHES_IN.items() if want - found.get(m, set())}
+    assert stale == {}, "these imports are gone: take them off REACHES_IN"
+
+
+def test_prices_import_no_engine_family() -> None:
+    found = {m: got for m, got in _reaches().items() if m.startswith("fitevict.prices.")}
+    assert found == {} and not any(m.startswith("fitevict.prices") for m in REACHES_IN)
+
+
+@pytest.mark.parametrize("source", ["from fitevict.engines.llama_cpp import dryrun",
+                                    "from fitevict.engines.llama_cpp.dryrun import dry_run",
+                                    "import fitevict.engines.transformers.seat",
+                                    "def f():\n    from fitevict.engines.transformers.engine import hf_config",
+                                    "from fitevict.engines import llama_cpp"])
+def test_the_walk_sees_each_kind_of_family_import(source: str) -> None:
+    assert family_reaches(ast.parse(source), "fitevict.prices.book")
+    assert not family_reaches(ast.parse(source.replace("transformers", "llama_cpp")), "fitevict.engines.llama_cpp.x")
+
+
+def test_each_engine_reads_its_own_seats_and_exits() -> None:
+    llama, torch = engine_class(engine_for_kind("gguf")), engine_class(engine_for_kind("hf"))
+    assert str(llama.model_of(["/x/llama-server", "-m", "/m/a.gguf", "--port", "9"])) == "/m/a.gguf"
+    assert llama.model_of(["/x/llama-server", "--port", "9"]) is None
+    assert torch.model_of(["python", "-m", "fitevict.engines.transformers.seat", "/m/dir"]) is None  # never adopted
+    assert llama.bind_failed("... couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 9")
+    assert not llama.bind_failed("main: server is listening") and not torch.bind_failed("couldn't bind")
+    from fitevict.engines.base import NO_WEIGHTS
+    assert torch.exit_meaning(3) == NO_WEIGHTS and torch.exit_meaning(1) is None and llama.exit_meaning(3) is None
+    with pytest.raises(ValueError, match="saves no prompts"):
+        torch.saved_prompt(Path("/nonexistent.bin"))
+    with pytest.raises(OSError):
+        llama.saved_prompt(Path("/nonexistent.bin"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines import install as inst
-from fitevict.engines.machine import this_cpu
+from fitevict.engines.llama_cpp import install as inst
+from fitevict.engines.llama_cpp.machine import this_cpu
 
 
 def _exe(path: Path, body: str = "#!/bin/sh\necho fake\n") -> Path:

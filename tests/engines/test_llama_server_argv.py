@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fitevict.engines.llama_server import LlamaServerEngine
+from fitevict.engines.llama_cpp.server import LlamaServerEngine
 from fitevict.pricing.cmdline import parse_server_argv
 from fitevict.pricing.loadconfig import LoadConfig
 
@@ -33,7 +33,7 @@ def test_an_embeddings_seat_of_a_model_without_pooling_pools_by_mean(tmp_path: P
 
     import gguf
 
-    from fitevict.engines.llama_server import load_args
+    from fitevict.engines.llama_cpp.server import load_args
     from fitevict.zoo import RECIPES, write_gguf
 
     plain, declared = tmp_path / "plain.gguf", tmp_path / "cls.gguf"
@@ -50,8 +50,8 @@ def test_an_embeddings_seat_of_a_model_without_pooling_pools_by_mean(tmp_path: P
 
 def test_an_embeddings_seat_of_a_reranker_names_rank_pooling(llama_server: Path, tmp_path: Path) -> None:
     """The pinned build serves /rerank only with --pooling rank on the command line, whatever the file declares."""
-    from fitevict.engines.install import engine_root
-    from fitevict.engines.llama_server import load_args
+    from fitevict.engines.llama_cpp.install import engine_root
+    from fitevict.engines.llama_cpp.server import load_args
     from fitevict.pricing.gguf import load_structure
     from fitevict.zoo.rerank import POOLING_RANK, write_reranker
 
@@ -65,7 +65,7 @@ def test_which_models_rerank_is_the_engines_rule() -> None:
     """llama-server reranks when the arguments ask for rank pooling (the file is then not read) or the file declares
     it; an engine without a rerank route never does, whatever it is given."""
     from fitevict.engines import engine_class
-    from fitevict.engines.llama_server import POOLING_NONE, POOLING_RANK
+    from fitevict.engines.llama_cpp.server import POOLING_NONE, POOLING_RANK
 
     engine = engine_class("llama-server")
 

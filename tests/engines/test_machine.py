@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.machine import Cpu, machine_key
+from fitevict.engines.llama_cpp.machine import Cpu, machine_key
 from fitevict.host.cpu import read_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.hostbufs import is_host_buffer

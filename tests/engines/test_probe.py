@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from fitevict.engines.buftrace import buftrace_library
-from fitevict.engines.probe import Case, Seen, cases, learn, probe, read_trace, run_engine
-from fitevict.engines.machine import Cpu
+from fitevict.engines.llama_cpp.buftrace import buftrace_library
+from fitevict.engines.llama_cpp.probe import Case, Seen, cases, learn, probe, read_trace, run_engine
+from fitevict.engines.llama_cpp.machine import Cpu
 from fitevict.pricing import price as pricing
 from fitevict.pricing.buftrace import parse_exact_log
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, block_size, nbytes, pad
@@ -95,7 +95,7 @@ def test_the_probe_prices_this_machines_weights_as_the_engine_places_them(probed
 
 def test_the_probe_stores_its_table_for_this_machine(llama_server: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from fitevict.engines.machine import host_buffers, stored_probe
+    from fitevict.engines.llama_cpp.machine import host_buffers, stored_probe
 
     monkeypatch.setenv("FITEVICT_CACHE_DIR", str(tmp_path))
     assert stored_probe(llama_server) is None
@@ -106,7 +106,7 @@ def test_the_probe_stores_its_table_for_this_machine(llama_server: Path, tmp_pat
     # stored with the CPU's flags and the engine build it came from
     import json
 
-    from fitevict.engines.machine import machine_key, probe_path, this_cpu
+    from fitevict.engines.llama_cpp.machine import machine_key, probe_path, this_cpu
 
     doc = json.loads(probe_path(llama_server).read_text())
     assert doc["cpu_flags"] == sorted(this_cpu().flags) and doc["machine"] == machine_key(llama_server)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from fitevict.engines.probe import N_EXPERT, Case, Seen, learn, read_trace
+from fitevict.engines.llama_cpp.probe import N_EXPERT, Case, Seen, learn, read_trace
 from fitevict.host.cpu import Cpu
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
 from fitevict.pricing.hostbufs import HostBuffers

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from fitevict.engines import engine_class
-from fitevict.engines.torch_engine import TransformersEngine, footprint_from_walk, hf_config
-from fitevict.engines.torch_seat import FAILED_LINE, FOOTPRINT_LINE, parse_seat_argv
+from fitevict.engines.transformers.engine import TransformersEngine, footprint_from_walk, hf_config
+from fitevict.engines.transformers.seat import FAILED_LINE, FOOTPRINT_LINE, parse_seat_argv
 from fitevict.guard import check_walk
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.hf_price import HfLoadConfig
@@ -20,7 +20,7 @@ HEAVY = ("torch", "transformers", "diffusers", "peft", "accelerate", "bitsandbyt
 
 
 def test_front_door_imports_no_torch() -> None:
-    code = ("import sys, fitevict.cli, fitevict.server.app, fitevict.engines.torch_engine, fitevict.zoo.hf, "
+    code = ("import sys, fitevict.cli, fitevict.server.app, fitevict.engines.transformers.engine, fitevict.zoo.hf, "
             "fitevict.cli.price_hf, fitevict.zoo.peft, fitevict.supervisor.loadreport; from fitevict.engines import engine_class; engine_class('transformers'); "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -35,7 +35,7 @@ def test_launch_spec_round_trips_through_the_seats_parser(tmp_path: Path) -> Non
     cfg = HfLoadConfig(n_ctx=1000, dtype="bfloat16", quant="bnb4", bnb4_double_quant=True, device_map="split",
                        max_memory=(("CUDA0", 123456),))
     spec = TransformersEngine().launch_spec(tmp_path / "m", cfg, 4321, test_keep_tensor="lm_head.weight")
-    assert spec.argv[1:3] == ("-m", "fitevict.engines.torch_seat")
+    assert spec.argv[1:3] == ("-m", "fitevict.engines.transformers.seat")
     a = parse_seat_argv(spec.argv[3:])
     assert (a.model, a.port, a.cfg, a.test_keep) == (tmp_path / "m", 4321, cfg, "lm_head.weight")
     assert spec.env["MALLOC_MMAP_THRESHOLD_"] == "65536"

@@ -25,9 +25,9 @@ pytest.importorskip("torch", reason="the torch extra is not installed (pip insta
                     "transformers seats cannot run; ./run.sh installs it where a CPU torch wheel is at hand")
 
 from fitevict.engines.process import free_port, stop_group  # noqa: E402
-from fitevict.engines.torch_engine import TransformersEngine  # noqa: E402
-from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS  # noqa: E402
-from fitevict.engines.torch_seat import STOPPED_LINE  # noqa: E402
+from fitevict.engines.transformers.engine import TransformersEngine  # noqa: E402
+from fitevict.engines.transformers.seat import EXIT_NO_WEIGHTS  # noqa: E402
+from fitevict.engines.transformers.seat import STOPPED_LINE  # noqa: E402
 from fitevict.guard import check_walk
 from fitevict.pricing.hf_price import HfLoadConfig, price_hf
 from fitevict.pricing.safetensors import load_hf_structure
@@ -41,8 +41,8 @@ CONFIGS = {"auto": HfLoadConfig(n_ctx=256), "bf16": HfLoadConfig(n_ctx=256, dtyp
 
 def test_price_is_the_walk_to_the_byte(hf_zoo: dict) -> None:
     """Every demo folder under every configuration: predicted model bytes == the object walk's held bytes."""
-    from fitevict.engines.torch_seat.model import load
-    from fitevict.engines.torch_seat.walk import walk
+    from fitevict.engines.transformers.seat.model import load
+    from fitevict.engines.transformers.seat.walk import walk
 
     seen = []
     for name, z in hf_zoo.items():
@@ -71,7 +71,7 @@ def test_meta_tensors_are_declared_not_held(hf_zoo: dict) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from fitevict.engines.torch_seat.walk import walk
+    from fitevict.engines.transformers.seat.walk import walk
 
     z = hf_zoo["hf-llama-gqa"]
     with torch.device("meta"):
@@ -90,7 +90,7 @@ def test_split_device_map_covers_every_tensor_of_the_model(hf_zoo: dict) -> None
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from fitevict.engines.torch_seat.model import device_map
+    from fitevict.engines.transformers.seat.model import device_map
 
     for name in ("hf-llama-gqa", "hf-qwen2-swa", "hf-mixtral-moe", "hf-llama-tied"):
         path = hf_zoo[name].path
@@ -317,7 +317,7 @@ def test_peft_adapters_are_priced_to_the_byte_and_each_changes_the_output(peft_b
     and the base, and the base with its adapters disabled is exactly the base loaded alone."""
     from dataclasses import replace
 
-    from fitevict.engines.torch_seat.seat import HfSeat as InProcess
+    from fitevict.engines.transformers.seat.seat import HfSeat as InProcess
     from fitevict.pricing.peft import adapter_held_bytes, load_peft_adapter
 
     base, folders = peft_base

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from fitevict.engines.torch_seat import STARTED_LINE
+from fitevict.engines.transformers.seat import STARTED_LINE
 from _frontdoor import FrontDoor, front_door, history, poll
 from test_seat_faults import STALL_S, ends, gone, kill_left
 
@@ -39,9 +39,9 @@ def door(hf_zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fro
 
 
 def torch_seat_pid(fd: FrontDoor, model: str) -> int:
-    """The pid of ``model``'s torch seat (a child of the front door running ``fitevict.engines.torch_seat``)."""
+    """The pid of ``model``'s torch seat (a child of the front door running ``fitevict.engines.transformers.seat``)."""
     pids = [c.pid for c in psutil.Process(fd.proc.pid).children(recursive=True)
-            if "torch_seat" in (cmd := " ".join(c.cmdline())) and f"/{model}" in cmd]
+            if "transformers.seat" in (cmd := " ".join(c.cmdline())) and f"/{model}" in cmd]
     assert len(pids) == 1, pids
     return pids[0]
 

@@ -48,7 +48,7 @@ def test_bad_command_lines(argv: list[str], match: str) -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from fitevict.engines.llama_server import load_args  # noqa: E402
+from fitevict.engines.llama_cpp.server import load_args  # noqa: E402
 
 
 @st.composite

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fitevict.engines.dryrun import Unavailable, dry_run_compute, parse_dry_compute, server_args
+from fitevict.engines.llama_cpp.dryrun import Unavailable, dry_run_compute, parse_dry_compute, server_args
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import MiB
 

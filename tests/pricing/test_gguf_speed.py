@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.install import source_dir
+from fitevict.engines.llama_cpp.install import source_dir
 from fitevict.pricing.gguf import parse_structure
 from fitevict.pricing.gguf_header import read_header
 

@@ -118,7 +118,7 @@ def test_the_engines_dry_run_rows_check_the_table(zoo_v1: Path) -> None:
     # there agrees with it; a table without AMX is caught by it, with both figures named
     import gzip
 
-    from fitevict.engines.dryrun import parse_dry_model_rows
+    from fitevict.engines.llama_cpp.dryrun import parse_dry_model_rows
     from fitevict.pricing.hostbufs import dry_run_check
 
     log = gzip.open(DATA / "llama-medium__c4096_np1.log.gz", "rt").read()

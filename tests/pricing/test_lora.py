@@ -97,7 +97,7 @@ def test_a_stored_measurement_keeps_its_adapter_term(zoo_dir: Path) -> None:
 
 
 def test_the_seat_argv_reads_back_into_the_same_config(zoo_dir: Path) -> None:
-    from fitevict.engines.llama_server import load_args
+    from fitevict.engines.llama_cpp.server import load_args
     from fitevict.pricing.cmdline import parse_server_argv
 
     cfg = LoadConfig(n_ctx=512, n_parallel=1, loras=adapters(zoo_dir))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fitevict.engines.dryrun import server_args
+from fitevict.engines.llama_cpp.dryrun import server_args
 from fitevict.pricing.cmdline import parse_overrides, parse_server_argv
 from fitevict.pricing.gguf import GgufStructure, PricingError
 from fitevict.pricing.loadconfig import LoadConfig

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fitevict.engines.dryrun import server_args
+from fitevict.engines.llama_cpp.dryrun import server_args
 from fitevict.pricing.footprint import HOST, Term
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig

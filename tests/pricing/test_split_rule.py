@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fitevict.engines.llama_server import split_args
+from fitevict.engines.llama_cpp.server import split_args
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import default_split, layer_devices, layers_per_device

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from fitevict.config import ConfigError, ModelConfig
-from fitevict.engines.llama_server import load_args
+from fitevict.engines.llama_cpp.server import load_args
 from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.lora import listed_adapter_bytes
 from fitevict.request.catalog import Catalog

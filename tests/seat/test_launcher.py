@@ -20,7 +20,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.errors import LoadFailed
 from fitevict.schedule.seats import Seat, SeatTable
 from fitevict.seat.launching import Attempt, Failed, Launcher
-from fitevict.seat.running import BIND_FAILED
+from fitevict.engines.llama_cpp.server import BIND_FAILED
 
 from . import fakeparts
 

@@ -65,7 +65,8 @@ def _load(tmp_path: Path, outcome: str):
     store = Store.open(f"sqlite:///{tmp_path / 'fitevict.db'}")
     scheduler, ending = Scheduler(), fakeparts.Ending()
     done: list[Path] = []
-    engine = SimpleNamespace(failure=lambda text: "no such tensor: blk.0.attn_q" if "no such tensor" in text else None)
+    engine = SimpleNamespace(failure=lambda text: "no such tensor: blk.0.attn_q" if "no such tensor" in text else None,
+                             exit_meaning=lambda code: None)
     processes = SimpleNamespace(done_with_log=done.append, engine_for=lambda entry: engine,
                                 engine_name=lambda key: "llama-server")
     prices = SimpleNamespace(asked=lambda w: (fakeparts.entry(), tmp_path / "m.gguf"))

@@ -16,10 +16,10 @@ import pytest
 
 from fitevict import planner as pl
 from fitevict.config import load_config
-from fitevict.engines.dryrun import DryRun
+from fitevict.engines.llama_cpp.dryrun import DryRun
 from fitevict.pricing.footprint import HOST, Term
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.prices import book as pricebook
+from fitevict.engines.llama_cpp import dryrun as engine_dryrun
 from fitevict.prices.book import PriceBook
 from fitevict.request.catalog import Catalog
 from fitevict.schedule.scheduler import Waiter
@@ -100,7 +100,7 @@ def test_a_gpu_placement_runs_the_engines_dry_run_first_and_once(parts, monkeypa
         runs.append(cfg)
         return DryRun(compute={"CUDA0": 7 * MiB, HOST: 1 * MiB}, context=None)
 
-    monkeypatch.setattr(pricebook, "dry_run", dry_run)
+    monkeypatch.setattr(engine_dryrun, "dry_run", dry_run)
 
     async def go():
         entry, path = parts.prices.asked(_waiter(parts.path, cfg=GPU))

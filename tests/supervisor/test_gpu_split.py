@@ -19,7 +19,7 @@ from fitevict.supervisor import Supervisor
 from fitevict.units import GiB
 from fitevict.zoo import write_zoo
 from host.fake_nvml import FakeGpu, FakeNvml
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 
 HERE = host_buffers()  # this machine's extra host buffers (its probe, else the rule table): as its engine places
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
-from fitevict.supervisor.kvkeep import PromptKeep, Restored, SavedPrompt, engine_seconds, restore_effect, timing_source
+from fitevict.engines.llama_cpp.slotfile import SlotFileError, read_tokens
+from fitevict.supervisor.kvkeep import (PromptKeep, Restored, SavedPrompt, common_prefix, engine_seconds,
+                                        restore_effect, timing_source)
 
 
 def slot_file(path: Path, tokens: list[int], *, packed: bool = True, state: bytes = b"\0" * 64) -> Path:

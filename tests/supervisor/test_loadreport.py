@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fitevict.engines.llama_server import LlamaServerEngine
+from fitevict.engines.llama_cpp.server import LlamaServerEngine
 from fitevict.supervisor.loadreport import HEADER, LoadReport, load_report, report_headers
 
 adapter_load_seconds = LlamaServerEngine.adapter_seconds
@@ -50,7 +50,7 @@ def test_a_hit_loads_nothing_and_the_base_notes_its_zero_scales() -> None:
 
 
 def test_a_transformers_seat_fills_activate_seconds_from_its_answer() -> None:
-    from fitevict.engines.torch_seat import FOOTPRINT_LINE
+    from fitevict.engines.transformers.seat import FOOTPRINT_LINE
     from fitevict.supervisor.loadreport import seat_adapter_seconds, with_activation
 
     r = load_report(model="h:sql", base="h", adapter="/m/h.adapters/sql", seat_loras=("/m/h.adapters/poem", "/m/h.adapters/sql"),

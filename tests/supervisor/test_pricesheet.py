@@ -16,12 +16,12 @@ import pytest
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
-from fitevict.engines.dryrun import DryRun
+from fitevict.engines.llama_cpp.dryrun import DryRun
 from fitevict.pricing.footprint import HOST, Term
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog
 from fitevict.store import Store
-from fitevict.prices import book as pricebook
+from fitevict.engines.llama_cpp import dryrun as engine_dryrun
 from fitevict.pricing.footprint import footprint_from_json
 from fitevict.prices.book import PriceBook
 from fitevict.units import MiB
@@ -93,7 +93,7 @@ def test_a_stored_measurement_makes_the_next_sheet_differ(book: PriceBook, model
 def test_a_learned_load_and_a_dry_run_rebuild_the_sheet_off_the_loop(book: PriceBook, models: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     path = models / "llama-tied.gguf"
-    monkeypatch.setattr(pricebook, "dry_run", lambda *a, **k: DryRun(compute={HOST: 7 * MiB}, context=None))
+    monkeypatch.setattr(engine_dryrun, "dry_run", lambda *a, **k: DryRun(compute={HOST: 7 * MiB}, context=None))
     entry = SimpleNamespace(mmproj=None)
 
     async def go() -> None:

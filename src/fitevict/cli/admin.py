@@ -124,7 +124,7 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
     """The server's plan for ``model`` without a server: the same price book, primed from the same store (stored
     measurements, corrections, the engine's and the transformers seats' overheads), and the same policy."""
     from fitevict import planner as pl
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
     from fitevict.pricing.gguf import PricingError
     from fitevict.request.ask import ask
     from fitevict.request.catalog import Catalog, GgufFileError, UnknownModel
@@ -155,7 +155,7 @@ def _offline_budget(cfg, ram: str | None, gpu: list[str]):
     """This machine's budget under the config (its devices as the engine build lists them, with ``devices.rpc``), or
     a declared machine (``--ram``, ``--gpu NAME=SIZE``; ``devices.uma`` says which declared devices are unified)."""
     from fitevict.budget import Budget, BudgetError, per_device
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
     from fitevict.engines.llama_cpp.census import take_census
     from fitevict.host.budget import budget_from_config
 

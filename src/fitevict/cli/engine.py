@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fitevict.engines import install as inst
+from fitevict.engines.llama_cpp import install as inst
 from fitevict.engines.base import Unavailable
-from fitevict.engines.machine import build_report
-from fitevict.engines.overhead import calibrate_overhead, calibrated_overhead
+from fitevict.engines.llama_cpp.machine import build_report
+from fitevict.engines.llama_cpp.overhead import calibrate_overhead, calibrated_overhead
 from fitevict.pricing.footprint import HOST
 from fitevict.units import format_size
 
@@ -104,8 +104,8 @@ def _say_vulkan_devices(server: Path) -> None:
 
 def _probe(server: Path, *, again: bool) -> None:
     """Learn this machine's extra host buffers from the engine (once per build and CPU, unless ``again``)."""
-    from fitevict.engines.probe import probe
-    from fitevict.engines.machine import stored_probe, this_cpu
+    from fitevict.engines.llama_cpp.probe import probe
+    from fitevict.engines.llama_cpp.machine import stored_probe, this_cpu
 
     table = None if again else stored_probe(server)
     if table is None:

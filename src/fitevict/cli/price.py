@@ -15,15 +15,15 @@ from rich.console import Console
 from rich.table import Table
 
 from fitevict.cli.price_hf import footprint_table, parse_max_memory, price_hf_folder
-from fitevict.engines.dryrun import DryRun
-from fitevict.engines.install import SERVER
+from fitevict.engines.llama_cpp.dryrun import DryRun
+from fitevict.engines.llama_cpp.install import SERVER
 from fitevict.pricing.cmdline import parse_server_argv
 from fitevict.pricing.hf_price import HfLoadConfig
 from fitevict.pricing.safetensors import is_hf_folder
 from fitevict.pricing.gguf import GgufStructure, PricingError, load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.engines.llama_cpp.devprobe import buffer_names, rules_for
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 from fitevict.pricing.hostbufs import dry_run_check
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.price import Pricing, price
@@ -36,8 +36,8 @@ def _dry_run(model: Path, cfg: LoadConfig, enabled: bool | None,
     disabled, else why not."""
     if enabled is False:
         return None, "dry run disabled (--no-dry-run)"
-    from fitevict.engines.dryrun import Unavailable, dry_run
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.dryrun import Unavailable, dry_run
+    from fitevict.engines.llama_cpp.install import resolve_binary
 
     found = resolve_binary("llama-server")
     if found.path is None:
@@ -51,7 +51,7 @@ def _dry_run(model: Path, cfg: LoadConfig, enabled: bool | None,
 def _device_rules(s: GgufStructure, cfg: LoadConfig, probe: bool) -> tuple[dict, list[str]]:
     """Each device's backend rules as the engine fitevict would run answers them (stored, else probed now when the
     engine may be run), and what could not be learned."""
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
 
     found = resolve_binary("llama-server")
     return rules_for(found.path, s, cfg, probe)
@@ -60,8 +60,8 @@ def _device_rules(s: GgufStructure, cfg: LoadConfig, probe: bool) -> tuple[dict,
 def process_overhead(s: GgufStructure, cfg: LoadConfig) -> dict:
     """The engine process's own host memory beyond its buffers, as the server prices it: the calibrated part of the
     llama-server fitevict would run (unavailable when that build was never calibrated) and the model's own parts."""
-    from fitevict.engines.install import resolve_binary
-    from fitevict.engines.overhead import calibrated_overhead, model_terms
+    from fitevict.engines.llama_cpp.install import resolve_binary
+    from fitevict.engines.llama_cpp.overhead import calibrated_overhead, model_terms
 
     found = resolve_binary("llama-server")
     calibrated = calibrated_overhead(found.path) if found.path is not None else None

@@ -37,7 +37,7 @@ def build_config(config: Path | None, overrides: dict):
 
 
 def engine_binary(cfg) -> Path:
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
 
     found = resolve_binary("llama-server", configured=cfg.engine.llama_server,
                            vulkan_devices=cfg.engine.vulkan_devices)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fitevict.engines.install import resolve_binary, source_dir
+from fitevict.engines.llama_cpp.install import resolve_binary, source_dir
 from fitevict.units import format_size
 from fitevict.zoo import ZOO_NAMES, ZOO_VERSION, ZooError, ZooModel, resolve_names, write_zoo
 from fitevict.zoo.lifesize import write_life_size

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
 
-from fitevict.engines.base import Engine, EngineBase, Traits
+from fitevict.engines.base import Engine, EngineBase, PricerBase, Traits
 
 # name -> "module:attribute", imported when an entry first names the engine (torch stays out of the front door)
 REGISTRY: dict[str, str] = {
-    "llama-server": "fitevict.engines.llama_server:LlamaServerEngine",
-    "transformers": "fitevict.engines.torch_engine:TransformersEngine",
+    "llama-server": "fitevict.engines.llama_cpp.server:LlamaServerEngine",
+    "transformers": "fitevict.engines.transformers.engine:TransformersEngine",
 }
 
 
@@ -24,13 +26,48 @@ class UnknownEngine(LookupError):
         self.name = name
 
 
+def _load(target: str):
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def engine_class(name: str) -> type[EngineBase]:
     try:
         target = REGISTRY[name]
     except KeyError:
         raise UnknownEngine(name) from None
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return _load(target)
+
+
+@cache
+def _pricer(target: str) -> PricerBase:
+    return _load(target)
+
+
+def pricers() -> list[PricerBase]:
+    """Each registered family's pricer, once, in the registry's order."""
+    out: list[PricerBase] = []
+    for name in REGISTRY:
+        if (target := engine_class(name).pricer) and (p := _pricer(target)) not in out:
+            out.append(p)
+    return out
+
+
+def pricer_for(path: Path | str) -> PricerBase:
+    """The pricer of the family whose file kind ``path`` is: the first registered that claims it."""
+    for p in pricers():
+        if p.claims(Path(path)):
+            return p
+    raise UnknownEngine(f"(no family prices {path})")
+
+
+def build_pricer() -> PricerBase:
+    """The pricer of the family whose build the engine directory holds: it keys what is learned on this machine
+    (engine build @ CPU) and calibrates its process overhead."""
+    for p in pricers():
+        if p.builds:
+            return p
+    raise UnknownEngine("(no family keys an engine build)")
 
 
 def traits(name: str) -> Traits:
@@ -54,11 +91,29 @@ def engine_for_adapter(kind: str) -> str:
     raise UnknownEngine(f"(none applies {kind} adapters)")
 
 
+def adapter_kind_of(path: Path | str) -> str | None:
+    """The kind of adapter ``path`` is ("lora", "peft"), as the first registered engine that applies it says."""
+    for name in REGISTRY:
+        if (kind := engine_class(name).adapter_kind(Path(path))) is not None:
+            return kind
+    return None
+
+
+def saved_prompt(path: Path | str) -> list[int]:
+    """The tokens of a saved prompt file, read by the engine that keeps prompts (``traits.keeps_prompts``); raises
+    OSError or ValueError for a file it cannot read."""
+    for name in REGISTRY:
+        if traits(name).keeps_prompts:
+            return engine_class(name).saved_prompt(Path(path))
+    raise ValueError(f"{path}: no registered engine keeps prompts")
+
+
 def is_engine_process(argv: Sequence[str]) -> bool:
     """Whether a process's command line is one of a registered engine's seats (a recorded pid not yet recycled)."""
     head = " ".join(argv[:4])
     return any(mark in head for name in REGISTRY for mark in traits(name).process_marks)
 
 
-__all__ = ["REGISTRY", "Engine", "EngineBase", "Traits", "UnknownEngine", "engine_class", "engine_for_adapter",
-           "engine_for_kind", "is_engine_process", "traits"]
+__all__ = ["REGISTRY", "Engine", "EngineBase", "PricerBase", "Traits", "UnknownEngine", "adapter_kind_of",
+           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "is_engine_process", "pricer_for",
+           "pricers", "saved_prompt", "traits"]

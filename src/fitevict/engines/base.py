@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
@@ -27,6 +27,9 @@ class Unavailable:
     """An engine figure that could not be produced, and why."""
 
     reason: str
+
+
+NO_WEIGHTS = "no-weights"  # an exit code's word: the seat's walk found no weights to load (``exit_meaning``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +100,40 @@ class Engine(Protocol):
         declares it (``pooling()`` reads the file's pooling type, only when the engine's rule needs it)."""
         ...
 
+    @classmethod
+    def model_of(cls, argv: Sequence[str]) -> Path | None:
+        """The model file a running seat's command line loads (an orphan is adopted by it), or None when the engine
+        does not say (its orphans are then stopped, never adopted)."""
+        ...
+
+    @classmethod
+    def bind_failed(cls, log_text: str) -> bool:
+        """Whether the seat's log says it could not bind its port (another program took it): started once more."""
+        ...
+
+    @classmethod
+    def saved_prompt(cls, path: Path) -> list[int]:
+        """The tokens of the prompt a slot file this engine saved holds (``traits.keeps_prompts``); raises OSError
+        or ValueError for a file it cannot read."""
+        ...
+
+    @classmethod
+    def adapter_kind(cls, path: Path) -> str | None:
+        """The kind of adapter ``path`` is, among ``traits.adapter_kinds`` ("lora", "peft"), or None."""
+        ...
+
+    @classmethod
+    def exit_meaning(cls, code: int | None) -> str | None:
+        """What an exit code means for this engine, in the protocol's words (``NO_WEIGHTS``), or None."""
+        ...
+
 
 class EngineBase:
     """Defaults for what an engine does not report: subclasses override what they have."""
 
     name: str
     traits: Traits
+    pricer: str = ""  # "module:attribute" of its family's pricer (a ``PricerBase``); "" when another family's prices
 
     @classmethod
     def for_binary(cls, binary: Path) -> "EngineBase":
@@ -133,3 +164,103 @@ class EngineBase:
     @classmethod
     def reranks(cls, extra_args: Sequence[str], pooling: Callable[[], int | None]) -> bool:
         return False
+
+    @classmethod
+    def model_of(cls, argv: Sequence[str]) -> Path | None:
+        return None
+
+    @classmethod
+    def bind_failed(cls, log_text: str) -> bool:
+        return False
+
+    @classmethod
+    def exit_meaning(cls, code: int | None) -> str | None:
+        return None
+
+    @classmethod
+    def adapter_kind(cls, path: Path) -> str | None:
+        return None
+
+    @classmethod
+    def saved_prompt(cls, path: Path) -> list[int]:
+        raise ValueError(f"{path}: {cls.name} saves no prompts")
+
+
+class PricerBase:
+    """How one family prices a model file of its kind (``kind``): its structure, its shape and context as the planner
+    sees them, its price sheet's own parts and its price, its dry run, and, for a family whose builds fitevict
+    installs and calibrates, its build key, host buffer table and process overhead calibration. ``prices/`` asks the
+    registry for a file's pricer (``fitevict.engines.pricer_for``) and imports no family module."""
+
+    kind: str = ""
+    builds: bool = False  # the engine directory holds this family's build: it keys the machine and is calibrated
+
+    def claims(self, path: Path) -> bool:
+        """Whether ``path`` is a model of this family's file kind."""
+        return False
+
+    def structure(self, path: Path) -> Any:
+        """The model's parsed structure (cached)."""
+        raise NotImplementedError
+
+    def shape(self, structure: Any) -> Any:
+        """What the planner needs of the model's shape: offloadable layers, MoE or not, training context."""
+        return structure
+
+    def context(self, structure: Any, cfg: LoadConfig) -> int:
+        """The context a seat of ``cfg`` starts with."""
+        raise NotImplementedError
+
+    def quantization(self, structure: Any) -> str:
+        """The model's quantization as a stored measurement's signature names it."""
+        raise NotImplementedError
+
+    def sheet_parts(self, structure: Any, *, ident: tuple[str, int, int], loras: tuple[str, ...],
+                    extra_args: tuple[str, ...], learned: Mapping, host: Any, mmproj: Path | None) -> dict[str, Any]:
+        """The price sheet's fields this family reads from disk (blocking I/O): its correction, projector and
+        adapters (``prices.sheet.read_sheet``)."""
+        return {}
+
+    def price(self, sheet: Any, cfg: LoadConfig) -> tuple[Footprint, tuple | None]:
+        """The price of ``cfg`` on ``sheet`` (computation only), and the process terms that scale with the model for
+        the engine overhead to join, or None when the price holds the seat's process already."""
+        raise NotImplementedError
+
+    def dry_run(self, engine_dir: Path, path: Path, cfg: LoadConfig, *, extra_args: tuple[str, ...] = (),
+                mmproj: Path | str | None = None) -> Any:
+        """The engine's own dry run of ``cfg`` (compute and caches it sized), or why not."""
+        return Unavailable(f"{self.kind} models have no dry run")
+
+    def build_key(self, engine_dir: Path, cpu: Any) -> str:
+        """``<engine build>@<cpu fingerprint>``: the key every figure learned on this machine is stored under."""
+        raise NotImplementedError
+
+    def build_id(self, binary: Path) -> str:
+        """The identity of the engine build at ``binary`` ("missing:..." when there is none): a change means another
+        build was put in its place."""
+        raise NotImplementedError
+
+    def build_change(self, binary: Path) -> str | None:
+        """How ``binary`` differs from the build its install stamp names, or None."""
+        return None
+
+    def host_buffers(self, engine_dir: Path) -> Any:
+        """The extra host buffer table pricing uses on this machine for the build in ``engine_dir``."""
+        raise NotImplementedError
+
+    def work_facts(self) -> tuple[int, bool]:
+        """What a seat's work buffer depends on here: its threads, and whether the tiled K-quant path runs."""
+        return (0, False)
+
+    def overhead_key(self, binary: Path, cpu: Any) -> str:
+        """The store key of what loads have shown of ``binary``'s process overhead on this machine."""
+        raise NotImplementedError
+
+    def calibratable(self, binary: Path) -> bool:
+        return False
+
+    def calibrated_overhead(self, binary: Path) -> dict[str, int] | None:
+        return None
+
+    def calibrate_overhead(self, binary: Path, *, timeout_s: float) -> Any:
+        return Unavailable(f"{self.kind} builds are not calibrated")

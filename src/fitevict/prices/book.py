@@ -16,43 +16,29 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fitevict.engines import traits
-from fitevict.engines.dryrun import Unavailable as DryRunUnavailable
-from fitevict.engines.dryrun import dry_run
+from fitevict.engines import build_pricer, pricer_for, traits
+from fitevict.engines.base import Unavailable
 from fitevict.pricing.footprint import Footprint
-from fitevict.engines.overhead import engine_threads, tiled_here
-from fitevict.engines.machine import host_buffers, machine_key
 from fitevict.host.cpu import Cpu, this_cpu
-from fitevict.pricing.gguf import PricingError, load_structure
+from fitevict.pricing.gguf import PricingError
 from fitevict.pricing.grown import Grown
-from fitevict.pricing.hf_kv import training_context
-from fitevict.pricing.safetensors import load_hf_structure
-from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import CatalogEntry
 from fitevict.request.ask import ask
 from fitevict.store import Store
 from fitevict.store.records import measurement_signature
 from fitevict.pricing.footprint import footprint_from_json
-from fitevict.prices.sheet import LOG_TERM_PRECISION, PriceSheet, SheetInputs, hf_dtype, read_sheet
+from fitevict.prices.sheet import PriceSheet, SheetInputs, read_sheet
 
-__all__ = ["HISTORY_LOADS", "LOG_TERM_PRECISION", "PriceBook", "PriceSheet"]
+__all__ = ["HISTORY_LOADS", "PriceBook", "PriceSheet"]
 
 log = logging.getLogger("fitevict.prices")
 HISTORY_LOADS = 1000  # the newest load records a starting supervisor learns each file's error from
 MAX_SHEETS = 512  # sheets kept (the oldest read goes first)
-
-
-@dataclass(frozen=True, slots=True)
-class _HfShape:
-    n_ctx_train: int
-    n_layer: int = 0
-    is_moe: bool = False
 
 
 class PriceBook:
@@ -63,9 +49,10 @@ class PriceBook:
         self.engine_dir = engine_dir
         self.default_alloc_mode = default_alloc_mode
         self.cpu = cpu or this_cpu()
-        self.machine = machine_key(engine_dir / "llama-server", self.cpu)  # engine build @ CPU: keys what is learned
-        self.host = host_buffers(engine_dir / "llama-server")  # this machine's extra host buffer types
-        self.threads, self.tiled = engine_threads(), tiled_here()  # what a seat's work buffer depends on, here
+        build = build_pricer()  # the family whose build ``engine_dir`` holds
+        self.machine = build.build_key(engine_dir, self.cpu)  # engine build @ CPU: keys what is learned
+        self.host = build.host_buffers(engine_dir)  # this machine's extra host buffer types
+        self.threads, self.tiled = build.work_facts()  # what a seat's work buffer depends on, here
         # bytes a seat's process holds beyond its buffers, per device; whoever changes it (or the two overheads
         # below) calls ``forget`` so that the sheets are read again
         self.engine_overhead: dict[str, int] = {}
@@ -80,7 +67,6 @@ class PriceBook:
         self._dry_file: dict[str, tuple[int, int, int]] = {}  # file -> (size, mtime_ns, inode) its dry runs ran on
         self._mmproj: dict[str, Path] = {}  # model file -> its projector (from the catalog)
         self._extra_args: dict[str, tuple[str, ...]] = {}  # HF folder -> the seat's own flags (dtype, quant, ...)
-        self._hf: dict[tuple[str, int], Any] = {}
         self.torch_overhead: int | None = None  # a transformers seat's own process bytes (measured, first seat)
         self.peft_overhead: int | None = None  # the same for a seat with PEFT adapters (peft's import: ~136 MiB more)
         # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
@@ -324,29 +310,18 @@ class PriceBook:
     # -- requests and prices ----------------------------------------------------------------------
 
     def structure(self, path: Path):
-        """A GGUF file's structure, or an HF folder's (safetensors headers and config.json)."""
-        if not Path(path).is_dir():
-            return load_structure(path)  # cached by the pricing module
-        key = (str(path), Path(path).stat().st_mtime_ns)
-        hit = self._hf.get(key)
-        if hit is None:
-            hit = self._hf[key] = load_hf_structure(Path(path))
-        return hit
+        """The model's structure, as its family's pricer reads it (cached there)."""
+        return pricer_for(path).structure(path)
 
     def shape(self, path: Path):
-        """What the planner needs of a model's shape: offloadable layers, MoE or not, training context. An HF
-        seat places whole modules through its device map, so the planner sees it as one layer."""
-        if Path(path).is_dir():
-            return _HfShape(n_ctx_train=training_context(self.structure(path).config) or 0)
-        return self.structure(path)
+        """What the planner needs of a model's shape: offloadable layers, MoE or not, training context."""
+        return pricer_for(path).shape(self.structure(path))
 
     def context(self, path: Path, cfg: LoadConfig) -> int:
         """The context a seat of ``cfg`` (``n_ctx`` 0) starts with: the model's own. Seats start with --fit off, under
         which "-c 0" means something other than under the engine's default --fit on, so they start with the explicit
         context the price was made for."""
-        if Path(path).is_dir():
-            return training_context(self.structure(path).config) or cfg.n_ctx
-        return resolve_context(self.structure(path), cfg).n_ctx
+        return pricer_for(path).context(self.structure(path), cfg)
 
     def repacks(self, path: Path) -> bool:
         """Whether the engine may repack ``path``'s weights here (not once repacking crashed it on this machine)."""
@@ -363,8 +338,7 @@ class PriceBook:
         ident = (str(path), st.st_size, st.st_mtime_ns)
         quant = self._quant.get(ident)
         if quant is None:
-            quant = self._quant[ident] = (hf_dtype(self.structure(path)) if path.is_dir()
-                                          else self.structure(path).dominant_type())
+            quant = self._quant[ident] = pricer_for(path).quantization(self.structure(path))
         return measurement_signature(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns,
                                      quantization=quant, config=cfg.to_json(), machine=self.machine)
 
@@ -430,14 +404,14 @@ class PriceBook:
             self._changed(p)
         running = self._dry_running.get((p, cfg))
         if running is None:  # one dry run per file and configuration at a time: a second asker awaits the first
-            running = asyncio.ensure_future(asyncio.to_thread(dry_run, self.engine_dir, path, cfg,
+            running = asyncio.ensure_future(asyncio.to_thread(pricer_for(path).dry_run, self.engine_dir, path, cfg,
                                                               extra_args=tuple(extra_args), mmproj=entry.mmproj))
             self._dry_running[(p, cfg)] = running
             running.add_done_callback(lambda _: self._dry_running.pop((p, cfg), None))
         got = await asyncio.shield(running)
         if cfg in self._compute.get(p, {}) or cfg in self._dry_notes.get(p, {}):
             return  # the first asker recorded it
-        if isinstance(got, DryRunUnavailable):
+        if isinstance(got, Unavailable):
             self._dry_notes.setdefault(p, {})[cfg] = got.reason
         else:
             self._compute.setdefault(p, {})[cfg] = got.compute

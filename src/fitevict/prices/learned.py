@@ -15,9 +15,8 @@ from typing import Any
 
 from fitevict import planner as pl
 from fitevict.config import Config
+from fitevict.engines import build_pricer
 from fitevict.engines.base import Unavailable
-from fitevict.engines.machine import machine_key
-from fitevict.engines.overhead import RECORD_VERSION, calibratable, calibrate_overhead, calibrated_overhead
 from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
@@ -36,8 +35,9 @@ def torch_overhead_key(*, adapters: bool = False, cpu: Cpu | None = None) -> str
 def overhead_key(binary: Path, cpu: Cpu | None = None) -> str:
     """The store key of what loads have shown of ``binary``'s process overhead (the part that does not scale with
     the model: keyed with the calibration record's version, whose figure it raises) on this machine: the engine
-    build and the CPU (``machine_key``), so that another machine sharing the store never raises this one's."""
-    return f"engine-overhead:v{RECORD_VERSION}:{machine_key(binary, cpu)}"
+    build and the CPU (the build's family keys it), so that another machine sharing the store never raises this
+    one's."""
+    return build_pricer().overhead_key(binary, cpu)
 
 
 def plan_policy(config: Config) -> pl.Policy:
@@ -50,12 +50,14 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
     """Read what was learned into ``book`` (blocking I/O: run it off the event loop). ``calibrate``: measure the
     engine's process overhead now when this build was never calibrated (the server does; a dry ``plan`` does not,
     and then prices without it, as a first load would before calibration)."""
-    calibrated = calibrated_overhead(binary) if calibratable(binary) else None
+    build = build_pricer()
+    can = build.calibratable(binary)
+    calibrated = build.calibrated_overhead(binary) if can else None
     book.overhead_origin = (f"{binary} is not an executable named llama-server, so it was never calibrated"
-                            if not calibratable(binary) else "this engine build was never calibrated on this machine")
-    if calibrated is None and calibrate and calibratable(binary):
+                            if not can else "this engine build was never calibrated on this machine")
+    if calibrated is None and calibrate and can:
         # first serve with this build: measure its own process overhead once, on the smallest model, filled
-        got = calibrate_overhead(binary, timeout_s=60.0)
+        got = build.calibrate_overhead(binary, timeout_s=60.0)
         calibrated = None if isinstance(got, Unavailable) else {k: int(v) for k, v in got["overhead"].items()}
         if isinstance(got, Unavailable):
             book.overhead_origin = f"its calibration failed: {got.reason}"

@@ -23,27 +23,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fitevict import planner as pl
-from fitevict.engines.torch_engine import hf_config
-from fitevict.pricing import price as pricing
-from fitevict.pricing.correction import Correction, apply_correction, correction
-from fitevict.pricing.footprint import Footprint, as_stored
-from fitevict.pricing.gguf import PricingError, load_structure
+from fitevict.engines import PricerBase, pricer_for
+from fitevict.pricing.correction import Correction
+from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.grown import Grown, with_grown
-from fitevict.pricing.hf_price import price_hf
 from fitevict.pricing.hostbufs import HostBuffers
 from fitevict.pricing.loadconfig import LoadConfig
-from fitevict.pricing.logparse import PRECISION_BYTES
-from fitevict.pricing.lora import LoraAdapter, load_adapter
-from fitevict.pricing.peft import PeftAdapter, load_peft_adapter
-from fitevict.pricing.projector import price_projector, with_projector
+from fitevict.pricing.lora import LoraAdapter
+from fitevict.pricing.peft import PeftAdapter
 from fitevict.store.records import measurement_signature
-from fitevict.pricing.process import model_terms
-from fitevict.pricing.footprint import footprint_from_json
 from fitevict.prices.overhead import with_engine_overhead
-
-# a measured term sums at most three logged buffers (KV, SWA KV, recurrent state), each printed to +-0.005 MiB
-LOG_TERM_PRECISION = 3 * PRECISION_BYTES
 
 Ident = tuple[str, int, int]  # (path, size, mtime_ns): a file as it is on disk now
 
@@ -83,8 +72,8 @@ class PriceSheet:
     path: Path
     ident: Ident
     resolved: str  # the path with links resolved: a stored measurement's signature names it
-    is_hf: bool
-    structure: Any  # GgufStructure, or an HF folder's HfStructure
+    pricer: PricerBase  # the family's that prices this file's kind (``fitevict.engines.pricer_for``)
+    structure: Any  # as the family reads it: a GgufStructure, an HF folder's HfStructure
     quantization: str
     machine: str
     host: HostBuffers
@@ -135,45 +124,8 @@ class PriceSheet:
     def _price(self, cfg: LoadConfig) -> Footprint:
         if cfg.loras != self.loras:
             raise ValueError(f"{self.path}: the price sheet holds adapters {list(self.loras)}, not {list(cfg.loras)}")
-        if self.is_hf:
-            # a transformers seat: priced from its headers (its walk equals that to the byte), with its own process
-            # overhead as measured; a walk has no cache or activations to reuse, so no stored figure stands in
-            hf = hf_config(cfg, extra_args=self.extra_args)
-            return price_hf(self.structure, hf, overhead_bytes=self.torch_overhead_for(cfg.loras),
-                            adapters=tuple(self.peft[a] for a in hf.adapters)).footprint
-        stored = self.stored.get(self.signature(cfg))
-        if stored is not None:
-            fp = as_stored(footprint_from_json(dict(stored)))
-        else:
-            fp = pricing.price(self.structure, cfg, host=self.host, compute=self.compute.get(cfg),
-                               context=self.dry_context.get(cfg.without_placement()), loras=self.lora_files).footprint
-            fp = apply_correction(fp, self.correction)
-            if self.projector is not None:
-                estimate = self.projector_estimate.get(cfg.without_placement())
-                fp = with_projector(fp, price_projector(self.projector, estimate))
-        terms = model_terms(self.structure, cfg, self.host, n_threads=self.threads, tiled=self.tiled)
-        return with_engine_overhead(fp, self.engine_overhead, terms=terms)  # with the parts that scale with the model
-
-
-def hf_dtype(structure: Any) -> str:
-    """The safetensors dtype holding the most bytes: an HF folder's quantization, for signatures."""
-    by: dict[str, int] = {}
-    for t in structure.tensors:
-        by[t.dtype] = by.get(t.dtype, 0) + t.nbytes
-    return "hf:" + (max(by, key=by.__getitem__) if by else "empty")
-
-
-def correction_of(structure: Any, loads: Mapping[LoadConfig, Footprint], host: HostBuffers) -> Correction | None:
-    """How far this file's formula was from what its accepted loads measured (any settings), per term."""
-    pairs, seen = [], []
-    for c, measured in loads.items():
-        try:
-            pairs.append((pricing.price(structure, c, host=host).footprint, measured))
-        except PricingError:
-            continue  # priced no more (the rules changed): nothing to learn from it
-        seen.append(f"ctx {c.n_ctx}, " + pl.describe(c, structure.n_layer + 1))
-    origin = "; ".join(seen[:4]) + (" ..." if len(seen) > 4 else "")
-    return correction(pairs, origin, tolerance=LOG_TERM_PRECISION)
+        fp, terms = self.pricer.price(self, cfg)  # terms: the parts of the engine process that scale with the model
+        return fp if terms is None else with_engine_overhead(fp, self.engine_overhead, terms=terms)
 
 
 def read_sheet(inputs: SheetInputs, stored: Mapping[str, Mapping], structure: Callable[[Path], Any]) -> PriceSheet:
@@ -184,23 +136,20 @@ def read_sheet(inputs: SheetInputs, stored: Mapping[str, Mapping], structure: Ca
     path = inputs.path
     st = path.stat()
     ident = (str(path), st.st_size, st.st_mtime_ns)
-    is_hf = path.is_dir()
+    pricer = pricer_for(path)
     s = structure(path)
-    peft: dict[str, PeftAdapter] = {}
-    if is_hf:
-        hf = hf_config(LoadConfig(loras=inputs.loras), extra_args=inputs.extra_args)
-        peft = {a: load_peft_adapter(a) for a in hf.adapters}
+    parts = {"correction": None, "projector": None, "lora_files": {}, "peft": {}} | pricer.sheet_parts(
+        s, ident=ident, loras=inputs.loras, extra_args=inputs.extra_args, learned=inputs.learned, host=inputs.host,
+        mmproj=inputs.mmproj)
     return PriceSheet(
-        path=path, ident=ident, resolved=str(path.resolve()), is_hf=is_hf, structure=s,
-        quantization=hf_dtype(s) if is_hf else s.dominant_type(), machine=inputs.machine, host=inputs.host,
-        stored=stored, correction=None if is_hf else correction_of(s, inputs.learned.get(ident, {}), inputs.host),
-        compute=_frozen(inputs.compute), dry_context=_frozen(inputs.dry_context),
-        projector=load_structure(inputs.mmproj) if inputs.mmproj is not None and not is_hf else None,
-        projector_estimate=_frozen(inputs.projector_estimate), engine_overhead=_frozen(inputs.engine_overhead),
-        threads=inputs.threads, tiled=inputs.tiled,
-        loras=inputs.loras, lora_files=_frozen({} if is_hf else {a: load_adapter(a) for a in inputs.loras}),
-        peft=_frozen(peft), extra_args=inputs.extra_args, torch_overhead=inputs.torch_overhead,
-        peft_overhead=inputs.peft_overhead, version=inputs.version, grown=_frozen(inputs.grown.get(ident, {})))
+        path=path, ident=ident, resolved=str(path.resolve()), pricer=pricer, structure=s,
+        quantization=pricer.quantization(s), machine=inputs.machine, host=inputs.host, stored=stored,
+        correction=parts["correction"], compute=_frozen(inputs.compute), dry_context=_frozen(inputs.dry_context),
+        projector=parts["projector"], projector_estimate=_frozen(inputs.projector_estimate),
+        engine_overhead=_frozen(inputs.engine_overhead), threads=inputs.threads, tiled=inputs.tiled,
+        loras=inputs.loras, lora_files=_frozen(parts["lora_files"]), peft=_frozen(parts["peft"]),
+        extra_args=inputs.extra_args, torch_overhead=inputs.torch_overhead, peft_overhead=inputs.peft_overhead,
+        version=inputs.version, grown=_frozen(inputs.grown.get(ident, {})))
 
 
 def _frozen(d: Mapping) -> Mapping:

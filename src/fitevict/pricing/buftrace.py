@@ -1,4 +1,4 @@
-"""Exact buffer bytes from the allocator trace (``fitevict-buftrace:`` lines, see engines/buftrace.c).
+"""Exact buffer bytes from the allocator trace (``fitevict-buftrace:`` lines, see engines/llama_cpp/buftrace.c).
 
 The load log names each buffer's role (model, KV, recurrent state, output, compute) but prints its size in MiB
 with 2 decimals; the trace prints every buffer the engine allocates or frees, to the byte, but not its role.

@@ -1,6 +1,6 @@
 """llama-server's memory flags that map one to one onto a LoadConfig field: one table for both directions.
 
-The seat's argv builder (``engines/llama_server.load_args``) writes these flags from a LoadConfig, and the command
+The seat's argv builder (``engines/llama_cpp/server.load_args``) writes these flags from a LoadConfig, and the command
 line reader (``pricing/cmdline.parse_server_argv``) reads them back, both from this table, so a spelling, an alias
 or an allowed value is written once. Flags whose meaning depends on others (``-np`` with ``-kvu``, ``-ngl`` with
 ``-dev``, the tensor overrides and their order, ``--lora``, ``--embeddings`` with its pooling, ``-lm``) stay with

@@ -9,7 +9,7 @@ a host buffer in ggml's sense, so the mapped span shrinks around it). ``-nr`` (`
 Which extra types exist, which weights each takes and how many bytes it allocates depend on the CPU and the engine
 build. A ``HostBuffers`` table says so per buffer type and ggml type (``TypeRule``), with where the table came from:
 
-- ``probe``: learned from the engine on this machine (``engines/probe.py``: one small model per type and shape
+- ``probe``: learned from the engine on this machine (``llama_cpp/probe.py``: one small model per type and shape
   class, loaded under the allocator trace);
 - ``rule-table``: the rules below, written from the pinned llama.cpp's source for the CPU flags the machine reports
   (``rule_table``). A guess on a CPU the rules were not written for; labelled as such wherever it is used.

@@ -25,6 +25,7 @@ from fitevict.pricing.gguf import PricingError, file_identity
 from fitevict.pricing.safetensors import DTYPE_BYTES, FLOAT_DTYPES, StTensor, header_tensors
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
+PEFT_CONFIG = "adapter_config.json"
 LORA_DTYPE_BYTES = 4  # float32: how peft holds LoRA weights (autocast_adapter_dtype)
 _PREFIX = "base_model.model."
 _LORA_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector")

@@ -3,7 +3,7 @@ configuration, as labelled rules. Pure.
 
 A seat's process holds, beyond the buffers the engine reports, a part that does not depend on the model (the
 binary's and libraries' pages, thread stacks, the allocator's arenas: calibrated once per binary by
-``engines/overhead.py``) and three parts that do, each priced here from the model's dimensions:
+``engines/llama_cpp/overhead.py``) and three parts that do, each priced here from the model's dimensions:
 
 - ``tokenizer``: the vocabulary llama_vocab keeps on the heap. Per entry: its ``token_data`` (40 B), its
   ``token_to_id`` hash node and bucket (72 B), its ``cache_token_to_piece`` string (32 B), and the GGUF reader's

@@ -21,12 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from fitevict.config import ConfigError, ModelConfig
-from fitevict.engines import engine_for_adapter, traits
+from fitevict.engines import adapter_kind_of, engine_for_adapter, traits
 from fitevict.pricing.lora import is_lora_gguf
-from fitevict.pricing.peft import PEFT_WEIGHTS
+from fitevict.pricing.peft import PEFT_CONFIG, PEFT_WEIGHTS
 
 ADAPTER_DIR_SUFFIX = ".adapters"
-PEFT_CONFIG = "adapter_config.json"
 
 
 def adapter_folder(base_file: Path, stem: str) -> Path:
@@ -136,11 +135,8 @@ def add_adapters(entries: list, peft_folders: Iterable[Path], models: Mapping[st
             raise ConfigError(f"{where}: no such model in the catalog; name the key of the adapter's base model")
         if m.path is None:
             raise ConfigError(f"models.{m.key}: an adapter needs path (the GGUF adapter file or the PEFT folder)")
-        if m.path.is_dir() and is_peft_folder(os.listdir(m.path)):
-            kind = "peft"
-        elif m.path.is_file() and is_lora_gguf(m.path):
-            kind = "lora"
-        else:
+        kind = adapter_kind_of(m.path)
+        if kind is None:
             raise ConfigError(f"models.{m.key}.path = '{m.path}': neither a GGUF LoRA adapter (general.type = adapter, "
                               f"adapter.type = lora) nor a PEFT folder with {PEFT_CONFIG}")
         applier = engine_for_adapter(kind)

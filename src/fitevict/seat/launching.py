@@ -1,7 +1,7 @@
 """A new seat's engine process from its spawn to its first healthy answer. Each attempt gets a fresh port and log:
 the process is spawned in its own group, attached to its seat in the table, the scheduler told it runs
 (``spawned``), its store record kept (``loading``) and its health awaited (``running.wait_ready``). An attempt that
-fails is ended (``ending.Ending``) and read: an engine that could not bind its port (``running.BIND_FAILED`` in its
+fails is ended (``ending.Ending``) and read: an engine that could not bind its port (``Engine.bind_failed`` of its
 log: another program took the port between its choice and the bind) is started once more on another port, and a
 llama-server that crashed with repacking on (``crash.retry_without_repack``) once more without it, priced again for
 that configuration; any other failure is final, and handed back to the load to record. A seat that answers is
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fitevict import planner as pl
 from fitevict.config.records import EngineConfig
-from fitevict.engines import traits
+from fitevict.engines import engine_class, traits
 from fitevict.engines.base import LaunchSpec
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
@@ -33,7 +33,7 @@ from fitevict.seat.crash import RepackCrash, retry_without_repack
 from fitevict.seat.ending import Ending
 from fitevict.seat.processes import Processes
 from fitevict.seat.release import StopResult
-from fitevict.seat.running import BIND_FAILED, SeatState, log_tail, spawn, wait_ready
+from fitevict.seat.running import SeatState, log_tail, spawn, wait_ready
 from fitevict.seat.price import SeatPrices
 from fitevict.seat.storing import SeatRecords
 
@@ -95,7 +95,7 @@ class Launcher:
             except LoadFailed as e:
                 code = seat.proc.returncode if seat.proc is not None else None
                 res = await self.ending.end(seat)
-                if n == 1 and BIND_FAILED in log_tail(seat.log_path, 200):
+                if n == 1 and engine_class(entry.engine).bind_failed(log_tail(seat.log_path, 200)):
                     continue
                 sig = retry_without_repack(traits(entry.engine).repacks, cfg, code) if attempt.crash is None else None
                 if sig is None:

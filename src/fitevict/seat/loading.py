@@ -26,7 +26,7 @@ from typing import Any
 
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
-from fitevict.engines.torch_seat import EXIT_NO_WEIGHTS
+from fitevict.engines.base import NO_WEIGHTS
 from fitevict.host.oomkill import oom_evidence
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.errors import LoadFailed
@@ -179,9 +179,10 @@ class Loader:
             details["repack_crash"] = crash.to_json()
             e = LoadFailed(f"{key}: llama-server died by {crash.signal} with repacking on, and the retry "
                            f"with -nr failed too: {e}")
-        why = engine_failure(self.processes.engine_for(seat.entry), seat.log_path) if killed is None else None
+        engine = self.processes.engine_for(seat.entry)
+        why = engine_failure(engine, seat.log_path) if killed is None else None
         if why is not None:  # the seat's own account (a transformers walk that found no weights, ...)
-            no_weights = seat.proc is not None and seat.proc.returncode == EXIT_NO_WEIGHTS
+            no_weights = seat.proc is not None and engine.exit_meaning(seat.proc.returncode) == NO_WEIGHTS
             verdict = guard_mod.check_walk(None, reason=why) if no_weights else None
             details["guard"] = ({"accepted": False, "check": verdict.check, "reason": verdict.reason}
                                 if verdict is not None else None)

@@ -12,9 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from fitevict.config import Config
-from fitevict.engines import engine_class
+from fitevict.engines import build_pricer, engine_class
 from fitevict.engines.base import Engine, LaunchSpec
-from fitevict.engines.machine import engine_build, install_stamp, stamp_differs
 from fitevict.schedule.errors import LoadFailed
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
@@ -36,7 +35,8 @@ class Processes:
         self.log_dir = Path(config.data_dir) / "seats"
         self._engines: dict[str, Engine] = {}
         self.busy_logs: set[Path] = set()  # issued to a seat whose end is not recorded yet: never pruned
-        self.build = engine_build(self.engine_binary)  # the build its flags, prices and calibration were read from
+        # the build its flags, prices and calibration were read from
+        self.build = build_pricer().build_id(self.engine_binary)
 
     def engine_for(self, entry: CatalogEntry) -> Engine:
         eng = self._engines.get(entry.engine)
@@ -64,10 +64,9 @@ class Processes:
         """Raise LoadFailed when the engine binary on disk is no longer the build fitevict started with (another
         build put in its place): its flags, prices and calibration were read from the old one. Running seats are
         not touched; a missing binary is left to the engine's start, which names it."""
-        now = engine_build(self.engine_binary)
+        now = build_pricer().build_id(self.engine_binary)
         if now != self.build and not now.startswith("missing:"):
-            stamp = install_stamp(self.engine_binary)
-            why = stamp_differs(self.engine_binary, stamp) if stamp is not None else None
+            why = build_pricer().build_change(self.engine_binary)
             raise LoadFailed(
                 f"{key}: the engine binary {self.engine_binary} changed since fitevict started (build {self.build} "
                 f"then, {now} now{'; ' + why if why else ''}); fitevict read its flags, prices and calibration from "

@@ -28,9 +28,6 @@ from fitevict.seat.timings import EngineTimings
 if TYPE_CHECKING:
     from fitevict.seat.crash import RepackCrash
 
-BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
-
-
 @dataclass(eq=False)
 class SeatState:
     """The running half of a seat: its engine process and what was read of it. The seat itself (key, configuration,

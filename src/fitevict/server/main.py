@@ -56,7 +56,7 @@ def main(args: list[str] | None = None) -> int:
     limit_arenas()  # before any thread of the door allocates (host.heap)
 
     from fitevict.config import ConfigError, load_config, redact_url
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
 
     try:
         cfg = load_config(ns.config, overrides=json.loads(ns.overrides))

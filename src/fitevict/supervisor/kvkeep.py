@@ -31,14 +31,22 @@ from typing import Any
 
 import httpx
 
-from fitevict.engines import loopback, traits
-from fitevict.engines.slotfile import SlotFileError, common_prefix, read_tokens
+from fitevict.engines import loopback, saved_prompt, traits
 from fitevict.units import GiB, format_size
 
 log = logging.getLogger("fitevict.kvkeep")
 DISK_FLOOR = 1 * GiB  # saved prompts never take the data dir's disk below this much free
 ESTIMATE = ("estimate: shared prefix tokens / the prefill rate the model's last seat measured over its prefills of "
             "256 tokens or more (its engine timings)")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,12 +261,12 @@ class PromptKeep:
         record, tmp = self.root / f"{keep.file}.json", self.root / f"{keep.file}.json.tmp"
         tmp.write_text(json.dumps(asdict(keep)))
         tmp.replace(record)  # a record is whole or absent, never half written
-        new = read_tokens(self.root / keep.file)
+        new = saved_prompt(self.root / keep.file)
         for old in self.matching(keep.signature):
             if old.file == keep.file:
                 continue
-            with contextlib.suppress(OSError, SlotFileError):
-                tokens = read_tokens(self.root / old.file)
+            with contextlib.suppress(OSError, ValueError):
+                tokens = saved_prompt(self.root / old.file)
                 if common_prefix(tokens, new) == len(tokens):
                     self.drop(old)
 
@@ -267,8 +275,8 @@ class PromptKeep:
         best: tuple[SavedPrompt, int] | None = None
         for s in candidates:
             try:
-                shared = common_prefix(read_tokens(self.root / s.file), prompt)
-            except (OSError, SlotFileError) as e:
+                shared = common_prefix(saved_prompt(self.root / s.file), prompt)
+            except (OSError, ValueError) as e:
                 log.warning("saved prompt %s unreadable, dropped: %s", s.file, e)
                 self.drop(s)
                 continue
@@ -297,4 +305,5 @@ async def keep_before_stop(kv: PromptKeep, seat: Any, event: str, *, enabled: bo
             "kv_save_source": "measured: the time the saves added to this stop; tokens and bytes engine-reported"}
 
 
-__all__ = ["ESTIMATE", "engine_seconds", "restore_effect", "keep_before_stop", "PromptKeep", "Restored", "SavedPrompt", "timing_source"]
+__all__ = ["ESTIMATE", "PromptKeep", "Restored", "SavedPrompt", "common_prefix", "engine_seconds", "keep_before_stop",
+           "restore_effect", "timing_source"]

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from fitevict.engines import is_engine_process
+from fitevict.engines import REGISTRY, engine_class, is_engine_process
 from fitevict.engines.process import alive, cmdline, group_alive
 from fitevict.engines.upstream import health_status
 from fitevict.host import procmem
@@ -78,11 +78,11 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
                 ) -> SeatState | None:
     """Take over a live, healthy seat of a catalogued model; None when it does not qualify."""
     entry = parts.catalog.get(rec.model)
-    if entry is None or rec.pid is None or rec.port is None or "-m" not in argv:
+    path = engine_class(rec.engine).model_of(argv) if rec.engine in REGISTRY else None
+    if entry is None or rec.pid is None or rec.port is None or path is None:
         return None
     if await health_status(rec.port) != 200:
         return None
-    path = Path(argv[argv.index("-m") + 1])
     cfg = LoadConfig.from_json(rec.config) if rec.config else LoadConfig()
     if not path.is_file():
         return None

@@ -10,7 +10,7 @@ a temporary name and a rename. Each file's key, a sha256 of (recipe, vocabulary 
 and for a K-quant its source's key and the ``llama-quantize`` binary), is kept beside it in
 ``<root>/.lifesize/<name>.json`` with its size and mtime: a file whose key, size and mtime still match is reused.
 
-The engine's source and ``llama-quantize`` are given by the caller (``fitevict.engines.install.source_dir()`` and
+The engine's source and ``llama-quantize`` are given by the caller (``llama_cpp.install.source_dir()`` and
 ``resolve_binary("llama-quantize")``): the zoo does not import the engines.
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fitevict.engines import install as inst
+from fitevict.engines.llama_cpp import install as inst
 from fitevict.engines.llama_cpp import patches, vulkan
 from fitevict.engines.llama_cpp.devices import list_devices
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.dryrun import capture_load_log, dry_run
+from fitevict.engines.llama_cpp.dryrun import capture_load_log, dry_run
 from fitevict.engines.llama_cpp.devprobe import buffer_names, rules_for
-from fitevict.engines.machine import host_buffers
+from fitevict.engines.llama_cpp.machine import host_buffers
 from fitevict.engines.llama_cpp.rpcserver import RpcServer, start_rpc_server
 from fitevict.engines.process import free_port
 from fitevict.pricing.buftrace import parse_exact_log

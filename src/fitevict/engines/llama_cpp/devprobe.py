@@ -1,7 +1,7 @@
 """Ask the engine what a device backend does with weights, under the allocator trace: its buffer names, its
 alignment and padding, its host buffer type, and which weights it cannot run (``pricing/backends``).
 
-``probe_backend`` loads three one-layer llama models (``engines/probe.write_model``) with every layer on the device
+``probe_backend`` loads three one-layer llama models (``llama_cpp/probe.write_model``) with every layer on the device
 (``-dev DEV -ngl 99 -lm none``, ``-ot output_norm=CPU`` so the host buffer holds two tensors) and stops the engine
 once its weights are allocated. From the traced buffers:
 
@@ -32,9 +32,9 @@ from pathlib import Path
 from gguf import GGMLQuantizationType as QT
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.buftrace import buftrace_library, preload_env
-from fitevict.engines.machine import machine_key
-from fitevict.engines.probe import Case, write_model
+from fitevict.engines.llama_cpp.buftrace import buftrace_library, preload_env
+from fitevict.engines.llama_cpp.machine import machine_key
+from fitevict.engines.llama_cpp.probe import Case, write_model
 from fitevict.engines.process import free_port
 from fitevict.paths import cache_dir
 from fitevict.pricing.backends import BackendRules, Kind, family, weight_kind
@@ -95,7 +95,7 @@ def _store(binary: Path, device: str, rpc: Sequence[str], rules: BackendRules) -
 def _load(binary: Path, model: Path, device: str, rpc: Sequence[str], lib: Path,
           extra: Sequence[str] = (), timeout_s: float = 120.0) -> list[tuple[str, int]]:
     """(buffer type, bytes) of every non-empty buffer the engine allocated before its context, in order."""
-    from fitevict.engines.dryrun import follow_process
+    from fitevict.engines.llama_cpp.dryrun import follow_process
 
     argv = [str(binary), "-m", str(model), *(["--rpc", ",".join(rpc)] if rpc else []), "-dev", device,
             "-ngl", "99", "-lm", "none", "-c", "256", "-np", "1", "-fit", "off", "--no-warmup", "-lv", "4",

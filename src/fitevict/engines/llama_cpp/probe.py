@@ -2,7 +2,7 @@
 
 For every ggml type in ``PROBE_TYPES`` and a few shape classes, a one-layer llama model is written whose weights
 are all F32 but one matrix of that type and shape (``ffn_up``, or the experts' ``ffn_up_exps``). llama-server loads
-it under the allocator trace (``engines/buftrace.c``) with ``-fit off --no-warmup`` and is stopped as soon as its
+it under the allocator trace (``llama_cpp/buftrace.c``) with ``-fit off --no-warmup`` and is stopped as soon as its
 weights are placed. The trace shows two things:
 
 - the engine's own choice of buffer type per weight: ``select_weight_buft`` creates a zero-byte buffer of each
@@ -31,9 +31,9 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from fitevict.engines.buftrace import Unavailable, buftrace_library, preload_env
+from fitevict.engines.llama_cpp.buftrace import Unavailable, buftrace_library, preload_env
 from fitevict.engines.process import free_port
-from fitevict.engines.machine import Cpu, machine_key, probe_path, this_cpu
+from fitevict.engines.llama_cpp.machine import Cpu, machine_key, probe_path, this_cpu
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, block_size, nbytes, pad
 from fitevict.pricing.hostbufs import MUL_MAT, MUL_MAT_ID, ExtraBuffer, HostBuffers, TypeRule, rule_table
 from fitevict.zoo.tensors import spm_vocab
@@ -148,7 +148,7 @@ def write_model(case: Case | None, path: Path) -> None:
 
 def run_engine(binary: Path, model: Path, lib: Path, *, timeout_s: float = 60.0) -> list[str]:
     """The trace and log of loading ``model``'s weights; the engine is stopped once they are placed."""
-    from fitevict.engines.dryrun import follow_process
+    from fitevict.engines.llama_cpp.dryrun import follow_process
 
     argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(free_port()), "-dev", "none",
             "-c", "256", "-np", "1", "-fit", "off", "--no-warmup", "-lv", "4"]

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.buftrace import buftrace_library, preload_env
-from fitevict.engines.llama_server import load_args as server_args
+from fitevict.engines.llama_cpp.buftrace import buftrace_library, preload_env
+from fitevict.engines.llama_cpp.server import load_args as server_args
 from fitevict.pricing.buftrace import STOP_MARK
 from fitevict.engines.process import free_port, orphan_proof, stop_group
-from fitevict.engines.machine import this_cpu
+from fitevict.engines.llama_cpp.machine import this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
@@ -267,7 +267,7 @@ def capture_load_log(binary_dir: str | Path, model_path: str | Path, cfg: LoadCo
                      on_ready: Callable[[int], None] | None = None) -> CapturedLoad:
     """Start llama-server for ``cfg`` at ``-lv 4``, read its log until every buffer is reported (or it
     listens, with ``wait_listening``), sample smaps_rollup, then stop the process group. ``exact``: preload the
-    allocator trace (engines/buftrace), so ``pricing.buftrace.parse_exact_log`` reads every buffer to the byte; a
+    allocator trace (llama_cpp/buftrace), so ``pricing.buftrace.parse_exact_log`` reads every buffer to the byte; a
     trace that cannot be built fails the capture with the reason. ``on_ready(pid)`` reads the loaded process
     (a device's own reading, say) before it is stopped."""
     binary = Path(binary_dir) / SERVER

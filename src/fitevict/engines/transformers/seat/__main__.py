@@ -9,7 +9,7 @@ import sys
 import threading
 import traceback
 
-from fitevict.engines.torch_seat import (EXIT_NO_WEIGHTS, FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE,
+from fitevict.engines.transformers.seat import (EXIT_NO_WEIGHTS, FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE,
                                          TEARDOWN_LINE, parse_seat_argv)
 
 
@@ -25,8 +25,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    from fitevict.engines.torch_seat.http import make_server, serve_in_thread
-    from fitevict.engines.torch_seat.seat import HfSeat
+    from fitevict.engines.transformers.seat.http import make_server, serve_in_thread
+    from fitevict.engines.transformers.seat.seat import HfSeat
 
     seat = HfSeat(args.model, args.cfg, test_keep=args.test_keep)
     srv = make_server(seat, args.port, args.name, stop.set)

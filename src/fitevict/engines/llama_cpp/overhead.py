@@ -6,7 +6,7 @@ libraries' pages (touched by the kernels a request runs), thread stacks, the all
 the vocabulary's heap, ggml's CPU work buffer and the heap a filled context grows (``pricing.process``, each a rule
 from the model's dimensions). fitevict measures the first part once per engine binary: it starts the binary as a
 seat starts (the same argv builder) on the calibration model (a zoo model written for the purpose unless one is
-given) with the allocator trace preloaded, fills its context as ``engines/fill.py`` does (a prompt of
+given) with the allocator trace preloaded, fills its context as ``engines/llama_cpp/fill.py`` does (a prompt of
 ``n_ctx_seq - 32`` tokens, 32 generated), reads the process tree's PSS every 20 ms from spawn to the end of the
 fill, with the pages of its code (the binary and its libraries) counted whole, as for a seat alone (PSS would split
 them with whatever else maps them), and takes the peak, less the exact bytes of every host buffer the allocator
@@ -35,11 +35,11 @@ import httpx
 import psutil
 
 from fitevict.engines.base import Unavailable
-from fitevict.engines.buftrace import buftrace_library, preload_env
-from fitevict.engines.fill import SAMPLE_S, PeakSampler, fill, healthy
-from fitevict.engines.llama_server import LlamaServerEngine
+from fitevict.engines.llama_cpp.buftrace import buftrace_library, preload_env
+from fitevict.engines.llama_cpp.fill import SAMPLE_S, PeakSampler, fill, healthy
+from fitevict.engines.llama_cpp.server import LlamaServerEngine
 from fitevict.engines.process import free_port, stop_group
-from fitevict.engines.machine import this_cpu
+from fitevict.engines.llama_cpp.machine import this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.buftrace import STOP_MARK, parse_exact_log
 from fitevict.pricing.footprint import HOST
@@ -157,7 +157,7 @@ def calibrate_overhead(binary: str | Path, model: str | Path | None = None, *, h
     """Measure ``binary``'s process overhead on ``model`` (default: a freshly written zoo model) and store it.
     Returns the stored record: ``overhead`` (device -> bytes that do not depend on the model), the runs' peaks
     and buffers, the calibration model's own scaling ``terms`` and the ``seconds`` it took."""
-    from fitevict.engines.machine import host_buffers
+    from fitevict.engines.llama_cpp.machine import host_buffers
 
     binary = Path(binary)
     host = host or host_buffers(binary)

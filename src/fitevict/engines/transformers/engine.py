@@ -1,11 +1,11 @@
 """The transformers engine: an HF load configuration becomes the seat's argv, and the seat's object walk becomes a
 measured Footprint.
 
-Each transformers seat is its own process (``python -m fitevict.engines.torch_seat``), started in its own process
+Each transformers seat is its own process (``python -m fitevict.engines.transformers.seat``), started in its own process
 group like a llama-server seat. Its environment sets ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed model memory
 goes back to the kernel instead of staying with glibc, and hides CUDA devices from a CPU-only seat.
 
-The seat logs three machine-readable lines (prefixes in fitevict.engines.torch_seat): its footprint after load,
+The seat logs three machine-readable lines (prefixes in fitevict.engines.transformers.seat): its footprint after load,
 a failed load's reason, and the leak breaker's teardown report. The same documents are served over HTTP:
 ``GET /footprint`` and ``POST /unload``. Nothing here imports torch.
 """
@@ -18,11 +18,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fitevict.engines.base import EngineBase, LaunchSpec, Traits
-from fitevict.engines.torch_seat import (FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE, TEARDOWN_LINE, SeatArgs, parse_seat_argv,
-                                         seat_argv)
+from fitevict.engines.base import NO_WEIGHTS, EngineBase, LaunchSpec, Traits
+from fitevict.engines.transformers.seat import (EXIT_NO_WEIGHTS, FAILED_LINE, FOOTPRINT_LINE, STOPPING_LINE,
+                                                TEARDOWN_LINE, SeatArgs, parse_seat_argv, seat_argv)
 from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.pricing.hf_price import HfLoadConfig
+from fitevict.pricing.peft import PEFT_CONFIG
 from fitevict.pricing.loadconfig import LoadConfig
 
 SEAT_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "TOKENIZERS_PARALLELISM": "false",
@@ -103,8 +104,10 @@ def adapter_load_seconds(doc: dict | None) -> float | None:
 
 class TransformersEngine(EngineBase):
     name = "transformers"
+    pricer = "fitevict.engines.transformers.pricer:PRICER"
     traits = Traits(file_kinds=("hf",), flags_set_price=True, overhead="own-process", adapters="switched",
-                    adapter_kinds=("peft",), reports_teardown=True, process_marks=("fitevict.engines.torch_seat",))
+                    adapter_kinds=("peft",), reports_teardown=True,
+                    process_marks=("fitevict.engines.transformers.seat",))
 
     def __init__(self, python: Path | None = None) -> None:
         self.python = Path(python or sys.executable)
@@ -115,7 +118,7 @@ class TransformersEngine(EngineBase):
         """``mmproj`` and ``slot_save_path`` are not this engine's (its traits say so): never set here."""
         cfg = hf_config(config, embeddings=embeddings, extra_args=extra_args)  # priced under the same cfg
         args = SeatArgs(Path(model_path), port, cfg, Path(model_path).name, test_keep_tensor)
-        argv = (str(self.python), "-m", "fitevict.engines.torch_seat", *seat_argv(args))
+        argv = (str(self.python), "-m", "fitevict.engines.transformers.seat", *seat_argv(args))
         env = {**os.environ, **SEAT_ENV}
         notes: list[str] = []
         if not cfg.gpus:
@@ -134,6 +137,16 @@ class TransformersEngine(EngineBase):
     def document(cls, log_text: str) -> dict | None:
         """The seat's footprint document as it logged it after load (walk, process baseline), or None."""
         return _last_json(log_text, FOOTPRINT_LINE)
+
+    @classmethod
+    def adapter_kind(cls, path: Path) -> str | None:
+        """A PEFT adapter folder (its ``adapter_config.json``)."""
+        return "peft" if Path(path).is_dir() and PEFT_CONFIG in os.listdir(path) else None
+
+    @classmethod
+    def exit_meaning(cls, code: int | None) -> str | None:
+        """The seat's exit code for a walk that found no weights (``EXIT_NO_WEIGHTS``)."""
+        return NO_WEIGHTS if code == EXIT_NO_WEIGHTS else None
 
     @classmethod
     def failure(cls, log_text: str) -> str | None:

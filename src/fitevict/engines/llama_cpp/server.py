@@ -17,9 +17,11 @@ from pathlib import Path
 
 from fitevict.pricing.flags import switch_args, value_args
 from fitevict.engines.base import EngineBase, LaunchSpec, Traits
-from fitevict.engines.install import SERVER as BINARY
+from fitevict.engines.llama_cpp.install import SERVER as BINARY
+from fitevict.engines.llama_cpp.slotfile import read_tokens
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.lora import is_lora_gguf
 
 _STAMP = r"^\s*(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) \S "
 _LORA_START = re.compile(_STAMP + r"llama_adapter_lora_init: loading lora adapter")
@@ -136,8 +138,12 @@ def lora_args(cfg: LoadConfig) -> list[str]:
 SHUTDOWN_MARK = "cleaning up before exit"  # llama-server's log once its SIGTERM/SIGINT handler ended its task loop
 
 
+BIND_FAILED = "couldn't bind HTTP server socket"  # llama-server's words when its port was taken
+
+
 class LlamaServerEngine(EngineBase):
     name = "llama-server"
+    pricer = "fitevict.engines.llama_cpp.pricer:PRICER"
     traits = Traits(file_kinds=("gguf",), dry_run=True, repacks=True, keeps_prompts=True, memory_flags_priced=True,
                     engine_args=True, overhead="calibrated", adapters="scale-0", adapter_kinds=("lora",),
                     process_marks=(BINARY,))
@@ -159,6 +165,26 @@ class LlamaServerEngine(EngineBase):
     @classmethod
     def for_binary(cls, binary: Path) -> "LlamaServerEngine":
         return cls(binary)
+
+    @classmethod
+    def model_of(cls, argv: Sequence[str]) -> Path | None:
+        """The file after ``-m``."""
+        args = list(argv)
+        return Path(args[args.index("-m") + 1]) if "-m" in args[:-1] else None
+
+    @classmethod
+    def bind_failed(cls, log_text: str) -> bool:
+        return BIND_FAILED in log_text
+
+    @classmethod
+    def saved_prompt(cls, path: Path) -> list[int]:
+        """The tokens in a saved slot's header (``slotfile.read_tokens``)."""
+        return read_tokens(path)
+
+    @classmethod
+    def adapter_kind(cls, path: Path) -> str | None:
+        """A GGUF LoRA adapter (general.type = adapter, adapter.type = lora)."""
+        return "lora" if Path(path).is_file() and is_lora_gguf(path) else None
 
     @classmethod
     def adapter_seconds(cls, log_text: str) -> float | None:

@@ -1,6 +1,6 @@
 """The transformers seat: a child process that loads one HF model and serves it on loopback.
 
-``python -m fitevict.engines.torch_seat MODEL_DIR --port N [--dtype ...] [--quant ...] [--device-map ...]
+``python -m fitevict.engines.transformers.seat MODEL_DIR --port N [--dtype ...] [--quant ...] [--device-map ...]
 [--adapter PEFT_DIR ...]``
 
 torch, transformers and diffusers are imported only inside that process; this package's ``__init__`` (the argv
@@ -35,7 +35,8 @@ class SeatArgs:
 
 
 def seat_argv(a: SeatArgs) -> list[str]:
-    """The seat's arguments (after ``python -m fitevict.engines.torch_seat``): one builder, parsed by parse_seat_argv."""
+    """The seat's arguments (after ``python -m fitevict.engines.transformers.seat``): one builder, parsed by
+    parse_seat_argv."""
     c = a.cfg
     out = [str(a.model), "--port", str(a.port), "--name", a.name, "-c", str(c.n_ctx), "--dtype", c.dtype,
            "--quant", c.quant, "--device-map", c.device_map]
@@ -53,7 +54,7 @@ def seat_argv(a: SeatArgs) -> list[str]:
 
 
 def parse_seat_argv(argv: Sequence[str]) -> SeatArgs:
-    p = argparse.ArgumentParser(prog="python -m fitevict.engines.torch_seat")
+    p = argparse.ArgumentParser(prog="python -m fitevict.engines.transformers.seat")
     p.add_argument("model", type=Path)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--name", default="")

@@ -14,10 +14,10 @@ import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fitevict.engines.torch_seat.adapters import HEADER as ADAPTER_HEADER
-from fitevict.engines.torch_seat.adapters import Activation
-from fitevict.engines.torch_seat.model import Cut, Timings
-from fitevict.engines.torch_seat.seat import HfSeat
+from fitevict.engines.transformers.seat.adapters import HEADER as ADAPTER_HEADER
+from fitevict.engines.transformers.seat.adapters import Activation
+from fitevict.engines.transformers.seat.model import Cut, Timings
+from fitevict.engines.transformers.seat.seat import HfSeat
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> tuple[int, dict]:

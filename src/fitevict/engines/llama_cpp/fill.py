@@ -11,7 +11,7 @@ processes of the same binary or libraries, by as much as their number says (seve
 ``/tokenize`` of a text) and asks for ``max_tokens`` more (``/completion``, ``ignore_eos``), so that every slot's
 context is full when its answer ends.
 
-Used by the engine overhead calibration (``engines/overhead.py``) and by ``bench/filled_context.py`` and its test.
+Used by the engine overhead calibration (``llama_cpp/overhead.py``) and by ``bench/filled_context.py`` and its test.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from an older server holds the plain tokens. Only the tokens are read here: whic
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from pathlib import Path
 
 MAGIC = 0x67677371  # 'ggsq'
@@ -47,13 +46,4 @@ def read_tokens(path: Path) -> list[int]:
     return list(words[3:3 + count])
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-__all__ = ["SlotFileError", "common_prefix", "read_tokens"]
+__all__ = ["SlotFileError", "read_tokens"]

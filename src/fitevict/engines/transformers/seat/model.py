@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from fitevict.engines.torch_seat import STARTED_LINE, STOPPED_LINE
-from fitevict.engines.torch_seat.adapters import Activation, Switch, choice
+from fitevict.engines.transformers.seat import STARTED_LINE, STOPPED_LINE
+from fitevict.engines.transformers.seat.adapters import Activation, Switch, choice
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.hf_price import HfLoadConfig, place_groups, plan_weights
 from fitevict.pricing.safetensors import load_hf_structure

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from fitevict.engines.torch_seat import model as m
-from fitevict.engines.torch_seat.adapters import attach
-from fitevict.engines.torch_seat.walk import Walk, live_referents, walk
+from fitevict.engines.transformers.seat import model as m
+from fitevict.engines.transformers.seat.adapters import attach
+from fitevict.engines.transformers.seat.walk import Walk, live_referents, walk
 from fitevict.host.procmem import ProcessMemory, read_process
 from fitevict.pricing.hf_price import HfLoadConfig
 

@@ -6,7 +6,7 @@ extra host buffer types (AMX, CPU_REPACK, KleidiAI) and the kernels a native bui
 ``machine_key`` names that pair; every cache and stored figure is keyed by it, so a figure taken on another machine
 is never trusted as this one's.
 
-``host_buffers`` is the table pricing uses: the engine's own answer on this machine (``engines/probe.py``, stored
+``host_buffers`` is the table pricing uses: the engine's own answer on this machine (``llama_cpp/probe.py``, stored
 under ``cache_dir()/probe``) when a probe has run, else the rule table for this CPU's flags, labelled ``rule-table``.
 """
 
@@ -43,7 +43,7 @@ def engine_build(binary: Path | str | None) -> str:
 
 def install_stamp(binary: Path) -> dict | None:
     """The install record beside ``binary`` (``engine install`` writes it), None where there is none."""
-    from fitevict.engines.install import STAMP  # the install record's one name
+    from fitevict.engines.llama_cpp.install import STAMP  # the install record's one name
 
     try:
         stamp = json.loads((binary.parent / STAMP).read_text())
@@ -114,6 +114,6 @@ def host_buffers(binary: Path | str | None = None) -> HostBuffers:
 
 
 def default_binary() -> Path | None:
-    from fitevict.engines.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import resolve_binary
 
     return resolve_binary().path

@@ -1,0 +1,1 @@
+"""The transformers family: the torch engine (``engine``) and its seat process (``seat``)."""
