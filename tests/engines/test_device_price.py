@@ -59,7 +59,7 @@ def test_a_pipeline_over_two_rpc_servers_prices_to_the_engines_buffers(
     llama.cpp runs the pipeline (4 copies of each split input). The dry run's figure for RPC1 holds 4 copies of the
     norm of the layer where RPC1 takes over, which the load keeps on RPC1 (pricing/pipeline); priced without them,
     every term on every device meets its target."""
-    from fitevict.engines.dryrun import dry_run
+    from fitevict.engines.llama_cpp.dryrun import dry_run
     from fitevict.pricing.gguf import load_structure
     from fitevict.pricing.pipeline import GGML_SCHED_MAX_COPIES
 
