@@ -395,8 +395,8 @@ class Scheduler:
                     s = self.table[e.key]
                     self.inflation = max(self.inflation, s.priority)  # GreedyDual-Size: L rises to the victim's H
                     event = "unload" if e.key == head.key else "evict"
-                    reason = (f"replaced: {head.key} is asked for under another configuration" if e.key == head.key
-                              else f"evicted for {head.key}: {e.reason}")
+                    reason = (f"evicted for {head.key}: {e.reason}" if e.key != head.key else f"replaced: {head.key} "
+                              f"is asked for under another configuration ({e.reason.removeprefix('replace: ')})")
                     self._stop(s, event, reason, head.request_id)
             else:
                 assert plan.config is not None

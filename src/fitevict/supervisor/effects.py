@@ -83,8 +83,8 @@ class LiveEffects:
             meter=Meter(p.meters, p.clock, p.processes),
             recorder=LoadRecorder(p.clock, p.history, p.planning,
                                   learning=Learning(p.prices, p.store, p.processes, p.clock),
-                                  report=lambda seat, plan: seat_load_report(seat, plan, p.planning.last_budget,
-                                                                             p.seats).to_json()),
+                                  report=lambda seat, plan, rid: seat_load_report(
+                                      seat, plan, p.planning.last_budget, p.seats, p.history.recent, rid).to_json()),
             watch=self.watch, spawn=self._spawn_task, closed=lambda: p.desk.closed, handed=lambda: self.handed,
             recording=self.recording)
 
