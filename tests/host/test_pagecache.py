@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from fitevict.host.pagecache import SOURCE, drop, read_ahead, residency
+from fitevict.host.pagecache import COUNTED, SOURCE, cached_words, drop, read_ahead, residency
 from fitevict.supervisor.effects import LiveEffects
 
 MiB = 1024 * 1024
@@ -83,3 +83,31 @@ def test_the_prefetch_effect_makes_a_dropped_file_resident(tmp_path: Path) -> No
 
     asyncio.run(scenario())
     assert _resident_within(f, 48 * MiB) == 48 * MiB
+
+
+def test_ps_and_plan_show_the_share_cached_as_reclaimable(tmp_path: Path, capsys) -> None:
+    from rich.console import Console
+
+    from fitevict.cli.admin import _show_plan, ps_table
+
+    f = _write(tmp_path / "m.gguf", 4 * MiB)
+    drop(f)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.pread(fd, MiB, 0)  # the first MiB read (the kernel may read further ahead: measured, not assumed)
+    finally:
+        os.close(fd)
+    doc = residency(f).to_json()
+    share = f"{100 * doc['fraction']:.0f}%"
+    assert cached_words(doc) == share and cached_words(None) == "-" and cached_words(residency(tmp_path / "x")
+                                                                                     .to_json()) == "?"
+    row = {"key": "m", "state": "ready", "placement": "100% CPU", "in_flight": 0, "waiting": 0, "ctx": 4096,
+           "devices": {"CPU": {"measured_bytes": 290, "predicted_bytes": 300}}, "last_used": None, "unload_at": None,
+           "page_cache": doc}
+    out = Console(width=120, record=True)
+    out.print(ps_table([row], time.time(), "http://one"))
+    head, line = [t for t in out.export_text().splitlines() if t.strip() and "──" not in t][1:3]
+    assert head.split()[5] == "cached" and share in line.split()
+    plan = {"action": "hit", "key": "m", "reason": "resident", "budget_bytes": {}, "evict": []}
+    _show_plan(plan, None, False, doc)
+    assert f"its file in the page cache: {share}" in capsys.readouterr().out and COUNTED in doc["counted"]

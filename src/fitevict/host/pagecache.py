@@ -43,7 +43,19 @@ class Residency:
 
     def to_json(self) -> dict:
         return {"file_bytes": self.file_bytes, "resident_bytes": self.resident_bytes, "fraction": self.fraction,
-                "source": self.source, "counted": "reclaimable: never budgeted"}
+                "source": self.source, "counted": COUNTED}
+
+
+COUNTED = "reclaimable: never budgeted"
+
+
+def cached_words(doc: dict | None) -> str:
+    """A ``Residency.to_json`` in a few words: the share of the file in the page cache, or why it is not known."""
+    if not doc:
+        return "-"
+    if doc.get("resident_bytes") is None:
+        return "?"
+    return f"{100 * doc['fraction']:.0f}%"
 
 
 def files_of(path: str | Path) -> list[Path]:
@@ -78,7 +90,8 @@ def _file_resident(libc: ctypes.CDLL, f: Path) -> tuple[int, int]:
             vec = ctypes.create_string_buffer(pages)
             if libc.mincore(addr, size, vec) != 0:
                 raise OSError(ctypes.get_errno(), f"mincore of {f} failed")
-            resident = sum(b & 1 for b in vec.raw)
+            raw = vec.raw
+            resident = len(raw) - raw.count(0)  # the kernel sets bit 0 of a resident page's byte, nothing else
         finally:
             libc.munmap(addr, size)
         return size, min(size, resident * PAGE)
