@@ -401,6 +401,9 @@ class Sim(Clocked):
             self._wake[4] = False
         self._wake = self.at(when, self._tick)
 
+    def prefetch(self, path: str) -> None:
+        pass  # the trace's models are priced, not read: a read ahead changes nothing the replay measures
+
     def _tick(self) -> None:
         assert self.policy is not None
         self._wake = None

@@ -334,18 +334,20 @@ def test_no_engine_outlives_fitevict(models: Path, tmp_path: Path, sig: signal.S
         assert orphans[0]["details"]["pid"] == engines[0] and "no longer running" in orphans[0]["reason"]
 
 
-def test_a_different_contract_reloads_the_model(door) -> None:
+def test_a_larger_context_reloads_the_model_and_a_smaller_one_does_not(door) -> None:
     c = client(door)
     msgs = [{"role": "user", "content": "x"}]
-    c.chat.completions.create(model="llama-q8_0", messages=msgs, max_tokens=1)
+    with admin(door) as a:  # whatever an earlier test left of it (a larger context serves these requests) goes
+        a.post("/v1/models/llama-q8_0/unload")
     c.chat.completions.create(model="llama-q8_0", messages=msgs, max_tokens=1, extra_body={"fitevict": {"ctx": 1024}})
+    c.chat.completions.create(model="llama-q8_0", messages=msgs, max_tokens=1, extra_body={"fitevict": {"ctx": 2048}})
     with admin(door) as a:
         res = {r["key"]: r for r in a.get("/v1/models/residents").json()["data"]}
-    assert res["llama-q8_0"]["ctx"] == 1024
+    assert res["llama-q8_0"]["ctx"] == 2048
     ev = history(door, model="llama-q8_0", limit=2)
-    assert [e["event"] for e in ev] == ["load", "evict"] or [e["event"] for e in ev] == ["load", "unload"]
-    assert "replace" in ev[1]["reason"] or "reload" in ev[1]["reason"]
-    # the same contract again is a hit: no new load
+    assert [e["event"] for e in ev] == ["load", "unload"]
+    assert "replaced" in ev[1]["reason"] and "reloaded for ctx: resident 1024 < asked 2048" in ev[1]["reason"]
+    # a smaller context again is a hit on the larger seat: no new load
     c.chat.completions.create(model="llama-q8_0", messages=msgs, max_tokens=1, extra_body={"fitevict": {"ctx": 1024}})
     assert history(door, model="llama-q8_0", limit=1)[0]["id"] == ev[0]["id"]
 

@@ -112,6 +112,9 @@ class Effects:
     def wake_at(self, when: float) -> None:
         pass
 
+    def prefetch(self, path: str) -> None:
+        pass  # no file to read: page cache is none of this test's business
+
 
 def request(fx: Effects, n: int) -> Waiter:
     from fitevict import planner as pl

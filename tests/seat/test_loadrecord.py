@@ -55,7 +55,7 @@ def _record(tmp_path: Path, verdict: Verdict = ACCEPTED, *, crash: RepackCrash |
                     origin={"route": "/v1/chat/completions"})
     reported: list = []
 
-    def report(s, plan) -> dict:
+    def report(s, plan, request_id) -> dict:
         reported.append((s, plan))
         return REPORT
 

@@ -28,9 +28,9 @@ def footprint(n: int) -> Footprint:
 
 
 def request(key: str, *, parallel: int = 1, ctx: int = 4096, fixed: frozenset[str] | None = frozenset(),
-            pinned: bool = False) -> pl.PlanRequest:
+            pinned: bool = False, path: str = "") -> pl.PlanRequest:
     return pl.PlanRequest(key=key, config=LoadConfig(n_ctx=ctx, n_parallel=parallel), alloc_mode="max-gpu",
-                          fixed=fixed, pinned=pinned)
+                          fixed=fixed, pinned=pinned, path=path)
 
 
 class Recorder:
@@ -70,6 +70,9 @@ class Recorder:
 
     def wake_at(self, when: float) -> None:
         self.wake = when
+
+    def prefetch(self, path: str) -> None:
+        self.calls.append(("prefetch", path))
 
     def kinds(self, kind: str) -> list[tuple]:
         return [c for c in self.calls if c[0] == kind]
@@ -142,6 +145,7 @@ class World:
             self.on_stop(self, key, event)
 
         def gone(k: str = key) -> None:
+            self.events.append((self.t, "gone", k))
             self._held.pop(k, None)
             self._engine.pop(k, None)
             self.sched.stopped(k)
@@ -163,6 +167,9 @@ class World:
         after = self._after.pop(waiter.request_id, None)
         if after is not None:
             self.at(self.t, after)
+
+    def prefetch(self, path: str) -> None:
+        self.events.append((self.t, "prefetch", path))  # page cache: reclaimable, so no bytes held against the budget
 
     def wake_at(self, when: float) -> None:
         if self._wake is not None and self._wake <= when and self._wake > self.t:

@@ -46,6 +46,9 @@ class Recorder:
     def wake_at(self, when: float) -> None:
         pass
 
+    def prefetch(self, path: str) -> None:
+        pass  # no file to read: page cache is none of this test's business
+
 
 def serve_one(s: Scheduler, fx: Recorder, key: str, keep_alive: float | None) -> None:
     req = pl.PlanRequest(key=key, config=LoadConfig(n_ctx=512), alloc_mode="max-gpu", n_layer=4, n_moe_layers=0,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from fitevict.engines.llama_cpp.server import LlamaServerEngine
-from fitevict.supervisor.loadreport import HEADER, LoadReport, load_report, report_headers
+from fitevict.store.records import Event
+from fitevict.supervisor.loadreport import HEADER, LoadReport, load_report, reloaded, report_headers
 
 adapter_load_seconds = LlamaServerEngine.adapter_seconds
 
@@ -103,3 +104,16 @@ def test_a_hit_report_is_kept_once_per_model_and_seat_however_often_the_resident
         report = loadreport.hit_report(sup, entry, seat)
         assert report.resident_bytes_after["CPU"] == n * 1_000_000
     assert len(loadreport._hits) == 1 and len(loadreport._headers) == 1
+
+
+def test_a_reload_for_a_larger_context_says_why_for_its_own_request_only() -> None:
+    r = load_report(model="m", base="m", adapter=None, seat_loras=(), loaded=True, load_seconds=1.0,
+                    adapter_seconds=None, evicted=(), **ARGS)
+    stop = Event(time=1.0, event="unload", model="m", request_id="r2",
+                 reason="replaced: m is asked for under another configuration (reloaded for ctx: resident 2048 < "
+                        "asked 4096)")
+    got = reloaded(r, (stop,), "m", "r2")
+    assert got.reloaded_for == "reloaded for ctx: resident 2048 < asked 4096"
+    assert any(n.startswith("reloaded for ctx: resident 2048 < asked 4096") for n in got.notes)
+    assert json.loads(got.header())["reloaded_for"] == got.reloaded_for
+    assert reloaded(r, (stop,), "m", "r3") is r and reloaded(r, (stop,), "m", None) is r  # another request's load

@@ -211,11 +211,15 @@ def test_contract_mismatch_replaces_the_seat_after_its_requests() -> None:
     s, fx = sched({"a": 100 * MB}, 150 * MB, min_residency_seconds=0)
     s.submit(Waiter(request("a", ctx=4096), 0.0, "a0"))
     ready(s, fx, "a")
+    smaller = Waiter(request("a", ctx=2048, fixed=frozenset({"n_ctx"})), 0.0, "small")
+    assert s.fast(smaller) == "a"  # a smaller context is served by the seat as it is
+    s.finished("a", smaller)
     other = Waiter(request("a", ctx=8192, fixed=frozenset({"n_ctx"})), 0.0, "a1")
     s.submit(other)
     assert not fx.kinds("stop")  # a0 is in flight on the old seat
     s.finished("a")
     assert fx.kinds("stop")[0][1:3] == ("a", "unload") and "another configuration" in fx.kinds("stop")[0][3]
+    assert "(reloaded for ctx: resident 4096 < asked 8192)" in fx.kinds("stop")[0][3]
     s.stopped("a")
     assert fx.kinds("start") == [("start", "a"), ("start", "a")]
     # a request that fixes nothing is served by whatever seat of the model is resident

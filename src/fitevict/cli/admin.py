@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fitevict.host.pagecache import cached_words, residency
 from fitevict.units import format_size
 
 console = Console()
@@ -107,7 +108,7 @@ def plan_cmd(
         if out.get("plan") is None:
             err.print(f"[red]no node answered a dry run for {escape(model)}[/]")
             raise typer.Exit(1)
-        _show_plan(out["plan"], out.get("budget"), as_json)
+        _show_plan(out["plan"], out.get("budget"), as_json, out.get("page_cache"))
         return
 
     from fitevict.cli.serve import build_config
@@ -116,13 +117,14 @@ def plan_cmd(
                                 "budget.ram_limit": ram_limit, "budget.gpu_limit": gpu_limit})
     budget = _offline_budget(cfg, ram, gpu)
     res = _declared_residents(residents) if residents is not None else []
-    the_plan = _offline_plan(cfg, model, contract_json, budget, res)
-    _show_plan(the_plan.to_json(), budget.to_json(), as_json)
+    the_plan, path = _offline_plan(cfg, model, contract_json, budget, res)
+    _show_plan(the_plan.to_json(), budget.to_json(), as_json, residency(path).to_json())
 
 
 def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list):
     """The server's plan for ``model`` without a server: the same price book, primed from the same store (stored
-    measurements, corrections, the engine's and the transformers seats' overheads), and the same policy."""
+    measurements, corrections, the engine's and the transformers seats' overheads), and the same policy; with the
+    file (or folder) a load of it reads."""
     from fitevict import planner as pl
     from fitevict.engines.llama_cpp.install import resolve_binary
     from fitevict.pricing.gguf import PricingError
@@ -145,7 +147,7 @@ def _offline_plan(cfg, model: str, contract_json: dict, budget, residents: list)
             asked = ask(entry, contract, book)
             sheet = book.read_sheet(asked.path, asked.request.config)  # the server's planner prices from the same sheet
             return pl.plan(asked.request, residents, budget, lambda _k, c: sheet.footprint(c), plan_policy(cfg),
-                           time.time())
+                           time.time()), asked.path
     except (UnknownModel, ContractError, GgufFileError, PricingError) as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
@@ -214,9 +216,9 @@ def compact_table(title: str | None, columns: list[str], *, right: tuple[str, ..
     return t
 
 
-def _show_plan(plan: dict, budget: dict | None, as_json: bool) -> None:
+def _show_plan(plan: dict, budget: dict | None, as_json: bool, cached: dict | None = None) -> None:
     if as_json:
-        typer.echo(json.dumps({**plan, "budget": budget}, indent=2, default=str))
+        typer.echo(json.dumps({**plan, "budget": budget, "page_cache": cached}, indent=2, default=str))
         return
     colour = {"refuse": "red", "wait": "yellow"}.get(plan["action"], "green")
     console.print(f"[bold {colour}]{plan['action']}[/] {escape(plan['key'])}: {escape(plan['reason'])}")
@@ -235,6 +237,11 @@ def _show_plan(plan: dict, budget: dict | None, as_json: bool) -> None:
         console.print(f"[dim]{escape(dev)} is unified memory ({escape(source)}): its budget is carved out of RAM; "
                       f"its bytes count in CPU's needed and free as well, and its own budget is a limit inside "
                       f"CPU's[/]")
+    if cached:
+        got = (f"{format_size(cached['resident_bytes'])} of {format_size(cached['file_bytes'])}"
+               if cached["resident_bytes"] is not None else "")
+        console.print(f"[dim]its file in the page cache: {cached_words(cached)} {got} ({escape(cached['source'])}; "
+                      f"{cached['counted']})[/]")
     for e in plan["evict"]:
         console.print(f"evict {escape(e['key'])}: {escape(e['reason'])}")
     if plan.get("wait_for"):
@@ -252,7 +259,8 @@ def ps(url: str | None = typer.Option(None, "--url", help=URL_HELP), key: str | 
     console.print(ps_table(data, time.time(), _url(url)))
     if doc.get("queued"):
         console.print(queued_table(doc["queued"]))
-    console.print("[dim]host: measured (the latest reading); pred.: predicted; busy: in flight + waiting; --json: every figure "
+    console.print("[dim]host: measured (the latest reading); pred.: predicted; cached: its file in the page cache "
+                  "(measured: mincore; reclaimable, never budgeted); busy: in flight + waiting; --json: every figure "
                   "with its source[/]")
     usage = admin_call(url, key, "GET", "/health").get("data_dir")
     if usage:
@@ -290,9 +298,9 @@ def ps_table(data: list[dict], now: float, url: str) -> Table:
     nodes = any("node" in r for r in data)
     stores = any(r.get("store") not in (None, "models-dir") for r in data)
     t = compact_table(f"residents of {url}",
-                      ["node"] * nodes + ["model"] + ["store"] * stores + ["state", "where", "host", "pred.", "ctx",
-                                                                          "busy", "unload in"],
-                      right=("host", "pred.", "ctx", "busy"))
+                      ["node"] * nodes + ["model"] + ["store"] * stores + ["state", "where", "host", "pred.",
+                                                                          "cached", "ctx", "busy", "unload in"],
+                      right=("host", "pred.", "cached", "ctx", "busy"))
     for r in data:
         cpu = r["devices"].get("CPU", {})
         unload = (f"{max(0, r['unload_at'] - now):.0f} s" if r.get("unload_at") else
@@ -302,7 +310,7 @@ def ps_table(data: list[dict], now: float, url: str) -> Table:
         t.add_row(*[str(r.get("node") or "")[:8]] * nodes, r["key"], *[r.get("store") or ""] * stores, r["state"],
                   where,
                   format_size(cpu.get("measured_bytes")) + ("!" if r.get("outgrew") else ""),
-                  format_size(cpu.get("predicted_bytes")), str(r["ctx"]),
+                  format_size(cpu.get("predicted_bytes")), cached_words(r.get("page_cache")), str(r["ctx"]),
                   f"{r['in_flight']}+{r.get('waiting', 0)}", unload)
     if any(r.get("outgrew") for r in data):
         t.caption = "!: outgrowing its price (its reading exceeds it by more than budget.outgrow_margin; stopped " \

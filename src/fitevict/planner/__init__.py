@@ -34,12 +34,12 @@ When a load would fit only once busy residents are gone, the plan is ``wait`` wi
     plan.py     plan(): hit, load, partial, ram, wait or refuse, with the numbers that decided it
 """
 
-from fitevict.planner.ladder import action_of, compatible
+from fitevict.planner.ladder import RELOADED_FOR_CTX, action_of, compatible, mismatch
 from fitevict.planner.plan import plan
 from fitevict.planner.records import (ALLOC_MODES, LOADING_ACTIONS, PRIORITY_BAND, Action, AllocMode, Eviction,
                                       FootprintFn, Plan, PlanInvariantError, PlanRequest, Policy, Resident)
 from fitevict.planner.victims import describe, victim_order
 
 __all__ = ["ALLOC_MODES", "LOADING_ACTIONS", "PRIORITY_BAND", "Action", "AllocMode", "Eviction", "FootprintFn", "Plan",
-           "PlanInvariantError", "PlanRequest", "Policy", "Resident", "action_of", "compatible", "describe", "plan",
-           "victim_order"]
+           "PlanInvariantError", "PlanRequest", "Policy", "RELOADED_FOR_CTX", "Resident", "action_of", "compatible",
+           "describe", "mismatch", "plan", "victim_order"]

@@ -45,19 +45,62 @@ def action_of(c: LoadConfig, n_layer: int) -> Action:
 
 def compatible(resident: LoadConfig, request: PlanRequest, source: str = "") -> bool:
     """Whether a resident configuration serves the request. The one rule, for the front door's fast path,
-    the scheduler and the planner alike.
+    the scheduler and the planner alike (``mismatch`` says why not)."""
+    return mismatch(resident, request, source) is None
+
+
+RELOADED_FOR_CTX = "reloaded for ctx"  # how a reload for a larger context names itself (the load report reads it)
+_CTX_FIELDS = ("n_ctx", "n_parallel")
+
+
+def slot_ctx(c: LoadConfig, n_ctx_train: int = 0) -> int:
+    """Tokens one slot of ``c`` holds: its context (0: the training context) over its slots (no -np: the engine's 4)."""
+    return (c.n_ctx or n_ctx_train) // max(1, c.n_parallel or 4)
+
+
+def ctx_short(resident: LoadConfig, request: PlanRequest) -> str | None:
+    """Why the resident's context is too small for the request (``RELOADED_FOR_CTX: resident N < asked M``, per
+    slot), or None: a seat serves any request whose slot holds no more than one of its own slots."""
+    have, want = slot_ctx(resident, request.n_ctx_train), slot_ctx(request.config, request.n_ctx_train)
+    if not request.n_ctx_train and not (resident.n_ctx and request.config.n_ctx):  # a training context not known
+        if resident.n_ctx == request.config.n_ctx:
+            return None
+        return (f"{RELOADED_FOR_CTX}: resident {resident.n_ctx} != asked {request.config.n_ctx} "
+                "(0: the training context, whose size is not known)")
+    if want <= have:
+        return None
+    per = "" if (resident.n_parallel or 4) == (request.config.n_parallel or 4) == 1 else " per slot"
+    return f"{RELOADED_FOR_CTX}: resident {have} < asked {want}{per}"
+
+
+def mismatch(resident: LoadConfig, request: PlanRequest, source: str = "") -> str | None:
+    """Why a resident configuration does not serve the request, or None: it does. The one rule (``compatible``).
 
     The file must be the same (when both are known). The non-placement fields must match: all of them, or
-    only those the request fixes (``request.fixed``: a request that names no context is served at any).
-    Placement follows the alloc mode: any placement serves max-gpu/max-ram, gpu-only needs every layer on
-    the GPU, ram-only none, explicit the very -ngl/--n-cpu-moe/devices asked for."""
+    only those the request fixes (``request.fixed``: a request that names no context is served at any). A fixed
+    context is served by a seat whose slots hold at least as many tokens as the request's (``ctx_short``): only a
+    larger one reloads. Placement follows the alloc mode: any placement serves max-gpu/max-ram, gpu-only needs
+    every layer on the GPU, ram-only none, explicit the very -ngl/--n-cpu-moe/devices asked for."""
     if request.source and source and request.source != source:
-        return False
+        return f"resident file {source} is not the asked {request.source}"
     if request.fixed is None:
         if _non_placement(resident) != _non_placement(request.config):
-            return False
-    elif any(getattr(resident, f) != getattr(request.config, f) for f in request.fixed if f not in _PLACEMENT_FIELDS):
-        return False
+            return "resident with a different configuration"
+    else:
+        differ = [f for f in request.fixed if f not in _PLACEMENT_FIELDS and f not in _CTX_FIELDS
+                  and getattr(resident, f) != getattr(request.config, f)]
+        if "n_parallel" in request.fixed and resident.n_parallel != request.config.n_parallel:
+            differ.append("n_parallel")
+        if differ:
+            return f"resident with a different {', '.join(sorted(differ))}"
+        if "n_ctx" in request.fixed and (short := ctx_short(resident, request)) is not None:
+            return short
+    if not _placement_serves(resident, request):
+        return f"resident placement does not serve alloc mode {request.alloc_mode}"
+    return None
+
+
+def _placement_serves(resident: LoadConfig, request: PlanRequest) -> bool:
     mode = request.alloc_mode
     if mode == "explicit":
         want = request.config

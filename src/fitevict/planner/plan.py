@@ -17,7 +17,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import GiB
 from fitevict.planner.records import (Action, Eviction, FootprintFn, Plan, PlanInvariantError, PlanRequest, Policy,
                                       Resident, EMPTY)
-from fitevict.planner.ladder import Prices, Rungs, Unpriced, search, action_of, compatible
+from fitevict.planner.ladder import Prices, Rungs, Unpriced, search, action_of, compatible, mismatch
 from fitevict.planner.victims import choose, context_words, gib, key_list, per_device, device_sums, victim_words, describe
 
 
@@ -192,7 +192,7 @@ def _found(s: _Scene, rungs: Rungs, found: int) -> Plan:
     short = s.short(need, device_sums(on_excl, list(need)))
     rest = [r for r in s.pool if r not in on_excl]
     victims = on_excl + (choose(short, rest, policy.eviction) if short else [])
-    evict = [Eviction(r.key, r.bytes, "replace: resident with a different configuration") for r in s.forced]
+    evict = [Eviction(r.key, r.bytes, f"replace: {mismatch(r.config, request, r.source)}") for r in s.forced]
     for r in sorted(victims, key=lambda r: (r.last_used, r.key)):
         mine = [d for d in excl if r.bytes.get(d, 0) > 0]
         if mine:

@@ -2,10 +2,10 @@
 
 PURE: no processes, sockets, files, logging or clock reads. Time comes from ``Effects.now()``, and
 every action goes out through the narrow ``Effects`` protocol (the "syscall table"): start a seat,
-stop a seat with a reason, hand a seat to a request, reject a request, wake me at; and the world's two readings
+stop a seat with a reason, hand a seat to a request, reject a request, wake me at, read a load's file ahead while its
+victims stop; and the world's two readings
 that a plan needs, the budget now and the prices of the request's file. The scheduler plans itself, with the pure
-planner (``plan``), over its own seats as residents. Inputs come
-in as method calls (a request arrives or leaves, a load finished or failed, a stop finished, a request
+planner (``plan``), over its own seats as residents. Inputs come in as method calls (a request arrives or leaves, a load finished or failed, a stop finished, a request
 finished, a timer fired, the machine's memory was read again). Tests drive it with a recording fake and a fake
 clock, in milliseconds.
 
@@ -38,7 +38,7 @@ from fitevict.schedule.errors import Busy, Refused, SupervisorError
 from fitevict.schedule.estimate import Estimate, Measured, estimate
 from fitevict.schedule.fair import Fairness, cuts_short, deadline, over_queue
 from fitevict.schedule.seats import PLACING, SERVING, Exit, Seat, SeatStatus, SeatTable, SeatView
-from fitevict.schedule.terms import Effects, Eviction, SchedPolicy, Waiter
+from fitevict.schedule.terms import Effects, Eviction, SchedPolicy, Waiter, stop_words
 from fitevict.units import GiB
 
 S = SeatStatus
@@ -394,10 +394,9 @@ class Scheduler:
                 for e in plan.evict:
                     s = self.table[e.key]
                     self.inflation = max(self.inflation, s.priority)  # GreedyDual-Size: L rises to the victim's H
-                    event = "unload" if e.key == head.key else "evict"
-                    reason = (f"replaced: {head.key} is asked for under another configuration" if e.key == head.key
-                              else f"evicted for {head.key}: {e.reason}")
-                    self._stop(s, event, reason, head.request_id)
+                    self._stop(s, *stop_words(e, head.key), head.request_id)
+                if head.request.path:  # its file read into the page cache while they stop (reclaimable: unbudgeted)
+                    self.fx.prefetch(head.request.path)
             else:
                 assert plan.config is not None
                 self.table.place(Seat(head.key, plan.config, head.request.source, now, pinned=head.request.pinned))

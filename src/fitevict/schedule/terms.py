@@ -79,5 +79,17 @@ class Effects(Protocol):
     def wake_at(self, when: float) -> None:
         """Call ``Scheduler.tick`` at (or soon after) ``when``; a later call replaces an earlier one."""
 
+    def prefetch(self, path: str) -> None:
+        """Begin reading ``path`` (a load's file or folder) into the page cache while its victims stop: reclaimable
+        memory, never budgeted. Nothing answers it; a failure only costs the load its head start."""
 
-__all__ = ["Effects", "Eviction", "SchedPolicy", "Waiter"]
+
+def stop_words(e: pl.Eviction, head: str) -> tuple[str, str]:
+    """The event and reason of a victim's stop for a placement of ``head``: an eviction, or the replacement of
+    ``head``'s own seat (the planner's words say why: ``planner.mismatch``)."""
+    if e.key != head:
+        return "evict", f"evicted for {head}: {e.reason}"
+    return "unload", f"replaced: {head} is asked for under another configuration ({e.reason.removeprefix('replace: ')})"
+
+
+__all__ = ["Effects", "Eviction", "SchedPolicy", "Waiter", "stop_words"]

@@ -26,7 +26,7 @@ from fitevict.seat.parts import EventLog, SeatFigures
 
 class LoadRecorder:
     def __init__(self, clock: Callable[[], float], history: EventLog, planning: SeatFigures, *, learning: Learning,
-                 report: Callable[[SeatState, pl.Plan], dict[str, Any]]) -> None:
+                 report: Callable[[SeatState, pl.Plan, str | None], dict[str, Any]]) -> None:
         self.clock, self.history, self.planning, self.learning, self.report = clock, history, planning, learning, report
 
     async def record(self, seat: SeatState, plan: pl.Plan, waiter: Waiter, notes: Any) -> None:
@@ -39,7 +39,7 @@ class LoadRecorder:
             "predicted": seat.predicted.to_json(),
             "measured": seat.measured.to_json() if seat.measured else seat.measured_note,
             "host_pss": mem_json(seat.load_mem), "notes": list(notes),
-            "load_report": self.report(seat, plan),
+            "load_report": self.report(seat, plan, waiter.request_id),
             **({"origin": dict(waiter.origin)} if waiter.origin else {}), **learned.details,
         }
         reason = plan.reason or None

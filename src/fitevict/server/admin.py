@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from fitevict import shrink
+from fitevict.host.pagecache import residency
 from fitevict.supervisor.loadreport import plan_hits
 from fitevict.server import progress
 from fitevict.server.door import Door, parse_contract
@@ -55,12 +57,13 @@ def router(door: Door) -> APIRouter:
     @app.post("/v1/models/{model_id:path}/plan", tags=["admin"], summary="Dry run: the Plan a load would follow now")
     async def plan(model_id: str, request: Request) -> dict:
         check_auth(request, admin=True)
-        entry = resolve(model_id)
-        contract = await contract_from_body(request)
-        door.ask(entry, contract)  # a gguf file it lacks, or a file that cannot be read, is answered here
+        entry, contract = resolve(model_id), await contract_from_body(request)
+        asked = door.ask(entry, contract)  # a gguf file it lacks, or a file that cannot be read, is answered here
         the_plan = await sup.plan_read(entry.key, contract)
+        cached = await asyncio.to_thread(residency, asked.path)  # its file in the page cache: measured, reclaimable
         return {"model": entry.key, **plan_hits(entry, the_plan), "plan": the_plan.to_json(),
-                "budget": sup.last_budget_json(), **shrink.dry_run_of(the_plan, sup.config.policy.shrink_ctx)}
+                "budget": sup.last_budget_json(), "page_cache": cached.to_json(),
+                **shrink.dry_run_of(the_plan, sup.config.policy.shrink_ctx)}
 
     @app.post("/v1/models/{model_id:path}/load", tags=["admin"], summary="Load a model (with an optional contract)")
     async def load(model_id: str, request: Request,

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fitevict import __version__
+from fitevict.host.pagecache import residency
 from fitevict.pricing.lora import listed_adapter_bytes
 from fitevict.server.door import Door
 from fitevict.server.errors import ApiError
@@ -105,7 +106,12 @@ def residents(door: Door) -> dict[str, Any]:
 
 
 async def _residents(door: Door) -> tuple[bytes, bytes]:
-    return JSON, json.dumps(residents(door)).encode()
+    doc = residents(door)
+    paths = [getattr(door.sup.seats.get(v["key"]), "model_path", None) for v in doc["data"]]
+    cached = await asyncio.to_thread(lambda: [residency(p).to_json() if p is not None else None for p in paths])
+    for v, c in zip(doc["data"], cached):  # its file's pages in the page cache, measured off the loop (mincore)
+        v["page_cache"] = c
+    return JSON, json.dumps(doc).encode()
 
 
 async def _health(door: Door) -> tuple[bytes, bytes]:

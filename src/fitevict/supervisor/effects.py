@@ -22,6 +22,7 @@ from typing import Any
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
+from fitevict.host.pagecache import read_ahead
 from fitevict.schedule.errors import Busy, Refused, SupervisorError
 from fitevict.schedule.scheduler import Scheduler, Waiter
 from fitevict.schedule.seats import Exit
@@ -83,8 +84,8 @@ class LiveEffects:
             meter=Meter(p.meters, p.clock, p.processes),
             recorder=LoadRecorder(p.clock, p.history, p.planning,
                                   learning=Learning(p.prices, p.store, p.processes, p.clock),
-                                  report=lambda seat, plan: seat_load_report(seat, plan, p.planning.last_budget,
-                                                                             p.seats).to_json()),
+                                  report=lambda seat, plan, rid: seat_load_report(
+                                      seat, plan, p.planning.last_budget, p.seats, p.history.recent, rid).to_json()),
             watch=self.watch, spawn=self._spawn_task, closed=lambda: p.desk.closed, handed=lambda: self.handed,
             recording=self.recording)
 
@@ -141,6 +142,20 @@ class LiveEffects:
             self._wake.cancel()
         loop = asyncio.get_running_loop()
         self._wake = loop.call_later(max(0.0, when - self.parts.clock()), self.parts.scheduler.tick)
+
+    def prefetch(self, path: str) -> None:
+        """``path`` read into the page cache off the event loop (``host.pagecache.read_ahead``) while its victims
+        stop; a file that cannot be read is the load's to report, so a failure here is only logged."""
+        async def ahead() -> None:
+            try:
+                files, n = await asyncio.to_thread(read_ahead, path)
+            except OSError as e:
+                log.info("%s not read ahead: %s", path, e)
+                return
+            log.debug("read ahead %s: %d file(s), %d bytes asked for (page cache: reclaimable, never budgeted)",
+                      path, files, n)
+
+        self._spawn_task(ahead(), "prefetch")
 
     # -- work -----------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fitevict.engines import engine_class, traits
+from fitevict.planner import RELOADED_FOR_CTX
 from fitevict.request.contract import ADAPTER_KINDS
 from fitevict.seat.running import log_text
 
@@ -49,6 +50,9 @@ class LoadReport:
     notes: tuple[str, ...] = ()
     # a saved prompt restored for this request (kvkeep.Restored.to_json): measured tokens and seconds, the estimate
     kv_restore: Mapping[str, Any] | None = None
+    # why the seat was loaded again for this request while the model was resident (``reloaded for ctx: resident N <
+    # asked M``, the planner's words); None: it was not resident, or it served the request as it was
+    reloaded_for: str | None = None
 
     def to_json(self) -> dict:
         d = {f: getattr(self, f) for f in _FIELDS}  # flat: no deep copy on the hot path
@@ -172,7 +176,20 @@ async def request_report(sup, entry, seat, arrived: float, request_id: str | Non
         adapter_s = seat_adapter_seconds(seat.engine, text)
     evicted = tuple(e.model for e in sup.recent_events if e.event == "evict" and e.request_id == request_id
                     ) if request_id else ()
-    return _report(sup, entry, seat, loaded=True, adapter_s=adapter_s, evicted=evicted)
+    report = _report(sup, entry, seat, loaded=True, adapter_s=adapter_s, evicted=evicted)
+    return reloaded(report, sup.recent_events, seat.key, request_id)
+
+
+def reloaded(report: LoadReport, events, key: str, request_id: str | None) -> LoadReport:
+    """``report`` with why the resident seat of ``key`` was replaced for request ``request_id`` when a larger
+    context was asked (its stop's reason names it: ``planner.mismatch``); unchanged for any other load."""
+    for e in reversed(events) if request_id else ():
+        if (e.event == "unload" and e.model == key and e.request_id == request_id
+                and RELOADED_FOR_CTX in (e.reason or "")):
+            why = e.reason[e.reason.index(RELOADED_FOR_CTX):].rstrip(")")
+            return replace(report, reloaded_for=why, notes=(*report.notes, f"{why}: the resident seat was stopped "
+                                                             "and the model loaded again at the larger context"))
+    return report
 
 
 # the last hit report (and its header text) of each model on each seat, with what it was made of; the budget
@@ -217,21 +234,23 @@ def _report(sup, entry, seat, *, loaded: bool, adapter_s: float | None, evicted:
                        budget_bytes=budget, budget_source=source, engine=seat.engine)
 
 
-def seat_load_report(seat, plan, last_budget, seats) -> LoadReport:
+def seat_load_report(seat, plan, last_budget, seats, events=(), request_id: str | None = None) -> LoadReport:
     """The report a seat's ``load`` event carries: the base loaded (with every adapter it has), nothing hit;
     the adapters' seconds from the seat log, which the load has just finished writing; the budget of the last plan
-    (``last_budget``) and what the running ``seats`` hold."""
+    (``last_budget``) and what the running ``seats`` hold; why it was loaded again (``reloaded``: the recent
+    ``events``, the request ``request_id`` it was loaded for)."""
     try:
         adapter_s = (seat_adapter_seconds(seat.engine, Path(seat.log_path).read_text(errors="replace"))
                      if seat.config.loras else None)
     except OSError:
         adapter_s = None
     budget, source = budget_figures(last_budget)
-    return load_report(model=seat.key, base=seat.key, adapter=None, seat_loras=seat.config.loras, loaded=True,
-                       load_seconds=seat.load_seconds, adapter_seconds=adapter_s,
-                       evicted=tuple(e.key for e in plan.evict),
-                       resident_bytes=resident_bytes(seats.values()), budget_bytes=budget, budget_source=source,
-                       engine=seat.engine)
+    report = load_report(model=seat.key, base=seat.key, adapter=None, seat_loras=seat.config.loras, loaded=True,
+                         load_seconds=seat.load_seconds, adapter_seconds=adapter_s,
+                         evicted=tuple(e.key for e in plan.evict),
+                         resident_bytes=resident_bytes(seats.values()), budget_bytes=budget, budget_source=source,
+                         engine=seat.engine)
+    return reloaded(report, events, seat.key, request_id)
 
 
 def report_headers(timing: Mapping, seat_header: bytes | None = None) -> dict[str, str]:
