@@ -12,12 +12,20 @@ default place is a folder that does not exist. A test that builds a store points
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fitevict import sources
+
+FAULTS = str(Path(__file__).resolve().parent / "faults")
+if FAULTS not in sys.path:
+    sys.path.insert(0, FAULTS)
+
+# the fault table: the ``fault_seen`` fixture for fault tests in any folder, and the plugin that writes their rows
+from faultrows import fault_seen, pytest_configure  # noqa: E402,F401
 
 STORE_SWITCHES = ("FITEVICT_OLLAMA", "FITEVICT_HF_CACHE", "FITEVICT_LMSTUDIO")
 _DEFAULT_PLACES = dict(sources.READERS)

@@ -39,6 +39,7 @@ if E2E not in sys.path:
     sys.path.insert(0, E2E)
 
 from _frontdoor import FrontDoor, front_door, poll  # noqa: E402
+from faultrows import FaultSeen  # noqa: E402
 from _held import held_engine, release  # noqa: E402
 
 ray = pytest.importorskip("ray")
@@ -186,28 +187,27 @@ def left_routing(door: FrontDoor, node: str) -> float:
     return time.monotonic()
 
 
-def check_after(sent: list[Sent], dead: str, t_kill: float, t_left: float) -> None:
+def check_after(sent: list[Sent], dead: str, t_kill: float, t_left: float, seen: FaultSeen) -> None:
     """Sent after the node left routing: 200 from a live node. Anything else: in flight when it died, and 502
     ``node_lost`` naming it."""
     for s in sent:
         if s.sent >= t_left:
-            assert (s.status, s.node != dead) == (200, True), s
+            assert seen.client((s.status, s.node != dead), "sent after the node left routing: (status, live node)") \
+                == (200, True), s
         elif s.status != 200:
-            assert s.done >= t_kill and (s.status, s.code, s.node, s.retry) == (502, "node_lost", dead, "true"), s
+            assert s.done >= t_kill
+            got = seen.client((s.status, s.code, s.node == dead, s.retry),
+                              "cut in flight: (status, code, naming the node, x-should-retry)")
+            assert got == (502, "node_lost", True, "true"), s
+    # every request has its answer (a transport error would have failed ``send``): those not 200 were checked above
+    seen.lost(sum(1 for s in sent if s.status != 200), f"of {len(sent)} requests, cut in flight (502 node_lost)")
 
 
 @pytest.mark.fault(
     fault="a node's raylet `SIGKILL`ed under a Zipf load from three clients (its agent's worker ends with it; its "
           "door gets `SIGTERM` and drains)",
-    client="every request sent after the node left routing: 200 from a live node; its models: loaded on a live node "
-           "on their next request; a request in flight there that its draining door answers 503 \"shutting down\" "
-           "or 502 for a hit whose engine is gone: sent on to a live node within the same request; only a request "
-           "cut there after the node left routing: 502 `node_lost`, `x-should-retry: true`; before the fix, a "
-           "request in flight there got 507 `no_node` (\"answered 503: ... shutting down\")",
-    history="the live nodes' stores: the dead node's models' `load`",
-    running="the dead node out of routing, its residents out of the routing table in the same step",
-    lost="nothing but requests cut in flight (none in the runs here)")
-def test_a_raylet_killed_under_a_zipf_load(rig: Rig) -> None:
+    kind="real door")
+def test_a_raylet_killed_under_a_zipf_load(rig: Rig, fault_seen: FaultSeen) -> None:
     door = rig.door
     warm: list[Sent] = []
     run_load(door, zipf(24, seed=1), warm)
@@ -227,10 +227,12 @@ def test_a_raylet_killed_under_a_zipf_load(rig: Rig) -> None:
     t_left = left_routing(door, dead)
     loader.join()
     after = {m: send(door, m) for m in sorted(only_there)}  # each dead node's model, once more
-    check_after(sent + list(after.values()), dead, t_kill, t_left)
+    check_after(sent + list(after.values()), dead, t_kill, t_left, fault_seen)
     firsts = {}
     for m in only_there:  # loaded on a live node since the kill; its first answer from one, measured
-        assert any(e["node"] != dead and e["time"] >= killed_at for e in loads(door, m)), (m, loads(door, m))
+        moved = any(e["node"] != dead and e["time"] >= killed_at for e in loads(door, m))
+        assert fault_seen.history(moved, "each of its models: a `load` on a live node since the kill"), (
+            m, loads(door, m))
         firsts[m] = min(s.done for s in sent + list(after.values())
                         if s.model == m and s.done >= t_kill and s.status == 200 and s.node != dead) - t_kill
     for s in sorted(sent, key=lambda s: s.sent):
@@ -243,7 +245,7 @@ def test_a_raylet_killed_under_a_zipf_load(rig: Rig) -> None:
           f"{min(firsts.values()):.2f} s after the kill, each loaded on a live node since; "
           f"{sum(s.sent >= t_left for s in sent)} requests sent after it left, all 200; "
           f"{len(cut)} cut in flight ({', '.join(s.code for s in cut) or 'none'})")
-    assert dead not in residents(door)
+    assert fault_seen.running(dead in residents(door), "seats on the dead node in the front door's view") is False
 
 
 def gone(pid: int) -> bool:
@@ -263,12 +265,8 @@ def queued(row: dict, model: str) -> int:
 @pytest.mark.fault(
     fault="a node's door `SIGTERM`ed while its raylet and agent live, a load held there and a second request "
           "waiting on it as a hit",
-    client="both: 200 from a live node within the same request (the door answered each 503 \"shutting down\"); "
-           "before the fix, the hit got 507 `no_node`",
-    history="the live node's store: the model's `load`",
-    running="the node out of routing for good, although its agent still answers; its residents out of the table",
-    lost="nothing")
-def test_a_door_sigtermed_while_its_raylet_lives(rig: Rig) -> None:
+    kind="real door")
+def test_a_door_sigtermed_while_its_raylet_lives(rig: Rig, fault_seen: FaultSeen) -> None:
     """The node's door is told to stop (SIGTERM) while a load there is held and a second request for the same
     model waits on it (a hit: its seat is loading there). The door answers both 503 "shutting down"; both go on to
     a live node within the same request. Its agent and raylet live on; the node stays out of routing."""
@@ -291,13 +289,17 @@ def test_a_door_sigtermed_while_its_raylet_lives(rig: Rig) -> None:
         t_left = left_routing(door, node)
         answers = [first.result(timeout=300), second.result(timeout=300)]
     again = send(door, HELD_MODEL)
-    check_after([*answers, again], node, t_kill, t_left)
-    assert [(a.status, a.node != node) for a in answers] == [(200, True)] * 2, answers
-    assert (again.status, again.node, again.route) == (200, answers[1].node, "hit")
+    check_after([*answers, again], node, t_kill, t_left, fault_seen)
+    both = fault_seen.client([(a.status, a.node != node) for a in answers], "both requests: (status, live node)")
+    assert both == [(200, True)] * 2, answers
+    assert fault_seen.client((again.status, again.route), "once more: (status, route)") == (200, "hit")
+    assert again.node == answers[1].node
     ended = rig.root / f"data-{victim}" / "node-door.log"
     try:
         poll(lambda: gone(row["pid"]), "the door to end", timeout=60)
     except AssertionError:
         raise AssertionError(f"the door {row['pid']} did not end: {ended.read_text()[-3000:]}") from None
+    fault_seen.running(gone(row["pid"]), "the node's door ended")
     out = next(r for r in nodes_of(door) if r["node"] == node)  # its agent still answers: the node stays out
-    assert not out["routable"] and out["residents"] == [], out
+    assert fault_seen.running(out["routable"], "the node routable (its agent alive)") is False
+    assert fault_seen.running(out["residents"], "its residents") == [], out

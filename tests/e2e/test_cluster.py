@@ -34,6 +34,7 @@ import httpx
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, poll
+from faultrows import FaultSeen
 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
@@ -253,20 +254,18 @@ def test_admin_routes_reach_the_node_they_concern(fleet: Fleet) -> None:
 
 @pytest.mark.fault(
     fault="`SIGTERM` to the cluster's front door (`serve --ray`)",
-    client="requests finish as for a node's door",
-    history="nothing",
-    running="the door exits 0 (it exited by the signal, 15, before)",
-    lost="nothing")
-def test_two_front_doors_route_alike_and_load_once(fleet: Fleet, tmp_path: Path) -> None:
+    kind="real door")
+def test_two_front_doors_route_alike_and_load_once(fleet: Fleet, tmp_path: Path, fault_seen: FaultSeen) -> None:
     with front_door(tmp_path, "--ray", fleet.cluster.address, env={"FITEVICT_CONFIG": ""}) as second:
         poll(lambda: _routable(second) == 3, "the second front door's three nodes", timeout=120)
         doors = [fleet.doors[0], second, fleet.doors[0], second]
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda d: chat(d, "llama-q8_0"), doors))
-    assert second.proc.returncode == 0  # SIGTERM (front_door's stop): a clean shutdown, not an exit by the signal
-    assert len({n for n, _why in got}) == 1, got
+    # SIGTERM (front_door's stop): a clean shutdown, not an exit by the signal
+    assert fault_seen.running(second.proc.returncode, "the SIGTERMed front door's exit code") == 0
+    assert len(fault_seen.client({fleet.name_of(n) for n, _why in got}, "the nodes that answered the 4 requests")) == 1
     assert fleet.name_of(got[0][0]) == "a"  # a and b have it; a has more room left after it
-    assert len(loads(fleet.doors[0], "llama-q8_0")) == 1
+    assert fault_seen.history(len(loads(fleet.doors[0], "llama-q8_0")), "`load` events of the model") == 1
 
 
 def test_a_killed_node_leaves_routing_and_its_models_load_elsewhere(fleet: Fleet) -> None:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history
+from faultrows import FaultSeen
 from test_seat_faults import seat_pid
 
 pytestmark = pytest.mark.e2e
@@ -73,16 +74,8 @@ def engine_list(binary: Path) -> dict:
 @pytest.mark.fault(
     fault="the engine binary replaced by another build (one byte of its version string changed, renamed into place) "
           "while a seat runs, then a load of another model",
-    client="the running model still answers `200`; the new load: `502` `load_failed`: \"the engine binary <path> "
-           "changed since fitevict started (build ... then, ... now; ... is not the installed file ...): restart "
-           "fitevict serve to use it (or put the old build back)\"; with the old build back, a normal answer; before the "
-           "fix, the new build was started and priced with the old build's calibration (the machine key, from the "
-           "install record alone, did not change)",
-    history="a `fail` for the refused load with the same words; then, with the old build back, its `load`",
-    running="the running seat, same process, untouched; no process of the new build; `fitevict engine list` says "
-            "\"changed since installed\" with the recorded version against the one on disk now",
-    lost="nothing")
-def test_engine_binary_replaced_while_a_seat_runs(door: FrontDoor, tmp_path: Path) -> None:
+    kind="real door")
+def test_engine_binary_replaced_while_a_seat_runs(door: FrontDoor, tmp_path: Path, fault_seen: FaultSeen) -> None:
     binary = Path(door.data_dir.parent / "engine" / "llama-server")
     assert ask(door, "alive").status_code == 200
     running = seat_pid(door, "alive")
@@ -91,14 +84,18 @@ def test_engine_binary_replaced_while_a_seat_runs(door: FrontDoor, tmp_path: Pat
     os.replace(another_build(installed, tmp_path / "llama-server.new"), binary)
     try:
         r = ask(door, "next")
-        assert r.status_code == 502, r.text
+        assert fault_seen.client(r.status_code, "the new load") == 502, r.text
         err = r.json()["error"]
-        assert err["code"] == "load_failed" and f"the engine binary {binary} changed since fitevict started" in \
-            err["message"] and "restart fitevict serve" in err["message"]
+        message = fault_seen.client(err["message"], "message")
+        assert fault_seen.client(err["code"], "code") == "load_failed"
+        assert f"the engine binary {binary} changed since fitevict started" in message
+        assert "restart fitevict serve" in message
         fail = next(e for e in history(door) if e["model"] == "next")
-        assert fail["event"] == "fail" and fail["reason"] == err["message"]
-        assert not [p for p in engine_pids_of(door.proc.pid) if "/next.gguf" in Path(f"/proc/{p}/cmdline").read_text()]
-        assert ask(door, "alive").status_code == 200 and seat_pid(door, "alive") == running  # untouched
+        assert fault_seen.history(fail["event"], "its event") == "fail" and fail["reason"] == err["message"]
+        seats = [p for p in engine_pids_of(door.proc.pid) if "/next.gguf" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert fault_seen.running(seats, "its seats") == []
+        assert fault_seen.client(ask(door, "alive").status_code, "the running model") == 200
+        assert fault_seen.running(seat_pid(door, "alive") == running, "the running seat, the same process")  # untouched
         listed = engine_list(binary)
         assert "0.5.1-dev" in listed["version"] and "0.5.0-dev" in listed["build"]["recorded"]["version"][0]
         changed = listed["build"]["changed"]  # by the size and time the stamp recorded, or by time alone (older stamp)
@@ -108,6 +105,7 @@ def test_engine_binary_replaced_while_a_seat_runs(door: FrontDoor, tmp_path: Pat
         (tmp_path / "back").symlink_to(installed)
         os.replace(tmp_path / "back", binary)  # the old build back
     assert engine_list(binary)["build"]["changed"] is None
-    assert ask(door, "next").status_code == 200
-    assert [e["event"] for e in reversed(history(door)) if e["model"] == "next"] == ["fail", "load"]
-    assert "Traceback" not in door.log()
+    assert fault_seen.client(ask(door, "next").status_code, "with the old build back") == 200
+    events = [e["event"] for e in reversed(history(door)) if e["model"] == "next"]
+    assert fault_seen.history(events, "its events") == ["fail", "load"]
+    assert fault_seen.history(door.log().count("Traceback"), "tracebacks in the log") == 0

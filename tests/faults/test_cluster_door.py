@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from _frontdoor import FrontDoor, front_door
+from faultrows import FaultSeen
 from fitevict.cluster.front import ClusterDoor
 from fitevict.config import load_config
 
@@ -56,18 +57,15 @@ def get(node: FrontDoor, path: str, **params: str) -> httpx.Response:
 
 @pytest.mark.fault(
     fault="a node's 400 to a merged GET of the cluster's door (`/v1/models/history?limit=0`)",
-    client="`400` with the node's own message and `param`, naming the node (`error.node`, `x-fitevict-node`); before "
-           "the fix, `200` with an empty list",
-    history="nothing",
-    running="nothing",
-    lost="nothing")
-def test_a_nodes_400_is_passed_through(node: FrontDoor) -> None:
+    kind="collaborator with stand-ins")
+def test_a_nodes_400_is_passed_through(node: FrontDoor, fault_seen: FaultSeen) -> None:
     direct = httpx.get(node.base_url + "/v1/models/history", params={"limit": "0"}, timeout=30)
     assert direct.status_code == 400
     r = get(node, "/v1/models/history", limit="0")
-    assert r.status_code == 400, r.text
+    assert fault_seen.client(r.status_code, "status, from the in-process cluster door") == 400, r.text
     err = r.json()["error"]
-    assert err["message"] == direct.json()["error"]["message"] and err["param"] == "limit"
-    assert err["node"] == NODE and r.headers["x-fitevict-node"] == NODE
+    assert err["message"] == direct.json()["error"]["message"]
+    assert fault_seen.client(err["param"], "param") == "limit"
+    assert fault_seen.client(err["node"], "error.node") == NODE and r.headers["x-fitevict-node"] == NODE
     ok = get(node, "/v1/models/history", limit="5")  # a query in range: the merged list, as before
-    assert ok.status_code == 200 and ok.json()["data"] == []
+    assert fault_seen.client(ok.status_code, "a query in range") == 200 and ok.json()["data"] == []

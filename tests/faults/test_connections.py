@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from _frontdoor import FrontDoor, front_door, poll
+from faultrows import FaultSeen
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 2000
@@ -123,53 +124,56 @@ async def burst(port: int, asks: tuple[tuple[str, dict], ...] = OPENAI_OLLAMA) -
     return await asyncio.wait_for(asyncio.gather(*tasks), 60)
 
 
+FATES = {"served": "let in", "503": "refused", "refused": "closed before a byte"}
+
+
+def told(fates: list[tuple[str, dict]], with_path: bool) -> dict[str, int]:
+    """How many clients got what: let in or refused (with the status), or their connection closed before a byte."""
+    return dict(sorted(Counter(" ".join(x for x in (g["path"] if with_path else "", FATES[f], str(g.get("status", "")))
+                                        if x) for f, g in fates).items()))
+
+
 @pytest.mark.fault(
     fault="2,000 clients at once against a door under `ulimit -n 1024` (RLIMIT_NOFILE)",
-    client="each: its request let in and answered as usual (OpenAI's 404 for a model that does not exist, Ollama's "
-           "`/api/show`), or a `503` in its API's shape (OpenAI's envelope with `code: too_many_requests`, Ollama's "
-           "`{\"error\"}`) with `Retry-After: 1`, or its connection closed before any byte; a request after the "
-           "burst served as usual",
-    history="nothing",
-    running="the door, alive, never out of descriptors (no \"Too many open files\", no traceback); its open "
-            "descriptors back to their count before the burst",
-    lost="nothing: every refused request was told so, and may be retried")
-def test_a_burst_beyond_the_descriptor_limit_is_refused_cleanly(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_burst_beyond_the_descriptor_limit_is_refused_cleanly(door: FrontDoor, fault_seen: FaultSeen) -> None:
     ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     assert httpx.post(door.base_url + "/v1/chat/completions", json=ask, timeout=120).status_code == 200
     before = open_fds(door.proc.pid)
     fates = asyncio.run(burst(door.port))
     kinds = Counter(f for f, _ in fates)
-    assert sum(kinds.values()) == CLIENTS and kinds["served"] > 0 and kinds["503"] + kinds["refused"] > 0, kinds
+    assert fault_seen.lost(CLIENTS - sum(kinds.values()), f"clients of {CLIENTS} with no fate") == 0
+    fault_seen.client(told(fates, with_path=False), "the clients, by what they got")
+    assert kinds["served"] > 0 and kinds["503"] + kinds["refused"] > 0, kinds
     for fate, got in fates:
         if fate == "served":
             assert got["status"] in (200, 404), got
         elif fate == "503":
-            assert got["status"] == 503 and got["headers"]["retry-after"] == "1", got
+            assert got["status"] == 503 and fault_seen.client(got["headers"]["retry-after"], "Retry-After") == "1", got
             body = got["body"]
-            assert body["error"]["code"] == "too_many_requests" if isinstance(body["error"], dict) else \
-                "retry in" in body["error"], got
-    assert door.proc.poll() is None
-    assert httpx.post(door.base_url + "/v1/chat/completions", json=ask, timeout=120).status_code == 200
+            assert fault_seen.client(body["error"]["code"], "the OpenAI refusal's code") == "too_many_requests" \
+                if isinstance(body["error"], dict) else "retry in" in body["error"], got
+    assert fault_seen.running(door.proc.poll(), "the door's exit code (none: running)") is None
+    after = httpx.post(door.base_url + "/v1/chat/completions", json=ask, timeout=120).status_code
+    assert fault_seen.client(after, "a request after the burst") == 200
     poll(lambda: open_fds(door.proc.pid) <= before, f"the door's descriptors back to {before}")
+    fault_seen.running(open_fds(door.proc.pid) <= before, "the door's descriptors back to where they were")
     log = door.log()
-    assert "Too many open files" not in log and "Traceback" not in log
+    assert fault_seen.history(log.count("Too many open files"), "'Too many open files' in the log") == 0
+    assert fault_seen.history(log.count("Traceback"), "tracebacks in the log") == 0
 
 
 @pytest.mark.fault(
     fault="2,000 clients at once on Anthropic's Messages API and OpenAI's Responses API against a door under "
           "`ulimit -n 1024`",
-    client="each: its request let in and answered as usual (a `404` in its API's shape for a model that does not "
-           "exist), or refused in its API's shape with `Retry-After: 1`: on `/v1/messages` Anthropic's `529` "
-           "`{\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", ...}}` (its SDK retries it), "
-           "on `/v1/responses` OpenAI's `503` envelope with `code: too_many_requests`; or its connection closed "
-           "before any byte",
-    history="nothing",
-    running="the door, alive, never out of descriptors; its open descriptors back to their count before the burst",
-    lost="nothing: every refused request was told so, and may be retried")
-def test_a_burst_on_anthropics_and_the_responses_api_is_refused_in_each_apis_shape(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_burst_on_anthropics_and_the_responses_api_is_refused_in_each_apis_shape(door: FrontDoor,
+                                                                                  fault_seen: FaultSeen) -> None:
     before = open_fds(door.proc.pid)
     fates = asyncio.run(burst(door.port, ANTHROPIC_RESPONSES))
     kinds = Counter((f, got.get("path")) for f, got in fates)
+    assert fault_seen.lost(CLIENTS - sum(kinds.values()), f"clients of {CLIENTS} with no fate") == 0
+    fault_seen.client(told(fates, with_path=True), "the clients, by path and what they got")
     assert kinds[("served", "/v1/messages")] and kinds[("served", "/v1/responses")], kinds
     assert kinds[("503", "/v1/messages")] + kinds[("503", "/v1/responses")], kinds
     for fate, got in fates:
@@ -179,11 +183,15 @@ def test_a_burst_on_anthropics_and_the_responses_api_is_refused_in_each_apis_sha
         if got["path"] == "/v1/messages":
             kind = "overloaded_error" if fate == "503" else "not_found_error"
             assert status == (529 if fate == "503" else 404) and body["type"] == "error", got
-            assert body["error"]["type"] == kind and body["error"]["message"], got
+            assert fault_seen.client(body["error"]["type"], "/v1/messages error.type") == kind
+            assert body["error"]["message"], got
         else:
             assert status == (503 if fate == "503" else 404), got
-            assert body["error"]["code"] == ("too_many_requests" if fate == "503" else "model_not_found"), got
-        assert fate == "served" or got["headers"]["retry-after"] == "1", got
-    assert door.proc.poll() is None
+            code = fault_seen.client(body["error"]["code"], "/v1/responses error.code")
+            assert code == ("too_many_requests" if fate == "503" else "model_not_found"), got
+        assert fate == "served" or fault_seen.client(got["headers"]["retry-after"], "Retry-After") == "1", got
+    assert fault_seen.running(door.proc.poll(), "the door's exit code (none: running)") is None
     poll(lambda: open_fds(door.proc.pid) <= before, f"the door's descriptors back to {before}")
-    assert "Too many open files" not in door.log() and "Traceback" not in door.log()
+    fault_seen.running(open_fds(door.proc.pid) <= before, "the door's descriptors back to where they were")
+    assert fault_seen.history(door.log().count("Too many open files"), "'Too many open files' in the log") == 0
+    assert fault_seen.history(door.log().count("Traceback"), "tracebacks in the log") == 0

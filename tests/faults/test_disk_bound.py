@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from _frontdoor import front_door, history, poll
+from faultrows import FaultSeen
 from fitevict.config import load_config
 from fitevict.request.catalog import Catalog
 from fitevict.store import Event, Store
@@ -48,30 +49,26 @@ def _seed(folder: Path, n: int) -> list[str]:
 
 @pytest.mark.fault(
     fault="seat logs over `logs.seats_disk` (the pruning rule alone)",
-    client="nothing",
-    history="unchanged",
-    running="the oldest logs removed first until all fit; a kept log (a running seat's, or one whose end is still "
-            "being recorded) never removed",
-    lost="old seat logs (by design)")
-def test_prune_removes_oldest_first_and_never_a_kept_log(tmp_path: Path) -> None:
+    kind="rule alone")
+def test_prune_removes_oldest_first_and_never_a_kept_log(tmp_path: Path, fault_seen: FaultSeen) -> None:
     names = _seed(tmp_path / "seats", 6)
     keep = {tmp_path / "seats" / names[0]}  # the oldest, but a running seat's
     removed, freed = prune_dir(tmp_path / "seats", 3 * OLD_LOG, keep)
-    assert [p.name for p in removed] == names[1:4] and freed == 3 * OLD_LOG
-    assert sorted(_logs(tmp_path / "seats")) == [names[0], *names[4:]]
+    gone = [names.index(p.name) for p in removed]
+    assert fault_seen.lost(gone, "logs removed (their age rank of 6, 0 the oldest and kept)") == [1, 2, 3]
+    assert freed == 3 * OLD_LOG
+    left = [names.index(n) for n in sorted(_logs(tmp_path / "seats"))]
+    assert fault_seen.running(left, "logs left (age rank)") == [0, 4, 5]
     # a budget that even the kept logs exceed: everything else goes, the kept ones stay
     removed, _ = prune_dir(tmp_path / "seats", 0, keep)
-    assert sorted(_logs(tmp_path / "seats")) == [names[0]]
+    left = [names.index(n) for n in sorted(_logs(tmp_path / "seats"))]
+    assert fault_seen.running(left, "logs left with a budget of 0") == [0]
 
 
 @pytest.mark.fault(
     fault="one model's seat logs over `logs.seats_per_model` (the pruning rule alone)",
-    client="nothing",
-    history="unchanged",
-    running="each model's newest logs kept (2 in the test), older ones removed; a kept log (a running seat's) never "
-            "removed, even beyond the count",
-    lost="old seat logs (by design)")
-def test_each_model_keeps_its_newest_logs_and_never_a_kept_one(tmp_path: Path) -> None:
+    kind="rule alone")
+def test_each_model_keeps_its_newest_logs_and_never_a_kept_one(tmp_path: Path, fault_seen: FaultSeen) -> None:
     folder = tmp_path / "seats"
     folder.mkdir()
     made: dict[str, list[str]] = {"qwen2.5-0.5b": [], "llama-3.2-1b": []}
@@ -84,20 +81,19 @@ def test_each_model_keeps_its_newest_logs_and_never_a_kept_one(tmp_path: Path) -
     keep = {folder / made["llama-3.2-1b"][0]}  # that model's oldest, a running seat's
     removed, freed = prune_dir(folder, 10**9, keep, per_model=2)
     left = set(_logs(folder))
+    fault_seen.running(sorted(left), "logs left")
     assert left == {*made["qwen2.5-0.5b"][-2:], *made["llama-3.2-1b"][-2:], made["llama-3.2-1b"][0]}
-    assert {p.name for p in removed} == {*made["qwen2.5-0.5b"][:2], *made["llama-3.2-1b"][1:2]}
+    assert fault_seen.lost({p.name for p in removed}, "logs removed") == {
+        *made["qwen2.5-0.5b"][:2], *made["llama-3.2-1b"][1:2]}
     assert freed == sum(100 + int(p.stem.rsplit("-", 1)[1], 16) for p in removed)
 
 
 @pytest.mark.fault(
     fault="seat logs piling up in `data_dir/seats/` (every seat writes a new `-lv 4` log), real seats started and "
           "stopped with `logs.seats_disk` 0",
-    client="nothing",
-    history="unchanged (an event's `log` may name a pruned file)",
-    running="after each load exactly the running seats' logs remain",
-    lost="old seat logs (by design)")
+    kind="collaborator with stand-ins")
 def test_seat_logs_stay_within_the_bound_and_running_logs_are_kept(tmp_path: Path, zoo: dict,
-                                                                  llama_server: Path) -> None:
+                                                                  llama_server: Path, fault_seen: FaultSeen) -> None:
     """A budget of 0: before each seat starts, every log goes but those of seats that run; so the folder holds
     exactly the running seats' logs after each load, whatever size the engine's logs have on this machine."""
     models = tmp_path / "models"
@@ -133,24 +129,22 @@ def test_seat_logs_stay_within_the_bound_and_running_logs_are_kept(tmp_path: Pat
         return seen
 
     seen = asyncio.run(scenario())
-    assert [len(running) for _, running in seen] == [1, 2, 1]
-    for folder, running in seen:
-        assert folder == running  # the old logs and the ended seats' logs pruned, never a running one
+    assert fault_seen.running([len(running) for _, running in seen], "seats running after each load") == [1, 2, 1]
+    # the old logs and the ended seats' logs pruned, never a running one
+    assert fault_seen.running([folder == running for folder, running in seen],
+                              "the logs left are exactly the running seats' (after each load)") == [True] * 3
     ended = seen[1][1]
-    assert not ended & seen[2][0]
+    assert fault_seen.lost(len(ended - seen[2][0]), "ended seats' logs removed, of 2") == len(ended) == 2
     events = store.events()
-    assert sorted(e.event for e in events if e.event in ("load", "unload")) == ["load"] * 3 + ["unload"] * 3  # the last at shutdown
+    kinds = fault_seen.history(sorted(e.event for e in events if e.event in ("load", "unload")), "events")
+    assert kinds == ["load"] * 3 + ["unload"] * 3  # the last at shutdown
 
 
 @pytest.mark.fault(
     fault="history and load records piling up in the store over months; its write-ahead log growing",
-    client="nothing; `/health` has `data_dir` (the data folder's measured size by part) and `fitevict ps` prints it",
-    history="at start-up and every `logs.prune_seconds`: events older than `logs.history_days` go, then the oldest "
-            "beyond `logs.history_rows`; a configuration's newest load record always stays; the server log says "
-            "what went",
-    running="the door and its seats as usual",
-    lost="history older than the bound (by design)")
-def test_the_door_prunes_its_store_and_says_its_data_folders_size(tmp_path: Path, zoo: dict) -> None:
+    kind="real door")
+def test_the_door_prunes_its_store_and_says_its_data_folders_size(tmp_path: Path, zoo: dict,
+                                                                  fault_seen: FaultSeen) -> None:
     import subprocess
     import sys
 
@@ -169,28 +163,26 @@ def test_the_door_prunes_its_store_and_says_its_data_folders_size(tmp_path: Path
     with front_door(tmp_path, "--config", str(cfg), "--models-dir", str(models)) as fd:
         usage = poll(lambda: httpx.get(fd.base_url + "/health", timeout=10).json()["data_dir"], "the data folder read")
         kept = history(fd)
-        assert [e["event"] for e in kept] == ["unload"] * 3  # the year-old loads pruned at start-up
-        assert "pruned 12 history event(s)" in fd.log()
+        # the year-old loads pruned at start-up
+        assert fault_seen.history([e["event"] for e in kept], "events kept") == ["unload"] * 3
+        said = "pruned 12 history event(s)"
+        assert fault_seen.lost(fd.log().count(said), f"{said!r} logged") == 1
         on_disk = {p: p.stat().st_blocks * 512 for p in (tmp_path / "data").rglob("*") if p.is_file()}
-        assert usage["parts"]["seat logs"] == sum(n for p, n in on_disk.items() if p.parent.name == "seats")
+        logs = fault_seen.client(usage["parts"]["seat logs"], "`/health` `data_dir.parts` seat logs, bytes")
+        assert logs == sum(n for p, n in on_disk.items() if p.parent.name == "seats")
         assert usage["parts"]["store"] > 0 and usage["path"] == str(tmp_path / "data")
         ps = subprocess.run([sys.executable, "-m", "fitevict.cli", "ps", "--url", fd.base_url], capture_output=True,
                             text=True, timeout=60)
-        assert ps.returncode == 0, ps.stderr
+        assert fault_seen.client(ps.returncode, "`fitevict ps` exit code") == 0, ps.stderr
         assert "data folder" in ps.stdout and "seat logs" in ps.stdout
 
 
 @pytest.mark.fault(
     fault="history written beyond `logs.history_rows` between two prunes (`logs.prune_seconds` 3600), in a store file "
           "made before it gave space back (`auto_vacuum` NONE) and swollen by 4,000 old events",
-    client="normal answers throughout",
-    history="never more than `logs.history_rows` events, with no prune between: each recorded event removes the one "
-            "that many records older; the start-up round prunes the old events, rebuilds the file once (`VACUUM`, "
-            "`auto_vacuum=INCREMENTAL` from then on; later prunes give their pages back by `incremental_vacuum`) and "
-            "the write-ahead log's checkpoint shrinks it; the server log says so",
-    running="the door and its seats as usual; the store's file a small part of its size before",
-    lost="history beyond the bound (by design)")
-def test_the_history_bound_holds_between_prunes_and_the_store_file_shrinks(tmp_path: Path, zoo: dict) -> None:
+    kind="real door")
+def test_the_history_bound_holds_between_prunes_and_the_store_file_shrinks(tmp_path: Path, zoo: dict,
+                                                                           fault_seen: FaultSeen) -> None:
     models = tmp_path / "models"
     models.mkdir()
     shutil.copyfile(zoo["llama-gqa"].path, models / "a.gguf")
@@ -207,19 +199,24 @@ def test_the_history_bound_holds_between_prunes_and_the_store_file_shrinks(tmp_p
     cfg.write_text("[logs]\nhistory_rows = 4\nprune_seconds = 3600\n[policy]\nprompt_cache = false\n")
     with front_door(tmp_path, "--config", str(cfg), "--models-dir", str(models)) as fd:
         poll(lambda: db.stat().st_size < swollen / 10, "the store file shrunk by the start-up round")
-        assert "pruned 3996 history event(s)" in fd.log() and "rebuilt once with VACUUM" in fd.log()
+        said = "pruned 3996 history event(s)"
+        assert fault_seen.lost(fd.log().count(said), f"{said!r} logged") == 1
+        assert fault_seen.history("rebuilt once with VACUUM" in fd.log(), "the log says 'rebuilt once with VACUUM'")
         last = max(e["id"] for e in history(fd))
         for _ in range(3):  # six events, with no prune between
             r = httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
                 "model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-            assert r.status_code == 200, r.text
-            assert httpx.post(f"{fd.base_url}/v1/models/a/unload", timeout=120).status_code == 200
+            assert fault_seen.client(r.status_code, "each request") == 200, r.text
+            unloaded = httpx.post(f"{fd.base_url}/v1/models/a/unload", timeout=120).status_code
+            assert fault_seen.client(unloaded, "each unload") == 200
             kept = poll(lambda: (h := history(fd)) and h[0]["event"] == "unload" and h[0]["id"] > last + 1 and h,
                         "the load and the unload recorded")
             last = kept[0]["id"]
-            assert len(kept) <= 4
+            assert fault_seen.history(len(kept), "events after each write (bound 4)") <= 4
         assert [(e["event"], e["model"]) for e in kept] == [("unload", "a"), ("load", "a")] * 2
         assert fd.log().count("pruned ") == 1  # held by each write, not by another round
-        assert db.stat().st_size < swollen / 10
+        shrunk = fault_seen.running(round(db.stat().st_size / swollen, 3), "the store file's size, of its size before")
+        assert shrunk < 1 / 10
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as raw:
-        assert raw.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL from now on
+        # INCREMENTAL from now on
+        assert fault_seen.running(raw.execute("PRAGMA auto_vacuum").fetchone()[0], "the file's auto_vacuum") == 2

@@ -29,6 +29,7 @@ import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
 from _shim import build_shim, shim_env
+from faultrows import FaultSeen
 from fitevict.engines.process import alive, cmdline
 
 pytestmark = pytest.mark.e2e
@@ -74,35 +75,37 @@ def kill_door_mid_load(fd: FrontDoor, flag: Path) -> tuple[int, list[BaseExcepti
 
 @pytest.mark.fault(
     fault="the front door `SIGKILL`ed while a load waits for `/health`, then started again on the same data dir",
-    client="the request in flight: its connection closed with the door (no answer); after the restart, a normal "
-           "answer",
-    history="nothing for the unfinished load before the restart; at restart an `orphan` event closes the store's "
-            "record of that seat (`was_alive: false`, \"process no longer running\"), then the new `load`",
-    running="the seat died with its door (the kernel's parent-death signal); after the restart exactly one seat runs "
-            "the model and the store holds exactly its record",
-    lost="the one request in flight")
-def test_door_sigkill_during_a_load_then_restart(tmp_path: Path, tmp_path_factory, zoo: dict) -> None:
+    kind="real door")
+def test_door_sigkill_during_a_load_then_restart(tmp_path: Path, tmp_path_factory, zoo: dict,
+                                                 fault_seen: FaultSeen) -> None:
     models, args = _models_dir(tmp_path, zoo, "[policy]\nprompt_cache = false\n")
     flag = tmp_path / "hold"
     env = shim_env(build_shim(tmp_path_factory.mktemp("shim")), models, flag, "hold-open", exe="llama-server")
     with front_door(tmp_path, *args, env=env) as first:
         seat, got = kill_door_mid_load(first, flag)
     try:
-        assert len(got) == 1  # the client's connection died with the door: no answer, no hang
+        # the client's connection died with the door: no answer, no hang
+        assert len(fault_seen.client([type(e) for e in got], "the request in flight raised")) == 1
         poll(lambda: not alive(seat), f"seat {seat} killed with its door")
-        assert not engines_of(models / "slow.gguf")
+        assert fault_seen.running(engines_of(models / "slow.gguf"), "seats of the model after the kill") == []
         assert stored_seats(tmp_path / "data") == [(seat, "slow")]  # the load that never ended
         assert not [e for e in history_of(tmp_path) if e[1] == "slow"]  # nothing recorded for it before
         with front_door(tmp_path, *args, env=env) as second:
             orphan = next(e for e in history(second) if e["event"] == "orphan")
             assert orphan["model"] == "slow" and orphan["details"]["pid"] == seat
-            assert orphan["details"]["was_alive"] is False and "no longer running" in orphan["reason"]
-            assert orphan["details"]["interrupted"] == "load" and "its load was interrupted" in orphan["reason"]
-            assert chat(second).status_code == 200
+            assert fault_seen.history(orphan["details"]["was_alive"], "after the restart, `orphan` was_alive") is False
+            assert "no longer running" in orphan["reason"]
+            assert fault_seen.history(orphan["details"]["interrupted"], "interrupted") == "load"
+            assert "its load was interrupted" in orphan["reason"]
+            assert fault_seen.client(chat(second).status_code, "after the restart") == 200
             running = engines_of(models / "slow.gguf")
-            assert len(running) == 1 and running != [seat]  # one new seat, no duplicate
-            assert [pid for pid, _ in stored_seats(tmp_path / "data")] == running  # no stale record
-            assert [e["event"] for e in history(second) if e["model"] == "slow"] == ["load", "orphan"]
+            # one new seat, no duplicate
+            assert fault_seen.running(len(running), "seats of the model after the restart") == 1 and running != [seat]
+            # no stale record
+            assert fault_seen.running([pid for pid, _ in stored_seats(tmp_path / "data")] == running,
+                                      "the store's seat records are the running seats")
+            events = [e["event"] for e in history(second) if e["model"] == "slow"]
+            assert fault_seen.history(events, "its events (newest first)") == ["load", "orphan"]
     finally:
         if alive(seat):
             os.kill(seat, signal.SIGKILL)
@@ -153,15 +156,8 @@ def one_seat(fd: FrontDoor) -> int:
 @pytest.mark.fault(
     fault="the front door `SIGKILL`ed during a stop (an unload waiting out its grace period), then started again on "
           "the same data dir",
-    client="the unload in flight: its connection closed with the door (no answer); after the restart, a normal "
-           "answer",
-    history="the seat's `load`; nothing for the unfinished unload before the restart; at restart an `orphan` event "
-            "closes it: `interrupted: \"unload\"` (the store's record of the seat said `stopping:unload`), "
-            "`was_alive: false`, no process of its group left; then the new `load`",
-    running="the seat died with its door (the kernel's parent-death signal); after the restart exactly one seat runs "
-            "the model and the store holds exactly its record",
-    lost="the one unload in flight (its answer)")
-def test_door_sigkill_during_a_stop_then_restart(tmp_path: Path, zoo: dict) -> None:
+    kind="real door")
+def test_door_sigkill_during_a_stop_then_restart(tmp_path: Path, zoo: dict, fault_seen: FaultSeen) -> None:
     models, args = _models_dir(tmp_path, zoo, "[policy]\nprompt_cache = false\n")
     with front_door(tmp_path, *args) as first:
         assert chat(first).status_code == 200
@@ -173,20 +169,28 @@ def test_door_sigkill_during_a_stop_then_restart(tmp_path: Path, zoo: dict) -> N
         first.proc.wait(30)
         t.join(30)
     try:
-        assert len(got) == 1  # the client's connection died with the door: no answer, no hang
+        # the client's connection died with the door: no answer, no hang
+        assert len(fault_seen.client([type(e) for e in got], "the unload in flight raised")) == 1
         poll(lambda: not alive(seat), f"seat {seat} killed with its door")
+        assert fault_seen.running(alive(seat), "the seat alive after the kill") is False
         assert [e[0] for e in history_of(tmp_path)] == ["load"]  # the unload never ended
         with front_door(tmp_path, *args) as second:
             orphan = next(e for e in history(second) if e["event"] == "orphan")
-            assert orphan["details"]["pid"] == seat and orphan["details"]["interrupted"] == "unload"
+            assert orphan["details"]["pid"] == seat
+            assert fault_seen.history(orphan["details"]["interrupted"], "after the restart, `orphan` interrupted") == \
+                "unload"
             assert orphan["details"]["was_alive"] is False and orphan["details"]["group_left"] is False
             assert "its unload was interrupted" in orphan["reason"]
-            assert chat(second).status_code == 200
+            assert fault_seen.client(chat(second).status_code, "after the restart") == 200
             running = engines_of(models / "slow.gguf")
-            assert len(running) == 1 and running != [seat]  # one new seat, no duplicate
-            assert [pid for pid, _ in stored_seats(tmp_path / "data")] == running  # no stale record
-            assert [e["event"] for e in history(second) if e["model"] == "slow"] == ["load", "orphan", "load"]
-            assert "Traceback" not in second.log()
+            # one new seat, no duplicate
+            assert fault_seen.running(len(running), "seats of the model after the restart") == 1 and running != [seat]
+            # no stale record
+            assert fault_seen.running([pid for pid, _ in stored_seats(tmp_path / "data")] == running,
+                                      "the store's seat records are the running seats")
+            events = [e["event"] for e in history(second) if e["model"] == "slow"]
+            assert fault_seen.history(events, "its events (newest first)") == ["load", "orphan", "load"]
+            assert fault_seen.history(second.log().count("Traceback"), "tracebacks in the log") == 0
     finally:
         if alive(seat):
             os.kill(seat, signal.SIGKILL)
@@ -202,14 +206,9 @@ def kv_files(data: Path) -> dict[str, int]:
 @pytest.mark.fault(
     fault="the front door `SIGKILL`ed during a prompt (KV) save before an idle unload, the engine held after the "
           "first bytes of its slot file, then started again on the same data dir",
-    client="nothing in flight (an idle unload); after the restart, a normal answer, its prompt restored from the "
-           "complete earlier save",
-    history="nothing for the unfinished `idle-unload`; at restart an `orphan` event with `interrupted: "
-            "\"idle-unload\"`; the next load's `kv-restore` names the earlier, complete file",
-    running="the seat died with its door; the partial slot file (no record) removed at restart and the log says "
-            "so; the complete earlier save kept and listed",
-    lost="the prompt being saved (the engine's KV of that slot)")
-def test_door_sigkill_during_a_kv_save_then_restart(tmp_path: Path, tmp_path_factory, zoo: dict) -> None:
+    kind="real door")
+def test_door_sigkill_during_a_kv_save_then_restart(tmp_path: Path, tmp_path_factory, zoo: dict,
+                                                    fault_seen: FaultSeen) -> None:
     models, args = _models_dir(tmp_path, zoo, "[policy]\nprompt_cache_min_tokens = 64\nidle_unload_seconds = 1\n")
     flag = tmp_path / "hold"
     env = shim_env(build_shim(tmp_path_factory.mktemp("shim")), tmp_path / "data" / "kv", flag, "hold")
@@ -235,19 +234,26 @@ def test_door_sigkill_during_a_kv_save_then_restart(tmp_path: Path, tmp_path_fac
         first.proc.wait(30)
     try:
         poll(lambda: not alive(engine), f"seat {engine} killed with its door")
+        assert fault_seen.running(alive(engine), "the seat alive after the kill") is False
         partial = {n: size for n, size in kv_files(tmp_path / "data").items() if n not in complete}
-        assert len(partial) == 1 and not next(iter(partial)).endswith(".json")  # a slot file cut short, no record
+        # a slot file cut short, no record
+        assert fault_seen.lost(len(partial), "slot files cut short") == 1
+        assert not next(iter(partial)).endswith(".json")
         assert 0 < next(iter(partial.values())) < saved["bytes"]
         flag.unlink()
         with front_door(tmp_path, *args, env=env) as second:
-            assert kv_files(second.data_dir) == complete  # the partial file removed, the complete one kept
+            # the partial file removed, the complete one kept
+            assert fault_seen.running(kv_files(second.data_dir) == complete,
+                                      "after the restart, the saved prompts are the complete save alone") is True
             assert f"saved prompt {next(iter(partial))} removed: a slot file without a record" in second.log()
             orphan = next(e for e in history(second) if e["event"] == "orphan")
-            assert orphan["details"]["pid"] == engine and orphan["details"]["interrupted"] == "idle-unload"
-            assert ask(second).status_code == 200
+            assert orphan["details"]["pid"] == engine
+            assert fault_seen.history(orphan["details"]["interrupted"], "`orphan` interrupted") == "idle-unload"
+            assert fault_seen.client(ask(second).status_code, "after the restart") == 200
             restored = poll(lambda: history(second, event="kv-restore"), "the complete save restored")
-            assert restored[0]["details"]["file"] == saved["file"]
-            assert "Traceback" not in second.log()
+            assert fault_seen.history(restored[0]["details"]["file"] == saved["file"],
+                                      "`kv-restore` of the complete save") is True
+            assert fault_seen.history(second.log().count("Traceback"), "tracebacks in the log") == 0
     finally:
         if alive(engine):
             os.kill(engine, signal.SIGKILL)

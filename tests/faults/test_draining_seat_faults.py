@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, history, poll
+from faultrows import FaultSeen
 from test_evicted_seat_faults import ask, resident, swap_door
 from test_seat_faults import LONG, ends, gone, kill_left, seat_pid
 
@@ -83,64 +84,55 @@ def kill_while_draining(fd: FrontDoor, model: str, drain: Callable[[], object]) 
     return pid, stream, got
 
 
-def check_drained_end(fd: FrontDoor, model: str, event: str, pid: int, stream: Stream) -> dict:
+def check_drained_end(fd: FrontDoor, model: str, event: str, pid: int, stream: Stream, seen: FaultSeen) -> dict:
     """The stream cut with its API's error; ``model``'s load ended by one ``event`` that says it was draining and
     how its process ended, and by no crash; every load of it has exactly one end. The event."""
-    assert stream.error is not None and 3 <= stream.chunks < LONG["max_tokens"], (stream.chunks, stream.error)
-    assert stream.error.body["code"] == "engine_lost" and stream.error.body["type"] == "engine_error"
+    assert stream.error is not None and seen.client(type(stream.error), "the stream's SDK raised")
+    chunks = seen.client(stream.chunks, "stream chunks before it")
+    assert 3 <= chunks < LONG["max_tokens"], (stream.chunks, stream.error)
+    assert seen.client(stream.error.body["code"], "code") == "engine_lost"
+    assert stream.error.body["type"] == "engine_error"
     assert f"{model}: the engine broke off its answer" in stream.error.message
     poll(lambda: ends(fd, model)[-1:] == [event], f"{model}'s {event} in history")
-    got = ends(fd, model)
+    got = seen.history(ends(fd, model), "the drained model's events")
     assert "crash" not in got and got[-2:] == ["load", event], got
     assert got[::2] == ["load"] * len(got[::2]) and "load" not in got[1::2] and len(got) % 2 == 0, got
     ev = next(e for e in history(fd) if e["model"] == model and e["event"] == event)
     d = ev["details"]
-    assert d["pid"] == pid and d["draining"] is True, d
-    assert d["stop_ended"] == "exited" and d["stop_exit_code"] == -signal.SIGKILL, d
-    assert d["cause"] == "killed" and d["exit_code"] == -signal.SIGKILL and d["oom"] is None, d
-    assert KILLED in ev["reason"] and "while it drained" in ev["reason"], ev["reason"]
+    assert d["pid"] == pid and seen.history(d["draining"], "draining") is True, d
+    assert seen.history(d["stop_ended"], "stop_ended") == "exited" and d["stop_exit_code"] == -signal.SIGKILL, d
+    assert seen.history(d["cause"], "cause") == "killed" and d["exit_code"] == -signal.SIGKILL and d["oom"] is None, d
+    assert KILLED in ev["reason"] and "while it drained" in seen.history(ev["reason"], "reason"), ev["reason"]
     assert isinstance(d["release_verified"], bool) and d["release_note"]
-    assert pid not in engine_pids_of(fd.proc.pid)
+    assert seen.running(pid in engine_pids_of(fd.proc.pid), "the killed seat among the door's children") is False
     return ev
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed while it drains at the end of its turn (another model's request waited "
           "`policy.max_wait_seconds` for its memory) with a long stream in flight",
-    client="the stream: its chunks, then the `engine_lost` error event (`openai.APIError`); the other model's "
-           "request: its answer, loaded into the memory the seat held",
-    history="`load`, then one `evict` for the other model whose details say `draining: true`, `stop_ended: exited`, "
-            "`stop_exit_code: -9`, `cause: killed`, its reason \"evicted for med-b: ...; it ended on its own while it "
-            "drained: llama-server was killed (SIGKILL, ...)\", beside its release verification; no `crash`; every "
-            "load has one end (before the fix: an `evict` that said neither, or a `crash` when the door saw the exit "
-            "before the broken stream)",
-    running="the killed seat reaped; the other model's seat, alone",
-    lost="the rest of that one answer")
-def test_a_seat_killed_while_it_drains_for_another_model_ends_as_that_eviction(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_seat_killed_while_it_drains_for_another_model_ends_as_that_eviction(door: FrontDoor,
+                                                                              fault_seen: FaultSeen) -> None:
     pid, stream, (answer,) = kill_while_draining(door, "med-a", lambda: ask(door, "med-b"))
-    assert answer.status_code == 200, answer.text
-    ev = check_drained_end(door, "med-a", "evict", pid, stream)
+    assert fault_seen.client(answer.status_code, "the other model's request") == 200, answer.text
+    ev = check_drained_end(door, "med-a", "evict", pid, stream, fault_seen)
     assert "evicted for med-b" in ev["reason"], ev["reason"]
-    assert engine_pids_of(door.proc.pid) == [seat_pid(door, "med-b")]
-    assert ends(door, "med-b")[-1] == "load"
+    running = fault_seen.running(len(engine_pids_of(door.proc.pid)), "seats running")
+    assert running == 1 and engine_pids_of(door.proc.pid) == [seat_pid(door, "med-b")]
+    assert fault_seen.history(ends(door, "med-b")[-1], "the other model's last event") == "load"
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed while an unload waits for its requests in flight (a long stream)",
-    client="the stream: its chunks, then the `engine_lost` error event (`openai.APIError`); the unload: `200`, "
-           "`unloaded: true`",
-    history="`load`, then one `unload` whose details say `draining: true`, `stop_ended: exited`, `stop_exit_code: -9`, "
-            "`cause: killed`; no `crash`; every load has one end (before the fix: an `unload` that said the seat was "
-            "killed during its stop, within its grace, which it was not (its exit had begun before the stop), or a "
-            "`crash` and no `unload` when the door saw the exit first)",
-    running="no engine at all: the killed seat reaped",
-    lost="the rest of that one answer")
-def test_a_seat_killed_while_an_unload_waits_for_it_ends_as_that_unload(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_seat_killed_while_an_unload_waits_for_it_ends_as_that_unload(door: FrontDoor, fault_seen: FaultSeen) -> None:
     def unload() -> httpx.Response:
         return httpx.post(door.base_url + "/v1/models/med-b/unload", timeout=120)
 
     pid, stream, (answer,) = kill_while_draining(door, "med-b", unload)
-    assert answer.status_code == 200 and answer.json()["unloaded"] is True, answer.text
-    ev = check_drained_end(door, "med-b", "unload", pid, stream)
+    assert fault_seen.client(answer.status_code, "the unload") == 200
+    assert fault_seen.client(answer.json()["unloaded"], "unloaded") is True, answer.text
+    ev = check_drained_end(door, "med-b", "unload", pid, stream, fault_seen)
     assert "unloaded on request" in ev["reason"], ev["reason"]
-    assert engine_pids_of(door.proc.pid) == [] and state(door, "med-b") is None
+    assert fault_seen.running(engine_pids_of(door.proc.pid), "seats running") == [] and state(door, "med-b") is None

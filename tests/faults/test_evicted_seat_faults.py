@@ -23,6 +23,7 @@ import pytest
 
 from _frontdoor import FrontDoor, front_door, history, poll
 from _models import medium_host_bytes
+from faultrows import FaultSeen
 from test_seat_faults import ends, gone, kill_left, seat_pid
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -95,55 +96,53 @@ def evict_frozen(fd: FrontDoor, victim: str, other: str, *, kill_at_stop: bool) 
     return pid, got[0]
 
 
-def check_evicted(fd: FrontDoor, victim: str, other: str, pid: int, answer: httpx.Response) -> dict:
+def check_evicted(fd: FrontDoor, victim: str, other: str, pid: int, answer: httpx.Response, seen: FaultSeen) -> dict:
     """``other`` answered; ``victim``'s eviction recorded, with its release verification, and no crash."""
-    assert answer.status_code == 200, answer.text
+    assert seen.client(answer.status_code, "the request that evicted it") == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"] is not None
     # recorded once its release is verified (or its timeout passes), which may be after the other model answered
     poll(lambda: ends(fd, victim)[-1:] == ["evict"], f"{victim}'s eviction in history")
-    assert ends(fd, victim)[-2:] == ["load", "evict"] and "crash" not in ends(fd, victim)
+    assert seen.history(ends(fd, victim)[-2:], "the victim's last events") == ["load", "evict"]
+    assert "crash" not in ends(fd, victim)
     ev = last_evict(fd, victim)
     assert ev["details"]["pid"] == pid and other in ev["reason"]
-    assert isinstance(ev["details"]["release_verified"], bool) and ev["details"]["release_note"]
-    assert seat_pid(fd, other) != pid
+    assert isinstance(seen.history(ev["details"]["release_verified"], "release_verified"), bool)
+    assert ev["details"]["release_note"]
+    assert seen.running(gone(pid), "the frozen seat's process reaped") is True
+    assert seen.running(seat_pid(fd, other) != pid, "the other model's seat, a new process") is True
     return ev
 
 
 @pytest.mark.fault(
     fault="a seat frozen (`SIGSTOP`) when its eviction begins: the eviction's `SIGTERM` waits on it for the whole stop "
           "grace (5 s in the test)",
-    client="the request that evicted it: its answer, after the grace",
-    history="`load`, then the `evict` whose details say how the seat ended during its stop: `stop_ended: frozen`, "
-            "`stop_exit_code: -9`, \"stopped by a signal (state T) when the stop's grace of 5 s ... ran out, so it "
-            "never ran its SIGTERM: killed by the stop's SIGKILL\", beside its release verification; no `crash`",
-    running="the frozen seat killed and reaped; the other model's seat, alone",
-    lost="nothing")
-def test_a_seat_frozen_when_its_eviction_begins_is_killed_after_the_grace(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_seat_frozen_when_its_eviction_begins_is_killed_after_the_grace(door: FrontDoor,
+                                                                         fault_seen: FaultSeen) -> None:
     pid, answer = evict_frozen(door, "med-a", "med-b", kill_at_stop=False)
-    ev = check_evicted(door, "med-a", "med-b", pid, answer)
+    ev = check_evicted(door, "med-a", "med-b", pid, answer, fault_seen)
     d = ev["details"]
-    assert d["stop_ended"] == "frozen" and d["stop_exit_code"] == -signal.SIGKILL, d
-    assert "stopped by a signal (state T)" in d["stop_ended_note"] and "killed by the stop's SIGKILL" in \
-        d["stop_ended_note"] and f"grace of {GRACE_S:g} s" in d["stop_ended_note"]
+    assert fault_seen.history(d["stop_ended"], "stop_ended") == "frozen"
+    assert fault_seen.history(d["stop_exit_code"], "stop_exit_code") == -signal.SIGKILL, d
+    note = fault_seen.history(d["stop_ended_note"], "stop_ended_note")
+    assert "stopped by a signal (state T)" in note and "killed by the stop's SIGKILL" in note
+    assert f"grace of {GRACE_S:g} s" in note
     assert d["exit_seconds"] >= GRACE_S
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed by another sender while it is evicted (the eviction's `SIGTERM` pending on it, within "
           "the stop's grace)",
-    client="the request that evicted it: its answer",
-    history="`load`, then the `evict` whose details say `stop_ended: killed`, `stop_exit_code: -9`: \"it ended by "
-            "signal 9 (SIGKILL) during the stop, within its grace: not the stop's\", beside its release verification; "
-            "no `crash`; an eviction whose seat exits on the `SIGTERM` says `stop_ended: sigterm`",
-    running="the killed seat reaped; the other model's seat, alone",
-    lost="nothing")
-def test_a_seat_killed_while_it_is_evicted_says_so(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_seat_killed_while_it_is_evicted_says_so(door: FrontDoor, fault_seen: FaultSeen) -> None:
     pid, answer = evict_frozen(door, "med-b", "med-a", kill_at_stop=True)
-    ev = check_evicted(door, "med-b", "med-a", pid, answer)
+    ev = check_evicted(door, "med-b", "med-a", pid, answer, fault_seen)
     d = ev["details"]
-    assert d["stop_ended"] == "killed" and d["stop_exit_code"] == -signal.SIGKILL, d
+    assert fault_seen.history(d["stop_ended"], "stop_ended") == "killed"
+    assert fault_seen.history(d["stop_exit_code"], "stop_exit_code") == -signal.SIGKILL, d
     # within its grace: the stop saw the exit before its own SIGKILL (``stop_account``), not a wall-clock figure
-    assert "ended by signal 9 (SIGKILL) during the stop, within its grace: not the stop's" in d["stop_ended_note"]
+    note = fault_seen.history(d["stop_ended_note"], "stop_ended_note")
+    assert "ended by signal 9 (SIGKILL) during the stop, within its grace: not the stop's" in note
     plain = resident(door, "med-b")  # an eviction whose seat runs: it ends on the SIGTERM
     normal = last_evict(door, "med-a")["details"]
     assert normal["stop_ended"] == "sigterm" and "exited on the stop's SIGTERM" in normal["stop_ended_note"], normal

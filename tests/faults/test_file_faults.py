@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history
+from faultrows import FaultSeen
 
 pytestmark = pytest.mark.e2e
 
@@ -48,77 +49,65 @@ def listed(fd: FrontDoor) -> set[str]:
     return {m["id"] for m in httpx.get(fd.base_url + "/v1/models", timeout=30).json()["data"]}
 
 
-def check_unreadable(fd: FrontDoor, model: str, why: str) -> None:
+def check_unreadable(fd: FrontDoor, model: str, why: str, seen: FaultSeen) -> None:
     """``model`` is answered with OpenAI's error envelope naming its file and ``why``, nothing started for it, no
     traceback anywhere, and history untouched by it."""
     r = ask(fd, model)
-    assert r.status_code == 500, r.text
+    assert seen.client(r.status_code, "status") == 500, r.text
     err = r.json()["error"]
-    assert err["code"] == "model_unreadable" and f"{model}.gguf" in err["message"] and why in err["message"]
-    assert "rescan" in err["message"]  # the remedy
-    assert not seats_of(fd, model)
-    assert not [e for e in history(fd) if e["model"] == model]
-    assert "Traceback" not in r.text and "Traceback" not in fd.log()
+    assert seen.client(err["code"], "code") == "model_unreadable"
+    message = seen.client(err["message"], "message")
+    assert f"{model}.gguf" in message and why in message
+    assert "rescan" in message  # the remedy
+    assert seen.running(seats_of(fd, model), "its seats") == []
+    assert seen.history([e["event"] for e in history(fd) if e["model"] == model], "its events") == []
+    assert "Traceback" not in r.text and seen.history(fd.log().count("Traceback"), "tracebacks in the log") == 0
 
 
 @pytest.mark.fault(
     fault="a listed model's file truncated",
-    client="`500` `model_unreadable`: \"model 'trunc': its file cannot be read (...trunc.gguf: truncated: its "
-           "tensors end at byte N but the file has M bytes; re-download or re-convert it); replace or remove the "
-           "file, then rescan the models\"",
-    history="nothing",
-    running="nothing started for it",
-    lost="nothing")
-def test_model_file_truncated_while_listed(door: FrontDoor) -> None:
+    kind="real door")
+def test_model_file_truncated_while_listed(door: FrontDoor, fault_seen: FaultSeen) -> None:
     assert "trunc" in listed(door)
     path = next(door.data_dir.parent.glob("models/trunc.gguf"))
     with path.open("r+b") as f:
         f.truncate(path.stat().st_size // 2)
-    check_unreadable(door, "trunc", "truncated")
+    check_unreadable(door, "trunc", "truncated", fault_seen)
 
 
 @pytest.mark.fault(
     fault="a listed model's file deleted",
-    client='`500` `model_unreadable`, naming the file and "No such file or directory", with the same remedy',
-    history="nothing",
-    running="nothing started for it",
-    lost="nothing")
-def test_model_file_deleted_while_listed(door: FrontDoor) -> None:
+    kind="real door")
+def test_model_file_deleted_while_listed(door: FrontDoor, fault_seen: FaultSeen) -> None:
     assert "gone" in listed(door)
     next(door.data_dir.parent.glob("models/gone.gguf")).unlink()
-    check_unreadable(door, "gone", "No such file")
+    check_unreadable(door, "gone", "No such file", fault_seen)
 
 
 @pytest.mark.fault(
     fault="a model file still being copied into the models folder (a third of it there), then complete",
-    client='while partial: `500` `model_unreadable` naming it ("truncated"); once whole: a normal answer, with no '
-           'rescan',
-    history="nothing while partial; then its `load`",
-    running="nothing for it while partial",
-    lost="nothing")
-def test_model_file_still_being_copied_then_complete(door: FrontDoor) -> None:
+    kind="real door")
+def test_model_file_still_being_copied_then_complete(door: FrontDoor, fault_seen: FaultSeen) -> None:
     """A download into the models folder: listed while half written (a clear error naming it), served once whole,
     with no rescan."""
     path = next(door.data_dir.parent.glob("models/growing.gguf"))
     whole = path.read_bytes()
     path.write_bytes(whole[: len(whole) // 3])  # the copy so far
     assert "growing" in listed(door)
-    check_unreadable(door, "growing", "truncated")
+    check_unreadable(door, "growing", "truncated", fault_seen)
     with path.open("ab") as f:  # the rest arrives
         f.write(whole[len(whole) // 3:])
     r = ask(door, "growing")
-    assert r.status_code == 200, r.text
-    assert [e["event"] for e in history(door) if e["model"] == "growing"] == ["load"]
+    assert fault_seen.client(r.status_code, "once whole, with no rescan") == 200, r.text
+    events = fault_seen.history([e["event"] for e in history(door) if e["model"] == "growing"], "then its events")
+    assert events == ["load"]
+    assert fault_seen.running(len(seats_of(door, "growing")), "its seats then") == 1
 
 
 @pytest.mark.fault(
     fault="the engine binary removed while a seat runs, then a load of another model",
-    client='`502` `load_failed` naming the missing binary ("failed to execute .../llama-server: No such file or '
-           'directory"); the running model still answers `200`; once the binary is back, the model loads',
-    history="a `fail` for the load, naming the binary; then, with the binary back, its `load`",
-    running="the running seat, same process, untouched; nothing for the failed model",
-    lost="nothing")
-def test_engine_binary_missing_at_load(door: FrontDoor) -> None:
+    kind="real door")
+def test_engine_binary_missing_at_load(door: FrontDoor, fault_seen: FaultSeen) -> None:
     assert ask(door, "alive").status_code == 200
     [running] = seats_of(door, "alive")
     link = door.data_dir.parent / "engine" / "llama-server"
@@ -126,17 +115,20 @@ def test_engine_binary_missing_at_load(door: FrontDoor) -> None:
     link.unlink()
     try:
         r = ask(door, "other")
-        assert r.status_code == 502, r.text
+        assert fault_seen.client(r.status_code, "the new load") == 502, r.text
         err = r.json()["error"]
-        assert err["code"] == "load_failed" and str(link) in err["message"] and "No such file" in err["message"]
+        assert fault_seen.client(err["code"], "code") == "load_failed"
+        assert str(link) in fault_seen.client(err["message"], "message") and "No such file" in err["message"]
         fail = next(e for e in history(door) if e["model"] == "other")
-        assert fail["event"] == "fail" and str(link) in fail["reason"]
-        assert not seats_of(door, "other")
+        assert fault_seen.history(fail["event"], "its event") == "fail" and str(link) in fail["reason"]
+        assert fault_seen.running(seats_of(door, "other"), "its seats") == []
         # the running seat is untouched: same process, still answering
-        assert ask(door, "alive").status_code == 200 and seats_of(door, "alive") == [running]
+        assert fault_seen.client(ask(door, "alive").status_code, "the running model") == 200
+        assert fault_seen.running(seats_of(door, "alive") == [running], "the running seat, the same process") is True
     finally:
         link.symlink_to(target)
     # the binary back: the same model loads
-    assert ask(door, "other").status_code == 200
-    assert [e["event"] for e in history(door) if e["model"] == "other"][:2] == ["load", "fail"]
-    assert "Traceback" not in door.log()
+    assert fault_seen.client(ask(door, "other").status_code, "with the binary back") == 200
+    events = [e["event"] for e in history(door) if e["model"] == "other"][:2]
+    assert fault_seen.history(events, "then (newest first)") == ["load", "fail"]
+    assert fault_seen.history(door.log().count("Traceback"), "tracebacks in the log") == 0

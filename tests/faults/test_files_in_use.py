@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
+from faultrows import FaultSeen
 from test_seat_faults import gone, seat_pid
 
 pytestmark = pytest.mark.e2e
@@ -64,16 +65,8 @@ def mapped_files(pid: int) -> set[str]:
 
 @pytest.mark.fault(
     fault="a model file replaced by another model (a new download renamed over it) while a seat serves it",
-    client="`200`s throughout: the running seat keeps serving the file it mapped; after an unload, the next "
-           "request loads the new file",
-    history="the first `load` at the old file's price; the next `load` at the new file's own price (equal to a "
-            "seat of the same file loaded under another name), not the old structure's; before the fix, the old "
-            "file's dry-run compute bytes (cached by path), and `/v1/models` and `/api/tags` gave the old size until "
-            "a rescan",
-    running="the old seat until unloaded (same pid, mapping the replaced file, `(deleted)`), then a seat of the new "
-            "file",
-    lost="nothing")
-def test_model_file_replaced_while_a_seat_uses_it(door: FrontDoor, tmp_path: Path) -> None:
+    kind="real door")
+def test_model_file_replaced_while_a_seat_uses_it(door: FrontDoor, tmp_path: Path, fault_seen: FaultSeen) -> None:
     path = model_file(door, "swap")
     assert ask(door, "swap").status_code == 200 and ask(door, "other").status_code == 200
     old_pid = seat_pid(door, "swap")
@@ -83,34 +76,31 @@ def test_model_file_replaced_while_a_seat_uses_it(door: FrontDoor, tmp_path: Pat
     shutil.copyfile(model_file(door, "other"), new)
     os.replace(new, path)  # how a download lands: the old inode stays mapped by its seat
     # the seat keeps serving the file it mapped
-    assert ask(door, "swap").status_code == 200 and seat_pid(door, "swap") == old_pid
-    assert any(f.endswith("swap.gguf (deleted)") for f in mapped_files(old_pid))
+    assert fault_seen.client(ask(door, "swap").status_code, "the running seat, after the swap") == 200
+    assert fault_seen.running(seat_pid(door, "swap") == old_pid, "the same seat") is True
+    deleted = sorted(f.rsplit("/", 1)[-1] for f in mapped_files(old_pid))
+    assert "swap.gguf (deleted)" in fault_seen.running(deleted, "the files it maps")
     # the catalog says what is on disk now
     after_openai, after_ollama = listed(door, "swap")
     assert after_openai["fitevict"]["file"]["bytes"] == after_ollama["size"] == path.stat().st_size
-    assert after_ollama["size"] != before_ollama["size"] and after_ollama["digest"] != before_ollama["digest"]
+    assert fault_seen.client(after_ollama["size"] != before_ollama["size"], "`/api/tags` size changed") is True
+    assert after_ollama["digest"] != before_ollama["digest"]
     # the next load uses the new file at its own price
     assert httpx.post(door.base_url + "/v1/models/swap/unload", timeout=60).status_code == 200
     poll(lambda: gone(old_pid), "the old seat gone")
-    assert ask(door, "swap").status_code == 200
+    assert fault_seen.client(ask(door, "swap").status_code, "after an unload, the next request") == 200
     first, second = loads(door, "swap")
     [control] = loads(door, "other")
-    assert second["bytes"]["predicted"] == control["bytes"]["predicted"] != first["bytes"]["predicted"]
-    assert mapped_files(seat_pid(door, "swap")) == {str(path)}
+    assert fault_seen.history(second["bytes"]["predicted"] == control["bytes"]["predicted"],
+                              "the second `load` priced as the new file") is True
+    assert control["bytes"]["predicted"] != first["bytes"]["predicted"]
+    assert fault_seen.running(mapped_files(seat_pid(door, "swap")) == {str(path)}, "the new seat maps the new file")
 
 
 @pytest.mark.fault(
     fault="a model file truncated in place to half while its seat streams an answer from it (mmap'd weights)",
-    client="the chunks before the cut, then the `engine_lost` error event (`openai.APIError`); the next request: "
-           "`500` `model_unreadable` naming the file (\"truncated: its tensors end at byte N but the file has M "
-           "bytes\") and the remedy; before the fix, a `500` \"Internal Server Error\" (a traceback in the log) when "
-           "the file broke between the request's read and its load",
-    history="`load`, then a `crash` (`cause: signal`): \"died by SIGBUS\", and \"its model file ... was truncated "
-            "since the seat started (N bytes then, M now)\"; nothing for the refused request",
-    running="nothing for the model: the seat died at its next read of the lost pages, and nothing is started for "
-            "the truncated file",
-    lost="the rest of that one answer")
-def test_model_file_truncated_while_a_seat_maps_it(door: FrontDoor) -> None:
+    kind="real door")
+def test_model_file_truncated_while_a_seat_maps_it(door: FrontDoor, fault_seen: FaultSeen) -> None:
     path = model_file(door, "cut")
     assert ask(door, "cut").status_code == 200
     size = path.stat().st_size
@@ -125,39 +115,45 @@ def test_model_file_truncated_while_a_seat_maps_it(door: FrontDoor) -> None:
                 pid = seat_pid(door, "cut")
                 with path.open("r+b") as f:
                     f.truncate(size // 2)
-    assert pid is not None and e.value.body["code"] == "engine_lost"
+    assert pid is not None and fault_seen.client(got, "stream chunks before the error") >= 3
+    fault_seen.client(type(e.value), "the SDK raised")
+    assert fault_seen.client(e.value.body["code"], "code") == "engine_lost"
     poll(lambda: gone(pid), f"seat pid {pid} reaped")
     crash = poll(lambda: next((x for x in history(door) if x["model"] == "cut" and x["event"] == "crash"), None),
                  "the crash in history")
-    assert crash["details"]["exit_code"] == -signal.SIGBUS and crash["details"]["cause"] == "signal"
-    assert f"{path} was truncated since the seat started ({size} bytes then, {size // 2} now)" in crash["reason"]
+    assert fault_seen.history(crash["details"]["exit_code"], "`crash` exit_code") == -signal.SIGBUS
+    assert fault_seen.history(crash["details"]["cause"], "cause") == "signal"
+    reason = fault_seen.history(crash["reason"], "reason")
+    assert f"{path} was truncated since the seat started ({size} bytes then, {size // 2} now)" in reason
     r = ask(door, "cut")
-    assert r.status_code == 500, r.text
+    assert fault_seen.client(r.status_code, "the next request") == 500, r.text
     err = r.json()["error"]
-    assert err["code"] == "model_unreadable" and str(path) in err["message"] and "truncated" in err["message"]
-    assert [x["event"] for x in reversed(history(door)) if x["model"] == "cut"] == ["load", "crash"]
-    assert not [p for p in engine_pids_of(door.proc.pid) if "/cut.gguf" in Path(f"/proc/{p}/cmdline").read_text()]
+    assert fault_seen.client(err["code"], "code") == "model_unreadable"
+    assert str(path) in err["message"] and "truncated" in err["message"]
+    events = fault_seen.history([x["event"] for x in reversed(history(door)) if x["model"] == "cut"], "its events")
+    assert events == ["load", "crash"]
+    seats = [p for p in engine_pids_of(door.proc.pid) if "/cut.gguf" in Path(f"/proc/{p}/cmdline").read_text()]
+    assert fault_seen.running(seats, "its seats") == []
 
 
 @pytest.mark.fault(
     fault="a model file truncated in place to half while its seat is loaded and idle",
-    client="`500` `model_unreadable` naming the file (\"truncated\") and the remedy; before the fix the same, but "
-           "the seat was left running, holding its memory, to die of SIGBUS if it were ever asked",
-    history="`load`, then an `unload` whose reason says the seat was stopped because its model file cannot be read "
-            "any more (\"truncated: ...\")",
-    running="nothing for the model: its seat stopped and reaped",
-    lost="nothing")
-def test_model_file_truncated_while_its_seat_is_idle(door: FrontDoor) -> None:
+    kind="real door")
+def test_model_file_truncated_while_its_seat_is_idle(door: FrontDoor, fault_seen: FaultSeen) -> None:
     path = model_file(door, "idlecut")
     assert ask(door, "idlecut").status_code == 200
     pid = seat_pid(door, "idlecut")
     with path.open("r+b") as f:
         f.truncate(path.stat().st_size // 2)
     r = ask(door, "idlecut")
-    assert r.status_code == 500 and r.json()["error"]["code"] == "model_unreadable", r.text
-    assert str(path) in r.json()["error"]["message"] and "truncated" in r.json()["error"]["message"]
+    assert fault_seen.client(r.status_code, "status") == 500
+    assert fault_seen.client(r.json()["error"]["code"], "code") == "model_unreadable", r.text
+    message = fault_seen.client(r.json()["error"]["message"], "message")
+    assert str(path) in message and "truncated" in message
     poll(lambda: gone(pid), f"seat pid {pid} stopped and reaped")
+    assert fault_seen.running(gone(pid), "its seat stopped and reaped") is True
     events = poll(lambda: [e for e in reversed(history(door)) if e["model"] == "idlecut"][1:] or None,
                   "the seat's end in history")
-    assert [e["event"] for e in events] == ["unload"]
-    assert "its model file cannot be read any more" in events[0]["reason"] and "truncated" in events[0]["reason"]
+    assert fault_seen.history([e["event"] for e in events], "its end") == ["unload"]
+    reason = fault_seen.history(events[0]["reason"], "reason")
+    assert "its model file cannot be read any more" in reason and "truncated" in reason

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from faultrows import FaultSeen
 
 from fitevict.budget import Budget
 from fitevict.schedule.errors import Busy
@@ -186,53 +187,48 @@ def cancelled_load(tmp: Path, held: str, how: str):
 
 @pytest.mark.fault(
     fault="a load's one client hangs up while its seat logs are pruned, before its engine starts (the pruning held)",
-    client="the request that left: nothing (it hung up); the next request for the model: its seat",
-    history="the load's `unload`: \"no one waiting: every request for this load left before it finished\", "
-            "`cancelled_at: pruning the seat logs`, `engine_started: false` (before the fix: nothing, and the "
-            "scheduler's record of the model stayed `stopping`, so the next request waited for ever)",
-    running="nothing of the cancelled load (no engine was started); the next load's seat, serving",
-    lost="nothing")
-def test_a_load_cancelled_while_its_logs_are_pruned(tmp_path: Path) -> None:
+    kind="collaborator with stand-ins")
+def test_a_load_cancelled_while_its_logs_are_pruned(tmp_path: Path, fault_seen: FaultSeen) -> None:
     got = cancelled_load(tmp_path, "prune", "left")
-    assert got.status is SeatStatus.STARTING and got.after is None  # told: nothing placing or stopping is left
+    # told: nothing placing or stopping is left
+    assert got.status is SeatStatus.STARTING and fault_seen.running(got.after, "the scheduler's record of m") is None
     (ev,) = got.unloads
-    assert ev.reason == LEFT and ev.request_id == "req-1" and ev.model == "m"
-    assert ev.details["cancelled_at"] == "pruning the seat logs" and ev.details["engine_started"] is False
+    assert fault_seen.history(ev.reason, "`unload`") == LEFT and ev.request_id == "req-1" and ev.model == "m"
+    assert fault_seen.history(ev.details["cancelled_at"], "cancelled_at") == "pruning the seat logs"
+    assert fault_seen.history(ev.details["engine_started"], "engine_started") is False
     assert ev.details["note"] == f"unload: {LEFT}" and ev.freed_bytes is None
-    assert got.calls == [] and len(got.seats) == 1  # no engine for the cancelled load; one for the next
-    assert got.served == "m" and got.ready is SeatStatus.READY
+    # no engine for the cancelled load; one for the next
+    assert got.calls == [] and fault_seen.running(len(got.seats), "engines started (the next load's)") == 1
+    assert fault_seen.client(got.served, "the next request's seat (in the process)") == "m"
+    assert fault_seen.running(got.ready, "its status") is SeatStatus.READY
 
 
 @pytest.mark.fault(
     fault="a load's one client hangs up while the seat is priced (its prediction held, as a GPU placement's dry run "
           "holds it), before its engine starts",
-    client="the request that left: nothing (it hung up); the next request for the model: its seat",
-    history="the load's `unload` (\"no one waiting ...\"), `cancelled_at: pricing the seat (its prediction, a GPU "
-            "placement's dry run first)`, `engine_started: false` (before the fix: nothing recorded, the record "
-            "stuck)",
-    running="nothing of the cancelled load; the next load's seat, serving",
-    lost="nothing")
-def test_a_load_cancelled_while_it_is_priced(tmp_path: Path) -> None:
+    kind="collaborator with stand-ins")
+def test_a_load_cancelled_while_it_is_priced(tmp_path: Path, fault_seen: FaultSeen) -> None:
     got = cancelled_load(tmp_path, "price", "left")
-    assert got.status is SeatStatus.STARTING and got.after is None
+    assert got.status is SeatStatus.STARTING and fault_seen.running(got.after, "the scheduler's record of m") is None
     (ev,) = got.unloads
-    assert ev.reason == LEFT and ev.details["cancelled_at"].startswith("pricing the seat")
-    assert ev.details["engine_started"] is False and got.calls == [] and len(got.seats) == 1
-    assert got.served == "m" and got.ready is SeatStatus.READY
+    assert fault_seen.history(ev.reason, "`unload`") == LEFT
+    assert fault_seen.history(ev.details["cancelled_at"], "cancelled_at").startswith("pricing the seat")
+    assert fault_seen.history(ev.details["engine_started"], "engine_started") is False and got.calls == []
+    assert fault_seen.running(len(got.seats), "engines started (the next load's)") == 1
+    assert fault_seen.client(got.served, "the next request's seat (in the process)") == "m"
+    assert fault_seen.running(got.ready, "its status") is SeatStatus.READY
 
 
 @pytest.mark.fault(
     fault="fitevict shuts down while a load is priced (its prediction held), before its engine starts",
-    client="its waiting request: `503` busy, \"fitevict is shutting down; retry later\"",
-    history="the load's `unload`: \"fitevict is shutting down: load cancelled\", `cancelled_at: pricing the seat "
-            "...` (before the fix: nothing, and the scheduler's record of the model stayed `stopping`)",
-    running="nothing of the cancelled load",
-    lost="nothing")
-def test_a_load_cut_by_shutdown_while_it_is_priced(tmp_path: Path) -> None:
+    kind="collaborator with stand-ins")
+def test_a_load_cut_by_shutdown_while_it_is_priced(tmp_path: Path, fault_seen: FaultSeen) -> None:
     got = cancelled_load(tmp_path, "price", "shutdown")
-    assert got.status is SeatStatus.STARTING and got.after is None
-    assert isinstance(got.told.exception(), Busy) and "shutting down" in str(got.told.exception())
+    assert got.status is SeatStatus.STARTING and fault_seen.running(got.after, "the scheduler's record of m") is None
+    told = fault_seen.client(got.told.exception(), "its waiting request's future, in the process (no HTTP)")
+    assert isinstance(told, Busy) and "shutting down" in str(told)
     (ev,) = got.unloads
-    assert ev.reason == SHUTDOWN and ev.details["cancelled_at"].startswith("pricing the seat")
+    assert fault_seen.history(ev.reason, "`unload`") == SHUTDOWN
+    assert fault_seen.history(ev.details["cancelled_at"], "cancelled_at").startswith("pricing the seat")
     assert ev.details["note"] == f"unload: {SHUTDOWN}" and ev.details["engine_started"] is False
-    assert got.calls == [] and got.seats == []
+    assert got.calls == [] and fault_seen.running(got.seats, "engines started") == []

@@ -24,6 +24,7 @@ import pytest
 
 from _cgroups import memory_cgroup, remove_cgroup
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
+from faultrows import FaultSeen
 from _shim import build_shim, shim_env
 from test_seat_faults import ends, gone
 
@@ -84,70 +85,66 @@ def held_load(fd: FrontDoor, flag: Path, model: str, fault) -> tuple[int, httpx.
     return pid, got[0]
 
 
-def check_failed(fd: FrontDoor, model: str, pid: int, answer: httpx.Response) -> dict:
+def check_failed(fd: FrontDoor, model: str, pid: int, answer: httpx.Response, seen: FaultSeen) -> dict:
     """The client told the load failed (502 ``load_failed``); its ``fail`` in history (returned), the engine reaped."""
-    assert answer.status_code == 502, answer.text
+    assert seen.client(answer.status_code, "status") == 502, answer.text
     error = answer.json()["error"]
-    assert error["type"] == "engine_error" and error["code"] == "load_failed"
+    assert error["type"] == "engine_error" and seen.client(error["code"], "code") == "load_failed"
     poll(lambda: gone(pid), f"engine pid {pid} reaped")
-    assert ends(fd, model) == ["fail"]
+    assert seen.running(gone(pid), "the engine reaped") is True
+    assert seen.history(ends(fd, model), "its events") == ["fail"]
     fail = next(e for e in history(fd) if e["model"] == model and e["event"] == "fail")
-    assert fail["details"]["pid"] == pid and fail["details"]["exit_code"] == -signal.SIGKILL
-    assert fail["reason"] == error["message"]
+    assert fail["details"]["pid"] == pid
+    assert seen.history(fail["details"]["exit_code"], "`fail` exit_code") == -signal.SIGKILL
+    assert seen.client(fail["reason"] == error["message"], "its message is the `fail` reason") is True
     return fail
 
 
-def check_loads(fd: FrontDoor, model: str) -> None:
+def check_loads(fd: FrontDoor, model: str, seen: FaultSeen) -> None:
     r = ask(fd, model)
-    assert r.status_code == 200, r.text
-    assert ends(fd, model) == ["fail", "load"]
+    assert seen.client(r.status_code, "the next request") == 200, r.text
+    assert seen.history(ends(fd, model), "then") == ["fail", "load"]
 
 
 @pytest.mark.fault(
     fault="a seat killed by the kernel's OOM killer before it is ready: its engine, held before it opens the model, "
           "moved into a memory cgroup capped at 2 MiB, then let load",
-    client="a `502` `load_failed` whose message says \"was killed by the kernel's OOM killer (SIGKILL, exit code -9): "
-           "<the kernel's words>\" while loading, `cause: oom-killer`",
-    history="a `fail` with `exit_code: -9`, `cause: oom-killer` and `oom`: the kernel's log line naming the pid, or "
-            "the cgroup's `oom_kill` count risen (before: a plain load failure, the kernel never asked)",
-    running="nothing of that engine (reaped); the next request loads the model, outside the cgroup, and is served",
-    lost="that one answer")
-def test_a_seat_oom_killed_before_it_is_ready(held: tuple[FrontDoor, Path]) -> None:
+    kind="real door")
+def test_a_seat_oom_killed_before_it_is_ready(held: tuple[FrontDoor, Path], fault_seen: FaultSeen) -> None:
     fd, flag = held
     cgroup = memory_cgroup(CAP_BYTES, "an OOM kill of a loading seat in a memory cgroup")
     try:
         pid, answer = held_load(fd, flag, "oom", lambda p: (cgroup / "cgroup.procs").write_text(str(p)))
-        fail = check_failed(fd, "oom", pid, answer)
+        fail = check_failed(fd, "oom", pid, answer, fault_seen)
     finally:
         remove_cgroup(cgroup)
     d = fail["details"]
     if d["cause"] != "oom-killer" and not os.access("/dev/kmsg", os.R_OK):
         pytest.skip("the kernel log (/dev/kmsg) cannot be read here, and the engine was killed before the door looked "
                     "at it in its new cgroup: no witness could name the OOM killer")
-    assert d["cause"] == "oom-killer" and d["oom"], d
+    assert fault_seen.history(d["cause"], "cause") == "oom-killer" and d["oom"], d
     assert f"Killed process {pid} (" in d["oom"] or str(cgroup) in d["oom"]
-    assert "was killed by the kernel's OOM killer (SIGKILL, exit code -9)" in fail["reason"]
-    assert d["oom"] in fail["reason"] and "(cause: oom-killer)" in fail["reason"]
-    check_loads(fd, "oom")
+    reason = fault_seen.history(fail["reason"], "reason")
+    assert "was killed by the kernel's OOM killer (SIGKILL, exit code -9)" in reason
+    assert d["oom"] in reason and "(cause: oom-killer)" in reason
+    check_loads(fd, "oom", fault_seen)
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed before it is ready by a sender the kernel does not name (its engine held before it "
           "opens the model, then killed)",
-    client="a `502` `load_failed` whose message says \"was killed (SIGKILL, exit code -9: the kernel's OOM killer, "
-           "or another program)\" while loading, `cause: killed`",
-    history="a `fail` with `exit_code: -9`, `cause: killed`, `oom: null`: never called an OOM kill without the "
-            "kernel's word",
-    running="nothing of that engine (reaped); the next request loads the model and is served",
-    lost="that one answer")
-def test_a_seat_killed_before_it_is_ready_is_killed_not_oom(held: tuple[FrontDoor, Path]) -> None:
+    kind="real door")
+def test_a_seat_killed_before_it_is_ready_is_killed_not_oom(held: tuple[FrontDoor, Path],
+                                                           fault_seen: FaultSeen) -> None:
     fd, flag = held
     pid, answer = held_load(fd, flag, "killed", lambda p: os.kill(p, signal.SIGKILL))
-    fail = check_failed(fd, "killed", pid, answer)
-    assert fail["details"]["cause"] == "killed" and fail["details"]["oom"] is None, fail["details"]
-    assert "was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in fail["reason"]
-    assert "(cause: killed)" in fail["reason"]
-    check_loads(fd, "killed")
+    fail = check_failed(fd, "killed", pid, answer, fault_seen)
+    assert fault_seen.history(fail["details"]["cause"], "cause") == "killed"
+    assert fault_seen.history(fail["details"]["oom"], "oom") is None, fail["details"]
+    reason = fault_seen.history(fail["reason"], "reason")
+    assert "was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in reason
+    assert "(cause: killed)" in reason
+    check_loads(fd, "killed", fault_seen)
 
 
 @pytest.fixture(scope="module")
@@ -159,21 +156,20 @@ def held_briefly(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.mark.fault(
     fault="a seat `SIGSTOP`ped before it is ready (its engine held before it opens the model, stopped, then let go)",
-    client="a `502` `load_failed` after `engine.stall_seconds` (2 s in the test), whose message says \"load stalled: "
-           "no CPU time used and no memory paged in ... was stopped by a signal (state T), not loading\"; before the "
-           "fix a soak's stopped load went unseen for over a minute (its PSS moved with other seats' mappings)",
-    history="a `fail` with the same words",
-    running="nothing of that engine (killed, reaped); the next request loads the model and is served",
-    lost="that one answer")
-def test_a_seat_stopped_before_it_is_ready_stalls_its_load(held_briefly: tuple[FrontDoor, Path]) -> None:
+    kind="real door")
+def test_a_seat_stopped_before_it_is_ready_stalls_its_load(held_briefly: tuple[FrontDoor, Path],
+                                                          fault_seen: FaultSeen) -> None:
     fd, flag = held_briefly
     pid, answer = held_load(fd, flag, "stopped", lambda p: os.kill(p, signal.SIGSTOP))
-    assert answer.status_code == 502, answer.text
+    assert fault_seen.client(answer.status_code, "status") == 502, answer.text
     error = answer.json()["error"]
-    assert error["type"] == "engine_error" and error["code"] == "load_failed", error
-    assert "load stalled" in error["message"] and "was stopped by a signal (state T)" in error["message"], error
+    assert error["type"] == "engine_error" and fault_seen.client(error["code"], "code") == "load_failed", error
+    message = fault_seen.client(error["message"], "message")
+    assert "load stalled" in message and "was stopped by a signal (state T)" in message, error
     poll(lambda: gone(pid), f"engine pid {pid} reaped")
-    assert ends(fd, "stopped") == ["fail"]
+    assert fault_seen.running(gone(pid), "the engine reaped") is True
+    assert fault_seen.history(ends(fd, "stopped"), "its events") == ["fail"]
     fail = next(e for e in history(fd) if e["model"] == "stopped" and e["event"] == "fail")
-    assert fail["reason"] == error["message"] and fail["details"]["pid"] == pid, fail
-    check_loads(fd, "stopped")
+    assert fault_seen.history(fail["reason"] == error["message"], "the `fail` reason is the message") is True
+    assert fail["details"]["pid"] == pid, fail
+    check_loads(fd, "stopped", fault_seen)

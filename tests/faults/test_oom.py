@@ -20,6 +20,7 @@ import pytest
 
 from _cgroups import memory_cgroup, new_cgroup, remove_cgroup, unified_root
 from _frontdoor import FrontDoor, front_door
+from faultrows import FaultSeen
 from test_seat_faults import check_crashed, check_reloads, kill_left, openai_stream_cut, seat_pid
 
 pytestmark = pytest.mark.e2e
@@ -49,13 +50,8 @@ def ask(fd: FrontDoor, model: str, prompt: str = "hi", **extra) -> openai.types.
 @pytest.mark.fault(
     fault="a seat killed by the kernel's OOM killer: moved into a memory cgroup capped at 2 MiB, then asked a long "
           "prompt (its buffers fill past the cap)",
-    client="a `502` `engine_error` naming the model (`openai.APIStatusError`)",
-    history="`load`, then a `crash` (exit code -9, `cause: oom-killer`) whose reason says \"killed by the kernel's "
-            "OOM killer\" with the kernel's own words: its log line naming the pid, or the cgroup's `oom_kill` "
-            "count risen",
-    running="nothing of that seat (reaped); the next request loads it again, outside the cgroup",
-    lost="that one answer")
-def test_seat_oom_killed_in_a_memory_cgroup(door: FrontDoor) -> None:
+    kind="real door")
+def test_seat_oom_killed_in_a_memory_cgroup(door: FrontDoor, fault_seen: FaultSeen) -> None:
     ask(door, "oom", max_tokens=2)
     pid = seat_pid(door, "oom")
     cgroup = memory_cgroup(CAP_BYTES, "OOM kill in a memory cgroup")
@@ -63,37 +59,39 @@ def test_seat_oom_killed_in_a_memory_cgroup(door: FrontDoor) -> None:
         (cgroup / "cgroup.procs").write_text(str(pid))
         with pytest.raises(openai.APIStatusError) as e:
             ask(door, "oom", LONG_PROMPT, max_tokens=200)
-        assert e.value.status_code == 502 and e.value.body["type"] == "engine_error" and "oom" in e.value.message
-        crash = check_crashed(door, "oom", pid)
+        assert fault_seen.client(e.value.status_code, "status") == 502
+        assert fault_seen.client(e.value.body["type"], "type") == "engine_error"
+        assert "oom" in fault_seen.client(e.value.message, "its message")
+        crash = check_crashed(door, "oom", pid, fault_seen)
     finally:
         kill_left(pid)
         remove_cgroup(cgroup)
-    assert crash["details"]["cause"] == "oom-killer", crash
-    assert "killed by the kernel's OOM killer" in crash["reason"] and crash["details"]["oom"] in crash["reason"]
-    assert f"Killed process {pid} (" in crash["reason"] or str(cgroup) in crash["reason"]
-    check_reloads(door, "oom", pid)
+    assert fault_seen.history(crash["details"]["cause"], "`crash` cause") == "oom-killer", crash
+    reason = fault_seen.history(crash["reason"], "reason")
+    assert "killed by the kernel's OOM killer" in reason and crash["details"]["oom"] in reason
+    assert f"Killed process {pid} (" in reason or str(cgroup) in reason
+    check_reloads(door, "oom", pid, fault_seen)
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed mid-stream with `oom_score_adj` 1000 (the OOM killer's first choice), by a sender the "
           "kernel does not name",
-    client="the chunks before the kill, then the `engine_lost` error event (`openai.APIError`)",
-    history="`load`, then a `crash` (exit code -9, `cause: killed`, `oom: null`): \"killed (SIGKILL, exit code -9: "
-            "the kernel's OOM killer, or another program)\"; never called an OOM kill without the kernel's word",
-    running="nothing of that seat (reaped); the next request loads it again",
-    lost="the rest of that one answer")
-def test_a_sigkill_the_kernel_does_not_name_is_killed_not_oom(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_sigkill_the_kernel_does_not_name_is_killed_not_oom(door: FrontDoor, fault_seen: FaultSeen) -> None:
     ask(door, "killed", max_tokens=2)
     Path(f"/proc/{seat_pid(door, 'killed')}/oom_score_adj").write_text("1000")
-    e, pid = openai_stream_cut(door, "killed", signal.SIGKILL)
-    assert e.body["code"] == "engine_lost"
-    crash = check_crashed(door, "killed", pid)
-    assert crash["details"]["cause"] == "killed" and crash["details"]["oom"] is None
-    assert "was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in crash["reason"]
-    check_reloads(door, "killed", pid)
+    e, pid = openai_stream_cut(door, "killed", signal.SIGKILL, fault_seen)
+    assert fault_seen.client(e.body["code"], "code") == "engine_lost"
+    crash = check_crashed(door, "killed", pid, fault_seen)
+    assert fault_seen.history(crash["details"]["cause"], "`crash` cause") == "killed"
+    assert fault_seen.history(crash["details"]["oom"], "oom") is None
+    reason = fault_seen.history(crash["reason"], "reason")
+    assert "was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in reason
+    check_reloads(door, "killed", pid, fault_seen)
 
 
-def frozen_mid_stream(fd: FrontDoor, model: str, cgroup: Path, switch: str, on: str, off: str) -> dict:
+def frozen_mid_stream(fd: FrontDoor, model: str, cgroup: Path, switch: str, on: str, off: str,
+                      seen: FaultSeen) -> dict:
     """A long stream of ``model`` whose seat is moved into ``cgroup`` after 3 chunks and frozen there (``switch``
     set to ``on``): the client is told ``engine_lost`` (the door's error, not the SDK's timeout) with the watch's
     reason, and the seat's ``crash`` is returned (the cgroup thawed, ``off``, and removed whatever happened)."""
@@ -107,42 +105,37 @@ def frozen_mid_stream(fd: FrontDoor, model: str, cgroup: Path, switch: str, on: 
                     pid = seat_pid(fd, model)
                     (cgroup / "cgroup.procs").write_text(str(pid))
                     (cgroup / switch).write_text(on)
-        assert pid is not None and e.value.body["code"] == "engine_lost"
-        crash = check_crashed(fd, model, pid)
-        assert f"llama-server pid {pid} " in e.value.message, e.value.message  # told why: the watch's own words
+        assert pid is not None and seen.client(got, "stream chunks before the error") >= 3
+        seen.client(type(e.value), "the SDK raised")
+        assert seen.client(e.value.body["code"], "code") == "engine_lost"
+        crash = check_crashed(fd, model, pid, seen)
+        # told why: the watch's own words
+        assert f"llama-server pid {pid} " in seen.client(e.value.message, "its message"), e.value.message
     finally:
         (cgroup / switch).write_text(off)
         remove_cgroup(cgroup)
-    assert crash["details"]["cause"] == "frozen"
-    check_reloads(fd, model, pid)
+    assert seen.history(crash["details"]["cause"], "`crash` cause") == "frozen"
+    check_reloads(fd, model, pid, seen)
     return crash
 
 
 @pytest.mark.fault(
     fault="a seat frozen without a stop signal mid-stream (its cgroup frozen through cgroup v2's `cgroup.freeze`: "
           "alive, state S, no CPU time, no byte), as a deadlock leaves it",
-    client="after `engine.stall_seconds` (2 s in the test), the `engine_lost` error event (`openai.APIError`); "
-           "before the fix the request waited for ever",
-    history="`load`, then a `crash` (`cause: frozen`) whose reason says the seat made no progress while a request "
-            "waited on it (no CPU time, no thread running or on I/O, no byte sent) and was killed",
-    running="the stuck seat killed and reaped; the next request loads it again",
-    lost="the rest of that one answer")
-def test_a_seat_stuck_without_a_stop_signal_is_detected_and_replaced(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_seat_stuck_without_a_stop_signal_is_detected_and_replaced(door: FrontDoor, fault_seen: FaultSeen) -> None:
     what = "a seat stuck without a stop signal (cgroup v2's freezer makes the fault)"
-    crash = frozen_mid_stream(door, "stuck", new_cgroup(unified_root(what), what), "cgroup.freeze", "1", "0")
-    assert "made no progress" in crash["reason"] and "while a request waited on it" in crash["reason"]
+    crash = frozen_mid_stream(door, "stuck", new_cgroup(unified_root(what), what), "cgroup.freeze", "1", "0",
+                              fault_seen)
+    reason = fault_seen.history(crash["reason"], "reason")
+    assert "made no progress" in reason and "while a request waited on it" in reason
 
 
 @pytest.mark.fault(
     fault="a seat frozen mid-stream by a cgroup v1 freezer (`freezer.state` FROZEN: state D, deaf to every signal)",
-    client="at the stuck-seat watch's next look (the seat has a request in flight), the `engine_lost` error event "
-           "(`openai.APIError`) naming the freezer; before the fix the request waited for ever",
-    history="`load`, then a `crash` (`cause: frozen`) whose reason names the freezer cgroup (\"frozen by its "
-            "cgroup's freezer (...: FROZEN, state D)\") and says it was killed",
-    running="the frozen seat moved out of the frozen cgroup (which thaws it alone), killed and reaped; the next "
-            "request loads it again",
-    lost="the rest of that one answer")
-def test_a_seat_frozen_by_a_cgroup_v1_freezer_is_detected_and_replaced(door: FrontDoor) -> None:
+    kind="real door")
+def test_a_seat_frozen_by_a_cgroup_v1_freezer_is_detected_and_replaced(door: FrontDoor, fault_seen: FaultSeen) -> None:
     cgroup = new_cgroup(Path("/sys/fs/cgroup/freezer"), "a seat frozen by a cgroup v1 freezer")
-    crash = frozen_mid_stream(door, "icebox", cgroup, "freezer.state", "FROZEN", "THAWED")
-    assert f"frozen by its cgroup's freezer ({cgroup}: FROZEN, state D)" in crash["reason"]
+    crash = frozen_mid_stream(door, "icebox", cgroup, "freezer.state", "FROZEN", "THAWED", fault_seen)
+    reason = fault_seen.history(crash["reason"], "reason")
+    assert f"frozen by its cgroup's freezer ({cgroup}: FROZEN, state D)" in reason

@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from _frontdoor import FrontDoor, front_door
+from faultrows import FaultSeen
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 HI = [{"role": "user", "content": "hi"}]
@@ -76,37 +77,39 @@ def refusals(seen: list[int], held: Held | None = None):  # type: ignore[no-unty
 @pytest.mark.fault(
     fault="a door at its most requests in flight (`server.max_connections = 2`: 1 request), met by each API's own "
           "client library",
-    client="the Anthropic SDK raises its `OverloadedError` (529, `overloaded_error`), the OpenAI SDK its "
-           "`InternalServerError` (503, `code: too_many_requests`), Ollama's client its `ResponseError` (503), each "
-           "with `Retry-After: 1`; with their retries on, the Anthropic and OpenAI SDKs wait and get their answer "
-           "once the request in flight has ended",
-    history="nothing for the refusals; the answered requests as usual",
-    running="the door and its seat; `/health` `clients` counts the refused requests",
-    lost="nothing: each refusal was retried by its SDK or told to its caller")
-def test_each_apis_sdk_reads_the_refusal_as_its_own_overload_and_retries(door: FrontDoor) -> None:
+    kind="real door")
+def test_each_apis_sdk_reads_the_refusal_as_its_own_overload_and_retries(door: FrontDoor,
+                                                                        fault_seen: FaultSeen) -> None:
     held = Held(door.port)
     try:
         claude = anthropic.Anthropic(base_url=door.base_url, api_key="k", max_retries=0, timeout=60)
         with pytest.raises(anthropic.OverloadedError) as over:
             claude.messages.create(model="m", max_tokens=1, messages=HI)
-        assert over.value.status_code == 529 and over.value.response.headers["retry-after"] == "1"
-        assert over.value.body["error"]["type"] == "overloaded_error"
+        fault_seen.client(type(over.value), "Anthropic's SDK raised")
+        assert fault_seen.client(over.value.status_code, "status") == 529
+        assert fault_seen.client(over.value.response.headers["retry-after"], "Retry-After") == "1"
+        assert fault_seen.client(over.value.body["error"]["type"], "error.type") == "overloaded_error"
 
         gpt = openai.OpenAI(base_url=door.base_url + "/v1", api_key="k", max_retries=0, timeout=60)
         with pytest.raises(openai.InternalServerError) as busy:
             gpt.responses.create(model="m", input="hi", max_output_tokens=1)
-        assert busy.value.status_code == 503 and busy.value.code == "too_many_requests"
+        fault_seen.client(type(busy.value), "OpenAI's SDK raised")
+        assert fault_seen.client(busy.value.status_code, "status") == 503
+        assert fault_seen.client(busy.value.code, "code") == "too_many_requests"
         assert busy.value.response.headers["retry-after"] == "1"
 
         with pytest.raises(ollama.ResponseError) as refused:
             ollama.Client(host=door.base_url, timeout=60).chat(model="m", messages=HI)
-        assert refused.value.status_code == 503 and "retry in 1 s" in refused.value.error
+        fault_seen.client(type(refused.value), "Ollama's client raised")
+        assert fault_seen.client(refused.value.status_code, "status") == 503
+        assert "retry in 1 s" in fault_seen.client(refused.value.error, "error")
 
         seen: list[int] = []  # the SDK's own retry, released by its first refusal
         retrying = anthropic.Anthropic(base_url=door.base_url, api_key="k", max_retries=4, http_client=httpx2.Client(
             timeout=60, event_hooks={"response": [refusals(seen, held)]}))
         answer = retrying.messages.create(model="m", max_tokens=1, messages=HI)
-        assert seen[0] == 529 and seen[-1] == 200 and answer.type == "message", seen
+        assert fault_seen.client(seen, "Anthropic's SDK retrying: the statuses it got")[0] == 529
+        assert seen[-1] == 200 and answer.type == "message", seen
         retrying.close()  # its kept-alive connection would hold the door's second connection
     finally:
         held.release()
@@ -119,10 +122,12 @@ def test_each_apis_sdk_reads_the_refusal_as_its_own_overload_and_retries(door: F
                                          "response": [refusals(seen, held)]}))
         answer = retrying_gpt.responses.create(model="m", input="hi", max_output_tokens=1)
         retrying_gpt.close()
-        assert seen[0] == 503 and seen[-1] == 200 and answer.status == "completed", seen
+        assert fault_seen.client(seen, "OpenAI's SDK retrying: the statuses it got")[0] == 503
+        assert seen[-1] == 200 and answer.status == "completed", seen
     finally:
         held.release()
     clients = httpx.get(door.base_url + "/health", timeout=30).json()["clients"]
     assert clients["max_connections"] == 2 and clients["max_requests"] == 1
-    assert clients["refused"]["requests"] >= 5 and "server.max_connections = 2" in clients["limits"]
-    assert "Traceback" not in door.log()
+    assert fault_seen.history(clients["refused"]["requests"], "`/health` clients.refused.requests") >= 5
+    assert "server.max_connections = 2" in clients["limits"]
+    assert fault_seen.history(door.log().count("Traceback"), "tracebacks in the log") == 0

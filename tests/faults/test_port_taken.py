@@ -17,17 +17,16 @@ from fitevict.store import Store
 from fitevict.supervisor import Supervisor
 from fitevict.seat.running import BIND_FAILED
 
+from faultrows import FaultSeen
+
 pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.fault(
     fault="a seat's port taken by another program between fitevict's choice and the engine's bind",
-    client="a normal answer (the load took one more engine start)",
-    history="one `load`, on the second port; no `fail`",
-    running="the seat on its new port; the other program still owns its port; the failed attempt's log (it says "
-            "\"couldn't bind\") kept beside the seat's",
-    lost="nothing")
-def test_a_taken_port_is_retried_on_another(tmp_path: Path, zoo: dict, llama_server: Path) -> None:
+    kind="collaborator with stand-ins")
+def test_a_taken_port_is_retried_on_another(tmp_path: Path, zoo: dict, llama_server: Path,
+                                            fault_seen: FaultSeen) -> None:
     models = tmp_path / "models"
     models.mkdir()
     shutil.copyfile(zoo["llama-gqa"].path, models / "tiny.gguf")
@@ -57,17 +56,21 @@ def test_a_taken_port_is_retried_on_another(tmp_path: Path, zoo: dict, llama_ser
 
     try:
         port, pid, ran = asyncio.run(scenario())
-        assert ran and port != taken and chosen == [taken, port]
+        assert fault_seen.client(ran, "a seat acquired (in the process, no HTTP)") is True
+        assert fault_seen.running(port != taken, "the seat on another port") is True and chosen == [taken, port]
+        assert fault_seen.running(len(chosen), "engine starts") == 2
         # the squatter still owns its port: fitevict took nothing from it
-        assert squatter.getsockname()[1] == taken
+        assert fault_seen.running(squatter.getsockname()[1] == taken, "the other program still owns its port")
         with socket.create_connection(("127.0.0.1", taken), timeout=5):
             pass
     finally:
         squatter.close()
     events = store.events()
     load = next(e for e in events if e.event == "load")
-    assert load.details["port"] == port and load.details["pid"] == pid
-    assert not [e for e in events if e.event == "fail"]  # the bind failure is no failed load
+    assert fault_seen.history(load.details["port"] == port, "the `load` on the second port") is True
+    assert load.details["pid"] == pid
+    # the bind failure is no failed load
+    assert fault_seen.history([e.event for e in events if e.event == "fail"], "`fail` events") == []
     logs = [p.read_text(errors="replace") for p in (tmp_path / "data" / "seats").glob("tiny-*.log")]
     assert len(logs) == 2  # the failed attempt's log kept beside the seat's own, and it says why
-    assert sum(BIND_FAILED in text for text in logs) == 1
+    assert fault_seen.history(sum(BIND_FAILED in text for text in logs), "seat logs that say the bind failed") == 1

@@ -38,6 +38,7 @@ import pytest
 
 from _frontdoor import FrontDoor, front_door, poll
 from _held import held_engine, release
+from faultrows import FaultSeen
 
 ray = pytest.importorskip("ray")
 
@@ -162,20 +163,8 @@ def gone(pid: int) -> bool:
 @pytest.mark.fault(
     fault="the head node's Ray GCS killed, then started again (its tables kept in RocksDB), with a front door "
           "running (`serve --ray`) whose environment has Ray wait 3 s for its GCS, shorter than the outage",
-    client="normal answers throughout: a hit and a load while the GCS was down, a hit after; before the fix the "
-           "front door's poll waited on Ray's node list, its nodes' facts aged past 5 s and every request was "
-           "refused 503 until the GCS came back",
-    history="each node's own, as usual (the load while the GCS was down is recorded on its node)",
-    running="the same nodes, agents, doors and seats; the front door alive past the 3 s its environment gave Ray "
-            "(its driver and agents wait `server.ray_gcs_reconnect_seconds`, 600 s; before, Ray ended it: \"Failed "
-            "to connect to GCS within 3 seconds\", exit code 1); `GET /health` and `/v1/cluster/nodes` say "
-            "`membership: unreadable` since when and why while it lasts, with the seconds left before Ray would end "
-            "the front door, then the outage's seconds and the nodes that left and joined meanwhile (none here); the "
-            "log says it too",
-    lost="nothing; while the GCS is down no node can join or be declared dead by Ray, and if it stays away past "
-         "`server.ray_gcs_reconnect_seconds` the front door ends (exit code 1); each node's raylet ends at its own "
-         "`ray start`'s timeout (60 s by default), its agent and door with it")
-def test_the_gcs_restarted_the_front_door_keeps_its_nodes_and_serves(rig: Rig) -> None:
+    kind="real door")
+def test_the_gcs_restarted_the_front_door_keeps_its_nodes_and_serves(rig: Rig, fault_seen: FaultSeen) -> None:
     door = rig.door
     assert where(chat(door, "llama-gqa"), rig)[1] == "x"
     killed = time.time()
@@ -187,11 +176,17 @@ def test_the_gcs_restarted_the_front_door_keeps_its_nodes_and_serves(rig: Rig) -
         max_age = 5.0  # the fleet's facts deadline: facts read since then were read with the GCS down
         poll(lambda: all(killed + max_age < time.time() - r["facts_age_s"] for r in nodes(door)["data"]),
              f"facts read more than {max_age:g} s after the GCS was killed", timeout=60)
-        assert [r["routable"] for r in nodes(door)["data"]] == [True, True, True]
-        assert where(chat(door, "llama-gqa"), rig)[1:] == ("x", "hit")
-        assert where(chat(door, "llama-q8_0"), rig)[1:] == ("h", "load")  # the dry runs go to the agents
-        assert health(door)["ray"]["membership"] == "unreadable"  # all of it while the GCS was down
-        assert door.proc.poll() is None and time.time() - killed > float(RAY_GCS_SHORT[
+        routable = [r["routable"] for r in nodes(door)["data"]]
+        assert fault_seen.running(routable, "nodes routable, the GCS down") == [True, True, True]
+        seen_hit = fault_seen.client(where(chat(door, "llama-gqa"), rig), "a hit, the GCS down (status, node, route)")
+        assert seen_hit[1:] == ("x", "hit")
+        # the dry runs go to the agents
+        seen_load = fault_seen.client(where(chat(door, "llama-q8_0"), rig), "a load, the GCS down")
+        assert seen_load[1:] == ("h", "load")
+        # all of it while the GCS was down
+        assert fault_seen.history(health(door)["ray"]["membership"], "`/health` ray.membership") == "unreadable"
+        assert fault_seen.running(door.proc.poll(), "the front door's exit code (none: running)") is None
+        assert time.time() - killed > float(RAY_GCS_SHORT[
             "RAY_gcs_rpc_server_reconnect_timeout_s"])  # past what its environment gave Ray
         for row in nodes(door)["data"]:  # each agent's worker (its door's parent) waits as long as the front door
             agent = int(Path(f"/proc/{row['pid']}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -200,24 +195,20 @@ def test_the_gcs_restarted_the_front_door_keeps_its_nodes_and_serves(rig: Rig) -
         rig.cluster.head_node.start_gcs_server()
     back = poll(lambda: (h := health(door)["ray"])["membership"] == "ok" and h["last_outage"], "the node list again",
                 timeout=120)
-    assert back["seconds"] > max_age and back["left"] == [] and back["joined"] == []
-    assert health(door)["routable"] == 3
-    assert where(chat(door, "llama-q8_0"), rig)[1:] == ("h", "hit")
-    assert "Ray's node list answered again after" in door.log()
+    assert back["seconds"] > max_age
+    assert fault_seen.lost(back["left"], "`/health` ray.last_outage: nodes left") == [] and back["joined"] == []
+    assert fault_seen.running(health(door)["routable"], "routable nodes after") == 3
+    assert fault_seen.client(where(chat(door, "llama-q8_0"), rig), "a hit after")[1:] == ("h", "hit")
+    said = "Ray's node list answered again after"
+    assert fault_seen.history(said in door.log(), f"the log says {said!r}") is True
 
 
 @pytest.mark.fault(
     fault="a node's door `SIGKILL`ed (the machine dies: its seats with it) while it holds a streamed answer that "
           "began and a request whose answer had not (its model loading)",
-    client="the stream: its chunks, then a last `data:` event `{\"error\": {\"code\": \"node_lost\", \"node\": "
-           "<node>}}`; the other request: a normal answer from the next candidate node (`x-fitevict-route: load`); "
-           "before the fix, a 502 `node_lost`",
-    history="the dead node's store: the streamed model's `load`, nothing for the load cut; the next node's: the "
-            "retried model's `load`",
-    running="nothing of the dead node's (both seats reaped by the kernel's parent-death signal); the node out of "
-            "routing (`routable: false`, why); the retried model on the next node",
-    lost="the rest of the streamed answer")
-def test_a_node_lost_before_its_first_byte_is_retried_and_a_started_stream_ends_node_lost(rig: Rig) -> None:
+    kind="real door")
+def test_a_node_lost_before_its_first_byte_is_retried_and_a_started_stream_ends_node_lost(
+        rig: Rig, fault_seen: FaultSeen) -> None:
     door, x = rig.door, rig.id_of("x")
     assert where(chat(door, "llama-gqa"), rig)[1] == "x"  # resident there (a hit, after the GCS test)
     row = next(r for r in nodes(door)["data"] if r["node"] == x)
@@ -234,29 +225,25 @@ def test_a_node_lost_before_its_first_byte_is_retried_and_a_started_stream_ends_
         os.kill(row["pid"], signal.SIGKILL)
         rest = [json.loads(line[5:]) for line in lines if line[5:].strip() != "[DONE]"]
         r = loading.result(timeout=300)
-    assert rest and rest[-1]["error"]["code"] == "node_lost" and rest[-1]["error"]["node"] == x, rest[-1:]
-    assert where(r, rig)[1:] == ("h", "load")
+    assert rest and fault_seen.client(rest[-1]["error"]["code"], "the stream's last event: error.code") == "node_lost"
+    assert rest[-1]["error"]["node"] == x, rest[-1:]
+    assert fault_seen.client(where(r, rig), "the other request (status, node, route)")[1:] == ("h", "load")
     for pid in seats:
         poll(lambda p=pid: gone(p), f"x's seat {pid} to end with its door")
-    assert not any(r["routable"] for r in nodes(door)["data"] if r["node"] == x)
-    assert [(e, m) for e, m, _ in events(rig, "x")] == [("load", "llama-gqa")]
+    fault_seen.running(all(gone(p) for p in seats), "x's seats ended with its door")
+    assert not fault_seen.running(any(r["routable"] for r in nodes(door)["data"] if r["node"] == x), "x routable")
+    assert fault_seen.history([f"{e} {m}" for e, m, _ in events(rig, "x")], "x's own store") == ["load llama-gqa"]
     poll(lambda: ("load", "llama-medium") in [(e, m) for e, m, _ in events(rig, "h")],
          "the retried load in h's store (its history is written after the answer)")
+    fault_seen.history(("load", "llama-medium") in [(e, m) for e, m, _ in events(rig, "h")],
+                       "the retried `load` in h's store")
 
 
 @pytest.mark.fault(
     fault="a node killed (its Ray processes `SIGKILL`ed: `Cluster.remove_node`) while its door loads a model for a "
           "request",
-    client="a normal answer from the next candidate node: the dead node's door, told by the parent-death signal "
-           "as its agent's worker ended, answered 503 `shutting down` (or was gone before a byte) and the request "
-           "went on; before the fixes, the door was `SIGKILL`ed by Ray with its agent's worker and the client got "
-           "a 502 `node_lost`",
-    history="the dead node's store: the load's end, `unload` \"fitevict is shutting down: load cancelled\", and no "
-            "seat record left; the next node's: the model's `load`",
-    running="nothing on the dead node: its door stopped and the held seat with it; the front door's view marks the "
-            "node lost at once and drops it when Ray declares it dead",
-    lost="nothing")
-def test_a_node_killed_during_a_load_sends_the_request_on(rig: Rig) -> None:
+    kind="real door")
+def test_a_node_killed_during_a_load_sends_the_request_on(rig: Rig, fault_seen: FaultSeen) -> None:
     door, z = rig.door, rig.id_of("z")
     pid = next(r["pid"] for r in nodes(door)["data"] if r["node"] == z)
     with ThreadPoolExecutor(1) as pool:
@@ -264,32 +251,33 @@ def test_a_node_killed_during_a_load_sends_the_request_on(rig: Rig) -> None:
         (seat,) = poll(lambda: rig.started("z"), "llama-q4_0's seat to start on z (held)")
         rig.cluster.remove_node(rig.nodes["z"], allow_graceful=False)
         r = loading.result(timeout=300)
-    assert where(r, rig)[1:] == ("h", "load")
+    assert fault_seen.client(where(r, rig), "the request (status, node, route)")[1:] == ("h", "load")
     poll(lambda: gone(seat) and gone(pid), "z's door and its held seat to end")
+    fault_seen.running(gone(seat) and gone(pid), "z's door and its held seat ended")
     poll(lambda: all(r["node"] != z for r in nodes(door)["data"]), "z to leave the front door's view", timeout=60)
-    ends = [(e, reason) for e, m, reason in events(rig, "z") if m == "llama-q4_0"]
-    assert ends == [("unload", "fitevict is shutting down: load cancelled")], ends  # its door said goodbye
-    assert seats(rig, "z") == []
+    ends = [f"{e}: {reason}" for e, m, reason in events(rig, "z") if m == "llama-q4_0"]
+    # its door said goodbye
+    assert fault_seen.history(ends, "z's own store") == ["unload: fitevict is shutting down: load cancelled"], ends
+    assert fault_seen.running(seats(rig, "z"), "z's seat records") == []
 
 
 @pytest.mark.fault(
     fault="`fitevict cluster stop` after a node died (Ray declared it dead) and another node's door was killed",
-    client="`cluster stop --json` exits 0: the dead node `gone` with Ray's reason (its agent had ended); the node "
-           "whose door was killed: `door_exit` -9; the others: `door_exit` 0; before the fix the dead node was "
-           "not listed at all",
-    history="each live node's door records its seats' `unload` as it stops",
-    running="no agent, no door, no seat",
-    lost="nothing")
-def test_cluster_stop_lists_a_node_that_died_as_gone(rig: Rig) -> None:
+    kind="real door")
+def test_cluster_stop_lists_a_node_that_died_as_gone(rig: Rig, fault_seen: FaultSeen) -> None:
     pids = [r["pid"] for r in nodes(rig.door)["data"]]
     got = subprocess.run([sys.executable, "-m", "fitevict.cli", "cluster", "stop", "--ray", rig.cluster.address,
                           "--json"], capture_output=True, text=True, timeout=180)
-    assert got.returncode == 0, got.stdout + got.stderr
+    assert fault_seen.client(got.returncode, "`cluster stop --json` exit code") == 0, got.stdout + got.stderr
     rows = {rig.name_of(r["node"]): r for r in json.loads(got.stdout)}
-    assert set(rows) == {"h", "x", "z"}, rows
-    assert "NODE_DIED" in rows["z"]["gone"], rows["z"]
-    assert (rows["h"].get("door_exit"), rows["x"].get("door_exit")) == (0, -signal.SIGKILL), rows
+    assert fault_seen.client(sorted(rows), "nodes listed") == ["h", "x", "z"], rows
+    assert "NODE_DIED" in fault_seen.client(rows["z"]["gone"], "z gone"), rows["z"]
+    exits = fault_seen.client((rows["h"].get("door_exit"), rows["x"].get("door_exit")), "door_exit of h, x")
+    assert exits == (0, -signal.SIGKILL), rows
     for pid in pids:
         poll(lambda p=pid: gone(p), f"door {pid} to end")
+    fault_seen.running(all(gone(p) for p in pids), "every node's door ended")
     h = events(rig, "h")
-    assert {m for e, m, r in h if e == "unload" and "shutting down" in r} == {m for e, m, _ in h if e == "load"}
+    unloaded = {m for e, m, r in h if e == "unload" and "shutting down" in r}
+    assert fault_seen.history(unloaded == {m for e, m, _ in h if e == "load"},
+                              "h's store: each load ended by a shutdown `unload`") is True

@@ -25,6 +25,7 @@ import openai
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, history, poll
+from faultrows import FaultSeen
 from fitevict.seat.frozen import progress
 
 pytestmark = pytest.mark.e2e
@@ -74,27 +75,29 @@ def ends(fd: FrontDoor, model: str) -> list[str]:
             and e["event"] in ("load", "crash", "unload", "evict", "idle-unload", "fail", "orphan")]
 
 
-def check_crashed(fd: FrontDoor, model: str, pid: int) -> dict:
+def check_crashed(fd: FrontDoor, model: str, pid: int, seen: FaultSeen) -> dict:
     """``model``'s seat ``pid`` is reaped and its load ended by a ``crash`` (returned); nothing else runs it."""
     poll(lambda: gone(pid), f"seat pid {pid} reaped")
     poll(lambda: ends(fd, model)[-1:] == ["crash"], "the crash in history")
-    assert ends(fd, model) == ["load", "crash"]
+    assert seen.history(ends(fd, model), "the model's events") == ["load", "crash"]
     crash = next(e for e in history(fd) if e["model"] == model and e["event"] == "crash")
-    assert crash["details"]["exit_code"] == -signal.SIGKILL and crash["details"]["pid"] == pid
-    assert pid not in engine_pids_of(fd.proc.pid)
+    assert seen.history(crash["details"]["exit_code"], "`crash` exit_code") == -signal.SIGKILL
+    assert crash["details"]["pid"] == pid
+    assert seen.running(pid in engine_pids_of(fd.proc.pid), "the seat among the door's children") is False
+    assert seen.running(gone(pid), "the seat's process reaped") is True
     return crash
 
 
-def check_reloads(fd: FrontDoor, model: str, dead: int) -> None:
+def check_reloads(fd: FrontDoor, model: str, dead: int, seen: FaultSeen) -> None:
     """The next request for ``model`` loads it again, on a new process."""
     r = httpx.post(fd.base_url + "/v1/chat/completions", timeout=120, json={
         "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
-    assert r.status_code == 200, r.text
-    assert seat_pid(fd, model) != dead
-    assert ends(fd, model)[-1] == "load"
+    assert seen.client(r.status_code, "the next request") == 200, r.text
+    assert seen.running(seat_pid(fd, model) != dead, "the next request's seat a new process") is True
+    assert seen.history(ends(fd, model)[-1], "then") == "load"
 
 
-def openai_stream_cut(fd: FrontDoor, model: str, sig: signal.Signals) -> tuple[openai.APIError, int]:
+def openai_stream_cut(fd: FrontDoor, model: str, sig: signal.Signals, seen: FaultSeen) -> tuple[openai.APIError, int]:
     """A long stream through the openai SDK whose seat gets ``sig`` after 3 chunks: the SDK's error and the seat's
     pid. A seat left stopped by a failed test is continued."""
     client = openai.OpenAI(base_url=fd.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -111,37 +114,27 @@ def openai_stream_cut(fd: FrontDoor, model: str, sig: signal.Signals) -> tuple[o
     finally:
         if pid is not None and not gone(pid):
             os.kill(pid, signal.SIGCONT)
-    assert pid is not None and 3 <= got < 4000
+    assert pid is not None and 3 <= seen.client(got, "stream chunks before the error") < 4000
+    seen.client(type(e.value), "the SDK raised")
     return e.value, pid
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed mid-stream (chat, OpenAI's SDK)",
-    client='the chunks before the kill, then an `APIError` from the SDK: a last `data:` event with `{"error": '
-           '{"type": "engine_error", "code": "engine_lost", "message": "<model>: the engine broke off its answer: '
-           '..."}}`, and the stream ended cleanly',
-    history="the seat's `load`, then a `crash` with exit code -9 and its pid, its reason \"llama-server was killed "
-            "(SIGKILL, exit code -9: the kernel's OOM killer, or another program)\"",
-    running="nothing of that seat: its process reaped (no zombie), no other engine for the model; the next request "
-            "loads it again (a new `load`, a new pid)",
-    lost="the rest of that one answer")
-def test_seat_sigkill_mid_stream_openai(door: FrontDoor) -> None:
-    error, pid = openai_stream_cut(door, "killed", signal.SIGKILL)
-    assert "killed: the engine broke off its answer" in error.message
-    assert error.body["code"] == "engine_lost" and error.body["type"] == "engine_error"
-    assert "llama-server was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in \
-        check_crashed(door, "killed", pid)["reason"]
-    check_reloads(door, "killed", pid)
+    kind="real door")
+def test_seat_sigkill_mid_stream_openai(door: FrontDoor, fault_seen: FaultSeen) -> None:
+    error, pid = openai_stream_cut(door, "killed", signal.SIGKILL, fault_seen)
+    assert "killed: the engine broke off its answer" in fault_seen.client(error.message, "its message")
+    assert fault_seen.client(error.body["code"], "code") == "engine_lost" and error.body["type"] == "engine_error"
+    reason = fault_seen.history(check_crashed(door, "killed", pid, fault_seen)["reason"], "`crash` reason")
+    assert "llama-server was killed (SIGKILL, exit code -9: the kernel's OOM killer, or another program)" in reason
+    check_reloads(door, "killed", pid, fault_seen)
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed mid-stream through Anthropic's Messages API (its SDK, streaming)",
-    client='an `APIStatusError` from the SDK: an `event: error` with `{"type": "error", "error": {"type": '
-           '"api_error", ...}}`',
-    history="`load`, then a `crash` with exit code -9 and its pid",
-    running="the seat reaped, no other engine for the model; the next request loads it again",
-    lost="the rest of that one answer")
-def test_seat_sigkill_mid_stream_anthropic(door: FrontDoor) -> None:
+    kind="real door")
+def test_seat_sigkill_mid_stream_anthropic(door: FrontDoor, fault_seen: FaultSeen) -> None:
     client = anthropic.Anthropic(base_url=door.base_url, api_key="none", max_retries=0, timeout=60)
     got, pid = 0, None
     with pytest.raises(anthropic.APIStatusError) as e:
@@ -153,71 +146,59 @@ def test_seat_sigkill_mid_stream_anthropic(door: FrontDoor) -> None:
                 if got == 3:
                     pid = seat_pid(door, "claude-killed")
                     os.kill(pid, signal.SIGKILL)
-    assert pid is not None
-    assert "the engine broke off its answer" in str(e.value)
-    assert e.value.body["error"]["type"] == "api_error"
-    check_crashed(door, "claude-killed", pid)
-    check_reloads(door, "claude-killed", pid)
+    assert pid is not None and fault_seen.client(got, "stream chunks before the error") >= 3
+    assert "the engine broke off its answer" in str(fault_seen.client(e.value, "the SDK raised"))
+    assert fault_seen.client(e.value.body["error"]["type"], "error type") == "api_error"
+    check_crashed(door, "claude-killed", pid, fault_seen)
+    check_reloads(door, "claude-killed", pid, fault_seen)
 
 
 @pytest.mark.fault(
     fault="a seat `SIGSTOP`ped mid-stream (frozen, not dead)",
-    client="at the stuck-seat watch's next look (not after `engine.stall_seconds`), the same `engine_lost` error "
-           "through the OpenAI SDK, whose message says the seat was stopped by a signal with the request in flight",
-    history="`load`, then a `crash` whose reason says the seat was stopped by a signal (state T) with 1 request in "
-            "flight, which it cannot answer, and was killed",
-    running="the frozen seat killed and reaped; the next request loads it again",
-    lost="the rest of that one answer")
-def test_seat_sigstop_mid_stream_is_detected_and_replaced(door: FrontDoor) -> None:
-    error, pid = openai_stream_cut(door, "frozen", signal.SIGSTOP)
+    kind="real door")
+def test_seat_sigstop_mid_stream_is_detected_and_replaced(door: FrontDoor, fault_seen: FaultSeen) -> None:
+    error, pid = openai_stream_cut(door, "frozen", signal.SIGSTOP, fault_seen)
     # the door told the client (its error, not the SDK's timeout), and why: the seat's own state, seen at once
-    assert error.body["code"] == "engine_lost" and "frozen: the engine broke off its answer" in error.message
-    assert "stopped by a signal (state T) with 1 request(s) in flight on it" in error.message, error.message
-    crash = check_crashed(door, "frozen", pid)
-    assert "stopped by a signal (state T) with 1 request(s) in flight" in crash["reason"], crash["reason"]
-    assert "stall_seconds" not in crash["reason"]  # killed at once, not after the stall period
-    check_reloads(door, "frozen", pid)
+    assert fault_seen.client(error.body["code"], "code") == "engine_lost"
+    message = fault_seen.client(error.message, "its message")
+    assert "frozen: the engine broke off its answer" in message
+    assert "stopped by a signal (state T) with 1 request(s) in flight on it" in message, message
+    crash = check_crashed(door, "frozen", pid, fault_seen)
+    reason = fault_seen.history(crash["reason"], "`crash` reason")
+    assert "stopped by a signal (state T) with 1 request(s) in flight" in reason, reason
+    assert "stall_seconds" not in reason  # killed at once, not after the stall period
+    check_reloads(door, "frozen", pid, fault_seen)
 
 
 @pytest.mark.fault(
     fault="a seat sent `SIGTERM` or `SIGINT` mid-stream by another program (llama-server's own shutdown: it ends "
           "its task loop, then exits 0 or hangs with the stream in flight; or its handler hangs on the task "
           "queue's lock before it logs)",
-    client="the chunks before the signal, then the `engine_lost` error event (`openai.APIError`): at once when it "
-           "exits, after `engine.stall_seconds` (2 s in the test) when it hangs",
-    history="`load`, then a `crash` with `cause: told-to-stop` whose reason says the seat \"was told to stop by "
-            "another program, not by fitevict (its log: '... cleaning up before exit...')\", or, when its handler "
-            "hung before it logged, \"(its main thread was inside its own SIGTERM handler ...)\", then how it ended "
-            "(exit code 0, or killed by the stuck-seat watch); before, an exit 0 was \"exited unexpectedly\" and "
-            "a hang was called a frozen seat",
-    running="nothing of that seat (reaped); the next request loads it again",
-    lost="the rest of that one answer")
+    kind="real door")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
-def test_seat_told_to_stop_mid_stream_says_so(door: FrontDoor, sig: signal.Signals) -> None:
+def test_seat_told_to_stop_mid_stream_says_so(door: FrontDoor, sig: signal.Signals, fault_seen: FaultSeen) -> None:
     model = f"told-{sig.name.lower()}"
-    error, pid = openai_stream_cut(door, model, sig)
-    assert error.body["code"] == "engine_lost", error.body  # the door's error, not the SDK's timeout
+    error, pid = openai_stream_cut(door, model, sig, fault_seen)
+    # the door's error, not the SDK's timeout
+    assert fault_seen.client(error.body["code"], "code") == "engine_lost", error.body
     poll(lambda: gone(pid), f"seat pid {pid} reaped")
     poll(lambda: ends(door, model)[-1:] == ["crash"], "the crash in history")
-    assert ends(door, model) == ["load", "crash"]
+    assert fault_seen.history(ends(door, model), "the model's events") == ["load", "crash"]
     crash = next(e for e in history(door) if e["model"] == model and e["event"] == "crash")
     d = crash["details"]
-    assert d["cause"] == "told-to-stop" and d["pid"] == pid and d["exit_code"] in (0, -signal.SIGKILL), d
-    assert "was told to stop by another program" in crash["reason"], crash["reason"]
+    assert fault_seen.history(d["cause"], "`crash` cause") == "told-to-stop" and d["pid"] == pid
+    assert fault_seen.history(d["exit_code"], "exit_code") in (0, -signal.SIGKILL), d
+    assert "was told to stop by another program" in fault_seen.history(crash["reason"], "reason"), crash["reason"]
     # how it was seen: its log's shutdown line, or (when the signal's handler hung before it logged) the handler
     assert "cleaning up before exit" in crash["reason"] or f"inside its own {sig.name} handler" in crash["reason"]
-    assert pid not in engine_pids_of(door.proc.pid)
-    check_reloads(door, model, pid)
+    assert fault_seen.running(pid in engine_pids_of(door.proc.pid), "the seat among the door's children") is False
+    check_reloads(door, model, pid, fault_seen)
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed mid-stream on Ollama's `/api/chat` (the `ollama` client, streaming)",
-    client='a `ResponseError` from the client: a last NDJSON line `{"error": "the engine broke off mid-stream: '
-           '..."}`; no traceback in the server log',
-    history="`load`, then a `crash` with exit code -9 and its pid",
-    running="the seat reaped, no other engine for the model; the next request loads it again",
-    lost="the rest of that one answer")
-def test_seat_sigkill_mid_stream_ollama(door: FrontDoor) -> None:
+    kind="real door")
+def test_seat_sigkill_mid_stream_ollama(door: FrontDoor, fault_seen: FaultSeen) -> None:
     client = ollama.Client(host=door.base_url, timeout=60)
     got, pid = 0, None
     with pytest.raises(ollama.ResponseError) as e:
@@ -227,20 +208,17 @@ def test_seat_sigkill_mid_stream_ollama(door: FrontDoor) -> None:
             if got == 3:
                 pid = seat_pid(door, "ollama-killed")
                 os.kill(pid, signal.SIGKILL)
-    assert pid is not None
-    assert "the engine broke off mid-stream" in e.value.error
-    check_crashed(door, "ollama-killed", pid)
-    check_reloads(door, "ollama-killed", pid)
-    assert "Traceback" not in door.log()
+    assert pid is not None and fault_seen.client(got, "stream chunks before the error") >= 3
+    assert "the engine broke off mid-stream" in fault_seen.client(e.value, "the client raised").error
+    check_crashed(door, "ollama-killed", pid, fault_seen)
+    check_reloads(door, "ollama-killed", pid, fault_seen)
+    assert fault_seen.history(door.log().count("Traceback"), "tracebacks in the server log") == 0
 
 
 @pytest.mark.fault(
     fault="a seat `SIGKILL`ed while it generates an answer that is not streamed",
-    client="a `502` `engine_error` naming the model (`openai.APIStatusError`)",
-    history="`load`, then a `crash` with exit code -9 and its pid",
-    running="the seat reaped, no other engine for the model; the next request loads it again",
-    lost="that one answer")
-def test_seat_sigkill_during_a_whole_answer(door: FrontDoor) -> None:
+    kind="real door")
+def test_seat_sigkill_during_a_whole_answer(door: FrontDoor, fault_seen: FaultSeen) -> None:
     """A request not streamed: the seat dies while it generates, before a byte of the answer."""
     client = openai.OpenAI(base_url=door.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
     pid: list[int] = []
@@ -259,10 +237,11 @@ def test_seat_sigkill_during_a_whole_answer(door: FrontDoor) -> None:
         client.chat.completions.create(model="whole-killed", messages=[{"role": "user", "content": "hi"}],
                                        extra_body={"max_tokens": 100000, "ignore_eos": True})
     t.join(60)
-    assert e.value.status_code == 502 and e.value.body["type"] == "engine_error"
-    assert "whole-killed" in e.value.message
-    check_crashed(door, "whole-killed", pid[0])
-    check_reloads(door, "whole-killed", pid[0])
+    assert fault_seen.client(e.value.status_code, "status") == 502
+    assert fault_seen.client(e.value.body["type"], "type") == "engine_error"
+    assert "whole-killed" in fault_seen.client(e.value.message, "its message")
+    check_crashed(door, "whole-killed", pid[0], fault_seen)
+    check_reloads(door, "whole-killed", pid[0], fault_seen)
 
 
 def send_queue(port: int) -> int:
@@ -308,14 +287,9 @@ class Idle:
 @pytest.mark.fault(
     fault="a streaming client that reads slowly (a 4 KiB receive buffer, then nothing for longer than "
           "`engine.stall_seconds`, twice) until the seat blocks on its full socket, alive and idle",
-    client="its whole answer, every token, ending `[DONE]`: the stuck-seat watch counts only the door's waits for the "
-           "seat's next byte, and here the door waits on its client (a watch that counted the time since the seat's "
-           "last byte killed the idle seat in the first pause)",
-    history="`load` alone: no `crash`",
-    running="the same seat, same process, untouched by the stuck-seat watch",
-    lost="nothing")
+    kind="real door")
 @pytest.mark.timeout(1200)
-def test_a_slow_client_does_not_get_its_seat_killed(door: FrontDoor) -> None:
+def test_a_slow_client_does_not_get_its_seat_killed(door: FrontDoor, fault_seen: FaultSeen) -> None:
     # with 200 alternatives each, about 14 KiB per chunk: ~48 MiB, more than the door and the sockets hold (the door's
     # socket from the seat alone may grow to net.ipv4.tcp_rmem's largest, 32 MiB here: 500 tokens, 7 MiB, all fitted
     # in it on a fast CPU, and the seat finished without ever blocking)
@@ -330,7 +304,8 @@ def test_a_slow_client_does_not_get_its_seat_killed(door: FrontDoor) -> None:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         got = [sock.recv(4096)]
-        assert got[0].startswith(b"HTTP/1.1 200"), got[0][:300]
+        status_line = fault_seen.client(got[0].split(b"\r\n", 1)[0].decode(), "status line")
+        assert status_line.startswith("HTTP/1.1 200"), got[0][:300]
         pid = seat_pid(door, "slow-client")
         port = int(re.search(rb"--port\x00(\d+)", Path(f"/proc/{pid}/cmdline").read_bytes()).group(1))
         for _ in range(2):  # the client reads nothing while the seat sits blocked, longer than the stall period
@@ -344,9 +319,12 @@ def test_a_slow_client_does_not_get_its_seat_killed(door: FrontDoor) -> None:
     finally:
         sock.close()
     events = unchunked(b"".join(got).split(b"\r\n\r\n", 1)[1]).split(b"\n\n")
-    assert events[-2:] == [b"data: [DONE]", b""]
+    assert fault_seen.client(events[-2].decode(), "the last event") == "data: [DONE]" and events[-1] == b""
     chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-2]]
-    assert chunks[-1]["timings"]["predicted_n"] == tokens and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert fault_seen.client(chunks[-1]["timings"]["predicted_n"], "tokens") == tokens
+    assert fault_seen.client(chunks[-1]["choices"][0]["finish_reason"], "finish_reason") == "length"
+    assert fault_seen.lost(tokens - chunks[-1]["timings"]["predicted_n"], "tokens lost") == 0
     assert sum(len(c["choices"][0]["delta"].get("content") or "") for c in chunks) > 0
-    assert seat_pid(door, "slow-client") == pid and ends(door, "slow-client") == ["load"]
-    assert "made no progress" not in door.log()
+    assert fault_seen.running(seat_pid(door, "slow-client") == pid, "the same seat, still running") is True
+    assert fault_seen.history(ends(door, "slow-client"), "the model's events") == ["load"]
+    assert fault_seen.history(door.log().count("made no progress"), "'made no progress' in the log") == 0

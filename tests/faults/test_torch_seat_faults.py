@@ -18,6 +18,7 @@ import pytest
 
 from fitevict.engines.transformers.seat import STARTED_LINE
 from _frontdoor import FrontDoor, front_door, history, poll
+from faultrows import FaultSeen
 from test_seat_faults import STALL_S, ends, gone, kill_left
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -54,17 +55,9 @@ def chat(fd: FrontDoor, model: str, **body) -> httpx.Response:
 @pytest.mark.fault(
     fault="a transformers (torch) seat `SIGKILL`ed, `SIGSTOP`ped or sent `SIGTERM` by another program while it "
           "generates a streamed answer",
-    client="`200`, then a last `data:` event `{\"error\": {\"type\": \"engine_error\", \"code\": \"engine_lost\", "
-           "...}}` (at the stuck-seat watch's next look for the stopped seat; at the next token for "
-           "`SIGTERM`: the seat cuts its answer before its teardown, which before raced the answer and named the "
-           "tensors the answer still used as leaks)",
-    history="`load`, then a `crash` whose `cause` is `killed` (exit code -9), `frozen` (stopped by a signal (state "
-            "T) with the request in flight, then killed at once) or `told-to-stop` (its log: \"FITEVICT_SEAT_STOPPING SIGTERM "
-            "received\", then its exit code 0); before, the SIGTERM's end was \"exited unexpectedly with code 0\"",
-    running="nothing of that seat (reaped); the next request loads it again",
-    lost="the rest of that one answer")
+    kind="real door")
 @pytest.mark.parametrize("sig", list(CAUSES), ids=lambda s: s.name)
-def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -> None:
+def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals, fault_seen: FaultSeen) -> None:
     model = sig.name.lower()
     assert chat(door, model, max_tokens=2).status_code == 200
     pid = torch_seat_pid(door, model)
@@ -83,28 +76,32 @@ def test_a_torch_seat_faulted_mid_answer(door: FrontDoor, sig: signal.Signals) -
         with httpx.stream("POST", door.base_url + "/v1/chat/completions", timeout=60, json={
                 "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000,
                 "ignore_eos": True, "stream": True}) as r:  # random weights may say EOS before the signal lands
-            assert r.status_code == 200
+            assert fault_seen.client(r.status_code, "status") == 200
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     finally:
         done.set()
         hit.join()
     try:
-        _the_fault_was_told(door, model, sig, pid, lines)
+        _the_fault_was_told(door, model, sig, pid, lines, fault_seen)
     finally:
         kill_left(pid)  # only a seat a failed test left running: a SIGTERMed seat ends on its own
-    assert chat(door, model, max_tokens=2).status_code == 200
-    assert torch_seat_pid(door, model) != pid and ends(door, model)[-1] == "load"
+    assert fault_seen.client(chat(door, model, max_tokens=2).status_code, "the next request") == 200
+    assert fault_seen.running(torch_seat_pid(door, model) != pid, "the next request's seat a new process") is True
+    assert fault_seen.history(ends(door, model)[-1], "then") == "load"
 
 
-def _the_fault_was_told(door: FrontDoor, model: str, sig: signal.Signals, pid: int, lines: list[str]) -> None:
+def _the_fault_was_told(door: FrontDoor, model: str, sig: signal.Signals, pid: int, lines: list[str],
+                        seen: FaultSeen) -> None:
     """What the client saw, the seat reaped, and its crash in history with the signal's cause."""
     # a seat told to stop cuts its answer at the next token before its teardown: never a whole answer
     error = json.loads(lines[-1][len("data: "):])["error"]
-    assert error["type"] == "engine_error" and error["code"] == "engine_lost", error
+    assert error["type"] == "engine_error" and seen.client(error["code"], "its last event's error.code") == \
+        "engine_lost", error
     poll(lambda: gone(pid), f"seat pid {pid} reaped")
+    assert seen.running(gone(pid), "the seat reaped") is True
     poll(lambda: ends(door, model)[-1:] == ["crash"], "the crash in history")
-    assert ends(door, model) == ["load", "crash"]
+    assert seen.history(ends(door, model), "the model's events") == ["load", "crash"]
     crash = next(e for e in history(door) if e["model"] == model and e["event"] == "crash")
-    assert crash["details"]["cause"] == CAUSES[sig] and crash["details"]["pid"] == pid, crash
+    assert seen.history(crash["details"]["cause"], "`crash` cause") == CAUSES[sig] and crash["details"]["pid"] == pid
     if sig == signal.SIGTERM:
         assert crash["details"]["exit_code"] == 0 and "SIGTERM received" in crash["reason"], crash
