@@ -125,3 +125,32 @@ def load_average() -> str:
 def signal_exit() -> None:
     """SIGTERM leaves through ``sys.exit``, so the servers (and their seats) are stopped on the way out."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def spawn_engine(binary: Path, path: Path, n_ctx: int) -> tuple[subprocess.Popen, str]:
+    """llama-server on ``path`` with the argv a seat gets (``LlamaServerEngine.launch_spec``, one slot): the process
+    (its own session) and its base URL."""
+    from fitevict.engines.llama_cpp.server import LlamaServerEngine
+    from fitevict.pricing.loadconfig import LoadConfig
+
+    spec = LlamaServerEngine(binary).launch_spec(path, LoadConfig(n_ctx=n_ctx, n_parallel=1), free_port())
+    proc = subprocess.Popen(list(spec.argv), env=dict(spec.env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return proc, f"http://127.0.0.1:{spec.port}"
+
+
+def engine_first_token(proc: subprocess.Popen, base: str, what: str, step: float = 0.005) -> None:
+    """Until a spawned engine answers ``/health`` (polled every ``step`` s), then a one-token chat completion, the
+    request the front door is sent."""
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise SystemExit(f"llama-server exited with {proc.returncode} on {what}")
+        try:
+            return httpx.get(base + "/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(healthy, f"{what} healthy", 600, step)
+    httpx.post(base + "/v1/chat/completions", timeout=600, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).raise_for_status()
+

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,12 +33,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import write_section  # noqa: E402
 from _lifesize import life_size_models  # noqa: E402
-from _serve import cpu_model, load_average, prices_read_ahead, serve, wait_for  # noqa: E402
+from _serve import cpu_model, engine_first_token, load_average, prices_read_ahead, serve, spawn_engine  # noqa: E402
 
 from fitevict.engines.llama_cpp.install import resolve_binary
-from fitevict.engines.llama_cpp.server import LlamaServerEngine
-from fitevict.engines.process import free_port, stop_group
-from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.engines.process import stop_group
 from fitevict.units import MiB
 
 N_CTX = 4096  # a model's default contract (docs/config.md: ctx 4096, parallel 1), which the requests below get
@@ -64,24 +61,10 @@ def read_file(path: Path) -> float:
 
 def direct(binary: Path, path: Path) -> float:
     """Seconds from spawning llama-server with a seat's argv until its first token."""
-    spec = LlamaServerEngine(binary).launch_spec(path, LoadConfig(n_ctx=N_CTX, n_parallel=1), free_port())
-    base = f"http://127.0.0.1:{spec.port}"
     t = time.perf_counter()
-    proc = subprocess.Popen(list(spec.argv), env=dict(spec.env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc, base = spawn_engine(binary, path, N_CTX)
     try:
-        def healthy() -> bool:
-            if proc.poll() is not None:
-                raise SystemExit(f"llama-server exited with {proc.returncode} on {path.name}")
-            try:
-                return httpx.get(base + "/health", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, f"{path.name} healthy", 600, 0.01)
-        r = httpx.post(base + "/v1/chat/completions", timeout=600, json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})  # what the front door is sent
-        r.raise_for_status()
+        engine_first_token(proc, base, path.name, 0.01)
         return time.perf_counter() - t
     finally:
         stop_group(proc, 30.0)

@@ -18,7 +18,7 @@ import fitevict
 
 SRC = Path(fitevict.__file__).parent
 STAGES: dict[str, int] = {
-    "": 0, "units": 0, "paths": 0, "config": 0,
+    "": 0, "units": 0, "paths": 0, "phase": 0, "config": 0,
     "pricing": 1,
     "budget": 2, "planner": 2, "guard": 2, "pressure": 2, "shrink": 1,
     "schedule": 3,

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fitevict.phase import mark
 from fitevict import planner as pl
 from fitevict.config.records import EngineConfig
 from fitevict.engines import engine_class, traits
@@ -84,6 +85,7 @@ class Launcher:
             spec = attempt.spec = self.processes.launch_spec(entry, path, cfg, seat.port)
             attempt.config = cfg
             await spawn(seat, spec)
+            mark(key, "spawned")
             self.table.attach(seat.seat, seat)
             self.spawned(key, cfg)
             await self.changed()

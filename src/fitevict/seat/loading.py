@@ -24,6 +24,7 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from fitevict.phase import mark
 from fitevict import guard as guard_mod
 from fitevict import planner as pl
 from fitevict.engines.base import NO_WEIGHTS
@@ -110,10 +111,12 @@ class Loader:
     async def _load(self, waiter: Waiter, plan: pl.Plan, attempt: Attempt) -> None:
         key = waiter.key
         attempt.step = "pricing the seat (its prediction, a GPU placement's dry run first)"
+        mark(key, "load begins")
         entry, path = self.prices.asked(waiter)
         assert plan.config is not None
         predicted = await self.prices.predicted(waiter, entry, plan.config, path)
         attempt.step = "starting its engine (until its first healthy answer)"
+        mark(key, "priced")
         t0 = self.clock()
         failed = await self.launcher.launch(attempt, entry, plan.config, path, predicted, plan)
         if failed is not None:
@@ -125,6 +128,7 @@ class Loader:
         self.loads.pop(key, None)
         attempt.step = READY
         load_seconds = self.clock() - t0
+        mark(key, "healthy")
         await self.readiness.ready(seat, attempt.crash)
         self.watch.watch(seat)
         held = {HOST: seat.bytes_on(HOST), **{d: seat.bytes_on(d) for d in cfg.devices}}
@@ -135,6 +139,7 @@ class Loader:
             handed = self.handed()
             self.scheduler.loaded(key, bytes=held, bytes_source=seat.source_on(HOST), load_seconds=load_seconds,
                                   config=cfg)  # the waiters get the seat now: what follows is off their path
+            mark(key, "handed to its waiters")
             if self.handed() > handed:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(seat.answered.wait(), FIRST_ANSWER_WAIT_S)

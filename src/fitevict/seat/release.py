@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fitevict.phase import mark
 from fitevict.engines.process import Child, GroupStop, group_alive, stop_process_group
 from fitevict.host import procmem
 from fitevict.host.devmem import DeviceMeters
@@ -216,7 +217,9 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
     seat_pids = frozenset(tree.pids) if tree is not None else frozenset()
     others_before = others_now(devices, seat_pids, nvml) if host_held is not None else None
     before = free_now(devices, nvml)
+    mark(key, "read before the stop")
     stop = await stop_process_group(pgid, grace, proc=proc, clock=clock)
+    mark(key, "exited")
     exit_s = stop.seconds
     stop_code = proc.returncode if proc is not None else None
     how = stop_account(stop_code, stop, grace)

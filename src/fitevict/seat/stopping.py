@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from fitevict.phase import mark
 from fitevict.host.procmem import exiting
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.seats import Exit
@@ -61,13 +62,17 @@ class Stopper:
                 del self.under_way[seat.key]
 
     async def _stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
+        mark(seat.key, "stop begins")
         self.records.keep(seat, STOPPING + event)  # a restart knows this stop was under way
         exited = seat.pid is not None and exiting(seat.pid)  # killed while it drained, say: nothing to save
         kept = {} if exited else await self.save_prompts(seat, event)
+        mark(seat.key, "prompts saved")
         res = await self.ending.end(seat, free_slot=True, forget=False)  # the record goes once the stop is recorded
+        mark(seat.key, "release verified")
         try:
             await self._record(seat, event, reason, request_id, res, kept)
         finally:  # the process is gone: the scheduler and whoever waits are told, even if its record failed
+            mark(seat.key, "stop recorded")
             self.processes.done_with_log(seat.log_path)
             self.stopped(seat.key, res, slot_freed=seat.slot_freed)
         return res

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from fitevict.phase import mark
 from fitevict import planner as pl
 from fitevict.engines import traits
 from fitevict.config import Config
@@ -387,6 +388,7 @@ class Supervisor:
         entry = asked.entry
         if need is not None:  # policy.shrink_ctx: a seat already shrunk for this contract serves it
             asked = resident_shrunk(self.parts, asked, need, timing)
+        mark(entry.key, "asked")
         w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive, origin=origin,
                    share=share if share is not None else Share())
         got = self.scheduler.fast(w)
@@ -406,6 +408,7 @@ class Supervisor:
                 timing["load_report"] = (partial(hit_report, self.parts, entry, seat) if hit else
                                          await request_report(self.parts, entry, seat, w.arrived, request_id))
             t_seat = self.clock()
+            mark(entry.key, "seat held")
             yield seat
         finally:
             seat.answered.set()
