@@ -58,6 +58,11 @@ def _max_tokens(body: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[i
     return None, "no max_tokens in the request or the model's defaults: the answer may fill any context"
 
 
+def max_tokens(body: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> int | None:
+    """The most tokens the answer may generate, as the request (or its model's defaults) says; None: not said."""
+    return _max_tokens(body, defaults or {})[0]
+
+
 def need(body: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> Need:
     """The tokens one slot must hold for this request: the prompt's bound plus the answer's length."""
     bound = prompt_bound(body)

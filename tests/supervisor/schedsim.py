@@ -200,7 +200,7 @@ class World:
                 e = self._engine.get(k)
                 if e is not None:
                     e[0] -= 1
-                self.sched.served(k, self.service_s(k))
+                self.sched.measured.served(k, self.service_s(k))
                 self.sched.finished(k, self._waiters.pop(rid, None))
                 self._run(k)
             self.at(self.t + self.service_s(key), finish)

@@ -1,37 +1,45 @@
 """A wait stated up front: how long a queued request will wait for its seat. PURE.
 
-The estimate reads the scheduler as it stands (nothing is planned or changed) and three kinds of figures:
+The estimate reads the scheduler as it stands (nothing is planned or changed) and what the door measured
+(``schedule.measured``): load seconds, stop and release seconds, and per-slot generation rates at a concurrency.
+The rule:
 
-- the request's **position**: the requests of its model ahead of it in fair order (``schedule.fair``), and those
-  in flight on its seat;
-- the **measured load seconds** of each seat that must load before it is served (its own included), and what is
-  left of a load under way;
-- the **measured service seconds** per request of each model (the engine's own prompt and decode time, or the
-  request's time on its seat), an exponentially weighted mean.
+- **A request's service** is its tokens (its ``max_tokens``, else its model's typical generation) over the per-slot
+  rate at the concurrency it will run at: its seat's busy slots when the requests before it are there (at most its
+  slots) plus the requests running on the door's other seats (one machine's cores are shared). An answer without
+  tokens (an embedding) takes its seconds per request at that concurrency.
+- **On a seat**, requests run in order on the first slot that frees (list scheduling): the requests in flight
+  first (those on a slot with what is left of their service, their service less their time on a slot so far; those
+  queued in the engine with all of it), then those of its model ahead of it in fair order (``schedule.fair``). The
+  door hands a request its seat when the seat has room (its slots plus ``engine_queue_depth``): its wait ends at the
+  ``k``-th end, ``k = in flight + ahead + 1 - room`` (0 when ``k <= 0``). A request ahead can only delay it: the
+  estimate never falls as its position grows.
+- **With its seat ready**: that alone. **With its seat loading**: what is left of its measured load, then that.
+  **Otherwise**: a load under way for another model ends (one placement at a time); the seats the last plan waited
+  for finish (what is left of their turn, then of their requests in flight) and are stopped (their measured
+  release); then each model placed before it (earliest deadline first) loads, serves its queue and is stopped again;
+  then its own load and its place in its own queue.
 
-With its seat ready: ``ceil((in flight + ahead + 1 - room) / slots) x service``. Otherwise: what is left of the
-turn of each seat the last plan waited for, and of its requests in flight, then for each model placed before it
-(earliest deadline first) its load and its queue's service, then its own load and its place in its own queue.
-A figure not measured yet is the labelled rule of the scheduler's victim choice (bytes at 1 GiB/s for a load) or
-left out and named (a service time): the estimate says which in ``sources``.
+A figure not measured yet says so in ``sources`` (a load never measured: the median of those measured here, else its
+bytes at 1 GiB/s; a release or service never measured: 0, named).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from fitevict.schedule.seats import PLACING, SERVING, SeatStatus
-from fitevict.units import GiB
+from fitevict.schedule.measured import Measured
+from fitevict.schedule.seats import PLACING, SERVING, SeatStatus, seat_room
 
 # the scheduler and a queued request (schedule.scheduler.Scheduler, schedule.terms.Waiter): named, not imported,
 # since the scheduler builds on this module
 Scheduler = Any
 Waiter = Any
-
-SMOOTHING = 0.3  # weight of the newest service reading in the mean
-ASSUMED_LOAD_RATE = 1.0 * GiB  # bytes/s for a model never loaded here (the scheduler's DEFAULT_RELOAD_RATE)
+Seat = Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,65 +54,106 @@ class Estimate:
                 "sources": list(self.sources)}
 
 
-@dataclass(slots=True)
-class Measured:
-    """Per model: its last measured load seconds and the mean of its measured service seconds per request."""
+def ends(slots: int, seconds: Iterable[float]) -> list[float]:
+    """When each of a seat's requests ends, in time order: each (its seconds left, in the order handed) starts on the
+    first of ``slots`` slots that frees."""
+    free, out = [0.0] * max(1, slots), []
+    for s in seconds:
+        t = heapq.heappop(free) + max(0.0, s)
+        heapq.heappush(free, t)
+        out.append(t)
+    return sorted(out)
 
-    load: dict[str, float] = field(default_factory=dict)
-    service: dict[str, float] = field(default_factory=dict)
 
-    def loaded(self, key: str, seconds: float) -> None:
-        self.load[key] = seconds
-
-    def served(self, key: str, seconds: float) -> None:
-        if seconds >= 0 and math.isfinite(seconds):
-            old = self.service.get(key)
-            self.service[key] = seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds
-
-    def load_of(self, key: str, nbytes: int) -> tuple[float, str]:
-        if key in self.load:
-            return self.load[key], f"load {key} {self.load[key]:.2f} s measured"
-        seconds = nbytes / ASSUMED_LOAD_RATE
-        return seconds, f"load {key} {seconds:.2f} s assumed (never loaded here: its bytes at 1 GiB/s)"
-
-    def service_of(self, key: str) -> tuple[float, str]:
-        if key in self.service:
-            return self.service[key], f"service {key} {self.service[key]:.3f} s/request measured"
-        return 0.0, f"service {key} unavailable, because no request of it has been measured yet (counted 0)"
+def handed_at(slots: int, room: int, running: list[float], ahead: list[float]) -> float:
+    """When the door hands the next request its seat: ``running`` (seconds left of each request on the seat, in the
+    order handed) and ``ahead`` (the service of each request before it) run on ``slots`` slots, and a request is
+    handed once fewer than ``room`` are on the seat. 0 when there is room now."""
+    k = len(running) + len(ahead) + 1 - room
+    return ends(slots, [*running, *ahead])[k - 1] if k > 0 else 0.0
 
 
 def estimate(sched: Scheduler, w: Waiter, now: float, *, queued: bool = True) -> Estimate:
     """``w``'s wait from ``now`` (module docstring)."""
-    m = sched.measured
     mine = [q for q in sched.queue if q.key == w.key and q is not w]
-    ahead = sum(1 for q in mine if not queued or sched.fair.order(q) < sched.fair.order(w))
-    svc, svc_src = m.service_of(w.key)
-    sources = [svc_src]
+    ahead = [q for q in mine if not queued or sched.fair.order(q) < sched.fair.order(w)]
+    ahead.sort(key=sched.fair.order)
     s = sched.table.get(w.key)
+    sources: list[str] = []
     if s is not None and s.status is SeatStatus.READY and sched._serves(s, w):
-        rounds = max(0, math.ceil((s.in_flight + ahead + 1 - s.room(sched.policy.engine_queue_depth)) / s.capacity))
-        return Estimate(rounds * svc, s.in_flight + ahead, 0, tuple(sources))
+        t = _on_seat(sched, s, w.key, s.capacity, ahead, now, sources)
+        return Estimate(t, s.in_flight + len(ahead), 0, tuple(sources))
     t, placements = 0.0, 1
-    placing = s is not None and s.status in PLACING
-    if placing:
-        load, src = m.load_of(w.key, sum(s.bytes.values()) or _bytes(w))
+    slots = max(1, w.request.config.n_parallel or 4)
+    if s is not None and s.status in PLACING:
+        load, src = sched.measured.load_of(w.key, sum(s.bytes.values()) or _bytes(w))
         t += max(0.0, load - (now - s.since))
         sources.append(src)
     else:
         before = _models_before(sched, w)
+        t += _placing(sched, now, sources)
         t += _blocked(sched, before[0][1] if before else w, now, sources)
         for key, head, n in before:
-            load, src = m.load_of(key, _bytes(head))
-            service, s_src = m.service_of(key)
-            t += load + math.ceil(n / max(1, head.request.config.n_parallel or 4)) * service
-            sources += [src, s_src]
+            t += _turn_of(sched.measured, key, head, n, sources)
         placements += len(before)
-        load, src = m.load_of(w.key, _bytes(w))
+        load, src = sched.measured.load_of(w.key, _bytes(w))
         t += load
         sources.append(src)
-    slots = max(1, w.request.config.n_parallel or 4)
-    t += (ahead // slots) * svc
-    return Estimate(t, ahead, placements, tuple(sources))
+    t += _on_seat(sched, None, w.key, slots, ahead, now, sources)
+    return Estimate(t, len(ahead), placements, tuple(sources))
+
+
+def _on_seat(sched: Scheduler, s: Seat | None, key: str, slots: int, ahead: list[Waiter], now: float,
+             sources: list[str]) -> float:
+    """When a slot of ``key``'s seat ``s`` (None: a seat still to load) frees for the request after ``ahead``."""
+    m = sched.measured
+    running = list(m.running.get(key, {}).items()) if s is not None else []
+    busy = min(slots, len(running) + len(ahead) + 1) + _others(sched, key)
+    left = _left(m, key, running, busy, now)
+    services = [m.service_of(key, m.tokens_of(key, q), busy)[0] for q in ahead]
+    sources.append(m.service_of(key, m.tokens_of(key, (ahead or [q for q, _t in running] or [None])[0]), busy)[1])
+    return handed_at(slots, seat_room(slots, sched.policy.engine_queue_depth), left, services)
+
+
+def _left(m: Measured, key: str, running: list[tuple[Waiter, float | None]], busy: int, now: float) -> list[float]:
+    """Seconds left of each request on ``key``'s seat (``running``: each with when it took a slot, None: queued in
+    the engine): on a slot, its service less its time there; queued in the engine, all of it."""
+    out = []
+    for q, since in running:
+        service = m.service_of(key, m.tokens_of(key, q), busy)[0]
+        out.append(service - (now - since) if since is not None else service)
+    return out
+
+
+def running(sched: Scheduler, but: str | None = None) -> int:
+    """Requests running on the door's serving seats (but ``but``'s) now: in flight, at most each seat's slots. The
+    concurrency a request is measured and estimated at (one machine's cores are shared by its seats)."""
+    return sum(min(x.in_flight, x.capacity) for x in sched.table.values() if x.key != but and x.status in SERVING)
+
+
+def _others(sched: Scheduler, key: str) -> int:
+    return running(sched, but=key)
+
+
+def _placing(sched: Scheduler, now: float, sources: list[str]) -> float:
+    """What is left of a load under way for another model (one placement at a time: the next waits for it)."""
+    t = 0.0
+    for s in sched.table.values():
+        if s.status in PLACING:
+            load, src = sched.measured.load_of(s.key, sum(s.bytes.values()))
+            t = max(t, load - (now - s.since))
+            sources.append(f"under way: {src}")
+    return t
+
+
+def _turn_of(m: Measured, key: str, head: Waiter, n: int, sources: list[str]) -> float:
+    """A model placed before: its load, its ``n`` waiters' service on its slots, and its stop and release."""
+    slots = max(1, head.request.config.n_parallel or 4)
+    load, l_src = m.load_of(key, _bytes(head))
+    service, s_src = m.service_of(key, m.tokens_of(key, head), min(slots, n))
+    release, r_src = m.release_of(key)
+    sources += [l_src, s_src, r_src]
+    return load + math.ceil(n / slots) * service + release
 
 
 def _bytes(w: Waiter) -> int:
@@ -132,18 +181,26 @@ def _models_before(sched: Scheduler, w: Waiter) -> list[tuple[str, Waiter, int]]
 
 
 def _blocked(sched: Scheduler, head: Waiter, now: float, sources: list[str]) -> float:
-    """What is left of the turns of the seats the last plan for ``head``'s model waited for, and of their requests in
-    flight."""
-    t = 0.0
+    """Until the seats the last plan for ``head``'s model waited for are gone: what is left of their turns (a turn
+    that goes on serves its queue: one more round of service), of their requests in flight, and their release."""
+    m, t = sched.measured, 0.0
     for key in sched.blocked.get(head.key, ()):
         s = sched.table.get(key)
-        if s is None or s.status not in SERVING:
+        if s is None or s.status not in SERVING | {SeatStatus.STOPPING}:
             continue
-        service, src = sched.measured.service_of(key)
+        release, r_src = m.release_of(key)
+        if s.status is SeatStatus.STOPPING:
+            t = max(t, release - (now - m.stopping.get(key, now)))
+            sources.append(r_src)
+            continue
+        busy = min(s.capacity, max(1, s.in_flight)) + _others(sched, key)
         turn = max(0.0, sched._turn_end(s, head, now) - now) if s.status is SeatStatus.READY else 0.0
-        t += turn + math.ceil(s.in_flight / s.capacity) * service
-        sources.append(f"turn of {key} {turn:.2f} s left, {s.in_flight} in flight; {src}")
+        left = _left(m, key, list(m.running.get(key, {}).items()), busy, now)
+        queued = [q for q in sched.queue if q.key == key]
+        more = m.service_of(key, m.tokens_of(key, queued[0]), busy)[0] if turn > 0 and queued else 0.0
+        t = max(t, turn + more + max(ends(s.capacity, left), default=0.0) + release)
+        sources.append(f"turn of {key} {turn:.2f} s left, {s.in_flight} in flight; {r_src}")
     return t
 
 
-__all__ = ["Estimate", "Measured", "estimate"]
+__all__ = ["Estimate", "Measured", "ends", "estimate", "handed_at", "running"]

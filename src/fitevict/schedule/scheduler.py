@@ -1,13 +1,12 @@
 """The scheduler: which waiting request runs next, which seat to start, and which to stop.
 
-PURE: no processes, sockets, files, logging or clock reads. Time comes from ``Effects.now()``, and
-every action goes out through the narrow ``Effects`` protocol (the "syscall table"): start a seat,
-stop a seat with a reason, hand a seat to a request, reject a request, wake me at, read a load's file ahead while its
-victims stop; and the world's two readings
-that a plan needs, the budget now and the prices of the request's file. The scheduler plans itself, with the pure
-planner (``plan``), over its own seats as residents. Inputs come in as method calls (a request arrives or leaves, a load finished or failed, a stop finished, a request
-finished, a timer fired, the machine's memory was read again). Tests drive it with a recording fake and a fake
-clock, in milliseconds.
+PURE: no processes, sockets, files, logging or clock reads. Time comes from ``Effects.now()``, and every action goes
+out through the narrow ``Effects`` protocol (the "syscall table"): start a seat, stop a seat with a reason, hand a
+seat to a request, reject a request, wake me at, read a load's file ahead while its victims stop; and the world's
+two readings that a plan needs, the budget now and the prices of the request's file. The scheduler plans itself,
+with the pure planner (``plan``), over its own seats as residents. Inputs come in as method calls (a request arrives
+or leaves, a load finished or failed, a stop finished, a request finished, a timer fired, the machine's memory was
+read again). Tests drive it with a recording fake and a fake clock, in milliseconds.
 
 The rules (docs/scheduling.md says the same in prose):
 
@@ -35,7 +34,8 @@ from fitevict import planner as pl
 from fitevict.config import EVICTION_POLICIES
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.schedule.errors import Busy, Refused, SupervisorError
-from fitevict.schedule.estimate import Estimate, Measured, estimate
+from fitevict.schedule.estimate import Estimate, estimate
+from fitevict.schedule.measured import Measured
 from fitevict.schedule.fair import Fairness, cuts_short, deadline, over_queue
 from fitevict.schedule.seats import PLACING, SERVING, Exit, Seat, SeatStatus, SeatTable, SeatView
 from fitevict.schedule.terms import Effects, Eviction, SchedPolicy, Waiter, stop_words
@@ -60,7 +60,7 @@ class Scheduler:
         self.inflation = 0.0  # GreedyDual-Size's L: the priority of the last victim
         self.uses: dict[str, tuple[float, float]] = {}  # per model: (decayed count of requests handed, when)
         self.fair = Fairness()  # virtual time per model, finish tags per flow, requests in flight per client
-        self.measured = Measured()  # per model: measured load and service seconds (the wait estimate's inputs)
+        self.measured = Measured()  # the wait estimate's measured inputs (schedule.measured): the door records them
         self.blocked: dict[str, tuple[str, ...]] = {}  # per model: the seats its last plan waited for
         self._pumping = False
         self._again = False
@@ -177,12 +177,14 @@ class Scheduler:
         s = self.table.get(key)
         if s is not None:
             self.table.move(s, S.GONE, exit=how)
+        self.measured.released(key, self.fx.now())
         self._pump()
 
     def finished(self, key: str, w: Waiter | None = None) -> None:
         """A request handed seat ``key`` ended (``w``: which, for its client's count in flight)."""
         if w is not None and w.hold:
             self.fair.finished(w)
+        self.measured.ended(key, w, self.fx.now())
         s = self.table.get(key)
         if s is not None:
             s.in_flight = max(0, s.in_flight - 1)
@@ -246,10 +248,6 @@ class Scheduler:
         return pl.plan(request, self.residents(now), self.fx.budget(), self.fx.prices(request), self.planning, now)
 
     # -- views ----------------------------------------------------------------------------------
-
-    def served(self, key: str, seconds: float) -> None:
-        """A request of model ``key`` took ``seconds`` of service, as measured (the wait estimate's input)."""
-        self.measured.served(key, seconds)
 
     def estimate(self, w: Waiter, *, queued: bool = True) -> Estimate:
         """How long ``w`` will wait from now (``schedule.estimate``); ``queued``: it is in the queue."""
@@ -366,6 +364,7 @@ class Scheduler:
         """``s``'s stop begins (its history event: ``event``); ``s.drained`` says whether it was draining then."""
         s.drained = s.status is S.DRAINING
         self.table.move(s, S.STOPPING)
+        self.measured.stop_began(s.key, self.fx.now())
         self.fx.stop(s.key, event, reason, request_id)
 
     def _place(self, now: float) -> float:
@@ -476,6 +475,7 @@ class Scheduler:
         s.turn_served += 1
         s.turn_rank = w.share.rank if s.turn_rank is None else min(s.turn_rank, w.share.rank)
         self.fair.handed(w)
+        self.measured.handed(s.key, w, now, s.capacity)
         if w.keep_alive is not None:
             s.keep_alive = w.keep_alive
         n, then = self.uses.get(s.key, (0.0, now))

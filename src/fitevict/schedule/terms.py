@@ -47,6 +47,7 @@ class Waiter:
     hold: bool = True  # False: an admin load, which needs the seat ready but serves nothing
     origin: Mapping[str, str] | None = None  # where it came from (the route, the name asked by), for history
     share: Share = Share()  # who it is, for fairness: its client (key), class and caps (schedule.fair)
+    max_tokens: int | None = None  # the most tokens it may generate, as it asked (the wait estimate's input)
     tag: float = 0.0  # its virtual start, stamped when it is queued (schedule.fair.Fairness)
 
     @property

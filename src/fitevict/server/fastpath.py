@@ -268,7 +268,8 @@ class FastPath:
         try:
             need = shrink.need(body, prep.entry.settings.request_defaults) if door.config.policy.shrink_ctx else None
             cm = door.sup.acquire(prep.ask, request_id=rec.request_id, timing=rec.waits, need=need,
-                                  origin=prep.origin(rec.endpoint), share=rec.share)
+                                  origin=prep.origin(rec.endpoint), share=rec.share,
+                                  max_tokens=shrink.max_tokens(body, prep.entry.settings.request_defaults))
             seat = await cm.__aenter__()
             held = cm
             rec.t_seat = time.perf_counter()
@@ -338,6 +339,8 @@ class FastPath:
         if timings:  # the engine's own account: prompt and generation time, tokens/s
             extra["engine_timings"] = timings
             seat.timings.add(timings)
+            if "predicted_n" in timings:  # the wait estimate's measured generation (supervisor.acquire)
+                rec.waits["generated_tokens"] = int(timings["predicted_n"])
             m, model, child = self.door.metrics, rec.model or "-", self.log.child
             if "prompt_ms" in timings:
                 child(m.prompt, model).observe(timings["prompt_ms"] / 1000)

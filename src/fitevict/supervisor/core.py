@@ -44,6 +44,7 @@ from fitevict.supervisor.effects import LiveEffects
 from fitevict.supervisor.history import History
 from fitevict.shrink import Need
 from fitevict.schedule.errors import Busy, ModelUnreadable, Refused, SupervisorError
+from fitevict.schedule.estimate import running
 from fitevict.schedule.fair import Share
 from fitevict.supervisor.kvkeep import PromptKeep
 from fitevict.supervisor.pressure_watch import PressureWatch, holdings
@@ -374,14 +375,16 @@ class Supervisor:
     @contextlib.asynccontextmanager
     async def acquire(self, asked: Ask, *, request_id: str | None = None, timing: dict | None = None,
                       need: Need | None = None, origin: Mapping[str, str] | None = None,
-                      share: Share | None = None) -> AsyncIterator[SeatState]:
+                      share: Share | None = None, max_tokens: int | None = None) -> AsyncIterator[SeatState]:
         """Hold a seat for what ``asked`` asks (loading it if needed) for the block. ``timing`` (if given) gets
         ``queue_s`` and ``load_s``: the wait, split into queueing and waiting for a load of this model.
         ``need``: the tokens the request may need (``fitevict.shrink``); with ``policy.shrink_ctx`` a contract
         whose context does not fit loads at the largest context that does when one slot of it holds them
         (``timing["ctx_shrunk"]`` says so). ``origin``: where the request came from (its route, the name it asked
         by), kept in the history of the load it causes. ``share``: who asks, for fairness (``schedule.fair``); a
-        request that waits gets its estimated wait in ``timing["wait_estimate"]`` (``schedule.estimate``).
+        request that waits gets its estimated wait in ``timing["wait_estimate"]`` (``schedule.estimate``), from the
+        ``max_tokens`` of those ahead; its seconds on the seat are measured with ``timing["generated_tokens"]``
+        (set by the caller) and the requests running meanwhile (``schedule.measured``).
 
         Cancelling the task while it waits takes the request out of the queue at once; a load that nobody
         waits for any more is cancelled (see ``Scheduler.cancel``)."""
@@ -390,7 +393,7 @@ class Supervisor:
             asked = resident_shrunk(self.parts, asked, need, timing)
         mark(entry.key, "asked")
         w = Waiter(asked.request, self.clock(), request_id, keep_alive=asked.keep_alive, origin=origin,
-                   share=share if share is not None else Share())
+                   share=share if share is not None else Share(), max_tokens=max_tokens)
         got = self.scheduler.fast(w)
         hit = got is not None
         if got is None:
@@ -407,13 +410,16 @@ class Supervisor:
             if timing is not None:  # what loading cost this request (an adapter is served by its base's seat)
                 timing["load_report"] = (partial(hit_report, self.parts, entry, seat) if hit else
                                          await request_report(self.parts, entry, seat, w.arrived, request_id))
-            t_seat = self.clock()
+            t_seat, busy = self.clock(), running(self.scheduler)
             mark(entry.key, "seat held")
             yield seat
         finally:
             seat.answered.set()
-            if t_seat is not None:  # its time on the seat: the wait estimate's measured service
-                self.scheduler.served(got, self.clock() - t_seat)
+            if t_seat is not None:  # its time on a slot, tokens and concurrency: the wait estimate's inputs
+                on_slot = self.scheduler.measured.slot_since(got, w)
+                self.scheduler.measured.served(got, self.clock() - (t_seat if on_slot is None else on_slot),
+                                               (timing or {}).get("generated_tokens"),
+                                               round((busy + running(self.scheduler)) / 2))
             self.scheduler.finished(got, w)
             if self.closed:
                 await self.history.changed()
