@@ -2,15 +2,15 @@
 
 One llama-server is started as a seat starts (``LlamaServerEngine.launch_spec``: the seat's own argv, ``-cram 0``,
 ``--fit off``), and its process tree's PSS is sampled by a thread every ``SAMPLE_S`` seconds from the moment it is
-spawned (``engines.fill.PeakSampler``: PSS as read, and beside it the same with the pages of the engine binary and
+spawned (``engines.llama_cpp.fill.PeakSampler``: PSS as read, and beside it the same with the pages of the engine binary and
 its libraries counted whole, as for a seat alone): through the load (until ``/health`` answers 200), then through
-the fill (``engines.fill.fill``), where every slot is sent, at once, a prompt of ``n_ctx_seq - max_tokens`` tokens
+the fill (``engines.llama_cpp.fill.fill``), where every slot is sent, at once, a prompt of ``n_ctx_seq - max_tokens`` tokens
 and asked for ``max_tokens`` more (``/completion`` with ``ignore_eos``), so that each slot's context is full when its
 answer ends. The peaks of both phases are kept.
 
 The prediction is the host price as the server makes it for a first load: the rules with this machine's host buffer
 table, the compute buffer from the engine's own dry run, plus the engine process's overhead: the calibrated part and
-the parts that scale with the model (``prices.overhead.with_engine_overhead`` with ``engines.overhead.model_terms``,
+the parts that scale with the model (``prices.overhead.with_engine_overhead`` with ``engines.llama_cpp.overhead.model_terms``,
 as ``PriceBook.footprint`` adds them).
 
 Shared by ``bench/filled_context.py`` and ``tests/e2e/test_filled_context.py``.
@@ -118,7 +118,7 @@ def run_filled(binary: Path, model: Path, cfg: LoadConfig, pred: Predicted, log_
                max_tokens: int = MAX_TOKENS, timeout: float = 180.0, trace: bool = False) -> Filled:
     """Start ``model`` as a seat, sample its PSS through the load and through every slot filled to
     ``n_ctx_seq`` tokens (prompt ``n_ctx_seq - max_tokens``, then ``max_tokens`` generated); then stop it.
-    ``trace``: preload the allocator trace (``engines.buftrace``) for the exact bytes of the host buffers."""
+    ``trace``: preload the allocator trace (``engines.llama_cpp.buftrace``) for the exact bytes of the host buffers."""
     spec = LlamaServerEngine(binary).launch_spec(model, cfg, free_port())
     base = f"http://127.0.0.1:{spec.port}"
     env = dict(spec.env)

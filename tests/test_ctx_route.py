@@ -259,7 +259,7 @@ def test_the_context_reaches_the_seats_argv_from_the_request(traced, api: str) -
     assert argv[argv.index("-c") + 1] == str(CTXS[api])  # the running seat's own command line
     first, last = route.main[0], route.main[-1]
     assert stage(first.module) == 0, route.main  # it starts at the front door
-    assert (last.module, last.name) == ("engines.llama_server", "load_args")
+    assert (last.module, last.name) == ("engines.llama_cpp.server", "load_args")
     assert all(_holds(c) for c in route.full)
 
 

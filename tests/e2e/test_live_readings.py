@@ -1,7 +1,7 @@
 """A seat's ``measured`` is the memory sampler's latest reading, and a seat that outgrows its price is caught, with a
 real ``fitevict serve`` and real engines.
 
-- A seat whose context is filled after its load (``engines.fill``, straight to the engine, so the seat stays idle):
+- A seat whose context is filled after its load (``engines.llama_cpp.fill``, straight to the engine, so the seat stays idle):
   once the sampler has read it twice since, ``measured`` in ``/v1/models/residents``, ``fitevict ps --json`` and
   ``/metrics`` is within max(2 %, 2 MiB) of its process tree's PSS read at that moment (``host.procmem.read_tree``),
   where the reading right after its load (what ``measured`` used to be) is well under it.

@@ -2,7 +2,7 @@
 is not checked here) and priced for each model with the parts that scale with it (``pricing.process``).
 
 Each figure is checked against its own measurement, on a seat started as a seat starts, its allocator traced, its
-context filled (``engines.overhead.measure_filled``: PSS every 20 ms from spawn, code pages counted whole):
+context filled (``engines.llama_cpp.overhead.measure_filled``: PSS every 20 ms from spawn, code pages counted whole):
 
 - the priced buffers against the buffers the engine reports (the allocator trace, to the byte): equal but for the
   dry run's rounding of the compute buffer (its log prints 0.01 MiB);

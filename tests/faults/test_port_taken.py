@@ -15,7 +15,7 @@ from fitevict.engines.process import free_port
 from fitevict.request.catalog import Catalog
 from fitevict.store import Store
 from fitevict.supervisor import Supervisor
-from fitevict.seat.running import BIND_FAILED
+from fitevict.engines.llama_cpp.server import BIND_FAILED
 
 from faultrows import FaultSeen
 
