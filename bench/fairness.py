@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _docs import ROOT, run_stamp, write_section  # noqa: E402
+from _docs import ROOT, STARTED, write_section  # noqa: E402
 from _serve import Served, cpu_model, load_average, prices_read_ahead, serve, signal_exit  # noqa: E402
 
 CHAT, FLOOD, EMBED = "llama-gqa", "llama-tied", "qwen2-bias"  # the embedder is configured with embeddings = true
@@ -276,7 +276,7 @@ def targets(calls: list[Call]) -> list[str]:
 def doc(calls: list[Call], loads: dict[str, dict[str, int]], budget: int, need: dict[str, int], run: dict) -> str:
     return "\n".join([
         "## Fairness between clients, measured (`bench/fairness.py`)", "",
-        f"{run['stamp']}, {run['cpu']}, load average {run['load_before']} before and {run['load_after']} after "
+        f"{run['cpu']}, load average {run['load_before']} before and {run['load_after']} after "
         f"(1 / 5 / 15 min): the machine was busy with other work, so the figures are of a shared CPU. Two doors "
         f"over the same generated models and a RAM budget of {budget / MiB:.1f} MiB ({CHAT} {need[CHAT] / MiB:.1f}, "
         f"{FLOOD} {need[FLOOD] / MiB:.1f}, {EMBED} {need[EMBED] / MiB:.1f} MiB planned: {CHAT} fits with {EMBED}, "
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     signal_exit()
     from fitevict.zoo import write_zoo
 
-    run = {"load_before": load_average(), "cpu": cpu_model(), "stamp": run_stamp()}
+    run = {"load_before": load_average(), "cpu": cpu_model(), "stamp": STARTED.to_json()}
     with tempfile.TemporaryDirectory(prefix="fitevict-fair-") as tmp:
         write_zoo(Path(tmp) / "models", only=[CHAT, FLOOD, EMBED])
         budget, need = budget_for(Path(tmp), Path(tmp) / "models")
