@@ -32,7 +32,7 @@ from _docs import DOCS, Section, Stamp, section_text  # noqa: E402
 FIGURE_DOCS = ("docs/benchmarks.md", "docs/accuracy.md", "docs/machines.md", "docs/cluster.md")
 MARK = re.compile(r"^<!-- ([\w-]+):(start|end) -->$")
 FIGURE = re.compile(r"(?<![\w.])(?:[+\-−]\d+\.\d+|\d+\.\d+\s?(?:%|×))")
-RENDERED = ("filled_context", "lifesize_accuracy", "prompt_keep")  # benches whose saved rows are committed
+RENDERED = ("fault_table", "filled_context", "lifesize_accuracy", "prompt_keep")  # benches whose saved rows are committed
 
 
 def _table_problem(line: str, n: int, every_table: bool) -> str | None:
