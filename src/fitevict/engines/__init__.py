@@ -61,6 +61,15 @@ def pricer_for(path: Path | str) -> PricerBase:
     raise UnknownEngine(f"(no family prices {path})")
 
 
+def folder_pricer(names: Sequence[str]) -> PricerBase | None:
+    """The pricer of the family whose model a folder holding ``names`` is, whole: the first registered that says so
+    (``PricerBase.model_folder``), or None (a folder of model files, or of none)."""
+    for p in pricers():
+        if p.model_folder(names):
+            return p
+    return None
+
+
 def build_pricer() -> PricerBase:
     """The pricer of the family whose build the engine directory holds: it keys what is learned on this machine
     (engine build @ CPU) and calibrates its process overhead."""
@@ -115,5 +124,5 @@ def is_engine_process(argv: Sequence[str]) -> bool:
 
 
 __all__ = ["REGISTRY", "Engine", "EngineBase", "PricerBase", "Traits", "UnknownEngine", "adapter_kind_of",
-           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "is_engine_process", "pricer_for",
+           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "folder_pricer", "is_engine_process", "pricer_for",
            "pricers", "saved_prompt", "traits"]

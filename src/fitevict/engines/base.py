@@ -199,6 +199,15 @@ class PricerBase:
         """Whether ``path`` is a model of this family's file kind."""
         return False
 
+    def model_folder(self, names: Sequence[str]) -> bool:
+        """Whether a folder holding ``names`` is, whole, one model of this family's kind (its subfolders its own):
+        how the catalog discovers such a model without naming the family."""
+        return False
+
+    def model_files(self, folder: Path, names: Sequence[str]) -> tuple[Path, ...]:
+        """The files of a model folder (``model_folder``) whose bytes are the model's on disk."""
+        return ()
+
     def structure(self, path: Path) -> Any:
         """The model's parsed structure (cached)."""
         raise NotImplementedError
