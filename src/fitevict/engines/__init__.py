@@ -79,6 +79,13 @@ def build_pricer() -> PricerBase:
     raise UnknownEngine("(no family keys an engine build)")
 
 
+def prices_own_process(name: str) -> bool:
+    """Whether engine ``name``'s family prices its seats' own process as learned on this machine
+    (``PricerBase.own_overhead``)."""
+    target = engine_class(name).pricer
+    return bool(target) and _pricer(target).own_overhead
+
+
 def traits(name: str) -> Traits:
     """What engine ``name`` can do (raises ``UnknownEngine``)."""
     return engine_class(name).traits
@@ -124,5 +131,5 @@ def is_engine_process(argv: Sequence[str]) -> bool:
 
 
 __all__ = ["REGISTRY", "Engine", "EngineBase", "PricerBase", "Traits", "UnknownEngine", "adapter_kind_of",
-           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "folder_pricer", "is_engine_process", "pricer_for",
+           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "folder_pricer", "is_engine_process", "prices_own_process", "pricer_for",
            "pricers", "saved_prompt", "traits"]

@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 
-from fitevict.engines import traits
+from fitevict.engines import prices_own_process
 from fitevict.pressure import Outgrowth, outgrowth
 from fitevict.pricing.grown import Grown, grown, without_grown
 from fitevict.pricing.footprint import HOST
@@ -56,7 +56,7 @@ async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
         if seat.outgrew is not None or seat.load_read_at is None or seat.state not in SERVING:
             continue
         unpriced = 0
-        if traits(seat.engine).overhead == "own-process":  # its overhead, if learned only after its price was made
+        if prices_own_process(seat.engine):  # its overhead, if learned only after its price was made
             known = parts.prices.torch_overhead_for(seat.config.loras) or 0
             unpriced = max(0, known - (seat.predicted_overhead or 0))
         found = seat_outgrowth(seat, bound, now, unpriced)

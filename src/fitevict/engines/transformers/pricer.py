@@ -39,6 +39,7 @@ def hf_dtype(structure: Any) -> str:
 
 class HfPricer(PricerBase):
     kind = "hf"
+    own_overhead = True
 
     def __init__(self) -> None:
         self._structures: dict[tuple[str, int], Any] = {}  # (folder, mtime_ns) -> its structure
