@@ -17,6 +17,7 @@ from fitevict.engines.base import Engine, EngineBase, PricerBase, Traits
 REGISTRY: dict[str, str] = {
     "llama-server": "fitevict.engines.llama_cpp.server:LlamaServerEngine",
     "transformers": "fitevict.engines.transformers.engine:TransformersEngine",
+    "declared": "fitevict.engines.declared.engine:DeclaredEngine",
 }
 
 
