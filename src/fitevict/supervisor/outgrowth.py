@@ -5,7 +5,7 @@ transformers seat keeps tensors. The planner counts the live reading already (``
 seat's mark: once its reading exceeds its price by more than ``budget.outgrow_margin`` (the rule is
 :func:`fitevict.pressure.outgrowth`), it gets one ``outgrew`` history event with the figures and its growth rate since
 its load, it is marked in the residents view, ``ps``, the dashboard and ``/metrics``, and under memory pressure it is
-stopped before every healthy idle seat (``pressure.order``, ``planner.victims.victim_order``). The price book learns
+stopped before every healthy idle seat (the eviction policy's one order, ``planner.eviction``). The price book learns
 from it: the seat's peak reading per device less its price (``pricing.grown``) joins the next price of the same file
 and configuration on this machine, and the event carries it (``price_learned``) so that a restart learns it again.
 """
