@@ -15,6 +15,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.engines.declared.manifest import MANIFEST, ManifestError, read_manifest
 from fitevict.engines.declared.pricer import PRICER, declared_footprint
 from fitevict.pricing.footprint import HOST
+from fitevict.config import ConfigError, ModelConfig
 from fitevict.request.catalog import Catalog
 
 SRC = Path(fitevict.__file__).parent
@@ -54,6 +55,14 @@ def test_a_folder_with_a_manifest_is_a_model_of_the_family_the_registry_names(tm
     assert engines.pricer_for(folder) is PRICER  # not the transformers pricer, though it is a folder
     monkeypatch.delitem(engines.REGISTRY, "declared")  # without its registry line, the folder is no model
     assert Catalog.scan([tmp_path / "models"]).entries() == ()
+
+
+def test_an_engine_that_cannot_load_it_is_refused_in_its_familys_words(tmp_path: Path) -> None:
+    _folder(tmp_path / "models", name="chat-server")
+    wrong = {"chat-server": ModelConfig(key="chat-server", engine="llama-server")}
+    with pytest.raises(ConfigError, match=r"is a declared server \(a folder with fitevict-engine\.toml\), which "
+                                          r"llama-server cannot load \(it loads GGUF models\); use engine 'declared'"):
+        Catalog.scan([tmp_path / "models"], wrong)
 
 
 def test_the_price_is_the_declared_footprint_labelled_declared(tmp_path: Path) -> None:

@@ -71,6 +71,11 @@ def folder_pricer(names: Sequence[str]) -> PricerBase | None:
     return None
 
 
+def kind_words(kind: str) -> str:
+    """A model of ``kind`` in words, as its family's pricer says it ("GGUF model"); the kind itself when none does."""
+    return next((p.words for p in pricers() if p.kind == kind and p.words), kind)
+
+
 def build_pricer() -> PricerBase:
     """The pricer of the family whose build the engine directory holds: it keys what is learned on this machine
     (engine build @ CPU) and calibrates its process overhead."""
@@ -132,5 +137,5 @@ def is_engine_process(argv: Sequence[str]) -> bool:
 
 
 __all__ = ["REGISTRY", "Engine", "EngineBase", "PricerBase", "Traits", "UnknownEngine", "adapter_kind_of",
-           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "folder_pricer", "is_engine_process", "prices_own_process", "pricer_for",
+           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "folder_pricer", "is_engine_process", "kind_words", "prices_own_process", "pricer_for",
            "pricers", "saved_prompt", "traits"]

@@ -196,6 +196,7 @@ class PricerBase:
     registry for a file's pricer (``fitevict.engines.pricer_for``) and imports no family module."""
 
     kind: str = ""
+    words: str = ""  # a model of this kind, in words ("GGUF model"), for messages
     builds: bool = False  # the engine directory holds this family's build: it keys the machine and is calibrated
     # its price holds the seat's own process as measured on this machine's earlier seats (a torch seat's:
     # ``PriceBook.torch_overhead_for``), which a seat priced before it was learned did not count

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fitevict.config import Config, ConfigError, ModelConfig
-from fitevict.engines import REGISTRY, PricerBase, Traits, UnknownEngine, engine_for_kind, folder_pricer, traits
+from fitevict.engines import (REGISTRY, PricerBase, Traits, UnknownEngine, engine_for_kind, folder_pricer, kind_words,
+                              traits)
 from fitevict.request.lora import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
 from fitevict.request.names import AmbiguousModel, UnknownModel, candidates
 from fitevict.request.store_settings import (adapter_models, digest_key, drop_clashing_aliases, store_settings,
@@ -302,9 +303,6 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-_KIND_NAMES = {"gguf": "GGUF model", "hf": "Hugging Face safetensors model"}
-
-
 def _engine_traits(where: str, engine: str) -> Traits:
     """What the engine a model names can do; a name no engine has is a configuration error naming the ones there are."""
     try:
@@ -321,8 +319,8 @@ def _entry(f: _Found, settings: ModelConfig, engine_args: tuple[str, ...] = ()) 
     if f.kind not in can.file_kinds:
         others = [n for n in REGISTRY if f.kind in traits(n).file_kinds]
         raise ConfigError(
-            f"{where}.engine = {engine!r}: {f.path} is a {_KIND_NAMES.get(f.kind, f.kind)}, which {engine} cannot "
-            f"load (it loads {' and '.join(_KIND_NAMES.get(k, k) + 's' for k in can.file_kinds)}); use engine "
+            f"{where}.engine = {engine!r}: {f.path} is a {kind_words(f.kind)}, which {engine} cannot "
+            f"load (it loads {' and '.join(kind_words(k) + 's' for k in can.file_kinds)}); use engine "
             f"{' or '.join(repr(n) for n in others) or 'another'}, or convert the model"
         )
     if can.engine_args and engine_args:

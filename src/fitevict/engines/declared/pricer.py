@@ -35,6 +35,7 @@ def declared_footprint(m: Manifest, n_ctx: int) -> Footprint:
 
 class DeclaredPricer(PricerBase):
     kind = "declared"
+    words = "declared server (a folder with fitevict-engine.toml)"
 
     def __init__(self) -> None:
         self._manifests: dict[tuple[str, int], Manifest] = {}  # (folder, manifest's mtime_ns) -> its manifest

@@ -39,6 +39,7 @@ def hf_dtype(structure: Any) -> str:
 
 class HfPricer(PricerBase):
     kind = "hf"
+    words = "Hugging Face safetensors model"
     own_overhead = True
 
     def __init__(self) -> None:
