@@ -93,8 +93,8 @@ def test_a_declared_model_is_listed_priced_served_and_evicted_for_another(tmp_pa
         assert r.json()["choices"][0]["message"]["content"].startswith("beta holds")
         evict = next(e for e in history(door, event="evict") if e["model"] == "alpha")
         residents = [v["key"] for v in httpx.get(door.base_url + "/v1/models/residents", timeout=30).json()["data"]]
-        assert residents == ["beta"]
+        assert residents == ["beta"] and gone(alpha_pid)  # its process ended before its eviction was recorded
     assert evict["reason"].startswith("evicted for beta") and evict["engine"] == "declared"
     assert evict["details"]["pid"] == alpha_pid and evict["details"]["release_verified"] is True
-    assert evict["details"]["freed_by_device"]["CPU"] >= 0.9 * DECLARED  # memory back: the machine's counter fell
-    assert gone(alpha_pid)
+    # memory back: the machine's counter fell by what it held (with what other programs took meanwhile, read beside)
+    assert evict["bytes"]["freed"] >= 0.9 * DECLARED, evict["details"]
