@@ -98,3 +98,21 @@ def test_a_declared_model_is_listed_priced_served_and_evicted_for_another(tmp_pa
     assert evict["details"]["pid"] == alpha_pid and evict["details"]["release_verified"] is True
     # memory back: the machine's counter fell by what it held (with what other programs took meanwhile, read beside)
     assert evict["bytes"]["freed"] >= 0.9 * DECLARED, evict["details"]
+
+
+def test_a_door_without_llama_server_serves_a_declared_model_and_says_why_a_gguf_does_not_load(
+        tmp_path: Path, zoo: dict) -> None:
+    models = tmp_path / "models"
+    declared_model(models, "alpha")
+    shutil.copyfile(zoo["llama-gqa"].path, models / "gqa.gguf")
+    nowhere = {"FITEVICT_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "FITEVICT_LLAMA_SERVER": None}
+    with front_door(tmp_path, "--models-dir", str(models), env=nowhere) as door:
+        assert "no llama-server" in door.log()  # said at start
+        r = chat(door, "alpha", "no llama-server here")
+        assert r.status_code == 200, r.text
+        gguf = chat(door, "gqa", "and you?")
+        fail = next(e for e in history(door, event="fail") if e["model"] == "gqa")
+    # refused before any engine started: the binary it would run, and what to do
+    assert gguf.status_code == 502 and gguf.json()["error"]["message"] == fail["reason"]
+    assert f"no engine binary at {tmp_path / 'cache'}" in fail["reason"], fail
+    assert "fitevict engine install llama.cpp" in fail["reason"] and "inside fitevict" not in fail["reason"]
