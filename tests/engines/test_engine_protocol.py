@@ -105,7 +105,7 @@ def test_each_file_kind_has_its_default_engine_and_seats_are_known_by_their_mark
     assert not is_engine_process(["/usr/bin/sleep", "100"])
 
 
-FAMILIES = ("fitevict.engines.llama_cpp", "fitevict.engines.transformers")
+FAMILIES = ("fitevict.engines.llama_cpp", "fitevict.engines.transformers", "fitevict.engines.declared")
 # what still reaches into a family from outside it, by importer: the CLI's commands of llama.cpp's builds (install,
 # probe, calibrate, price with the engine's own dry run), the door's and seats' lookups of the configured build, the
 # device census. Nothing may be added here; an entry whose import is gone must go too (checked below).
