@@ -10,10 +10,11 @@ not evict and reload in turn (hysteresis)::
 
 While a device is under pressure its reserve counts ``reserve + margin`` for planning too (:func:`strained`), so a
 load admitted in the meantime cannot push it straight back under. Victims are idle seats only (nothing in flight,
-nothing queued for them, not pinned, not loading), cheapest first by the eviction policy: GreedyDual-Size priority
-(``cost``) or least recently used (``lru``), and only seats that hold bytes on a device in need. A seat **outgrowing
-its price** (:func:`outgrowth`: its latest reading exceeds its price by more than ``budget.outgrow_margin``) goes
-before every healthy one: it holds more than it was admitted for, and may still be growing.
+nothing queued for them, not pinned, not loading), in the order a load's evictions take (the eviction policy's,
+``planner.eviction``: GreedyDual-Size ``cost`` or least recently used ``lru``, ties by the most bytes on the devices in
+need), and only seats that hold bytes on a device in need. A seat **outgrowing its price** (:func:`outgrowth`: its
+latest reading exceeds its price by more than ``budget.outgrow_margin``) goes before every healthy one: it holds more
+than it was admitted for, and may still be growing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fitevict.budget import Budget, DeviceBudget, Figure
+from fitevict.planner.eviction import eviction_policy
 from fitevict.units import format_size
 
 
@@ -138,14 +140,6 @@ def strain(d: DeviceBudget, margin: int, was_under: bool, pending: int = 0) -> S
     return Strain(d.name, free, reserve, margin, d.held.bytes, d.others_bytes, pending, under)
 
 
-def order(idle: Sequence[Idle], eviction: str) -> list[Idle]:
-    """Seats outgrowing their price first, then cheapest first: by GreedyDual-Size priority (``cost``) or by recency
-    (``lru``); the key breaks ties."""
-    if eviction == "lru":
-        return sorted(idle, key=lambda i: (not i.outgrowing, i.last_used, i.key))
-    return sorted(idle, key=lambda i: (not i.outgrowing, i.priority, i.last_used, i.key))
-
-
 def assess(budget: Budget, margin: Mapping[str, int], was_under: frozenset[str], idle: Sequence[Idle],
            eviction: str, pending: Mapping[str, int] | None = None) -> Relief:
     """The relief for one reading: every device's strain, and the idle seats to stop until each device in need
@@ -155,7 +149,7 @@ def assess(budget: Budget, margin: Mapping[str, int], was_under: frozenset[str],
                     for d in budget.devices)
     need = {s.device: s.need for s in strains if s.need > 0}
     victims: list[Idle] = []
-    for cand in order(idle, eviction):
+    for cand in eviction_policy(eviction).order(idle, need):
         if not need:
             break
         if not any(cand.bytes.get(dev, 0) > 0 for dev in need):
@@ -181,4 +175,4 @@ def strained(budget: Budget, under: frozenset[str], margin: Mapping[str, int]) -
     return Budget(devices, budget.notes, budget.rpc)
 
 
-__all__ = ["Idle", "Outgrowth", "Relief", "Strain", "assess", "order", "outgrowth", "strain", "strained"]
+__all__ = ["Idle", "Outgrowth", "Relief", "Strain", "assess", "outgrowth", "strain", "strained"]

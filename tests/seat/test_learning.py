@@ -121,6 +121,15 @@ def test_a_load_that_showed_more_overhead_raises_it_in_the_book_and_the_store(tm
     assert parts.store.compute_get(overhead_key(parts.binary, parts.book.cpu))[HOST] == 60 * MiB
 
 
+def test_only_a_seat_of_a_calibrated_engine_teaches_the_builds_overhead(tmp_path: Path, parts) -> None:
+    fp = measured(30 * MiB, 10 * MiB)
+    seat = _seat(tmp_path, fp, pss=fp.total_bytes + 90 * MiB)
+    seat.engine = "transformers"  # its process is its own ("own-process"), not the llama-server build's
+    _learn(parts, seat)
+    assert parts.book.engine_overhead[HOST] == KNOWN and parts.book.overhead_origin == "calibrated"
+    assert parts.store.compute_get(overhead_key(parts.binary, parts.book.cpu)) is None
+
+
 def test_a_repack_crash_is_kept_with_its_file_and_machine(tmp_path: Path, parts) -> None:
     seat = _seat(tmp_path, measured(30 * MiB, 10 * MiB))
     seat.repack_crash = RepackCrash("SIGSEGV", 1.5, "/tmp/first.log", 80 * MiB, 60 * MiB, "CPU_REPACK")

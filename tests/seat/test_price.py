@@ -6,6 +6,8 @@ priced; and the price again without repacking, from which the file loads with -n
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import json
 import shutil
@@ -114,12 +116,11 @@ def test_a_gpu_placement_runs_the_engines_dry_run_first_and_once(parts, monkeypa
     asyncio.run(go())
 
 
-def test_a_transformers_folder_carries_its_own_process_overhead_a_model_file_none(parts, tmp_path: Path) -> None:
+def test_a_transformers_seat_carries_its_own_process_overhead_another_engine_none(parts) -> None:
     parts.book.torch_overhead = 900 * MiB
-    folder = tmp_path / "hf-model"
-    folder.mkdir()
-    assert parts.prices.own_overhead(folder, CFG) == 900 * MiB
-    assert parts.prices.own_overhead(parts.path, CFG) is None
+    entry, _path = parts.prices.asked(_waiter(parts.path))
+    assert parts.prices.own_overhead(dataclasses.replace(entry, engine="transformers"), CFG) == 900 * MiB
+    assert parts.prices.own_overhead(entry, CFG) is None  # llama-server: its build's calibrated overhead instead
 
 
 def test_the_price_without_repacking_is_the_books_from_then_on(parts) -> None:

@@ -36,14 +36,16 @@ def build_config(config: Path | None, overrides: dict):
         return load_config(config, overrides={k: v for k, v in overrides.items() if v is not None})
 
 
-def engine_binary(cfg) -> Path:
+def engine_binary(cfg) -> Path | None:
+    """The llama-server the door runs, or None: the door then serves the other engines' models, and a llama-server
+    model's load fails naming what is missing."""
     from fitevict.engines.llama_cpp.install import resolve_binary
 
     found = resolve_binary("llama-server", configured=cfg.engine.llama_server,
                            vulkan_devices=cfg.engine.vulkan_devices)
     if found.path is None:
-        err.print(f"[red]no llama-server:[/] {found.why}")
-        raise typer.Exit(2)
+        err.print(f"[yellow]note: no llama-server:[/] {found.why}; its models fail to load until one is installed")
+        return None
     # the door and every seat it starts run with them (engine.vulkan_devices: GGML_VK_VISIBLE_DEVICES)
     os.environ.update(dict(found.env))
     return found.path
@@ -104,7 +106,7 @@ def serve(
         write_zoo(demo, progress=lambda m: err.print(f"  {m}"))
         overrides["models_dirs"] = [str(demo)]
         cfg = build_config(config, overrides)
-    engine_binary(cfg)  # a missing engine is an error before anything starts
+    engine_binary(cfg)  # its environment set for the door and its seats; a missing one is said before anything starts
     from fitevict.host.budget import budget_from_config
 
     with config_errors():  # a limit above the machine's total, or a reserve that leaves nothing, is a config error now

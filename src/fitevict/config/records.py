@@ -15,7 +15,8 @@ from fitevict.units import MiB, GiB
 
 ALLOC_MODES: tuple[str, ...] = ("gpu-only", "max-gpu", "max-ram", "ram-only", "explicit")
 ORPHAN_POLICIES: tuple[str, ...] = ("stop", "adopt")
-EVICTION_POLICIES: tuple[str, ...] = ("cost", "lru")  # GreedyDual-Size, or least recently used
+# the names of the registered eviction policies (``planner.eviction.POLICIES``: GreedyDual-Size, least recently used)
+EVICTION_POLICIES: tuple[str, ...] = ("cost", "lru")
 FLASH_ATTN: tuple[str, ...] = ("on", "off", "auto")
 CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # -ctk / -ctv
 STORE_SCHEMES: tuple[str, ...] = ("sqlite", "postgresql")

@@ -17,6 +17,7 @@ from fitevict.engines.base import Engine, EngineBase, PricerBase, Traits
 REGISTRY: dict[str, str] = {
     "llama-server": "fitevict.engines.llama_cpp.server:LlamaServerEngine",
     "transformers": "fitevict.engines.transformers.engine:TransformersEngine",
+    "declared": "fitevict.engines.declared.engine:DeclaredEngine",
 }
 
 
@@ -61,6 +62,20 @@ def pricer_for(path: Path | str) -> PricerBase:
     raise UnknownEngine(f"(no family prices {path})")
 
 
+def folder_pricer(names: Sequence[str]) -> PricerBase | None:
+    """The pricer of the family whose model a folder holding ``names`` is, whole: the first registered that says so
+    (``PricerBase.model_folder``), or None (a folder of model files, or of none)."""
+    for p in pricers():
+        if p.model_folder(names):
+            return p
+    return None
+
+
+def kind_words(kind: str) -> str:
+    """A model of ``kind`` in words, as its family's pricer says it ("GGUF model"); the kind itself when none does."""
+    return next((p.words for p in pricers() if p.kind == kind and p.words), kind)
+
+
 def build_pricer() -> PricerBase:
     """The pricer of the family whose build the engine directory holds: it keys what is learned on this machine
     (engine build @ CPU) and calibrates its process overhead."""
@@ -68,6 +83,13 @@ def build_pricer() -> PricerBase:
         if p.builds:
             return p
     raise UnknownEngine("(no family keys an engine build)")
+
+
+def prices_own_process(name: str) -> bool:
+    """Whether engine ``name``'s family prices its seats' own process as learned on this machine
+    (``PricerBase.own_overhead``)."""
+    target = engine_class(name).pricer
+    return bool(target) and _pricer(target).own_overhead
 
 
 def traits(name: str) -> Traits:
@@ -115,5 +137,5 @@ def is_engine_process(argv: Sequence[str]) -> bool:
 
 
 __all__ = ["REGISTRY", "Engine", "EngineBase", "PricerBase", "Traits", "UnknownEngine", "adapter_kind_of",
-           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "is_engine_process", "pricer_for",
+           "build_pricer", "engine_class", "engine_for_adapter", "engine_for_kind", "folder_pricer", "is_engine_process", "kind_words", "prices_own_process", "pricer_for",
            "pricers", "saved_prompt", "traits"]

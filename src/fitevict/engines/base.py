@@ -50,6 +50,9 @@ class Traits:
     adapters: str = "none"
     adapter_kinds: tuple[str, ...] = ()  # the adapter files it applies on a seat of its base: "lora" (GGUF), "peft"
     reports_teardown: bool = False  # the seat reports a leak check on its way out (``teardown``)
+    # its load log reports the buffers it allocated (``measured_footprint``); one that reports none is measured by its
+    # process: the PSS of its tree right after its load is its host footprint (source: measured)
+    reports_buffers: bool = True
     process_marks: tuple[str, ...] = ()  # words in argv[0:4] that mark a process as one of this engine's seats
 
 
@@ -193,11 +196,24 @@ class PricerBase:
     registry for a file's pricer (``fitevict.engines.pricer_for``) and imports no family module."""
 
     kind: str = ""
+    words: str = ""  # a model of this kind, in words ("GGUF model"), for messages
     builds: bool = False  # the engine directory holds this family's build: it keys the machine and is calibrated
+    # its price holds the seat's own process as measured on this machine's earlier seats (a torch seat's:
+    # ``PriceBook.torch_overhead_for``), which a seat priced before it was learned did not count
+    own_overhead: bool = False
 
     def claims(self, path: Path) -> bool:
         """Whether ``path`` is a model of this family's file kind."""
         return False
+
+    def model_folder(self, names: Sequence[str]) -> bool:
+        """Whether a folder holding ``names`` is, whole, one model of this family's kind (its subfolders its own):
+        how the catalog discovers such a model without naming the family."""
+        return False
+
+    def model_files(self, folder: Path, names: Sequence[str]) -> tuple[Path, ...]:
+        """The files of a model folder (``model_folder``) whose bytes are the model's on disk."""
+        return ()
 
     def structure(self, path: Path) -> Any:
         """The model's parsed structure (cached)."""

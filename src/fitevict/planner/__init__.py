@@ -20,8 +20,8 @@ suffix and those that fit the host a prefix; both are found by bisection, and th
 always re-checked against every device.
 
 Evictions: only residents that are not pinned, protected, serving requests (``in_flight``) or loading
-are evicted; in ``victim_order`` (GreedyDual-Size priority or least recently used first, ties by most
-bytes on the devices that are short), only as
+are evicted; in the eviction policy's order (``eviction.py``: GreedyDual-Size priority or least recently used
+first, ties by most bytes on the devices that are short; pressure relief takes the same order), only as
 many as needed, then every victim whose removal was not needed is dropped again (so removing any
 one victim from the set makes the load not fit). A model whose footprint exceeds
 ``policy.exclusive_fraction`` of a device's budget is *exclusive* there: it evicts everything evictable that holds
@@ -30,7 +30,8 @@ When a load would fit only once busy residents are gone, the plan is ``wait`` wi
 
     records.py  the frozen inputs and the Plan
     ladder.py   the placement ladder, the one compatibility rule, pricing candidates
-    victims.py  the victim order (GreedyDual-Size or LRU), minimal victim sets, and the words of a plan
+    eviction.py the eviction policies (GreedyDual-Size, LRU): one registered object each, one victim order
+    victims.py  minimal victim sets in that order, and the words of a plan
     plan.py     plan(): hit, load, partial, ram, wait or refuse, with the numbers that decided it
 """
 
@@ -38,8 +39,9 @@ from fitevict.planner.ladder import RELOADED_FOR_CTX, action_of, compatible, mis
 from fitevict.planner.plan import plan
 from fitevict.planner.records import (ALLOC_MODES, LOADING_ACTIONS, PRIORITY_BAND, Action, AllocMode, Eviction,
                                       FootprintFn, Plan, PlanInvariantError, PlanRequest, Policy, Resident)
-from fitevict.planner.victims import describe, victim_order
+from fitevict.planner.eviction import POLICIES, eviction_policy
+from fitevict.planner.victims import describe
 
 __all__ = ["ALLOC_MODES", "LOADING_ACTIONS", "PRIORITY_BAND", "Action", "AllocMode", "Eviction", "FootprintFn", "Plan",
            "PlanInvariantError", "PlanRequest", "Policy", "RELOADED_FOR_CTX", "Resident", "action_of", "compatible",
-           "describe", "mismatch", "plan", "victim_order"]
+           "describe", "eviction_policy", "mismatch", "plan", "POLICIES"]

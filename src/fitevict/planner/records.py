@@ -129,8 +129,8 @@ class Policy:
     exclusive_fraction: float = default(PolicyConfig, "exclusive_fraction")
     min_ctx: int = 512
     ctx_step: int = 256  # llama.cpp pads n_ctx to 256
-    # victim order: GreedyDual-Size priority ("cost"), or least recently used ("lru"); the config's default
-    eviction: Literal["cost", "lru"] = default(PolicyConfig, "eviction")
+    # the victim order: a registered eviction policy's name (``planner.eviction.POLICIES``); the config's default
+    eviction: str = default(PolicyConfig, "eviction")
 
     def __post_init__(self) -> None:
         if not 0 < self.exclusive_fraction <= 1:

@@ -1,13 +1,14 @@
-"""Which residents go (GreedyDual-Size or LRU order, a minimal set), and the words a plan says. Pure."""
+"""Which residents go (in the eviction policy's order, ``planner.eviction``; a minimal set), and the words a plan
+says. Pure."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import format_size
-from fitevict.planner.records import PRIORITY_BAND, Resident
+from fitevict.planner.eviction import eviction_policy
+from fitevict.planner.records import Resident
 from fitevict.planner.ladder import all_layers, action_of
 
 
@@ -29,38 +30,12 @@ def _covers(victims: Iterable[Resident], short: Mapping[str, int]) -> bool:
     return all(got[d] >= s for d, s in short.items())
 
 
-def priority_bands(pool: Iterable[Resident]) -> dict[str, int]:
-    """GreedyDual-Size bands: the lowest priority opens band 0, and every priority within 25% of it
-    (``<= lowest * PRIORITY_BAND``) ties with it; the lowest priority left opens the next band. Load times are
-    measured, so noisy: a band keeps noise from deciding, and recency decides within it. Priorities are H above L
-    (``Resident.priority``): on H itself, L's growth would soon put every seat in one band."""
-    bands: dict[str, int] = {}
-    band, top = -1, -math.inf
-    for r in sorted(pool, key=lambda r: (r.priority, r.key)):
-        if r.priority > top:
-            band, top = band + 1, r.priority * PRIORITY_BAND if r.priority > 0 else r.priority
-        bands[r.key] = band
-    return bands
-
-
-def victim_order(r: Resident, short: Mapping[str, int], eviction: str, bands: Mapping[str, int] | None = None) -> tuple:
-    """The order victims are taken in: a seat outgrowing its price before every healthy one, then by ``cost``:
-    GreedyDual-Size, the lowest band of H first (cheap to reload per byte and not used lately; ``priority_bands``),
-    then least recently used; ``lru``: least recently used first. Ties: most bytes on the short devices, then the
-    key."""
-    freed = -sum(r.bytes.get(d, 0) for d in short)
-    if eviction == "cost":
-        band = (bands or priority_bands([r]))[r.key]
-        return (not r.outgrowing, band, r.last_used, freed, r.key)
-    return (not r.outgrowing, r.last_used, freed, r.key)
-
-
 def choose(short: Mapping[str, int], pool: list[Resident], eviction: str = "lru") -> list[Resident]:
-    """Victims from ``pool`` in ``victim_order`` covering every shortfall, then pruned to a minimal set."""
+    """Victims from ``pool`` in the order of the policy ``eviction`` names (``planner.eviction``) covering every
+    shortfall, then pruned to a minimal set."""
     if not short:
         return []
-    bands = priority_bands(pool) if eviction == "cost" else None
-    order = sorted(pool, key=lambda r: victim_order(r, short, eviction, bands))
+    order = eviction_policy(eviction).order(pool, short)
     left = dict(short)
     chosen: list[Resident] = []
     for r in order:
@@ -87,11 +62,7 @@ def victim_words(r: Resident, helps: list[str], eviction: str, now: float) -> st
     frees = f"frees {per_device(r.bytes, helps)}"
     if r.outgrowing:
         return f"outgrowing its price (its outgrew event), so before every healthy seat ({idle}); {frees}"
-    if eviction == "cost":
-        reload = (f"reload {r.reload_seconds:.2f} s measured" if r.reload_seconds is not None
-                  else "reload time not measured yet")
-        return f"lowest GreedyDual-Size priority (H - L = {r.priority:.3g}: {reload}, {idle}); {frees}"
-    return f"least recently used ({idle}); {frees}"
+    return f"{eviction_policy(eviction).why(r, idle, r.reload_seconds)}; {frees}"
 
 
 def gib(n: int) -> str:

@@ -7,7 +7,8 @@ Keys (matched case-insensitively, spelled as found):
 - split GGUFs ``name-00001-of-0000N.gguf`` are one model keyed ``name``; an incomplete split is skipped with a note;
 - files with ``mmproj`` in the name are projectors: attached to the models beside them, never listed;
 - a folder with ``config.json`` and ``*.safetensors`` is a Hugging Face model (engine ``transformers``),
-  listed but not servable by llama-server;
+  listed but not servable by llama-server; any folder a registered family's pricer says is one model of its kind
+  (``PricerBase.model_folder``) is listed whole, keyed as a repo is, the engine that loads its kind serving it;
 - a Hugging Face hub cache's repository (``models--org--name/``) is read as the store reader reads it
   (fitevict.sources.hfcache): ``refs/main``'s snapshot, named ``org/name`` (``org/name:<QUANT>`` for several
   quantizations), with the older keys ``name`` / ``org~name`` (a file's stem, ``org~name~stem``) as aliases;
@@ -33,14 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fitevict.config import Config, ConfigError, ModelConfig
-from fitevict.engines import REGISTRY, Traits, UnknownEngine, engine_for_kind, traits
+from fitevict.engines import (REGISTRY, PricerBase, Traits, UnknownEngine, engine_for_kind, folder_pricer, kind_words,
+                              traits)
 from fitevict.request.lora import add_adapters, adapter_entries, is_adapter_folder, is_peft_folder
 from fitevict.request.names import AmbiguousModel, UnknownModel, candidates
 from fitevict.request.store_settings import (adapter_models, digest_key, drop_clashing_aliases, store_settings,
                                              with_store_fields)
 from fitevict.sources import StoreModel, StoreScan, hfcache, read_stores
-from fitevict.sources.files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models, hf_files,
-                                   is_hf_dir, is_mmproj, pick_projector, resolve_gguf_file)
+from fitevict.sources.files import (HF_CACHE_RE, SPLIT_RE, GgufFileError, attach_in_flat_dir, gguf_models,
+                                   is_mmproj, pick_projector, resolve_gguf_file)
 
 @dataclass(frozen=True, slots=True)
 class CatalogEntry:
@@ -118,8 +120,9 @@ def _chain(names: list[str], stem: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _hf_found(folder: Path, names: Sequence[str], chain: tuple[str, ...]) -> _Found:
-    return _Found("hf", folder, folder, hf_files(folder, names), folder.name, chain)
+def _folder_found(family: PricerBase, folder: Path, names: Sequence[str], chain: tuple[str, ...]) -> _Found:
+    """A folder that is one model of ``family``'s kind, whole (an HF folder, ...): as its family lists its files."""
+    return _Found(family.kind, folder, folder, family.model_files(folder, names), folder.name, chain)
 
 
 def _record_found(r: StoreModel, store: str) -> _Found:
@@ -154,8 +157,8 @@ def _scan_dir(root: Path, notes: list[str], peft: list[Path]) -> list[_Found]:
             found.extend(_record_found(r, "models-dir") for r in hfcache.read_repo(folder, notes, "models-dir"))
             dirnames.clear()
             continue
-        if is_hf_dir(filenames):
-            found.append(_hf_found(folder, filenames, _chain(names, None)))
+        if (family := folder_pricer(filenames)) is not None:  # a folder that is one model (HF, ...), by its family
+            found.append(_folder_found(family, folder, filenames, _chain(names, None)))
             dirnames[:] = []  # its subfolders belong to it
         models, projectors = gguf_models(folder, filenames, notes)
         if not models:
@@ -262,8 +265,8 @@ def _model_from_path(m: ModelConfig, roots: Sequence[Path], notes: list[str]) ->
     p = m.path
     if p.is_dir():
         names = os.listdir(p)
-        if is_hf_dir(names):
-            return _hf_found(p, names, (m.key,))
+        if (family := folder_pricer(names)) is not None:
+            return _folder_found(family, p, names, (m.key,))
         models, projectors = gguf_models(p, names, notes)
         if len(models) != 1:
             what = "no GGUF model" if not models else f"{len(models)} GGUF models ({', '.join(x.files[0].name for x in models)})"
@@ -300,9 +303,6 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-_KIND_NAMES = {"gguf": "GGUF model", "hf": "Hugging Face safetensors model"}
-
-
 def _engine_traits(where: str, engine: str) -> Traits:
     """What the engine a model names can do; a name no engine has is a configuration error naming the ones there are."""
     try:
@@ -319,8 +319,8 @@ def _entry(f: _Found, settings: ModelConfig, engine_args: tuple[str, ...] = ()) 
     if f.kind not in can.file_kinds:
         others = [n for n in REGISTRY if f.kind in traits(n).file_kinds]
         raise ConfigError(
-            f"{where}.engine = {engine!r}: {f.path} is a {_KIND_NAMES.get(f.kind, f.kind)}, which {engine} cannot "
-            f"load (it loads {' and '.join(_KIND_NAMES.get(k, k) + 's' for k in can.file_kinds)}); use engine "
+            f"{where}.engine = {engine!r}: {f.path} is a {kind_words(f.kind)}, which {engine} cannot "
+            f"load (it loads {' and '.join(kind_words(k) + 's' for k in can.file_kinds)}); use engine "
             f"{' or '.join(repr(n) for n in others) or 'another'}, or convert the model"
         )
     if can.engine_args and engine_args:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 from fitevict import planner as pl
 from fitevict.budget import Budget
@@ -14,7 +14,7 @@ from fitevict.config.records import PolicyConfig, default
 from fitevict.schedule.errors import SupervisorError
 from fitevict.schedule.fair import Share
 
-Eviction = Literal["cost", "lru"]
+Eviction = str  # a registered eviction policy's name (``planner.eviction.POLICIES``, ``config.EVICTION_POLICIES``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,4 +123,4 @@ class Launcher:
             id=uuid.uuid4().hex[:12], seat=record, entry=entry, engine=entry.engine, model_path=path,
             port=self.processes.next_port(), log_path=self.processes.log_path(key),
             started_at=self.clock(), predicted=predicted, signature=self.prices.signature(path, cfg),
-            strategy=plan.action, split=plan.split, predicted_overhead=self.prices.own_overhead(path, cfg))
+            strategy=plan.action, split=plan.split, predicted_overhead=self.prices.own_overhead(entry, cfg))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fitevict import guard as guard_mod
+from fitevict.engines import traits
 from fitevict.guard import Verdict
 from fitevict.pricing.footprint import HOST
 from fitevict.prices.book import PriceBook
@@ -93,7 +94,7 @@ class Learning:
             priced = seat.predicted.bytes_on(HOST) - int(seat.predicted_overhead or 0)
             await learn_torch_overhead(self.prices, self.store, mem.host_bytes - priced,
                                        adapters=bool(seat.config.loras))
-        else:
+        elif traits(seat.engine).overhead == "calibrated":  # the build's calibrated figure: only its seats teach it
             grown = grown_overhead(self.prices.engine_overhead, overhead_seen(seat, self.prices.engine_overhead))
             if grown:
                 await learn_engine_overhead(self.prices, self.store, self.processes.engine_binary, grown)

@@ -12,7 +12,7 @@ from typing import Any
 
 from fitevict.host import procmem
 from fitevict.host.devmem import DeviceMeters
-from fitevict.pricing.footprint import HOST
+from fitevict.pricing.footprint import HOST, DeviceFootprint, Footprint, Term
 from fitevict.seat.processes import Processes
 from fitevict.seat.running import SeatState
 
@@ -31,11 +31,24 @@ def read_seat(seat: SeatState, engine: Any, nvml: Any, now: float) -> None:
         return
     mem = procmem.read_tree(seat.pid)
     seat.load_reading(now, mem, read_devices(seat, set(mem.pids) or {seat.pid}, nvml))
+    if seat.measured is None and not engine.traits.reports_buffers:
+        seat.measured = process_footprint(mem)
     meters = DeviceMeters.of(nvml)
     for dev, (unified, how) in memory_kind_seen(seat).items():
         c = meters.census.device(dev) if meters.census is not None else None
         if c is not None and c.unified_source.startswith("rule:") and c.unified != unified:
             meters.census = meters.census.learned(dev, unified, how)  # the machine's answer beats a rule
+
+
+def process_footprint(mem: procmem.ProcessMemory) -> Footprint | None:
+    """The footprint of a seat whose engine reports no buffers, as its process tree's reading says (source:
+    measured): its PSS, committed and mapped, all on the host; None when the reading failed."""
+    if mem.committed_bytes is None or mem.mapped_bytes is None:
+        return None
+    why = "the seat's process tree's PSS right after its load: its engine reports no buffers"
+    return Footprint((DeviceFootprint(HOST, model=Term(mem.host_bytes, "measured", why)),),
+                     host_mapped_bytes=mem.mapped_bytes, host_committed_bytes=mem.committed_bytes,
+                     host_source="measured")
 
 
 UNIFIED_SHARE = 0.5  # a device's bytes count as in the seat's PSS when its unexplained committed part is this large

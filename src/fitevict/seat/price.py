@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fitevict.engines import traits
+from fitevict.engines import prices_own_process, traits
 from fitevict.pricing.footprint import Footprint
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.prices.book import PriceBook
@@ -42,9 +42,10 @@ class SeatPrices:
     def signature(self, path: Path, cfg: LoadConfig) -> str:
         return self.prices.signature(path, cfg)
 
-    def own_overhead(self, path: Path, cfg: LoadConfig) -> int | None:
-        """The process overhead priced into a transformers seat (a folder of weights); None for a model file."""
-        return self.prices.torch_overhead_for(cfg.loras) if path.is_dir() else None
+    def own_overhead(self, entry: CatalogEntry, cfg: LoadConfig) -> int | None:
+        """The process overhead priced into a seat whose family prices its own process (a transformers seat's);
+        None for another."""
+        return self.prices.torch_overhead_for(cfg.loras) if prices_own_process(entry.engine) else None
 
     async def without_repack(self, path: Path, cfg: LoadConfig) -> Footprint:
         """``path`` loads with ``-nr`` from now on (on this engine build and CPU), priced for ``cfg`` (repack off)."""

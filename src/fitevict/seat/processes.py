@@ -61,11 +61,16 @@ class Processes:
         return spec
 
     def check_build(self, key: str) -> None:
-        """Raise LoadFailed when the engine binary on disk is no longer the build fitevict started with (another
-        build put in its place): its flags, prices and calibration were read from the old one. Running seats are
-        not touched; a missing binary is left to the engine's start, which names it."""
+        """Raise LoadFailed when the engine binary is missing, or on disk is no longer the build fitevict started with
+        (another build put in its place): its flags, prices and calibration were read from the old one. Running
+        seats are not touched."""
         now = build_pricer().build_id(self.engine_binary)
-        if now != self.build and not now.startswith("missing:"):
+        if not self.engine_binary.is_file():
+            raise LoadFailed(
+                f"{key}: no engine binary at {self.engine_binary} (fitevict serve started without one, or it was "
+                "removed): install it (fitevict engine install llama.cpp) or set engine.llama_server, then restart "
+                "fitevict serve; the other engines' models are served meanwhile")
+        if now != self.build:
             why = build_pricer().build_change(self.engine_binary)
             raise LoadFailed(
                 f"{key}: the engine binary {self.engine_binary} changed since fitevict started (build {self.build} "

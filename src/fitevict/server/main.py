@@ -56,15 +56,16 @@ def main(args: list[str] | None = None) -> int:
     limit_arenas()  # before any thread of the door allocates (host.heap)
 
     from fitevict.config import ConfigError, load_config, redact_url
-    from fitevict.engines.llama_cpp.install import resolve_binary
+    from fitevict.engines.llama_cpp.install import installed_bin_dir, resolve_binary
 
     try:
         cfg = load_config(ns.config, overrides=json.loads(ns.overrides))
     except ConfigError as e:
         return _fail("config error", e)
     found = resolve_binary("llama-server", configured=cfg.engine.llama_server)
-    if found.path is None:
-        return _fail("no llama-server", found.why)
+    if found.path is None:  # the door serves the other engines' models; a llama-server model's load says why not
+        print(f"note: no llama-server: {found.why}; its models fail to load until one is installed", file=sys.stderr)
+    binary = found.path or installed_bin_dir() / "llama-server"
 
     logging.basicConfig(level=ns.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     # the format above names no source line, thread or process: skip finding them for every request's line
@@ -83,13 +84,13 @@ def main(args: list[str] | None = None) -> int:
         return _fail("config error", e)
     for note in catalog.notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"fitevict: {len(catalog)} models, engine {found.path}, store {redact_url(cfg.store_url)}",
+    print(f"fitevict: {len(catalog)} models, engine {found.path or 'none'}, store {redact_url(cfg.store_url)}",
           file=sys.stderr, flush=True)
     try:
         store = Store.open(cfg.store_url)
     except (StoreError, StoreVersionError, OSError) as e:
         return _fail(f"store error: {redact_url(cfg.store_url)}", e)
-    app = create_app(cfg, engine_binary=found.path, catalog=catalog, store=store, own_store=True)
+    app = create_app(cfg, engine_binary=binary, catalog=catalog, store=store, own_store=True)
     summary = run_server(app, app.state.supervisor, host=cfg.server.host, port=cfg.server.port,
                          log_level=ns.log_level)
     if summary is not None:

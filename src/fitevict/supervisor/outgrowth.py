@@ -5,7 +5,7 @@ transformers seat keeps tensors. The planner counts the live reading already (``
 seat's mark: once its reading exceeds its price by more than ``budget.outgrow_margin`` (the rule is
 :func:`fitevict.pressure.outgrowth`), it gets one ``outgrew`` history event with the figures and its growth rate since
 its load, it is marked in the residents view, ``ps``, the dashboard and ``/metrics``, and under memory pressure it is
-stopped before every healthy idle seat (``pressure.order``, ``planner.victims.victim_order``). The price book learns
+stopped before every healthy idle seat (the eviction policy's one order, ``planner.eviction``). The price book learns
 from it: the seat's peak reading per device less its price (``pricing.grown``) joins the next price of the same file
 and configuration on this machine, and the event carries it (``price_learned``) so that a restart learns it again.
 """
@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 
-from fitevict.engines import traits
+from fitevict.engines import prices_own_process
 from fitevict.pressure import Outgrowth, outgrowth
 from fitevict.pricing.grown import Grown, grown, without_grown
 from fitevict.pricing.footprint import HOST
@@ -56,7 +56,7 @@ async def check_outgrowth(parts: Ports, now: float) -> list[Event]:
         if seat.outgrew is not None or seat.load_read_at is None or seat.state not in SERVING:
             continue
         unpriced = 0
-        if traits(seat.engine).overhead == "own-process":  # its overhead, if learned only after its price was made
+        if prices_own_process(seat.engine):  # its overhead, if learned only after its price was made
             known = parts.prices.torch_overhead_for(seat.config.loras) or 0
             unpriced = max(0, known - (seat.predicted_overhead or 0))
         found = seat_outgrowth(seat, bound, now, unpriced)

@@ -46,6 +46,7 @@ def correction_of(structure: GgufStructure, loads: Mapping[LoadConfig, Footprint
 
 class GgufPricer(PricerBase):
     kind = "gguf"
+    words = "GGUF model"
     builds = True
 
     def claims(self, path: Path) -> bool:

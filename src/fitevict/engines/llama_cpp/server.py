@@ -44,8 +44,13 @@ def _probe_flags(binary: str, mtime_ns: int) -> frozenset[str]:
 
 
 def supported_flags(binary: Path) -> frozenset[str]:
-    """The flags ``binary --help`` lists, probed once per binary file."""
-    return _probe_flags(str(binary), binary.stat().st_mtime_ns)
+    """The flags ``binary --help`` lists, probed once per binary file; none when there is no binary (its seat's
+    start is refused naming it: ``seat.processes.Processes.check_build``)."""
+    try:
+        mtime_ns = binary.stat().st_mtime_ns
+    except FileNotFoundError:
+        return frozenset()
+    return _probe_flags(str(binary), mtime_ns)
 
 
 def split_args(cfg: LoadConfig) -> list[str]:

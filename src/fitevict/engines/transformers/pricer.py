@@ -5,7 +5,8 @@ figure stands in, and the planner sees the folder as one layer (the seat places 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from fitevict.pricing.hf_price import price_hf
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.peft import load_peft_adapter
 from fitevict.pricing.safetensors import load_hf_structure
+from fitevict.sources.files import hf_files, is_hf_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +39,20 @@ def hf_dtype(structure: Any) -> str:
 
 class HfPricer(PricerBase):
     kind = "hf"
+    words = "Hugging Face safetensors model"
+    own_overhead = True
 
     def __init__(self) -> None:
         self._structures: dict[tuple[str, int], Any] = {}  # (folder, mtime_ns) -> its structure
 
     def claims(self, path: Path) -> bool:
-        return Path(path).is_dir()
+        return Path(path).is_dir() and self.model_folder(os.listdir(path))
+
+    def model_folder(self, names: Sequence[str]) -> bool:
+        return is_hf_dir(names)
+
+    def model_files(self, folder: Path, names: Sequence[str]) -> tuple[Path, ...]:
+        return hf_files(folder, names)
 
     def structure(self, path: Path) -> Any:
         key = (str(path), Path(path).stat().st_mtime_ns)
