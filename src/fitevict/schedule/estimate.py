@@ -81,7 +81,7 @@ def estimate(sched: Scheduler, w: Waiter, now: float, *, queued: bool = True) ->
     s = sched.table.get(w.key)
     sources: list[str] = []
     if s is not None and s.status is SeatStatus.READY and sched._serves(s, w):
-        t = _on_seat(sched, s, w.key, s.capacity, ahead, now, sources)
+        t = _on_seat(sched, s, w, s.capacity, ahead, now, sources)
         return Estimate(t, s.in_flight + len(ahead), 0, tuple(sources))
     t, placements = 0.0, 1
     slots = max(1, w.request.config.n_parallel or 4)
@@ -99,20 +99,22 @@ def estimate(sched: Scheduler, w: Waiter, now: float, *, queued: bool = True) ->
         load, src = sched.measured.load_of(w.key, _bytes(w))
         t += load
         sources.append(src)
-    t += _on_seat(sched, None, w.key, slots, ahead, now, sources)
+    t += _on_seat(sched, None, w, slots, ahead, now, sources)
     return Estimate(t, len(ahead), placements, tuple(sources))
 
 
-def _on_seat(sched: Scheduler, s: Seat | None, key: str, slots: int, ahead: list[Waiter], now: float,
+def _on_seat(sched: Scheduler, s: Seat | None, w: Waiter, slots: int, ahead: list[Waiter], now: float,
              sources: list[str]) -> float:
-    """When a slot of ``key``'s seat ``s`` (None: a seat still to load) frees for the request after ``ahead``."""
+    """When ``w``'s seat ``s`` (None: a seat still to load) has room for it after ``ahead`` (its class's room:
+    ``seat_room``)."""
+    key, rank = w.key, w.share.rank
     m = sched.measured
     running = list(m.running.get(key, {}).items()) if s is not None else []
     busy = min(slots, len(running) + len(ahead) + 1) + _others(sched, key)
     left = _left(m, key, running, busy, now)
     services = [m.service_of(key, m.tokens_of(key, q), busy)[0] for q in ahead]
     sources.append(m.service_of(key, m.tokens_of(key, (ahead or [q for q, _t in running] or [None])[0]), busy)[1])
-    return handed_at(slots, seat_room(slots, sched.policy.engine_queue_depth), left, services)
+    return handed_at(slots, seat_room(slots, sched.policy.engine_queue_depth, rank), left, services)
 
 
 def _left(m: Measured, key: str, running: list[tuple[Waiter, float | None]], busy: int, now: float) -> list[float]:
