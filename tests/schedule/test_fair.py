@@ -264,3 +264,51 @@ def test_a_higher_class_waits_for_at_most_one_lower_request_per_slot_under_a_flo
         if r.key == "b":
             ahead = sum(1 for o in w.requests.values() if o.key == "b" and r.arrived <= o.handed < r.handed)
             assert r.handed - r.arrived <= bound + ahead * inter_s + 1e-6, (r.rid, r.handed - r.arrived, bound)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(slots=st.integers(1, 3), depth=st.sampled_from([None, 0, 1]), heavy=st.integers(1, 8),
+       service=st.floats(0.1, 3.0), thinks=st.lists(st.floats(0, 5.0), min_size=1, max_size=8),
+       lights=st.integers(1, 2))
+def test_a_flooding_key_is_handed_at_most_two_requests_while_a_light_key_waits(
+        slots, depth, heavy, service, thinks, lights) -> None:
+    """One key floods a model with closed-loop clients, one or two light keys send one request at a time (random
+    pauses): while a light request waits, the door hands the heavy key at most ``w_heavy / w_light + 1`` = 2 of its
+    requests (the second only when the light key was served just before), whatever the heavy key's backlog, the
+    seat's slots and the engine's queue depth: a key that floods delays another by its share, not its backlog."""
+    policy = SchedPolicy(engine_queue_depth=depth, queue_timeout_seconds=10_000)
+    w = World({"a": 100 * MB}, budget_bytes=150 * MB, load_s={"a": 0.5}, service_s=lambda _k: service, policy=policy)
+    order: list[str] = []  # request ids, in the order the scheduler handed them
+    at_submit: dict[str, int] = {}
+    dispatch, submit = w.dispatch, w.sched.submit
+
+    def recorded_dispatch(waiter: Waiter, key: str) -> None:
+        order.append(waiter.request_id)
+        dispatch(waiter, key)
+
+    def recorded_submit(waiter: Waiter) -> None:
+        at_submit[waiter.request_id] = len(order)
+        submit(waiter)
+
+    w.dispatch, w.sched.submit = recorded_dispatch, recorded_submit  # type: ignore[method-assign]
+    flood = share_of(CLASSES, "interactive", "heavy")
+
+    def flooder(cid: str, i: int, when: float) -> None:
+        if when < 30:
+            w.submit(f"{cid}-{i}", "a", when, req=request("a", parallel=slots), share=flood,
+                     on_done=lambda: flooder(cid, i + 1, w.t))
+
+    def light(cid: str, i: int, when: float) -> None:
+        if i < len(thinks):
+            w.submit(f"{cid}-{i}", "a", when, req=request("a", parallel=slots),
+                     share=share_of(CLASSES, "interactive", cid), on_done=lambda: light(cid, i + 1, w.t + thinks[i]))
+
+    for c in range(heavy):
+        flooder(f"heavy{c}", 0, 0.0)
+    for c in range(lights):
+        light(f"light{c}", 0, 1.0 + c * 0.3)
+    w.run()
+    assert all(r.done is not None and r.rejected is None for r in w.requests.values())
+    for rid in (r for r in order if r.startswith("light")):
+        overtook = [o for o in order[at_submit[rid]:order.index(rid)] if o.startswith("heavy")]
+        assert len(overtook) <= 2, (rid, overtook)
