@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _docs import ROOT, STARTED, write_section  # noqa: E402
 from _serve import Served, cpu_model, load_average, prices_read_ahead, serve, signal_exit  # noqa: E402
 
-CHAT, FLOOD, EMBED = "llama-gqa", "llama-tied", "qwen2-bias"  # the embedder is configured with embeddings = true
+CHAT, FLOOD, EMBED = "llama-gqa", "llama-tied", "llama-q8_0"  # the embedder: embeddings = true; smaller than FLOOD
 KEYS = {  # client: (key, class) when classes are on
     "chat": ("sk-chat", "interactive"), "batch": ("sk-batch", "batch"), "light-1": ("sk-light-1", "interactive"),
     "light-2": ("sk-light-2", "interactive"), "heavy": ("sk-heavy", "interactive"), "embedder": ("sk-embed", "batch"),

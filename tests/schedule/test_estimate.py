@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from fitevict.pricing.footprint import HOST
 from fitevict.schedule.estimate import ends, handed_at
+from fitevict.schedule.fair import share_of
 from fitevict.schedule.measured import Measured
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 from tests.supervisor.schedsim import Recorder, request
@@ -132,3 +133,25 @@ def test_a_request_queued_in_the_engine_takes_a_slot_when_one_ends() -> None:
     fx.t = 2.5
     s.finished("a", first)
     assert s.measured.slot_since("a", second) == 2.5  # its seconds on a slot count from here, not from its handing
+
+
+def test_a_higher_class_waits_for_a_lower_loads_first_request_and_its_release() -> None:
+    """b (interactive) arrives while a loads for batch requests: a serves one of them (its turn is ended early for
+    b once it has, after the longer of that request and its residency), is stopped, then b loads."""
+    classes = {"interactive": 4.0, "batch": 1.0}
+    s, fx = sched({"a": 100 * MB, "b": 100 * MB}, 150 * MB, max_wait_seconds=10, min_residency_seconds=1.0)
+    s.measured.loaded("a", 2.0)
+    s.measured.loaded("b", 0.5)
+    s.measured.served("a", 3.0)
+    s.measured.release["a"] = 0.25
+    for i in range(4):
+        s.submit(Waiter(request("a"), 0.0, f"a{i}", share=share_of(classes, "batch", "pipeline")))
+    assert [c[1] for c in fx.kinds("start")] == ["a"]
+    fx.t = 0.5
+    b = Waiter(request("b"), 0.5, "b0", share=share_of(classes, "interactive", "chat"))
+    s.submit(b)
+    # what is left of a's load (1.5 s), one batch request (3 s, longer than a's residency), a's release, b's load
+    assert math.isclose(s.estimate(b).seconds, 1.5 + 3.0 + 0.25 + 0.5, abs_tol=1e-9)
+    same = Waiter(request("b"), 0.5, "b1", share=share_of(classes, "batch", "other"))
+    # of a's class, b1 waits for a's whole queue on its slot (4 rounds, within b1's bound of 40 s)
+    assert math.isclose(s.estimate(same, queued=False).seconds, 1.5 + 4 * 3.0 + 0.25 + 0.5, abs_tol=1e-9)

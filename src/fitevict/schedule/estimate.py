@@ -15,7 +15,8 @@ The rule:
   ``k``-th end, ``k = in flight + ahead + 1 - room`` (0 when ``k <= 0``). A request ahead can only delay it: the
   estimate never falls as its position grows.
 - **With its seat ready**: that alone. **With its seat loading**: what is left of its measured load, then that.
-  **Otherwise**: a load under way for another model ends (one placement at a time); the seats the last plan waited
+  **Otherwise**: a load under way for another model ends (one placement at a time) and that seat serves its turn
+  until it yields (ended early for a higher class once it has served one request); the seats the last plan waited
   for finish (what is left of their turn, then of their requests in flight) and are stopped (their measured
   release); then each model placed before it (earliest deadline first) loads, serves its queue and is stopped again;
   then its own load and its place in its own queue.
@@ -32,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fitevict.schedule.fair import cuts_short
 from fitevict.schedule.measured import Measured
 from fitevict.schedule.seats import PLACING, SERVING, SeatStatus, seat_room
 
@@ -81,7 +83,7 @@ def estimate(sched: Scheduler, w: Waiter, now: float, *, queued: bool = True) ->
     s = sched.table.get(w.key)
     sources: list[str] = []
     if s is not None and s.status is SeatStatus.READY and sched._serves(s, w):
-        t = _on_seat(sched, s, w.key, s.capacity, ahead, now, sources)
+        t = _on_seat(sched, s, w, s.capacity, ahead, now, sources)
         return Estimate(t, s.in_flight + len(ahead), 0, tuple(sources))
     t, placements = 0.0, 1
     slots = max(1, w.request.config.n_parallel or 4)
@@ -91,7 +93,7 @@ def estimate(sched: Scheduler, w: Waiter, now: float, *, queued: bool = True) ->
         sources.append(src)
     else:
         before = _models_before(sched, w)
-        t += _placing(sched, now, sources)
+        t += _placing(sched, w, now, sources)
         t += _blocked(sched, before[0][1] if before else w, now, sources)
         for key, head, n in before:
             t += _turn_of(sched.measured, key, head, n, sources)
@@ -99,20 +101,22 @@ def estimate(sched: Scheduler, w: Waiter, now: float, *, queued: bool = True) ->
         load, src = sched.measured.load_of(w.key, _bytes(w))
         t += load
         sources.append(src)
-    t += _on_seat(sched, None, w.key, slots, ahead, now, sources)
+    t += _on_seat(sched, None, w, slots, ahead, now, sources)
     return Estimate(t, len(ahead), placements, tuple(sources))
 
 
-def _on_seat(sched: Scheduler, s: Seat | None, key: str, slots: int, ahead: list[Waiter], now: float,
+def _on_seat(sched: Scheduler, s: Seat | None, w: Waiter, slots: int, ahead: list[Waiter], now: float,
              sources: list[str]) -> float:
-    """When a slot of ``key``'s seat ``s`` (None: a seat still to load) frees for the request after ``ahead``."""
+    """When ``w``'s seat ``s`` (None: a seat still to load) has room for it after ``ahead`` (its class's room:
+    ``seat_room``)."""
+    key, rank = w.key, w.share.rank
     m = sched.measured
     running = list(m.running.get(key, {}).items()) if s is not None else []
     busy = min(slots, len(running) + len(ahead) + 1) + _others(sched, key)
     left = _left(m, key, running, busy, now)
     services = [m.service_of(key, m.tokens_of(key, q), busy)[0] for q in ahead]
     sources.append(m.service_of(key, m.tokens_of(key, (ahead or [q for q, _t in running] or [None])[0]), busy)[1])
-    return handed_at(slots, seat_room(slots, sched.policy.engine_queue_depth), left, services)
+    return handed_at(slots, seat_room(slots, sched.policy.engine_queue_depth, rank), left, services)
 
 
 def _left(m: Measured, key: str, running: list[tuple[Waiter, float | None]], busy: int, now: float) -> list[float]:
@@ -135,15 +139,35 @@ def _others(sched: Scheduler, key: str) -> int:
     return running(sched, but=key)
 
 
-def _placing(sched: Scheduler, now: float, sources: list[str]) -> float:
-    """What is left of a load under way for another model (one placement at a time: the next waits for it)."""
+def _placing(sched: Scheduler, w: Waiter, now: float, sources: list[str]) -> float:
+    """What is left of a load under way for another model (one placement at a time: the next waits for it), then the
+    turn that seat serves before it yields to ``w`` (``_yields``)."""
     t = 0.0
     for s in sched.table.values():
-        if s.status in PLACING:
+        if s.status in PLACING and s.key != w.key:
             load, src = sched.measured.load_of(s.key, sum(s.bytes.values()))
-            t = max(t, load - (now - s.since))
+            left = max(0.0, load - (now - s.since))
+            t = max(t, left + _yields(sched, s, w, now + left, load, sources))
             sources.append(f"under way: {src}")
     return t
+
+
+def _yields(sched: Scheduler, s: Seat, w: Waiter, ready: float, load: float, sources: list[str]) -> float:
+    """A seat still loading for its waiters serves them from ``ready`` until it yields to ``w``, then is stopped (its
+    measured release). A higher class than all of them ends its turn once it has served one request, after the
+    longer of its minimum residency (at most its load) and one request's service (``fair.cuts_short``: the seat is
+    handed nothing more); else it serves them, round by round on its slots, until ``w``'s class bound or its
+    ``max_turn_seconds``, and finishes the round on its slots."""
+    m, p = sched.measured, sched.policy
+    mine = [q for q in sched.queue if q.key == s.key]
+    service, s_src = m.service_of(s.key, m.tokens_of(s.key, mine[0] if mine else None),
+                                  min(s.capacity, max(1, len(mine))))
+    release, r_src = m.release_of(s.key)
+    sources += [f"turn of {s.key}: {s_src}", r_src]
+    if cuts_short(w, 1, None, mine, ready, p.max_wait_seconds):
+        return max(min(p.min_residency_seconds, load), service) + release
+    rounds = math.ceil(len(mine) / s.capacity) * service
+    return min(rounds, max(0.0, min(p.max_turn_seconds, sched._due(w) - ready)) + service) + release
 
 
 def _turn_of(m: Measured, key: str, head: Waiter, n: int, sources: list[str]) -> float:

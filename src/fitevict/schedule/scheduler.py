@@ -11,13 +11,13 @@ read again). Tests drive it with a recording fake and a fake clock, in milliseco
 The rules (docs/scheduling.md says the same in prose):
 
 - **One queue, in fair order.** A request for a ready, compatible seat is handed to it at once, up to its room (its
-  slots plus ``engine_queue_depth``); the rest wait here, each model's in fair order (``schedule.fair``: priority
-  classes, then a weighted share per key), so a hung-up client leaves at once and a drain takes one round of service.
+  slots, plus ``engine_queue_depth`` for the top class); the rest wait here, each model's in fair order (priority
+  classes, then a weighted share per key: ``schedule.fair``), so a hung-up client leaves at once.
 - **One placement at a time**, so load time and memory are attributable to one model.
 - **Turns.** A seat loaded for waiting requests serves them (handed over in the step that marks it ready) and those
   that arrive during its turn, until ``max_turn_seconds`` or until the first request of another model, earliest
-  deadline first, has waited its class's bound; a higher class may end a lower class's turn once it has served a
-  request. Then it drains (takes nothing new, finishes what it has) and may be evicted. ABCABC becomes AABBCC.
+  deadline first, has waited its class's bound; a higher class may end a lower class's turn at once when it has
+  served a request. Then it drains (takes nothing new, finishes what it has) and may be evicted. ABCABC: AABBCC.
 - **Minimum residency.** No eviction within ``min_residency_seconds`` of becoming ready; once it has served a
   request, not longer than its own load took (a guard against thrash, not a tax on every request).
 - **Victims** come from the planner, by GreedyDual-Size priority (``cost``) or recency (``lru``); pinned seats, seats
@@ -103,7 +103,7 @@ class Scheduler:
         if self.closed is not None or not w.hold:
             return None
         s = self.table.get(w.key)
-        if s is None or s.status is not S.READY or s.in_flight >= s.room(self.policy.engine_queue_depth):
+        if s is None or s.status is not S.READY or s.in_flight >= s.room(self.policy.engine_queue_depth, w.share.rank):
             return None
         if not self._serves(s, w) or self.fair.capped(w) or any(q.key == w.key for q in self.queue):
             return None
@@ -310,7 +310,7 @@ class Scheduler:
             s = self.table.get(w.key)
             if s is None or s.status is not S.READY or not self._serves(s, w):
                 continue
-            if w.hold and (s.in_flight >= s.room(depth) or self.fair.capped(w)):
+            if w.hold and (s.in_flight >= s.room(depth, w.share.rank) or self.fair.capped(w)):
                 continue
             self.queue.remove(w)
             if w.hold:
@@ -404,10 +404,11 @@ class Scheduler:
             self.blocked[head.key] = tuple(plan.wait_for)
             for key in plan.wait_for:
                 s = self.table.get(key)
-                if s is None or s.status is not S.READY:
+                if s is None or s.status not in (S.READY, S.DRAINING):
                     continue
-                if s.in_flight == 0:  # idle, only within its minimum residency: evictable once that passes
-                    wake = min(wake, self._young_until(s))
+                if s.in_flight == 0 or s.status is S.DRAINING:  # within its minimum residency: evictable after
+                    if now < (young := self._young_until(s)):
+                        wake = min(wake, young)
                     continue
                 end = self._turn_end(s, head, now)
                 if now >= end:
@@ -422,15 +423,14 @@ class Scheduler:
         return wake
 
     def _turn_end(self, s: Seat, head: Waiter, now: float) -> float:
-        """When ``s`` may be drained for ``head``: its turn's bound (``max_turn_seconds``, or ``head``'s class bound),
-        or now when ``head``'s class ends a lower class's turn early (``_cut_short``); never within its minimum
-        residency."""
-        p = self.policy
-        start = s.turn_start if s.turn_start is not None else s.since
-        end = min(start + p.max_turn_seconds, self._due(head))
+        """When ``s`` drains for ``head`` (takes nothing new): its turn's bound (``max_turn_seconds``, or ``head``'s
+        class bound), not within its minimum residency; or now when ``head``'s class ends a lower class's turn early
+        (``_cut_short``), so that nothing more of the lower class is handed it: its stop waits only for what is in
+        flight and for its minimum residency (a draining seat within it is busy for the planner: ``residents``)."""
         if self._cut_short(s, head, now):
-            end = min(end, now)
-        return max(end, self._young_until(s))
+            return now
+        start = s.turn_start if s.turn_start is not None else s.since
+        return max(min(start + self.policy.max_turn_seconds, self._due(head)), self._young_until(s))
 
     def _cut_short(self, s: Seat, head: Waiter, now: float) -> bool:
         """Whether ``head``'s class ends ``s``'s turn early (``fair.cuts_short``)."""
@@ -458,7 +458,7 @@ class Scheduler:
             young = s.ready_at is not None and now < self._young_until(s)
             # a seat within its minimum residency is busy for the planner: not a victim, but worth waiting for.
             # Its priority goes over as credit above L, so that the planner's band measures the cost term, not L.
-            in_flight = s.in_flight or (1 if young and s.status is S.READY else 0)
+            in_flight = s.in_flight or (1 if young and s.status in (S.READY, S.DRAINING) else 0)
             held, held_source = s.held()
             out.append(pl.Resident(
                 key=s.key, config=s.config, bytes=held, source=s.source,

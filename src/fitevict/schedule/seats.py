@@ -118,8 +118,9 @@ class Seat:
     def capacity(self) -> int:
         return max(1, self.config.n_parallel or 4)  # no -np: this engine runs 4 slots
 
-    def room(self, engine_queue_depth: int | None) -> int:
-        return seat_room(self.capacity, engine_queue_depth)
+    def room(self, engine_queue_depth: int | None, rank: int = 0) -> int:
+        """Requests it may have in flight when the next is of the class at ``rank`` (``seat_room``)."""
+        return seat_room(self.capacity, engine_queue_depth, rank)
 
 
 class Holds(Protocol):
@@ -158,9 +159,15 @@ class SeatView:
         return f"SeatView({self._seat!r})"
 
 
-def seat_room(slots: int, engine_queue_depth: int | None) -> int:
-    """Requests a seat may have in flight: its slots, plus the ones waiting in the engine so that it never idles
-    between two batches (``None``: one more batch, as many as its slots)."""
+def seat_room(slots: int, engine_queue_depth: int | None, rank: int = 0) -> int:
+    """Requests a seat may have in flight when the next is of the class at ``rank`` (0: the top class): its slots,
+    plus, for the top class, the ones waiting in the engine so that it never idles between two batches (``None``: one
+    more batch, as many as its slots). A lower class is handed only a free slot, so that nothing of it waits in the
+    engine's queue: a higher class's request waits for at most one lower-class request per slot, on its own seat
+    (it is handed the engine's queue) and when a lower class's turn is ended for it (the drain finishes only the
+    requests on the slots)."""
+    if rank > 0:
+        return slots
     return slots + (slots if engine_queue_depth is None else engine_queue_depth)
 
 
