@@ -27,6 +27,7 @@ from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.gguf import PricingError
 from fitevict.pricing.grown import Grown
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.pages import SharedPages
 from fitevict.request.catalog import CatalogEntry
 from fitevict.request.ask import ask
 from fitevict.store import Store
@@ -58,6 +59,8 @@ class PriceBook:
         self.engine_overhead: dict[str, int] = {}
         # where the host figure of ``engine_overhead`` came from: "calibrated", "raised" (by loads here), or why not
         self.overhead_origin = "not read yet: no calibration or load of this engine build was read"
+        # the engine binary's own file pages, kept out of each price and counted once by the planner (None: none)
+        self.engine_pages: SharedPages | None = None
         self._quant: dict[tuple[str, int, int], str] = {}
         # the engine's dry runs, per file: by configuration, or (context, projector) by placement-free configuration
         self._compute: dict[str, dict[LoadConfig, dict[str, int]]] = {}
@@ -211,8 +214,8 @@ class PriceBook:
         p = str(path)
         return SheetInputs(
             path=Path(path), loras=tuple(loras), version=self._version(p), machine=self.machine, host=self.host,
-            engine_overhead=dict(self.engine_overhead), threads=self.threads, tiled=self.tiled,
-            learned={i: dict(v) for i, v in list(self._learned.items()) if i[0] == p},
+            engine_overhead=dict(self.engine_overhead), engine_pages=self.engine_pages, threads=self.threads,
+            tiled=self.tiled, learned={i: dict(v) for i, v in list(self._learned.items()) if i[0] == p},
             compute=dict(self._compute.get(p, {})), dry_context=dict(self._dry_context.get(p, {})),
             projector_estimate=dict(self._projector_estimate.get(p, {})), mmproj=self._mmproj.get(p),
             extra_args=self._extra_args.get(p, ()), torch_overhead=self.torch_overhead,

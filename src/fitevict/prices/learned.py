@@ -64,6 +64,7 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
     if calibrated:
         book.engine_overhead.update(calibrated)
         book.overhead_origin = "calibrated"
+    book.engine_pages = build.shared_pages(binary)  # measured by its calibration, else the rule (its files' sizes)
     if torch_known := store.compute_get(torch_overhead_key(cpu=book.cpu)):
         book.torch_overhead = int(torch_known[HOST])
     if peft_known := store.compute_get(torch_overhead_key(adapters=True, cpu=book.cpu)):

@@ -64,6 +64,7 @@ class SeatState:
     load_mem: procmem.ProcessMemory | None = None  # the reading right after its load (what the load record keeps)
     load_bytes: dict[str, int] = field(default_factory=dict)  # that reading per device, and when it was taken:
     load_read_at: float | None = None  # the start of its growth rate
+    load_own_pss: int = 0  # at that reading, its share (PSS) of its binary's shared pages (``Seat.pages``)
     outgrew: dict | None = None  # once a reading exceeded its price by more than budget.outgrow_margin: the figures
     predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
@@ -112,14 +113,15 @@ class SeatState:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def bytes_on(self, device: str) -> int:
+    def bytes_on(self, device: str, carried: int = 0) -> int:
         """What the planner counts for this seat on ``device``: the latest reading and the engine's buffers where we
         have them; until the reading after its load, never less than its price (a loading seat has touched only part
-        of what it will hold)."""
-        held = self._held_on(device)
-        return max(held, self.predicted.bytes_on(device)) if self.load_read_at is None else held
+        of what it will hold). ``carried``: the bytes of its binary's shared pages it carries (``pricing.pages``),
+        added to its price and its buffers; a reading holds its own share of them already."""
+        held = self._held_on(device, carried)
+        return max(held, self.predicted.bytes_on(device) + carried) if self.load_read_at is None else held
 
-    def _held_on(self, device: str) -> int:
+    def _held_on(self, device: str, carried: int = 0) -> int:
         if device == HOST:
             # The engine's own buffers (from its log) are what the seat grows to as its context fills;
             # PSS is what it touches now plus the process itself. Both are measurements of different
@@ -127,9 +129,10 @@ class SeatState:
             pss = self.host_mem.host_bytes if self.host_mem is not None else None
             if pss is not None and self.shared:  # a unified device's buffers are in the PSS: counted there, once
                 pss = max(0, pss - sum(self._held_on(d) for d in self.shared))
-            logged = self.measured.bytes_on(HOST) + self._known_overhead(HOST) if self.measured is not None else None
+            logged = (self.measured.bytes_on(HOST) + self._known_overhead(HOST) + carried
+                      if self.measured is not None else None)
             if pss is None and logged is None:
-                return self.predicted.bytes_on(HOST)
+                return self.predicted.bytes_on(HOST) + carried
             return max(pss or 0, logged or 0)
         if self.measured is not None and self.measured.device(device) is not None:
             reach = self.measured.bytes_on(device) + self._known_overhead(device)
@@ -255,10 +258,12 @@ class SeatState:
         """Its reading exceeded its price by more than budget.outgrow_margin (``outgrew`` says by how much)."""
         return self.outgrew is not None
 
-    def held(self) -> tuple[dict[str, int], str]:
+    def held(self, carried: int = 0) -> tuple[dict[str, int], str]:
         """What the planner counts for this seat now, per device (``bytes_on``), and where the host figure came
-        from: its seat record reads this (``schedule.seats.Holds``)."""
-        return {HOST: self.bytes_on(HOST), **{d: self.bytes_on(d) for d in self.config.devices}}, self.source_on(HOST)
+        from, when it carries ``carried`` bytes of its binary's shared pages: its seat record reads this
+        (``schedule.seats.Holds``)."""
+        return ({HOST: self.bytes_on(HOST, carried), **{d: self.bytes_on(d) for d in self.config.devices}},
+                self.source_on(HOST))
 
     def held_bytes(self) -> dict[str, int | None]:
         """What a stop should give back, per device: committed host memory and GPU bytes, as measured."""
