@@ -73,7 +73,7 @@ def carriers(seats: Iterable[Holder]) -> dict[str, int]:
         top = first.get(s.pages.group)
         if top is None or (s.since, s.key) < (top.since, top.key):
             first[s.pages.group] = s
-    for g, s in first.items():
+    for s in first.values():
         assert s.pages is not None
         out[s.key] = s.pages.bytes
     return out

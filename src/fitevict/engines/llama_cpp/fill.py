@@ -83,6 +83,7 @@ class PeakSampler:
     phase: str = "load"
     peaks: dict[str, Reading] = field(default_factory=dict)
     raw: dict[str, int] = field(default_factory=dict)
+    bare: dict[str, int] = field(default_factory=dict)  # per phase, the highest ``without_own``
     samples: int = 0
     unread: int = 0  # readings without bytes (the tree could not be read: the reason is kept)
     reason: str = ""
@@ -125,6 +126,7 @@ class PeakSampler:
                 if top is None or got.alone > top.alone:
                     self.peaks[self.phase] = got
                 self.raw[self.phase] = max(self.raw.get(self.phase, 0), got.pss)
+                self.bare[self.phase] = max(self.bare.get(self.phase, 0), got.without_own)
             nxt += self.period
             self._stop.wait(max(0.0, nxt - time.monotonic()))
         self.ended = time.monotonic()
@@ -137,6 +139,11 @@ class PeakSampler:
     def peak_raw(self, *phases: str) -> int | None:
         """The highest PSS as read over ``phases``; None when none was read."""
         got = [self.raw[p] for p in phases if p in self.raw]
+        return max(got) if got else None
+
+    def peak_bare(self, *phases: str) -> int | None:
+        """The highest PSS without the engine's own file pages over ``phases``; None when none was read."""
+        got = [self.bare[p] for p in phases if p in self.bare]
         return max(got) if got else None
 
 
