@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import threading
+from importlib import metadata
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -42,10 +43,20 @@ HISTORY_LOADS = 1000  # the newest load records a starting supervisor learns eac
 MAX_SHEETS = 512  # sheets kept (the oldest read goes first)
 
 
+def torch_version() -> str:
+    """The installed torch's version (its package metadata: torch is not imported), or "none"."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
 class PriceBook:
-    def __init__(self, store: Store, engine_dir: Path, default_alloc_mode: str, cpu: Cpu | None = None) -> None:
+    def __init__(self, store: Store, engine_dir: Path, default_alloc_mode: str, cpu: Cpu | None = None,
+                 torch: str | None = None) -> None:
         """``cpu``: the CPU the book prices for (this one by default); with the engine build it keys every figure
-        learned and stored (``machine``)."""
+        learned and stored (``machine``). ``torch``: the torch version transformers seats run with (the installed
+        one by default): it keys their overheads too."""
         self.store = store
         self.engine_dir = engine_dir
         self.default_alloc_mode = default_alloc_mode
@@ -71,6 +82,8 @@ class PriceBook:
         self._mmproj: dict[str, Path] = {}  # model file -> its projector (from the catalog)
         self._extra_args: dict[str, tuple[str, ...]] = {}  # HF folder -> the seat's own flags (dtype, quant, ...)
         self.torch_overhead: int | None = None  # a transformers seat's own process bytes (measured, first seat)
+        self.torch = torch if torch is not None else torch_version()  # torch's version keys those two figures
+        self.torch_origin = "not read yet"  # which stored key ``torch_overhead`` came from (prices.learned)
         self.peft_overhead: int | None = None  # the same for a seat with PEFT adapters (peft's import: ~136 MiB more)
         # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
         self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}

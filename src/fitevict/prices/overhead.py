@@ -61,7 +61,8 @@ def overhead_label(engine: str, fixed: int, origin: str, own: int | None = None)
     (``own``): its own process, measured on this machine's earlier seats, or unavailable until one was."""
     if traits(engine).overhead != "calibrated":
         return (f"stored-measurement: this machine's {engine} seats' own process (PSS beyond the price), the largest "
-                "seen" if own else f"unavailable, because no {engine} seat was measured on this machine yet")
+                f"seen ({origin})" if own else f"unavailable, because no {engine} seat was measured on this machine "
+                "with this torch yet")
     rules = "the rules that scale with the model (tokenizer, work buffer, context)"
     if fixed > 0 and origin == "calibrated":
         return (f"stored-measurement: the engine process's own, calibrated at a filled peak of the calibration model, "
