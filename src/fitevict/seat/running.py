@@ -182,12 +182,13 @@ class SeatState:
             return "engine-reported"
         return pred_source(self.predicted, device)
 
-    def figures(self, device: str, now: float | None = None) -> dict:
+    def figures(self, device: str, now: float | None = None, carried: int = 0) -> dict:
         """The seat's figures on ``device``, each named for what it is: ``predicted`` (the price, with its sources),
         ``allocated`` (engine-reported buffers, with the process overhead apart), ``measured`` (PSS of its process
         tree, or NVML: the latest reading, with its time and age at ``now``), ``measured_peak`` (the highest of every
         reading over its life) and ``planned`` (what the planner counts: the larger of allocated + overhead and
-        measured). A figure not read is None, with why."""
+        measured, with the ``carried`` bytes of its binary's shared pages on the host when it carries them). A figure
+        not read is None, with why."""
         alloc = self.measured.bytes_on(device) if self.measured is not None and (
             device == HOST or self.measured.device(device) is not None) else None
         if device == HOST:
@@ -219,11 +220,23 @@ class SeatState:
             "measured_peak_bytes": self.peak_bytes.get(device),
             "measured_peak_source": ("measured: the highest of every reading over its life"
                                      if device in self.peak_bytes else f"unavailable, because {why_not}"),
-            "planned_bytes": self.bytes_on(device),
+            "planned_bytes": self.bytes_on(device, carried if device == HOST else 0),
             "planned_source": ("planned: the larger of allocated + overhead and measured (the latest reading)"
                                if alloc is not None or live is not None else
-                               "planned: the prediction, nothing read yet"),
+                               "planned: the prediction, nothing read yet")
+                              + (", with the binary's shared pages it carries" if carried and device == HOST else ""),
+            **({"shared_pages_bytes": carried, "shared_pages_source": self._pages_source(carried)}
+               if device == HOST and self.seat.pages is not None else {}),
         }
+
+    def _pages_source(self, carried: int) -> str:
+        """What its binary's shared pages are to this seat: carried (the first seat of the binary) or not."""
+        pages = self.seat.pages
+        assert pages is not None
+        if carried:
+            return (f"planned: it carries {pages.group}'s own file pages for every seat of the binary (the first "
+                    f"placed of them; {pages.source})")
+        return f"planned: another seat of {pages.group} carries the binary's own file pages; it counts none of them"
 
     def observe(self, device: str, n: int | None) -> None:
         """A reading of ``device`` (PSS or NVML): the peak over the seat's life follows it."""
