@@ -41,7 +41,8 @@ def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def host_bytes(path: Path, ctx: int) -> int:
     """What the server's price book asks on the host for ``path`` at ``ctx`` (-np 1): the formula plus the engine
-    process's own calibrated overhead, as ``fitevict plan`` prices it."""
+    process's own calibrated overhead and, for the door's first seat of the engine, its binary's shared pages, as
+    ``fitevict plan`` prices it."""
     from fitevict.cli.serve import engine_binary
     from fitevict.config import load_config
     from fitevict.store import Store
@@ -53,7 +54,9 @@ def host_bytes(path: Path, ctx: int) -> int:
     with Store.open(cfg.store_url) as store:
         book = PriceBook(store, binary.parent, cfg.policy.default_alloc_mode)
         prime_price_book(book, store, binary, calibrate=False)
-        return book.footprint(path, LoadConfig(n_ctx=ctx, n_parallel=1)).bytes_on(HOST)
+        fp = book.footprint(path, LoadConfig(n_ctx=ctx, n_parallel=1))
+        # the first seat of its engine carries the engine binary's shared file pages (pricing.pages) as well
+        return fp.bytes_on(HOST) + (fp.pages.bytes if fp.pages is not None else 0)
 
 
 def plan(*args: str, env: dict[str, str] | None = None) -> dict:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from fitevict.pricing.process import SLOT_BYTES
 from fitevict.cli import app
 
 runner = CliRunner()
@@ -36,7 +37,11 @@ def test_json_contract(small_zoo: dict[str, Path]) -> None:
     assert out["host"]["mapped_bytes"] + out["host"]["committed_bytes"] == dev["total_bytes"]
     # the engine process beyond the buffers, apart: its calibrated part (if this build was calibrated) and the rules
     proc = out["process"]
-    assert [t["name"] for t in proc["terms"]] == ["tokenizer", "work buffer", "context"]
+    assert [t["name"] for t in proc["terms"]] == ["tokenizer", "work buffer", "context", "slots",
+                                                     "checkpoints"]
+    assert proc["terms"][3]["bytes"] == SLOT_BYTES  # -np 2: one slot beyond the calibration's
+    # the engine binary's own file pages: not in the price, named apart (the first seat of the binary carries them)
+    assert proc["shared_pages"] is None or proc["shared_pages"]["bytes"] > 0
     assert all(t["rule"].startswith("rule: ") for t in proc["terms"])
     assert proc["bytes"] == (proc["calibrated_bytes"] or 0) + sum(t["bytes"] for t in proc["terms"])
     assert proc["calibrated_source"].startswith("measured" if proc["calibrated_bytes"] is not None else "unavailable")

@@ -118,3 +118,18 @@ def test_a_loading_seat_counts_at_least_its_price_until_the_reading_after_its_lo
     s.measured = PRICE
     s.load_reading(2.0, _pss(70), {})
     assert s.bytes_on(HOST) == 110 * MiB  # allocated + overhead, the larger
+
+
+def test_the_seat_that_carries_its_binarys_shared_pages_is_planned_with_them_and_says_so() -> None:
+    from fitevict.pricing.pages import SharedPages
+
+    s = _seat()
+    s.seat.pages = SharedPages("llama-server", 9 * MiB, "measured: test figure", ("llama-server",))
+    s.load_reading(10.0, _pss(70), {})
+    carrier, other = s.figures(HOST, now=11.0, carried=9 * MiB), s.figures(HOST, now=11.0)
+    assert carrier["planned_bytes"] == 119 * MiB == s.held(9 * MiB)[0][HOST]  # allocated + overhead + the pages
+    assert carrier["shared_pages_bytes"] == 9 * MiB and "it carries llama-server's" in carrier["shared_pages_source"]
+    assert other["planned_bytes"] == 110 * MiB and other["shared_pages_bytes"] == 0
+    assert "another seat of llama-server carries" in other["shared_pages_source"]
+    s.take_reading(12.0, _pss(125), {})  # a reading above both holds its share of the pages already
+    assert s.figures(HOST, carried=9 * MiB)["planned_bytes"] == 125 * MiB

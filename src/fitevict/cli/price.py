@@ -61,17 +61,21 @@ def process_overhead(s: GgufStructure, cfg: LoadConfig) -> dict:
     """The engine process's own host memory beyond its buffers, as the server prices it: the calibrated part of the
     llama-server fitevict would run (unavailable when that build was never calibrated) and the model's own parts."""
     from fitevict.engines.llama_cpp.install import resolve_binary
-    from fitevict.engines.llama_cpp.overhead import calibrated_overhead, model_terms
+    from fitevict.engines.llama_cpp.overhead import calibratable, calibrated_overhead, model_terms, shared_pages
 
     found = resolve_binary("llama-server")
     calibrated = calibrated_overhead(found.path) if found.path is not None else None
     fixed = calibrated.get(HOST) if calibrated else None
     terms = model_terms(s, cfg, host_buffers())
     why = (found.why if found.path is None else "this build was never calibrated (fitevict engine install does it)")
+    pages = shared_pages(found.path) if found.path is not None and calibratable(found.path) else None
     return {"calibrated_bytes": fixed,
-            "calibrated_source": ("measured: peak PSS beyond the buffers through a filled context of the calibration "
-                                  "model" if fixed is not None else f"unavailable, because {why}"),
-            "terms": [t.to_json() for t in terms], "bytes": (fixed or 0) + sum(t.bytes for t in terms)}
+            "calibrated_source": ("measured: peak PSS beyond the buffers and the binary's own file pages through a "
+                                  "filled context of the calibration model" if fixed is not None
+                                  else f"unavailable, because {why}"),
+            "terms": [t.to_json() for t in terms], "bytes": (fixed or 0) + sum(t.bytes for t in terms),
+            # the binary's own file pages: not in the price; the first seat of the binary carries them
+            "shared_pages": pages.to_json() if pages is not None else None}
 
 
 def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:

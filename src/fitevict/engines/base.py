@@ -280,3 +280,8 @@ class PricerBase:
 
     def calibrate_overhead(self, binary: Path, *, timeout_s: float) -> Any:
         return Unavailable(f"{self.kind} builds are not calibrated")
+
+    def shared_pages(self, binary: Path) -> Any:
+        """The file pages every seat of ``binary`` shares (a ``pricing.pages.SharedPages``), or None: this family
+        keeps none apart."""
+        return None

@@ -18,6 +18,7 @@ second for every seat, that churn made the table grow to twice its size (+1.8 Mi
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -180,6 +181,54 @@ def read_tree(pid: int, *, proc: Path = PROC) -> ProcessMemory:
         source,  # type: ignore[arg-type]
         "; ".join(reasons),
     )
+
+
+NOT_FILES = ("/dev/", "/memfd:", "/SYSV")  # file-looking mappings that are not a file's pages on disk
+
+
+@dataclass(frozen=True, slots=True)
+class FilePages:
+    """One process's mappings of some files, from ``/proc/PID/smaps``: ``rss`` counts their resident pages whole,
+    ``pss`` its share of them (a page mapped by k processes counts 1/k); ``files`` names the files matched."""
+
+    rss: int
+    pss: int
+    files: tuple[str, ...] = ()
+
+
+def mapping_path(header: str) -> str | None:
+    """The file a ``/proc/PID/smaps`` header line maps (``addresses perms offset dev inode path``), "" for an
+    anonymous mapping, None when the line is not a header."""
+    first = header.split(None, 1)[0] if header.strip() else ""
+    if "-" not in first or first.endswith(":"):
+        return None
+    parts = header.split(None, 5)
+    path = parts[5].rstrip("\n") if len(parts) > 5 else ""
+    return path if path.startswith("/") and not path.startswith(NOT_FILES) else ""
+
+
+def file_pages(pid: int | str, wanted: Callable[[str, str], bool]) -> FilePages | None:
+    """Rss and Pss of ``pid``'s mappings of the files ``wanted(path, exe)`` picks (``exe``: the process's own
+    executable, ``/proc/PID/exe``), summed over every mapping of them; None when the process cannot be read."""
+    try:
+        exe = os.readlink(f"{PROC}/{pid}/exe")
+        text = proc_text(pid, "smaps")
+    except OSError:
+        return None
+    rss = pss = 0
+    files: set[str] = set()
+    inside = False
+    for line in text.splitlines():
+        path = mapping_path(line)
+        if path is not None:
+            inside = bool(path) and wanted(path, exe)
+            if inside:
+                files.add(path)
+        elif inside and line.startswith("Rss:"):
+            rss += int(line.split()[1]) * KiB
+        elif inside and line.startswith("Pss:"):
+            pss += int(line.split()[1]) * KiB
+    return FilePages(rss, pss, tuple(sorted(files)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,11 +193,13 @@ class Unpriced(Exception):
 class Prices:
     """Prices configurations of one model, once each, as bytes per budget device."""
 
-    __slots__ = ("key", "fn", "cache", "unified")
+    __slots__ = ("key", "fn", "cache", "unified", "carry")
 
-    def __init__(self, key: str, fn: FootprintFn, unified: frozenset[str] = frozenset()) -> None:
-        """``unified``: the devices whose bytes count against the host too (``budget.charged``)."""
-        self.key, self.fn, self.unified = key, fn, unified
+    def __init__(self, key: str, fn: FootprintFn, unified: frozenset[str] = frozenset(), carry: bool = True) -> None:
+        """``unified``: the devices whose bytes count against the host too (``budget.charged``). ``carry``: the load
+        would carry its engine binary's shared pages (``Footprint.pages``; no other seat of the engine stays), so its
+        host need counts them."""
+        self.key, self.fn, self.unified, self.carry = key, fn, unified, carry
         self.cache: dict[LoadConfig, tuple[Footprint, dict[str, int]]] = {}
 
     def __call__(self, c: LoadConfig) -> tuple[Footprint, dict[str, int]]:
@@ -217,7 +219,7 @@ class Prices:
                 f"footprint of {self.key}: negative host bytes "
                 f"(mapped {fp.host_mapped_bytes}, committed {fp.host_committed_bytes})"
             )
-        need = {HOST: fp.bytes_on(HOST)}
+        need = {HOST: fp.bytes_on(HOST) + (fp.pages.bytes if self.carry and fp.pages is not None else 0)}
         for g in fp.gpu_names:
             need[g] = need.get(g, 0) + fp.bytes_on(g)
         if self.unified:

@@ -17,6 +17,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import GiB
 from fitevict.planner.records import (Action, Eviction, FootprintFn, Plan, PlanInvariantError, PlanRequest, Policy,
                                       Resident, EMPTY)
+from fitevict.planner.pages import pages_view, stays
 from fitevict.planner.ladder import Prices, Rungs, Unpriced, search, action_of, compatible, mismatch
 from fitevict.planner.victims import choose, context_words, gib, key_list, per_device, device_sums, victim_words, describe
 
@@ -110,6 +111,8 @@ class _Scene:
         for d in devices:
             budget_b.setdefault(d, 0)
         free_before = {d: budget_b[d] - held[d] for d in devices}
+        carry = not stays(res, request)  # no other seat of its engine: a load carries the engine's shared pages
+        res = pages_view(res, request, policy.eviction)  # what each resident frees of them (``planner.pages``)
         same = next((r for r in res if r.key == request.key), None)
         forced = [same] if same is not None else []
         others = [r for r in res if r is not same]
@@ -124,7 +127,7 @@ class _Scene:
         for r in busy:
             for d, n in r.bytes.items():
                 avail_wait[d] += n
-        return cls(request, budget, policy, now, Prices(request.key, footprints, unified), devices, budget_b, free_before,
+        return cls(request, budget, policy, now, Prices(request.key, footprints, unified, carry), devices, budget_b, free_before,
                    same, forced, pool, busy, [r for r in others if r.pinned or r.protected], freed_forced, avail,
                    avail_wait)
 

@@ -64,6 +64,9 @@ class PlanRequest:
     source: str = ""  # the file or folder a seat must have loaded to serve it ("": any file of the model serves)
     fixed: frozenset[str] | None = None  # LoadConfig fields a resident must match (None: all but placement)
     path: str = ""  # the file or folder a load of it reads (what it is priced from and started with)
+    # the engine whose binary's own file pages its seat would share with the other seats of that engine
+    # (``pricing.pages``): a load carries them (its footprint's ``pages``) only when no seat of it stays
+    pages: str = ""
     # its quote: the price sheet it was priced with once, when it was queued (fitevict.prices.sheet.PriceSheet:
     # immutable, one version of the price book); the plan and the seat's prediction use it while it is current.
     # None: not quoted yet (a plan of the CLI, or a dry run), priced when planned
@@ -106,11 +109,16 @@ class Resident:
     priority: float = 0.0
     reload_seconds: float | None = None  # measured load time (None: never loaded here)
     outgrowing: bool = False  # its reading exceeded its price by more than budget.outgrow_margin: a victim first
+    pages: str = ""  # the engine whose binary's own file pages it shares with the other seats of it (``pricing.pages``)
+    carries: int = 0  # the bytes of those pages its host figure includes: the first seat of the engine carries them
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bytes", _bytes_map(self.bytes, f"resident {self.key}"))
         if self.in_flight < 0:
             raise PlanInvariantError(f"resident {self.key}: in_flight {self.in_flight} < 0")
+        if not 0 <= self.carries <= self.bytes.get("CPU", 0):
+            raise PlanInvariantError(f"resident {self.key}: carries {self.carries} B of shared pages, outside 0.."
+                                     f"{self.bytes.get('CPU', 0)} B, its host figure")
 
     @property
     def evictable(self) -> bool:

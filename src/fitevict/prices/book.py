@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import threading
+from importlib import metadata
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -27,6 +28,7 @@ from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.gguf import PricingError
 from fitevict.pricing.grown import Grown
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.pages import SharedPages
 from fitevict.request.catalog import CatalogEntry
 from fitevict.request.ask import ask
 from fitevict.store import Store
@@ -41,10 +43,20 @@ HISTORY_LOADS = 1000  # the newest load records a starting supervisor learns eac
 MAX_SHEETS = 512  # sheets kept (the oldest read goes first)
 
 
+def torch_version() -> str:
+    """The installed torch's version (its package metadata: torch is not imported), or "none"."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
 class PriceBook:
-    def __init__(self, store: Store, engine_dir: Path, default_alloc_mode: str, cpu: Cpu | None = None) -> None:
+    def __init__(self, store: Store, engine_dir: Path, default_alloc_mode: str, cpu: Cpu | None = None,
+                 torch: str | None = None) -> None:
         """``cpu``: the CPU the book prices for (this one by default); with the engine build it keys every figure
-        learned and stored (``machine``)."""
+        learned and stored (``machine``). ``torch``: the torch version transformers seats run with (the installed
+        one by default): it keys their overheads too."""
         self.store = store
         self.engine_dir = engine_dir
         self.default_alloc_mode = default_alloc_mode
@@ -58,6 +70,8 @@ class PriceBook:
         self.engine_overhead: dict[str, int] = {}
         # where the host figure of ``engine_overhead`` came from: "calibrated", "raised" (by loads here), or why not
         self.overhead_origin = "not read yet: no calibration or load of this engine build was read"
+        # the engine binary's own file pages, kept out of each price and counted once by the planner (None: none)
+        self.engine_pages: SharedPages | None = None
         self._quant: dict[tuple[str, int, int], str] = {}
         # the engine's dry runs, per file: by configuration, or (context, projector) by placement-free configuration
         self._compute: dict[str, dict[LoadConfig, dict[str, int]]] = {}
@@ -68,6 +82,8 @@ class PriceBook:
         self._mmproj: dict[str, Path] = {}  # model file -> its projector (from the catalog)
         self._extra_args: dict[str, tuple[str, ...]] = {}  # HF folder -> the seat's own flags (dtype, quant, ...)
         self.torch_overhead: int | None = None  # a transformers seat's own process bytes (measured, first seat)
+        self.torch = torch if torch is not None else torch_version()  # torch's version keys those two figures
+        self.torch_origin = "not read yet"  # which stored key ``torch_overhead`` came from (prices.learned)
         self.peft_overhead: int | None = None  # the same for a seat with PEFT adapters (peft's import: ~136 MiB more)
         # file identity -> configuration -> the engine's measured buffers of an accepted load (newest kept)
         self._learned: dict[tuple[str, int, int], dict[LoadConfig, Footprint]] = {}
@@ -211,8 +227,8 @@ class PriceBook:
         p = str(path)
         return SheetInputs(
             path=Path(path), loras=tuple(loras), version=self._version(p), machine=self.machine, host=self.host,
-            engine_overhead=dict(self.engine_overhead), threads=self.threads, tiled=self.tiled,
-            learned={i: dict(v) for i, v in list(self._learned.items()) if i[0] == p},
+            engine_overhead=dict(self.engine_overhead), engine_pages=self.engine_pages, threads=self.threads,
+            tiled=self.tiled, learned={i: dict(v) for i, v in list(self._learned.items()) if i[0] == p},
             compute=dict(self._compute.get(p, {})), dry_context=dict(self._dry_context.get(p, {})),
             projector_estimate=dict(self._projector_estimate.get(p, {})), mmproj=self._mmproj.get(p),
             extra_args=self._extra_args.get(p, ()), torch_overhead=self.torch_overhead,

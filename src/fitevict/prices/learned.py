@@ -21,15 +21,31 @@ from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.pricing.footprint import HOST
 from fitevict.store import Store
 from fitevict.store.faults import STORE_FAULTS, reason
-from fitevict.prices.book import HISTORY_LOADS, PriceBook
+from fitevict.prices.book import HISTORY_LOADS, PriceBook, torch_version
 
 log = logging.getLogger("fitevict.prices")
 
-def torch_overhead_key(*, adapters: bool = False, cpu: Cpu | None = None) -> str:
-    """The store key of a transformers seat's own process bytes on this CPU (a seat with PEFT adapters imports peft
-    too: its own key). Keyed by the CPU's fingerprint: another machine's figure, in a shared store, is not this one's."""
+def torch_overhead_key(*, adapters: bool = False, cpu: Cpu | None = None, torch: str | None = None) -> str:
+    """The store key of a transformers seat's own process bytes on this CPU with this torch (a seat with PEFT
+    adapters imports peft too: its own key). Keyed by the CPU's fingerprint and torch's version: another machine's
+    figure, or one taken under another torch (other libraries, other sizes), is not this one's. ``torch=""``: the
+    older key, before torch's version keyed it."""
     kind = "transformers+peft" if adapters else "transformers"
-    return f"engine-overhead:{kind}@{(cpu or this_cpu()).fingerprint}"
+    torch = torch_version() if torch is None else torch
+    return f"engine-overhead:{kind}@{(cpu or this_cpu()).fingerprint}" + (f"+torch-{torch}" if torch else "")
+
+
+def read_torch_overhead(book: PriceBook, store: Store, *, adapters: bool) -> tuple[int | None, str]:
+    """A transformers seat's own process bytes stored for this CPU and torch, and where they came from: under the
+    key with torch's version, else under the older key without it (read, and said so), else None."""
+    key = torch_overhead_key(adapters=adapters, cpu=book.cpu, torch=book.torch)
+    if got := store.compute_get(key):
+        return int(got[HOST]), f"stored under {key}"
+    old = torch_overhead_key(adapters=adapters, cpu=book.cpu, torch="")
+    if got := store.compute_get(old):
+        return int(got[HOST]), (f"stored under the older key {old}, before torch's version keyed it (this torch is "
+                                f"{book.torch}); a seat measured here stores it under {key}")
+    return None, "no seat was measured on this machine with this torch yet"
 
 
 def overhead_key(binary: Path, cpu: Cpu | None = None) -> str:
@@ -64,10 +80,9 @@ def prime_price_book(book: PriceBook, store: Store, binary: Path, *, calibrate: 
     if calibrated:
         book.engine_overhead.update(calibrated)
         book.overhead_origin = "calibrated"
-    if torch_known := store.compute_get(torch_overhead_key(cpu=book.cpu)):
-        book.torch_overhead = int(torch_known[HOST])
-    if peft_known := store.compute_get(torch_overhead_key(adapters=True, cpu=book.cpu)):
-        book.peft_overhead = int(peft_known[HOST])
+    book.engine_pages = build.shared_pages(binary)  # measured by its calibration, else the rule (its files' sizes)
+    book.torch_overhead, book.torch_origin = read_torch_overhead(book, store, adapters=False)
+    book.peft_overhead, _ = read_torch_overhead(book, store, adapters=True)
     for dev, n in (store.compute_get(overhead_key(binary, book.cpu)) or {}).items():  # loads since raise it (lower bounds)
         if dev == HOST and int(n) > book.engine_overhead.get(HOST, 0):
             book.overhead_origin = "raised"
@@ -88,7 +103,10 @@ async def learn_torch_overhead(book: PriceBook, store: Store, seen: int, *, adap
         else:
             book.torch_overhead = seen
         book.forget()
-        await store_learned(store, torch_overhead_key(adapters=adapters, cpu=book.cpu), {HOST: seen})
+        key = torch_overhead_key(adapters=adapters, cpu=book.cpu, torch=book.torch)
+        if not adapters:
+            book.torch_origin = f"stored under {key}"
+        await store_learned(store, key, {HOST: seen})
 
 
 async def learn_engine_overhead(book: PriceBook, store: Store, binary: Path, grown: dict[str, int]) -> None:

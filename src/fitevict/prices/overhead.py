@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from fitevict.engines import traits
 from fitevict.pricing.footprint import HOST, Footprint
+from fitevict.pricing.pages import SharedPages
 from fitevict.pricing.process import ProcessTerm
 from fitevict.units import format_size
 
@@ -20,24 +21,30 @@ def grown_overhead(known: Mapping[str, int], seen: Mapping[str, int]) -> dict[st
 
 
 def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str = "llama-server",
-                         terms: Sequence[ProcessTerm] = ()) -> Footprint:
+                         terms: Sequence[ProcessTerm] = (), pages: SharedPages | None = None) -> Footprint:
     """The footprint with the engine process's own memory: on the host, the calibrated part (``overhead[HOST]``)
     and the parts that scale with the model (``terms``, rules) join committed memory, their sum kept as the
     footprint's host ``overhead``; on a GPU where the model has buffers, the calibrated figure is the footprint's
     ``overhead`` for that device.
 
-    Device rows stay the engine's own buffers, term by term.
+    Device rows stay the engine's own buffers, term by term. ``pages``, the engine binary's own file pages, go with
+    the footprint apart from its host figure (``Footprint.pages``): seats of one binary share them, and the planner
+    counts them once (``pricing.pages``).
     """
     fixed = max(overhead.get(HOST, 0), 0)
     host = fixed + sum(t.bytes for t in terms)
     gpus = tuple((d, n) for d, n in overhead.items() if d != HOST and n > 0 and fp.device(d) is not None)
+    if pages is not None:
+        fp = replace(fp, pages=pages, notes=(*fp.notes, f"{engine}'s own file pages, {format_size(pages.bytes)} "
+                                                        f"({pages.source}), counted once by the seat of the binary "
+                                                        "that carries them, not in the host figure"))
     if host <= 0 and not gpus:
         return fp
     notes = list(fp.notes)
     if fixed > 0:
         notes.append(f"host includes {format_size(fixed)} of {engine} process overhead (measured: peak PSS beyond "
-                     "its buffers through a filled context of the calibration model, or more where loads of this "
-                     "build here showed more)")
+                     "its buffers and its own file pages through a filled context of the calibration model, or "
+                     "more where loads of this build here showed more)")
     notes += [f"host includes {format_size(t.bytes)} of {engine} {t.name} ({t.rule})" for t in terms if t.bytes]
     for d, n in gpus:
         notes.append(f"{d} includes {format_size(n)} of {engine} process overhead "
@@ -54,7 +61,8 @@ def overhead_label(engine: str, fixed: int, origin: str, own: int | None = None)
     (``own``): its own process, measured on this machine's earlier seats, or unavailable until one was."""
     if traits(engine).overhead != "calibrated":
         return (f"stored-measurement: this machine's {engine} seats' own process (PSS beyond the price), the largest "
-                "seen" if own else f"unavailable, because no {engine} seat was measured on this machine yet")
+                f"seen ({origin})" if own else f"unavailable, because no {engine} seat was measured on this machine "
+                "with this torch yet")
     rules = "the rules that scale with the model (tokenizer, work buffer, context)"
     if fixed > 0 and origin == "calibrated":
         return (f"stored-measurement: the engine process's own, calibrated at a filled peak of the calibration model, "

@@ -30,6 +30,7 @@ from fitevict.pricing.grown import Grown, with_grown
 from fitevict.pricing.hostbufs import HostBuffers
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.lora import LoraAdapter
+from fitevict.pricing.pages import SharedPages
 from fitevict.pricing.peft import PeftAdapter
 from fitevict.store.records import measurement_signature
 from fitevict.prices.overhead import with_engine_overhead
@@ -47,6 +48,7 @@ class SheetInputs:
     machine: str
     host: HostBuffers
     engine_overhead: Mapping[str, int]
+    engine_pages: SharedPages | None  # the engine binary's own file pages (``pricing.pages``), None: none apart
     threads: int  # the threads a seat computes with, and whether ggml's tiled K-quant path runs: the work buffer
     tiled: bool
     learned: Mapping[Ident, Mapping[LoadConfig, Footprint]]  # accepted loads' measured buffers, by file identity
@@ -84,6 +86,7 @@ class PriceSheet:
     projector: Any  # the projector file's structure, or None
     projector_estimate: Mapping[LoadConfig, int]
     engine_overhead: Mapping[str, int]
+    engine_pages: SharedPages | None
     threads: int
     tiled: bool
     loras: tuple[str, ...]
@@ -125,7 +128,8 @@ class PriceSheet:
         if cfg.loras != self.loras:
             raise ValueError(f"{self.path}: the price sheet holds adapters {list(self.loras)}, not {list(cfg.loras)}")
         fp, terms = self.pricer.price(self, cfg)  # terms: the parts of the engine process that scale with the model
-        return fp if terms is None else with_engine_overhead(fp, self.engine_overhead, terms=terms)
+        return fp if terms is None else with_engine_overhead(fp, self.engine_overhead, terms=terms,
+                                                             pages=self.engine_pages)
 
 
 def read_sheet(inputs: SheetInputs, stored: Mapping[str, Mapping], structure: Callable[[Path], Any]) -> PriceSheet:
@@ -146,7 +150,7 @@ def read_sheet(inputs: SheetInputs, stored: Mapping[str, Mapping], structure: Ca
         quantization=pricer.quantization(s), machine=inputs.machine, host=inputs.host, stored=stored,
         correction=parts["correction"], compute=_frozen(inputs.compute), dry_context=_frozen(inputs.dry_context),
         projector=parts["projector"], projector_estimate=_frozen(inputs.projector_estimate),
-        engine_overhead=_frozen(inputs.engine_overhead), threads=inputs.threads, tiled=inputs.tiled,
+        engine_overhead=_frozen(inputs.engine_overhead), engine_pages=inputs.engine_pages, threads=inputs.threads, tiled=inputs.tiled,
         loras=inputs.loras, lora_files=_frozen(parts["lora_files"]), peft=_frozen(parts["peft"]),
         extra_args=inputs.extra_args, torch_overhead=inputs.torch_overhead, peft_overhead=inputs.peft_overhead,
         version=inputs.version, grown=_frozen(inputs.grown.get(ident, {})))

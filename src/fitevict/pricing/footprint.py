@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from fitevict.pricing.pages import SharedPages
+
 # "engine-reported": what the engine says it allocated (its load log, its allocator trace); "measured": a reading of
 # the process from outside (PSS, RSS, NVML). Stored rows from before the split say "measured" for both.
 Source = Literal["engine-reported", "measured", "stored-measurement", "dry-run", "formula", "declared", "file-size",
@@ -144,6 +146,9 @@ class Footprint:
     # host_committed_bytes, on a GPU counted by ``bytes_on``.
     grown: tuple[tuple[str, int], ...] = field(default=())
     grown_from: str = ""
+    # The engine binary's own file pages (``pricing.pages``): left out of the host figure, because seats of one
+    # binary share them; the planner counts them once, on the seat of the binary that carries them
+    pages: SharedPages | None = None
 
     def device(self, name: str) -> DeviceFootprint | None:
         for d in self.devices:
@@ -185,6 +190,7 @@ class Footprint:
             "total_bytes": self.total_bytes,
             **({"overhead": dict(self.overhead)} if self.overhead else {}),
             **({"grown": dict(self.grown), "grown_from": self.grown_from} if self.grown else {}),
+            **({"pages": self.pages.to_json()} if self.pages is not None else {}),
             **({"notes": list(self.notes)} if self.notes else {}),
         }
 
@@ -224,4 +230,5 @@ def footprint_from_json(d: dict) -> Footprint:
                                     adapters))
     host = d.get("host", {})
     return Footprint(tuple(devs), host.get("mapped_bytes", 0), host.get("committed_bytes", 0),
-                     host.get("source", "engine-reported"), overhead=tuple(d.get("overhead", {}).items()))
+                     host.get("source", "engine-reported"), overhead=tuple(d.get("overhead", {}).items()),
+                     pages=SharedPages.from_json(d.get("pages")))

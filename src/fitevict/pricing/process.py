@@ -3,7 +3,7 @@ configuration, as labelled rules. Pure.
 
 A seat's process holds, beyond the buffers the engine reports, a part that does not depend on the model (the
 binary's and libraries' pages, thread stacks, the allocator's arenas: calibrated once per binary by
-``engines/llama_cpp/overhead.py``) and three parts that do, each priced here from the model's dimensions:
+``engines/llama_cpp/overhead.py``) and five parts that do, each priced here from the model's dimensions:
 
 - ``tokenizer``: the vocabulary llama_vocab keeps on the heap. Per entry: its ``token_data`` (40 B), its
   ``token_to_id`` hash node and bucket (72 B), its ``cache_token_to_piece`` string (32 B), and the GGUF reader's
@@ -24,6 +24,16 @@ binary's and libraries' pages, thread stacks, the allocator's arenas: calibrated
   the request's tokens, its JSON), ``CONTEXT_TOKEN_BYTES``: the slope of the calibration model's peak PSS beyond
   its buffers, filled to 2,048 and to 32,768 tokens (what it leaves of that model's overhead then moves by 0.4 MiB
   over fills of 2,048 to 32,768 tokens; docs/accuracy.md).
+- ``slots``: each server slot beyond the first (the calibration runs one): its sampler, its token and batch
+  vectors, its task's state. ``SLOT_BYTES``: the calibration model's peak PSS beyond its buffers and the binary's
+  own pages, filled at ``-c 4096`` with 1, 2 and 4 slots (+452,692 B for the second slot, +323,156 B for each of the
+  third and fourth: the mean per added slot).
+- ``checkpoints``: for a model whose cache cannot roll back (sliding-window layers, recurrent state), llama-server
+  keeps context checkpoints of each slot on the heap (``server-context.cpp``, ``create_checkpoint``): a prompt
+  longer than a ubatch makes two, ``n_ubatch + 4`` and 4 tokens before its end (``checkpoint_offsets``), each a
+  copy of the slot's part of the caches that cannot roll back (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``): the
+  sliding-window cells its window keeps (``n_swa``) and its recurrent state. By the source;
+  ``CHECKPOINTS_PER_SLOT`` x slots x that copy.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import GgufStructure, TensorInfo
 from fitevict.pricing.hostbufs import MUL_MAT_ID, weight_op
 from fitevict.pricing.hostbufs import HostBuffers
-from fitevict.pricing.kv import ResolvedContext, resolve_context
+from fitevict.pricing.kv import KvInfo, ResolvedContext, kv_layers, resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import Placement, place
 from fitevict.units import KiB
@@ -44,6 +54,8 @@ from fitevict.units import KiB
 VOCAB_ENTRY_BYTES = 188
 MERGE_BYTES = 136
 CONTEXT_TOKEN_BYTES = 210
+SLOT_BYTES = 366_335
+CHECKPOINTS_PER_SLOT = 2  # server-context.cpp checkpoint_offsets {4 + n_ubatch, 4}: two before a prompt's end
 CACHE_LINE = 64
 TILED_SLOT_BYTES = 512 * KiB  # ggml-cpu/tiled: TILED_WS_SLOT, per thread
 FA_TILE = 64  # GGML_FA_TILE_Q = GGML_FA_TILE_KV
@@ -151,13 +163,25 @@ def work_buffer(s: GgufStructure, rc: ResolvedContext, pl: Placement, *, n_threa
     return best + CACHE_LINE * n_threads if best else 0
 
 
+def checkpoint_bytes(kv: KvInfo | None, n_parallel: int, n_swa: int) -> int:
+    """One slot's context checkpoint: the sliding-window cells its window keeps (``n_swa`` of them, once the cache
+    dropped those behind it) and its recurrent state (0 for a model whose caches all roll back)."""
+    if kv is None:
+        return 0
+    swa = 0
+    if kv.cells_swa:
+        swa = kv.bytes_of("swa") * min(n_swa, kv.cells_swa) // (kv.cells_swa * max(1, n_parallel))
+    return swa + kv.bytes_of("recurrent") // max(1, n_parallel)
+
+
 def process_terms(s: GgufStructure, rc: ResolvedContext, pl: Placement, *, n_threads: int, tiled: bool,
-                  cells: int) -> tuple[ProcessTerm, ...]:
-    """The three parts of the engine process's host memory that scale with ``s`` under ``rc`` (tokens of a filled
-    context: ``rc.n_ctx``), each with its rule."""
+                  cells: int, kv: KvInfo | None = None) -> tuple[ProcessTerm, ...]:
+    """The five parts of the engine process's host memory that scale with ``s`` under ``rc`` (tokens of a filled
+    context: ``rc.n_ctx``; its slots; ``kv``, its caches, for the checkpoints), each with its rule."""
     vocab = s.n_vocab * VOCAB_ENTRY_BYTES + s.n_merges * MERGE_BYTES
     tokens = min(rc.n_ctx, rc.n_ctx_seq * rc.n_parallel)  # every slot full
     work = work_buffer(s, rc, pl, n_threads=n_threads, tiled=tiled, cells=cells)
+    one = checkpoint_bytes(kv, rc.n_parallel, s.n_swa)
     return (
         ProcessTerm("tokenizer", vocab,
                     f"rule: llama_vocab heap, {VOCAB_ENTRY_BYTES} B x {s.n_vocab} entries"
@@ -167,6 +191,11 @@ def process_terms(s: GgufStructure, rc: ResolvedContext, pl: Placement, *, n_thr
                     f"{min(rc.n_ubatch, rc.n_ctx_seq)}-token ubatch ({n_threads} threads)"),
         ProcessTerm("context", tokens * CONTEXT_TOKEN_BYTES,
                     f"rule: server and KV cell heap, {CONTEXT_TOKEN_BYTES} B x {tokens} tokens of a filled context"),
+        ProcessTerm("slots", max(0, rc.n_parallel - 1) * SLOT_BYTES,
+                    f"rule: server slot heap, {SLOT_BYTES} B x {max(0, rc.n_parallel - 1)} slots beyond the first"),
+        ProcessTerm("checkpoints", CHECKPOINTS_PER_SLOT * rc.n_parallel * one,
+                    f"rule: server context checkpoints, {CHECKPOINTS_PER_SLOT} x {rc.n_parallel} slots x {one} B "
+                    "(a slot's sliding-window cells and recurrent state)"),
     )
 
 
@@ -176,4 +205,5 @@ def model_terms(s: GgufStructure, cfg: LoadConfig, host: HostBuffers, *, n_threa
     ``n_threads`` threads, ``tiled`` where ggml's tiled K-quant path runs (x86 with AVX)."""
     rc = resolve_context(s, cfg)
     cells = rc.n_ctx if rc.kv_unified else rc.n_ctx_seq
-    return process_terms(s, rc, place(s, cfg, host), n_threads=n_threads, tiled=tiled, cells=cells)
+    return process_terms(s, rc, place(s, cfg, host), n_threads=n_threads, tiled=tiled, cells=cells,
+                         kv=kv_layers(s, rc, cfg))

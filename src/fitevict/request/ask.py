@@ -158,5 +158,5 @@ def plan_request(entry: CatalogEntry, cfg: LoadConfig, mode: str, structure: Any
         key=seat_key(entry), config=cfg, alloc_mode=mode, n_layer=structure.n_layer + 1,  # type: ignore[arg-type]
         n_moe_layers=structure.n_layer if structure.is_moe else 0, n_ctx_train=structure.n_ctx_train,
         pinned=entry.pinned, source=str(Path(source).resolve()) if source is not None else "", fixed=fixed,
-        path=str(path) if path is not None else "",
+        path=str(path) if path is not None else "", pages=entry.engine,
     )

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from fitevict import planner as pl
 from fitevict.config import EVICTION_POLICIES
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.pages import Holder, carriers
 from fitevict.schedule.errors import Busy, Refused, SupervisorError
 from fitevict.schedule.estimate import Estimate, estimate
 from fitevict.schedule.measured import Measured
@@ -398,7 +399,8 @@ class Scheduler:
                     self.fx.prefetch(head.request.path)
             else:
                 assert plan.config is not None
-                self.table.place(Seat(head.key, plan.config, head.request.source, now, pinned=head.request.pinned))
+                self.table.place(Seat(head.key, plan.config, head.request.source, now, pinned=head.request.pinned,
+                                      pages=plan.footprint.pages if plan.footprint is not None else None))
                 self.fx.start(head, plan)
         elif plan.action == "wait":
             self.blocked[head.key] = tuple(plan.wait_for)
@@ -452,20 +454,20 @@ class Scheduler:
         """What the planner sees at ``now``: every seat but those stopping, as a ``Resident`` (a seat within its
         minimum residency counts as busy). A fresh list, read-only for the caller."""
         out = []
-        for s in self.table.values():
-            if s.status is S.STOPPING:
-                continue
+        live = [s for s in self.table.values() if s.status is not S.STOPPING]
+        carried = carriers(Holder(s.key, s.pages, s.since) for s in live)  # the first seat of a binary: its pages
+        for s in live:
             young = s.ready_at is not None and now < self._young_until(s)
             # a seat within its minimum residency is busy for the planner: not a victim, but worth waiting for.
             # Its priority goes over as credit above L, so that the planner's band measures the cost term, not L.
             in_flight = s.in_flight or (1 if young and s.status in (S.READY, S.DRAINING) else 0)
-            held, held_source = s.held()
+            held, held_source = s.held(carried[s.key])
             out.append(pl.Resident(
                 key=s.key, config=s.config, bytes=held, source=s.source,
                 last_used=s.last_used if s.last_used is not None else (s.ready_at or s.since),
                 bytes_source=held_source, pinned=s.pinned, in_flight=in_flight,
                 loading=s.status in PLACING, priority=s.priority - self.inflation, reload_seconds=s.reload_seconds,
-                outgrowing=s.outgrowing,
+                outgrowing=s.outgrowing, pages=s.pages.group if s.pages is not None else "", carries=carried[s.key],
             ))
         return out
 

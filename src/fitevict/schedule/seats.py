@@ -25,7 +25,9 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from fitevict.pricing.footprint import HOST
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.pages import SharedPages
 
 
 class SeatStatus(str, enum.Enum):
@@ -95,6 +97,9 @@ class Seat:
     stop_after: tuple[str, str] | None = None  # (event, reason) once drained: an unload waits for it
     drained: bool = False  # its stop began while it drained (its turn over, or an unload waiting for it)
     process: Holds | None = None  # its running process (seat.running.SeatState); None before and after
+    # its engine binary's own file pages, shared with every seat of that binary (``pricing.pages``): not in its
+    # figures; the first seat of the binary carries them (``Scheduler.residents``)
+    pages: SharedPages | None = None
 
     @property
     def bytes(self) -> Mapping[str, int]:
@@ -104,10 +109,15 @@ class Seat:
     def bytes_source(self) -> str:
         return self.held()[1]
 
-    def held(self) -> tuple[Mapping[str, int], str]:
-        """What the planner counts for it, per device, and where that came from: what its process holds now
-        (``Holds.held``), else what it held when it became ready."""
-        return self.process.held() if self.process is not None else (self.loaded_bytes, self.loaded_source)
+    def held(self, carried: int = 0) -> tuple[Mapping[str, int], str]:
+        """What the planner counts for it, per device, and where that came from, when it carries ``carried`` bytes
+        of its binary's shared pages: what its process holds now (``Holds.held``), else what it held when it became
+        ready, with them."""
+        if self.process is not None:
+            return self.process.held(carried) if carried else self.process.held()
+        if not carried:
+            return self.loaded_bytes, self.loaded_source
+        return {**self.loaded_bytes, HOST: self.loaded_bytes.get(HOST, 0) + carried}, self.loaded_source
 
     @property
     def outgrowing(self) -> bool:
@@ -127,7 +137,7 @@ class Holds(Protocol):
     """A seat's process that says what it holds: bytes per device and where that figure came from, and whether that
     outgrew its price."""
 
-    def held(self) -> tuple[Mapping[str, int], str]: ...
+    def held(self, carried: int = 0) -> tuple[Mapping[str, int], str]: ...
     @property
     def outgrowing(self) -> bool: ...
 

@@ -33,6 +33,7 @@ def read_seat(seat: SeatState, engine: Any, nvml: Any, now: float) -> None:
     seat.load_reading(now, mem, read_devices(seat, set(mem.pids) or {seat.pid}, nvml))
     if seat.measured is None and not engine.traits.reports_buffers:
         seat.measured = process_footprint(mem)
+    seat.load_own_pss = own_share(seat)
     meters = DeviceMeters.of(nvml)
     for dev, (unified, how) in memory_kind_seen(seat).items():
         c = meters.census.device(dev) if meters.census is not None else None
@@ -49,6 +50,16 @@ def process_footprint(mem: procmem.ProcessMemory) -> Footprint | None:
     return Footprint((DeviceFootprint(HOST, model=Term(mem.host_bytes, "measured", why)),),
                      host_mapped_bytes=mem.mapped_bytes, host_committed_bytes=mem.committed_bytes,
                      host_source="measured")
+
+
+def own_share(seat: SeatState) -> int:
+    """The seat's share (PSS) of its binary's shared pages now (``Seat.pages``; 0 without any): they are not its
+    own overhead, and the planner counts them once on the seat that carries them."""
+    pages = seat.seat.pages
+    if pages is None or seat.pid is None:
+        return 0
+    got = procmem.file_pages(seat.pid, lambda path, _exe: pages.maps(path))
+    return got.pss if got is not None else 0
 
 
 UNIFIED_SHARE = 0.5  # a device's bytes count as in the seat's PSS when its unexplained committed part is this large
@@ -89,15 +100,16 @@ def read_devices(seat: SeatState, pids: set[int], nvml: Any) -> dict[str, int | 
 
 def overhead_seen(seat: SeatState, known: Mapping[str, int] | None = None) -> dict[str, int]:
     """The engine process's own memory per device in this seat at the reading right after its load, beyond the
-    buffers its log reports: host, PSS less the buffers and less the parts of the seat's overhead that scale with its
-    model (its ``overhead`` beyond the ``known`` calibrated figure), so that what is left is comparable with the
-    calibrated part; a GPU, NVML's bytes for the process (its CUDA context is the difference)."""
+    buffers its log reports: host, PSS less the buffers, less its share of its binary's shared pages (kept apart,
+    ``pricing.pages``) and less the parts of the seat's overhead that scale with its model (its ``overhead`` beyond
+    the ``known`` calibrated figure), so that what is left is comparable with the calibrated part; a GPU, NVML's
+    bytes for the process (its CUDA context is the difference)."""
     if seat.measured is None:
         return {}
     seen: dict[str, int] = {}
     if seat.load_mem is not None and seat.load_mem.host_bytes is not None:
         scaling = max(0, (seat.overhead or 0) - (known or {}).get(HOST, 0))  # nothing known: nothing to take off
-        seen[HOST] = seat.load_mem.host_bytes - seat.measured.bytes_on(HOST) - scaling
+        seen[HOST] = seat.load_mem.host_bytes - seat.load_own_pss - seat.measured.bytes_on(HOST) - scaling
     for dev, n in seat.load_bytes.items():
         if dev == HOST:
             continue

@@ -39,5 +39,6 @@ class Readiness:
             seat.overhead = host_overhead(seat.predicted, prices.engine_overhead)
         else:  # a seat whose process is its own (a torch seat's), never the llama-server build's calibration
             seat.overhead = seat.predicted_overhead  # None until this machine measured one such seat
-        seat.overhead_label = overhead_label(seat.engine, fixed, prices.overhead_origin, seat.predicted_overhead)
+        origin = prices.overhead_origin if traits(seat.engine).overhead == "calibrated" else prices.torch_origin
+        seat.overhead_label = overhead_label(seat.engine, fixed, origin, seat.predicted_overhead)
         seat.gpu_overhead = {d: n for d, n in prices.engine_overhead.items() if d in cfg.devices}

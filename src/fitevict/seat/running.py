@@ -64,6 +64,7 @@ class SeatState:
     load_mem: procmem.ProcessMemory | None = None  # the reading right after its load (what the load record keeps)
     load_bytes: dict[str, int] = field(default_factory=dict)  # that reading per device, and when it was taken:
     load_read_at: float | None = None  # the start of its growth rate
+    load_own_pss: int = 0  # at that reading, its share (PSS) of its binary's shared pages (``Seat.pages``)
     outgrew: dict | None = None  # once a reading exceeded its price by more than budget.outgrow_margin: the figures
     predicted_overhead: int | None = None  # the engine overhead included in ``predicted`` (transformers seats)
     expected_exit: bool = False
@@ -112,14 +113,15 @@ class SeatState:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def bytes_on(self, device: str) -> int:
+    def bytes_on(self, device: str, carried: int = 0) -> int:
         """What the planner counts for this seat on ``device``: the latest reading and the engine's buffers where we
         have them; until the reading after its load, never less than its price (a loading seat has touched only part
-        of what it will hold)."""
-        held = self._held_on(device)
-        return max(held, self.predicted.bytes_on(device)) if self.load_read_at is None else held
+        of what it will hold). ``carried``: the bytes of its binary's shared pages it carries (``pricing.pages``),
+        added to its price and its buffers; a reading holds its own share of them already."""
+        held = self._held_on(device, carried)
+        return max(held, self.predicted.bytes_on(device) + carried) if self.load_read_at is None else held
 
-    def _held_on(self, device: str) -> int:
+    def _held_on(self, device: str, carried: int = 0) -> int:
         if device == HOST:
             # The engine's own buffers (from its log) are what the seat grows to as its context fills;
             # PSS is what it touches now plus the process itself. Both are measurements of different
@@ -127,9 +129,10 @@ class SeatState:
             pss = self.host_mem.host_bytes if self.host_mem is not None else None
             if pss is not None and self.shared:  # a unified device's buffers are in the PSS: counted there, once
                 pss = max(0, pss - sum(self._held_on(d) for d in self.shared))
-            logged = self.measured.bytes_on(HOST) + self._known_overhead(HOST) if self.measured is not None else None
+            logged = (self.measured.bytes_on(HOST) + self._known_overhead(HOST) + carried
+                      if self.measured is not None else None)
             if pss is None and logged is None:
-                return self.predicted.bytes_on(HOST)
+                return self.predicted.bytes_on(HOST) + carried
             return max(pss or 0, logged or 0)
         if self.measured is not None and self.measured.device(device) is not None:
             reach = self.measured.bytes_on(device) + self._known_overhead(device)
@@ -179,12 +182,13 @@ class SeatState:
             return "engine-reported"
         return pred_source(self.predicted, device)
 
-    def figures(self, device: str, now: float | None = None) -> dict:
+    def figures(self, device: str, now: float | None = None, carried: int = 0) -> dict:
         """The seat's figures on ``device``, each named for what it is: ``predicted`` (the price, with its sources),
         ``allocated`` (engine-reported buffers, with the process overhead apart), ``measured`` (PSS of its process
         tree, or NVML: the latest reading, with its time and age at ``now``), ``measured_peak`` (the highest of every
         reading over its life) and ``planned`` (what the planner counts: the larger of allocated + overhead and
-        measured). A figure not read is None, with why."""
+        measured, with the ``carried`` bytes of its binary's shared pages on the host when it carries them). A figure
+        not read is None, with why."""
         alloc = self.measured.bytes_on(device) if self.measured is not None and (
             device == HOST or self.measured.device(device) is not None) else None
         if device == HOST:
@@ -216,11 +220,23 @@ class SeatState:
             "measured_peak_bytes": self.peak_bytes.get(device),
             "measured_peak_source": ("measured: the highest of every reading over its life"
                                      if device in self.peak_bytes else f"unavailable, because {why_not}"),
-            "planned_bytes": self.bytes_on(device),
+            "planned_bytes": self.bytes_on(device, carried if device == HOST else 0),
             "planned_source": ("planned: the larger of allocated + overhead and measured (the latest reading)"
                                if alloc is not None or live is not None else
-                               "planned: the prediction, nothing read yet"),
+                               "planned: the prediction, nothing read yet")
+                              + (", with the binary's shared pages it carries" if carried and device == HOST else ""),
+            **({"shared_pages_bytes": carried, "shared_pages_source": self._pages_source(carried)}
+               if device == HOST and self.seat.pages is not None else {}),
         }
+
+    def _pages_source(self, carried: int) -> str:
+        """What its binary's shared pages are to this seat: carried (the first seat of the binary) or not."""
+        pages = self.seat.pages
+        assert pages is not None
+        if carried:
+            return (f"planned: it carries {pages.group}'s own file pages for every seat of the binary (the first "
+                    f"placed of them; {pages.source})")
+        return f"planned: another seat of {pages.group} carries the binary's own file pages; it counts none of them"
 
     def observe(self, device: str, n: int | None) -> None:
         """A reading of ``device`` (PSS or NVML): the peak over the seat's life follows it."""
@@ -255,10 +271,12 @@ class SeatState:
         """Its reading exceeded its price by more than budget.outgrow_margin (``outgrew`` says by how much)."""
         return self.outgrew is not None
 
-    def held(self) -> tuple[dict[str, int], str]:
+    def held(self, carried: int = 0) -> tuple[dict[str, int], str]:
         """What the planner counts for this seat now, per device (``bytes_on``), and where the host figure came
-        from: its seat record reads this (``schedule.seats.Holds``)."""
-        return {HOST: self.bytes_on(HOST), **{d: self.bytes_on(d) for d in self.config.devices}}, self.source_on(HOST)
+        from, when it carries ``carried`` bytes of its binary's shared pages: its seat record reads this
+        (``schedule.seats.Holds``)."""
+        return ({HOST: self.bytes_on(HOST, carried), **{d: self.bytes_on(d) for d in self.config.devices}},
+                self.source_on(HOST))
 
     def held_bytes(self) -> dict[str, int | None]:
         """What a stop should give back, per device: committed host memory and GPU bytes, as measured."""

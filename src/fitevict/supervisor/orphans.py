@@ -87,12 +87,13 @@ async def adopt(parts: Ports, install: Callable[[SeatState], None], rec: SeatRec
     if not path.is_file():
         return None
     now = parts.clock()
+    predicted = parts.prices.footprint(path, cfg)
     record = Seat(entry.key, cfg, str(path.resolve()), now, SeatStatus.READY, pinned=entry.pinned, ready_at=now,
-                  turn_start=now)
+                  turn_start=now, pages=predicted.pages)
     seat = SeatState(
         id=rec.seat_id, seat=record, entry=entry, engine=rec.engine, model_path=path,
         port=rec.port, log_path=Path(rec.log_path or parts.processes.log_dir / f"{entry.key}-{rec.seat_id}.log"),
-        started_at=rec.started_at, predicted=parts.prices.footprint(path, cfg),
+        started_at=rec.started_at, predicted=predicted,
         signature=parts.prices.signature(path, cfg), strategy="adopted", pid=rec.pid, pgid=rec.pgid or rec.pid,
     )
     try:

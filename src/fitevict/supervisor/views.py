@@ -10,12 +10,13 @@ from fitevict.supervisor.ports import Ports
 def resident_views(parts: Ports) -> list[dict]:
     out = []
     now = parts.clock()
+    carried = {r.key: r.carries for r in parts.scheduler.residents(now)}  # the binary's shared pages, once
     for s in parts.seats.values():
         record = parts.scheduler.seats.get(s.key)
         devices = [HOST, *s.config.devices]
-        per_dev = {d: s.figures(d, now) for d in devices}
+        per_dev = {d: s.figures(d, now, carried.get(s.key, 0)) for d in devices}
         gpu = sum(s.bytes_on(d) for d in s.config.devices)
-        host = s.bytes_on(HOST)
+        host = s.bytes_on(HOST, carried.get(s.key, 0))
         total = gpu + host
         placement = (f"{100 * host / total:.0f}%/{100 * gpu / total:.0f}% CPU/GPU" if gpu and total
                      else "100% CPU")

@@ -1,11 +1,13 @@
 """A llama-server seat filled to its context, its host memory sampled through it: the peak a seat grows to.
 
 ``PeakSampler`` reads the process tree's PSS (``procmem.read_tree``: Pss_Anon + Pss_Shmem + Pss_File of the engine
-and its children, from ``/proc/PID/smaps_rollup``) on a thread every ``SAMPLE_S`` seconds, and beside it the pages of
-its code (Rss and Pss of its mappings of the engine binary and its libraries: every file but the model,
+and its children, from ``/proc/PID/smaps_rollup``) on a thread every ``SAMPLE_S`` seconds, and beside it the engine's
+own file pages (Rss and Pss of its mappings of its executable and its own libraries, ``engine_file``, from
 ``/proc/PID/smaps``). PSS splits a file's pages among every process that maps it, so a seat reads less beside other
-processes of the same binary or libraries, by as much as their number says (several MiB). Each reading keeps both:
-``pss`` as read and ``alone``, the same with the code pages counted whole, which does not depend on what else runs. Peaks are kept per phase.
+processes of the same binary, by as much as their number says (several MiB). Each reading keeps ``pss`` as read,
+``alone`` (the engine's own file pages counted whole, as for the only seat of its binary: it does not depend on what
+else runs) and ``without_own`` (none of them: a seat that does not carry its binary's pages, ``pricing.pages``).
+The C and C++ runtimes are counted as read: every process on the machine shares them. Peaks are kept per phase.
 
 ``fill`` sends every slot at once a prompt of ``n_ctx_seq - max_tokens`` token ids (cut from the model's own
 ``/tokenize`` of a text) and asks for ``max_tokens`` more (``/completion``, ``ignore_eos``), so that every slot's
@@ -16,12 +18,12 @@ Used by the engine overhead calibration (``llama_cpp/overhead.py``) and by ``ben
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
@@ -35,30 +37,19 @@ TEXT = ("The quick brown fox jumps over the lazy dog near the river bank, while 
         "keep the tokenizer busy across many different pieces of the vocabulary. ")
 
 
-NOT_CODE = ("/dev/", "/memfd:", "/SYSV")  # file-looking mappings that are not a file's pages on disk
+OWN_LIBRARIES = ("libggml", "libllama", "libmtmd")  # a build with shared libraries: the engine's own files
 
 
-def code_pages(pid: int, model: Path | None) -> tuple[int, int]:
-    """(Rss, Pss) bytes of ``pid``'s mappings of files other than ``model``: the engine binary and its libraries,
-    from /proc/PID/smaps; (0, 0) when the process cannot be read."""
-    skip = str(Path(model).resolve()) if model is not None else None
-    rss = pss = 0
-    inside = False
-    try:
-        with open(f"/proc/{pid}/smaps") as f:
-            for line in f:
-                first = line.split(None, 1)[0]
-                if "-" in first and not first.endswith(":"):  # a mapping's header line: addresses perms ... path
-                    parts = line.split(None, 5)
-                    path = parts[5].rstrip("\n") if len(parts) > 5 else ""
-                    inside = path.startswith("/") and not path.startswith(NOT_CODE) and path != skip
-                elif inside and first == "Rss:":
-                    rss += int(line.split()[1]) * 1024
-                elif inside and first == "Pss:":
-                    pss += int(line.split()[1]) * 1024
-    except OSError:
-        return 0, 0
-    return rss, pss
+def engine_file(path: str, exe: str) -> bool:
+    """A file of the engine's own: its executable, or one of the libraries its build makes (``libggml*``,
+    ``libllama*``, ``libmtmd*``). Not the C and C++ runtimes (every process on the machine shares those) and not
+    the model."""
+    return path == exe or os.path.basename(path).startswith(OWN_LIBRARIES)
+
+
+def own_pages(pid: int) -> procmem.FilePages | None:
+    """The engine's own file pages in ``pid`` (``engine_file``), Rss and Pss; None when it cannot be read."""
+    return procmem.file_pages(pid, engine_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +59,18 @@ class Reading:
     pss: int  # committed + mapped, as read
     committed: int  # Pss_Anon + Pss_Shmem
     mapped: int  # Pss_File
-    alone: int  # pss with the process's code pages (binary, libraries) counted whole: Rss instead of their share
+    own_rss: int  # the engine's own file pages (``engine_file``), whole
+    own_pss: int  # the same, its share as read
+
+    @property
+    def alone(self) -> int:
+        """PSS with the engine's own file pages counted whole (as for the only seat of its binary)."""
+        return self.pss - self.own_pss + self.own_rss
+
+    @property
+    def without_own(self) -> int:
+        """PSS without the engine's own file pages: what a seat that does not carry them holds."""
+        return self.pss - self.own_pss
 
 
 @dataclass(slots=True)
@@ -77,11 +79,11 @@ class PeakSampler:
     figure (``peaks``) and the highest PSS as read (``raw``)."""
 
     pid: int
-    model: Path | None = None  # the model file: every other file mapping is code, counted whole in ``alone``
     period: float = SAMPLE_S
     phase: str = "load"
     peaks: dict[str, Reading] = field(default_factory=dict)
     raw: dict[str, int] = field(default_factory=dict)
+    bare: dict[str, int] = field(default_factory=dict)  # per phase, the highest ``without_own``
     samples: int = 0
     unread: int = 0  # readings without bytes (the tree could not be read: the reason is kept)
     reason: str = ""
@@ -109,8 +111,8 @@ class PeakSampler:
             self.unread, self.reason = self.unread + 1, m.reason
             return None
         pss = m.committed_bytes + m.mapped_bytes
-        rss_code, pss_code = code_pages(self.pid, self.model)  # the engine has no children: its own mappings
-        return Reading(pss, m.committed_bytes, m.mapped_bytes, pss - pss_code + rss_code)
+        own = own_pages(self.pid)  # the engine has no children: its own mappings
+        return Reading(pss, m.committed_bytes, m.mapped_bytes, own.rss if own else 0, own.pss if own else 0)
 
     def _run(self) -> None:
         last = nxt = time.monotonic()
@@ -124,6 +126,7 @@ class PeakSampler:
                 if top is None or got.alone > top.alone:
                     self.peaks[self.phase] = got
                 self.raw[self.phase] = max(self.raw.get(self.phase, 0), got.pss)
+                self.bare[self.phase] = max(self.bare.get(self.phase, 0), got.without_own)
             nxt += self.period
             self._stop.wait(max(0.0, nxt - time.monotonic()))
         self.ended = time.monotonic()
@@ -136,6 +139,11 @@ class PeakSampler:
     def peak_raw(self, *phases: str) -> int | None:
         """The highest PSS as read over ``phases``; None when none was read."""
         got = [self.raw[p] for p in phases if p in self.raw]
+        return max(got) if got else None
+
+    def peak_bare(self, *phases: str) -> int | None:
+        """The highest PSS without the engine's own file pages over ``phases``; None when none was read."""
+        got = [self.bare[p] for p in phases if p in self.bare]
         return max(got) if got else None
 
 

@@ -8,15 +8,18 @@ from the model's dimensions). fitevict measures the first part once per engine b
 seat starts (the same argv builder) on the calibration model (a zoo model written for the purpose unless one is
 given) with the allocator trace preloaded, fills its context as ``engines/llama_cpp/fill.py`` does (a prompt of
 ``n_ctx_seq - 32`` tokens, 32 generated), reads the process tree's PSS every 20 ms from spawn to the end of the
-fill, with the pages of its code (the binary and its libraries) counted whole, as for a seat alone (PSS would split
-them with whatever else maps them), and takes the peak, less the exact bytes of every host buffer the allocator
-trace saw, less the calibration model's own scaling parts. It does this ``RUNS`` times and keeps the largest. The
-record is stored as JSON under ``cache_dir()/overhead``, keyed by the binary's path, size and mtime and this CPU: a
-rebuilt binary is calibrated again.
+fill, with the engine's own file pages (its executable and its own libraries, ``fill.engine_file``) counted whole,
+as for the only seat of its binary (PSS would split them with whatever else maps them), and takes the peak. Of the
+peak, the engine's own file pages are kept apart (``shared_pages``: seats of one binary share them, and the planner
+counts them once, ``pricing.pages``); the rest, less the exact bytes of every host buffer the allocator trace saw and
+less the calibration model's own scaling parts, is the overhead. It does this ``RUNS`` times and keeps the largest.
+The record is stored as JSON under ``cache_dir()/overhead``, keyed by the binary's path, size and mtime and this CPU:
+a rebuilt binary is calibrated again.
 
 ``calibrated_overhead(binary)`` is what a supervisor reads at start: ``{"CPU": bytes}`` (the part that does not
-depend on the model) or None when this binary was never calibrated. ``model_terms`` prices the other part for a
-model on this machine.
+depend on the model) or None when this binary was never calibrated. ``shared_pages(binary)`` is the binary's own
+file pages: measured by its calibration, else a labelled rule (the files' sizes). ``model_terms`` prices the other
+part for a model on this machine.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import psutil
 from fitevict.engines.base import Unavailable
 from fitevict.engines.llama_cpp.buftrace import buftrace_library, preload_env
 from fitevict.engines.llama_cpp.fill import SAMPLE_S, PeakSampler, fill, healthy
+from fitevict.engines.llama_cpp.fill import engine_file as fill_engine_file
 from fitevict.engines.llama_cpp.server import LlamaServerEngine
 from fitevict.engines.process import free_port, stop_group
 from fitevict.engines.llama_cpp.machine import this_cpu
@@ -47,6 +51,7 @@ from fitevict.pricing.gguf import GgufStructure, load_structure
 from fitevict.pricing.hostbufs import HostBuffers
 from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.pricing.pages import SharedPages
 
 from fitevict.pricing.process import ProcessTerm
 from fitevict.pricing.process import model_terms as pure_model_terms
@@ -54,7 +59,9 @@ from fitevict.pricing.process import model_terms as pure_model_terms
 CALIBRATION_CONFIG = LoadConfig(n_ctx=2048, n_parallel=1)  # one slot: 2,016 prompt tokens, 32 generated
 CALIBRATION_MODEL = "llama-gqa"  # the zoo's smallest dense model
 RUNS = 2  # calibration runs; the largest figure is kept
-RECORD_VERSION = 3  # v3: at the peak of a filled context, less the model's scaling parts (v2: once it listened)
+# v4: the engine's own file pages kept apart (v3: every library's pages counted whole in the overhead; v2: once it
+# listened)
+RECORD_VERSION = 4
 
 
 def calibratable(binary: Path) -> bool:
@@ -80,6 +87,41 @@ def calibrated_overhead(binary: str | Path) -> dict[str, int] | None:
         return None
 
 
+def shared_pages(binary: str | Path) -> SharedPages:
+    """The file pages every seat of ``binary`` shares (``pricing.pages``): as its calibration measured them, else
+    the rule: the sizes of its own files on disk (no mapping of a file holds more than the file)."""
+    path = Path(binary)
+    group = pages_group(path)
+    try:
+        data = json.loads(_record_path(path).read_text())
+        got = SharedPages.from_json({"group": group, **data["shared_pages"]})
+    except (OSError, ValueError, KeyError, TypeError):
+        got = None
+    if got is not None:
+        return got
+    files = own_files(path)
+    names = tuple(f.name for f in files)
+    return SharedPages(group, sum(f.stat().st_size for f in files),
+                       f"rule: the size on disk of {', '.join(names) or 'no file'} (not calibrated here yet; no "
+                       "mapping of a file holds more than the file)", names)
+
+
+def pages_group(binary: Path) -> str:
+    """The name seats of one binary share their pages under: the engine's (``llama-server``, the name of every
+    binary that is calibrated), as its catalog entries name it; a door runs one binary per engine."""
+    return binary.name
+
+
+def own_files(binary: Path) -> list[Path]:
+    """The engine's own files: ``binary`` and the libraries its build makes in its folder (``fill.engine_file``)."""
+    try:
+        exe = binary.resolve()
+        beside = [p for p in exe.parent.iterdir() if p != exe and p.is_file() and fill_engine_file(str(p), str(exe))]
+    except OSError:
+        return []
+    return [exe, *sorted(beside)]
+
+
 @functools.cache
 def engine_threads() -> int:
     """The threads llama-server computes with by default (common_cpu_get_num_math: the physical cores)."""
@@ -102,9 +144,10 @@ class FilledSeat:
     """A seat's host memory filled to its context: peak PSS from spawn through the fill, its host buffers to the
     byte, the time it took."""
 
-    peak_bytes: int  # the code pages (binary, libraries) counted whole, as for a seat alone
+    peak_bytes: int  # the engine's own file pages counted whole, as for the only seat of its binary
     peak_pss_bytes: int  # as read
-    listen_bytes: int  # the peak from spawn until /health answered (code pages counted whole)
+    own_bytes: int  # the engine's own file pages at that peak, whole (Rss)
+    listen_bytes: int  # the peak from spawn until /health answered (own file pages counted whole)
     buffer_bytes: int
     tokens: tuple[tuple[int, int], ...]  # per slot: (prompt tokens evaluated, tokens predicted)
     seconds: float
@@ -123,7 +166,7 @@ def measure_filled(binary: Path, model: Path, cfg: LoadConfig, *, timeout_s: flo
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(list(spec.argv), env=preload_env(lib, dict(spec.env)), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        sampler = PeakSampler(proc.pid, model=model).start()
+        sampler = PeakSampler(proc.pid).start()
         try:
             why = healthy(proc, base, timeout_s)
             if not why:
@@ -148,7 +191,7 @@ def measure_filled(binary: Path, model: Path, cfg: LoadConfig, *, timeout_s: flo
     top, listen = sampler.peak("load", "fill"), sampler.peak("load")
     if top is None or listen is None:
         return Unavailable(f"no PSS for the seat ({sampler.reason or 'not sampled'})")
-    return FilledSeat(top.alone, top.pss, listen.alone, exact.to_footprint().bytes_on(HOST), tokens,
+    return FilledSeat(top.alone, top.pss, top.own_rss, listen.alone, exact.to_footprint().bytes_on(HOST), tokens,
                       time.monotonic() - t0)
 
 
@@ -175,17 +218,22 @@ def calibrate_overhead(binary: str | Path, model: str | Path | None = None, *, h
                 return Unavailable(f"cannot calibrate {binary}: {got.reason}")
             runs.append(got)
     scaling = sum(t.bytes for t in terms)
-    best = max(runs, key=lambda r: r.peak_bytes - r.buffer_bytes)
+    best = max(runs, key=lambda r: r.peak_bytes - r.own_bytes - r.buffer_bytes)
     record = {"binary": str(binary.resolve()), "model": str(model), "config": CALIBRATION_CONFIG.to_json(),
               "pss_bytes": best.peak_bytes, "buffer_bytes": best.buffer_bytes,
-              "overhead": {HOST: best.peak_bytes - best.buffer_bytes - scaling},
+              "overhead": {HOST: best.peak_bytes - best.own_bytes - best.buffer_bytes - scaling},
+              "shared_pages": {"bytes": max(r.own_bytes for r in runs),
+                               "files": [f.name for f in own_files(binary)], "source": (
+                  f"measured: Rss of the engine's own file mappings ({', '.join(f.name for f in own_files(binary))}) "
+                  f"in /proc/PID/smaps at the filled peak of {Path(model).name}; the largest of {RUNS} runs")},
               "terms": [t.to_json() for t in terms],
-              "runs": [{"peak_bytes": r.peak_bytes, "peak_pss_bytes": r.peak_pss_bytes, "buffer_bytes": r.buffer_bytes,
-                        "tokens": r.tokens, "seconds": round(r.seconds, 3)} for r in runs],
+              "runs": [{"peak_bytes": r.peak_bytes, "peak_pss_bytes": r.peak_pss_bytes, "own_bytes": r.own_bytes,
+                        "buffer_bytes": r.buffer_bytes, "tokens": r.tokens, "seconds": round(r.seconds, 3)}
+                       for r in runs],
               "seconds": round(time.monotonic() - t0, 3),
-              "source": f"measured: peak PSS (smaps_rollup every {SAMPLE_S * 1000:.0f} ms, the code pages of the "
-                        "binary and its libraries counted whole) through a filled context, minus the allocator's host "
-                        f"buffer bytes and the calibration model's scaling parts; the largest of {RUNS} runs"}
+              "source": f"measured: peak PSS (smaps_rollup every {SAMPLE_S * 1000:.0f} ms) through a filled context, "
+                        "less the engine's own file pages (kept apart as shared_pages), the allocator's host buffer "
+                        f"bytes and the calibration model's scaling parts; the largest of {RUNS} runs"}
     path = _record_path(binary)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp_path = path.with_suffix(f".tmp{os.getpid()}")

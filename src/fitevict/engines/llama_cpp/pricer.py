@@ -114,5 +114,8 @@ class GgufPricer(PricerBase):
     def calibrate_overhead(self, binary: Path, *, timeout_s: float) -> Any:
         return overhead.calibrate_overhead(binary, timeout_s=timeout_s)
 
+    def shared_pages(self, binary: Path) -> Any:
+        return overhead.shared_pages(binary) if overhead.calibratable(binary) else None
+
 
 PRICER = GgufPricer()
