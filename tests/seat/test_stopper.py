@@ -1,6 +1,7 @@
 """The stopper alone (``seat.stopping.Stopper``), over a real history in a real SQLite store: a stop is marked
 in the seat's store record before anything else, the prompts are saved before the seat ends, the stop is recorded
-with what came back, and the scheduler is told exactly once, after the record."""
+with what came back, and the scheduler is told exactly once, as soon as the release is verified: the record and
+the store's forgetting follow, off the path of whatever waited for the seat's bytes."""
 
 from __future__ import annotations
 
@@ -52,6 +53,10 @@ def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_free
         told.append((key, res.freed_bytes, slot_freed))
         order.append("stopped")
 
+    def freed(key) -> None:  # the scheduler: the seat holds nothing any more
+        told.append((key, "freed"))
+        order.append("freed")
+
     async def scenario():
         history = History(store)
         history.on_event.append(lambda ev: order.append(f"event:{ev.event}"))
@@ -63,7 +68,8 @@ def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_free
             assert seat.proc is not None
             await seat.proc.wait()
         stopper = Stopper(lambda: 5.0, history, processes, SimpleNamespace(gpu_figure=lambda s: None),
-                          ending=ending, records=records, save_prompts=save_prompts, stopped=stopped)
+                          ending=ending, records=records, save_prompts=save_prompts, stopped=stopped,
+                          freed=freed)
         return await stopper.stop(seat, event, "evicted for b", "req-1")
 
     try:
@@ -81,30 +87,31 @@ def test_a_stop_is_recorded_with_what_came_back_and_the_scheduler_told_once(tmp_
     assert ev.model == "m" and ev.reason == "evicted for b" and ev.request_id == "req-1" and ev.time == 5.0
     assert ev.details["release_note"] == "test: what the ending said" and ev.details["release_verified"] is True
     assert ev.details["kv_save_notes"] == ["test: nothing to save"]  # the prompts saved before the stop
-    assert got.told == [("m", fakeparts.FREED, False)]  # exactly once
+    # the scheduler told exactly once, as the release was verified; whoever waits for the stop once it is recorded
+    assert got.told == [("m", "freed"), ("m", fakeparts.FREED, True)]
     # the stop marked in the store first, the prompts saved before the seat ended with the slot freed early if
-    # need be, and the scheduler told only once the stop is recorded and its log let go
+    # need be, the scheduler told at once, and whoever waits for the stop once it is recorded and its log let go
     assert got.records.kept == [(got.seat.id, "stopping:evict")] and got.saved == ["evict"]
     assert got.ending.calls == [(got.seat.id, True)]
     # its store record goes only once the stop is recorded: a door killed in between finds it at its restart
-    assert got.order == ["save", "end", "event:evict", "forget", "done_with_log", "stopped"]
+    assert got.order == ["save", "end", "freed", "event:evict", "forget", "done_with_log", "stopped"]
     assert got.processes.done == [got.seat.log_path]
     assert not [e for e in got.events if e.event == "leak"]
 
 
 def test_a_teardown_that_names_live_tensors_adds_a_leak_event(tmp_path: Path) -> None:
     got = _stop(tmp_path, "unload", teardown=LEAKS)
-    assert got.order == ["save", "end", "event:unload", "forget", "event:leak", "done_with_log", "stopped"]
+    assert got.order == ["save", "end", "freed", "event:unload", "forget", "event:leak", "done_with_log", "stopped"]
     events = {e.event: e for e in got.events}
     assert sorted(events) == ["leak", "unload"]
     assert events["leak"].host_bytes == 4096 and "model.layers.0.weight" in events["leak"].reason
     assert "leak_check" in events["unload"].details
-    assert got.told == [("m", fakeparts.FREED, False)]
+    assert got.told == [("m", "freed"), ("m", fakeparts.FREED, True)]
 
 
 def test_a_slot_freed_while_the_release_was_verified_is_not_freed_twice(tmp_path: Path) -> None:
     got = _stop(tmp_path, "idle-unload", slot_freed_early=True)
-    assert got.told == [("m", fakeparts.FREED, True)]  # the desk leaves the scheduler alone then
+    assert got.told == [("m", fakeparts.FREED, True)]  # neither the stopper nor the desk tells the scheduler again
 
 
 def test_a_seat_that_died_while_it_drained_ends_as_its_stop_saying_how(tmp_path: Path) -> None:
@@ -118,8 +125,8 @@ def test_a_seat_that_died_while_it_drained_ends_as_its_stop_saying_how(tmp_path:
     assert d["cause"] == "killed" and d["oom"] is None and "log_tail" in d
     assert ev.reason.startswith("evicted for b; it ended on its own while it drained: llama-server was killed (SIGKILL")
     assert got.saved == [] and "kv_save_notes" not in d
-    assert got.order == ["end", "event:evict", "forget", "done_with_log", "stopped"]
-    assert got.told == [("m", fakeparts.FREED, False)]
+    assert got.order == ["end", "freed", "event:evict", "forget", "done_with_log", "stopped"]
+    assert got.told == [("m", "freed"), ("m", fakeparts.FREED, True)]
 
 
 def test_a_stop_of_a_running_seat_says_it_was_not_draining_and_adds_no_cause(tmp_path: Path) -> None:

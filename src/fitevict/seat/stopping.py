@@ -1,9 +1,11 @@
 """A stop the scheduler asked for (an eviction, an unload, an idle unload, shutdown) of a seat that serves: its
 record marked ``stopping:<event>`` first (a restart knows the stop was under way), its long prompts saved before an
 eviction or idle unload (``save_prompts``: ``kvkeep.keep_before_stop``; not from a process that has exited), the
-seat ended (``ending.Ending``), the engine's teardown report read from its log, the stop recorded as one event with
-what came back (and a ``leak`` event when the teardown names tensors still alive), and then the scheduler and
-whoever waits for the stop told once (``stopped``).
+seat ended (``ending.Ending``), and the scheduler told at once that the seat holds nothing any more (``freed``: its
+release is verified by then, so what waited for its bytes is placed now, while the rest of the stop is written).
+Then, off that path: the engine's teardown report read from its log (what it wrote since the stop began), the stop
+recorded as one event with what came back (and a ``leak`` event when the teardown names tensors still alive), the
+seat's store record forgotten, and whoever waits for the stop told once (``stopped``).
 
 The event says whether the seat was draining when its stop began (``draining``: its turn over, or an unload waiting
 for its requests in flight). A seat whose process had ended on its own before the stop (killed while it drained,
@@ -44,9 +46,11 @@ class Stopped(Protocol):
 class Stopper:
     def __init__(self, clock: Callable[[], float], history: EventLog, processes: Processes, planning: SeatFigures, *,
                  ending: Ending, records: SeatRecords,
-                 save_prompts: Callable[[SeatState, str], Awaitable[dict[str, Any]]], stopped: Stopped) -> None:
+                 save_prompts: Callable[[SeatState, str], Awaitable[dict[str, Any]]], stopped: Stopped,
+                 freed: Callable[[str], None]) -> None:
         self.clock, self.history, self.processes, self.planning = clock, history, processes, planning
         self.ending, self.records, self.save_prompts, self.stopped = ending, records, save_prompts, stopped
+        self.freed = freed  # the scheduler told that a seat holds nothing any more (``Scheduler.stopped``)
         self.under_way: dict[str, asyncio.Task] = {}  # the task of each stop not finished yet, by seat key
 
     async def stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
@@ -69,12 +73,15 @@ class Stopper:
         mark(seat.key, "prompts saved")
         res = await self.ending.end(seat, free_slot=True, forget=False)  # the record goes once the stop is recorded
         mark(seat.key, "release verified")
+        if not seat.slot_freed:  # its release is verified: what waits for its bytes is placed now, not after the
+            seat.slot_freed = True  # records below (their writes are no part of anyone's wait)
+            self.freed(seat.key)
         try:
             await self._record(seat, event, reason, request_id, res, kept)
-        finally:  # the process is gone: the scheduler and whoever waits are told, even if its record failed
+        finally:  # whoever waits for the stop is told once it is recorded, even if its record failed
             mark(seat.key, "stop recorded")
             self.processes.done_with_log(seat.log_path)
-            self.stopped(seat.key, res, slot_freed=seat.slot_freed)
+            self.stopped(seat.key, res, slot_freed=True)
         return res
 
     async def _record(self, seat: SeatState, event: str, reason: str, request_id: str | None, res: StopResult,
