@@ -21,8 +21,9 @@ class Processes:
     """The seat's engine (its teardown report, from its log) and the logs it is done with."""
 
     def __init__(self, log: list, teardown: dict | None) -> None:
-        self.log, self.done = log, []
-        self.engine = SimpleNamespace(teardown=lambda text: teardown, shutting_down=lambda text: None,
+        self.log, self.done, self.read = log, [], []  # read: the log text each teardown was given
+        self.engine = SimpleNamespace(teardown=lambda text: self.read.append(text) or teardown,
+                                      shutting_down=lambda text: None,
                                       traits=SimpleNamespace(reports_teardown=teardown is not None))
 
     def engine_for(self, entry):
@@ -44,7 +45,11 @@ def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_free
     processes = Processes(order, teardown)
     seat = fakeparts.seat(tmp_path)
 
+    seat.log_path.write_text("what it wrote while it served\n")
+
     async def save_prompts(s, ev: str) -> dict:
+        with s.log_path.open("a") as log:  # the stop has begun: what the engine says from now on is its teardown's
+            log.write("what it wrote on its way out\n")
         saved.append(ev)
         order.append("save")
         return {"kv_saved": [], "kv_save_notes": ["test: nothing to save"]}
@@ -107,6 +112,16 @@ def test_a_teardown_that_names_live_tensors_adds_a_leak_event(tmp_path: Path) ->
     assert events["leak"].host_bytes == 4096 and "model.layers.0.weight" in events["leak"].reason
     assert "leak_check" in events["unload"].details
     assert got.told == [("m", "freed"), ("m", fakeparts.FREED, True)]
+
+
+def test_the_teardown_is_read_from_what_the_log_got_since_the_stop_began(tmp_path: Path) -> None:
+    got = _stop(tmp_path, "unload", teardown=LEAKS)
+    assert got.processes.read == ["what it wrote on its way out\n"]  # not the whole log of its life
+
+
+def test_an_engine_that_writes_no_teardown_report_has_its_log_left_unread(tmp_path: Path) -> None:
+    got = _stop(tmp_path, "evict")
+    assert got.processes.read == [] and got.events
 
 
 def test_a_slot_freed_while_the_release_was_verified_is_not_freed_twice(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@ record marked ``stopping:<event>`` first (a restart knows the stop was under way
 eviction or idle unload (``save_prompts``: ``kvkeep.keep_before_stop``; not from a process that has exited), the
 seat ended (``ending.Ending``), and the scheduler told at once that the seat holds nothing any more (``freed``: its
 release is verified by then, so what waited for its bytes is placed now, while the rest of the stop is written).
-Then, off that path: the engine's teardown report read from its log (what it wrote since the stop began), the stop
+Then, off that path: the engine's teardown report read from its log (only from an engine that writes one, and only
+what it wrote since the stop began, off the event loop), the stop
 recorded as one event with what came back (and a ``leak`` event when the teardown names tensors still alive), the
 seat's store record forgotten, and whoever waits for the stop told once (``stopped``).
 
@@ -31,7 +32,7 @@ from fitevict.seat.accounts import died, leak_check, leak_event, timings
 from fitevict.seat.ending import Ending
 from fitevict.seat.processes import Processes
 from fitevict.seat.release import StopResult
-from fitevict.seat.running import SeatState, log_text
+from fitevict.seat.running import SeatState, log_size, log_text
 from fitevict.seat.parts import EventLog, SeatFigures
 from fitevict.seat.storing import STOPPING, SeatRecords
 
@@ -67,6 +68,7 @@ class Stopper:
 
     async def _stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         mark(seat.key, "stop begins")
+        since = log_size(seat.log_path)  # its teardown report, if it writes one, comes after this point
         self.records.keep(seat, STOPPING + event)  # a restart knows this stop was under way
         exited = seat.pid is not None and exiting(seat.pid)  # killed while it drained, say: nothing to save
         kept = {} if exited else await self.save_prompts(seat, event)
@@ -77,7 +79,7 @@ class Stopper:
             seat.slot_freed = True  # records below (their writes are no part of anyone's wait)
             self.freed(seat.key)
         try:
-            await self._record(seat, event, reason, request_id, res, kept)
+            await self._record(seat, event, reason, request_id, res, kept, since)
         finally:  # whoever waits for the stop is told once it is recorded, even if its record failed
             mark(seat.key, "stop recorded")
             self.processes.done_with_log(seat.log_path)
@@ -85,10 +87,12 @@ class Stopper:
         return res
 
     async def _record(self, seat: SeatState, event: str, reason: str, request_id: str | None, res: StopResult,
-                      kept: dict[str, Any]) -> None:
-        """The stop's event (how the process ended, its figures, its leak check), then the seat's record forgotten."""
+                      kept: dict[str, Any], since: int) -> None:
+        """The stop's event (how the process ended, its figures, its leak check), then the seat's record forgotten.
+        ``since``: where the seat's log stood when the stop began (its teardown report is written after it)."""
         engine = self.processes.engine_for(seat.entry)
-        report = engine.teardown(log_text(seat.log_path))
+        report = (engine.teardown(await asyncio.to_thread(log_text, seat.log_path, since))
+                  if engine.traits.reports_teardown else None)
         drained = seat.seat.drained
         account: dict[str, Any] = {}
         if res.ended == "exited":  # it ended on its own before the stop: say how, as a crash would
