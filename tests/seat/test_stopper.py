@@ -40,6 +40,8 @@ def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_free
     order: list[str] = []
     told: list[tuple] = []
     saved: list[str] = []
+    under_way: list[tuple] = []
+    stoppers: list[Stopper] = []
     records = fakeparts.Records()
     ending = fakeparts.Ending(order)
     processes = Processes(order, teardown)
@@ -52,6 +54,7 @@ def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_free
             log.write("what it wrote on its way out\n")
         saved.append(ev)
         order.append("save")
+        under_way.append(stoppers[0].evicted_for("req-1"))  # its event not recorded yet: the stop names it
         return {"kv_saved": [], "kv_save_notes": ["test: nothing to save"]}
 
     def stopped(key, res, *, slot_freed=False, how=None) -> None:
@@ -75,11 +78,14 @@ def _stop(tmp_path: Path, event: str, *, teardown: dict | None = None, slot_free
         stopper = Stopper(lambda: 5.0, history, processes, SimpleNamespace(gpu_figure=lambda s: None),
                           ending=ending, records=records, save_prompts=save_prompts, stopped=stopped,
                           freed=freed)
-        return await stopper.stop(seat, event, "evicted for b", "req-1")
+        stoppers.append(stopper)
+        res = await stopper.stop(seat, event, "evicted for b", "req-1")
+        under_way.append(stopper.evicted_for("req-1"))  # recorded: the history names it from now on
+        return res
 
     try:
         res = asyncio.run(scenario())
-        return SimpleNamespace(res=res, events=store.events(), order=order, told=told, saved=saved,
+        return SimpleNamespace(res=res, events=store.events(), order=order, told=told, saved=saved, under_way=under_way,
                                records=records, ending=ending, processes=processes, seat=seat)
     finally:
         store.close()
@@ -122,6 +128,11 @@ def test_the_teardown_is_read_from_what_the_log_got_since_the_stop_began(tmp_pat
 def test_an_engine_that_writes_no_teardown_report_has_its_log_left_unread(tmp_path: Path) -> None:
     got = _stop(tmp_path, "evict")
     assert got.processes.read == [] and got.events
+
+
+def test_an_eviction_under_way_is_named_for_its_request_until_its_event_is_recorded(tmp_path: Path) -> None:
+    assert _stop(tmp_path, "evict").under_way == [("m",), ()]
+    assert _stop(tmp_path / "u", "unload").under_way == [(), ()]  # an unload is no eviction for a request
 
 
 def test_a_slot_freed_while_the_release_was_verified_is_not_freed_twice(tmp_path: Path) -> None:

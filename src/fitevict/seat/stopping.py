@@ -14,7 +14,8 @@ say) ends as this stop all the same, never as a crash beside it: the event says 
 would (``accounts.died``: ``exit_code``, ``cause``, ``oom``, ``log_tail``), in its details and its reason.
 
 ``Stopper`` works with four parts: the clock, the history, the processes (the seat's engine, its log) and the
-planning part (what the seat held on GPUs, as the history counts it).
+planning part (what the seat held on GPUs, as the history counts it); ``asked_by`` holds the event and request of
+each stop not finished yet (a load report names the seats evicted for its request before their events are written).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Stopper:
         self.ending, self.records, self.save_prompts, self.stopped = ending, records, save_prompts, stopped
         self.freed = freed  # the scheduler told that a seat holds nothing any more (``Scheduler.stopped``)
         self.under_way: dict[str, asyncio.Task] = {}  # the task of each stop not finished yet, by seat key
+        self.asked_by: dict[str, tuple[str, str | None]] = {}  # (event, request id) of each stop under way, by key
 
     async def stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         """Stop ``seat`` (run as a task of its own: it is in ``under_way`` until it ends, so that shutdown can wait
@@ -60,11 +62,17 @@ class Stopper:
         task = asyncio.current_task()
         assert task is not None
         self.under_way[seat.key] = task
+        self.asked_by[seat.key] = (event, request_id)
         try:
             return await self._stop(seat, event, reason, request_id)
         finally:
             if self.under_way.get(seat.key) is task:
                 del self.under_way[seat.key]
+                self.asked_by.pop(seat.key, None)
+
+    def evicted_for(self, request_id: str) -> tuple[str, ...]:
+        """The seats whose eviction for ``request_id`` is under way: their events are not recorded yet."""
+        return tuple(k for k, (ev, rid) in self.asked_by.items() if ev == "evict" and rid == request_id)
 
     async def _stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         mark(seat.key, "stop begins")

@@ -35,7 +35,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import Ask, ask, passthrough_args
 from fitevict.request.contract import Contract, seat_key
-from fitevict.supervisor.loadreport import hit_report, request_report
+from fitevict.supervisor.loadreport import deferred_report, hit_report
 from fitevict.store import Store
 from fitevict.store.records import Event
 from fitevict.supervisor.bounded import STEP_SECONDS, bounded
@@ -407,9 +407,11 @@ class Supervisor:
         seat = self.seats[got]
         t_seat: float | None = None
         try:
-            if timing is not None:  # what loading cost this request (an adapter is served by its base's seat)
-                timing["load_report"] = (partial(hit_report, self.parts, entry, seat) if hit else
-                                         await request_report(self.parts, entry, seat, w.arrived, request_id))
+            if timing is not None:  # what loading cost this request (an adapter is served by its base's seat), made
+                # once the request went to the engine (``report_headers``): none of it is on the request's path
+                timing["load_report"] = (partial(hit_report, self.parts, entry, seat) if hit else await deferred_report(
+                    self.parts, entry, seat, w.arrived, request_id,
+                    evicting=self.fx.stopper.evicted_for(request_id) if request_id else ()))
             t_seat, busy = self.clock(), running(self.scheduler)
             mark(entry.key, "seat held")
             yield seat
