@@ -100,19 +100,22 @@ def test_a_stop_is_recorded_with_what_came_back_and_the_scheduler_told_once(tmp_
     assert ev.details["kv_save_notes"] == ["test: nothing to save"]  # the prompts saved before the stop
     # the scheduler told exactly once, as the release was verified; whoever waits for the stop once it is recorded
     assert got.told == [("m", "freed"), ("m", fakeparts.FREED, True)]
-    # the stop marked in the store first, the prompts saved before the seat ended with the slot freed early if
-    # need be, the scheduler told at once, and whoever waits for the stop once it is recorded and its log let go
+    # the stop marked in the store first, what its release is verified against read beside the prompts' save (begun
+    # before it, awaited before the seat ends), the seat ended with the slot freed early if need be, the scheduler
+    # told at once, and whoever waits for the stop once it is recorded and its log let go
     assert got.records.kept == [(got.seat.id, "stopping:evict")] and got.saved == ["evict"]
     assert got.ending.calls == [(got.seat.id, True)]
     # its store record goes only once the stop is recorded: a door killed in between finds it at its restart
-    assert got.order == ["save", "end", "freed", "event:evict", "forget", "done_with_log", "stopped"]
+    assert got.order == ["read before", "save", "end after the reading", "freed", "event:evict", "forget",
+                         "done_with_log", "stopped"]
     assert got.processes.done == [got.seat.log_path]
     assert not [e for e in got.events if e.event == "leak"]
 
 
 def test_a_teardown_that_names_live_tensors_adds_a_leak_event(tmp_path: Path) -> None:
     got = _stop(tmp_path, "unload", teardown=LEAKS)
-    assert got.order == ["save", "end", "freed", "event:unload", "forget", "event:leak", "done_with_log", "stopped"]
+    assert got.order == ["read before", "save", "end after the reading", "freed", "event:unload", "forget", "event:leak",
+                         "done_with_log", "stopped"]
     events = {e.event: e for e in got.events}
     assert sorted(events) == ["leak", "unload"]
     assert events["leak"].host_bytes == 4096 and "model.layers.0.weight" in events["leak"].reason

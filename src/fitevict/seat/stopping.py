@@ -1,6 +1,7 @@
 """A stop the scheduler asked for (an eviction, an unload, an idle unload, shutdown) of a seat that serves: its
 record marked ``stopping:<event>`` first (a restart knows the stop was under way), its long prompts saved before an
-eviction or idle unload (``save_prompts``: ``kvkeep.keep_before_stop``; not from a process that has exited), the
+eviction or idle unload (``save_prompts``: ``kvkeep.keep_before_stop``; not from a process that has exited) while
+what its release is verified against is read beside them (``Ending.read_before``, off the event loop), the
 seat ended (``ending.Ending``), and the scheduler told at once that the seat holds nothing any more (``freed``: its
 release is verified by then, so what waited for its bytes is placed now, while the rest of the stop is written).
 Then, off that path: the engine's teardown report read from its log (only from an engine that writes one, and only
@@ -79,9 +80,17 @@ class Stopper:
         since = log_size(seat.log_path)  # its teardown report, if it writes one, comes after this point
         self.records.keep(seat, STOPPING + event)  # a restart knows this stop was under way
         exited = seat.pid is not None and exiting(seat.pid)  # killed while it drained, say: nothing to save
-        kept = {} if exited else await self.save_prompts(seat, event)
+        # what its release is verified against, read off the event loop while its prompts are saved
+        reading = None if exited else self.ending.read_before(seat)
+        try:
+            kept = {} if exited else await self.save_prompts(seat, event)
+        except BaseException:
+            if reading is not None:
+                reading.cancel()
+            raise
         mark(seat.key, "prompts saved")
-        res = await self.ending.end(seat, free_slot=True, forget=False)  # the record goes once the stop is recorded
+        res = await self.ending.end(seat, free_slot=True, forget=False,  # the record goes once the stop is recorded
+                                    before=reading)
         mark(seat.key, "release verified")
         if not seat.slot_freed:  # its release is verified: what waits for its bytes is placed now, not after the
             seat.slot_freed = True  # records below (their writes are no part of anyone's wait)
