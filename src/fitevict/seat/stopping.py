@@ -71,9 +71,10 @@ class Stopper:
                 del self.under_way[seat.key]
                 self.asked_by.pop(seat.key, None)
 
-    def evicted_for(self, request_id: str) -> tuple[str, ...]:
+    def evicted_for(self, request_id: str | None) -> tuple[str, ...]:
         """The seats whose eviction for ``request_id`` is under way: their events are not recorded yet."""
-        return tuple(k for k, (ev, rid) in self.asked_by.items() if ev == "evict" and rid == request_id)
+        return tuple(k for k, (ev, rid) in self.asked_by.items()
+                     if ev == "evict" and rid == request_id) if request_id else ()
 
     async def _stop(self, seat: SeatState, event: str, reason: str, request_id: str | None) -> StopResult:
         mark(seat.key, "stop begins")
