@@ -127,13 +127,15 @@ def signal_exit() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
-def spawn_engine(binary: Path, path: Path, n_ctx: int) -> tuple[subprocess.Popen, str]:
-    """llama-server on ``path`` with the argv a seat gets (``LlamaServerEngine.launch_spec``, one slot): the process
-    (its own session) and its base URL."""
+def spawn_engine(binary: Path, path: Path, n_ctx: int, *, repack: bool = True) -> tuple[subprocess.Popen, str]:
+    """llama-server on ``path`` with the argv a seat gets (``LlamaServerEngine.launch_spec``, one slot; ``repack``
+    False: ``-nr``, as a seat runs where the build's repacking crashed): the process (its own session) and its base
+    URL."""
     from fitevict.engines.llama_cpp.server import LlamaServerEngine
     from fitevict.pricing.loadconfig import LoadConfig
 
-    spec = LlamaServerEngine(binary).launch_spec(path, LoadConfig(n_ctx=n_ctx, n_parallel=1), free_port())
+    cfg = LoadConfig(n_ctx=n_ctx, n_parallel=1, repack=repack)
+    spec = LlamaServerEngine(binary).launch_spec(path, cfg, free_port())
     proc = subprocess.Popen(list(spec.argv), env=dict(spec.env), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     return proc, f"http://127.0.0.1:{spec.port}"

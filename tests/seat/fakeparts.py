@@ -86,11 +86,22 @@ class Ending:
         self.calls: list[tuple[str, bool]] = []
         self.log = log if log is not None else []
 
-    async def end(self, s: SeatState, *, free_slot: bool = False, forget: bool = True) -> StopResult:
+    def read_before(self, s: SeatState):
+        """The reading before the stop, begun: said in the log, and done at once."""
+        import asyncio
+
+        self.log.append("read before")
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    async def end(self, s: SeatState, *, free_slot: bool = False, forget: bool = True, before=None) -> StopResult:
         s.expected_exit = True
         exited = s.proc.returncode if s.proc is not None else None  # it ended before the stop
         self.calls.append((s.id, free_slot))
-        self.log.append("end")
+        if before is not None:
+            await before
+        self.log.append("end" if before is None else "end after the reading")
         if s.pgid is not None:
             try:
                 os.killpg(s.pgid, signal.SIGKILL)

@@ -38,3 +38,42 @@ def test_an_ended_seat_is_stopped_detached_and_forgotten(tmp_path: Path) -> None
     assert records.forgotten == [seat.id] and gone == []
     # it exited on the SIGTERM, so within the grace: the stop's own account, and its time under that budget
     assert res.key == "m" and res.ended == "sigterm" and 0 < res.exit_seconds < 10, res
+
+
+def test_the_reading_begun_before_the_stop_is_the_one_its_release_is_verified_against(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """``read_before`` begins the reading off the event loop (a stop saves the seat's prompts meanwhile); ``end``
+    awaits that very reading before the SIGTERM and reads nothing again."""
+    import fitevict.seat.ending as ending_mod
+    import fitevict.seat.release as release_mod
+
+    order: list[str] = []
+    real_read, real_stop = release_mod.read_before_stop, release_mod.stop_process_group
+
+    def read(*args, **kwargs):
+        order.append("read")
+        return real_read(*args, **kwargs)
+
+    async def stop(*args, **kwargs):
+        order.append("SIGTERM")
+        return await real_stop(*args, **kwargs)
+
+    monkeypatch.setattr(ending_mod, "read_before_stop", read)
+    monkeypatch.setattr(release_mod, "read_before_stop", read)
+    monkeypatch.setattr(release_mod, "stop_process_group", stop)
+    table = SeatTable()
+    seat = fakeparts.seat(tmp_path)
+    table.place(seat.seat)
+
+    async def scenario():
+        ending = Ending(table, EngineConfig(stop_grace_seconds=10, release_timeout_seconds=5), None,
+                        asyncio.get_running_loop().time, records=fakeparts.Records(), gone=lambda key: None,
+                        changed=lambda: None)
+        await fakeparts.run(seat, "import time; time.sleep(600)")
+        before = ending.read_before(seat)
+        return await ending.end(seat, before=before), await before
+
+    res, reading = asyncio.run(scenario())
+    assert order == ["read", "SIGTERM"]  # read once, before the SIGTERM, never again
+    assert reading.tree is not None and seat.pid in reading.tree.pids
+    assert res.held == reading.held and res.held["CPU"] and res.verified, res.note

@@ -124,3 +124,69 @@ def test_a_bug_in_a_load_ends_as_a_failed_load_with_no_process_left(tmp_path: Pa
     assert ev.event == "fail" and "the load failed inside fitevict: KeyError" in ev.reason
     assert len(got.ending.calls) == 1  # its process ended
     assert len(got.told) == 1 and got.told[0][:2] == ("load_failed", "m") and "see the server log" in got.told[0][2]
+
+
+def test_quiet_returns_only_once_no_load_is_under_way() -> None:
+    """What waits for the loads to end (the prices read ahead) is held while one runs, and let go when it ends."""
+    from fitevict.seat.loading import Loader
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        loader = Loader(None, None, None, None, prices=None, launcher=None, ending=None,  # type: ignore[arg-type]
+                        readiness=None, meter=None, recorder=None, watch=None, spawn=None, closed=None,
+                        handed=None, recording=set())
+        await loader.quiet()  # no load: at once
+        seen.append("quiet with no load")
+        gate = asyncio.Event()
+        loader.loads["b"] = asyncio.ensure_future(gate.wait())
+        quiet = asyncio.ensure_future(loader.quiet())
+        for _ in range(5):  # let both run their steps: the wait stays held while the load runs
+            await asyncio.sleep(0)
+        seen.append(f"held while loading: {not quiet.done()}")
+        gate.set()
+        await quiet
+        seen.append("quiet once it ended")
+        return seen
+
+    assert asyncio.run(scenario()) == ["quiet with no load", "held while loading: True", "quiet once it ended"]
+
+
+def test_prices_are_not_read_ahead_while_a_load_is_under_way(tmp_path: Path) -> None:
+    """The supervisor's read-ahead waits for the loads under way before each model's dry run (``Loader.quiet``)."""
+    from fitevict.config import load_config
+    from fitevict.request.catalog import Catalog
+    from fitevict.supervisor import Supervisor
+
+    (tmp_path / "models").mkdir()
+    cfg = load_config(None, env={}, overrides={"data_dir": str(tmp_path / "data"),
+                                               "models_dirs": [str(tmp_path / "models")]})
+    store = Store.open(cfg.store_url)
+
+    async def scenario() -> list[str]:
+        sup = Supervisor(config=cfg, catalog=Catalog.from_config(cfg), store=store,
+                         engine_binary=fakeparts.engine_binary(tmp_path))
+        seen: list[str] = []
+
+        async def read_price(key: str, contract=None) -> None:
+            seen.append(f"priced {key}")
+
+        sup.read_price = read_price  # type: ignore[method-assign]
+        gate = asyncio.Event()
+
+        async def loading() -> None:
+            await gate.wait()
+            seen.append("load ended")
+
+        sup.fx.loader.loads["b"] = asyncio.ensure_future(loading())
+        ahead = asyncio.ensure_future(sup.read_prices_ahead(["a", "c"]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        seen.append("still loading")
+        gate.set()
+        await ahead
+        return seen
+
+    try:
+        assert asyncio.run(scenario()) == ["still loading", "load ended", "priced a", "priced c"]
+    finally:
+        store.close()

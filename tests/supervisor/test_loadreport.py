@@ -117,3 +117,40 @@ def test_a_reload_for_a_larger_context_says_why_for_its_own_request_only() -> No
     assert any(n.startswith("reloaded for ctx: resident 2048 < asked 4096") for n in got.notes)
     assert json.loads(got.header())["reloaded_for"] == got.reloaded_for
     assert reloaded(r, (stop,), "m", "r3") is r and reloaded(r, (stop,), "m", None) is r  # another request's load
+
+
+def test_a_loads_report_is_built_only_when_its_header_is_asked_for_and_names_every_eviction() -> None:
+    """A request that waited for a load gets its report as something to build, not built: the header is made once
+    the request went to the engine (``report_headers``, from the relay's ``on_sent``). Built then, it names the seats
+    evicted for the request whether their stops were recorded by then or still under way when it got its seat."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from fitevict.pricing.loadconfig import LoadConfig
+    from fitevict.supervisor.loadreport import deferred_report
+
+    built: list[str] = []
+
+    class Sup(SimpleNamespace):
+        @property
+        def recent_events(self):  # read only when the report is built
+            built.append("events read")
+            return (Event(time=1.0, event="evict", model="a", request_id="r1"),
+                    Event(time=1.0, event="evict", model="x", request_id="r0"))
+
+    class Seat(SimpleNamespace):
+        def bytes_on(self, dev: str) -> int:
+            return 1
+
+        def source_on(self, dev: str) -> str:
+            return "measured"
+
+    seat = Seat(key="b", id="s2", engine="llama-server", config=LoadConfig(), load_seconds=1.5, ready_at=10.0,
+                log_path="/nonexistent.log")
+    sup = Sup(seats={"b": seat}, last_budget=None)
+    entry = SimpleNamespace(key="b", path="/b.gguf", kind="gguf")
+    timing: dict = {"load_report": asyncio.run(deferred_report(sup, entry, seat, 9.0, "r1", evicting=("c", "a")))}
+    assert built == [] and callable(timing["load_report"])  # nothing built before the request is forwarded
+    header = report_headers(timing)[HEADER]
+    assert built and isinstance(timing["load_report"], LoadReport)
+    assert json.loads(header)["evicted"] == ["a", "c"] == list(timing["load_report"].evicted)

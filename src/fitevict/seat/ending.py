@@ -15,7 +15,7 @@ from typing import Any
 
 from fitevict.config.records import EngineConfig
 from fitevict.schedule.seats import SeatTable
-from fitevict.seat.release import StopResult, stop_and_verify
+from fitevict.seat.release import BeforeStop, StopResult, read_before_stop, stop_and_verify
 from fitevict.seat.running import SeatState
 from fitevict.seat.storing import SeatRecords
 
@@ -28,14 +28,26 @@ class Ending:
         self.table, self.engine, self.nvml, self.clock = table, engine, nvml, clock
         self.records, self.gone, self.changed = records, gone, changed
 
-    async def end(self, seat: SeatState, *, free_slot: bool = False, forget: bool = True) -> StopResult:
+    def read_before(self, seat: SeatState) -> asyncio.Future[BeforeStop]:
+        """What ``seat``'s release is verified against (``release.read_before_stop``), read from now on off the event
+        loop, so that the caller's own work before the stop (its prompts saved) runs beside the reading: ``end``
+        awaits it before the SIGTERM."""
+        return asyncio.ensure_future(asyncio.to_thread(read_before_stop, seat.pgid, self._own(seat), nvml=self.nvml,
+                                                       gpu_held=seat.gpu_bytes))
+
+    def _own(self, seat: SeatState) -> tuple[str, ...]:
+        """The devices whose release is verified apart: a unified device's buffers are the host's."""
+        return tuple(d for d in seat.config.devices if d not in seat.shared)
+
+    async def end(self, seat: SeatState, *, free_slot: bool = False, forget: bool = True,
+                  before: asyncio.Future[BeforeStop] | None = None) -> StopResult:
         """Stop ``seat``'s process group, verify the release, and forget the seat (``forget``: its store record too;
         a caller that records how the seat ended forgets the record itself, after that event, so that a front door
         killed in between finds the record at its restart and says so). ``free_slot``: if verifying the
         release takes longer than ``VERIFY_HOLD_S`` after the processes exited (another program growing at the same
         moment can hide it until the timeout), tell the scheduler the seat is gone then (``gone``), so that the next
         placement does not wait for it (``seat.slot_freed`` says so, and the stop's caller then leaves the scheduler
-        alone)."""
+        alone). ``before``: the reading begun by ``read_before`` (else it is read now)."""
         seat.expected_exit = True
         hold: list[asyncio.TimerHandle] = []
 
@@ -50,11 +62,10 @@ class Ending:
                 hold.append(asyncio.get_running_loop().call_later(VERIFY_HOLD_S, free))
             self.changed()
 
-        own = tuple(d for d in seat.config.devices if d not in seat.shared)  # a unified device's are the host's
-        res = await stop_and_verify(seat.key, seat.pgid, own, proc=seat.proc,
+        res = await stop_and_verify(seat.key, seat.pgid, self._own(seat), proc=seat.proc,
                                     grace=self.engine.stop_grace_seconds,
                                     release_timeout=self.engine.release_timeout_seconds, nvml=self.nvml,
-                                    clock=self.clock, gpu_held=seat.gpu_bytes, on_exit=exited)
+                                    clock=self.clock, gpu_held=seat.gpu_bytes, on_exit=exited, before=before)
         for h in hold:
             h.cancel()
         self.table.detach(seat.seat, seat)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,23 +200,48 @@ async def verify_release(before: Mapping[str, int], held: Mapping[str, int | Non
         await asyncio.sleep(0.02)  # polling kernel and driver counters: there is no event to await
 
 
-async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
-                          proc: Child | None, grace: float, release_timeout: float,
-                          nvml: Any, clock: Callable[[], float],
-                          gpu_held: Mapping[str, int | None] | None = None,
-                          on_exit: Callable[[], None] | None = None) -> StopResult:
-    """The one stop path: what the seat holds read just before, free memory read, the group stopped (SIGTERM,
-    grace, SIGKILL), how its process ended during the stop read (``stop_account``: a kill or a freeze by someone
-    else is said), the release verified. A seat that already exited on its own (a crash) has nothing left to read:
-    no process of the group remaining is all that can be said, and its release is unverified (freed bytes and
-    release seconds unavailable, the reason named), never "verified" with nothing measured. ``on_exit`` is called
-    once the group has exited, before the release is verified (which may take up to ``release_timeout``)."""
+@dataclass(frozen=True, slots=True)
+class BeforeStop:
+    """What is read just before a seat's stop, at one moment (``read_before_stop``): what the seat holds, its pids,
+    what every other program holds, and the memory no process holds. Whatever the seat takes or frees between this
+    reading and its exit is in both its figure and the free memory's rise alike, so the reading may be taken while
+    the seat still works (its prompts saved), as long as it is taken before its SIGTERM."""
+
+    tree: procmem.ProcessMemory | None  # None: no process group to read
+    held: dict[str, int | None]
+    seat_pids: frozenset[int]
+    others: dict[str, int] | None  # None: the seat's host memory could not be read, so nothing to correct
+    free: dict[str, int]
+
+
+def read_before_stop(pgid: int | None, devices: Sequence[str], *, nvml: Any,
+                     gpu_held: Mapping[str, int | None] | None = None) -> BeforeStop:
+    """The reading a stop's release is verified against (``BeforeStop``). Blocking (/proc, NVML): run it off the
+    event loop."""
     tree = procmem.read_tree(pgid) if pgid is not None else None
     host_held = tree.committed_bytes if tree is not None and tree.source != "unavailable" else None
     held: dict[str, int | None] = {HOST: host_held, **{d: (gpu_held or {}).get(d) for d in devices}}
     seat_pids = frozenset(tree.pids) if tree is not None else frozenset()
-    others_before = others_now(devices, seat_pids, nvml) if host_held is not None else None
-    before = free_now(devices, nvml)
+    others = others_now(devices, seat_pids, nvml) if host_held is not None else None
+    return BeforeStop(tree, held, seat_pids, others, free_now(devices, nvml))
+
+
+async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
+                          proc: Child | None, grace: float, release_timeout: float,
+                          nvml: Any, clock: Callable[[], float],
+                          gpu_held: Mapping[str, int | None] | None = None,
+                          on_exit: Callable[[], None] | None = None,
+                          before: Awaitable[BeforeStop] | None = None) -> StopResult:
+    """The one stop path: what the seat holds and the free memory read just before (``before``: that reading, begun
+    earlier off the event loop, awaited here; else read now, off the loop too), the group stopped (SIGTERM, grace,
+    SIGKILL), how its process ended during the stop read (``stop_account``: a kill or a freeze by someone else is
+    said), the release verified. A seat that already exited on its own (a crash) has nothing left to read: no
+    process of the group remaining is all that can be said, and its release is unverified (freed bytes and release
+    seconds unavailable, the reason named), never "verified" with nothing measured. ``on_exit`` is called once the
+    group has exited, before the release is verified (which may take up to ``release_timeout``)."""
+    read = await (before if before is not None else
+                  asyncio.to_thread(read_before_stop, pgid, devices, nvml=nvml, gpu_held=gpu_held))
+    tree, held = read.tree, read.held
     mark(key, "read before the stop")
     stop = await stop_process_group(pgid, grace, proc=proc, clock=clock)
     mark(key, "exited")
@@ -225,7 +250,7 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
     how = stop_account(stop_code, stop, grace)
     if on_exit is not None:  # the group is gone: what it held is the kernel's again, verified or not
         on_exit()
-    if host_held is None:
+    if held[HOST] is None:
         gone = pgid is None or not group_alive(pgid)
         why = ("the process tree could not be read before the stop"
                + (f" ({tree.reason})" if tree is not None and tree.reason else " (it had already exited)"))
@@ -233,7 +258,7 @@ async def stop_and_verify(key: str, pgid: int | None, devices: Sequence[str], *,
                 "the freed bytes and the release time are unavailable" if gone
                 else f"unverified: {why}, and the group is still alive")
         return StopResult(key, held, None, {}, exit_s, None, False, note, stop_code, *how)
-    r = await verify_release(before, held, devices, nvml=nvml, timeout=release_timeout, clock=clock,
-                             others_before=others_before, seat_pids=seat_pids)
+    r = await verify_release(read.free, held, devices, nvml=nvml, timeout=release_timeout, clock=clock,
+                             others_before=read.others, seat_pids=read.seat_pids)
     return StopResult(key, held, r.freed_bytes, r.freed_by_device, exit_s, r.release_seconds, r.verified, r.note,
                       stop_code, *how, others_by_device=r.others_by_device)

@@ -295,13 +295,24 @@ def pred_source(fp: Footprint, device: str) -> str:
     return sources.pop() if len(sources) == 1 else "+".join(sorted(sources))
 
 
-def log_text(path: Path) -> str:
-    """A seat's log as text; empty when it cannot be read (removed by hand while the seat ran, say), so that what
-    the log would have told is unavailable and never stops the seat's load or stop."""
+def log_text(path: Path, since: int = 0) -> str:
+    """A seat's log as text (from byte ``since`` on: what it wrote after that point, ``log_size``); empty when it
+    cannot be read (removed by hand while the seat ran, say), so that what the log would have told is unavailable and
+    never stops the seat's load or stop."""
     try:
-        return path.read_text(errors="replace")
+        with path.open("rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def log_size(path: Path) -> int:
+    """How many bytes a seat's log holds now (0 when it cannot be read): where what it writes next begins."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def log_tail(path: Path, n: int = 25) -> str:

@@ -35,7 +35,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.request.catalog import Catalog, CatalogEntry
 from fitevict.request.ask import Ask, ask, passthrough_args
 from fitevict.request.contract import Contract, seat_key
-from fitevict.supervisor.loadreport import hit_report, request_report
+from fitevict.supervisor.loadreport import deferred_report, hit_report
 from fitevict.store import Store
 from fitevict.store.records import Event
 from fitevict.supervisor.bounded import STEP_SECONDS, bounded
@@ -326,11 +326,12 @@ class Supervisor:
         await self._read_price(asked.entry, asked.request, resident=seat_key(asked.entry) in self.seats)
 
     async def read_prices_ahead(self, keys: Iterable[str]) -> None:
-        """Each model's price read ahead at its default configuration, one at a time, so that a first request waits
-        for none of it. A model that cannot be priced is left to its first request, which reports why."""
-        todo = list(keys)
-        self.prices_ahead["models"] += len(todo)
+        """Each model's price read ahead at its default configuration, one at a time and never beside a load (its
+        dry run would take the engine's cores: ``Loader.quiet``), so that a first request waits for none of it. A
+        model that cannot be priced is left to its first request, which reports why."""
+        self.prices_ahead["models"] += len(todo := list(keys))
         for key in todo:
+            await self.fx.loader.quiet()
             if self.closed:
                 return
             try:
@@ -407,9 +408,10 @@ class Supervisor:
         seat = self.seats[got]
         t_seat: float | None = None
         try:
-            if timing is not None:  # what loading cost this request (an adapter is served by its base's seat)
-                timing["load_report"] = (partial(hit_report, self.parts, entry, seat) if hit else
-                                         await request_report(self.parts, entry, seat, w.arrived, request_id))
+            if timing is not None:  # what loading cost this request (an adapter is served by its base's seat),
+                # built once the request went to the engine (``report_headers``)
+                timing["load_report"] = (partial(hit_report, self.parts, entry, seat) if hit else await deferred_report(
+                    self.parts, entry, seat, w.arrived, request_id, evicting=self.fx.stopper.evicted_for(request_id)))
             t_seat, busy = self.clock(), running(self.scheduler)
             mark(entry.key, "seat held")
             yield seat

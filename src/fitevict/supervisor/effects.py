@@ -71,7 +71,7 @@ class LiveEffects:
         self.stopper = Stopper(p.clock, p.history, p.processes, p.planning, ending=self.ending, records=self.records,
                                save_prompts=partial(keep_before_stop, p.kv, enabled=p.config.policy.prompt_cache,
                                                     machine=p.prices.machine, clock=p.clock),
-                               stopped=self._stopped)
+                               stopped=self._stopped, freed=scheduler.stopped)
         self.watch = CrashWatch(p.clock, p.history, p.processes, p.config.engine, ending=self.ending,
                                 spawn=self._spawn_task, crashed=scheduler.ending, stopped=self._stopped,
                                 silent_for=lambda port: self.silent_for(port))

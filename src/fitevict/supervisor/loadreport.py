@@ -15,9 +15,11 @@ It goes in the history (a ``load`` event's ``details["load_report"]``), in the r
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -162,22 +164,33 @@ def budget_figures(budget) -> tuple[dict[str, int], dict[str, str]]:
             {d.name: f"{d.budget_source} ({d.total.source})" for d in budget.devices})
 
 
-async def request_report(sup, entry, seat, arrived: float, request_id: str | None) -> LoadReport:
-    """The report for a request for ``entry`` that ``sup`` (the supervisor) handed ``seat``; ``arrived``: when
-    it came (the supervisor's clock). Reads the seat's log (off the event loop) only when it loaded for it."""
-    import asyncio
-
+def request_report(sup, entry, seat, arrived: float, request_id: str | None, *, evicting: tuple[str, ...] = (),
+                   adapter_log: str | None = None) -> LoadReport:
+    """The report for a request for ``entry`` that ``sup`` (the supervisor's parts) handed ``seat``; ``arrived``:
+    when it came (the supervisor's clock). Pure over the supervisor's state and what is passed, so that it can be
+    built after the request went to the engine (``deferred_report``). ``evicting``: the seats whose eviction for
+    this request was still under way when it got its seat (their events not recorded yet); ``adapter_log``: the
+    seat's log, read off the event loop, when it loaded adapters for it."""
     loaded = seat.ready_at is not None and seat.ready_at >= arrived
     if not loaded:
         return hit_report(sup, entry, seat)
-    adapter_s = None
-    if seat.config.loras:
-        text = await asyncio.to_thread(log_text, Path(seat.log_path))
-        adapter_s = seat_adapter_seconds(seat.engine, text)
-    evicted = tuple(e.model for e in sup.recent_events if e.event == "evict" and e.request_id == request_id
-                    ) if request_id else ()
+    adapter_s = seat_adapter_seconds(seat.engine, adapter_log) if adapter_log is not None else None
+    recorded = tuple(e.model for e in sup.recent_events if e.event == "evict" and e.request_id == request_id
+                     ) if request_id else ()
+    evicted = tuple(dict.fromkeys((*recorded, *evicting)))  # a stop recorded since is named once
     report = _report(sup, entry, seat, loaded=True, adapter_s=adapter_s, evicted=evicted)
     return reloaded(report, sup.recent_events, seat.key, request_id)
+
+
+async def deferred_report(sup, entry, seat, arrived: float, request_id: str | None, *,
+                          evicting: tuple[str, ...] = ()) -> Callable[[], LoadReport]:
+    """``request_report``, to be built when its header is first asked for (``report_headers``: once the request
+    went to the engine), not before the request is forwarded. Only a seat that loaded adapters for this request has
+    its log read first (off the event loop): the seconds they took are in it."""
+    adapter_log = None
+    if seat.config.loras and seat.ready_at is not None and seat.ready_at >= arrived:
+        adapter_log = await asyncio.to_thread(log_text, Path(seat.log_path))
+    return partial(request_report, sup, entry, seat, arrived, request_id, evicting=evicting, adapter_log=adapter_log)
 
 
 def reloaded(report: LoadReport, events, key: str, request_id: str | None) -> LoadReport:
