@@ -11,11 +11,11 @@ by parts of its own (ggml-rpc.cpp, ``rpc_serve_client`` and ``rpc_server``), two
   pages. The largest is the activations entering the device (``n_embd`` x tokens, f32) or, on a device that runs
   attention, the mask (cells x tokens, f16 with flash attention, else f32).
 
-The rest (the graph the server rebuilds and keeps, ``stored_graphs``; the connection's own state) does not follow a
-rule here: it is calibrated per rpc-server build on this machine (``engines/llama_cpp/rpcoverhead.py``) and joins as
-the device's ``fixed`` part. Measured on a 200 MB llama (8 layers of 960, F16) filled to 2,048 tokens, all layers on
-one rpc-server (``-t 1``): the server's PSS grew 4.96 MB beyond the traced buffers, of which the work buffer
-(2.69 MB, the ``ffn_down`` activations converted to F16) and the embeddings' message (1.97 MB) are 4.65 MB.
+The rest is not priced: the graph the server rebuilds and keeps (``stored_graphs``: a tensor header per node and
+per tensor it references, about 0.3 MB for 250 nodes) and the graph's own message. Measured on a 200 MB llama
+(8 layers of 960, F16) filled to 2,048 tokens, all layers on one rpc-server (``-t 1``): the server's PSS grew
+4.96 MB beyond the traced buffers, of which the work buffer (2.69 MB, the ``ffn_down`` activations converted to F16)
+and the largest input (1.97 MB) are 4.65 MB; ``bench/rpc_filled.py`` tables the price against the growth.
 """
 
 from __future__ import annotations
@@ -69,23 +69,18 @@ def server_terms(s: GgufStructure, cfg: LoadConfig, pl: Placement, device: str, 
     )
 
 
-def with_rpc_servers(fp: Footprint, terms: Mapping[str, Sequence[ProcessTerm]],
-                     fixed: Mapping[str, int] | None = None, fixed_source: str = "") -> Footprint:
-    """``fp`` with each RPC device's rpc-server parts (``terms``, and its calibrated ``fixed`` part where known) in
-    that device's ``overhead``, beside its buffers."""
+def with_rpc_servers(fp: Footprint, terms: Mapping[str, Sequence[ProcessTerm]]) -> Footprint:
+    """``fp`` with each RPC device's rpc-server parts (``terms``) in that device's ``overhead``, beside its
+    buffers."""
     add: dict[str, int] = {}
     notes = list(fp.notes)
     for dev, ts in terms.items():
-        if fp.device(dev) is None:
-            continue
-        n = sum(t.bytes for t in ts) + max((fixed or {}).get(dev, 0), 0)
-        if n <= 0:
+        n = sum(t.bytes for t in ts)
+        if fp.device(dev) is None or n <= 0:
             continue
         add[dev] = n
         notes += [f"{dev} includes {format_size(t.bytes)} of its rpc-server's {t.name} ({t.rule})" for t in ts
                   if t.bytes]
-        if (fixed or {}).get(dev):
-            notes.append(f"{dev} includes {format_size(fixed[dev])} of its rpc-server's own ({fixed_source})")  # type: ignore[index]
     if not add:
         return fp
     merged = dict(fp.overhead)
