@@ -14,8 +14,10 @@ once its weights are allocated. From the traced buffers:
 
 ``probe_model`` learns which weights of one model the device cannot run: it loads the model the same way; when
 the host holds more than the input layer, one load per weight name (that name alone on the device, every other
-weight ``-ot``-ed to the CPU) shows which names the device turns away. Both answers are stored per engine build and
-device (``cache_dir()/probe/device-*.json``, with their source) and read back by ``learned_rules``.
+weight ``-ot``-ed to the CPU) shows which names the device turns away. The answer is kept per weight kind, which
+holds the model's own dimensions the loader's op test reads (``pricing/backends.op_context``): a pure mamba2 whose
+state size differs from a hybrid's is asked again, not answered from the hybrid's loads. Both answers are stored per
+engine build and device (``cache_dir()/probe/device-*.json``, with their source) and read back by ``learned_rules``.
 """
 
 from __future__ import annotations
