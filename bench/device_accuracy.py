@@ -33,9 +33,19 @@ from fitevict.pricing.gguf import load_structure
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.units import MiB
 from fitevict.zoo import write_zoo
+from fitevict.zoo.recipes import MAMBA2_BY_STATE
+from fitevict.zoo.write import write_gguf
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
 MODELS = ("llama-gqa", "llama-q4_0", "llama-moe", "gemma2-swa", "granitehybrid-moe", "mamba")
+
+
+def mamba2_models() -> dict[str, Path]:
+    """The pure mamba2 models kept outside the zoo, written to a temporary folder."""
+    dest = Path(tempfile.mkdtemp(prefix="fitevict-devacc-mamba2-"))
+    for r in MAMBA2_BY_STATE:
+        write_gguf(r, dest / f"{r.name}.gguf")
+    return {r.name: dest / f"{r.name}.gguf" for r in MAMBA2_BY_STATE}
 
 
 def placements(n_layer: int, moe: bool, devs: tuple[str, ...], rpc: tuple[str, ...]) -> list[tuple[str, LoadConfig]]:
@@ -112,8 +122,10 @@ def main() -> int:
         elif backend == "vulkan":
             bin_dir = root / "build-vulkan" / "bin"
             os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
-            lines, n, bad = run_backend("vulkan", bin_dir, zoo, ("Vulkan0",), (), print)
-            what = "Vulkan0 (Mesa lavapipe, GGML_VK_VISIBLE_DEVICES=0), the Vulkan build"
+            lines, n, bad = run_backend("vulkan", bin_dir, {**zoo, **mamba2_models()}, ("Vulkan0",), (), print)
+            what = ("Vulkan0 (Mesa lavapipe, GGML_VK_VISIBLE_DEVICES=0), the Vulkan build; beside the zoo, two pure "
+                    "mamba2 models whose weights agree in type and shape but whose SSM state (16, 128) decides "
+                    "whether the device runs their scan (`zoo.recipes.MAMBA2_BY_STATE`)")
         else:
             raise SystemExit(f"unknown backend {backend!r}: rpc or vulkan")
         failed += bad

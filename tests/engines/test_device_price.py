@@ -18,6 +18,7 @@ from fitevict.engines.base import Unavailable
 from fitevict.engines.llama_cpp.devcheck import check, rpc_servers
 from fitevict.engines.llama_cpp.devprobe import learned_rules
 from fitevict.pricing.loadconfig import LoadConfig
+from fitevict.zoo.recipes import MAMBA2_BY_STATE
 
 VULKAN_ENV = {"GGML_VK_VISIBLE_DEVICES": "0"}
 
@@ -25,9 +26,14 @@ VULKAN_ENV = {"GGML_VK_VISIBLE_DEVICES": "0"}
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from fitevict.zoo import write_zoo
+    from fitevict.zoo.write import write_gguf
 
     dest = tmp_path_factory.mktemp("device-zoo")
-    return {m.name: m.path for m in write_zoo(dest, only=("llama-gqa", "llama-moe", "granitehybrid-moe"))}
+    out = {m.name: m.path for m in write_zoo(dest, only=("llama-gqa", "llama-moe", "granitehybrid-moe", "mamba"))}
+    for r in MAMBA2_BY_STATE:  # two pure mamba2 models outside the zoo
+        write_gguf(r, dest / f"{r.name}.gguf")
+        out[r.name] = dest / f"{r.name}.gguf"
+    return out
 
 
 def _assert_exact(res: object) -> None:
@@ -138,12 +144,41 @@ def _vulkan_bin_dir() -> Path:
     ("llama-gqa", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=2, mmap=False)),
     ("llama-moe", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99, n_cpu_moe=1)),
     ("granitehybrid-moe", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99)),
+    ("mamba", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99)),
+    ("mamba", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=2, mmap=False)),
+    ("mamba2-state16", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99)),
+    ("mamba2-state128", LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99)),
 ])
 def test_vulkan_device_prices_to_the_engines_buffers(zoo: dict[str, Path], model: str, cfg: LoadConfig,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """On lavapipe: all layers, some layers without mmap (Vulkan_Host weights), MoE experts on the CPU, and a
-    mamba2 hybrid whose weights the device cannot all run (they stay on the host, as the probe learned)."""
+    """On lavapipe: all layers, some layers without mmap (Vulkan_Host weights), MoE experts on the CPU, a mamba2
+    hybrid, a mamba and two pure mamba2 models whose weights the device cannot all run (they stay on the host, as
+    the probe learned for each model's own dimensions)."""
     d = _vulkan_bin_dir()
     for k, v in VULKAN_ENV.items():
         monkeypatch.setenv(k, v)
     _assert_exact(check(d, zoo[model], cfg))
+
+
+def test_vulkan_turns_away_a_mamba2_scan_by_the_models_state_not_the_weights_shape(
+        zoo: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two pure mamba2 models whose ``ssm_a`` has the same type and shape ({1, 8}, f32): ggml-vulkan runs the
+    SSM_SCAN the loader tests it in for a state of 128, not of 16. The probe learns each from the engine, per model
+    dimensions (``pricing/backends.op_context``), and the prices follow: state 16 keeps ``ssm_a`` on the host."""
+    from fitevict.pricing.backends import op_context, weight_kind
+    from fitevict.pricing.gguf import load_structure
+
+    d = _vulkan_bin_dir()
+    for k, v in VULKAN_ENV.items():
+        monkeypatch.setenv(k, v)
+    cfg = LoadConfig(n_ctx=1024, n_parallel=1, devices=("Vulkan0",), n_gpu_layers=99)
+    kinds = {}
+    for name in ("mamba2-state16", "mamba2-state128"):
+        _assert_exact(check(d, zoo[name], cfg))
+        s = load_structure(zoo[name])
+        a = next(t for t in s.tensors if t.name == "blk.0.ssm_a")
+        kinds[name] = weight_kind(a.name, a.ggml_type.name, a.shape, op_context(s))
+    assert kinds["mamba2-state16"][:3] == kinds["mamba2-state128"][:3]  # the same weight, to the op
+    rules = learned_rules(d / "llama-server", ("Vulkan0",))["Vulkan0"]
+    assert rules.source == "probe"
+    assert kinds["mamba2-state16"] in rules.rejects and kinds["mamba2-state128"] in rules.accepts

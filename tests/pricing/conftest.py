@@ -8,7 +8,8 @@ import pytest
 
 from fitevict.pricing.gguf import GgufStructure, load_structure
 
-SMALL = ("llama-gqa", "llama-tied", "llama-moe", "gemma2-swa", "llama-q8_0", "llama-q4_0", "deci-kvarray", "mamba")
+SMALL = ("llama-gqa", "llama-tied", "llama-moe", "gemma2-swa", "llama-q8_0", "llama-q4_0", "deci-kvarray", "mamba",
+         "granitehybrid-moe")
 
 
 @pytest.fixture(scope="session")

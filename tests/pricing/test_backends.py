@@ -5,7 +5,9 @@ the engine's own answers is checked against real rpc-servers and lavapipe in tes
 from __future__ import annotations
 
 
-from fitevict.pricing.backends import BackendRules, weight_kind
+from dataclasses import replace
+
+from fitevict.pricing.backends import BackendRules, op_context, weight_kind
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.gguf import GgufStructure
 from fitevict.pricing.hostbufs import rule_table
@@ -44,7 +46,7 @@ def test_without_a_device_host_buffer_host_weights_take_the_cpus_extra_buffers(
 def test_a_weight_the_device_cannot_run_stays_on_the_host(structures: dict[str, GgufStructure]) -> None:
     s = structures["mamba"]
     conv = next(t for t in s.tensors if t.name.endswith("ssm_conv1d.weight"))
-    kind = weight_kind(conv.name, conv.ggml_type.name, conv.shape)
+    kind = weight_kind(conv.name, conv.ggml_type.name, conv.shape, op_context(s))
     learned = BackendRules("Vulkan", 64, 0, "Vulkan_Host", 64, 32, rejects=(kind,), source="probe")
     cfg = LoadConfig(devices=("Vulkan0",), n_gpu_layers=99)
     pl = place(s, cfg, REPACK, {"Vulkan0": learned})
@@ -54,6 +56,23 @@ def test_a_weight_the_device_cannot_run_stays_on_the_host(structures: dict[str, 
     ungated = place(s, cfg, REPACK)
     assert sum(b.bytes for b in ungated.buffers if b.device == "Vulkan0") > \
         sum(b.bytes for b in pl.buffers if b.device == "Vulkan0")
+
+
+def test_a_rejected_kind_is_kept_to_the_model_dimensions_its_op_was_tested_with(
+        structures: dict[str, GgufStructure]) -> None:
+    """The loader tests a mamba2 ``ssm_a`` ({1, n_head}) in an SSM_SCAN of the model's own state size: an answer
+    learned on one model does not decide for a model whose SSM dimensions differ, even where the weight's type and
+    shape agree."""
+    s = structures["granitehybrid-moe"]
+    a = next(t for t in s.tensors if t.name.endswith("ssm_a"))
+    learned = {"Vulkan0": BackendRules("Vulkan", 64, 0, "Vulkan_Host", 64, 32, source="probe",
+                                       rejects=(weight_kind(a.name, a.ggml_type.name, a.shape, op_context(s)),))}
+    cfg = LoadConfig(devices=("Vulkan0",), n_gpu_layers=99, mmap=False)
+    here = dict(place(s, cfg, REPACK, learned).tensor_buffer)
+    assert here[a.name] == "CPU"  # Vulkan_Host is asked with the device's ops too: the CPU's own buffer takes it
+    wider = replace(s, ssm_d_state=128)  # same tensors, another state size: another SSM_SCAN
+    there = dict(place(wider, cfg, REPACK, learned).tensor_buffer)
+    assert there[a.name] == "Vulkan0"
 
 
 def test_vulkan_host_adds_its_bytes_and_nkvo_keeps_the_caches_home(structures: dict[str, GgufStructure]) -> None:

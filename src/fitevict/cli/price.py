@@ -25,7 +25,7 @@ from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.engines.llama_cpp.devprobe import buffer_names, rules_for
 from fitevict.engines.llama_cpp.machine import host_buffers
 from fitevict.pricing.hostbufs import dry_run_check
-from fitevict.pricing.footprint import HOST
+from fitevict.pricing.footprint import HOST, Footprint
 from fitevict.pricing.price import Pricing, price
 from fitevict.units import format_size
 
@@ -78,6 +78,19 @@ def process_overhead(s: GgufStructure, cfg: LoadConfig) -> dict:
             "shared_pages": pages.to_json() if pages is not None else None}
 
 
+def rpc_server_overhead(s: GgufStructure, cfg: LoadConfig, fp: Footprint) -> dict:
+    """Each RPC device's rpc-server beyond the engine's buffers there (``pricing/rpcserver``: rules), and the
+    device as planned: its buffers and those parts."""
+    from fitevict.pricing.placement import place
+    from fitevict.pricing.rpcserver import rpc_devices, rpc_server_parts
+
+    if not rpc_devices(cfg):
+        return {}
+    parts = rpc_server_parts(s, cfg, place(s, cfg, host_buffers()))
+    return {d: {"terms": [t.to_json() for t in ts], "bytes": (n := sum(t.bytes for t in ts)),
+                "device_planned_bytes": fp.bytes_on(d) + n} for d, ts in parts.items() if fp.device(d) is not None}
+
+
 def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
     fp = p.footprint
     return {
@@ -98,6 +111,8 @@ def to_json(s: GgufStructure, cfg: LoadConfig, p: Pricing) -> dict:
         "host": {"mapped_bytes": fp.host_mapped_bytes, "committed_bytes": fp.host_committed_bytes},
         "process": (proc := process_overhead(s, cfg)),  # beyond the buffers: the engine process's own
         "host_planned_bytes": fp.bytes_on(HOST) + proc["bytes"],
+        # an RPC device's rpc-server holds more than the engine's buffers there: its own parts, by rule
+        "rpc_servers": rpc_server_overhead(s, cfg, fp),
         "total_bytes": fp.total_bytes,
         "warnings": list(p.warnings),
     }
@@ -243,6 +258,10 @@ def _show(s: GgufStructure, cfg: LoadConfig, p: Pricing, warnings: list[str]) ->
              else proc["calibrated_source"])
     con.print(f"engine process beyond its buffers: calibrated {fixed}; the model's own: {parts}; host as planned "
               f"{format_size(fp.bytes_on(HOST) + proc['bytes'])}", highlight=False)
+    for dev, server in rpc_server_overhead(s, cfg, fp).items():
+        parts = ", ".join(f"{t['name']} {format_size(t['bytes'])}" for t in server["terms"])
+        con.print(f"{dev}'s rpc-server beyond its buffers: {parts}; {dev} as planned "
+                  f"{format_size(server['device_planned_bytes'])}", highlight=False)
     for w in warnings:
         con.print(f"[yellow]note:[/yellow] {w}", highlight=False)
 

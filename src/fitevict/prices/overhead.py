@@ -27,9 +27,10 @@ def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str
     footprint's host ``overhead``; on a GPU where the model has buffers, the calibrated figure is the footprint's
     ``overhead`` for that device.
 
-    Device rows stay the engine's own buffers, term by term. ``pages``, the engine binary's own file pages, go with
-    the footprint apart from its host figure (``Footprint.pages``): seats of one binary share them, and the planner
-    counts them once (``pricing.pages``).
+    Device rows stay the engine's own buffers, term by term; a device's overhead already in ``fp`` (an RPC device's
+    rpc-server parts, ``pricing/rpcserver``) is kept unless set here. ``pages``, the engine binary's own file pages,
+    go with the footprint apart from its host figure (``Footprint.pages``): seats of one binary share them, and the
+    planner counts them once (``pricing.pages``).
     """
     fixed = max(overhead.get(HOST, 0), 0)
     host = fixed + sum(t.bytes for t in terms)
@@ -49,9 +50,10 @@ def with_engine_overhead(fp: Footprint, overhead: Mapping[str, int], engine: str
     for d, n in gpus:
         notes.append(f"{d} includes {format_size(n)} of {engine} process overhead "
                      f"(measured: NVML process bytes minus logged buffers)")
+    kept = tuple((d, n) for d, n in fp.overhead if d != HOST and d not in dict(gpus))  # an rpc-server's parts
     return replace(fp, host_committed_bytes=fp.host_committed_bytes + host, notes=tuple(notes),
                    host_source=f"{fp.host_source}+measured" if fixed > 0 else fp.host_source,  # type: ignore[arg-type]
-                   overhead=(*gpus, *(((HOST, host),) if host > 0 else ())))
+                   overhead=(*kept, *gpus, *(((HOST, host),) if host > 0 else ())))
 
 
 def overhead_label(engine: str, fixed: int, origin: str, own: int | None = None) -> str:

@@ -14,8 +14,11 @@ llama.cpp (0c1e570) asks each device, not a table, and the answers differ per ba
   remote backend's) and **padding** (``get_alloc_size``: CUDA pads quantized rows to 512 elements; Vulkan and RPC to
   a CPU server allocate ``ggml_nbytes``);
 - **what it can run** (``supports_op`` for each weight's op, asked by ``select_weight_buft``): a weight whose op the
-  device rejects falls to the host buffer list. The answer depends on the op, the type and the shape, so it is
-  kept per weight kind: the name within its block, the ggml type and the shape.
+  device rejects falls to the host buffer list. The answer depends on the op, the type and the shape, and on the
+  model's own dimensions the loader builds the op's other inputs from (``weight_buft_supported`` in
+  llama-model-loader.cpp: a mamba2 ``ssm_a`` of shape ``{1, n_head}`` is tested in an SSM_SCAN of the model's
+  ``ssm_d_state`` and ``ssm_d_inner / n_head``; Vulkan runs it for a state of 128 or 256 only), so it is kept per
+  weight kind: the name within its block, the ggml type, the shape and those dimensions (``op_context``).
 
 A probe of the engine learns these per engine build and device (``engines/llama_cpp/devprobe.py``, source
 ``probe``); a device never probed gets its family's rule below, labelled ``rule-table``. Pure.
@@ -26,16 +29,38 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from fitevict.pricing.ggml_types import is_quantized, pad, row_size
 
-Kind = tuple[str, str, tuple[int, ...]]  # (name within its block, ggml type name, shape): what supports_op sees
+# (name within its block, ggml type name, shape, the model's op context): what supports_op sees
+Kind = tuple[str, str, tuple[int, ...], tuple[int, ...]]
 _BLOCK = re.compile(r"^blk\.\d+\.")
 
 
-def weight_kind(name: str, ggml_type: str, shape: tuple[int, ...]) -> Kind:
-    """A weight's kind: its name without the ``blk.N.`` prefix, its type and its shape (ne, first dimension first)."""
-    return _BLOCK.sub("", name), ggml_type, tuple(int(x) for x in shape)
+class _Dims(Protocol):
+    n_embd: int
+    n_head: tuple[int, ...]
+    value_length: int
+    expert_used_count: int
+    ssm_d_inner: int
+    ssm_d_state: int
+    ssm_n_group: int
+
+
+def op_context(s: _Dims) -> tuple[int, ...]:
+    """The model's dimensions the loader's op test (``weight_buft_supported``) reads beside the weight itself:
+    SSM_SCAN's ``ssm_d_state``, ``ssm_d_inner`` and ``ssm_n_group``; MUL_MAT_ID's and ADD_ID's experts used; ROPE's
+    head size and head count; IM2COL's ``n_embd``. Two models that agree on these and on a weight's type and shape
+    get the same answer from a device."""
+    return (s.ssm_d_state, s.ssm_d_inner, s.ssm_n_group, s.expert_used_count, s.value_length,
+            next((h for h in s.n_head if h), 0), s.n_embd)
+
+
+def weight_kind(name: str, ggml_type: str, shape: tuple[int, ...], context: tuple[int, ...]) -> Kind:
+    """A weight's kind: its name without the ``blk.N.`` prefix, its type, its shape (ne, first dimension first) and
+    its model's ``op_context``."""
+    return _BLOCK.sub("", name), ggml_type, tuple(int(x) for x in shape), tuple(int(x) for x in context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +94,25 @@ class BackendRules:
     def to_json(self) -> dict:
         return {"family": self.family, "alignment": self.alignment, "row_padding": self.row_padding,
                 "host_buffer": self.host_buffer, "host_alignment": self.host_alignment,
-                "host_extra": self.host_extra, "rejects": [[k[0], k[1], list(k[2])] for k in self.rejects],
-                "accepts": [[k[0], k[1], list(k[2])] for k in self.accepts],
+                "host_extra": self.host_extra, "rejects": [_kind_json(k) for k in self.rejects],
+                "accepts": [_kind_json(k) for k in self.accepts],
                 "source": self.source, "detail": self.detail}
 
     @staticmethod
     def from_json(d: Mapping) -> "BackendRules":
         def kinds(v: object) -> tuple[Kind, ...]:
-            return tuple((str(a), str(b), tuple(int(x) for x in c)) for a, b, c in v)  # type: ignore[union-attr]
+            return tuple((str(k[0]), str(k[1]), tuple(int(x) for x in k[2]),
+                          tuple(int(x) for x in (k[3] if len(k) > 3 else ()))) for k in v)  # type: ignore[union-attr]
 
         return BackendRules(str(d["family"]), int(d["alignment"]), int(d.get("row_padding", 0)),
                             None if d.get("host_buffer") is None else str(d["host_buffer"]),
                             int(d.get("host_alignment", 32)), int(d.get("host_extra", 0)),
                             kinds(d.get("rejects", ())), kinds(d.get("accepts", ())), str(d.get("source", "probe")),
                             str(d.get("detail", "")))
+
+
+def _kind_json(k: Kind) -> list:
+    return [k[0], k[1], list(k[2]), list(k[3])]
 
 
 def family(device: str) -> str:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-from fitevict.pricing.backends import BackendRules, DeviceBackend, device_backends, rule_for, weight_kind
+from fitevict.pricing.backends import BackendRules, DeviceBackend, device_backends, op_context, rule_for, weight_kind
 from fitevict.pricing.footprint import HOST
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, pad
 from fitevict.pricing.hostbufs import NO_EXTRAS, HostBuffers
@@ -228,10 +228,11 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers,
     # make_cpu_buft_list: the host buffer type of the first device that has one, asked with that device's ops
     host_dev = next((b for b in bk if b.rules.host_buffer), None)
     moved: list[str] = []
+    dims = op_context(s)
 
     def cpu_buffer(t: TensorInfo) -> tuple[str, int]:
         """(buffer, bytes it allocates for ``t``) for a weight on the host."""
-        kind = weight_kind(t.name, t.ggml_type.name, t.shape)
+        kind = weight_kind(t.name, t.ggml_type.name, t.shape, dims)
         if host_dev is not None and host_dev.rules.runs(kind):
             return ("CPU_Mapped" if cfg.mmap else str(host_dev.rules.host_buffer)), t.nbytes
         got = host.place(t.name, t.ggml_type, t.shape, t.nbytes)
@@ -244,7 +245,7 @@ def place(s: GgufStructure, cfg: LoadConfig, host: HostBuffers,
         buft = override_for(name or t.name, t.layer, t.expert, cfg.n_cpu_moe, rules)
         if buft is not None:
             dev = HOST if buft == CPU_BUFT else buft
-        elif dev != HOST and not by_dev[dev].rules.runs(weight_kind(t.name, t.ggml_type.name, t.shape)):
+        elif dev != HOST and not by_dev[dev].rules.runs(weight_kind(t.name, t.ggml_type.name, t.shape, dims)):
             moved.append(t.name)  # select_weight_buft: the device cannot run its op; the CPU list follows
             dev = HOST
         if dev == HOST:

@@ -122,9 +122,10 @@ def _matmul_work(s: GgufStructure, name: str, ggml_type: QT, shape: tuple[int, .
     return _pad(conv + extra) + slots
 
 
-def _host_weights(s: GgufStructure, pl: Placement) -> list[tuple[TensorInfo, bool]]:
-    """The weights the CPU backend multiplies (their layer, or the output, on the host), each with whether it sits in
-    an extra buffer type (repacked: that kernel converts its activations, without the tiled path)."""
+def _host_weights(s: GgufStructure, pl: Placement, device: str = HOST) -> list[tuple[TensorInfo, bool]]:
+    """The weights a CPU backend multiplies (their layer, or the output, on ``device``: the host, or an RPC device a
+    CPU rpc-server runs), each with whether it sits in an extra buffer type (repacked: that kernel converts its
+    activations, without the tiled path; an rpc-server's buffers are its CPU's plain ones)."""
     buffer_of = dict(pl.tensor_buffer)
     weights = list(s.tensors)
     if s.tied_output and (te := s.tensor("token_embd.weight")) is not None:
@@ -135,24 +136,24 @@ def _host_weights(s: GgufStructure, pl: Placement) -> list[tuple[TensorInfo, boo
             continue  # not a product (token_embd is a row lookup, unless it is the tied output)
         dev = pl.output_device if t.name == "output.weight" or t.role == "output" else (
             pl.layer_device[t.layer] if t.layer is not None and t.layer < len(pl.layer_device) else HOST)
-        if dev == HOST:
+        if dev == device:
             buf = buffer_of.get(t.name, "CPU")
-            out.append((t, buf not in HOST_BUFFERS and not buf.endswith("_Host")))
+            out.append((t, device == HOST and buf not in HOST_BUFFERS and not buf.endswith("_Host")))
     return out
 
 
 def work_buffer(s: GgufStructure, rc: ResolvedContext, pl: Placement, *, n_threads: int, tiled: bool,
-                cells: int) -> int:
+                cells: int, device: str = HOST) -> int:
     """The CPU backend's work buffer for the largest graph a prompt runs (see the module's rule): ``cells`` is the
     KV cells a sequence attends to (the scores without flash attention). The output product runs on one row per
-    sequence."""
+    sequence. ``device``: whose layers the backend runs (the host's; an RPC device's, on its rpc-server)."""
     tokens = min(rc.n_ubatch, rc.n_ctx_seq)
     best = 0
-    for t, repacked in _host_weights(s, pl):
+    for t, repacked in _host_weights(s, pl, device):
         rows = min(tokens, rc.n_parallel) if t.name == "output.weight" or t.role == "output" else tokens
         best = max(best, _matmul_work(s, t.name, t.ggml_type, t.shape, rows, n_threads, tiled, repacked))
     n_head = max(s.n_head, default=0)
-    if HOST in pl.layer_device and n_head:
+    if device in pl.layer_device and n_head:
         dk, dv = max(s.key_length, 1), max(s.value_length, 1)
         if rc.flash_attn:  # ggml_graph_plan, GGML_OP_FLASH_ATTN_EXT: the larger of the prefill and decode scratch
             prefill = 4 * (FA_TILE * dk + 2 * FA_TILE * FA_TILE + 2 * FA_TILE * dv + FA_TILE * dk) * n_threads

@@ -343,6 +343,15 @@ RECIPES: tuple[Recipe, ...] = (
 )
 
 
+# Pure mamba2 models kept outside the zoo (written with ``zoo.write.write_gguf``): ggml-vulkan runs a mamba2 SSM scan
+# for a state of 128 or 256 only, so these two differ in what a Vulkan device takes while their weights' types and
+# shapes agree (``pricing/backends.op_context``).
+MAMBA2_BY_STATE: tuple[Recipe, ...] = tuple(
+    Recipe(name=f"mamba2-state{d_state}", arch="mamba2", weight_type=QT.F32, n_vocab=1003, n_embd=256, n_layer=2,
+           tied=True, ssm=(4, 512, d_state, 8, 2), seed=3,
+           description=f"pure mamba2: d_inner 512 in 8 heads of 64, 2 groups, state {d_state}, tied, f32")
+    for d_state in (16, 128))
+
 
 class ZooError(ValueError):
     """A zoo request that cannot be carried out (unknown name, unwritable directory)."""

@@ -38,7 +38,7 @@ def add_model_metadata(w: gguf.GGUFWriter, r: Recipe) -> None:
         w.add_ssm_inner_size(d_inner)
         w.add_ssm_state_size(d_state)
         w.add_ssm_time_step_rank(dt_rank)
-    if r.arch == "mamba":
+    if r.arch in ("mamba", "mamba2"):
         w.add_head_count(0)
         w.add_head_count_kv(0)
         w.add_feed_forward_length(0)

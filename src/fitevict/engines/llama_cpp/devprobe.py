@@ -14,8 +14,10 @@ once its weights are allocated. From the traced buffers:
 
 ``probe_model`` learns which weights of one model the device cannot run: it loads the model the same way; when
 the host holds more than the input layer, one load per weight name (that name alone on the device, every other
-weight ``-ot``-ed to the CPU) shows which names the device turns away. Both answers are stored per engine build and
-device (``cache_dir()/probe/device-*.json``, with their source) and read back by ``learned_rules``.
+weight ``-ot``-ed to the CPU) shows which names the device turns away. The answer is kept per weight kind, which
+holds the model's own dimensions the loader's op test reads (``pricing/backends.op_context``): a pure mamba2 whose
+state size differs from a hybrid's is asked again, not answered from the hybrid's loads. Both answers are stored per
+engine build and device (``cache_dir()/probe/device-*.json``, with their source) and read back by ``learned_rules``.
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ from fitevict.engines.llama_cpp.machine import machine_key
 from fitevict.engines.llama_cpp.probe import Case, write_model
 from fitevict.engines.process import free_port
 from fitevict.paths import cache_dir
-from fitevict.pricing.backends import BackendRules, Kind, family, weight_kind
+from fitevict.pricing.backends import BackendRules, Kind, family, op_context, weight_kind
 from fitevict.pricing.ggml_types import pad
 from fitevict.pricing.gguf import GgufStructure, load_structure
 from fitevict.pricing.hostbufs import NO_EXTRAS
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import place
 
-VERSION = 1
+VERSION = 2  # 2: weight kinds carry their model's op context (pricing/backends.op_context)
 _ALLOC = re.compile(r"fitevict-buftrace: alloc (\S+) (\d+)\s*$")
 _DONE = ("llama_context: constructing", "failed to load model", "llama_init_from_model")
 _ALIGNMENTS = tuple(2 ** i for i in range(2, 17))
@@ -203,7 +205,7 @@ def probe_model(binary: Path, s: GgufStructure, device: str, rpc: Sequence[str],
     pl = place(s, cfg, NO_EXTRAS, {device: blank}, buffer_names({device: rules}))
     on_dev = [t for t in s.tensors if dict(pl.tensor_buffer).get(t.name) not in (None, "CPU", "CPU_Mapped")
               and pl.device_of_buffer(dict(pl.tensor_buffer)[t.name]) == device]
-    kinds = {weight_kind(t.name, t.ggml_type.name, t.shape) for t in on_dev}
+    kinds = {weight_kind(t.name, t.ggml_type.name, t.shape, op_context(s)) for t in on_dev}
     if kinds <= set(rules.accepts) | set(rules.rejects):
         return rules
     lib = buftrace_library()
@@ -230,7 +232,7 @@ def _isolate(binary: Path, s: GgufStructure, device: str, rpc: Sequence[str], li
     """The kinds whose weights the device turns away: per weight name, that name alone is left on the device."""
     by_suffix: dict[str, set[Kind]] = {}
     for t in on_dev:
-        k = weight_kind(t.name, t.ggml_type.name, t.shape)  # type: ignore[attr-defined]
+        k = weight_kind(t.name, t.ggml_type.name, t.shape, op_context(s))  # type: ignore[attr-defined]
         by_suffix.setdefault(k[0], set()).add(k)
     out: set[Kind] = set()
     for suffix, ks in sorted(by_suffix.items()):

@@ -22,7 +22,9 @@ from fitevict.pricing.kv import resolve_context
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.logparse import PRECISION_BYTES
 from fitevict.pricing.lora import load_adapter
+from fitevict.pricing.placement import place
 from fitevict.pricing.process import ProcessTerm, model_terms
+from fitevict.pricing.rpcserver import rpc_devices, rpc_server_parts, with_rpc_servers
 from fitevict.pricing.projector import price_projector, with_projector
 
 # a measured term sums at most three logged buffers (KV, SWA KV, recurrent state), each printed to +-0.005 MiB
@@ -80,6 +82,9 @@ class GgufPricer(PricerBase):
             if sheet.projector is not None:
                 estimate = sheet.projector_estimate.get(cfg.without_placement())
                 fp = with_projector(fp, price_projector(sheet.projector, estimate))
+            if rpc_devices(cfg):  # an RPC device's rpc-server holds its own parts beside the engine's buffers
+                fp = with_rpc_servers(fp, rpc_server_parts(sheet.structure, cfg,
+                                                           place(sheet.structure, cfg, sheet.host)))
         return fp, model_terms(sheet.structure, cfg, sheet.host, n_threads=sheet.threads, tiled=sheet.tiled)
 
     def dry_run(self, engine_dir: Path, path: Path, cfg: LoadConfig, *, extra_args: tuple[str, ...] = (),
