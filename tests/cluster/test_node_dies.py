@@ -1,6 +1,7 @@
 """A node that dies under load, on a real Ray cluster of three nodes on this machine (``ray.cluster_utils.Cluster``):
 the cluster's front door is a real ``fitevict serve --ray``, each node runs its own door with real llama-server
-seats, every node has every model's files, and the budgets differ (MiB):
+seats, every node has every model's files, and the budgets differ (MiB, scaled up by the medium's price where the
+engine keeps extra host buffers: ``_models.machine_budgets``):
 
     node   budget
     h      60      the head (Ray's GCS): room for about one small model
@@ -41,13 +42,14 @@ if E2E not in sys.path:
 from _frontdoor import FrontDoor, front_door, poll  # noqa: E402
 from faultrows import FaultSeen  # noqa: E402
 from _held import held_engine, release  # noqa: E402
+from _models import machine_budgets  # noqa: E402
 
 ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.e2e
 
 KEY = "ck-test-node-dies"
-BUDGETS_MIB = {"h": 60, "x": 220, "y": 280}
+LAYOUT_MIB = {"h": 60, "x": 220, "y": 280}  # scaled to this machine (_models.machine_budgets)
 MODELS = ("llama-q8_0", "llama-q4_0", "qwen3-headdim", "qwen2-k256", "mamba", "gemma2-swa")
 HELD_MODEL = "llama-tied"  # every node has it, the Zipf load does not ask for it; its seat start is held on x
 CHAT = [{"role": "user", "content": "hi"}]
@@ -100,12 +102,13 @@ def rig(zoo: dict, llama_server: Path, tmp_path_factory: pytest.TempPathFactory)
     from ray.cluster_utils import Cluster
 
     root = tmp_path_factory.mktemp("node-dies")
+    budgets = machine_budgets(zoo, LAYOUT_MIB)
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"fitevict_ram_limit_mib": BUDGETS_MIB["h"]},
+        "num_cpus": 1, "resources": {"fitevict_ram_limit_mib": budgets["h"]},
         "env_vars": _node_env(zoo, root, "h", llama_server), "include_dashboard": False})
     nodes = {"h": cluster.head_node}
     for n in ("x", "y"):
-        nodes[n] = cluster.add_node(num_cpus=1, resources={"fitevict_ram_limit_mib": BUDGETS_MIB[n]},
+        nodes[n] = cluster.add_node(num_cpus=1, resources={"fitevict_ram_limit_mib": budgets[n]},
                                     env_vars=_node_env(zoo, root, n, llama_server))
     cluster.wait_for_nodes()
     try:

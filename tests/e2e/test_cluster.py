@@ -3,7 +3,8 @@ with its own declared RAM budget, its own models folder and its own door with re
 cluster's front door is a real ``fitevict serve --ray ADDRESS``, driven through the openai SDK.
 
 The budgets (MiB), against the priced host bytes at the default context (the ~200 MB medium about 280 MiB, the
-small models about 30 MiB each):
+small models about 30 MiB each, where the engine keeps no extra host buffers; scaled up by the medium's price on a
+machine whose engine does: ``_models.machine_budgets``):
 
     node   budget   files
     a      200      llama-medium, llama-gqa (+ adapters sql, poem), llama-q8_0
@@ -34,6 +35,7 @@ import httpx
 import pytest
 
 from _frontdoor import FrontDoor, engine_pids_of, front_door, poll
+from _models import machine_budgets
 from faultrows import FaultSeen
 
 ray = pytest.importorskip("ray")
@@ -41,15 +43,15 @@ openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.e2e
 
-BUDGETS_MIB = {"a": 200, "b": 400, "c": 360, "d": 100}
+LAYOUT_MIB = {"a": 200, "b": 400, "c": 360, "d": 100}  # scaled to this machine (_models.machine_budgets)
 FILES = {"a": ("llama-medium", "llama-gqa", "llama-q8_0"), "b": ("llama-medium", "llama-q8_0"),
          "c": ("llama-medium", "llama-gqa"), "d": ("llama-q4_0",)}
 CHAT = [{"role": "user", "content": "hi"}]
 KEY = "ck-test-cluster"  # the nodes' server.cluster_key, and the front door's
 
 
-def _resources(name: str) -> dict[str, float]:
-    return {"fitevict_ram_limit_mib": BUDGETS_MIB[name], f"node_{name}": 1}
+def _resources(zoo: dict, name: str) -> dict[str, float]:
+    return {"fitevict_ram_limit_mib": machine_budgets(zoo, LAYOUT_MIB)[name], f"node_{name}": 1}
 
 
 class Fleet:
@@ -86,10 +88,10 @@ def fleet(zoo: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet
 
     root = tmp_path_factory.mktemp("cluster")
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": _resources("a"), "env_vars": _node_env(zoo, root, "a"), "include_dashboard": False})
+        "num_cpus": 1, "resources": _resources(zoo, "a"), "env_vars": _node_env(zoo, root, "a"), "include_dashboard": False})
     nodes = {"a": cluster.head_node}
     for n in ("b", "c"):
-        nodes[n] = cluster.add_node(num_cpus=1, resources=_resources(n), env_vars=_node_env(zoo, root, n))
+        nodes[n] = cluster.add_node(num_cpus=1, resources=_resources(zoo, n), env_vars=_node_env(zoo, root, n))
     cluster.wait_for_nodes()
     try:
         (root / "door").mkdir()
@@ -288,7 +290,7 @@ def test_a_killed_node_leaves_routing_and_its_models_load_elsewhere(fleet: Fleet
 
 def test_a_node_that_joins_is_used_without_a_restart(fleet: Fleet) -> None:
     door = fleet.doors[0]
-    fleet.nodes["d"] = fleet.cluster.add_node(num_cpus=1, resources=_resources("d"),
+    fleet.nodes["d"] = fleet.cluster.add_node(num_cpus=1, resources=_resources(fleet.zoo, "d"),
                                               env_vars=_node_env(fleet.zoo, fleet.root, "d"))
     poll(lambda: _routable(door) == 3, "d to join routing (a, c and d)", timeout=120)
     node, why = chat(door, "llama-q4_0")  # only d has its files

@@ -128,10 +128,19 @@ def test_the_price_without_repacking_is_the_books_from_then_on(parts) -> None:
     assert book.repacks(path)
     version = book.version
 
+    ran = []
+
+    async def dry_run(entry, cfg, p, extra_args) -> None:  # the engine's dry run of the -nr configuration, recorded
+        ran.append((p, cfg))
+
+    book.dry_run = dry_run
+    entry, _ = parts.prices.asked(_waiter(path))
+
     async def go():
-        return await parts.prices.without_repack(path, CFG)
+        return await parts.prices.without_repack(entry, path, CFG)
 
     got = asyncio.run(go())
+    assert ran == [(path, CFG)]  # its compute priced by the engine's own dry run of that configuration
     assert not book.repacks(path) and book.version > version  # planned and started with -nr from now on
     assert got == book.read_sheet(path, CFG).footprint(CFG)
     assert parts.prices.host_buffers() == book.host.label()

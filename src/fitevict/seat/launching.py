@@ -107,7 +107,7 @@ class Launcher:
                                             res.freed_bytes, self.prices.host_buffers())
                 log.warning("%s: llama-server died by %s with repacking on; loading it again with -nr", key, sig)
                 cfg = cfg.with_(repack=False)
-                predicted = await self.prices.without_repack(path, cfg)
+                predicted = await self.prices.without_repack(entry, path, cfg)
         self.records.keep(seat, "ready")
         return None
 

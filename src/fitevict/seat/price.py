@@ -47,9 +47,13 @@ class SeatPrices:
         None for another."""
         return self.prices.torch_overhead_for(cfg.loras) if prices_own_process(entry.engine) else None
 
-    async def without_repack(self, path: Path, cfg: LoadConfig) -> Footprint:
-        """``path`` loads with ``-nr`` from now on (on this engine build and CPU), priced for ``cfg`` (repack off)."""
+    async def without_repack(self, entry: CatalogEntry, path: Path, cfg: LoadConfig) -> Footprint:
+        """``path`` loads with ``-nr`` from now on (on this engine build and CPU), priced for ``cfg`` (repack off),
+        its compute buffers by the engine's own dry run of that configuration (its graph differs from the repacked
+        one's: without it the price falls back to the formula's compute)."""
         self.prices.no_repack(path)
+        if traits(entry.engine).dry_run and not self.prices.has_dry_run(path, cfg):
+            await self.prices.dry_run(entry, cfg, path, passthrough_args(entry))
         return (await self.prices.sheet(path, cfg)).footprint(cfg)
 
     def host_buffers(self) -> str:
