@@ -15,7 +15,7 @@ from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.supervisor.pressure_watch import PressureWatch
 from fitevict.units import GiB, MiB
 
-from tests.supervisor.schedsim import Recorder, request
+from tests.schedule.schedsim import Recorder, request
 
 MARGIN = {HOST: 256 * MiB}
 

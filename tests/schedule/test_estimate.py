@@ -13,7 +13,7 @@ from fitevict.schedule.estimate import ends, handed_at
 from fitevict.schedule.fair import share_of
 from fitevict.schedule.measured import Measured
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
-from tests.supervisor.schedsim import Recorder, request
+from tests.schedule.schedsim import Recorder, request
 
 MB = 1_000_000
 seconds = st.floats(0, 30, allow_nan=False)

@@ -13,7 +13,7 @@ from fitevict.schedule.fair import Fairness, Share, cuts_short, share_of
 from fitevict.schedule.scheduler import SchedPolicy, Scheduler, Waiter
 from fitevict.schedule.seats import SeatStatus, seat_room
 from fitevict.pricing.footprint import HOST
-from tests.supervisor.schedsim import Recorder, World, request
+from tests.schedule.schedsim import Recorder, World, request
 
 MB = 1_000_000
 CLASSES = {"interactive": 4.0, "batch": 1.0}

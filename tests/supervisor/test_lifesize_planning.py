@@ -21,7 +21,7 @@ from fitevict.supervisor.core import sched_policy
 from fitevict.seat.running import SeatState
 from fitevict.units import MiB
 
-from .schedsim import World
+from tests.schedule.schedsim import World
 
 GiB = 2**30
 # what fitevict serve priced (host bytes, the engine overhead included) on an AMD EPYC, 2026-12-02; the 8B Q8_0 is
