@@ -41,6 +41,24 @@ def test_a_build_for_another_cpu_is_not_an_install_here(tmp_path: Path) -> None:
     assert inst.read_stamp(tmp_path / "here") is not None
 
 
+def test_a_cpu_with_amx_builds_without_the_engines_amx_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    amx = frozenset({"avx512f", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"})
+    for variant in ("cpu", "vulkan"):
+        flags = inst.cmake_flags(variant, cpu_flags=amx)
+        assert f"-DCMAKE_C_FLAGS={inst.NO_AMX}" in flags and f"-DCMAKE_CXX_FLAGS={inst.NO_AMX}" in flags
+        assert "-mno-amx-int8" in inst.NO_AMX and set(inst.CMAKE_FLAGS) <= set(flags)
+        assert not set(inst.cmake_flags(variant, cpu_flags=amx - {"amx_tile", "amx_int8"})) & set(inst.native_flags(amx))
+    # a build this CPU would make with AMX (a stamp without the exclusion) is built again on an AMX CPU
+    cpu = this_cpu()
+    monkeypatch.setattr(inst, "this_cpu", lambda: type(cpu)(cpu.model, cpu.arch, amx))
+    bin_dir = _fake_cache_install(tmp_path, cpu=inst.this_cpu().fingerprint)
+    assert inst.read_stamp(tmp_path) is not None
+    stamp = json.loads((bin_dir / inst.STAMP).read_text())
+    stamp["cmake_flags"] = list(inst.CMAKE_FLAGS)
+    (bin_dir / inst.STAMP).write_text(json.dumps(stamp))
+    assert inst.read_stamp(tmp_path) is None
+
+
 def test_lookup_order_config_env_path_cache(tmp_path: Path) -> None:
     base = tmp_path / "cache"
     cache_bin = _fake_cache_install(base)
@@ -159,7 +177,7 @@ def test_cuda_build_flags_and_missing_nvcc(tmp_path: Path, monkeypatch: pytest.M
     flags = inst.cmake_flags("cuda", cuda_arch="89;90", nvcc="/opt/cuda/bin/nvcc")
     assert flags[: len(inst.CMAKE_FLAGS)] == inst.CMAKE_FLAGS
     assert {"-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=89;90", "-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc"} <= set(flags)
-    assert inst.cmake_flags("cpu") == inst.CMAKE_FLAGS
+    assert inst.cmake_flags("cpu", cpu_flags=frozenset({"avx2"})) == inst.CMAKE_FLAGS
     # only the C/C++ tools on PATH, and no CUDA toolkit where fitevict looks: the error names the package
     tools = tmp_path / "tools"
     for t in ("cmake", "c++", "cc", "make"):
@@ -202,7 +220,7 @@ def _runs(bin_dir: Path) -> int:
 
 
 def test_vulkan_build_has_its_own_folders_and_flags(tmp_path: Path) -> None:
-    assert inst.cmake_flags("vulkan") == (*inst.CMAKE_FLAGS, "-DGGML_VULKAN=ON")
+    assert inst.cmake_flags("vulkan", cpu_flags=frozenset()) == (*inst.CMAKE_FLAGS, "-DGGML_VULKAN=ON")
     assert inst.installed_bin_dir(tmp_path, "vulkan") == inst.engine_root(tmp_path) / "bin-vulkan"
     assert inst.build_dir(tmp_path, "vulkan") == inst.engine_root(tmp_path) / "build-vulkan"
     assert inst.build_dir(tmp_path) == inst.engine_root(tmp_path) / "build"

@@ -75,3 +75,12 @@ def test_the_rule_table_follows_the_cpu_flags(flags: set, names: tuple) -> None:
     table = rule_table(flags)
     assert table.names == names and table.source == "rule-table"
     assert "rule-table" in table.label()
+
+
+def test_a_build_without_amx_has_no_amx_buffer_in_its_rule_table() -> None:
+    from fitevict.engines.llama_cpp.install import native_flags
+    from fitevict.pricing.hostbufs import rule_table
+
+    amx_cpu = {"avx2", "avx512f", "avx512_vnni", "amx_int8", "amx_tile"}
+    table = rule_table(amx_cpu, amx_built=not native_flags(frozenset(amx_cpu)))
+    assert table.names == ("CPU_REPACK",) and any("AMX left out" in n for n in table.notes)

@@ -118,7 +118,7 @@ def test_engine_binary_missing_at_load(door: FrontDoor, fault_seen: FaultSeen) -
         assert fault_seen.client(r.status_code, "the new load") == 502, r.text
         err = r.json()["error"]
         assert fault_seen.client(err["code"], "code") == "load_failed"
-        assert str(link) in fault_seen.client(err["message"], "message") and "No such file" in err["message"]
+        assert str(link) in fault_seen.client(err["message"], "message") and "fitevict engine install" in err["message"]
         fail = next(e for e in history(door) if e["model"] == "other")
         assert fault_seen.history(fail["event"], "its event") == "fail" and str(link) in fail["reason"]
         assert fault_seen.running(seats_of(door, "other"), "its seats") == []

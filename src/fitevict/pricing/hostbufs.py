@@ -170,16 +170,20 @@ def _repack_x86(flags: frozenset[str]) -> ExtraBuffer:
                                            for t, need in _REPACK_X86.items() if need in flags))
 
 
-def rule_table(flags: Iterable[str], machine: str = "x86_64") -> HostBuffers:
+def rule_table(flags: Iterable[str], machine: str = "x86_64", *, amx_built: bool = True) -> HostBuffers:
     """The extra buffer types the pinned build offers on a CPU with ``flags`` (/proc/cpuinfo spelling), from its
-    source: AMX first (``amx_int8`` with ``avx512_vnni``), then CPU_REPACK (x86 with AVX2). Other architectures
-    (ARM's KleidiAI and repack) have no rules here: there the probe decides, and without one nothing is assumed."""
+    source: AMX first (``amx_int8`` with ``avx512_vnni``, where the build compiled it: ``amx_built``), then
+    CPU_REPACK (x86 with AVX2). Other architectures (ARM's KleidiAI and repack) have no rules here: there the probe
+    decides, and without one nothing is assumed."""
     f = frozenset(flags)
     extras: list[ExtraBuffer] = []
     notes: list[str] = []
     if machine in ("x86_64", "amd64", "AMD64"):
         if "amx_int8" in f and "avx512_vnni" in f:
-            extras.append(_amx())
+            if amx_built:
+                extras.append(_amx())
+            else:
+                notes.append("AMX left out of the build (engines/llama_cpp/install.py: its matrix product crashes)")
         if "avx2" in f:
             extras.append(_repack_x86(f))
     else:

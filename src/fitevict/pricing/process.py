@@ -196,7 +196,8 @@ def process_terms(s: GgufStructure, rc: ResolvedContext, pl: Placement, *, n_thr
                     f"rule: server slot heap, {SLOT_BYTES} B x {max(0, rc.n_parallel - 1)} slots beyond the first"),
         ProcessTerm("checkpoints", CHECKPOINTS_PER_SLOT * rc.n_parallel * one,
                     f"rule: server context checkpoints, {CHECKPOINTS_PER_SLOT} x {rc.n_parallel} slots x {one} B "
-                    "(a slot's sliding-window cells and recurrent state)"),
+                    "(a slot's sliding-window cells and recurrent state)" if kv is not None else
+                    "rule: none counted: the architecture's caches have no rules here (its KV comes from the dry run)"),
     )
 
 
@@ -207,4 +208,4 @@ def model_terms(s: GgufStructure, cfg: LoadConfig, host: HostBuffers, *, n_threa
     rc = resolve_context(s, cfg)
     cells = rc.n_ctx if rc.kv_unified else rc.n_ctx_seq
     return process_terms(s, rc, place(s, cfg, host), n_threads=n_threads, tiled=tiled, cells=cells,
-                         kv=kv_layers(s, rc, cfg))
+                         kv=None if s.unsupported else kv_layers(s, rc, cfg))

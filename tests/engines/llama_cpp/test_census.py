@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fitevict.engines.llama_cpp.census import census_of, vulkan_kinds
 from fitevict.units import MiB
 
@@ -89,3 +91,27 @@ def test_without_the_engine_s_word_the_machine_s_vulkan_loader_says_what_a_devic
     c = census_of(listing, (), {}, types)
     assert c.device("Vulkan0").unified and c.device("Vulkan0").unified_source.startswith("machine-reported")
     assert c.device("Vulkan1").unified is False and "DISCRETE_GPU" in c.device("Vulkan1").unified_source
+
+
+def test_the_vulkan_loader_itself_names_every_device_and_its_type() -> None:
+    from fitevict.engines.llama_cpp import vkloader
+
+    try:
+        types = vkloader.loader_types()
+    except vkloader.LoaderError as e:
+        pytest.skip(f"no Vulkan loader to ask here: {e}")
+    assert types and all(kind in vkloader.DEVICE_TYPES.values() for kind in types.values()), types
+    # the child's answer is the loader's own: a CPU-type device (lavapipe) is reported as CPU
+    if any(name.startswith("llvmpipe") for name in types):
+        assert {types[n] for n in types if n.startswith("llvmpipe")} == {"CPU"}
+
+
+def test_a_machine_without_a_vulkan_loader_is_told_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fitevict.engines.llama_cpp import vkloader
+
+    def no_library(name: str) -> None:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(vkloader.ctypes, "CDLL", no_library)
+    with pytest.raises(vkloader.LoaderError, match="no Vulkan loader .libvulkan.so.1"):
+        vkloader.ask_loader()

@@ -8,8 +8,9 @@ memory, so its bytes are RAM: ``fitevict.budget``'s rule counts them once) is le
 2. engine-reported: ggml-vulkan's device lines (``ggml_vulkan: 0 = NAME (DRIVER) | uma: 1 | ...`` for an integrated
    GPU, and its warning that a device's type is CPU, as lavapipe's is), where the listing's output has them (the
    pinned build logs them at debug level before its log is set up, so its listing does not);
-3. machine-reported: the Vulkan loader's own account (``vulkaninfo --summary``: ``deviceType`` CPU or
-   INTEGRATED_GPU is host memory, DISCRETE_GPU its own), matched by the device's name;
+3. machine-reported: the Vulkan loader's own account (asked of ``libvulkan.so.1`` in a child process, ``vkloader``, or
+   else ``vulkaninfo --summary``: ``deviceType`` CPU or INTEGRATED_GPU is host memory, DISCRETE_GPU its own), matched
+   by the device's name;
 4. a labelled rule by backend: Metal shares memory (Apple silicon); RPC, CUDA and the rest have their own;
 5. measured, later: a seat's committed PSS holds its device's allocated bytes (``seat.measure.memory_kind_seen``),
    which replaces a rule's word.
@@ -26,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fitevict.engines.llama_cpp import vkloader
 from fitevict.engines.llama_cpp.devices import DeviceListError, EngineDevice, list_devices_text, parse_device_list
 
 log = logging.getLogger("fitevict.devices")
@@ -139,7 +141,7 @@ def memory_kind(dev: EngineDevice, text: str, declared: Mapping[str, bool],
         kind = (vk_types or {}).get(dev.description)
         if kind is not None:
             why = _HOST_TYPES.get(kind, "its memory is its own")
-            return kind in _HOST_TYPES, f"machine-reported: vulkaninfo deviceType {kind} ({why})"
+            return kind in _HOST_TYPES, f"machine-reported: the Vulkan loader's deviceType {kind} ({why})"
         return False, "rule: neither ggml_vulkan nor vulkaninfo said what this device is; its own memory until a seat measures it"
     if dev.backend in _SHARED_BACKENDS:
         return True, _SHARED_BACKENDS[dev.backend]
@@ -179,8 +181,13 @@ def take_census(binary: Path, *, rpc: Sequence[str] = (), declared: Mapping[str,
 
 
 def read_vulkaninfo(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What the machine's Vulkan loader says of its devices (``vulkaninfo --summary``); {} where it is not installed
-    or fails (the census then falls back to a labelled rule and the seats' measurement)."""
+    """What the machine's Vulkan loader says of its devices: asked of the loader itself (``vkloader``), else of
+    ``vulkaninfo --summary``; {} where neither answers (the census then falls back to a labelled rule and the seats'
+    measurement)."""
+    try:
+        return vkloader.loader_types(env)
+    except vkloader.LoaderError as e:
+        log.info("the Vulkan loader could not be asked (%s): trying vulkaninfo", e)
     try:
         out = subprocess.run(["vulkaninfo", "--summary"], capture_output=True, text=True, timeout=VULKANINFO_TIMEOUT_S,
                              env=None if env is None else dict(env))

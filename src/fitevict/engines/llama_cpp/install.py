@@ -108,17 +108,34 @@ def build_dir(base: Path | None = None, variant: str = "cpu") -> Path:
     return engine_root(base) / ("build" if variant == "cpu" else f"build-{variant}")
 
 
-def cmake_flags(variant: str = "cpu", *, cuda_arch: str = "native", nvcc: str | None = None) -> tuple[str, ...]:
-    """The pinned build's cmake flags; a Vulkan build adds GGML_VULKAN, a CUDA build GGML_CUDA and the GPU
-    architectures to compile for."""
+# The native build compiles ggml's AMX backend on a CPU with AMX, and the pinned engine's AMX matrix product
+# crashes (SIGSEGV in ggml_backend_amx_mul_mat, llama.cpp issue 20824, unfixed) on the first batch of any model
+# whose weights it repacks (Q4_0, Q8_0, K-quants). The build leaves AMX out there; AVX-512 and the CPU's repacked
+# layouts stay. The compiler's explicit -mno-* flags win over -march=native whatever their order.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+AMX_WHY = "AMX left out: the pinned engine's AMX matrix product crashes (llama.cpp issue 20824)"
+
+
+def native_flags(cpu_flags: frozenset[str]) -> tuple[str, ...]:
+    """What the native build must leave out on this CPU, as cmake flags (none on a CPU without AMX)."""
+    if "amx_int8" not in cpu_flags and "amx_tile" not in cpu_flags:
+        return ()
+    return (f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+
+
+def cmake_flags(variant: str = "cpu", *, cuda_arch: str = "native", nvcc: str | None = None,
+                cpu_flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The pinned build's cmake flags on this CPU (or one with ``cpu_flags``); a Vulkan build adds GGML_VULKAN,
+    a CUDA build GGML_CUDA and the GPU architectures to compile for."""
+    base = (*CMAKE_FLAGS, *native_flags(this_cpu().flags if cpu_flags is None else cpu_flags))
     if variant == "cpu":
-        return CMAKE_FLAGS
+        return base
     if variant == "vulkan":
-        return (*CMAKE_FLAGS, "-DGGML_VULKAN=ON")
+        return (*base, "-DGGML_VULKAN=ON")
     extra = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
     if nvcc:
         extra.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
-    return (*CMAKE_FLAGS, *extra)
+    return (*base, *extra)
 
 
 def find_nvcc() -> str | None:
@@ -140,8 +157,8 @@ def read_stamp(base: Path | None = None, variant: str = "cpu") -> dict | None:
         return None  # a native build for another CPU (or one that did not record its CPU): built again here
     if not all(_is_executable(bin_dir / b) for b in BINARIES):
         return None
-    if not set(CMAKE_FLAGS) <= set(stamp.get("cmake_flags", ())):
-        return None  # built with other flags (an older build without RPC, say): built again
+    if not set(cmake_flags("cpu")) <= set(stamp.get("cmake_flags", ())):
+        return None  # built with other flags (an older build without RPC, or with AMX, say): built again
     return stamp
 
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from fitevict.engines.llama_cpp.install import native_flags
 from fitevict.host.cpu import Cpu, this_cpu
 from fitevict.paths import cache_dir
 from fitevict.pricing.hostbufs import HostBuffers, rule_table
@@ -110,7 +111,8 @@ def host_buffers(binary: Path | str | None = None) -> HostBuffers:
     default the engine fitevict would run), else the rule table for this CPU's flags."""
     if binary is None:
         binary = default_binary()
-    return stored_probe(binary) or rule_table(this_cpu().flags, this_cpu().arch)
+    return stored_probe(binary) or rule_table(this_cpu().flags, this_cpu().arch,
+                                              amx_built=not native_flags(this_cpu().flags))
 
 
 def default_binary() -> Path | None:

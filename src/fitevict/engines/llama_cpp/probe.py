@@ -33,6 +33,7 @@ from gguf import GGMLQuantizationType as QT
 
 from fitevict.engines.llama_cpp.buftrace import Unavailable, buftrace_library, preload_env
 from fitevict.engines.process import free_port
+from fitevict.engines.llama_cpp.install import native_flags
 from fitevict.engines.llama_cpp.machine import Cpu, machine_key, probe_path, this_cpu
 from fitevict.pricing.ggml_types import CPU_TENSOR_ALIGNMENT, block_size, nbytes, pad
 from fitevict.pricing.hostbufs import MUL_MAT, MUL_MAT_ID, ExtraBuffer, HostBuffers, TypeRule, rule_table
@@ -200,7 +201,7 @@ def learn(seen: dict[Case, Seen], baseline: Seen, cpu: Cpu, engine: str) -> Host
     if baseline.extra_bytes:
         notes.append(f"an all-F32 model already used {baseline.extra_bytes}: F32 weights move too (not priced)")
     order = tuple(b for b in baseline.order if b != "CPU")
-    fallback = rule_table(cpu.flags, cpu.arch)
+    fallback = rule_table(cpu.flags, cpu.arch, amx_built=not native_flags(cpu.flags))
     extras: list[ExtraBuffer] = []
     for buf in order:
         rules: list[tuple[str, TypeRule]] = []
