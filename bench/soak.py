@@ -39,7 +39,10 @@ import soak_load  # noqa: E402
 SAMPLE_S = 10.0
 STALL_S = 5.0  # engine.stall_seconds in the soak's config: a seat stopped this long is killed by the door
 SEAT_LOGS = 16 * 2**20  # logs.seats_disk in the soak's config
-HISTORY_ROWS = 2000  # logs.history_rows
+# logs.history_rows and logs.records_per_signature: small enough to be reached within the warm-up (the door records
+# 10 to 60 events a minute here), so that a data directory within its bounds is flat after it
+HISTORY_ROWS = 100
+RECORDS_PER_SIGNATURE = 4
 PRUNE_S = 300.0  # logs.prune_seconds: the store pruned and its WAL checkpointed this often
 
 
@@ -88,7 +91,7 @@ def config(ram_limit: int) -> str:
     enough to be reached, and its pruning frequent enough to be seen, within a run."""
     return (f"[budget]\nram_limit = {ram_limit}\nram_reserve = 0\n[engine]\nstall_seconds = {STALL_S}\n"
             f"[policy]\nidle_unload_seconds = 90\n[logs]\nseats_disk = {SEAT_LOGS}\nhistory_rows = {HISTORY_ROWS}\n"
-            f"prune_seconds = {PRUNE_S}\n")
+            f"records_per_signature = {RECORDS_PER_SIGNATURE}\nprune_seconds = {PRUNE_S}\n")
 
 
 def bounds(cfg_path: Path) -> dict:
@@ -98,7 +101,8 @@ def bounds(cfg_path: Path) -> dict:
     cfg = load_config(cfg_path)
     return {"seat_logs": cfg.logs.seats_disk, "seats_per_model": cfg.logs.seats_per_model,
             "prompt_cache": cfg.policy.prompt_cache_disk, "history_rows": cfg.logs.history_rows,
-            "history_days": cfg.logs.history_days, "prune_seconds": cfg.logs.prune_seconds}
+            "history_days": cfg.logs.history_days, "prune_seconds": cfg.logs.prune_seconds,
+            "records_per_signature": cfg.logs.records_per_signature, "records_rows": cfg.logs.records_rows}
 
 
 def client_loop(base: str, journal: Journal, until: float, seed: int, hangups: float, stop: threading.Event) -> None:

@@ -255,7 +255,10 @@ def plots(samples: list[dict], faults: list[dict], t0: float, t_warm: float, img
 def bounds_text(b: dict) -> str:
     return (f"seat logs {b['seat_logs'] / MiB:.0f} MiB in all and {b.get('seats_per_model', '?')} per model, saved "
             f"prompts {b['prompt_cache'] / MiB:.0f} MiB, history {b['history_rows'] or 'unbounded'} rows and "
-            f"{b['history_days'] or 'unbounded'} days, pruned every {b.get('prune_seconds', 0):.0f} s")
+            f"{b['history_days'] or 'unbounded'} days"
+            + (f", load records and peak windows {b['records_per_signature'] or 'unbounded'} per configuration and "
+               f"{b['records_rows'] or 'unbounded'} in all" if "records_rows" in b else "")
+            + f", pruned every {b.get('prune_seconds', 0):.0f} s")
 
 
 def body(recs: dict[str, list[dict]], warmup_min: float | None, img: Path = IMG) -> str:
