@@ -46,7 +46,7 @@ from fitevict.pricing.hostbufs import NO_EXTRAS
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import place
 
-VERSION = 2  # 2: weight kinds carry their model's op context (pricing/backends.op_context)
+VERSION = 3  # 2: weight kinds carry their model's op context (pricing/backends.op_context); 3: a turned-away weight is found by the CPU buffer it lands in
 _ALLOC = re.compile(r"fitevict-buftrace: alloc (\S+) (\d+)\s*$")
 _DONE = ("llama_context: constructing", "failed to load model", "llama_init_from_model")
 _ALIGNMENTS = tuple(2 ** i for i in range(2, 17))
@@ -211,13 +211,12 @@ def probe_model(binary: Path, s: GgufStructure, device: str, rpc: Sequence[str],
     lib = buftrace_library()
     if isinstance(lib, Unavailable):
         return lib
-    want_host = sum(b.bytes for b in pl.buffers if b.device != device)
+    want_cpu = sum(b.bytes for b in pl.buffers if b.name == "CPU")
     try:
         bufs = _load(binary, Path(s.path), device, rpc, lib, ("-nr",))
-        got_host = sum(b for n, b in bufs if _host_side(n))
         rejects: set[Kind] = set()
-        if got_host > want_host:  # some weights stayed on the host: which names
-            rejects = _isolate(binary, s, device, rpc, lib, on_dev)
+        if _cpu_bytes(bufs) > want_cpu:  # some weights meant for the device stayed in host memory: which names
+            rejects = _isolate(binary, s, device, rpc, lib, on_dev, _device_bytes(bufs))
     except (OSError, RuntimeError) as err:
         return Unavailable(f"the weight probe of {Path(s.path).name} on {device} failed: {err}")
     out = replace(rules, rejects=tuple(sorted(set(rules.rejects) | rejects)),
@@ -227,18 +226,30 @@ def probe_model(binary: Path, s: GgufStructure, device: str, rpc: Sequence[str],
     return out
 
 
+def _cpu_bytes(bufs: Sequence[tuple[str, int]]) -> int:
+    """The bytes of the engine's plain ``CPU`` buffers: where a weight the device turns away is put (the device's
+    host buffer, ``Vulkan_Host``, holds the input layer, the weights sent to the CPU by ``-ot`` and the loader's
+    upload staging)."""
+    return sum(b for n, b in bufs if n == "CPU")
+
+
+def _device_bytes(bufs: Sequence[tuple[str, int]]) -> int:
+    return sum(b for n, b in bufs if not _host_side(n))
+
+
 def _isolate(binary: Path, s: GgufStructure, device: str, rpc: Sequence[str], lib: Path,
-             on_dev: Sequence[object]) -> set[Kind]:
-    """The kinds whose weights the device turns away: per weight name, that name alone is left on the device."""
+             on_dev: Sequence[object], dev: int) -> set[Kind]:
+    """The kinds whose weights the device turns away, one weight name at a time: that name sent to the CPU
+    (``-ot NAME=CPU``) leaves the device's ``dev`` bytes as they were when the device had already turned it away,
+    and takes its bytes off when the device had taken it."""
     by_suffix: dict[str, set[Kind]] = {}
     for t in on_dev:
         k = weight_kind(t.name, t.ggml_type.name, t.shape, op_context(s))  # type: ignore[attr-defined]
         by_suffix.setdefault(k[0], set()).add(k)
     out: set[Kind] = set()
     for suffix, ks in sorted(by_suffix.items()):
-        others = rf"^(?!(blk\.\d+\.)?{re.escape(suffix)}$)"
-        bufs = _load(binary, Path(s.path), device, rpc, lib, ("-nr", "-ot", f"{others}=CPU"))
-        if not any(not _host_side(n) for n, _ in bufs):
+        this = rf"^(blk\.\d+\.)?{re.escape(suffix)}$"
+        if _device_bytes(_load(binary, Path(s.path), device, rpc, lib, ("-nr", "-ot", f"{this}=CPU"))) == dev:
             out |= ks
     return out
 
