@@ -107,8 +107,9 @@ def test_each_file_kind_has_its_default_engine_and_seats_are_known_by_their_mark
 
 FAMILIES = ("fitevict.engines.llama_cpp", "fitevict.engines.transformers", "fitevict.engines.declared")
 # what still reaches into a family from outside it, by importer: the CLI's commands of llama.cpp's builds (install,
-# probe, calibrate, price with the engine's own dry run), the door's and seats' lookups of the configured build, the
-# device census. Nothing may be added here; an entry whose import is gone must go too (checked below).
+# probe, calibrate, price with the engine's own dry run). The door finds its build and takes its device census
+# through the registry's build pricer. Nothing may be added here; an entry whose import is gone must go too
+# (checked below).
 REACHES_IN: dict[str, set[str]] = {
     "fitevict.cli.admin": {"fitevict.engines.llama_cpp.install", "fitevict.engines.llama_cpp.census"},
     "fitevict.cli.engine": {"fitevict.engines.llama_cpp", "fitevict.engines.llama_cpp.install",
@@ -119,8 +120,6 @@ REACHES_IN: dict[str, set[str]] = {
                            "fitevict.engines.llama_cpp.overhead"},
     "fitevict.cli.serve": {"fitevict.engines.llama_cpp.install"},
     "fitevict.cli.zoo": {"fitevict.engines.llama_cpp.install"},
-    "fitevict.server.main": {"fitevict.engines.llama_cpp.install"},
-    "fitevict.supervisor.core": {"fitevict.engines.llama_cpp.census"},
 }
 
 

@@ -285,3 +285,13 @@ class PricerBase:
         """The file pages every seat of ``binary`` shares (a ``pricing.pages.SharedPages``), or None: this family
         keeps none apart."""
         return None
+
+    def resolve_build(self, configured: str | None) -> tuple[Path | None, str, Path]:
+        """Which build of this family's server the door runs: (the binary or None, why, where an install would put
+        it), from the configured path, the environment, PATH and fitevict's cache."""
+        raise NotImplementedError
+
+    def census(self, binary: Path, *, rpc: Sequence[str], declared: Mapping[str, bool]) -> Any:
+        """The devices ``binary`` can use (with ``rpc`` endpoints), each with whether its memory is host memory and
+        who said so (``declared`` names override); an empty census saying why where it cannot list them."""
+        raise NotImplementedError

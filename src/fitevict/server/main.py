@@ -56,16 +56,16 @@ def main(args: list[str] | None = None) -> int:
     limit_arenas()  # before any thread of the door allocates (host.heap)
 
     from fitevict.config import ConfigError, load_config, redact_url
-    from fitevict.engines.llama_cpp.install import installed_bin_dir, resolve_binary
+    from fitevict.engines import build_pricer
 
     try:
         cfg = load_config(ns.config, overrides=json.loads(ns.overrides))
     except ConfigError as e:
         return _fail("config error", e)
-    found = resolve_binary("llama-server", configured=cfg.engine.llama_server)
-    if found.path is None:  # the door serves the other engines' models; a llama-server model's load says why not
-        print(f"note: no llama-server: {found.why}; its models fail to load until one is installed", file=sys.stderr)
-    binary = found.path or installed_bin_dir() / "llama-server"
+    found, why, default = build_pricer().resolve_build(cfg.engine.llama_server)
+    if found is None:  # the door serves the other engines' models; a llama-server model's load says why not
+        print(f"note: no llama-server: {why}; its models fail to load until one is installed", file=sys.stderr)
+    binary = found or default
 
     logging.basicConfig(level=ns.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     # the format above names no source line, thread or process: skip finding them for every request's line
@@ -84,7 +84,7 @@ def main(args: list[str] | None = None) -> int:
         return _fail("config error", e)
     for note in catalog.notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"fitevict: {len(catalog)} models, engine {found.path or 'none'}, store {redact_url(cfg.store_url)}",
+    print(f"fitevict: {len(catalog)} models, engine {found or 'none'}, store {redact_url(cfg.store_url)}",
           file=sys.stderr, flush=True)
     try:
         store = Store.open(cfg.store_url)

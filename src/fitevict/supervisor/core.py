@@ -22,12 +22,11 @@ from typing import Any
 
 from fitevict.phase import mark
 from fitevict import planner as pl
-from fitevict.engines import traits
+from fitevict.engines import build_pricer, traits
 from fitevict.config import Config
 from fitevict.engines.base import Engine, LaunchSpec
 from fitevict.engines.process import free_port
 from fitevict.budget import Budget
-from fitevict.engines.llama_cpp.census import take_census
 from fitevict.host.budget import budget_from_config
 from fitevict.host.devmem import DeviceMeters
 from fitevict.pricing.gguf import PricingError
@@ -189,7 +188,8 @@ class Supervisor:
 
     def take_census(self) -> None:
         """Ask the engine build which devices seats may use (with ``devices.rpc``), and read them from now on."""
-        census = take_census(self.engine_binary, rpc=self.config.devices.rpc, declared=self.config.devices.uma)
+        census = build_pricer().census(self.engine_binary, rpc=self.config.devices.rpc,
+                                       declared=self.config.devices.uma)
         if census.reason:
             log.warning("the engine's devices: %s; seats use the host and NVML's GPUs", census.reason)
         self.meters.use(census)

@@ -46,7 +46,9 @@ from fitevict.pricing.hostbufs import NO_EXTRAS
 from fitevict.pricing.loadconfig import LoadConfig
 from fitevict.pricing.placement import place
 
-VERSION = 3  # 2: weight kinds carry their model's op context (pricing/backends.op_context); 3: a turned-away weight is found by the CPU buffer it lands in
+# 2: weight kinds carry their model's op context (pricing/backends.op_context); 3: a turned-away weight is found
+# by the CPU buffer it lands in, each name by the device bytes it leaves
+VERSION = 3
 _ALLOC = re.compile(r"fitevict-buftrace: alloc (\S+) (\d+)\s*$")
 _DONE = ("llama_context: constructing", "failed to load model", "llama_init_from_model")
 _ALIGNMENTS = tuple(2 ** i for i in range(2, 17))

@@ -5,13 +5,13 @@ the host buffer table and the process overhead's calibration."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fitevict import planner as pl
 from fitevict.engines.base import PricerBase
-from fitevict.engines.llama_cpp import dryrun, machine, overhead
+from fitevict.engines.llama_cpp import census, dryrun, install, machine, overhead
 from fitevict.host.cpu import Cpu
 from fitevict.pricing import price as pricing
 from fitevict.pricing.correction import Correction, apply_correction, correction
@@ -121,6 +121,13 @@ class GgufPricer(PricerBase):
 
     def shared_pages(self, binary: Path) -> Any:
         return overhead.shared_pages(binary) if overhead.calibratable(binary) else None
+
+    def resolve_build(self, configured: str | None) -> tuple[Path | None, str, Path]:
+        found = install.resolve_binary(SERVER, configured=configured)
+        return found.path, found.why, install.installed_bin_dir() / SERVER
+
+    def census(self, binary: Path, *, rpc: Sequence[str], declared: Mapping[str, bool]) -> Any:
+        return census.take_census(binary, rpc=rpc, declared=declared)
 
 
 PRICER = GgufPricer()
