@@ -158,7 +158,6 @@ class MemorySampler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.ticks = 0  # readings taken of every seat so far
-        self._ticked: list[asyncio.Future] = []  # waiters for the next readings (``next_readings``)
         self.unstored: list[SeatPeaks] = []  # windows the store refused, oldest first: tried again with the next
         self.dropped = 0  # windows dropped beyond ``HELD`` while the store refused them
         self._warned = 0  # windows held when the last refusal was logged
@@ -211,19 +210,6 @@ class MemorySampler:
         # memory that came back (another program let go, the pressure cleared) admits what waits for it now
         self.sup.remeasured()
         self.ticks += 1
-        done, self._ticked = self._ticked, []
-        for f in done:
-            if not f.done():
-                f.set_result(self.ticks)
-
-    async def next_readings(self, n: int = 1) -> int:
-        """Wait until ``n`` more readings of every seat were taken, each on its own tick (and acted on); returns the
-        readings taken so far."""
-        for _ in range(n):
-            f = asyncio.get_running_loop().create_future()
-            self._ticked.append(f)
-            await f
-        return self.ticks
 
     async def _store(self, w: Window, now: float) -> None:
         """Store ``w``'s window now; behind the held ones (by the background retry) while some are; one the store

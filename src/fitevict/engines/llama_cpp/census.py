@@ -71,11 +71,6 @@ class Census:
     def names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.devices)
 
-    def endpoints_for(self, devices: Sequence[str]) -> tuple[str, ...]:
-        """The ``--rpc`` a seat on ``devices`` needs: every endpoint in order (so its RPC devices keep the names the
-        census gave them) when any of ``devices`` is an RPC device, else none."""
-        return self.rpc if any((d := self.device(n)) is not None and d.backend == "RPC" for n in devices) else ()
-
     def learned(self, name: str, unified: bool, source: str) -> Census:
         """This census with ``name``'s memory kind as a measurement found it (a declaration still wins)."""
         out = []
